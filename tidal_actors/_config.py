@@ -1,0 +1,131 @@
+"""Configuration: one immutable `Config`, loadable from TOML (`config/default.toml`).
+
+Owns setting names, defaults and their validation. Durations are int nanoseconds,
+sizes int bytes. Every field is documented in `config/default.toml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ._errors import InvalidArgument
+
+__all__ = ["Config"]
+
+NS_PER_S = 1_000_000_000
+HOUR_NS = 3600 * NS_PER_S
+DAY_NS = 24 * HOUR_NS
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Runtime settings (see ``config/default.toml`` for each one's meaning).
+
+    Raises:
+        InvalidArgument: a setting is out of range (named in the error).
+    """
+
+    half_life_ns: int = 7 * DAY_NS
+    half_life_ns_by_type: Mapping[int, int] = field(default_factory=dict)
+    window_width_ns: int = HOUR_NS
+    window_buckets: int = 24
+    max_contribution_log_entries: int = 5_000_000
+    membership_shards: int = 1
+    ledger_shards: int = 2
+    signal_batch_size: int = 1024
+    signal_flush_interval_ms: float = 2.0
+    mailbox_capacity: int = 4096
+    map_size_bytes: int = 64 * 1024 * 1024
+    max_map_size_bytes: int = 64 * 1024**3
+    history_retention_ns: int | None = None
+
+    def __post_init__(self) -> None:
+        def positive(name: str, value: Any, kind: type = int) -> None:
+            if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+                raise InvalidArgument(name, value, f"must be a positive {kind.__name__}")
+
+        positive("half_life_ns", self.half_life_ns)
+        for k, v in dict(self.half_life_ns_by_type).items():
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < 2**64:
+                raise InvalidArgument("half_life_ns_by_type", k, "keys must be signal type ids")
+            positive(f"half_life_ns_by_type[{k}]", v)
+        positive("window_width_ns", self.window_width_ns)
+        positive("window_buckets", self.window_buckets)
+        positive("max_contribution_log_entries", self.max_contribution_log_entries)
+        positive("membership_shards", self.membership_shards)
+        positive("ledger_shards", self.ledger_shards)
+        positive("signal_batch_size", self.signal_batch_size)
+        if isinstance(self.signal_flush_interval_ms, bool) or not isinstance(
+            self.signal_flush_interval_ms, (int, float)
+        ) or not 0 < self.signal_flush_interval_ms <= 10_000:
+            raise InvalidArgument(
+                "signal_flush_interval_ms", self.signal_flush_interval_ms, "must be in (0, 10000]"
+            )
+        positive("mailbox_capacity", self.mailbox_capacity)
+        positive("map_size_bytes", self.map_size_bytes)
+        positive("max_map_size_bytes", self.max_map_size_bytes)
+        if self.max_map_size_bytes < self.map_size_bytes:
+            raise InvalidArgument(
+                "max_map_size_bytes", self.max_map_size_bytes, "must be >= map_size_bytes"
+            )
+        if self.history_retention_ns is not None:
+            positive("history_retention_ns", self.history_retention_ns)
+        object.__setattr__(
+            self, "half_life_ns_by_type", {int(k): int(v) for k, v in dict(self.half_life_ns_by_type).items()}
+        )
+
+    def half_life_for(self, signal_type: int) -> int:
+        """Half-life in ns for ``signal_type`` (the per-type override or the default)."""
+        return self.half_life_ns_by_type.get(signal_type, self.half_life_ns)
+
+    def replace(self, **changes: Any) -> "Config":
+        """A copy with ``changes`` applied (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "Config":
+        """Build from a mapping shaped like ``config/default.toml``.
+
+        Sections ``[decay]``, ``[window]``, ``[contribution_log]``, ``[shards]``,
+        ``[ingest]``, ``[storage]`` are flattened; ``[decay.half_life_ns_by_type]``
+        maps type ids (as strings) to ns. Unknown keys raise InvalidArgument.
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        flat: dict[str, Any] = {}
+
+        def take(key: str, value: Any) -> None:
+            if key == "half_life_ns_by_type":
+                try:
+                    flat[key] = {int(k): v for k, v in dict(value).items()}
+                except (TypeError, ValueError) as exc:
+                    raise InvalidArgument(key, value, "keys must be integer type ids") from exc
+            elif key in known:
+                flat[key] = value
+            else:
+                raise InvalidArgument("config", key, "unknown setting")
+
+        for key, value in data.items():
+            if isinstance(value, Mapping) and key != "half_life_ns_by_type":
+                for k2, v2 in value.items():
+                    take(k2, v2)
+            else:
+                take(key, value)
+        return cls(**flat)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "Config":
+        """Load a TOML file (see ``config/default.toml``).
+
+        Raises:
+            InvalidArgument: unreadable or malformed file, or a bad setting.
+        """
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InvalidArgument("config", str(path), f"cannot load: {exc}") from exc
+        return cls.from_mapping(data)

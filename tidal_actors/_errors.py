@@ -1,0 +1,76 @@
+"""The exception hierarchy: every error the library raises is a `TidalError`.
+
+Owns the error classes only; raising policy lives with the callers. Each subclass is
+named for what went wrong, so callers catch the narrowest one they can handle.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TidalError",
+    "InvalidArgument",
+    "UnknownCohort",
+    "UnknownPurge",
+    "StorageError",
+    "StorageFull",
+    "DatabaseClosed",
+    "DatabaseLocked",
+    "ActorFailure",
+]
+
+
+class TidalError(Exception):
+    """Root of every error raised by tidal_actors."""
+
+
+class InvalidArgument(TidalError, ValueError):
+    """An argument failed validation; nothing was changed.
+
+    Attributes:
+        field: the argument's name (``"user_id"``, ``"weight"``, ...).
+        value: the offending value as given.
+    """
+
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"invalid {field}={value!r}: {reason}")
+
+
+class UnknownCohort(TidalError, KeyError):
+    """A cohort that must exist (for example to re-materialize it) has no state."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown cohort"
+
+
+class UnknownPurge(TidalError, KeyError):
+    """No purge with the given id was ever committed in this store."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown purge"
+
+
+class StorageError(TidalError):
+    """The LMDB store failed; the operation that raised was not applied."""
+
+
+class StorageFull(StorageError):
+    """The LMDB map reached ``Config.max_map_size_bytes``; nothing was written."""
+
+
+class DatabaseClosed(TidalError):
+    """The database was closed (or is closing) before or during the call."""
+
+
+class DatabaseLocked(TidalError):
+    """The data directory is already open, in this process or in another one."""
+
+
+class ActorFailure(TidalError):
+    """A handler raised unexpectedly; the cause is attached as ``__cause__``.
+
+    The actor that raised keeps serving: the message that failed is the only one
+    affected.
+    """

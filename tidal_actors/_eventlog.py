@@ -1,0 +1,519 @@
+"""The event log: the library's CSV interchange format, read, written and applied.
+
+Owns the format (``ts_ns,op,user_id,cohort,entity_id,signal_type,weight``; ops
+``assign``, ``signal``, ``leave``, ``rejoin``, ``purge``), the validating reader that
+turns a file into typed rows, the writer, and :func:`apply_events`, which drives any
+object with the database API (``TidalDb`` or the reference model) through the rows in
+event time. It must not know how the database works inside.
+
+Format rules (the README documents them for users):
+
+- UTF-8, comma-separated, RFC 4180 quoting; the first line is the header naming the
+  seven columns (any order). Blank lines are ignored.
+- ``ts_ns``: int nanoseconds since the epoch in ``[0, 2**63)``; ``user_id`` (every op),
+  ``entity_id`` and ``signal_type`` (``signal`` only): ints in ``[0, 2**64)``;
+  ``weight`` (``signal`` only): a finite decimal ``>= 0``; ``cohort`` (``assign``:
+  a cohort name; ``purge``: a cohort name or ``@community``). A field an op does not
+  use must be empty.
+- Rows are applied in file order, each at its own ``ts_ns``.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import (
+    IO,
+    Any,
+    ClassVar,
+    Iterable,
+    Iterator,
+    Protocol,
+    Union,
+)
+
+from ._clock import ManualClock
+from ._errors import InvalidArgument
+from ._types import PurgeId, PurgeManifest, Signal
+from ._validate import check_cohort, check_id, check_timestamp, check_weight
+
+__all__ = [
+    "HEADER",
+    "OPS",
+    "EventLogError",
+    "AssignRow",
+    "SignalRow",
+    "LeaveRow",
+    "RejoinRow",
+    "PurgeRow",
+    "EventRow",
+    "EventLogReader",
+    "read_events",
+    "format_row",
+    "write_events",
+    "EventSink",
+    "ApplyCounts",
+    "apply_events",
+]
+
+HEADER: tuple[str, ...] = (
+    "ts_ns", "op", "user_id", "cohort", "entity_id", "signal_type", "weight",
+)
+"""The seven columns of the event log, in their canonical order."""
+
+OPS: tuple[str, ...] = ("assign", "signal", "leave", "rejoin", "purge")
+"""The operations a row may carry."""
+
+
+class EventLogError(InvalidArgument):
+    """A row (or the header) of an event log is invalid.
+
+    ``str(err)`` is one line: ``FILE:LINE: invalid FIELD=VALUE: REASON``.
+
+    Attributes:
+        path: the file, as given to the reader.
+        line: 1-based line number where the offending record starts.
+        field, value, reason: as in :class:`InvalidArgument`.
+    """
+
+    def __init__(self, path: str, line: int, field: str, value: object, reason: str) -> None:
+        super().__init__(field, value, reason)
+        self.path = path
+        self.line = line
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        self.args = (f"{path}:{line}: invalid {field}={shown}: {reason}",)
+
+
+@dataclass(frozen=True, slots=True)
+class AssignRow:
+    """``assign``: ``user_id`` joins ``cohort`` at ``ts_ns`` (int ns)."""
+
+    op: ClassVar[str] = "assign"
+    line: int
+    ts_ns: int
+    user_id: int
+    cohort: str
+
+
+@dataclass(frozen=True, slots=True)
+class SignalRow:
+    """``signal``: one engagement signal at ``ts_ns`` (int ns); ``weight`` is a float >= 0."""
+
+    op: ClassVar[str] = "signal"
+    line: int
+    ts_ns: int
+    user_id: int
+    entity_id: int
+    signal_type: int
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveRow:
+    """``leave``: ``user_id`` leaves the community layer at ``ts_ns`` (int ns)."""
+
+    op: ClassVar[str] = "leave"
+    line: int
+    ts_ns: int
+    user_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class RejoinRow:
+    """``rejoin``: ``user_id`` rejoins the community layer at ``ts_ns`` (int ns)."""
+
+    op: ClassVar[str] = "rejoin"
+    line: int
+    ts_ns: int
+    user_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeRow:
+    """``purge``: ``user_id`` asks to purge its contributions to ``cohort`` at ``ts_ns``."""
+
+    op: ClassVar[str] = "purge"
+    line: int
+    ts_ns: int
+    user_id: int
+    cohort: str
+
+
+EventRow = Union[AssignRow, SignalRow, LeaveRow, RejoinRow, PurgeRow]
+"""Any typed row of an event log."""
+
+# Which optional columns each op uses (ts_ns, op and user_id are always required).
+_USES: dict[str, frozenset[str]] = {
+    "assign": frozenset({"cohort"}),
+    "signal": frozenset({"entity_id", "signal_type", "weight"}),
+    "leave": frozenset(),
+    "rejoin": frozenset(),
+    "purge": frozenset({"cohort"}),
+}
+_OPTIONAL = ("cohort", "entity_id", "signal_type", "weight")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def _has_surrogate(text: str) -> bool:
+    return any("\udc80" <= ch <= "\udcff" for ch in text)
+
+
+class _Lines:
+    """Decodes a binary file line by line for :mod:`csv`, remembering what went wrong.
+
+    Lines that are not UTF-8 are passed on with ``surrogateescape`` so the CSV parser
+    keeps its place; the reader then names the field holding the bad bytes.
+    """
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self._fh = fh
+        self.bytes_read = 0
+        self.line_no = 0
+        self.bad_utf8: set[int] = set()
+        self.last_terminated = True
+
+    def __iter__(self) -> Iterator[str]:
+        first = True
+        for raw in self._fh:
+            self.line_no += 1
+            self.bytes_read += len(raw)
+            self.last_terminated = raw.endswith(b"\n")
+            if first:
+                first = False
+                if raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError:
+                self.bad_utf8.add(self.line_no)
+                yield raw.decode("utf-8", "surrogateescape")
+
+
+class EventLogReader:
+    """Reads and validates an event log, yielding typed rows in file order.
+
+    Args:
+        path: the CSV file (see the module docstring for the format).
+        skip_invalid: if False (default), the first invalid row raises
+            :class:`EventLogError`; if True, invalid rows are skipped and counted in
+            :attr:`skipped` (the first few kept in :attr:`skip_errors`). A missing or
+            wrong header always raises.
+
+    Attributes:
+        rows: valid rows yielded so far.
+        skipped: invalid rows skipped so far.
+        skip_errors: the first ``keep_errors`` skipped rows' errors.
+        bytes_read: bytes consumed from the file so far (for progress bars).
+        size: the file's size in bytes (read when iteration starts).
+
+    Iterating raises :class:`EventLogError` (file, line, field, value) and
+    ``OSError`` if the file cannot be read. Iterate once per reader.
+    """
+
+    def __init__(self, path: str | Path, *, skip_invalid: bool = False, keep_errors: int = 10) -> None:
+        self.path = str(path)
+        self.skip_invalid = skip_invalid
+        self.keep_errors = keep_errors
+        self.rows = 0
+        self.skipped = 0
+        self.skip_errors: list[EventLogError] = []
+        self._lines: _Lines | None = None
+        self.size = 0
+
+    @property
+    def bytes_read(self) -> int:
+        return self._lines.bytes_read if self._lines is not None else 0
+
+    def __iter__(self) -> Iterator[EventRow]:
+        with open(self.path, "rb") as fh:
+            try:
+                self.size = Path(self.path).stat().st_size
+            except OSError:
+                self.size = 0
+            self._lines = lines = _Lines(fh)
+            reader = csv.reader(lines, strict=True)
+            columns = self._read_header(reader)
+            end = lines.line_no
+            while True:
+                start = end + 1
+                try:
+                    record = next(reader)
+                except StopIteration:
+                    return
+                except csv.Error as exc:
+                    end = lines.line_no
+                    self._reject(EventLogError(self.path, start, "csv", "", f"malformed CSV: {exc}"))
+                    continue
+                end = lines.line_no
+                if not record or record == [""]:
+                    continue  # blank line
+                try:
+                    row = self._parse(record, columns, start, end)
+                except EventLogError as err:
+                    self._reject(err)
+                    continue
+                self.rows += 1
+                yield row
+
+    def _reject(self, err: EventLogError) -> None:
+        if not self.skip_invalid:
+            raise err
+        self.skipped += 1
+        if len(self.skip_errors) < self.keep_errors:
+            self.skip_errors.append(err)
+
+    def _read_header(self, reader: Any) -> dict[str, int]:
+        try:
+            first = next(reader)
+        except StopIteration:
+            raise EventLogError(self.path, 1, "header", "", "empty file: missing header line "
+                                + ",".join(HEADER)) from None
+        except csv.Error as exc:
+            raise EventLogError(self.path, 1, "header", "", f"malformed CSV: {exc}") from None
+        names = [name.strip() for name in first]
+        if sorted(names) == sorted(HEADER):
+            return {name: names.index(name) for name in HEADER}
+        if first and first[0].strip().isdigit():
+            reason = "missing header: the first line must be " + ",".join(HEADER)
+        else:
+            reason = "the header must name the columns " + ",".join(HEADER)
+        raise EventLogError(self.path, 1, "header", ",".join(first), reason)
+
+    def _parse(self, record: list[str], columns: dict[str, int], start: int, end: int) -> EventRow:
+        path = self.path
+        lines = self._lines
+        assert lines is not None
+        if len(record) != len(HEADER):
+            reason = f"expected {len(HEADER)} comma-separated fields, got {len(record)}"
+            if not lines.last_terminated and end == lines.line_no:
+                reason += " (the last line has no line terminator: truncated file?)"
+            raise EventLogError(path, start, "columns", ",".join(record), reason)
+        if lines.bad_utf8 and any(n in lines.bad_utf8 for n in range(start, end + 1)):
+            for name, i in columns.items():
+                if _has_surrogate(record[i]):
+                    raw = record[i].encode("utf-8", "surrogateescape")
+                    raise EventLogError(path, start, name, raw, "not valid UTF-8")
+        fields = {name: record[i] for name, i in columns.items()}
+
+        def integer(name: str) -> int:
+            text = fields[name]
+            if not text:
+                raise EventLogError(path, start, name, text, f"required for op {op}")
+            body = text[1:] if text[:1] in "+-" else text
+            if not (body.isascii() and body.isdigit()):
+                raise EventLogError(path, start, name, text, "must be an integer")
+            try:
+                value = int(text)
+            except ValueError:  # more digits than int() takes: far out of range anyway
+                raise EventLogError(path, start, name, text, "out of range") from None
+            try:
+                if name == "ts_ns":
+                    return check_timestamp(name, value)
+                return check_id(name, value)
+            except InvalidArgument as exc:
+                raise EventLogError(path, start, name, text, exc.reason) from None
+
+        op = fields["op"]
+        uses = _USES.get(op)
+        if uses is None:
+            raise EventLogError(path, start, "op", op, "unknown op (expected one of "
+                                + ", ".join(OPS) + ")")
+        ts_ns = integer("ts_ns")
+        user_id = integer("user_id")
+        for name in _OPTIONAL:
+            if name not in uses and fields[name]:
+                raise EventLogError(path, start, name, fields[name], f"must be empty for op {op}")
+        if op == "signal":
+            text = fields["weight"]
+            if not text:
+                raise EventLogError(path, start, "weight", text, "required for op signal")
+            if _DECIMAL.fullmatch(text) is None:
+                raise EventLogError(path, start, "weight", text, "must be a decimal number")
+            weight = float(text)
+            try:
+                check_weight(weight)
+            except InvalidArgument as exc:
+                raise EventLogError(path, start, "weight", text, exc.reason) from None
+            return SignalRow(start, ts_ns, user_id, integer("entity_id"), integer("signal_type"),
+                             weight)
+        if op in ("assign", "purge"):
+            text = fields["cohort"]
+            if not text:
+                raise EventLogError(path, start, "cohort", text, f"required for op {op}")
+            try:
+                cohort = check_cohort(text, allow_community=(op == "purge"))
+            except InvalidArgument as exc:
+                raise EventLogError(path, start, "cohort", text, exc.reason) from None
+            if op == "assign":
+                return AssignRow(start, ts_ns, user_id, cohort)
+            return PurgeRow(start, ts_ns, user_id, cohort)
+        if op == "leave":
+            return LeaveRow(start, ts_ns, user_id)
+        return RejoinRow(start, ts_ns, user_id)
+
+
+def read_events(path: str | Path, *, skip_invalid: bool = False) -> Iterator[EventRow]:
+    """Yield the typed rows of the event log at ``path``; see :class:`EventLogReader`.
+
+    Raises:
+        EventLogError: an invalid row (unless ``skip_invalid``) or header.
+        OSError: the file cannot be read.
+    """
+    return iter(EventLogReader(path, skip_invalid=skip_invalid))
+
+
+def format_row(row: EventRow) -> list[str]:
+    """The CSV fields of ``row`` in :data:`HEADER` order (weights written with ``repr``)."""
+    if isinstance(row, SignalRow):
+        return [str(row.ts_ns), "signal", str(row.user_id), "", str(row.entity_id),
+                str(row.signal_type), repr(float(row.weight))]
+    if isinstance(row, (AssignRow, PurgeRow)):
+        return [str(row.ts_ns), row.op, str(row.user_id), row.cohort, "", "", ""]
+    return [str(row.ts_ns), row.op, str(row.user_id), "", "", "", ""]
+
+
+def write_events(target: str | Path | IO[str], rows: Iterable[EventRow]) -> int:
+    """Write ``rows`` as an event log (header first) to a path or a text file object.
+
+    Returns:
+        The number of rows written.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    if isinstance(target, (str, Path)):
+        with open(target, "w", encoding="utf-8", newline="") as fh:
+            return write_events(fh, rows)
+    writer = csv.writer(target, lineterminator="\n")
+    writer.writerow(HEADER)
+    n = 0
+    for row in rows:
+        writer.writerow(format_row(row))
+        n += 1
+    return n
+
+
+class EventSink(Protocol):
+    """The part of the database API that :func:`apply_events` drives."""
+
+    def assign_cohort(self, user_id: int, cohort: str) -> None: ...
+
+    def signal_batch(self, signals: Iterable[Signal]) -> None: ...
+
+    def leave_community_layer(self, user_id: int) -> None: ...
+
+    def rejoin_community_layer(self, user_id: int) -> None: ...
+
+    def request_community_purge(
+        self, user_id: int, cohort_name: str
+    ) -> tuple[PurgeId, PurgeManifest]: ...
+
+
+@dataclass
+class ApplyCounts:
+    """What :func:`apply_events` has applied so far (updated in place as it goes).
+
+    ``manifest_entries`` is the number of contribution records listed in the
+    manifests returned; ``first_ts_ns`` / ``max_ts_ns`` bound the event times seen
+    (int ns, None before the first row).
+    """
+
+    rows: int = 0
+    signals: int = 0
+    assigns: int = 0
+    leaves: int = 0
+    rejoins: int = 0
+    purges: int = 0
+    manifests: int = 0
+    manifest_entries: int = 0
+    first_ts_ns: int | None = None
+    max_ts_ns: int | None = None
+
+
+def apply_events(
+    db: EventSink,
+    rows: Iterable[EventRow],
+    clock: ManualClock,
+    *,
+    batch_size: int = 1024,
+    counts: ApplyCounts | None = None,
+    manifests: list[PurgeManifest] | None = None,
+) -> ApplyCounts:
+    """Apply ``rows`` to ``db`` in order, each at its own event time.
+
+    ``clock`` (the database's clock) is set to each row's ``ts_ns`` before the row
+    is applied, so a leave's ``left_at_ns`` and a manifest's ``created_at_ns`` are
+    their rows' times. Signals carry their row's ``ts_ns`` explicitly and are sent
+    with ``db.signal_batch`` in runs of at most ``batch_size``; a pending run is sent
+    before any control row, so every operation sees exactly the signals before it.
+
+    Args:
+        db: a ``TidalDb`` or anything with the same API (:class:`EventSink`).
+        rows: typed rows, e.g. from :class:`EventLogReader`.
+        clock: the ``ManualClock`` the database was opened with.
+        batch_size: the longest run of signals sent in one ``signal_batch`` (>= 1).
+        counts: updated in place (so a caller still has the counts if a row raises);
+            a new one is made if None.
+        manifests: if given, every manifest returned by a purge is appended to it.
+
+    Returns:
+        ``counts``.
+
+    Raises:
+        Whatever ``rows`` raises (e.g. :class:`EventLogError`) or ``db`` raises; every
+        row before the failing one has been applied (pending signals are sent first).
+    """
+    if counts is None:
+        counts = ApplyCounts()
+    batch_size = max(1, int(batch_size))
+    pending: list[Signal] = []
+
+    def send() -> None:
+        run = list(pending)
+        pending.clear()
+        db.signal_batch(run)
+
+    try:
+        for row in rows:
+            ts = row.ts_ns
+            if counts.first_ts_ns is None:
+                counts.first_ts_ns = ts
+            if counts.max_ts_ns is None or ts > counts.max_ts_ns:
+                counts.max_ts_ns = ts
+            if isinstance(row, SignalRow):
+                clock.set(ts)
+                pending.append(Signal(row.user_id, row.entity_id, row.signal_type, row.weight, ts))
+                counts.signals += 1
+                counts.rows += 1
+                if len(pending) >= batch_size:
+                    send()
+                continue
+            if pending:
+                send()
+            clock.set(ts)
+            if isinstance(row, AssignRow):
+                db.assign_cohort(row.user_id, row.cohort)
+                counts.assigns += 1
+            elif isinstance(row, LeaveRow):
+                db.leave_community_layer(row.user_id)
+                counts.leaves += 1
+            elif isinstance(row, RejoinRow):
+                db.rejoin_community_layer(row.user_id)
+                counts.rejoins += 1
+            else:
+                _, manifest = db.request_community_purge(row.user_id, row.cohort)
+                counts.purges += 1
+                counts.manifests += 1
+                counts.manifest_entries += len(manifest.entries)
+                if manifests is not None:
+                    manifests.append(manifest)
+            counts.rows += 1
+    finally:
+        if pending:
+            send()
+    return counts
+

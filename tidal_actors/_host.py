@@ -1,0 +1,121 @@
+"""The pykka host: one ``pykka.ThreadingActor`` per behaviour, in production.
+
+Owns threads and mailboxes. Mailboxes are FIFO; messages that carry load
+(signal batches, attributions, history writes) wait for room once a mailbox holds
+``Config.mailbox_capacity`` messages, so a fast producer is slowed, never dropped. Only
+senders that never wait on the receiver are held this way (facade -> membership ->
+ledger -> persistence), so no cycle of waits can form; replies and control traffic
+always go through.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable
+
+import pykka
+
+from . import _messages as M
+from ._behaviours import Behaviour
+from ._clock import Clock
+from ._config import Config
+from ._errors import DatabaseClosed
+
+__all__ = ["PykkaHost"]
+
+_BOUNDED = (M.SignalBatch, M.Attribute)
+
+
+class _Mailbox(queue.Queue):  # type: ignore[type-arg]
+    """Unbounded queue that holds back load-carrying messages past a capacity."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self._cap = capacity
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        msg = getattr(item, "message", None)
+        if type(msg) in _BOUNDED or (type(msg) is M.Write and msg.reply is None):
+            with self.not_full:
+                while self._qsize() >= self._cap:
+                    self.not_full.wait(0.05)
+                self._put(item)
+                self.unfinished_tasks += 1
+                self.not_empty.notify()
+            return
+        super().put(item, block, timeout)
+
+
+def _actor_class(capacity: int) -> type[pykka.ThreadingActor]:
+    class _Actor(pykka.ThreadingActor):
+        use_daemon_thread = True
+
+        def __init__(self, behaviour: Behaviour) -> None:
+            super().__init__()
+            self.behaviour = behaviour
+
+        @staticmethod
+        def _create_actor_inbox() -> Any:
+            return _Mailbox(capacity)
+
+        def on_receive(self, message: Any) -> None:
+            self.behaviour.receive(message)
+            if self.actor_inbox.empty():
+                try:
+                    self.behaviour.on_idle()
+                except Exception as exc:  # noqa: BLE001 - never let the actor die
+                    self.behaviour.handler_errors += 1
+                    self.behaviour.last_error = exc
+
+    return _Actor
+
+
+class HostContext:
+    """The context behaviours see under this host."""
+
+    def __init__(self, config: Config, clock: Clock, durable: bool, tell: Callable[[M.Address, object], None]) -> None:
+        self.config = config
+        self.clock = clock
+        self.durable = durable
+        self.tell = tell
+
+
+class PykkaHost:
+    """Starts one pykka actor per behaviour and routes ``tell`` by address."""
+
+    def __init__(self, config: Config, clock: Clock, durable: bool) -> None:
+        self.config = config
+        self.ctx = HostContext(config, clock, durable, self.tell)
+        self._refs: dict[M.Address, pykka.ActorRef[Any]] = {}
+        self.behaviours: dict[M.Address, Behaviour] = {}
+        self._actor_cls = _actor_class(config.mailbox_capacity)
+        self._stopped = threading.Event()
+
+    def start(self, behaviours: list[Behaviour]) -> None:
+        """Start actors: persistence first, so every sender finds its receiver."""
+        for b in behaviours:
+            self.behaviours[b.address] = b
+            self._refs[b.address] = self._actor_cls.start(b)
+
+    def tell(self, address: M.Address, message: object) -> None:
+        """Send ``message`` to ``address``. Raises DatabaseClosed once the actor is gone."""
+        ref = self._refs.get(address)
+        if ref is None:
+            raise DatabaseClosed(f"no actor at {address}")
+        try:
+            ref.tell(message)
+        except pykka.ActorDeadError:
+            raise DatabaseClosed(f"actor {address} has stopped") from None
+
+    def stop(self, order: list[str]) -> None:
+        """Stop actors kind by kind in ``order``; each drains its mailbox first."""
+        for kind in order:
+            for address, ref in list(self._refs.items()):
+                if address[0] == kind:
+                    try:
+                        ref.stop(block=True, timeout=30)
+                    except (pykka.ActorDeadError, pykka.Timeout):
+                        pass
+        self._refs.clear()
+        self._stopped.set()

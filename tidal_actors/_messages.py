@@ -1,0 +1,196 @@
+"""Messages exchanged between actors: immutable dataclasses, one per intent.
+
+Owns the protocol only. Addresses are ``(kind, index)`` tuples: ``("membership", i)``,
+``("ledger", i)``, ``("coordinator", 0)``, ``("persistence", 0)``. Hot-path batches
+carry plain tuples, not one object per signal (DESIGN.md "What things cost here").
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._contrib_log import LogRecord, Prepared
+from ._reply import Reply
+
+Address = tuple[str, int]
+MEMBERSHIP, LEDGER, COORDINATOR, PERSISTENCE = "membership", "ledger", "coordinator", "persistence"
+COORD_ADDR: Address = (COORDINATOR, 0)
+PERSIST_ADDR: Address = (PERSISTENCE, 0)
+
+# one signal on the wire: (user, entity, signal_type, weight_f32, ts_ns, context|None)
+SignalTuple = tuple[int, int, int, float, int, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SignalBatch:
+    signals: list[SignalTuple]
+
+
+@dataclass(frozen=True, slots=True)
+class Assign:
+    user: int
+    cohort: str
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class Unassign:
+    user: int
+    cohort: str
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    user: int
+    now_ns: int
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class Rejoin:
+    user: int
+    now_ns: int
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class QueryUser:
+    """kind: "status" | "history" | "cohorts"."""
+
+    user: int
+    kind: str
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeRequest:
+    user: int
+    cohort: str
+    now_ns: int
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class Purge:
+    """Membership -> coordinator: ``next_rseq`` is the shard's record count then."""
+
+    user: int
+    cohort: str
+    mshard: int
+    next_rseq: int
+    now_ns: int
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class Attribute:
+    """Membership -> ledger: records in attribution order; contexts by record index."""
+
+    records: list[LogRecord]
+    contexts: dict[int, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparePurge:
+    purge_id: int
+    user: int
+    cohort: str
+    live_from: int
+
+
+@dataclass(frozen=True, slots=True)
+class PurgePrepared:
+    purge_id: int
+    prepared: Prepared
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyPurge:
+    purge_id: int
+    user: int
+    cohort: str
+    prepared: Prepared
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionUpdate:
+    """Coordinator -> ledgers: membership shard ``mshard``'s watermark and drained count."""
+
+    mshard: int
+    live_from: int
+    drained_pending: int
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """kind: "score" | "window" | "top" | "rows" | "stats"; args per kind."""
+
+    kind: str
+    args: tuple[Any, ...]
+    reply: Reply
+
+
+@dataclass(slots=True, eq=False)
+class Barrier:
+    """Travels membership -> ledgers (-> persistence); the action runs once every
+    membership shard's part has reached a ledger, so everything sent before it has
+    been applied there (FIFO per sender/receiver pair).
+
+    ``action`` is a :class:`Read` run at the single target ledger, or None for a sync
+    of ``ledgers`` that replies once all of them are reached (and, with ``durable``,
+    once persistence has committed everything sent before).
+    """
+
+    ledgers: tuple[int, ...]
+    parts: int
+    reply: Reply
+    action: Read | None = None
+    durable: bool = False
+    counts: dict[int, int] = field(default_factory=dict)
+    done_ledgers: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __repr__(self) -> str:
+        kind = self.action.kind if self.action else ("flush" if self.durable else "sync")
+        return f"Barrier({kind}, ledgers={list(self.ledgers)})"
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierPart:
+    barrier: Barrier
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """Ops: ``(keyspace, key, value)``; value None deletes. Reply: a Reply, or an
+    ``(address, token)`` to which a :class:`Committed` is told, or None."""
+
+    ops: list[tuple[str, bytes, bytes | None]]
+    reply: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    token: Any
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FlushStore:
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class QueryManifests:
+    user: int
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class QueryPurge:
+    purge_id: int
+    reply: Reply

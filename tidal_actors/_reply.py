@@ -1,0 +1,78 @@
+"""A one-shot reply slot that wakes a blocked thread or runs callbacks.
+
+Owns reply delivery from actors to callers. Used instead of awaiting pykka futures
+directly (pykka's ``Future.__await__`` yields a bare ``None``, which trio rejects): a
+callback lets the trio facade wake its task with ``TrioToken.run_sync_soon``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+__all__ = ["Reply"]
+
+
+class Reply:
+    """Set once with a value or an exception; ``get()`` blocks until then."""
+
+    __slots__ = ("_event", "_value", "_exc", "_callbacks", "_lock", "label", "__weakref__")
+
+    def __init__(self, label: str = "") -> None:
+        self._event = threading.Event()
+        self._value: Any = None
+        self._exc: BaseException | None = None
+        self._callbacks: list[Callable[["Reply"], None]] = []
+        self._lock = threading.Lock()
+        self.label = label
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def _settle(self, value: Any, exc: BaseException | None) -> bool:
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self._value, self._exc = value, exc
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            try:
+                cb(self)
+            except Exception:  # noqa: BLE001 - a waiter that went away must not hurt the actor
+                pass
+        return True
+
+    def set_result(self, value: Any = None) -> bool:
+        """Deliver ``value``; returns False if the reply was already settled."""
+        return self._settle(value, None)
+
+    def set_exception(self, exc: BaseException) -> bool:
+        """Deliver an error; returns False if the reply was already settled."""
+        return self._settle(None, exc)
+
+    def add_done_callback(self, fn: Callable[["Reply"], None]) -> None:
+        """Run ``fn(self)`` once settled (at once if it already is), in the settling thread."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    def result(self) -> Any:
+        """The value, or raise the error; raises RuntimeError if not settled yet."""
+        if not self._event.is_set():
+            raise RuntimeError(f"reply {self.label!r} has not arrived yet")
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def get(self, timeout: float | None = None) -> Any:
+        """Block until settled (or ``timeout`` seconds), then return or raise."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"no reply to {self.label!r} within {timeout} s")
+        return self.result()

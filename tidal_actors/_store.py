@@ -1,0 +1,251 @@
+"""Storage: the one LMDB environment, its keyspaces, group commits and restore.
+
+Owns every LMDB call. Only the persistence actor commits; restore runs once at open,
+before any actor starts. Layouts are in `_codec.py`.
+
+* Durability: ``sync=True, metasync=True``, no ``writemap``/``map_async``, so a
+  committed transaction survives a crash (issue 2, "Control operations").
+* Map full: the transaction is aborted whole (LMDB rolls it back), the map doubles
+  with no transaction of ours open, and the same batch is retried, up to
+  ``Config.max_map_size_bytes``; past that, `StorageFull` and nothing written.
+* One opener per directory: a process-wide registry refuses a second open in this
+  process (py-lmdb refuses it too, less clearly) and an exclusive ``flock`` on
+  ``tidal.lock`` refuses a second process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import lmdb
+import msgpack
+import numpy as np
+
+from ._codec import Keyspace, Tag, decode_key, decode_membership
+from ._config import Config
+from ._errors import DatabaseLocked, StorageError, StorageFull
+from ._types import PurgeManifest
+
+__all__ = ["LmdbStore", "NullStore", "Restored", "HistoryBatch"]
+
+_open_paths: set[str] = set()
+_open_lock = threading.Lock()
+
+Op = tuple[str, bytes, "bytes | None"]
+
+
+@dataclass
+class HistoryBatch:
+    """One durable batch of contribution records, as columns (numpy arrays)."""
+
+    shard: int
+    seq: int
+    cohorts: list[str]
+    ci: np.ndarray
+    m: np.ndarray
+    r: np.ndarray
+    u: np.ndarray
+    e: np.ndarray
+    t: np.ndarray
+    w: np.ndarray
+    ts: np.ndarray
+    contexts: dict[int, Any] | None = None
+
+
+def decode_batch(shard: int, seq: int, raw: bytes) -> HistoryBatch:
+    d = msgpack.unpackb(raw, strict_map_key=False)
+    n = len(d["r"]) // 8
+    ci_raw = d["ci"]
+    ci = (np.frombuffer(ci_raw, dtype=np.uint8) if len(ci_raw) == n
+          else np.frombuffer(ci_raw, dtype="<u4"))
+    return HistoryBatch(
+        shard, seq, d["c"], ci,
+        np.frombuffer(d["m"], dtype=np.uint8), np.frombuffer(d["r"], dtype=np.int64),
+        np.frombuffer(d["u"], dtype=np.uint64), np.frombuffer(d["e"], dtype=np.uint64),
+        np.frombuffer(d["t"], dtype=np.uint64), np.frombuffer(d["w"], dtype=np.float32),
+        np.frombuffer(d["ts"], dtype=np.int64), d.get("x"),
+    )
+
+
+@dataclass
+class Restored:
+    """Everything read back at open, before the actors are built."""
+
+    memberships: dict[int, tuple[Any, int | None]] = field(default_factory=dict)
+    histories: dict[int, list[list[int | None]]] = field(default_factory=dict)
+    cohorts: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    manifests: dict[int, list[PurgeManifest]] = field(default_factory=dict)
+    tombstones: set[tuple[int, int]] = field(default_factory=set)
+    eviction: dict[int, tuple[int, list[int], int]] = field(default_factory=dict)
+    batches: list[HistoryBatch] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class NullStore:
+    """The ephemeral store: commits succeed and nothing is written anywhere."""
+
+    durable = False
+
+    def commit(self, ops: Iterable[Op]) -> None:
+        for _ in ops:
+            pass
+
+    def load(self) -> Restored:
+        return Restored()
+
+    def close(self) -> None:
+        pass
+
+
+class LmdbStore:
+    """An LMDB environment with the keyspaces of `Keyspace`.
+
+    Args:
+        path: directory (created if missing).
+        config: sizes (``map_size_bytes``, ``max_map_size_bytes``).
+
+    Raises:
+        DatabaseLocked: the directory is open already (this or another process).
+        StorageError: LMDB could not open it.
+    """
+
+    durable = True
+
+    def __init__(self, path: str | os.PathLike[str], config: Config) -> None:
+        self.path = Path(path)
+        self.config = config
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._key = os.path.realpath(self.path)
+        with _open_lock:
+            if self._key in _open_paths:
+                raise DatabaseLocked(f"{self.path} is already open in this process; close it first")
+            _open_paths.add(self._key)
+        self._lockfile: Any = None
+        try:
+            self._lockfile = open(self.path / "tidal.lock", "a+b")
+            try:
+                fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                raise DatabaseLocked(f"{self.path} is open in another process") from None
+            map_size = config.map_size_bytes
+            data = self.path / "data.mdb"
+            if data.exists():
+                map_size = max(map_size, data.stat().st_size)
+            self.env = lmdb.open(
+                str(self.path), map_size=map_size, max_dbs=8, subdir=True,
+                sync=True, metasync=True, writemap=False, map_async=False,
+                lock=True, readahead=False, max_readers=126,
+            )
+            self.env.reader_check()
+            self.dbs = {k.value: self.env.open_db(k.value.encode()) for k in Keyspace}
+        except DatabaseLocked:
+            self._release()
+            raise
+        except lmdb.Error as exc:
+            self._release()
+            raise StorageError(f"cannot open LMDB at {self.path}: {exc}") from exc
+        self.map_size = self.env.info()["map_size"]
+        self.fault: Any = None  # test hook: callable(ops) raising to inject a failure
+
+    def _release(self) -> None:
+        if self._lockfile is not None:
+            try:
+                fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_UN)
+            finally:
+                self._lockfile.close()
+                self._lockfile = None
+        with _open_lock:
+            _open_paths.discard(self._key)
+
+    def flags(self) -> dict[str, Any]:
+        """The environment's flags (``sync``, ``metasync``, ``writemap``, ``map_async``, ...)."""
+        return dict(self.env.flags())
+
+    def commit(self, ops: Iterable[Op]) -> None:
+        """Apply ``ops`` in one durable transaction (value None deletes the key).
+
+        Raises:
+            StorageFull: the map would exceed ``max_map_size_bytes``; nothing written.
+            StorageError: any other LMDB failure; nothing written.
+        """
+        ops = list(ops)
+        if self.fault is not None:
+            self.fault(ops)
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    for ks, key, value in ops:
+                        db = self.dbs[ks]
+                        if value is None:
+                            txn.delete(key, db=db)
+                        else:
+                            txn.put(key, value, db=db)
+                return
+            except lmdb.MapFullError:
+                self._grow()
+            except lmdb.Error as exc:
+                raise StorageError(f"LMDB commit failed: {exc}") from exc
+
+    def _grow(self) -> None:
+        new = self.map_size * 2
+        if new > self.config.max_map_size_bytes:
+            if self.map_size >= self.config.max_map_size_bytes:
+                raise StorageFull(
+                    f"LMDB map is full at {self.map_size} bytes (max_map_size_bytes="
+                    f"{self.config.max_map_size_bytes})"
+                )
+            new = self.config.max_map_size_bytes
+        self.env.set_mapsize(new)
+        self.map_size = new
+
+    def load(self) -> Restored:
+        """Read the whole store back (membership, manifests, tombstones, history)."""
+        out = Restored()
+        with self.env.begin(buffers=False) as txn:
+            for key, value in txn.cursor(db=self.dbs[Keyspace.USERS.value]):
+                user, tag, _ = decode_key(key)
+                if tag == Tag.COMMUNITY_LEAVE:
+                    out.memberships[user] = decode_membership(value)
+                elif tag == Tag.LEAVE_HISTORY:
+                    out.histories[user] = [list(e) for e in msgpack.unpackb(value)]
+                elif tag == Tag.COHORT_ASSIGNMENT:
+                    out.cohorts[user] = tuple(msgpack.unpackb(value))
+            from ._behaviours import decode_manifest
+
+            for key, value in txn.cursor(db=self.dbs[Keyspace.ITEMS.value]):
+                user, tag, _ = decode_key(key)
+                if tag == Tag.PURGE_MANIFEST:
+                    out.manifests.setdefault(user, []).append(decode_manifest(value))
+                elif tag == Tag.PURGE_TOMBSTONE:
+                    out.tombstones.update((m, r) for m, r in msgpack.unpackb(value))
+            for key, value in txn.cursor(db=self.dbs[Keyspace.META.value]):
+                ident, tag, _ = decode_key(key)
+                if tag == Tag.EVICTION_STATE:
+                    live_from, drained, next_rseq = msgpack.unpackb(value)
+                    out.eviction[ident] = (live_from, list(drained), next_rseq)
+                elif tag == Tag.STORE_META:
+                    out.meta = msgpack.unpackb(value, strict_map_key=False)
+            for key, value in txn.cursor(db=self.dbs[Keyspace.HISTORY.value]):
+                shard, tag, suffix = decode_key(key)
+                if tag == Tag.CONTRIBUTION_BATCH:
+                    out.batches.append(decode_batch(shard, int.from_bytes(suffix, "big"), value))
+        return out
+
+    def raw_get(self, keyspace: Keyspace, key: bytes) -> bytes | None:
+        """Read one value (tests and `inspect`)."""
+        with self.env.begin() as txn:
+            v = txn.get(key, db=self.dbs[keyspace.value])
+            return bytes(v) if v is not None else None
+
+    def close(self) -> None:
+        """Close the environment and release the directory; a second call is a no-op."""
+        env = getattr(self, "env", None)
+        if env is not None:
+            env.close()
+            self.env = None  # type: ignore[assignment]
+            self._release()

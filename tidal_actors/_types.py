@@ -1,0 +1,189 @@
+"""Public value types: signals, membership, leave epochs, windows, purges.
+
+Owns plain immutable values only (no behaviour beyond conversions). Field names and
+shapes follow the specs (`leave-stop-forward.md` "Data Model", `retroactive-purge.md`
+FR-1 and FR-3).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping, NamedTuple
+
+__all__ = [
+    "COMMUNITY",
+    "Signal",
+    "MembershipStatus",
+    "CommunityMembership",
+    "LeaveEpoch",
+    "WindowCount",
+    "ContributionRecord",
+    "PurgeId",
+    "PurgeManifest",
+    "PurgeStatus",
+    "RematerializationReport",
+]
+
+COMMUNITY = "@community"
+"""Reserved cohort name of the community-wide aggregate every forwarded signal feeds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """One engagement signal, as given to :meth:`TidalDb.signal_batch`.
+
+    Attributes:
+        user_id: int in ``[0, 2**64)``.
+        entity_id: int in ``[0, 2**64)``.
+        signal_type: int in ``[0, 2**64)`` (the spec's ``signal_type_id``).
+        weight: finite float ``>= 0``; rounded to float32 at intake.
+        timestamp_ns: int nanoseconds since the epoch in ``[0, 2**63)``, or None
+            for the clock's now.
+        context: optional msgpack-encodable mapping stored with the signal; it
+            does not change attribution.
+    """
+
+    user_id: int
+    entity_id: int
+    signal_type: int
+    weight: float = 1.0
+    timestamp_ns: int | None = None
+    context: Mapping[str, Any] | None = None
+
+
+class MembershipStatus(enum.Enum):
+    """Community-layer membership of a user (spec: leave-stop-forward, Data Model).
+
+    The value is the status byte of the 9-byte durable record.
+    """
+
+    Active = 0
+    Left = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CommunityMembership:
+    """A user's membership: ``left_at_ns`` is set (int ns) exactly when status is Left."""
+
+    user_id: int
+    status: MembershipStatus
+    left_at_ns: int | None = None
+
+
+class LeaveEpoch(NamedTuple):
+    """One leave: ``left_at_ns`` and ``rejoined_at_ns`` (None while still left), in ns."""
+
+    left_at_ns: int
+    rejoined_at_ns: int | None
+
+
+class WindowCount(NamedTuple):
+    """A window read: number of contributions and the sum of their weights."""
+
+    count: int
+    weight: float
+
+
+class ContributionRecord(NamedTuple):
+    """One attribution of a signal to one cohort (spec: retroactive-purge FR-1).
+
+    ``weight`` is the float32-rounded weight, as a Python float; ``timestamp_ns`` is
+    int nanoseconds.
+    """
+
+    user_id: int
+    cohort: str
+    entity_id: int
+    signal_type_id: int
+    weight: float
+    timestamp_ns: int
+
+
+class PurgeId(int):
+    """A 128-bit purge id, ordered by creation (an int in ``[0, 2**128)``).
+
+    The high 64 bits are the creation time in ns, the low 64 a sequence; ids are
+    strictly increasing within a store even if the clock steps back. Stored as 16
+    bytes big-endian (the manifest key suffix, retroactive-purge FR-3).
+    """
+
+    def __new__(cls, value: int) -> "PurgeId":
+        value = int(value)
+        if not 0 <= value < 2**128:
+            raise ValueError(f"purge id out of range: {value}")
+        return super().__new__(cls, value)
+
+    def to_bytes16(self) -> bytes:
+        """The id as 16 bytes, big-endian."""
+        return int(self).to_bytes(16, "big")
+
+    @classmethod
+    def from_bytes16(cls, raw: bytes) -> "PurgeId":
+        """Parse 16 big-endian bytes."""
+        if len(raw) != 16:
+            raise ValueError(f"purge id must be 16 bytes, got {len(raw)}")
+        return cls(int.from_bytes(raw, "big"))
+
+    def __repr__(self) -> str:
+        return f"PurgeId(0x{int(self):032x})"
+
+    def __str__(self) -> str:
+        return f"{int(self):032x}"
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeManifest:
+    """The audit record of one purge (spec: retroactive-purge FR-3).
+
+    Attributes:
+        purge_id: the purge's :class:`PurgeId`.
+        user_id: whose contributions were purged.
+        cohort: the cohort purged from.
+        created_at_ns: int ns, the clock's now when the purge was applied.
+        entries: the retracted records, oldest first (a tuple of
+            :class:`ContributionRecord`); empty on a repeated purge.
+        evicted: how many of the user's records to this cohort had already left
+            the contribution log and so were not retracted live (see
+            :class:`PurgeStatus` for re-materialization).
+    """
+
+    purge_id: PurgeId
+    user_id: int
+    cohort: str
+    created_at_ns: int
+    entries: tuple[ContributionRecord, ...] = field(default=())
+    evicted: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeStatus:
+    """Where a purge stands: retracted live, and re-materialized (and when, ns)."""
+
+    purge_id: PurgeId
+    user_id: int
+    cohort: str
+    retracted_live: int
+    rematerialized: bool
+    rematerialized_at_ns: int | None
+    excluded_by_rematerialization: int
+
+
+@dataclass(frozen=True, slots=True)
+class RematerializationReport:
+    """What one re-materialization of a cohort did.
+
+    Attributes:
+        cohort: the cohort rebuilt.
+        records_read: durable contribution records read for it.
+        records_excluded: records left out because their (user, cohort) was purged.
+        seconds: wall time taken.
+        matched_live: whether the rebuilt aggregates equalled the live ones (to
+            relative 1e-9) before they were swapped in.
+    """
+
+    cohort: str
+    records_read: int
+    records_excluded: int
+    seconds: float
+    matched_live: bool

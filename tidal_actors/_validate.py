@@ -1,0 +1,136 @@
+"""Intake validation: every public argument is checked here before any message is sent.
+
+Owns the rules of issue 2 ("Bad input"): ids are ints in ``[0, 2**64)`` (bool is not
+an int; numpy integers are taken as their values), weights finite and ``>= 0``
+(rounded once to float32, spec: ``weight: f32``), timestamps ints in ``[0, 2**63)``,
+cohort names non-empty strings of at most 200 UTF-8 bytes, ``@``-names reserved.
+Must not touch state: a failed check raises `InvalidArgument` and nothing else happens.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import struct
+from typing import Any, Mapping
+
+import msgpack
+
+from ._errors import InvalidArgument
+from ._types import COMMUNITY
+
+__all__ = [
+    "check_id",
+    "check_weight",
+    "check_timestamp",
+    "check_cohort",
+    "check_context",
+    "check_k",
+    "to_f32",
+]
+
+U64 = 2**64
+I63 = 2**63
+MAX_COHORT_BYTES = 200
+_F32 = struct.Struct("<f")
+
+
+def _is_boolish(value: object) -> bool:
+    return isinstance(value, bool) or type(value).__name__ in ("bool_", "bool")
+
+
+def _as_int(field: str, value: object) -> int:
+    if _is_boolish(value) or isinstance(value, float):
+        raise InvalidArgument(field, value, "must be an int (bool and float are not)")
+    if isinstance(value, int):
+        return int(value)
+    try:
+        return operator.index(value)  # type: ignore[arg-type]  # numpy integer scalars
+    except TypeError:
+        raise InvalidArgument(field, value, "must be an int") from None
+
+
+def check_id(field: str, value: object) -> int:
+    """An id as a Python int in ``[0, 2**64)``; raises InvalidArgument naming ``field``."""
+    if type(value) is int and 0 <= value < U64:  # the fast path for the common case
+        return value
+    v = _as_int(field, value)
+    if not 0 <= v < U64:
+        raise InvalidArgument(field, value, "must be in [0, 2**64)")
+    return v
+
+
+def check_timestamp(field: str, value: object) -> int:
+    """A timestamp (int ns) in ``[0, 2**63)``."""
+    if type(value) is int and 0 <= value < I63:
+        return value
+    v = _as_int(field, value)
+    if not 0 <= v < I63:
+        raise InvalidArgument(field, value, "must be in [0, 2**63) nanoseconds")
+    return v
+
+
+def to_f32(value: float) -> float:
+    """Round a float to the nearest float32, returned as a Python float."""
+    return float(_F32.unpack(_F32.pack(value))[0])
+
+
+def check_weight(value: object, field: str = "weight") -> float:
+    """A weight: finite, ``>= 0``, representable as float32; returns it rounded to float32."""
+    if _is_boolish(value) or isinstance(value, (str, bytes)):
+        raise InvalidArgument(field, value, "must be a finite number >= 0")
+    try:
+        w = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise InvalidArgument(field, value, "must be a finite number >= 0") from None
+    if not math.isfinite(w) or w < 0.0:
+        raise InvalidArgument(field, value, "must be a finite number >= 0")
+    try:
+        r = to_f32(w)
+    except OverflowError:
+        raise InvalidArgument(field, value, "exceeds the float32 range") from None
+    if math.isinf(r):
+        raise InvalidArgument(field, value, "exceeds the float32 range")
+    return r
+
+
+def check_cohort(value: object, *, allow_community: bool = False, field: str = "cohort") -> str:
+    """A cohort name: non-empty str of at most 200 UTF-8 bytes, not starting with ``@``.
+
+    With ``allow_community`` the reserved name ``@community`` is accepted too (reads,
+    purges); any other ``@`` name is refused.
+    """
+    if not isinstance(value, str):
+        raise InvalidArgument(field, value, "must be a str")
+    if not value:
+        raise InvalidArgument(field, value, "must not be empty")
+    try:
+        raw = value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(field, value, "must be valid UTF-8") from None
+    if len(raw) > MAX_COHORT_BYTES:
+        raise InvalidArgument(field, value, f"must be at most {MAX_COHORT_BYTES} UTF-8 bytes")
+    if value.startswith("@") and not (allow_community and value == COMMUNITY):
+        raise InvalidArgument(field, value, "names starting with '@' are reserved")
+    return value
+
+
+def check_context(value: object) -> Mapping[str, Any] | None:
+    """A signal context: None or a msgpack-encodable mapping (stored, not interpreted)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument("context", value, "must be a mapping or None")
+    try:
+        msgpack.packb(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidArgument("context", value, f"must be msgpack-encodable: {exc}") from None
+    return value
+
+
+def check_k(value: object) -> int:
+    """A top-k count: int in ``[1, 2**31)``."""
+    v = _as_int("k", value)
+    if not 1 <= v < 2**31:
+        raise InvalidArgument("k", value, "must be in [1, 2**31)")
+    return v

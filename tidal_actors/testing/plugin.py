@@ -1,0 +1,34 @@
+"""pytest plugin (entry point ``pytest11``): fixtures for testing code that embeds
+tidal_actors.
+
+* ``tidal_clock``: a :class:`~tidal_actors.ManualClock` starting at 1e18 ns.
+* ``tidal_db``: a blocking :class:`~tidal_actors.TidalDb` on a temporary directory,
+  using ``tidal_clock``; closed after the test.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from .._clock import ManualClock
+from .._db import TidalDb
+
+START_NS = 10**18
+
+
+@pytest.fixture
+def tidal_clock() -> ManualClock:
+    """A manual clock at 1e18 ns (2001-09-09); move it with ``.advance(ns)``."""
+    return ManualClock(START_NS)
+
+
+@pytest.fixture
+def tidal_db(tmp_path: object, tidal_clock: ManualClock) -> Iterator[TidalDb]:
+    """A persistent TidalDb in a temporary directory, closed after the test."""
+    db = TidalDb.open(str(tmp_path) + "/tidal", clock=tidal_clock)  # type: ignore[operator]
+    try:
+        yield db
+    finally:
+        db.close()
