@@ -18,7 +18,8 @@ deterministic test host). Rules every behaviour keeps:
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import msgpack
 
@@ -48,15 +49,15 @@ from ._types import (
 )
 
 __all__ = [
-    "Context",
     "Behaviour",
-    "MembershipShard",
+    "Context",
     "LedgerShard",
-    "PurgeCoordinator",
+    "MembershipShard",
     "Persistence",
+    "PurgeCoordinator",
     "advance_watermark",
-    "encode_manifest",
     "decode_manifest",
+    "encode_manifest",
 ]
 
 
@@ -454,7 +455,7 @@ class LedgerShard(Behaviour):
                 value = sorted(agg.cohorts)
             else:
                 raise ValueError(f"unknown read {r.kind!r}")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             r.reply.set_exception(exc)
             raise
         r.reply.set_result(value)
@@ -463,7 +464,7 @@ class LedgerShard(Behaviour):
         try:
             prepared = self.state.log.prepare(msg.user, msg.cohort, msg.live_from)
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, prepared))
-        except Exception as exc:  # noqa: BLE001 - the coordinator must hear back
+        except Exception as exc:
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, Prepared([], [], 0, -1), exc))
             raise
 

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Clock", "SystemClock", "ManualClock"]
+__all__ = ["Clock", "ManualClock", "SystemClock"]
 
 
 @runtime_checkable

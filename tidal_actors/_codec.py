@@ -24,15 +24,15 @@ import zlib
 from ._types import MembershipStatus
 
 __all__ = [
-    "Tag",
     "Keyspace",
-    "encode_key",
+    "Tag",
     "decode_key",
-    "encode_membership",
     "decode_membership",
-    "membership_shard_of",
+    "encode_key",
+    "encode_membership",
     "ledger_shard_of",
     "membership_capacity",
+    "membership_shard_of",
 ]
 
 

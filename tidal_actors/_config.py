@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ._errors import InvalidArgument
 
@@ -82,12 +83,12 @@ class Config:
         """Half-life in ns for ``signal_type`` (the per-type override or the default)."""
         return self.half_life_ns_by_type.get(signal_type, self.half_life_ns)
 
-    def replace(self, **changes: Any) -> "Config":
+    def replace(self, **changes: Any) -> Config:
         """A copy with ``changes`` applied (validated)."""
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> "Config":
+    def from_mapping(cls, data: Mapping[str, Any]) -> Config:
         """Build from a mapping shaped like ``config/default.toml``.
 
         Sections ``[decay]``, ``[window]``, ``[contribution_log]``, ``[shards]``,
@@ -117,7 +118,7 @@ class Config:
         return cls(**flat)
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> "Config":
+    def from_toml(cls, path: str | Path) -> Config:
         """Load a TOML file (see ``config/default.toml``).
 
         Raises:

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["ContributionLog", "Prepared", "LogRecord"]
+__all__ = ["ContributionLog", "LogRecord", "Prepared"]
 
 DRAINED = -1
 _COMPACT_MIN = 1 << 16
@@ -132,7 +133,7 @@ class ContributionLog:
             i += 1
         self.head = i
         dead = i - off
-        if dead and (dead >= _COMPACT_MIN and dead * 2 >= len(r) or dead == len(r)):
+        if dead and ((dead >= _COMPACT_MIN and dead * 2 >= len(r)) or dead == len(r)):
             self._compact(dead)
 
     def _compact(self, head: int) -> None:

@@ -11,7 +11,7 @@ import re
 
 from ._errors import InvalidArgument
 
-__all__ = ["parse_duration", "format_duration", "UNIT_NS"]
+__all__ = ["UNIT_NS", "format_duration", "parse_duration"]
 
 UNIT_NS: dict[str, int] = {
     "d": 86_400_000_000_000,

@@ -7,15 +7,15 @@ named for what went wrong, so callers catch the narrowest one they can handle.
 from __future__ import annotations
 
 __all__ = [
-    "TidalError",
-    "InvalidArgument",
-    "UnknownCohort",
-    "UnknownPurge",
-    "StorageError",
-    "StorageFull",
+    "ActorFailure",
     "DatabaseClosed",
     "DatabaseLocked",
-    "ActorFailure",
+    "InvalidArgument",
+    "StorageError",
+    "StorageFull",
+    "TidalError",
+    "UnknownCohort",
+    "UnknownPurge",
 ]
 
 

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import csv
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import (
     IO,
     Any,
     ClassVar,
-    Iterable,
-    Iterator,
     Protocol,
     Union,
 )
@@ -42,20 +41,20 @@ from ._validate import check_cohort, check_id, check_timestamp, check_weight
 __all__ = [
     "HEADER",
     "OPS",
-    "EventLogError",
-    "AssignRow",
-    "SignalRow",
-    "LeaveRow",
-    "RejoinRow",
-    "PurgeRow",
-    "EventRow",
-    "EventLogReader",
-    "read_events",
-    "format_row",
-    "write_events",
-    "EventSink",
     "ApplyCounts",
+    "AssignRow",
+    "EventLogError",
+    "EventLogReader",
+    "EventRow",
+    "EventSink",
+    "LeaveRow",
+    "PurgeRow",
+    "RejoinRow",
+    "SignalRow",
     "apply_events",
+    "format_row",
+    "read_events",
+    "write_events",
 ]
 
 HEADER: tuple[str, ...] = (

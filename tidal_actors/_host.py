@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pykka
 
@@ -107,6 +108,10 @@ class PykkaHost:
             ref.tell(message)
         except pykka.ActorDeadError:
             raise DatabaseClosed(f"actor {address} has stopped") from None
+
+    def settle(self, reply: Any, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for ``reply`` (threads do the work)."""
+        return bool(reply.wait(timeout))
 
     def stop(self, order: list[str]) -> None:
         """Stop actors kind by kind in ``order``; each drains its mailbox first."""

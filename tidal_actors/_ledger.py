@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 __all__ = ["Aggregates", "RecordLookup"]
 
@@ -51,7 +51,7 @@ class Aggregates:
         window_buckets: number of buckets a window read covers.
     """
 
-    __slots__ = ("_hl", "_width", "_n", "cohorts")
+    __slots__ = ("_hl", "_n", "_width", "cohorts")
 
     def __init__(
         self, half_life_for: Callable[[int], int], window_width_ns: int, window_buckets: int
@@ -80,8 +80,7 @@ class Aggregates:
             x = 0.0
         wf = w * 2.0**x
         st[_S] += wf
-        if ts > st[_TMAX]:
-            st[_TMAX] = ts
+        st[_TMAX] = max(st[_TMAX], ts)
         b = ts // self._width
         bk = st[_B].get(b)
         if bk is None:
@@ -90,8 +89,7 @@ class Aggregates:
             bk[0] += 1
             bk[1] += w
             bk[2] += wf
-            if ts > bk[3]:
-                bk[3] = ts
+            bk[3] = max(bk[3], ts)
 
     @staticmethod
     def _renormalize(st: list, new_landmark: int, h: int) -> None:  # type: ignore[type-arg]
@@ -154,7 +152,7 @@ class Aggregates:
         h = self._hl(key[1])
         if at >= st[_TMAX]:
             s = st[_S] * 2.0 ** (-(at - st[_L]) / h)
-            return s if s > 0.0 else 0.0
+            return max(0.0, s)
         bat = at // self._width
         parts = []
         partial = None
@@ -167,7 +165,7 @@ class Aggregates:
         if partial is not None and lookup is not None:
             recs = lookup(cohort, key[0], key[1], bat * self._width, at)
             s += math.fsum(w * 2.0 ** (-(at - t) / h) for t, w in recs if t <= at)
-        return s if s > 0.0 else 0.0
+        return max(0.0, s)
 
     def decay_score(
         self, cohort: str, entity: int, stype: int, at: int, lookup: RecordLookup | None = None
@@ -207,7 +205,7 @@ class Aggregates:
                     count += bk[0]
                     ws.append(bk[1])
         w = math.fsum(ws)
-        return count, (w if w > 0.0 else 0.0)
+        return count, (max(0.0, w))
 
     def top(
         self, cohort: str, stype: int, k: int, at: int, lookup: RecordLookup | None = None

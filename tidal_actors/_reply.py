@@ -8,7 +8,8 @@ callback lets the trio facade wake its task with ``TrioToken.run_sync_soon``.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["Reply"]
 
@@ -16,13 +17,13 @@ __all__ = ["Reply"]
 class Reply:
     """Set once with a value or an exception; ``get()`` blocks until then."""
 
-    __slots__ = ("_event", "_value", "_exc", "_callbacks", "_lock", "label", "__weakref__")
+    __slots__ = ("__weakref__", "_callbacks", "_event", "_exc", "_lock", "_value", "label")
 
     def __init__(self, label: str = "") -> None:
         self._event = threading.Event()
         self._value: Any = None
         self._exc: BaseException | None = None
-        self._callbacks: list[Callable[["Reply"], None]] = []
+        self._callbacks: list[Callable[[Reply], None]] = []
         self._lock = threading.Lock()
         self.label = label
 
@@ -52,7 +53,7 @@ class Reply:
         """Deliver an error; returns False if the reply was already settled."""
         return self._settle(None, exc)
 
-    def add_done_callback(self, fn: Callable[["Reply"], None]) -> None:
+    def add_done_callback(self, fn: Callable[[Reply], None]) -> None:
         """Run ``fn(self)`` once settled (at once if it already is), in the settling thread."""
         with self._lock:
             if not self._event.is_set():

@@ -41,16 +41,16 @@ from ._eventlog import (
 from ._types import COMMUNITY, CommunityMembership, LeaveEpoch, PurgeManifest, WindowCount
 
 __all__ = [
-    "SignalTypeSpec",
-    "Scenario",
-    "load_scenario",
-    "builtin_scenarios",
-    "generate_events",
-    "CheckResult",
-    "compare_states",
-    "SimulationResult",
-    "run_simulation",
     "REL_TOL",
+    "CheckResult",
+    "Scenario",
+    "SignalTypeSpec",
+    "SimulationResult",
+    "builtin_scenarios",
+    "compare_states",
+    "generate_events",
+    "load_scenario",
+    "run_simulation",
 ]
 
 REL_TOL = 1e-9
@@ -468,9 +468,7 @@ def compare_states(db: _Readable, ref: _Readable, at_ns: int, users: Iterable[in
     result.aggregate_rows = len(theirs)
     for key in sorted(theirs.keys() | mine.keys()):
         a, b = mine.get(key), theirs.get(key)
-        if a is None or b is None:
-            result.fail(f"aggregate {key}: runtime {a}, reference {b}")
-        elif not (_close(a[0], b[0]) and a[1] == b[1] and _close(a[2], b[2])):
+        if a is None or b is None or not (_close(a[0], b[0]) and a[1] == b[1] and _close(a[2], b[2])):
             result.fail(f"aggregate {key}: runtime {a}, reference {b}")
     for user in users:
         result.users += 1

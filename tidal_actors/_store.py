@@ -18,9 +18,10 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import lmdb
 import msgpack
@@ -31,7 +32,7 @@ from ._config import Config
 from ._errors import DatabaseLocked, StorageError, StorageFull
 from ._types import PurgeManifest
 
-__all__ = ["LmdbStore", "NullStore", "Restored", "HistoryBatch"]
+__all__ = ["HistoryBatch", "LmdbStore", "MemoryStore", "NullStore", "Restored", "parse_store"]
 
 _open_paths: set[str] = set()
 _open_lock = threading.Lock()
@@ -84,6 +85,73 @@ class Restored:
     eviction: dict[int, tuple[int, list[int], int]] = field(default_factory=dict)
     batches: list[HistoryBatch] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]]) -> Restored:
+    """Decode every keyspace's ``(key, value)`` pairs (in key order) into a `Restored`.
+
+    Shared by every store kind, so a restore reads the same layout wherever it lives.
+    """
+    from ._behaviours import decode_manifest
+
+    out = Restored()
+    for key, value in keyspaces.get(Keyspace.USERS.value, ()):
+        user, tag, _ = decode_key(key)
+        if tag == Tag.COMMUNITY_LEAVE:
+            out.memberships[user] = decode_membership(value)
+        elif tag == Tag.LEAVE_HISTORY:
+            out.histories[user] = [list(e) for e in msgpack.unpackb(value)]
+        elif tag == Tag.COHORT_ASSIGNMENT:
+            out.cohorts[user] = tuple(msgpack.unpackb(value))
+    for key, value in keyspaces.get(Keyspace.ITEMS.value, ()):
+        user, tag, _ = decode_key(key)
+        if tag == Tag.PURGE_MANIFEST:
+            out.manifests.setdefault(user, []).append(decode_manifest(value))
+        elif tag == Tag.PURGE_TOMBSTONE:
+            out.tombstones.update((m, r) for m, r in msgpack.unpackb(value))
+    for key, value in keyspaces.get(Keyspace.META.value, ()):
+        ident, tag, _ = decode_key(key)
+        if tag == Tag.EVICTION_STATE:
+            live_from, drained, next_rseq = msgpack.unpackb(value)
+            out.eviction[ident] = (live_from, list(drained), next_rseq)
+        elif tag == Tag.STORE_META:
+            out.meta = msgpack.unpackb(value, strict_map_key=False)
+    for key, value in keyspaces.get(Keyspace.HISTORY.value, ()):
+        shard, tag, suffix = decode_key(key)
+        if tag == Tag.CONTRIBUTION_BATCH:
+            out.batches.append(decode_batch(shard, int.from_bytes(suffix, "big"), value))
+    return out
+
+
+class MemoryStore:
+    """A store in a dict: same keys and values as LMDB, kept in memory.
+
+    Used by the message-driven harness, so actors can crash and be restored "from
+    storage" without a disk. ``fault`` (a callable taking the ops) may raise to
+    inject a failed write.
+    """
+
+    durable = True
+
+    def __init__(self) -> None:
+        self.data: dict[str, dict[bytes, bytes]] = {k.value: {} for k in Keyspace}
+        self.fault: Any = None
+
+    def commit(self, ops: Iterable[Op]) -> None:
+        ops = list(ops)
+        if self.fault is not None:
+            self.fault(ops)
+        for ks, key, value in ops:
+            if value is None:
+                self.data[ks].pop(key, None)
+            else:
+                self.data[ks][key] = value
+
+    def load(self) -> Restored:
+        return parse_store({ks: sorted(d.items()) for ks, d in self.data.items()})
+
+    def close(self) -> None:
+        pass
 
 
 class NullStore:
@@ -205,36 +273,10 @@ class LmdbStore:
 
     def load(self) -> Restored:
         """Read the whole store back (membership, manifests, tombstones, history)."""
-        out = Restored()
         with self.env.begin(buffers=False) as txn:
-            for key, value in txn.cursor(db=self.dbs[Keyspace.USERS.value]):
-                user, tag, _ = decode_key(key)
-                if tag == Tag.COMMUNITY_LEAVE:
-                    out.memberships[user] = decode_membership(value)
-                elif tag == Tag.LEAVE_HISTORY:
-                    out.histories[user] = [list(e) for e in msgpack.unpackb(value)]
-                elif tag == Tag.COHORT_ASSIGNMENT:
-                    out.cohorts[user] = tuple(msgpack.unpackb(value))
-            from ._behaviours import decode_manifest
-
-            for key, value in txn.cursor(db=self.dbs[Keyspace.ITEMS.value]):
-                user, tag, _ = decode_key(key)
-                if tag == Tag.PURGE_MANIFEST:
-                    out.manifests.setdefault(user, []).append(decode_manifest(value))
-                elif tag == Tag.PURGE_TOMBSTONE:
-                    out.tombstones.update((m, r) for m, r in msgpack.unpackb(value))
-            for key, value in txn.cursor(db=self.dbs[Keyspace.META.value]):
-                ident, tag, _ = decode_key(key)
-                if tag == Tag.EVICTION_STATE:
-                    live_from, drained, next_rseq = msgpack.unpackb(value)
-                    out.eviction[ident] = (live_from, list(drained), next_rseq)
-                elif tag == Tag.STORE_META:
-                    out.meta = msgpack.unpackb(value, strict_map_key=False)
-            for key, value in txn.cursor(db=self.dbs[Keyspace.HISTORY.value]):
-                shard, tag, suffix = decode_key(key)
-                if tag == Tag.CONTRIBUTION_BATCH:
-                    out.batches.append(decode_batch(shard, int.from_bytes(suffix, "big"), value))
-        return out
+            return parse_store(
+                {k.value: txn.cursor(db=self.dbs[k.value]) for k in Keyspace}
+            )
 
     def raw_get(self, keyspace: Keyspace, key: bytes) -> bytes | None:
         """Read one value (tests and `inspect`)."""

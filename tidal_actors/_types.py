@@ -8,21 +8,22 @@ FR-1 and FR-3).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = [
     "COMMUNITY",
-    "Signal",
-    "MembershipStatus",
     "CommunityMembership",
-    "LeaveEpoch",
-    "WindowCount",
     "ContributionRecord",
+    "LeaveEpoch",
+    "MembershipStatus",
     "PurgeId",
     "PurgeManifest",
     "PurgeStatus",
     "RematerializationReport",
+    "Signal",
+    "WindowCount",
 ]
 
 COMMUNITY = "@community"
@@ -108,7 +109,7 @@ class PurgeId(int):
     bytes big-endian (the manifest key suffix, retroactive-purge FR-3).
     """
 
-    def __new__(cls, value: int) -> "PurgeId":
+    def __new__(cls, value: int) -> PurgeId:
         value = int(value)
         if not 0 <= value < 2**128:
             raise ValueError(f"purge id out of range: {value}")
@@ -119,7 +120,7 @@ class PurgeId(int):
         return int(self).to_bytes(16, "big")
 
     @classmethod
-    def from_bytes16(cls, raw: bytes) -> "PurgeId":
+    def from_bytes16(cls, raw: bytes) -> PurgeId:
         """Parse 16 big-endian bytes."""
         if len(raw) != 16:
             raise ValueError(f"purge id must be 16 bytes, got {len(raw)}")

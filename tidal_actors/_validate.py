@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import operator
 import struct
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import msgpack
 
@@ -20,12 +21,12 @@ from ._errors import InvalidArgument
 from ._types import COMMUNITY
 
 __all__ = [
-    "check_id",
-    "check_weight",
-    "check_timestamp",
     "check_cohort",
     "check_context",
+    "check_id",
     "check_k",
+    "check_timestamp",
+    "check_weight",
     "to_f32",
 ]
 

@@ -8,7 +8,7 @@ tidal_actors.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -1,0 +1,493 @@
+"""The facade core shared by `TidalDb`, `AsyncTidalDb` and the test `Harness`.
+
+Owns turning calls into messages and replies into `Call`s; holds no domain state and
+never waits (the facades decide how to wait: block, await, or step a harness).
+Validation happens here, before any message is sent, so bad input never reaches an
+actor, storage or an aggregate.
+
+Signals are buffered per membership shard (``Config.signal_batch_size``, at most
+``Config.signal_flush_interval_ms``) and sent as one message, under the buffer's
+lock, so the per-shard order of everything a caller submits is kept. A control
+operation or a read first sends what its shard has buffered, so "submitted before"
+always means "processed before".
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import msgpack
+
+from . import _messages as M
+from ._behaviours import (
+    CoordinatorState,
+    LedgerShard,
+    LedgerState,
+    MembershipShard,
+    MembershipState,
+    Persistence,
+    PurgeCoordinator,
+)
+from ._clock import Clock
+from ._codec import Keyspace, Tag, encode_key, ledger_shard_of, membership_shard_of
+from ._config import Config
+from ._errors import DatabaseClosed, InvalidArgument, TidalError
+from ._reply import Reply
+from ._store import LmdbStore, Restored
+from ._types import Signal, WindowCount
+from ._validate import (
+    check_cohort,
+    check_context,
+    check_id,
+    check_k,
+    check_timestamp,
+    check_weight,
+)
+
+__all__ = ["STOP_ORDER", "Call", "Core", "build_states", "check_meta"]
+
+STOP_ORDER = [M.MEMBERSHIP, M.LEDGER, M.COORDINATOR, M.PERSISTENCE]
+FORMAT_VERSION = 1
+
+
+class _Buffer:
+    __slots__ = ("items", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.items: list[M.SignalTuple] = []
+
+
+def build_states(
+    config: Config, restored: Restored
+) -> tuple[list[MembershipState], list[LedgerState], CoordinatorState]:
+    """Rebuild every behaviour's state from what the store holds (restore on open).
+
+    Records tombstoned by a committed purge are left out; records below their
+    membership shard's eviction watermark go to the aggregates but not to the log.
+    """
+    nm, nl = config.membership_shards, config.ledger_shards
+    mstates = [MembershipState() for _ in range(nm)]
+    for user, st in restored.memberships.items():
+        mstates[membership_shard_of(user, nm)].status[user] = st
+    for user, hist in restored.histories.items():
+        mstates[membership_shard_of(user, nm)].history[user] = hist
+    for user, cohorts in restored.cohorts.items():
+        if cohorts:
+            mstates[membership_shard_of(user, nm)].cohorts[user] = cohorts
+    coord = CoordinatorState(nm)
+    for m, (live_from, drained, next_rseq) in restored.eviction.items():
+        if m < nm:
+            coord.live_from[m] = live_from
+            coord.drained[m] = sorted(drained)
+            mstates[m].next_rseq = max(mstates[m].next_rseq, next_rseq)
+    for user, manifests in restored.manifests.items():
+        coord.manifests[user] = sorted(manifests, key=lambda x: x.purge_id)
+        for mf in manifests:
+            coord.last_purge_id = max(coord.last_purge_id, int(mf.purge_id))
+    for m, r in restored.tombstones:
+        if m < nm:
+            mstates[m].next_rseq = max(mstates[m].next_rseq, r + 1)
+    lstates = [LedgerState(config) for _ in range(nl)]
+    tomb = restored.tombstones
+    shard_cache: dict[str, int] = {}
+    for batch in restored.batches:
+        if batch.shard < nl:
+            ls = lstates[batch.shard]
+            ls.batch_seq = max(ls.batch_seq, batch.seq + 1)
+        names = batch.cohorts
+        cols = zip(
+            batch.ci.tolist(), batch.m.tolist(), batch.r.tolist(), batch.u.tolist(),
+            batch.e.tolist(), batch.t.tolist(), batch.w.tolist(), batch.ts.tolist(),
+        )
+        per_ledger: dict[int, list[tuple[int, int, int, str, int, int, float, int]]] = {}
+        for ci, m, r, u, e, t, w, ts in cols:
+            if tomb and (m, r) in tomb:
+                continue
+            cohort = names[ci]
+            li = shard_cache.get(cohort)
+            if li is None:
+                li = shard_cache[cohort] = ledger_shard_of(cohort, nl)
+            ls = lstates[li]
+            ls.aggregates.add(cohort, e, t, w, ts)
+            if m < nm:
+                mstates[m].next_rseq = max(mstates[m].next_rseq, r + 1)
+                if r >= coord.live_from[m]:
+                    per_ledger.setdefault(li, []).append((m, r, u, cohort, e, t, w, ts))
+                seen = ls.rseq_seen
+                if r > seen.get(m, -1):
+                    seen[m] = r
+        for li, recs in per_ledger.items():
+            lstates[li].log.append(recs)
+    for ls in lstates:
+        for m in range(nm):
+            ls.live_from[m] = (coord.live_from[m], len(coord.drained[m]))
+            ls.log.set_floor(m, coord.live_from[m])
+    return mstates, lstates, coord
+
+
+class Call:
+    """An operation in flight: its replies and how to turn their values into the result.
+
+    ``done`` says whether every reply has arrived; ``result()`` returns the result (or
+    raises the operation's error, or RuntimeError if not done yet).
+    """
+
+    __slots__ = ("finish", "name", "replies")
+
+    def __init__(self, name: str, replies: list[Reply], finish: Callable[[list[Any]], Any] | None = None) -> None:
+        self.name = name
+        self.replies = replies
+        self.finish = finish
+
+    @property
+    def done(self) -> bool:
+        return all(r.done for r in self.replies)
+
+    def result(self) -> Any:
+        values = [r.result() for r in self.replies]
+        if self.finish is not None:
+            return self.finish(values)
+        return values[0] if values else None
+
+    def __repr__(self) -> str:
+        return f"Call({self.name}, done={self.done})"
+
+
+def _first(values: list[Any]) -> Any:
+    return values[0]
+
+
+class Core:
+    """Validation, buffering and message building on top of a host.
+
+    Args:
+        config, clock: as for :meth:`TidalDb.open`.
+        store: an ``LmdbStore`` or ``NullStore``.
+        restored: what ``store.load()`` returned.
+        host: a started-on-demand host (``PykkaHost`` or the test harness's host).
+        buffered: buffer signals per shard (production); False sends each signal
+            as its own message (the message-driven harness).
+    """
+
+    def __init__(self, config: Config, clock: Clock, store: Any, restored: Restored, host: Any, *, buffered: bool = True) -> None:
+        self.config = config
+        self.clock = clock
+        self.store = store
+        self.host = host
+        self.closed = False
+        self._close_lock = threading.Lock()
+        self._inflight: weakref.WeakSet[Reply] = weakref.WeakSet()
+        self._inflight_lock = threading.Lock()
+        self._nm = config.membership_shards
+        self._nl = config.ledger_shards
+        self._batch = config.signal_batch_size if buffered else 1
+        self._buffered = buffered
+        self._buffers = [_Buffer() for _ in range(self._nm)]
+        mstates, lstates, coord = build_states(config, restored)
+        ctx = host.ctx
+        self.persistence = Persistence(ctx, store)
+        behaviours = [self.persistence, PurgeCoordinator(ctx, coord)]
+        behaviours += [LedgerShard(ctx, i, s) for i, s in enumerate(lstates)]
+        behaviours += [MembershipShard(ctx, i, s) for i, s in enumerate(mstates)]
+        host.start(behaviours)
+        self._flusher_stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if buffered:
+            self._flusher = threading.Thread(target=self._flush_loop, name="tidal-flusher", daemon=True)
+            self._flusher.start()
+
+    # -- lifetime -----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush, stop the actors (membership, ledgers, coordinator, persistence last),
+        close the store, and fail calls still waiting with DatabaseClosed. Idempotent."""
+        with self._close_lock:
+            if self.closed:
+                return
+            self.closed = True
+        self._flusher_stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
+        try:
+            self._send_all_buffers()
+            r = Reply("close-flush")
+            self._barrier(tuple(range(self._nl)), r, durable=True)
+            self.host.settle(r, 60.0)
+        except TidalError:
+            pass
+        self.host.stop(STOP_ORDER)
+        self.fail_inflight()
+        self.store.close()
+
+    def fail_inflight(self) -> None:
+        with self._inflight_lock:
+            pending = list(self._inflight)
+        for reply in pending:
+            reply.set_exception(DatabaseClosed("the database was closed before this call completed"))
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise DatabaseClosed("the database is closed")
+
+    def track(self, reply: Reply) -> None:
+        with self._inflight_lock:
+            self._inflight.add(reply)
+
+    def untrack(self, reply: Reply) -> None:
+        with self._inflight_lock:
+            self._inflight.discard(reply)
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _flush_loop(self) -> None:
+        interval = self.config.signal_flush_interval_ms / 1000.0
+        while not self._flusher_stop.wait(interval):
+            try:
+                self._send_all_buffers()
+            except TidalError:
+                return
+
+    def _send_all_buffers(self) -> None:
+        for m, buf in enumerate(self._buffers):
+            if buf.items:
+                with buf.lock:
+                    if buf.items:
+                        items, buf.items = buf.items, []
+                        self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
+
+    def _send(self, m: int, message: object) -> None:
+        """Send to membership shard ``m`` after whatever it has buffered, in order."""
+        buf = self._buffers[m]
+        with buf.lock:
+            if buf.items:
+                items, buf.items = buf.items, []
+                self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
+            self.host.tell((M.MEMBERSHIP, m), message)
+
+    def _shard(self, user: int) -> int:
+        return 0 if self._nm == 1 else membership_shard_of(user, self._nm)
+
+    def _user_call(self, name: str, user: int, make: Callable[[Reply], object]) -> Call:
+        self.check_open()
+        reply = Reply(name)
+        self._send(self._shard(user), make(reply))
+        return Call(name, [reply])
+
+    def _barrier(self, ledgers: tuple[int, ...], reply: Reply, action: M.Read | None = None, durable: bool = False) -> None:
+        barrier = M.Barrier(ledgers, self._nm, reply, action, durable)
+        for m in range(self._nm):
+            self._send(m, barrier)
+
+    def _read_reply(self, ledger: int, kind: str, args: tuple[Any, ...]) -> Reply:
+        self.check_open()
+        reply = Reply(kind)
+        self._barrier((ledger,), reply, M.Read(kind, args, reply))
+        return reply
+
+    def now(self) -> int:
+        return check_timestamp("clock.now_ns()", self.clock.now_ns())
+
+    def _at(self, at_ns: int | None) -> int:
+        return self.now() if at_ns is None else check_timestamp("at_ns", at_ns)
+
+    # -- signals (no reply: they return once queued) ------------------------------
+
+    def signal_with_context(
+        self, user_id: int, entity_id: int, signal_type: int, weight: float = 1.0,
+        timestamp_ns: int | None = None, context: Mapping[str, Any] | None = None,
+    ) -> None:
+        if self.closed:
+            raise DatabaseClosed("the database is closed")
+        u = check_id("user_id", user_id)
+        e = check_id("entity_id", entity_id)
+        t = check_id("signal_type", signal_type)
+        w = check_weight(weight)
+        ts = self.now() if timestamp_ns is None else check_timestamp("timestamp_ns", timestamp_ns)
+        cx = None if context is None else check_context(context)
+        m = 0 if self._nm == 1 else membership_shard_of(u, self._nm)
+        buf = self._buffers[m]
+        with buf.lock:
+            buf.items.append((u, e, t, w, ts, cx))
+            if len(buf.items) >= self._batch:
+                items, buf.items = buf.items, []
+                self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
+
+    def signal_batch(self, signals: Iterable[Signal]) -> None:
+        self.check_open()
+        if isinstance(signals, (str, bytes, Mapping)) or not hasattr(signals, "__iter__"):
+            raise InvalidArgument("signals", signals, "must be an iterable of Signal")
+        now: int | None = None
+        per_shard: list[list[M.SignalTuple]] = [[] for _ in range(self._nm)]
+        for i, s in enumerate(signals):
+            if not isinstance(s, Signal):
+                raise InvalidArgument(f"signals[{i}]", s, "must be a Signal")
+            try:
+                u = check_id("user_id", s.user_id)
+                e = check_id("entity_id", s.entity_id)
+                t = check_id("signal_type", s.signal_type)
+                w = check_weight(s.weight)
+                if s.timestamp_ns is None:
+                    if now is None:
+                        now = self.now()
+                    ts = now
+                else:
+                    ts = check_timestamp("timestamp_ns", s.timestamp_ns)
+                cx = None if s.context is None else check_context(s.context)
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"signals[{i}].{exc.field}", exc.value, exc.reason) from None
+            per_shard[0 if self._nm == 1 else membership_shard_of(u, self._nm)].append((u, e, t, w, ts, cx))
+        step = self._batch
+        for m, items in enumerate(per_shard):
+            if not items:
+                continue
+            buf = self._buffers[m]
+            with buf.lock:
+                if buf.items:
+                    items = buf.items + items
+                    buf.items = []
+                for k in range(0, len(items), step):
+                    self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items[k : k + step]))
+
+    # -- operations with a reply ----------------------------------------------------
+
+    def assign_cohort(self, user_id: int, cohort: str) -> Call:
+        u = check_id("user_id", user_id)
+        c = check_cohort(cohort)
+        return self._user_call("assign_cohort", u, lambda r: M.Assign(u, c, r))
+
+    def unassign_cohort(self, user_id: int, cohort: str) -> Call:
+        u = check_id("user_id", user_id)
+        c = check_cohort(cohort)
+        return self._user_call("unassign_cohort", u, lambda r: M.Unassign(u, c, r))
+
+    def cohorts_of(self, user_id: int) -> Call:
+        u = check_id("user_id", user_id)
+        return self._user_call("cohorts_of", u, lambda r: M.QueryUser(u, "cohorts", r))
+
+    def leave_community_layer(self, user_id: int) -> Call:
+        u = check_id("user_id", user_id)
+        self.check_open()
+        now = self.now()
+        return self._user_call("leave_community_layer", u, lambda r: M.Leave(u, now, r))
+
+    def rejoin_community_layer(self, user_id: int) -> Call:
+        u = check_id("user_id", user_id)
+        self.check_open()
+        now = self.now()
+        return self._user_call("rejoin_community_layer", u, lambda r: M.Rejoin(u, now, r))
+
+    def community_layer_status(self, user_id: int) -> Call:
+        u = check_id("user_id", user_id)
+        return self._user_call("community_layer_status", u, lambda r: M.QueryUser(u, "status", r))
+
+    def community_leave_history(self, user_id: int) -> Call:
+        u = check_id("user_id", user_id)
+        return self._user_call("community_leave_history", u, lambda r: M.QueryUser(u, "history", r))
+
+    def request_community_purge(self, user_id: int, cohort_name: str) -> Call:
+        u = check_id("user_id", user_id)
+        c = check_cohort(cohort_name, allow_community=True, field="cohort_name")
+        self.check_open()
+        now = self.now()
+        return self._user_call("request_community_purge", u, lambda r: M.PurgeRequest(u, c, now, r))
+
+    def list_purge_manifests(self, user_id: int) -> Call:
+        u = check_id("user_id", user_id)
+        self.check_open()
+        reply = Reply("list_purge_manifests")
+        self.host.tell(M.COORD_ADDR, M.QueryManifests(u, reply))
+        return Call("list_purge_manifests", [reply])
+
+    def read_decay_score(self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None) -> Call:
+        c = check_cohort(cohort, allow_community=True)
+        e = check_id("entity_id", entity_id)
+        t = check_id("signal_type", signal_type)
+        self.check_open()
+        at = self._at(at_ns)
+        return Call("read_decay_score", [self._read_reply(ledger_shard_of(c, self._nl), "score", (c, e, t, at))])
+
+    def read_window(self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None) -> Call:
+        c = check_cohort(cohort, allow_community=True)
+        e = check_id("entity_id", entity_id)
+        t = check_id("signal_type", signal_type)
+        self.check_open()
+        at = self._at(at_ns)
+        r = self._read_reply(ledger_shard_of(c, self._nl), "window", (c, e, t, at))
+        return Call("read_window", [r], lambda v: WindowCount(*v[0]))
+
+    def top_entities(self, cohort: str, signal_type: int, k: int, at_ns: int | None = None) -> Call:
+        c = check_cohort(cohort, allow_community=True)
+        t = check_id("signal_type", signal_type)
+        kk = check_k(k)
+        self.check_open()
+        at = self._at(at_ns)
+        return Call("top_entities", [self._read_reply(ledger_shard_of(c, self._nl), "top", (c, t, kk, at))])
+
+    def aggregate_rows(self, at_ns: int | None = None) -> Call:
+        self.check_open()
+        at = self._at(at_ns)
+        replies = [self._read_reply(li, "rows", (at,)) for li in range(self._nl)]
+
+        def finish(values: list[Any]) -> list[tuple[str, int, int, float, int, float]]:
+            rows = [row for v in values for row in v]
+            rows.sort(key=lambda r: (r[0], r[1], r[2]))
+            return rows
+
+        return Call("aggregate_rows", replies, finish)
+
+    def stats(self) -> Call:
+        self.check_open()
+        replies = []
+        for m in range(self._nm):
+            reply = Reply("stats")
+            self._send(m, M.QueryUser(-1, "stats", reply))
+            replies.append(reply)
+        replies += [self._read_reply(li, "stats", ()) for li in range(self._nl)]
+        coord = Reply("coordinator-stats")
+        self.host.tell(M.COORD_ADDR, M.QueryManifests(-1, coord))
+        replies.append(coord)
+        persistence = self.persistence
+
+        def finish(values: list[Any]) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for v in values:
+                for k, x in v.items():
+                    out[k] = out.get(k, 0) + x
+            out["handler_errors"] += persistence.handler_errors
+            out["commits"] = persistence.commits
+            out["failed_writes"] = persistence.failed_writes
+            return out
+
+        return Call("stats", replies, finish)
+
+    def flush(self) -> Call:
+        self.check_open()
+        reply = Reply("flush")
+        self._barrier(tuple(range(self._nl)), reply, durable=True)
+        return Call("flush", [reply])
+
+    def lmdb_flags(self) -> dict[str, Any]:
+        if not isinstance(self.store, LmdbStore):
+            raise InvalidArgument("path", None, "an ephemeral database has no LMDB environment")
+        return self.store.flags()
+
+
+def check_meta(store: Any, config: Config, restored: Restored) -> None:
+    """Refuse a config that does not fit the store; stamp a new store's format."""
+    if not store.durable:
+        return
+    meta = restored.meta
+    if meta:
+        stored = meta.get("membership_shards")
+        if stored is not None and stored != config.membership_shards:
+            raise InvalidArgument(
+                "membership_shards", config.membership_shards,
+                f"this store was written with membership_shards={stored}; record numbering depends on it",
+            )
+        return
+    store.commit([(Keyspace.META.value, encode_key(0, Tag.STORE_META),
+                   msgpack.packb({"format": FORMAT_VERSION, "membership_shards": config.membership_shards}))])

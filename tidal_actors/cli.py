@@ -1,0 +1,565 @@
+"""The ``tidal-actors`` command line: ``replay``, ``inspect`` and ``simulate``.
+
+Owns argument parsing (click), progress bars (tqdm, on standard error), the printed
+summaries, the ``--scores-out`` / ``--report-out`` files and the exit codes: 0 ok,
+2 bad input (a bad row, argument, config or scenario), 1 the run failed (the check
+of ``simulate`` found a difference, or the runtime raised). It holds no semantics:
+rows are read and applied by ``_eventlog``, scenarios by ``_simulate``, and every
+database is opened by :func:`_open_db`.
+
+A data directory written by ``replay`` or ``simulate`` also holds
+``tidal-actors-cli.json``: the settings it was written with and the last event time,
+so that ``inspect`` reads scores with the right half-lives at the right time and a
+later ``replay`` into the same directory keeps its settings unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as _dt
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from tqdm import tqdm
+
+from ._clock import ManualClock
+from ._config import Config
+from ._durations import parse_duration
+from ._errors import InvalidArgument, TidalError
+from ._eventlog import ApplyCounts, EventLogError, EventLogReader, EventRow, apply_events
+from ._types import MembershipStatus
+from ._validate import check_cohort
+
+__all__ = ["cli", "main"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+STATE_FILE = "tidal-actors-cli.json"
+SCORES_HEADER = ("cohort", "entity_id", "signal_type", "decay_score", "window_count",
+                 "window_weight")
+_PROGRESS_EVERY = 1024  # rows between progress-bar updates
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _open_db(data_dir: Path | None, config: Config, clock: ManualClock) -> Any:
+    """Open the runtime: ``TidalDb`` on ``data_dir`` (None: ephemeral, nothing on disk)."""
+    from ._db import TidalDb
+
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    return TidalDb.open(os.fspath(data_dir) if data_dir is not None else None,
+                        config=config, clock=clock)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"tidal-actors: error: {message}", err=True)
+    sys.exit(code)
+
+
+class _Duration(click.ParamType):
+    name = "DURATION"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            ns = parse_duration(value, param.name if param is not None and param.name else "duration")
+        except InvalidArgument as exc:
+            self.fail(f"{value!r}: {exc.reason}", param, ctx)
+        if ns <= 0:
+            self.fail(f"{value!r}: must be positive", param, ctx)
+        return ns
+
+
+DURATION = _Duration()
+TIMESTAMP = click.IntRange(0, 2**63 - 1)
+ID = click.IntRange(0, 2**64 - 1)
+
+
+def _iso(ns: int | None) -> str:
+    """``ns`` (int ns since the epoch) as a UTC time to the millisecond, for people."""
+    if ns is None:
+        return "-"
+    moment = _dt.datetime.fromtimestamp(ns // 1_000_000_000, tz=_dt.UTC)
+    return f"{moment:%Y-%m-%d %H:%M:%S}.{ns // 1_000_000 % 1000:03d} UTC"
+
+
+def _stamp(ns: int | None) -> str:
+    return "-" if ns is None else f"{ns} ({_iso(ns)})"
+
+
+def _read_state(data_dir: Path) -> dict[str, Any]:
+    try:
+        with open(data_dir / STATE_FILE, encoding="utf-8") as fh:
+            state = json.load(fh)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        _fail(f"{data_dir / STATE_FILE}: unreadable ({exc})", EXIT_BAD_INPUT)
+    return state if isinstance(state, dict) else {}
+
+
+def _write_state(data_dir: Path, config: Config, last_event_ns: int | None, source: str) -> None:
+    state = _read_state(data_dir)
+    previous = state.get("last_event_ns")
+    if isinstance(previous, int) and (last_event_ns is None or previous > last_event_ns):
+        last_event_ns = previous
+    state.update(format=1, config=dataclasses.asdict(config), last_event_ns=last_event_ns,
+                 source=source)
+    tmp = data_dir / (STATE_FILE + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(state, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    os.replace(tmp, data_dir / STATE_FILE)
+
+
+def _stored_config(data_dir: Path | None) -> Config | None:
+    if data_dir is None or not data_dir.is_dir():
+        return None
+    mapping = _read_state(data_dir).get("config")
+    if not isinstance(mapping, dict):
+        return None
+    try:
+        return Config.from_mapping(mapping)
+    except InvalidArgument as exc:
+        _fail(f"{data_dir / STATE_FILE}: {exc}", EXIT_BAD_INPUT)
+
+
+def _build_config(
+    data_dir: Path | None,
+    config_file: Path | None,
+    half_life: int | None,
+    window_width: int | None,
+    window_buckets: int | None,
+) -> Config:
+    """Settings: ``--config`` file, else the data directory's, else defaults; then flags."""
+    try:
+        if config_file is not None:
+            config = Config.from_toml(config_file)
+        else:
+            config = _stored_config(data_dir) or Config()
+        changes: dict[str, Any] = {}
+        if half_life is not None:
+            changes["half_life_ns"] = half_life
+        if window_width is not None:
+            changes["window_width_ns"] = window_width
+        if window_buckets is not None:
+            changes["window_buckets"] = window_buckets
+        return config.replace(**changes) if changes else config
+    except InvalidArgument as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+
+
+def _bar(total: int, unit: str, quiet: bool, desc: str) -> tqdm[Any]:
+    return tqdm(total=total, unit=unit, unit_scale=True, desc=desc, file=sys.stderr,
+                disable=quiet or not sys.stderr.isatty(), leave=False, dynamic_ncols=True)
+
+
+def _with_progress(rows: Iterable[EventRow], bar: tqdm[Any],
+                   position: Any = None) -> Iterator[EventRow]:
+    """Yield ``rows``, moving ``bar`` every few rows (to ``position()`` or by count)."""
+    n = 0
+    for row in rows:
+        yield row
+        n += 1
+        if n % _PROGRESS_EVERY == 0:
+            bar.update((position() if position else n) - bar.n)
+    bar.update((position() if position else n) - bar.n)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+    except OSError as exc:
+        _fail(f"cannot write {path}: {exc}", EXIT_BAD_INPUT)
+
+
+def _write_scores(path: Path, rows: Iterable[tuple[str, int, int, float, int, float]]) -> int:
+    n = 0
+    try:
+        with open(path, "w", encoding="utf-8", newline="") as fh:
+            writer = csv.writer(fh, lineterminator="\n")
+            writer.writerow(SCORES_HEADER)
+            for cohort, entity_id, signal_type, score, count, weight in rows:
+                writer.writerow((cohort, entity_id, signal_type, repr(float(score)), int(count),
+                                 repr(float(weight))))
+                n += 1
+    except OSError as exc:
+        _fail(f"cannot write {path}: {exc}", EXIT_BAD_INPUT)
+    return n
+
+
+def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
+    return int(after.get(name, 0)) - int(before.get(name, 0))
+
+
+# ---------------------------------------------------------------- commands
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tidal_actors", prog_name="tidal-actors")
+def cli() -> None:
+    """tidal-actors: replay engagement logs, inspect a store, run simulations.
+
+    Exit status: 0 ok, 2 bad input (a bad row, argument, config or scenario),
+    1 the run failed (simulate's check found a difference, or the runtime failed).
+    """
+
+
+@cli.command()
+@click.argument("events", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Store the state here (created if absent) instead of an ephemeral store.")
+@click.option("--config", "config_file",
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Settings file (as config/default.toml). Default: the data directory's "
+                   "settings from an earlier run, else the defaults.")
+@click.option("--half-life", type=DURATION, help="Decay half-life, e.g. 7d (overrides --config).")
+@click.option("--window-width", type=DURATION, help="Window bucket width, e.g. 1h.")
+@click.option("--window-buckets", type=click.IntRange(min=1), help="Buckets per window read.")
+@click.option("--at", "at_ns", type=TIMESTAMP,
+              help="Read --scores-out at this time (int ns). Default: the log's last ts_ns.")
+@click.option("--scores-out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write every aggregate row (cohort, entity, type) as CSV here.")
+@click.option("--report-out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write counts and timing as JSON here.")
+@click.option("--skip-invalid", is_flag=True, help="Skip and count bad rows instead of stopping.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Longest run of signals sent in one signal_batch call.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def replay(
+    events: Path,
+    data_dir: Path | None,
+    config_file: Path | None,
+    half_life: int | None,
+    window_width: int | None,
+    window_buckets: int | None,
+    at_ns: int | None,
+    scores_out: Path | None,
+    report_out: Path | None,
+    skip_invalid: bool,
+    batch_size: int,
+    quiet: bool,
+) -> None:
+    """Apply the event log EVENTS.csv, each row at its own ts_ns.
+
+    The format is ts_ns,op,user_id,cohort,entity_id,signal_type,weight with ops
+    assign, signal, leave, rejoin, purge (see the README). A bad row stops the replay
+    with exit status 2; every row before it stays applied (and durable with
+    --data-dir). Durations: 90d, 12h, 30m, 15s, 250ms or integer nanoseconds.
+    """
+    config = _build_config(data_dir, config_file, half_life, window_width, window_buckets)
+    clock = ManualClock(0)
+    reader = EventLogReader(events, skip_invalid=skip_invalid)
+    counts = ApplyCounts()
+    error: EventLogError | None = None
+    scores_written: int | None = None
+    try:
+        size = events.stat().st_size
+        with _open_db(data_dir, config, clock) as db:
+            before = dict(db.stats())
+            started = time.perf_counter()
+            with _bar(size, "B", quiet, events.name) as bar:
+                try:
+                    apply_events(db, _with_progress(reader, bar, lambda: reader.bytes_read),
+                                 clock, batch_size=batch_size, counts=counts)
+                except EventLogError as exc:
+                    error = exc
+            db.flush()
+            elapsed = time.perf_counter() - started
+            after = dict(db.stats())
+            at = at_ns if at_ns is not None else (counts.max_ts_ns or 0)
+            if scores_out is not None and error is None:
+                scores_written = _write_scores(scores_out, db.aggregate_rows(at))
+        if data_dir is not None:
+            _write_state(data_dir, config, counts.max_ts_ns, f"replay {events}")
+    except OSError as exc:
+        _fail(f"{events}: {exc}", EXIT_BAD_INPUT)
+    except InvalidArgument as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except TidalError as exc:
+        _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
+
+    report = {
+        "events": str(events),
+        "data_dir": None if data_dir is None else str(data_dir),
+        "rows": counts.rows,
+        "signals": counts.signals,
+        "forwarded": _delta(after, before, "forwarded"),
+        "gated": _delta(after, before, "gated"),
+        "contribution_records": _delta(after, before, "records"),
+        "purges": counts.purges,
+        "retracted_records": _delta(after, before, "retracted"),
+        "manifests": counts.manifests,
+        "leaves": counts.leaves,
+        "rejoins": counts.rejoins,
+        "assigns": counts.assigns,
+        "skipped_rows": reader.skipped,
+        "first_ts_ns": counts.first_ts_ns,
+        "last_ts_ns": counts.max_ts_ns,
+        "at_ns": at,
+        "elapsed_s": elapsed,
+        "signals_per_s": counts.signals / elapsed if elapsed > 0 else 0.0,
+        "error": None if error is None else str(error),
+    }
+    if report_out is not None:
+        _write_json(report_out, report)
+
+    out = click.echo
+    verb = "stopped at a bad row after" if error else "replayed"
+    out(f"{verb} {report['rows']:,} rows of {events} in {elapsed:.3f} s"
+        + (f" ({reader.skipped:,} invalid rows skipped)" if reader.skipped else ""))
+    out(f"  signals    {counts.signals:>10,}   forwarded {report['forwarded']:,}, "
+        f"gated {report['gated']:,}   ({report['signals_per_s']:,.0f} signals/s)")
+    out(f"  control    assigns {counts.assigns:,}, leaves {counts.leaves:,}, "
+        f"rejoins {counts.rejoins:,}, purges {counts.purges:,}")
+    out(f"  records    {report['contribution_records']:,} contribution records, "
+        f"{report['retracted_records']:,} retracted in {counts.manifests:,} manifests")
+    out(f"  event time {_iso(counts.first_ts_ns)} .. {_iso(counts.max_ts_ns)}")
+    for err in reader.skip_errors:
+        out(f"  skipped    {err}")
+    if reader.skipped > len(reader.skip_errors):
+        out(f"  skipped    ... and {reader.skipped - len(reader.skip_errors):,} more")
+    if scores_written is not None:
+        out(f"  scores     {scores_written:,} aggregate rows at {_stamp(at)} -> {scores_out}")
+    if report_out is not None:
+        out(f"  report     {report_out}")
+    out(f"  store      {data_dir if data_dir is not None else 'ephemeral'}")
+    accepted = _delta(after, before, "signals")
+    if accepted != counts.signals:
+        click.echo(f"tidal-actors: warning: sent {counts.signals} signals, the database "
+                   f"counted {accepted}", err=True)
+    if error is not None:
+        click.echo(f"tidal-actors: error: {error}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+# ---------------------------------------------------------------- inspect
+
+
+@cli.group()
+@click.option("--data-dir", required=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A data directory written by replay or simulate.")
+@click.pass_context
+def inspect(ctx: click.Context, data_dir: Path) -> None:
+    """Read a data directory: a user, a cohort's top entities, a user's manifests."""
+    ctx.obj = data_dir
+
+
+@contextmanager
+def _inspected(data_dir: Path) -> Iterator[tuple[Any, int]]:
+    """The database in ``data_dir`` and the default read time (int ns)."""
+    if not any(data_dir.iterdir()):
+        _fail(f"{data_dir}: empty directory, not a tidal_actors data directory", EXIT_BAD_INPUT)
+    state = _read_state(data_dir)
+    config = _stored_config(data_dir) or Config()
+    last = state.get("last_event_ns")
+    # scores decay: read at the last replayed event by default, not at the wall clock
+    default_at = last if isinstance(last, int) else time.time_ns()
+    try:
+        with _open_db(data_dir, config, ManualClock(default_at)) as db:
+            yield db, default_at
+    except InvalidArgument as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except TidalError as exc:
+        _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
+
+
+@inspect.command("user")
+@click.argument("user_id", type=ID)
+@click.pass_obj
+def inspect_user(data_dir: Path, user_id: int) -> None:
+    """USER_ID's status, leave history, cohorts and purge manifests."""
+    with _inspected(data_dir) as (db, _):
+        membership = db.community_layer_status(user_id)
+        history = db.community_leave_history(user_id)
+        cohorts = sorted(db.cohorts_of(user_id))
+        manifests = db.list_purge_manifests(user_id)
+    out = click.echo
+    out(f"user {user_id}")
+    out(f"  status         {membership.status.name}")
+    left = membership.left_at_ns if membership.status is MembershipStatus.Left else None
+    out(f"  left_at_ns     {_stamp(left)}")
+    out(f"  leave history  {len(history)} epoch(s)")
+    for epoch in history:
+        rejoined = "still left" if epoch.rejoined_at_ns is None else \
+            f"rejoined {_stamp(epoch.rejoined_at_ns)}"
+        out(f"    left {_stamp(epoch.left_at_ns)}  {rejoined}")
+    out(f"  cohorts        {', '.join(cohorts) if cohorts else '(none)'}")
+    out(f"  manifests      {len(manifests)}")
+    for m in manifests:
+        out(f"    {m.purge_id}  cohort {m.cohort}  created {_stamp(m.created_at_ns)}  "
+            f"{len(m.entries)} entries, {m.evicted} evicted")
+
+
+@inspect.command("top")
+@click.argument("cohort")
+@click.option("--type", "signal_type", type=ID,
+              help="Signal type id. Default: every type present in the cohort.")
+@click.option("-k", "k", type=click.IntRange(1, 2**31 - 1), default=10, show_default=True,
+              help="How many entities.")
+@click.option("--at", "at_ns", type=TIMESTAMP,
+              help="Read time (int ns). Default: the last event replayed into the directory.")
+@click.pass_obj
+def inspect_top(data_dir: Path, cohort: str, signal_type: int | None, k: int,
+                at_ns: int | None) -> None:
+    """The k highest entities of COHORT (a name or @community) by decay score."""
+    try:
+        check_cohort(cohort, allow_community=True)
+    except InvalidArgument as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    with _inspected(data_dir) as (db, default_at):
+        at = default_at if at_ns is None else at_ns
+        if signal_type is not None:
+            types = [signal_type]
+        else:
+            types = sorted({r[2] for r in db.aggregate_rows(at) if r[0] == cohort})
+        tops = [(t, db.top_entities(cohort, t, k, at)) for t in types]
+    out = click.echo
+    out(f"cohort {cohort} at {_stamp(at)}")
+    if not types:
+        out("  no contributions")
+    for t, top in tops:
+        out(f"  signal type {t}: top {len(top)}")
+        for rank, (entity_id, score) in enumerate(top, 1):
+            out(f"    {rank:>4}  entity {entity_id:<20}  score {score!r}")
+
+
+@inspect.command("manifests")
+@click.argument("user_id", type=ID)
+@click.pass_obj
+def inspect_manifests(data_dir: Path, user_id: int) -> None:
+    """Each purge manifest of USER_ID with its entries, oldest first."""
+    with _inspected(data_dir) as (db, _):
+        manifests = db.list_purge_manifests(user_id)
+    out = click.echo
+    out(f"user {user_id}: {len(manifests)} manifest(s)")
+    for m in manifests:
+        out(f"manifest {m.purge_id}")
+        out(f"  cohort      {m.cohort}")
+        out(f"  created_at  {_stamp(m.created_at_ns)}")
+        out(f"  entries     {len(m.entries)}   evicted before the purge: {m.evicted}")
+        for e in m.entries:
+            out(f"    entity {e.entity_id}  type {e.signal_type_id}  weight {e.weight!r}  "
+                f"ts {_stamp(e.timestamp_ns)}")
+
+
+# ---------------------------------------------------------------- simulate
+
+
+@cli.command()
+@click.option("--scenario", "scenario_name", metavar="FILE.toml|NAME",
+              help="Scenario file, or a built-in name (default, small, eviction). "
+                   "Default: the built-in default scenario.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Run the runtime on a store here (must be new or empty).")
+@click.option("--seed", type=int, help="Override the scenario's seed.")
+@click.option("--events-out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the generated event log here (replayable).")
+@click.option("--report-out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write counts, timing and the check's outcome as JSON here.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def simulate(scenario_name: str | None, data_dir: Path | None, seed: int | None,
+             events_out: Path | None, report_out: Path | None, quiet: bool) -> None:
+    """Generate a seeded scenario, run it, and check it against the reference model.
+
+    The rows go through the runtime and through the single-threaded reference model;
+    every aggregate row, user status, leave history, cohort set and manifest must
+    agree (floats to relative 1e-9). Exit status 1 if they do not.
+    """
+    from ._eventlog import write_events
+    from ._simulate import generate_events, load_scenario, run_simulation
+
+    try:
+        scenario = load_scenario(scenario_name)
+    except InvalidArgument as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    if seed is not None:
+        scenario = scenario.with_seed(seed)
+    if data_dir is not None and data_dir.exists() and any(data_dir.iterdir()):
+        _fail(f"--data-dir {data_dir} is not empty: the check compares with a model that "
+              "starts empty", EXIT_BAD_INPUT)
+    config = scenario.build_config()
+
+    started = time.perf_counter()
+    events = generate_events(scenario)
+    generated_s = time.perf_counter() - started
+    if events_out is not None:
+        try:
+            write_events(events_out, events)
+        except OSError as exc:
+            _fail(f"cannot write {events_out}: {exc}", EXIT_BAD_INPUT)
+
+    def progress(rows: Iterable[EventRow]) -> Iterator[EventRow]:
+        with _bar(len(events), "row", quiet, f"simulate {scenario.name}") as bar:
+            yield from _with_progress(rows, bar)
+
+    try:
+        result = run_simulation(scenario, lambda cfg, clk: _open_db(data_dir, cfg, clk),
+                                events=events, progress=progress)
+    except InvalidArgument as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except TidalError as exc:
+        _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
+    if data_dir is not None:
+        _write_state(data_dir, config, result.at_ns, f"simulate {scenario.name} seed {scenario.seed}")
+
+    c, s, check = result.counts, result.stats, result.check
+    out = click.echo
+    out(f"scenario {scenario.name} (seed {scenario.seed}): {scenario.users:,} users, "
+        f"{scenario.cohorts:,} cohorts, {scenario.entities:,} entities, "
+        f"{len(scenario.signal_types)} signal types")
+    out(f"  events     {result.events:,} rows generated in {generated_s:.2f} s: "
+        f"{c.signals:,} signals, {c.assigns:,} assigns, {c.leaves:,} leaves, "
+        f"{c.rejoins:,} rejoins, {c.purges:,} purges")
+    out(f"  runtime    {result.runtime_s:.3f} s, {result.signals_per_s:,.0f} signals/s "
+        f"({'store ' + str(data_dir) if data_dir is not None else 'ephemeral'}, "
+        f"{config.membership_shards} membership / {config.ledger_shards} ledger shards)")
+    out(f"  reference  {result.reference_s:.3f} s, {result.reference_signals_per_s:,.0f} "
+        "signals/s (single-threaded model)")
+    out(f"  counters   forwarded {s.get('forwarded', 0):,}, gated {s.get('gated', 0):,}, "
+        f"records {s.get('records', 0):,}, retracted {s.get('retracted', 0):,}")
+    if check.ok:
+        out(f"  check      OK: {check.aggregate_rows:,} aggregate rows, {check.users:,} users, "
+            f"{check.manifests:,} manifests agree with the reference model at {_stamp(result.at_ns)}")
+    else:
+        out(f"  check      FAILED: {check.mismatches:,} difference(s) from the reference model")
+        for line in check.details:
+            out(f"    {line}")
+    if report_out is not None:
+        _write_json(report_out, {
+            "scenario": scenario.name, "seed": scenario.seed, "events": result.events,
+            "signals": c.signals, "assigns": c.assigns, "leaves": c.leaves,
+            "rejoins": c.rejoins, "purges": c.purges, "manifests": c.manifests,
+            "stats": s, "runtime_s": result.runtime_s, "signals_per_s": result.signals_per_s,
+            "reference_s": result.reference_s,
+            "reference_signals_per_s": result.reference_signals_per_s,
+            "check_ok": check.ok, "aggregate_rows": check.aggregate_rows,
+            "users": check.users, "manifests_compared": check.manifests,
+            "mismatches": check.mismatches, "details": check.details,
+        })
+    if not check.ok:
+        sys.exit(EXIT_FAILED)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``tidal-actors`` console script (exits with the status above)."""
+    cli.main(args=argv, prog_name="tidal-actors")
+
+
+if __name__ == "__main__":
+    main()
