@@ -51,6 +51,8 @@ class Tag(enum.IntEnum):
     EVICTION_STATE       0x16   meta        membership shard / empty / msgpack [E, D]
     PURGE_STATUS         0x17   items       user / purge_id 16B BE / msgpack status
     STORE_META           0x18   meta        0 / empty / msgpack {format, shards}
+    SNAPSHOT_CHUNK       0x19   meta        ledger shard / chunk 4B BE / msgpack
+    SNAPSHOT_MARK        0x1A   meta        0 / empty / msgpack {ledgers, chunks}
     ===================  =====  ==========  =========================================
     """
 
@@ -63,6 +65,8 @@ class Tag(enum.IntEnum):
     EVICTION_STATE = 0x16
     PURGE_STATUS = 0x17
     STORE_META = 0x18
+    SNAPSHOT_CHUNK = 0x19
+    SNAPSHOT_MARK = 0x1A
 
 
 class Keyspace(str, enum.Enum):

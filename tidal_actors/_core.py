@@ -91,6 +91,16 @@ def build_states(
     for m, r in restored.tombstones:
         if m < nm:
             mstates[m].next_rseq = max(mstates[m].next_rseq, r + 1)
+    mark = restored.snapshot_mark
+    if mark is not None and mark.get("ledgers") == nl and mark.get("membership_shards") == nm:
+        from ._snapshot import decode_ledger
+
+        lstates = [decode_ledger(restored.snapshot_chunks[i], config) for i in range(nl)]
+        for ls in lstates:
+            for m, top in ls.rseq_seen.items():
+                if m < nm:
+                    mstates[m].next_rseq = max(mstates[m].next_rseq, top + 1)
+        return mstates, lstates, coord
     lstates = [LedgerState(config) for _ in range(nl)]
     tomb = restored.tombstones
     shard_cache: dict[str, int] = {}
@@ -188,10 +198,14 @@ class Core:
         self._buffered = buffered
         self._buffers = [_Buffer() for _ in range(self._nm)]
         mstates, lstates, coord = build_states(config, restored)
+        if restored.snapshot_mark is not None:
+            # a snapshot is valid until the first write after the open that reads it
+            store.commit(snapshot_delete_ops(restored))
         ctx = host.ctx
         self.persistence = Persistence(ctx, store)
+        self.ledgers = [LedgerShard(ctx, i, s) for i, s in enumerate(lstates)]
         behaviours = [self.persistence, PurgeCoordinator(ctx, coord)]
-        behaviours += [LedgerShard(ctx, i, s) for i, s in enumerate(lstates)]
+        behaviours += self.ledgers
         behaviours += [MembershipShard(ctx, i, s) for i, s in enumerate(mstates)]
         host.start(behaviours)
         self._flusher_stop = threading.Event()
@@ -221,7 +235,12 @@ class Core:
             pass
         self.host.stop(STOP_ORDER)
         self.fail_inflight()
-        self.store.close()
+        try:
+            if self.store.durable:
+                # every actor has stopped: the closing thread owns the store now
+                self.store.commit(snapshot_write_ops(self.config, [b.state for b in self.ledgers]))
+        finally:
+            self.store.close()
 
     def fail_inflight(self) -> None:
         with self._inflight_lock:
@@ -474,6 +493,28 @@ class Core:
         if not isinstance(self.store, LmdbStore):
             raise InvalidArgument("path", None, "an ephemeral database has no LMDB environment")
         return self.store.flags()
+
+
+def snapshot_delete_ops(restored: Restored) -> list[tuple[str, bytes, bytes | None]]:
+    """Ops deleting the snapshot (mark first) that ``restored`` found."""
+    ops: list[tuple[str, bytes, bytes | None]] = [(Keyspace.META.value, encode_key(0, Tag.SNAPSHOT_MARK), None)]
+    for li, chunks in restored.snapshot_chunks.items():
+        for k in range(len(chunks)):
+            ops.append((Keyspace.META.value, encode_key(li, Tag.SNAPSHOT_CHUNK, k.to_bytes(4, "big")), None))
+    return ops
+
+
+def snapshot_write_ops(config: Config, states: list[LedgerState]) -> list[tuple[str, bytes, bytes | None]]:
+    """Ops writing a snapshot of every ledger shard, then its mark."""
+    from ._snapshot import encode_ledger
+
+    ops: list[tuple[str, bytes, bytes | None]] = []
+    for li, ls in enumerate(states):
+        for k, chunk in enumerate(encode_ledger(ls)):
+            ops.append((Keyspace.META.value, encode_key(li, Tag.SNAPSHOT_CHUNK, k.to_bytes(4, "big")), chunk))
+    mark = {"ledgers": config.ledger_shards, "membership_shards": config.membership_shards}
+    ops.append((Keyspace.META.value, encode_key(0, Tag.SNAPSHOT_MARK), msgpack.packb(mark)))
+    return ops
 
 
 def check_meta(store: Any, config: Config, restored: Restored) -> None:

@@ -43,7 +43,7 @@ def open_core(
         raise InvalidArgument("path", path, "must be a str, a path, or None")
     store: Any = NullStore() if path is None else LmdbStore(path, config)
     try:
-        restored = store.load()
+        restored = store.load(config.ledger_shards)
         check_meta(store, config, restored)
         factory = host_factory or PykkaHost
         host = factory(config, clock, store.durable)

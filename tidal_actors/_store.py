@@ -85,12 +85,16 @@ class Restored:
     eviction: dict[int, tuple[int, list[int], int]] = field(default_factory=dict)
     batches: list[HistoryBatch] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    snapshot_mark: dict[str, Any] | None = None
+    snapshot_chunks: dict[int, list[bytes]] = field(default_factory=dict)
 
 
-def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]]) -> Restored:
+def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_ledgers: int | None = None) -> Restored:
     """Decode every keyspace's ``(key, value)`` pairs (in key order) into a `Restored`.
 
     Shared by every store kind, so a restore reads the same layout wherever it lives.
+    With ``snapshot_ledgers`` set and a snapshot of that many ledger shards present,
+    the contribution history is not decoded (the snapshot replaces its replay).
     """
     from ._behaviours import decode_manifest
 
@@ -116,6 +120,13 @@ def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]]) -> Restored
             out.eviction[ident] = (live_from, list(drained), next_rseq)
         elif tag == Tag.STORE_META:
             out.meta = msgpack.unpackb(value, strict_map_key=False)
+        elif tag == Tag.SNAPSHOT_MARK:
+            out.snapshot_mark = msgpack.unpackb(value, strict_map_key=False)
+        elif tag == Tag.SNAPSHOT_CHUNK:
+            out.snapshot_chunks.setdefault(ident, []).append(bytes(value))
+    mark = out.snapshot_mark
+    if mark is not None and snapshot_ledgers is not None and mark.get("ledgers") == snapshot_ledgers:
+        return out
     for key, value in keyspaces.get(Keyspace.HISTORY.value, ()):
         shard, tag, suffix = decode_key(key)
         if tag == Tag.CONTRIBUTION_BATCH:
@@ -147,8 +158,8 @@ class MemoryStore:
             else:
                 self.data[ks][key] = value
 
-    def load(self) -> Restored:
-        return parse_store({ks: sorted(d.items()) for ks, d in self.data.items()})
+    def load(self, snapshot_ledgers: int | None = None) -> Restored:
+        return parse_store({ks: sorted(d.items()) for ks, d in self.data.items()}, snapshot_ledgers)
 
     def close(self) -> None:
         pass
@@ -163,7 +174,7 @@ class NullStore:
         for _ in ops:
             pass
 
-    def load(self) -> Restored:
+    def load(self, snapshot_ledgers: int | None = None) -> Restored:
         return Restored()
 
     def close(self) -> None:
@@ -271,11 +282,12 @@ class LmdbStore:
         self.env.set_mapsize(new)
         self.map_size = new
 
-    def load(self) -> Restored:
-        """Read the whole store back (membership, manifests, tombstones, history)."""
+    def load(self, snapshot_ledgers: int | None = None) -> Restored:
+        """Read the whole store back (membership, manifests, tombstones, history or
+        the snapshot that replaces it); see :func:`parse_store`."""
         with self.env.begin(buffers=False) as txn:
             return parse_store(
-                {k.value: txn.cursor(db=self.dbs[k.value]) for k in Keyspace}
+                {k.value: txn.cursor(db=self.dbs[k.value]) for k in Keyspace}, snapshot_ledgers
             )
 
     def raw_get(self, keyspace: Keyspace, key: bytes) -> bytes | None:

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+import pytest
+
+from tidal_actors import ManualClock, TidalDb
+
+T0 = 10**18  # a round time in ns (2001-09-09)
+SEC = 10**9
+HOUR = 3600 * SEC
+DAY = 24 * HOUR
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0)
+
+
+@pytest.fixture
+def db(clock):
+    with TidalDb.open(clock=clock) as d:
+        yield d
+
+
+@pytest.fixture
+def pdb_path(tmp_path):
+    return str(tmp_path / "store")
