@@ -24,9 +24,16 @@ def test_stop_forward_under_eight_signalling_threads(clock):
             db.assign_cohort(u, f"c{u % 4}")
         go = threading.Event()
 
+        leaves_done = threading.Event()
+        submitted = [0] * 8
+
         def signaller(k: int) -> None:
             go.wait()
-            for i in range(PER_THREAD):
+            i = 0
+            # keep going until every leave has returned, so signals race each leave
+            while i < PER_THREAD or not leaves_done.is_set():
+                i += 1
+                submitted[k] += 1
                 u = (i * 7 + k) % USERS
                 was_done = returned[u].is_set()
                 db.signal_with_context(u, u, 1, 1.0, timestamp_ns=T0)
@@ -43,6 +50,7 @@ def test_stop_forward_under_eight_signalling_threads(clock):
                 started[u].set()
                 db.leave_community_layer(u)
                 returned[u].set()
+            leaves_done.set()
 
         threads = [threading.Thread(target=signaller, args=(k,)) for k in range(8)]
         threads.append(threading.Thread(target=leaver))
@@ -64,6 +72,6 @@ def test_stop_forward_under_eight_signalling_threads(clock):
             if u % 2:  # never left: every signal reached
                 assert count == b + a + sum(after[k][u] for k in range(8))
         s = db.stats()
-        assert s["signals"] == 8 * PER_THREAD
+        assert s["signals"] == sum(submitted)
         assert s["forwarded"] + s["gated"] == s["signals"]
         assert total_after > 0  # the race really had signals after leaves

@@ -18,6 +18,7 @@ deterministic test host). Rules every behaviour keeps:
 from __future__ import annotations
 
 import collections
+from array import array
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -34,7 +35,7 @@ from ._codec import (
     membership_capacity,
 )
 from ._config import Config
-from ._contrib_log import ContributionLog, Prepared
+from ._contrib_log import EMPTY, ContributionLog, Prepared
 from ._errors import ActorFailure, StorageError, TidalError
 from ._ledger import Aggregates
 from ._reply import Reply
@@ -334,7 +335,7 @@ class LedgerState:
 
     def __init__(self, config: Config) -> None:
         self.aggregates = Aggregates(config.half_life_for, config.window_width_ns, config.window_buckets)
-        self.log = ContributionLog()
+        self.log = ContributionLog(self.aggregates)
         self.batch_seq = 0
         self.rseq_seen: dict[int, int] = {}
         self.live_from: dict[int, tuple[int, int]] = {}
@@ -369,13 +370,12 @@ class LedgerShard(Behaviour):
         st = self.state
         add = st.aggregates.add
         records = msg.records
-        for rec in records:
-            add(rec[3], rec[4], rec[5], rec[6], rec[7])
+        rows = [add(rec[3], rec[4], rec[5], rec[6], rec[7]) for rec in records]
         log = st.log
-        start = log.append(records)
+        log.append(records, rows)
         self.records_in += len(records)
         if self.ctx.durable:
-            self._persist(start, len(records), msg.contexts)
+            self._persist(records, msg.contexts)
         # lower bound of each membership shard's watermark: trim what is surely evicted
         seen = st.rseq_seen
         for rec in (records[-1],) if len(self._caps) == 1 else records:
@@ -387,30 +387,12 @@ class LedgerShard(Behaviour):
             if floor > log.floor.get(m, 0):
                 log.set_floor(m, floor)
 
-    def _persist(self, start: int, n: int, contexts: dict[int, Any] | None) -> None:
-        log = self.state.log
-        sl = slice(start, start + n)
-        names = sorted({log.cohort_names[ci] for ci in log.c[sl]})
-        pos = {c: i for i, c in enumerate(names)}
-        payload = {
-            "c": names,
-            "ci": bytes(pos[log.cohort_names[ci]] for ci in log.c[sl]) if len(names) < 256
-            else b"".join(pos[log.cohort_names[ci]].to_bytes(4, "little") for ci in log.c[sl]),
-            "m": log.m[sl].tobytes(),
-            "r": log.r[sl].tobytes(),
-            "u": log.u[sl].tobytes(),
-            "e": log.e[sl].tobytes(),
-            "t": log.t[sl].tobytes(),
-            "w": log.w[sl].tobytes(),
-            "ts": log.ts[sl].tobytes(),
-        }
-        if contexts:
-            payload["x"] = contexts
+    def _persist(self, records: list[tuple[int, int, int, str, int, int, float, int]], contexts: dict[int, Any] | None) -> None:
         seq = self.state.batch_seq
         self.state.batch_seq += 1
         self.history_batches += 1
         key = encode_key(self.index, Tag.CONTRIBUTION_BATCH, seq.to_bytes(8, "big"))
-        self.ctx.tell(M.PERSIST_ADDR, M.Write([(Keyspace.HISTORY.value, key, msgpack.packb(payload))]))
+        self.ctx.tell(M.PERSIST_ADDR, M.Write([(Keyspace.HISTORY.value, key, encode_batch(records, contexts))]))
 
     def _on_barrier_part(self, msg: M.BarrierPart) -> None:
         b = msg.barrier
@@ -433,15 +415,14 @@ class LedgerShard(Behaviour):
     def _read(self, r: M.Read) -> None:
         try:
             agg = self.state.aggregates
-            lookup = self.state.log.lookup
             if r.kind == "score":
-                value: Any = agg.decay_score(*r.args, lookup=lookup)
+                value: Any = agg.decay_score(*r.args)
             elif r.kind == "window":
                 value = agg.window(*r.args)
             elif r.kind == "top":
-                value = agg.top(*r.args, lookup=lookup)
+                value = agg.top(*r.args)
             elif r.kind == "rows":
-                value = list(agg.rows(*r.args, lookup=lookup))
+                value = list(agg.rows(*r.args))
             elif r.kind == "stats":
                 value = {
                     "records_in": self.records_in,
@@ -465,13 +446,13 @@ class LedgerShard(Behaviour):
             prepared = self.state.log.prepare(msg.user, msg.cohort, msg.live_from)
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, prepared))
         except Exception as exc:
-            self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, Prepared([], [], 0, -1), exc))
+            self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, EMPTY, exc))
             raise
 
     def _on_apply(self, msg: M.ApplyPurge) -> None:
-        retract = self.state.aggregates.retract
-        for rec in msg.prepared.records:
-            retract(rec.cohort, rec.entity, rec.stype, rec.weight, rec.ts)
+        retract_row = self.state.aggregates.retract_row
+        for row in msg.prepared.rows:
+            retract_row(row)
         self.state.log.apply(msg.user, msg.cohort, msg.prepared)
         self.retracted += len(msg.prepared.records)
 
@@ -481,6 +462,34 @@ class LedgerShard(Behaviour):
 
 
 # -- purge coordinator ----------------------------------------------------------------
+
+
+def encode_batch(
+    records: list[tuple[int, int, int, str, int, int, float, int]], contexts: dict[int, Any] | None
+) -> bytes:
+    """One durable history batch: msgpack of columns (``_store.decode_batch`` reads it).
+
+    Columns are little-endian arrays: ``m`` u8, ``r`` i64, ``u``/``e``/``t`` u64, ``w``
+    f32, ``ts`` i64, ``ci`` u8 (or u32 when a batch has 256+ cohorts) indexing ``c``,
+    the batch's cohort names; ``x`` maps record index to its signal context.
+    """
+    names = sorted({rec[3] for rec in records})
+    pos = {c: i for i, c in enumerate(names)}
+    ci = array("B" if len(names) < 256 else "I", (pos[rec[3]] for rec in records))
+    payload: dict[str, Any] = {
+        "c": names,
+        "ci": ci.tobytes() if ci.typecode == "B" else array("I", ci).tobytes(),
+        "m": array("B", (rec[0] for rec in records)).tobytes(),
+        "r": array("q", (rec[1] for rec in records)).tobytes(),
+        "u": array("Q", (rec[2] for rec in records)).tobytes(),
+        "e": array("Q", (rec[4] for rec in records)).tobytes(),
+        "t": array("Q", (rec[5] for rec in records)).tobytes(),
+        "w": array("f", (rec[6] for rec in records)).tobytes(),
+        "ts": array("q", (rec[7] for rec in records)).tobytes(),
+    }
+    if contexts:
+        payload["x"] = contexts
+    return msgpack.packb(payload)  # type: ignore[no-any-return]
 
 
 def advance_watermark(live_from: int, drained: list[int], next_rseq: int, cap: int) -> int:

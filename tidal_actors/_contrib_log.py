@@ -4,17 +4,18 @@ Owns the in-memory record of which user contributed what to which cohort
 (retroactive-purge FR-1), its eviction bookkeeping and its (user, cohort) index. No
 threads, no I/O.
 
-Layout: parallel ``array`` columns (36 bytes a record, DESIGN.md "What things cost
-here": a tuple per record costs 194 B). Positions are absolute (append count); the
-columns hold positions ``base ..``. The index maps ``(user_id, cohort_idx)`` to an
-``array('q')`` whose item 0 counts positions already trimmed away and whose other
-items are absolute positions, ascending.
+Layout: four parallel ``array`` columns, 25 bytes a record (DESIGN.md "What things
+cost here": a tuple per record costs 194 B): membership shard, record sequence
+number ``rseq``, user, and the record's *detail row* in the shard's `Aggregates`
+(which holds cohort, entity, type, weight and timestamp once for both). Positions
+are absolute (append count); the columns hold positions ``base ..``. The index maps
+``(user_id, cohort)`` to an ``array('q')`` whose item 0 counts positions already
+trimmed away and whose other items are absolute positions, ascending.
 
 Eviction (FR-1, "FIFO ring-buffer semantics") is decided per membership shard by the
-purge coordinator from record sequence numbers (``rseq``): a record is live while
-``rseq >= E[mshard]``. The log trims its head lazily once records are surely evicted
-(below a floor the coordinator publishes), and a drained (purged) record has its
-``rseq`` set to -1.
+purge coordinator from ``rseq``: a record is live while ``rseq >= E[mshard]``. The log
+trims its head lazily once records are surely evicted (below a floor), and a drained
+(purged) record has its ``rseq`` set to -1.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["ContributionLog", "LogRecord", "Prepared"]
+from ._ledger import Aggregates
+
+__all__ = ["DRAINED", "ContributionLog", "LogRecord", "Prepared"]
 
 DRAINED = -1
 _COMPACT_MIN = 1 << 16
+COLUMNS = ("m", "r", "u", "d")
 
 
 class LogRecord(NamedTuple):
@@ -46,74 +50,55 @@ class LogRecord(NamedTuple):
 
 
 class Prepared(NamedTuple):
-    """What a purge would retract: positions and records (in log order), and how many
-    of the pair's records had already been evicted."""
+    """What a purge would retract: positions, detail rows and records (in log order),
+    how many of the pair's records had already been evicted, and the last position
+    looked at."""
 
     positions: list[int]
+    rows: list[int]
     records: list[LogRecord]
     evicted: int
     upto: int
 
 
+EMPTY = Prepared([], [], [], 0, -1)
+
+
 class ContributionLog:
     """Columnar, index-backed contribution log of one ledger shard."""
 
-    def __init__(self) -> None:
+    def __init__(self, aggregates: Aggregates) -> None:
+        self.agg = aggregates
         self.base = 0
         self.head = 0
         self.m = array("B")
         self.r = array("q")
         self.u = array("Q")
-        self.c = array("I")
-        self.e = array("Q")
-        self.t = array("Q")
-        self.w = array("f")
-        self.ts = array("q")
-        self.index: dict[tuple[int, int], array] = {}  # type: ignore[type-arg]
-        self.cohort_names: list[str] = []
-        self.cohort_idx: dict[str, int] = {}
+        self.d = array("q")
+        self.index: dict[tuple[int, str], array] = {}  # type: ignore[type-arg]
         self.floor: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.r)
 
-    def intern(self, cohort: str) -> int:
-        """Local integer id of a cohort name."""
-        ci = self.cohort_idx.get(cohort)
-        if ci is None:
-            ci = self.cohort_idx[cohort] = len(self.cohort_names)
-            self.cohort_names.append(cohort)
-        return ci
-
-    def append(self, records: Iterable[tuple[int, int, int, str, int, int, float, int]]) -> int:
-        """Append records (``LogRecord``-shaped tuples, in order) and index them by
-        (user, cohort); returns the column offset of the first one."""
-        start = len(self.r)
+    def append(self, records: Iterable[tuple[int, int, int, str, int, int, float, int]], rows: Iterable[int]) -> None:
+        """Append records (``LogRecord``-shaped tuples, in order) whose detail rows
+        are ``rows``, and index them by (user, cohort)."""
         pos = self.base + len(self.r)
         index = self.index
-        intern = self.intern
-        m_, r_, u_, c_, e_, t_, w_, ts_ = (
-            self.m.append, self.r.append, self.u.append, self.c.append,
-            self.e.append, self.t.append, self.w.append, self.ts.append,
-        )
-        for mshard, rseq, user, cohort, entity, stype, weight, ts in records:
-            ci = intern(cohort)
-            m_(mshard)
-            r_(rseq)
-            u_(user)
-            c_(ci)
-            e_(entity)
-            t_(stype)
-            w_(weight)
-            ts_(ts)
-            key = (user, ci)
+        m_, r_, u_, d_ = self.m.append, self.r.append, self.u.append, self.d.append
+        for rec, row in zip(records, rows):
+            m_(rec[0])
+            r_(rec[1])
+            u_(rec[2])
+            d_(row)
+            key = (rec[2], rec[3])
             lst = index.get(key)
             if lst is None:
                 index[key] = array("q", (0, pos))
             else:
                 lst.append(pos)
             pos += 1
-        return start
 
     def set_floor(self, mshard: int, floor: int) -> None:
         """Records of ``mshard`` with ``rseq < floor`` are surely evicted; trim them."""
@@ -137,9 +122,8 @@ class ContributionLog:
             self._compact(dead)
 
     def _compact(self, head: int) -> None:
-        for name in ("m", "r", "u", "c", "e", "t", "w", "ts"):
-            col = getattr(self, name)
-            del col[:head]
+        for name in COLUMNS:
+            del getattr(self, name)[:head]
         self.base += head
         base = self.base
         for lst in self.index.values():
@@ -152,10 +136,8 @@ class ContributionLog:
     def record_at(self, pos: int) -> LogRecord:
         """The record at absolute position ``pos`` (must be in the columns)."""
         i = pos - self.base
-        return LogRecord(
-            self.m[i], self.r[i], self.u[i], self.cohort_names[self.c[i]],
-            self.e[i], self.t[i], float(self.w[i]), self.ts[i],
-        )
+        cohort, entity, stype, w, ts = self.agg.row(self.d[i])
+        return LogRecord(self.m[i], self.r[i], self.u[i], cohort, entity, stype, w, ts)
 
     def prepare(self, user: int, cohort: str, live_from: int) -> Prepared:
         """What purging (user, cohort) retracts, without changing anything.
@@ -163,12 +145,11 @@ class ContributionLog:
         ``live_from`` is the eviction watermark E of the user's membership shard:
         records with a lower rseq count as evicted.
         """
-        ci = self.cohort_idx.get(cohort)
-        lst = self.index.get((user, ci)) if ci is not None else None
+        lst = self.index.get((user, cohort))
         if lst is None:
-            return Prepared([], [], 0, -1)
+            return EMPTY
         evicted = lst[0]
-        positions, records = [], []
+        positions, rows, records = [], [], []
         base = self.base
         for pos in lst[1:]:
             if pos < base:
@@ -181,8 +162,9 @@ class ContributionLog:
                 evicted += 1
                 continue
             positions.append(pos)
+            rows.append(self.d[pos - base])
             records.append(self.record_at(pos))
-        return Prepared(positions, records, evicted, lst[-1] if len(lst) > 1 else -1)
+        return Prepared(positions, rows, records, evicted, lst[-1] if len(lst) > 1 else -1)
 
     def apply(self, user: int, cohort: str, prepared: Prepared) -> None:
         """Drain the prepared records and forget the pair's evicted ones from the index.
@@ -190,10 +172,7 @@ class ContributionLog:
         Records of the pair appended after ``prepare`` stay (they were submitted after
         the purge).
         """
-        ci = self.cohort_idx.get(cohort)
-        if ci is None:
-            return
-        lst = self.index.get((user, ci))
+        lst = self.index.get((user, cohort))
         if lst is None:
             return
         base = self.base
@@ -205,38 +184,19 @@ class ContributionLog:
         keep = array("q", (0,))
         keep.extend(p for p in lst[1:] if p > prepared.upto)
         if len(keep) > 1:
-            self.index[(user, ci)] = keep
+            self.index[(user, cohort)] = keep
         else:
-            del self.index[(user, ci)]
+            del self.index[(user, cohort)]
         self.trim()
 
-    def lookup(self, cohort: str, entity: int, stype: int, t_lo: int, t_hi: int) -> list[tuple[int, float]]:
-        """``(ts, weight)`` of present, undrained records of a key with ``t_lo <= ts <= t_hi``."""
-        ci = self.cohort_idx.get(cohort)
-        if ci is None or not len(self.r):
-            return []
-        c = np.frombuffer(self.c, dtype=np.uint32)
-        e = np.frombuffer(self.e, dtype=np.uint64)
-        t = np.frombuffer(self.t, dtype=np.uint64)
-        ts = np.frombuffer(self.ts, dtype=np.int64)
-        r = np.frombuffer(self.r, dtype=np.int64)
-        w = np.frombuffer(self.w, dtype=np.float32)
-        mask = (c == ci) & (e == np.uint64(entity)) & (t == np.uint64(stype))
-        mask &= (ts >= t_lo) & (ts <= t_hi) & (r != DRAINED)
-        idx = np.nonzero(mask)[0]
-        return [(int(ts[i]), float(w[i])) for i in idx]
-
     def live_count(self) -> int:
-        """Records present in the columns and not drained (evicted ones included until trimmed)."""
+        """Records in the columns not drained (evicted ones included until trimmed)."""
         if not len(self.r):
             return 0
         return int(np.count_nonzero(np.frombuffer(self.r, dtype=np.int64) != DRAINED))
 
     def nbytes(self) -> int:
-        """Approximate bytes held by columns and index."""
-        cols = sum(
-            getattr(self, n).buffer_info()[1] * getattr(self, n).itemsize
-            for n in ("m", "r", "u", "c", "e", "t", "w", "ts")
-        )
-        idx = sum(a.buffer_info()[1] * 8 + 64 for a in self.index.values()) + 100 * len(self.index)
+        """Approximate bytes held by the columns and the index."""
+        cols = sum(getattr(self, n).buffer_info()[1] * getattr(self, n).itemsize for n in COLUMNS)
+        idx = sum(a.buffer_info()[1] * 8 + 80 for a in self.index.values()) + 120 * len(self.index)
         return cols + idx

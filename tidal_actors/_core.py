@@ -113,7 +113,7 @@ def build_states(
             batch.ci.tolist(), batch.m.tolist(), batch.r.tolist(), batch.u.tolist(),
             batch.e.tolist(), batch.t.tolist(), batch.w.tolist(), batch.ts.tolist(),
         )
-        per_ledger: dict[int, list[tuple[int, int, int, str, int, int, float, int]]] = {}
+        per_ledger: dict[int, tuple[list[Any], list[int]]] = {}
         for ci, m, r, u, e, t, w, ts in cols:
             if tomb and (m, r) in tomb:
                 continue
@@ -122,16 +122,18 @@ def build_states(
             if li is None:
                 li = shard_cache[cohort] = ledger_shard_of(cohort, nl)
             ls = lstates[li]
-            ls.aggregates.add(cohort, e, t, w, ts)
+            row = ls.aggregates.add(cohort, e, t, w, ts)
             if m < nm:
                 mstates[m].next_rseq = max(mstates[m].next_rseq, r + 1)
                 if r >= coord.live_from[m]:
-                    per_ledger.setdefault(li, []).append((m, r, u, cohort, e, t, w, ts))
+                    recs, rows = per_ledger.setdefault(li, ([], []))
+                    recs.append((m, r, u, cohort, e, t, w, ts))
+                    rows.append(row)
                 seen = ls.rseq_seen
                 if r > seen.get(m, -1):
                     seen[m] = r
-        for li, recs in per_ledger.items():
-            lstates[li].log.append(recs)
+        for li, (recs, rows) in per_ledger.items():
+            lstates[li].log.append(recs, rows)
     for ls in lstates:
         for m in range(nm):
             ls.live_from[m] = (coord.live_from[m], len(coord.drained[m]))

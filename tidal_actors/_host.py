@@ -10,6 +10,7 @@ always go through.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -118,9 +119,7 @@ class PykkaHost:
         for kind in order:
             for address, ref in list(self._refs.items()):
                 if address[0] == kind:
-                    try:
+                    with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
                         ref.stop(block=True, timeout=30)
-                    except (pykka.ActorDeadError, pykka.Timeout):
-                        pass
         self._refs.clear()
         self._stopped.set()

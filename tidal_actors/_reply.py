@@ -7,6 +7,7 @@ callback lets the trio facade wake its task with ``TrioToken.run_sync_soon``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -39,10 +40,9 @@ class Reply:
             self._event.set()
             callbacks, self._callbacks = self._callbacks, []
         for cb in callbacks:
-            try:
+            # a waiter that went away must not hurt the actor settling the reply
+            with contextlib.suppress(Exception):
                 cb(self)
-            except Exception:  # noqa: BLE001 - a waiter that went away must not hurt the actor
-                pass
         return True
 
     def set_result(self, value: Any = None) -> bool:

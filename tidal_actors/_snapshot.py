@@ -21,39 +21,44 @@ import msgpack
 from ._behaviours import LedgerState
 from ._config import Config
 
-__all__ = ["encode_ledger", "decode_ledger"]
+__all__ = ["decode_ledger", "encode_ledger"]
 
 CHUNK_KEYS = 50_000
-_COLS = ("m", "r", "u", "c", "e", "t", "w", "ts")
+_LOG_COLS = ("m", "r", "u", "d")
+_DETAIL_COLS = ("dk", "dt", "dw")
 
 
 def encode_ledger(ls: LedgerState) -> list[bytes]:
-    """The shard's state as msgpack chunks (chunk 0: log and counters)."""
-    log = ls.log
-    index_keys: list[int] = []
+    """The shard's state as msgpack chunks (chunk 0: log, detail rows, counters)."""
+    log, agg = ls.log, ls.aggregates
+    index_users = array("Q")
+    index_cohorts: list[str] = []
     index_data = array("q")
     index_lens = array("q")
-    for (u, ci), lst in log.index.items():
-        index_keys.extend((u, ci))
+    for (u, c), lst in log.index.items():
+        index_users.append(u)
+        index_cohorts.append(c)
         index_lens.append(len(lst))
         index_data.extend(lst)
     head = {
         "base": log.base, "head": log.head,
-        "cols": {n: getattr(log, n).tobytes() for n in _COLS},
-        "cohorts": log.cohort_names,
+        "cols": {n: getattr(log, n).tobytes() for n in _LOG_COLS},
+        "detail": {n: getattr(agg, n).tobytes() for n in _DETAIL_COLS},
+        "keys": agg.keys,
         "floor": log.floor,
-        "ikeys": array("Q", index_keys).tobytes(), "ilens": index_lens.tobytes(), "idata": index_data.tobytes(),
+        "iusers": index_users.tobytes(), "icohorts": index_cohorts,
+        "ilens": index_lens.tobytes(), "idata": index_data.tobytes(),
         "batch_seq": ls.batch_seq, "rseq_seen": ls.rseq_seen,
         "live_from": {m: list(v) for m, v in ls.live_from.items()},
     }
     chunks = [msgpack.packb(head)]
     rows: list[Any] = []
-    for cohort, keys in ls.aggregates.cohorts.items():
+    for cohort, keys in agg.cohorts.items():
         for (entity, stype), st in keys.items():
             flat: list[Any] = []
             for b, bk in st[3].items():
                 flat.extend((b, bk[0], bk[1], bk[2], bk[3]))
-            rows.append((cohort, entity, stype, st[0], st[1], st[2], flat))
+            rows.append((cohort, entity, stype, st[0], st[1], st[2], flat, st[4]))
             if len(rows) >= CHUNK_KEYS:
                 chunks.append(msgpack.packb(rows))
                 rows = []
@@ -66,30 +71,30 @@ def decode_ledger(chunks: list[bytes], config: Config) -> LedgerState:
     """Inverse of :func:`encode_ledger`."""
     ls = LedgerState(config)
     head = msgpack.unpackb(chunks[0], strict_map_key=False)
-    log = ls.log
+    log, agg = ls.log, ls.aggregates
     log.base, log.head = head["base"], head["head"]
-    for n in _COLS:
-        col = getattr(log, n)
-        col.frombytes(head["cols"][n])
-    log.cohort_names = list(head["cohorts"])
-    log.cohort_idx = {c: i for i, c in enumerate(log.cohort_names)}
+    for n in _LOG_COLS:
+        getattr(log, n).frombytes(head["cols"][n])
+    for n in _DETAIL_COLS:
+        getattr(agg, n).frombytes(head["detail"][n])
+    agg.keys = [tuple(k) for k in head["keys"]]  # type: ignore[misc]
     log.floor = dict(head["floor"])
-    keys = array("Q")
-    keys.frombytes(head["ikeys"])
+    users = array("Q")
+    users.frombytes(head["iusers"])
     lens = array("q")
     lens.frombytes(head["ilens"])
     data = array("q")
     data.frombytes(head["idata"])
     pos = 0
-    for i, n in enumerate(lens):
-        log.index[(keys[2 * i], keys[2 * i + 1])] = data[pos : pos + n]
+    for u, c, n in zip(users, head["icohorts"], lens):
+        log.index[(u, c)] = data[pos : pos + n]
         pos += n
     ls.batch_seq = head["batch_seq"]
     ls.rseq_seen = dict(head["rseq_seen"])
     ls.live_from = {m: (v[0], v[1]) for m, v in head["live_from"].items()}
-    cohorts = ls.aggregates.cohorts
+    cohorts = agg.cohorts
     for raw in chunks[1:]:
-        for cohort, entity, stype, s, landmark, tmax, flat in msgpack.unpackb(raw):
+        for cohort, entity, stype, s, landmark, tmax, flat, key_id in msgpack.unpackb(raw):
             buckets = {flat[i]: [flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4]] for i in range(0, len(flat), 5)}
-            cohorts.setdefault(cohort, {})[(entity, stype)] = [s, landmark, tmax, buckets]
+            cohorts.setdefault(cohort, {})[(entity, stype)] = [s, landmark, tmax, buckets, key_id]
     return ls
