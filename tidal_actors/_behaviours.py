@@ -368,9 +368,8 @@ class LedgerShard(Behaviour):
 
     def _on_attribute(self, msg: M.Attribute) -> None:
         st = self.state
-        add = st.aggregates.add
         records = msg.records
-        rows = [add(rec[3], rec[4], rec[5], rec[6], rec[7]) for rec in records]
+        rows = st.aggregates.add_many(records)
         log = st.log
         log.append(records, rows)
         self.records_in += len(records)

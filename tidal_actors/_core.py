@@ -14,6 +14,7 @@ always means "processed before".
 
 from __future__ import annotations
 
+import struct
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -113,7 +114,7 @@ def build_states(
             batch.ci.tolist(), batch.m.tolist(), batch.r.tolist(), batch.u.tolist(),
             batch.e.tolist(), batch.t.tolist(), batch.w.tolist(), batch.ts.tolist(),
         )
-        per_ledger: dict[int, tuple[list[Any], list[int]]] = {}
+        per_ledger: dict[int, list[tuple[int, int, int, str, int, int, float, int]]] = {}
         for ci, m, r, u, e, t, w, ts in cols:
             if tomb and (m, r) in tomb:
                 continue
@@ -121,24 +122,51 @@ def build_states(
             li = shard_cache.get(cohort)
             if li is None:
                 li = shard_cache[cohort] = ledger_shard_of(cohort, nl)
+            per_ledger.setdefault(li, []).append((m, r, u, cohort, e, t, w, ts))
+        for li, recs in per_ledger.items():
             ls = lstates[li]
-            row = ls.aggregates.add(cohort, e, t, w, ts)
-            if m < nm:
-                mstates[m].next_rseq = max(mstates[m].next_rseq, r + 1)
-                if r >= coord.live_from[m]:
-                    recs, rows = per_ledger.setdefault(li, ([], []))
-                    recs.append((m, r, u, cohort, e, t, w, ts))
-                    rows.append(row)
-                seen = ls.rseq_seen
-                if r > seen.get(m, -1):
-                    seen[m] = r
-        for li, (recs, rows) in per_ledger.items():
-            lstates[li].log.append(recs, rows)
+            rows = ls.aggregates.add_many(recs)
+            seen = ls.rseq_seen
+            live = [(rec, row) for rec, row in zip(recs, rows) if rec[0] < nm and rec[1] >= coord.live_from[rec[0]]]
+            ls.log.append([x[0] for x in live], [x[1] for x in live])
+            for rec in recs:
+                m, r = rec[0], rec[1]
+                if m < nm:
+                    if r >= mstates[m].next_rseq:
+                        mstates[m].next_rseq = r + 1
+                    if r > seen.get(m, -1):
+                        seen[m] = r
     for ls in lstates:
         for m in range(nm):
             ls.live_from[m] = (coord.live_from[m], len(coord.drained[m]))
             ls.log.set_floor(m, coord.live_from[m])
     return mstates, lstates, coord
+
+
+_U64 = 2**64
+_I63 = 2**63
+_F32 = struct.Struct("<f")
+_F32_MAX = 3.4028234663852886e38
+
+
+def _fast_signal(u: Any, e: Any, t: Any, w: Any, ts: Any = None, cx: Any = None) -> tuple[Any, ...] | None:
+    """The common case (plain ints, a finite float weight, no context) checked inline;
+    None sends the signal through the full checks of `_checked_signal`."""
+    if (
+        type(u) is int and 0 <= u < _U64 and type(e) is int and 0 <= e < _U64
+        and type(t) is int and 0 <= t < _U64 and type(w) is float and 0.0 <= w <= _F32_MAX
+        and cx is None and (ts is None or (type(ts) is int and 0 <= ts < _I63))
+    ):
+        return (u, e, t, _F32.unpack(_F32.pack(w))[0], ts, None)
+    return None
+
+
+def _checked_signal(u: Any, e: Any, t: Any, w: Any = 1.0, ts: Any = None, cx: Any = None) -> tuple[Any, ...]:
+    return (
+        check_id("user_id", u), check_id("entity_id", e), check_id("signal_type", t), check_weight(w),
+        None if ts is None else check_timestamp("timestamp_ns", ts),
+        None if cx is None else check_context(cx),
+    )
 
 
 class Call:
@@ -323,16 +351,15 @@ class Core:
     ) -> None:
         if self.closed:
             raise DatabaseClosed("the database is closed")
-        u = check_id("user_id", user_id)
-        e = check_id("entity_id", entity_id)
-        t = check_id("signal_type", signal_type)
-        w = check_weight(weight)
-        ts = self.now() if timestamp_ns is None else check_timestamp("timestamp_ns", timestamp_ns)
-        cx = None if context is None else check_context(context)
-        m = 0 if self._nm == 1 else membership_shard_of(u, self._nm)
+        item = _fast_signal(user_id, entity_id, signal_type, weight, timestamp_ns, context)
+        if item is None:
+            item = _checked_signal(user_id, entity_id, signal_type, weight, timestamp_ns, context)
+        if item[4] is None:
+            item = (item[0], item[1], item[2], item[3], self.now(), item[5])
+        m = 0 if self._nm == 1 else membership_shard_of(item[0], self._nm)
         buf = self._buffers[m]
         with buf.lock:
-            buf.items.append((u, e, t, w, ts, cx))
+            buf.items.append(item)  # type: ignore[arg-type]
             if len(buf.items) >= self._batch:
                 items, buf.items = buf.items, []
                 self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
@@ -342,25 +369,22 @@ class Core:
         if isinstance(signals, (str, bytes, Mapping)) or not hasattr(signals, "__iter__"):
             raise InvalidArgument("signals", signals, "must be an iterable of Signal")
         now: int | None = None
-        per_shard: list[list[M.SignalTuple]] = [[] for _ in range(self._nm)]
+        nm = self._nm
+        per_shard: list[list[M.SignalTuple]] = [[] for _ in range(nm)]
         for i, s in enumerate(signals):
             if not isinstance(s, Signal):
                 raise InvalidArgument(f"signals[{i}]", s, "must be a Signal")
-            try:
-                u = check_id("user_id", s.user_id)
-                e = check_id("entity_id", s.entity_id)
-                t = check_id("signal_type", s.signal_type)
-                w = check_weight(s.weight)
-                if s.timestamp_ns is None:
-                    if now is None:
-                        now = self.now()
-                    ts = now
-                else:
-                    ts = check_timestamp("timestamp_ns", s.timestamp_ns)
-                cx = None if s.context is None else check_context(s.context)
-            except InvalidArgument as exc:
-                raise InvalidArgument(f"signals[{i}].{exc.field}", exc.value, exc.reason) from None
-            per_shard[0 if self._nm == 1 else membership_shard_of(u, self._nm)].append((u, e, t, w, ts, cx))
+            item = _fast_signal(*s)
+            if item is None:
+                try:
+                    item = _checked_signal(*s)
+                except InvalidArgument as exc:
+                    raise InvalidArgument(f"signals[{i}].{exc.field}", exc.value, exc.reason) from None
+            if item[4] is None:
+                if now is None:
+                    now = self.now()
+                item = (item[0], item[1], item[2], item[3], now, item[5])
+            per_shard[0 if nm == 1 else membership_shard_of(item[0], nm)].append(item)  # type: ignore[arg-type]
         step = self._batch
         for m, items in enumerate(per_shard):
             if not items:

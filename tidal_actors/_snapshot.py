@@ -55,10 +55,10 @@ def encode_ledger(ls: LedgerState) -> list[bytes]:
     rows: list[Any] = []
     for cohort, keys in agg.cohorts.items():
         for (entity, stype), st in keys.items():
-            flat: list[Any] = []
-            for b, bk in st[3].items():
-                flat.extend((b, bk[0], bk[1], bk[2], bk[3]))
-            rows.append((cohort, entity, stype, st[0], st[1], st[2], flat, st[4]))
+            older: list[Any] = []
+            for b, bk in (st[9] or {}).items():
+                older.extend((b, bk[0], bk[1], bk[2], bk[3]))
+            rows.append((cohort, entity, stype, st[:9], older))
             if len(rows) >= CHUNK_KEYS:
                 chunks.append(msgpack.packb(rows))
                 rows = []
@@ -94,7 +94,7 @@ def decode_ledger(chunks: list[bytes], config: Config) -> LedgerState:
     ls.live_from = {m: (v[0], v[1]) for m, v in head["live_from"].items()}
     cohorts = agg.cohorts
     for raw in chunks[1:]:
-        for cohort, entity, stype, s, landmark, tmax, flat, key_id in msgpack.unpackb(raw):
-            buckets = {flat[i]: [flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4]] for i in range(0, len(flat), 5)}
-            cohorts.setdefault(cohort, {})[(entity, stype)] = [s, landmark, tmax, buckets, key_id]
+        for cohort, entity, stype, head9, flat in msgpack.unpackb(raw):
+            older = {flat[i]: [flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4]] for i in range(0, len(flat), 5)}
+            cohorts.setdefault(cohort, {})[(entity, stype)] = [*head9, older or None]
     return ls

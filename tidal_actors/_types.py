@@ -30,9 +30,9 @@ COMMUNITY = "@community"
 """Reserved cohort name of the community-wide aggregate every forwarded signal feeds."""
 
 
-@dataclass(frozen=True, slots=True)
-class Signal:
-    """One engagement signal, as given to :meth:`TidalDb.signal_batch`.
+class Signal(NamedTuple):
+    """One engagement signal, as given to :meth:`TidalDb.signal_batch` (a named tuple:
+    cheap to build, immutable).
 
     Attributes:
         user_id: int in ``[0, 2**64)``.
