@@ -8,7 +8,6 @@ command line's own logic, and agrees with the runtime by construction of the che
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 import os
@@ -41,8 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SE_EVENTS = Path(__file__).resolve().parents[1].parent / "shared/data/history-meta-se/events.csv"
 SCENARIOS = ROOT / "tidal_actors" / "scenarios"
 
-HAVE_DB = importlib.util.find_spec("tidal_actors._db") is not None
-needs_db = pytest.mark.skipif(not HAVE_DB, reason="tidal_actors._db (TidalDb) is not written yet")
 
 H = 3_600_000_000_000
 T = 10 * H
@@ -107,7 +104,7 @@ def _subprocess_run(*args: object) -> Result:
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
-@pytest.fixture(params=[pytest.param("subprocess", marks=needs_db), "reference"])
+@pytest.fixture(params=["subprocess", "reference"])
 def run(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Run]:
     """Runs the command line: in a subprocess on TidalDb, or in process on the reference model."""
     if request.param == "subprocess":
@@ -281,14 +278,15 @@ def test_skip_invalid_skips_and_counts_bad_rows(run: Run, tmp_path: Path) -> Non
     ],
 )
 def test_bad_arguments_exit_2(args: list[str], needle: str, tmp_path: Path) -> None:
+    # in process: each fails before any database is opened
     (tmp_path / "log.csv").write_text(HAND_LOG)
     (tmp_path / "c.toml").write_text("nonsense = 1\n")
     (tmp_path / "empty").mkdir()
     fill = {"log": tmp_path / "log.csv", "cfg": tmp_path / "c.toml", "tmp": tmp_path,
             "empty": tmp_path / "empty"}
-    res = _subprocess_run(*[a.format(**fill) for a in args])
-    assert res.code == 2, res
-    assert needle in res.err
+    res = CliRunner().invoke(cli_module.cli, [a.format(**fill) for a in args])
+    assert res.exit_code == 2, res.output
+    assert needle in res.stderr
 
 
 def test_help_lists_the_commands() -> None:
@@ -370,7 +368,6 @@ def test_simulate_eviction_scenario(run: Run) -> None:
     assert "(seed 3)" in res.out and "check      OK" in res.out
 
 
-@needs_db
 @pytest.mark.slow
 def test_simulate_default_scenario() -> None:
     res = _subprocess_run("simulate", "--quiet")
@@ -408,7 +405,9 @@ def test_parse_duration(text: str | int, ns: int) -> None:
     assert parse_duration(format_duration(ns)) == ns
 
 
-@pytest.mark.parametrize("text", ["", "h", "1.5h", "-3s", "3 s", "3S", "1w", "1e9", "٣s", True, None])
+@pytest.mark.parametrize(
+    "text", ["", "h", "1.5h", "-3s", "3 s", "3S", "1w", "1e9", "٣s", True, None]
+)
 def test_parse_duration_rejects(text: Any) -> None:
     with pytest.raises(InvalidArgument) as info:
         parse_duration(text, field="--half-life")

@@ -37,7 +37,7 @@ from ._codec import Keyspace, Tag, encode_key, ledger_shard_of, membership_shard
 from ._config import Config
 from ._errors import DatabaseClosed, InvalidArgument, TidalError
 from ._reply import Reply
-from ._store import LmdbStore, Restored
+from ._store import SNAPSHOT_FORMAT, LmdbStore, Restored
 from ._types import Signal, WindowCount
 from ._validate import (
     check_cohort,
@@ -93,7 +93,7 @@ def build_states(
         if m < nm:
             mstates[m].next_rseq = max(mstates[m].next_rseq, r + 1)
     mark = restored.snapshot_mark
-    if mark is not None and mark.get("ledgers") == nl and mark.get("membership_shards") == nm:
+    if mark and mark.get("ledgers") == nl and mark.get("membership_shards") == nm:
         from ._snapshot import decode_ledger
 
         lstates = [decode_ledger(restored.snapshot_chunks[i], config) for i in range(nl)]
@@ -538,7 +538,7 @@ def snapshot_write_ops(config: Config, states: list[LedgerState]) -> list[tuple[
     for li, ls in enumerate(states):
         for k, chunk in enumerate(encode_ledger(ls)):
             ops.append((Keyspace.META.value, encode_key(li, Tag.SNAPSHOT_CHUNK, k.to_bytes(4, "big")), chunk))
-    mark = {"ledgers": config.ledger_shards, "membership_shards": config.membership_shards}
+    mark = {"format": SNAPSHOT_FORMAT, "ledgers": config.ledger_shards, "membership_shards": config.membership_shards}
     ops.append((Keyspace.META.value, encode_key(0, Tag.SNAPSHOT_MARK), msgpack.packb(mark)))
     return ops
 

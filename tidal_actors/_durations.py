@@ -61,7 +61,7 @@ def parse_duration(text: str | int, field: str = "duration") -> int:
 
 
 def format_duration(ns: int) -> str:
-    """The shortest exact rendering of ``ns`` nanoseconds in the syntax of :func:`parse_duration`."""
+    """The shortest exact rendering of ``ns`` (int ns) in :func:`parse_duration`'s syntax."""
     if ns == 0:
         return "0s"
     for unit in ("d", "h", "m", "s", "ms", "us"):

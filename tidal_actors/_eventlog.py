@@ -154,6 +154,7 @@ _USES: dict[str, frozenset[str]] = {
     "purge": frozenset({"cohort"}),
 }
 _OPTIONAL = ("cohort", "entity_id", "signal_type", "weight")
+_I63 = 2**63
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
@@ -213,7 +214,9 @@ class EventLogReader:
     ``OSError`` if the file cannot be read. Iterate once per reader.
     """
 
-    def __init__(self, path: str | Path, *, skip_invalid: bool = False, keep_errors: int = 10) -> None:
+    def __init__(
+        self, path: str | Path, *, skip_invalid: bool = False, keep_errors: int = 10
+    ) -> None:
         self.path = str(path)
         self.skip_invalid = skip_invalid
         self.keep_errors = keep_errors
@@ -235,7 +238,7 @@ class EventLogReader:
                 self.size = 0
             self._lines = lines = _Lines(fh)
             reader = csv.reader(lines, strict=True)
-            columns = self._read_header(reader)
+            order = self._read_header(reader)
             end = lines.line_no
             while True:
                 start = end + 1
@@ -245,13 +248,15 @@ class EventLogReader:
                     return
                 except csv.Error as exc:
                     end = lines.line_no
-                    self._reject(EventLogError(self.path, start, "csv", "", f"malformed CSV: {exc}"))
+                    self._reject(
+                        EventLogError(self.path, start, "csv", "", f"malformed CSV: {exc}")
+                    )
                     continue
                 end = lines.line_no
                 if not record or record == [""]:
                     continue  # blank line
                 try:
-                    row = self._parse(record, columns, start, end)
+                    row = self._parse(record, order, start, end)
                 except EventLogError as err:
                     self._reject(err)
                     continue
@@ -265,7 +270,8 @@ class EventLogReader:
         if len(self.skip_errors) < self.keep_errors:
             self.skip_errors.append(err)
 
-    def _read_header(self, reader: Any) -> dict[str, int]:
+    def _read_header(self, reader: Any) -> tuple[int, ...] | None:
+        """The column order: indices of :data:`HEADER`'s names, None if canonical."""
         try:
             first = next(reader)
         except StopIteration:
@@ -275,84 +281,93 @@ class EventLogReader:
             raise EventLogError(self.path, 1, "header", "", f"malformed CSV: {exc}") from None
         names = [name.strip() for name in first]
         if sorted(names) == sorted(HEADER):
-            return {name: names.index(name) for name in HEADER}
+            order = tuple(names.index(name) for name in HEADER)
+            return None if order == tuple(range(len(HEADER))) else order
         if first and first[0].strip().isdigit():
             reason = "missing header: the first line must be " + ",".join(HEADER)
         else:
             reason = "the header must name the columns " + ",".join(HEADER)
         raise EventLogError(self.path, 1, "header", ",".join(first), reason)
 
-    def _parse(self, record: list[str], columns: dict[str, int], start: int, end: int) -> EventRow:
-        path = self.path
+    def _parse(self, record: list[str], order: tuple[int, ...] | None, start: int,
+               end: int) -> EventRow:
         lines = self._lines
         assert lines is not None
         if len(record) != len(HEADER):
             reason = f"expected {len(HEADER)} comma-separated fields, got {len(record)}"
             if not lines.last_terminated and end == lines.line_no:
                 reason += " (the last line has no line terminator: truncated file?)"
-            raise EventLogError(path, start, "columns", ",".join(record), reason)
+            raise EventLogError(self.path, start, "columns", ",".join(record), reason)
+        values = record if order is None else [record[i] for i in order]
         if lines.bad_utf8 and any(n in lines.bad_utf8 for n in range(start, end + 1)):
-            for name, i in columns.items():
-                if _has_surrogate(record[i]):
-                    raw = record[i].encode("utf-8", "surrogateescape")
-                    raise EventLogError(path, start, name, raw, "not valid UTF-8")
-        fields = {name: record[i] for name, i in columns.items()}
-
-        def integer(name: str) -> int:
-            text = fields[name]
-            if not text:
-                raise EventLogError(path, start, name, text, f"required for op {op}")
-            body = text[1:] if text[:1] in "+-" else text
-            if not (body.isascii() and body.isdigit()):
-                raise EventLogError(path, start, name, text, "must be an integer")
-            try:
-                value = int(text)
-            except ValueError:  # more digits than int() takes: far out of range anyway
-                raise EventLogError(path, start, name, text, "out of range") from None
-            try:
-                if name == "ts_ns":
-                    return check_timestamp(name, value)
-                return check_id(name, value)
-            except InvalidArgument as exc:
-                raise EventLogError(path, start, name, text, exc.reason) from None
-
-        op = fields["op"]
+            for name, text in zip(HEADER, values):
+                if _has_surrogate(text):
+                    raw = text.encode("utf-8", "surrogateescape")
+                    raise EventLogError(self.path, start, name, raw, "not valid UTF-8")
+        ts_t, op, user_t, cohort_t, entity_t, type_t, weight_t = values
         uses = _USES.get(op)
         if uses is None:
-            raise EventLogError(path, start, "op", op, "unknown op (expected one of "
+            raise EventLogError(self.path, start, "op", op, "unknown op (expected one of "
                                 + ", ".join(OPS) + ")")
-        ts_ns = integer("ts_ns")
-        user_id = integer("user_id")
-        for name in _OPTIONAL:
-            if name not in uses and fields[name]:
-                raise EventLogError(path, start, name, fields[name], f"must be empty for op {op}")
+        # fast paths for plain digits; anything else gets the full check and its error
+        ts = int(ts_t) if 0 < len(ts_t) <= 19 and ts_t.isdigit() and ts_t.isascii() else -1
+        if not 0 <= ts < _I63:
+            ts = self._int("ts_ns", ts_t, op, start)
+        user_id = self._int("user_id", user_t, op, start)
+        for name, text in zip(_OPTIONAL, (cohort_t, entity_t, type_t, weight_t)):
+            if text and name not in uses:
+                raise EventLogError(self.path, start, name, text, f"must be empty for op {op}")
         if op == "signal":
-            text = fields["weight"]
-            if not text:
-                raise EventLogError(path, start, "weight", text, "required for op signal")
-            if _DECIMAL.fullmatch(text) is None:
-                raise EventLogError(path, start, "weight", text, "must be a decimal number")
-            weight = float(text)
+            return SignalRow(start, ts, user_id, self._int("entity_id", entity_t, op, start),
+                             self._int("signal_type", type_t, op, start),
+                             self._weight(weight_t, start))
+        if op == "assign" or op == "purge":
+            if not cohort_t:
+                raise EventLogError(self.path, start, "cohort", cohort_t, f"required for op {op}")
+            try:
+                cohort = check_cohort(cohort_t, allow_community=(op == "purge"))
+            except InvalidArgument as exc:
+                raise EventLogError(self.path, start, "cohort", cohort_t, exc.reason) from None
+            if op == "assign":
+                return AssignRow(start, ts, user_id, cohort)
+            return PurgeRow(start, ts, user_id, cohort)
+        if op == "leave":
+            return LeaveRow(start, ts, user_id)
+        return RejoinRow(start, ts, user_id)
+
+    def _int(self, name: str, text: str, op: str, line: int) -> int:
+        """An integer field: ``ts_ns`` in ``[0, 2**63)``, an id in ``[0, 2**64)``."""
+        if 0 < len(text) < 20 and text.isdigit() and text.isascii() and name != "ts_ns":
+            return int(text)  # at most 19 digits: below 2**64
+        if not text:
+            raise EventLogError(self.path, line, name, text, f"required for op {op}")
+        body = text[1:] if text[0] in "+-" else text
+        if not (body.isascii() and body.isdigit()):
+            raise EventLogError(self.path, line, name, text, "must be an integer")
+        try:
+            value = int(text)
+        except ValueError:  # more digits than int() takes: far out of range anyway
+            raise EventLogError(self.path, line, name, text, "out of range") from None
+        try:
+            if name == "ts_ns":
+                return check_timestamp(name, value)
+            return check_id(name, value)
+        except InvalidArgument as exc:
+            raise EventLogError(self.path, line, name, text, exc.reason) from None
+
+    def _weight(self, text: str, line: int) -> float:
+        """A signal's weight: a finite decimal ``>= 0`` within the float32 range."""
+        if not text:
+            raise EventLogError(self.path, line, "weight", text, "required for op signal")
+        if _DECIMAL.fullmatch(text) is None:
+            raise EventLogError(self.path, line, "weight", text, "must be a decimal number")
+        weight = float(text)
+        if not 0.0 <= weight <= 3.0e38:  # below float32's max: no overflow possible
             try:
                 check_weight(weight)
             except InvalidArgument as exc:
-                raise EventLogError(path, start, "weight", text, exc.reason) from None
-            return SignalRow(start, ts_ns, user_id, integer("entity_id"), integer("signal_type"),
-                             weight)
-        if op in ("assign", "purge"):
-            text = fields["cohort"]
-            if not text:
-                raise EventLogError(path, start, "cohort", text, f"required for op {op}")
-            try:
-                cohort = check_cohort(text, allow_community=(op == "purge"))
-            except InvalidArgument as exc:
-                raise EventLogError(path, start, "cohort", text, exc.reason) from None
-            if op == "assign":
-                return AssignRow(start, ts_ns, user_id, cohort)
-            return PurgeRow(start, ts_ns, user_id, cohort)
-        if op == "leave":
-            return LeaveRow(start, ts_ns, user_id)
-        return RejoinRow(start, ts_ns, user_id)
+                raise EventLogError(self.path, line, "weight", text, exc.reason) from None
+        return weight
 
 
 def read_events(path: str | Path, *, skip_invalid: bool = False) -> Iterator[EventRow]:

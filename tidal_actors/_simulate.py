@@ -38,7 +38,7 @@ from ._eventlog import (
     SignalRow,
     apply_events,
 )
-from ._types import COMMUNITY, CommunityMembership, LeaveEpoch, PurgeManifest, WindowCount
+from ._types import COMMUNITY, CommunityMembership, LeaveEpoch, PurgeManifest
 
 __all__ = [
     "REL_TOL",
@@ -430,7 +430,9 @@ class CheckResult:
 
 
 class _Readable(Protocol):
-    def aggregate_rows(self, at_ns: int | None = None) -> list[tuple[str, int, int, float, int, float]]: ...
+    def aggregate_rows(
+        self, at_ns: int | None = None
+    ) -> list[tuple[str, int, int, float, int, float]]: ...
 
     def community_layer_status(self, user_id: int) -> CommunityMembership: ...
 
@@ -439,9 +441,6 @@ class _Readable(Protocol):
     def cohorts_of(self, user_id: int) -> frozenset[str]: ...
 
     def list_purge_manifests(self, user_id: int) -> list[PurgeManifest]: ...
-
-    def read_window(self, cohort: str, entity_id: int, signal_type: int,
-                    at_ns: int | None = None) -> WindowCount: ...
 
     def stats(self) -> dict[str, int]: ...
 
@@ -468,16 +467,18 @@ def compare_states(db: _Readable, ref: _Readable, at_ns: int, users: Iterable[in
     result.aggregate_rows = len(theirs)
     for key in sorted(theirs.keys() | mine.keys()):
         a, b = mine.get(key), theirs.get(key)
-        if a is None or b is None or not (_close(a[0], b[0]) and a[1] == b[1] and _close(a[2], b[2])):
+        if a is None or b is None or not (
+            _close(a[0], b[0]) and a[1] == b[1] and _close(a[2], b[2])
+        ):
             result.fail(f"aggregate {key}: runtime {a}, reference {b}")
     for user in users:
         result.users += 1
-        for what, get in (
-            ("status", lambda d: d.community_layer_status(user)),
-            ("leave history", lambda d: list(d.community_leave_history(user))),
-            ("cohorts", lambda d: d.cohorts_of(user)),
+        for what, x, y in (
+            ("status", db.community_layer_status(user), ref.community_layer_status(user)),
+            ("leave history", list(db.community_leave_history(user)),
+             list(ref.community_leave_history(user))),
+            ("cohorts", db.cohorts_of(user), ref.cohorts_of(user)),
         ):
-            x, y = get(db), get(ref)
             if x != y:
                 result.fail(f"user {user} {what}: runtime {x}, reference {y}")
         ms, rs = db.list_purge_manifests(user), ref.list_purge_manifests(user)

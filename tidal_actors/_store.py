@@ -34,6 +34,7 @@ from ._types import PurgeManifest
 
 __all__ = ["HistoryBatch", "LmdbStore", "MemoryStore", "NullStore", "Restored", "parse_store"]
 
+SNAPSHOT_FORMAT = 2
 _open_paths: set[str] = set()
 _open_lock = threading.Lock()
 
@@ -125,7 +126,9 @@ def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_le
         elif tag == Tag.SNAPSHOT_CHUNK:
             out.snapshot_chunks.setdefault(ident, []).append(bytes(value))
     mark = out.snapshot_mark
-    if mark is not None and snapshot_ledgers is not None and mark.get("ledgers") == snapshot_ledgers:
+    if mark is not None and mark.get("format") != SNAPSHOT_FORMAT:
+        out.snapshot_mark = mark = {}  # another build's snapshot: replay the history instead
+    if mark and snapshot_ledgers is not None and mark.get("ledgers") == snapshot_ledgers:
         return out
     for key, value in keyspaces.get(Keyspace.HISTORY.value, ()):
         shard, tag, suffix = decode_key(key)

@@ -67,22 +67,19 @@ def _fail(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
-class _Duration(click.ParamType):
-    name = "DURATION"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        try:
-            ns = parse_duration(value, param.name if param is not None and param.name else "duration")
-        except InvalidArgument as exc:
-            self.fail(f"{value!r}: {exc.reason}", param, ctx)
-        if ns <= 0:
-            self.fail(f"{value!r}: must be positive", param, ctx)
-        return ns
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """Option callback: a duration (90d, 12h, 30m, 15s, 250ms, plain ns) as int ns > 0."""
+    if value is None:
+        return None
+    try:
+        ns = parse_duration(value, f"--{(param.name or 'duration').replace('_', '-')}")
+    except InvalidArgument as exc:
+        raise click.BadParameter(f"{value!r}: {exc.reason}", ctx, param) from None
+    if ns <= 0:
+        raise click.BadParameter(f"{value!r}: must be positive", ctx, param)
+    return ns
 
 
-DURATION = _Duration()
 TIMESTAMP = click.IntRange(0, 2**63 - 1)
 ID = click.IntRange(0, 2**64 - 1)
 
@@ -220,17 +217,21 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("events", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("events", metavar="EVENTS.csv",
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Store the state here (created if absent) instead of an ephemeral store.")
 @click.option("--config", "config_file",
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Settings file (as config/default.toml). Default: the data directory's "
                    "settings from an earlier run, else the defaults.")
-@click.option("--half-life", type=DURATION, help="Decay half-life, e.g. 7d (overrides --config).")
-@click.option("--window-width", type=DURATION, help="Window bucket width, e.g. 1h.")
-@click.option("--window-buckets", type=click.IntRange(min=1), help="Buckets per window read.")
-@click.option("--at", "at_ns", type=TIMESTAMP,
+@click.option("--half-life", metavar="DURATION", callback=_duration,
+              help="Decay half-life, e.g. 7d (overrides --config).")
+@click.option("--window-width", metavar="DURATION", callback=_duration,
+              help="Window bucket width, e.g. 1h.")
+@click.option("--window-buckets", type=click.IntRange(min=1), metavar="N",
+              help="Buckets per window read.")
+@click.option("--at", "at_ns", type=TIMESTAMP, metavar="TS_NS",
               help="Read --scores-out at this time (int ns). Default: the log's last ts_ns.")
 @click.option("--scores-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write every aggregate row (cohort, entity, type) as CSV here.")
@@ -238,7 +239,7 @@ def cli() -> None:
               help="Write counts and timing as JSON here.")
 @click.option("--skip-invalid", is_flag=True, help="Skip and count bad rows instead of stopping.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1024, show_default=True,
-              help="Longest run of signals sent in one signal_batch call.")
+              metavar="N", help="Longest run of signals sent in one signal_batch call.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def replay(
     events: Path,
@@ -287,7 +288,7 @@ def replay(
         if data_dir is not None:
             _write_state(data_dir, config, counts.max_ts_ns, f"replay {events}")
     except OSError as exc:
-        _fail(f"{events}: {exc}", EXIT_BAD_INPUT)
+        _fail(str(exc), EXIT_BAD_INPUT)
     except InvalidArgument as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     except TidalError as exc:
@@ -351,18 +352,19 @@ def replay(
 
 
 @cli.group()
-@click.option("--data-dir", required=True,
-              type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="A data directory written by replay or simulate.")
+@click.option("--data-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A data directory written by replay or simulate (required).")
 @click.pass_context
-def inspect(ctx: click.Context, data_dir: Path) -> None:
+def inspect(ctx: click.Context, data_dir: Path | None) -> None:
     """Read a data directory: a user, a cohort's top entities, a user's manifests."""
     ctx.obj = data_dir
 
 
 @contextmanager
-def _inspected(data_dir: Path) -> Iterator[tuple[Any, int]]:
+def _inspected(data_dir: Path | None) -> Iterator[tuple[Any, int]]:
     """The database in ``data_dir`` and the default read time (int ns)."""
+    if data_dir is None:  # checked here, not by click, so that `inspect top --help` works
+        raise click.UsageError("Missing option '--data-dir'.")
     if not any(data_dir.iterdir()):
         _fail(f"{data_dir}: empty directory, not a tidal_actors data directory", EXIT_BAD_INPUT)
     state = _read_state(data_dir)
@@ -382,7 +384,7 @@ def _inspected(data_dir: Path) -> Iterator[tuple[Any, int]]:
 @inspect.command("user")
 @click.argument("user_id", type=ID)
 @click.pass_obj
-def inspect_user(data_dir: Path, user_id: int) -> None:
+def inspect_user(data_dir: Path | None, user_id: int) -> None:
     """USER_ID's status, leave history, cohorts and purge manifests."""
     with _inspected(data_dir) as (db, _):
         membership = db.community_layer_status(user_id)
@@ -408,14 +410,15 @@ def inspect_user(data_dir: Path, user_id: int) -> None:
 
 @inspect.command("top")
 @click.argument("cohort")
-@click.option("--type", "signal_type", type=ID,
+@click.option("--type", "signal_type", type=ID, metavar="N",
               help="Signal type id. Default: every type present in the cohort.")
 @click.option("-k", "k", type=click.IntRange(1, 2**31 - 1), default=10, show_default=True,
+              metavar="K",
               help="How many entities.")
-@click.option("--at", "at_ns", type=TIMESTAMP,
+@click.option("--at", "at_ns", type=TIMESTAMP, metavar="TS_NS",
               help="Read time (int ns). Default: the last event replayed into the directory.")
 @click.pass_obj
-def inspect_top(data_dir: Path, cohort: str, signal_type: int | None, k: int,
+def inspect_top(data_dir: Path | None, cohort: str, signal_type: int | None, k: int,
                 at_ns: int | None) -> None:
     """The k highest entities of COHORT (a name or @community) by decay score."""
     try:
@@ -442,7 +445,7 @@ def inspect_top(data_dir: Path, cohort: str, signal_type: int | None, k: int,
 @inspect.command("manifests")
 @click.argument("user_id", type=ID)
 @click.pass_obj
-def inspect_manifests(data_dir: Path, user_id: int) -> None:
+def inspect_manifests(data_dir: Path | None, user_id: int) -> None:
     """Each purge manifest of USER_ID with its entries, oldest first."""
     with _inspected(data_dir) as (db, _):
         manifests = db.list_purge_manifests(user_id)
@@ -467,7 +470,7 @@ def inspect_manifests(data_dir: Path, user_id: int) -> None:
                    "Default: the built-in default scenario.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Run the runtime on a store here (must be new or empty).")
-@click.option("--seed", type=int, help="Override the scenario's seed.")
+@click.option("--seed", type=int, metavar="N", help="Override the scenario's seed.")
 @click.option("--events-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the generated event log here (replayable).")
 @click.option("--report-out", type=click.Path(dir_okay=False, path_type=Path),
@@ -516,7 +519,8 @@ def simulate(scenario_name: str | None, data_dir: Path | None, seed: int | None,
     except TidalError as exc:
         _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
     if data_dir is not None:
-        _write_state(data_dir, config, result.at_ns, f"simulate {scenario.name} seed {scenario.seed}")
+        _write_state(data_dir, config, result.at_ns,
+                     f"simulate {scenario.name} seed {scenario.seed}")
 
     c, s, check = result.counts, result.stats, result.check
     out = click.echo
@@ -526,7 +530,9 @@ def simulate(scenario_name: str | None, data_dir: Path | None, seed: int | None,
     out(f"  events     {result.events:,} rows generated in {generated_s:.2f} s: "
         f"{c.signals:,} signals, {c.assigns:,} assigns, {c.leaves:,} leaves, "
         f"{c.rejoins:,} rejoins, {c.purges:,} purges")
-    out(f"  runtime    {result.runtime_s:.3f} s, {result.signals_per_s:,.0f} signals/s "
+    rows_per_s = result.events / result.runtime_s if result.runtime_s > 0 else 0.0
+    out(f"  runtime    {result.runtime_s:.3f} s, {result.signals_per_s:,.0f} signals/s, "
+        f"{rows_per_s:,.0f} rows/s "
         f"({'store ' + str(data_dir) if data_dir is not None else 'ephemeral'}, "
         f"{config.membership_shards} membership / {config.ledger_shards} ledger shards)")
     out(f"  reference  {result.reference_s:.3f} s, {result.reference_signals_per_s:,.0f} "
@@ -535,7 +541,8 @@ def simulate(scenario_name: str | None, data_dir: Path | None, seed: int | None,
         f"records {s.get('records', 0):,}, retracted {s.get('retracted', 0):,}")
     if check.ok:
         out(f"  check      OK: {check.aggregate_rows:,} aggregate rows, {check.users:,} users, "
-            f"{check.manifests:,} manifests agree with the reference model at {_stamp(result.at_ns)}")
+            f"{check.manifests:,} manifests agree with the reference model "
+            f"at {_stamp(result.at_ns)}")
     else:
         out(f"  check      FAILED: {check.mismatches:,} difference(s) from the reference model")
         for line in check.details:
