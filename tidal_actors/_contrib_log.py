@@ -1,21 +1,20 @@
-"""Domain core: the columnar contribution log of one ledger shard.
+"""Domain core: the contribution log of one ledger shard.
 
-Owns the in-memory record of which user contributed what to which cohort
+Owns the in-memory record of which contributions can still be retracted
 (retroactive-purge FR-1), its eviction bookkeeping and its (user, cohort) index. No
 threads, no I/O.
 
-Layout: four parallel ``array`` columns, 25 bytes a record (DESIGN.md "What things
-cost here": a tuple per record costs 194 B): membership shard, record sequence
-number ``rseq``, user, and the record's *detail row* in the shard's `Aggregates`
-(which holds cohort, entity, type, weight and timestamp once for both). Positions
-are absolute (append count); the columns hold positions ``base ..``. The index maps
+Layout: one ``array('q')`` column of *detail rows* (8 bytes a record): the record's
+fields (user, cohort, entity, type, weight, timestamp, membership shard, ``rseq``)
+live once, in the shard's `Aggregates` detail columns. Positions are absolute
+(append count); the column holds positions ``base ..``. The index maps
 ``(user_id, cohort)`` to an ``array('q')`` whose item 0 counts positions already
 trimmed away and whose other items are absolute positions, ascending.
 
 Eviction (FR-1, "FIFO ring-buffer semantics") is decided per membership shard by the
 purge coordinator from ``rseq``: a record is live while ``rseq >= E[mshard]``. The log
-trims its head lazily once records are surely evicted (below a floor), and a drained
-(purged) record has its ``rseq`` set to -1.
+trims its head lazily once records are surely evicted (below a floor) or drained
+(their row retracted).
 """
 
 from __future__ import annotations
@@ -27,13 +26,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._ledger import Aggregates
+from ._ledger import DEAD, Aggregates
 
-__all__ = ["DRAINED", "ContributionLog", "LogRecord", "Prepared"]
+__all__ = ["EMPTY", "ContributionLog", "LogRecord", "Prepared"]
 
-DRAINED = -1
 _COMPACT_MIN = 1 << 16
-COLUMNS = ("m", "r", "u", "d")
 
 
 class LogRecord(NamedTuple):
@@ -65,32 +62,26 @@ EMPTY = Prepared([], [], [], 0, -1)
 
 
 class ContributionLog:
-    """Columnar, index-backed contribution log of one ledger shard."""
+    """Index-backed contribution log of one ledger shard (rows into `Aggregates`)."""
 
     def __init__(self, aggregates: Aggregates) -> None:
         self.agg = aggregates
         self.base = 0
         self.head = 0
-        self.m = array("B")
-        self.r = array("q")
-        self.u = array("Q")
         self.d = array("q")
         self.index: dict[tuple[int, str], array] = {}  # type: ignore[type-arg]
         self.floor: dict[int, int] = {}
 
     def __len__(self) -> int:
-        return len(self.r)
+        return len(self.d)
 
     def append(self, records: Iterable[tuple[int, int, int, str, int, int, float, int]], rows: Iterable[int]) -> None:
         """Append records (``LogRecord``-shaped tuples, in order) whose detail rows
         are ``rows``, and index them by (user, cohort)."""
-        pos = self.base + len(self.r)
+        pos = self.base + len(self.d)
         index = self.index
-        m_, r_, u_, d_ = self.m.append, self.r.append, self.u.append, self.d.append
+        d_ = self.d.append
         for rec, row in zip(records, rows):
-            m_(rec[0])
-            r_(rec[1])
-            u_(rec[2])
             d_(row)
             key = (rec[2], rec[3])
             lst = index.get(key)
@@ -106,24 +97,24 @@ class ContributionLog:
             self.floor[mshard] = floor
         self.trim()
 
+    def _gone(self, row: int) -> bool:
+        agg = self.agg
+        return agg.dk[row] == DEAD or agg.dr[row] < self.floor.get(agg.dm[row], 0)
+
     def trim(self) -> None:
         """Drop surely-evicted or drained records from the head; compact when worth it."""
-        r, m, floor = self.r, self.m, self.floor
+        d = self.d
         off = self.base
-        i, n = self.head, off + len(r)
-        while i < n:
-            rs = r[i - off]
-            if rs != DRAINED and rs >= floor.get(m[i - off], 0):
-                break
+        i, n = self.head, off + len(d)
+        while i < n and self._gone(d[i - off]):
             i += 1
         self.head = i
         dead = i - off
-        if dead and ((dead >= _COMPACT_MIN and dead * 2 >= len(r)) or dead == len(r)):
+        if dead and ((dead >= _COMPACT_MIN and dead * 2 >= len(d)) or dead == len(d)):
             self._compact(dead)
 
     def _compact(self, head: int) -> None:
-        for name in COLUMNS:
-            del getattr(self, name)[:head]
+        del self.d[:head]
         self.base += head
         base = self.base
         for lst in self.index.values():
@@ -133,11 +124,11 @@ class ContributionLog:
                 lst[0] += k - 1
                 del lst[1:k]
 
-    def record_at(self, pos: int) -> LogRecord:
-        """The record at absolute position ``pos`` (must be in the columns)."""
-        i = pos - self.base
-        cohort, entity, stype, w, ts = self.agg.row(self.d[i])
-        return LogRecord(self.m[i], self.r[i], self.u[i], cohort, entity, stype, w, ts)
+    def record_at_row(self, row: int) -> LogRecord:
+        """The record of a detail row."""
+        agg = self.agg
+        cohort, entity, stype, w, ts = agg.row(row)
+        return LogRecord(agg.dm[row], agg.dr[row], agg.du[row], cohort, entity, stype, w, ts)
 
     def prepare(self, user: int, cohort: str, live_from: int) -> Prepared:
         """What purging (user, cohort) retracts, without changing anything.
@@ -148,6 +139,7 @@ class ContributionLog:
         lst = self.index.get((user, cohort))
         if lst is None:
             return EMPTY
+        agg = self.agg
         evicted = lst[0]
         positions, rows, records = [], [], []
         base = self.base
@@ -155,30 +147,24 @@ class ContributionLog:
             if pos < base:
                 evicted += 1
                 continue
-            rs = self.r[pos - base]
-            if rs == DRAINED:
+            row = self.d[pos - base]
+            if agg.dk[row] == DEAD:
                 continue
-            if rs < live_from:
+            if agg.dr[row] < live_from:
                 evicted += 1
                 continue
             positions.append(pos)
-            rows.append(self.d[pos - base])
-            records.append(self.record_at(pos))
+            rows.append(row)
+            records.append(self.record_at_row(row))
         return Prepared(positions, rows, records, evicted, lst[-1] if len(lst) > 1 else -1)
 
     def apply(self, user: int, cohort: str, prepared: Prepared) -> None:
-        """Drain the prepared records and forget the pair's evicted ones from the index.
-
-        Records of the pair appended after ``prepare`` stay (they were submitted after
-        the purge).
-        """
+        """Forget the pair's prepared and evicted records from the index (their rows
+        are retracted by the caller). Records of the pair appended after ``prepare``
+        stay: they were submitted after the purge."""
         lst = self.index.get((user, cohort))
         if lst is None:
             return
-        base = self.base
-        for pos in prepared.positions:
-            if pos >= base:
-                self.r[pos - base] = DRAINED
         # positions up to prepared.upto were looked at by prepare(): drained now or
         # evicted (and counted in the manifest); later ones arrived after the purge.
         keep = array("q", (0,))
@@ -189,14 +175,18 @@ class ContributionLog:
             del self.index[(user, cohort)]
         self.trim()
 
+    def forget(self, user: int, cohort: str) -> None:
+        """Drop the pair from the index (after re-materialization excluded its records)."""
+        self.index.pop((user, cohort), None)
+
     def live_count(self) -> int:
-        """Records in the columns not drained (evicted ones included until trimmed)."""
-        if not len(self.r):
+        """Records in the column whose row is not retracted (evicted ones included until trimmed)."""
+        if not len(self.d):
             return 0
-        return int(np.count_nonzero(np.frombuffer(self.r, dtype=np.int64) != DRAINED))
+        rows = np.frombuffer(self.d, dtype=np.int64)[self.head - self.base :]
+        return int(np.count_nonzero(np.frombuffer(self.agg.dk, dtype=np.uint32)[rows] != DEAD))
 
     def nbytes(self) -> int:
-        """Approximate bytes held by the columns and the index."""
-        cols = sum(getattr(self, n).buffer_info()[1] * getattr(self, n).itemsize for n in COLUMNS)
+        """Approximate bytes held by the column and the index."""
         idx = sum(a.buffer_info()[1] * 8 + 80 for a in self.index.values()) + 120 * len(self.index)
-        return cols + idx
+        return self.d.buffer_info()[1] * 8 + idx

@@ -21,9 +21,12 @@ Per key ``(cohort, entity_id, signal_type)`` one flat list (the *state*)::
   holds a contribution is kept, so a window read at any time is exact and ``S`` is
   always the sum of the buckets' ``fd`` (re-derived with ``math.fsum`` after a
   retraction to drop rounding residue).
-* Every contribution also gets a *detail row*: three parallel columns (key id,
-  timestamp, weight: 16 bytes) that the contribution log points into, so the log
-  holds no copy of them, and reads inside a bucket can be exact.
+* Every contribution also gets a *detail row* in parallel columns: key id (u32),
+  timestamp (i64), weight (f32), user (u64), membership shard (u8) and record
+  sequence number ``rseq`` (i64): 33 bytes. The contribution log points into them
+  (it holds no copy), reads inside a bucket are exact from them, and
+  re-materialization rebuilds a cohort from them. A retracted row has key id
+  ``DEAD`` and its other fields zeroed (erasure in memory).
 
 Reads (issue 2, rules 3 and 4): ``score(at) = sum(w_i * 2 ** (-(at - t_i) / h))`` over
 contributions with ``t_i <= at``. If ``at >= t_max`` this is ``S * 2 ** (-(at-L)/h)``.
@@ -68,7 +71,7 @@ class Aggregates:
         window_buckets: number of buckets a window read covers.
     """
 
-    __slots__ = ("_hl", "_hl_cache", "_n", "_width", "cohorts", "dk", "dt", "dw", "keys")
+    __slots__ = ("_hl", "_hl_cache", "_n", "_width", "cohorts", "dk", "dm", "dr", "dt", "du", "dw", "keys")
 
     def __init__(
         self, half_life_for: Callable[[int], int], window_width_ns: int, window_buckets: int
@@ -83,6 +86,9 @@ class Aggregates:
         self.dk = array("I")  # detail rows: key id (DEAD once retracted)
         self.dt = array("q")  # timestamp ns
         self.dw = array("f")  # float32 weight
+        self.du = array("Q")  # user id
+        self.dm = array("B")  # membership shard
+        self.dr = array("q")  # rseq (record sequence number in its membership shard)
 
     def half_life(self, stype: int) -> int:
         h = self._hl_cache.get(stype)
@@ -100,6 +106,7 @@ class Aggregates:
         width = self._width
         keys_table = self.keys
         dk, dt, dw = self.dk.append, self.dt.append, self.dw.append
+        du, dm, dr = self.du.append, self.dm.append, self.dr.append
         first = len(self.dk)
         for rec in records:
             cohort = rec[3]
@@ -137,6 +144,9 @@ class Aggregates:
             dk(st[3])
             dt(ts)
             dw(w)
+            du(rec[2])
+            dm(rec[0])
+            dr(rec[1])
         return range(first, len(self.dk))
 
     @staticmethod
@@ -176,23 +186,32 @@ class Aggregates:
         cohort, entity, stype = self.keys[self.dk[row]]
         return cohort, entity, stype, float(self.dw[row]), self.dt[row]
 
+    def erase_row(self, row: int) -> None:
+        """Mark a row retracted and zero its fields (the aggregates are not touched)."""
+        self.dk[row] = DEAD
+        self.dt[row] = 0
+        self.dw[row] = 0.0
+        self.du[row] = 0
+        self.dr[row] = -1
+
     def retract_row(self, row: int) -> bool:
         """Retract the contribution of a detail row (once); False if already retracted.
 
         A bucket whose count reaches 0 is emptied, a key with no contribution left
         is dropped, and ``S`` is re-derived from the remaining buckets, so
         retracting everything leaves exactly nothing (never a negative residue).
+        The row is erased.
         """
         k = self.dk[row]
         if k == DEAD:
             return False
         cohort, entity, stype = self.keys[k]
-        self.dk[row] = DEAD
+        w, ts = float(self.dw[row]), self.dt[row]
+        self.erase_row(row)
         keys = self.cohorts.get(cohort)
         st = keys.get((entity, stype)) if keys else None
         if st is None:
             return False
-        w, ts = float(self.dw[row]), self.dt[row]
         wf = w * 2.0 ** ((ts - st[1]) / self.half_life(stype))
         b = ts // self._width
         if b == st[4] and st[5]:

@@ -24,8 +24,8 @@ from ._config import Config
 __all__ = ["decode_ledger", "encode_ledger"]
 
 CHUNK_KEYS = 50_000
-_LOG_COLS = ("m", "r", "u", "d")
-_DETAIL_COLS = ("dk", "dt", "dw")
+_LOG_COLS = ("d",)
+_DETAIL_COLS = ("dk", "dt", "dw", "du", "dm", "dr")
 
 
 def encode_ledger(ls: LedgerState) -> list[bytes]:

@@ -34,7 +34,7 @@ from ._types import PurgeManifest
 
 __all__ = ["HistoryBatch", "LmdbStore", "MemoryStore", "NullStore", "Restored", "parse_store"]
 
-SNAPSHOT_FORMAT = 2
+SNAPSHOT_FORMAT = 3
 _open_paths: set[str] = set()
 _open_lock = threading.Lock()
 
