@@ -149,7 +149,8 @@ def test_rule7_log_cap_evicts_oldest_first(clock):
 
 
 def test_rule8_reopen_restores_every_read(pdb_path, clock):
-    cfg = Config(half_life_ns=HOUR, max_contribution_log_entries=5)
+    # no background re-materialization: what was read before the close is the state
+    cfg = Config(half_life_ns=HOUR, max_contribution_log_entries=5, rematerialize_after_ms=None)
     with TidalDb.open(pdb_path, config=cfg, clock=clock) as db:
         db.assign_cohort(1, "a")
         db.assign_cohort(2, "a")

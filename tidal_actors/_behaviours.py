@@ -18,6 +18,7 @@ deterministic test host). Rules every behaviour keeps:
 from __future__ import annotations
 
 import collections
+import time
 from array import array
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -36,8 +37,9 @@ from ._codec import (
 )
 from ._config import Config
 from ._contrib_log import EMPTY, ContributionLog, Prepared
-from ._errors import ActorFailure, StorageError, TidalError
+from ._errors import ActorFailure, StorageError, TidalError, UnknownCohort, UnknownPurge
 from ._ledger import Aggregates
+from ._remat import encode_status
 from ._reply import Reply
 from ._types import (
     COMMUNITY,
@@ -47,6 +49,8 @@ from ._types import (
     MembershipStatus,
     PurgeId,
     PurgeManifest,
+    PurgeStatus,
+    RematerializationReport,
 )
 
 __all__ = [
@@ -185,32 +189,39 @@ class MembershipShard(Behaviour):
         routes = self._routes
         route_of = self._route
         m = self.index
-        r = self.state.next_rseq
-        out: dict[int, list[tuple[int, int, int, str, int, int, float, int]]] = {}
-        ctxs: dict[int, dict[int, Any]] = {}
+        r0 = r = self.state.next_rseq
+        outs: list[list[tuple[int, int, int, str, int, int, float, int]]] = [
+            [] for _ in range(self.ctx.config.ledger_shards)
+        ]
+        adds = [o.append for o in outs]  # per-record cost is the point here: no dict, no test
+        ctxs: dict[int, dict[int, Any]] | None = None
         gated = 0
         for u, e, t, w, ts, cx in msg.signals:
             if u in left:
                 gated += 1
                 continue
             route = routes.get(u) or route_of(u)
-            for c, li in route:
-                lst = out.get(li)
-                if lst is None:
-                    lst = out[li] = []
-                if cx is not None:
-                    ctxs.setdefault(li, {})[len(lst)] = cx
-                lst.append((m, r, u, c, e, t, w, ts))
-                r += 1
+            if cx is None:
+                for c, li in route:
+                    adds[li]((m, r, u, c, e, t, w, ts))
+                    r += 1
+            else:
+                if ctxs is None:
+                    ctxs = {}
+                for c, li in route:
+                    ctxs.setdefault(li, {})[len(outs[li])] = cx
+                    adds[li]((m, r, u, c, e, t, w, ts))
+                    r += 1
         n = len(msg.signals)
         self.signals += n
         self.gated += gated
         self.forwarded += n - gated
-        self.records += r - self.state.next_rseq
+        self.records += r - r0
         self.state.next_rseq = r
         tell = self.ctx.tell
-        for li, records in out.items():
-            tell((M.LEDGER, li), M.Attribute(records, ctxs.get(li)))
+        for li, records in enumerate(outs):
+            if records:
+                tell((M.LEDGER, li), M.Attribute(records, ctxs.get(li) if ctxs else None))
 
     # control operations: applied only once committed
     def _write(self, ops: list[tuple[str, bytes, bytes | None]], apply: Callable[[], Any], reply: Reply) -> None:
@@ -363,13 +374,19 @@ class LedgerShard(Behaviour):
             (M.PreparePurge, self._on_prepare),
             (M.ApplyPurge, self._on_apply),
             (M.EvictionUpdate, self._on_eviction),
+            (M.RematStart, self._on_remat_start),
+            (M.RematStep, self._on_remat_step),
         ):
             self.on(kind, fn)
+        self._jobs: dict[Any, Any] = {}
 
     def _on_attribute(self, msg: M.Attribute) -> None:
         st = self.state
         records = msg.records
         rows = st.aggregates.add_many(records)
+        if self._jobs:
+            for token in list(self._jobs):
+                self._advance(token)
         log = st.log
         log.append(records, rows)
         self.records_in += len(records)
@@ -442,7 +459,7 @@ class LedgerShard(Behaviour):
 
     def _on_prepare(self, msg: M.PreparePurge) -> None:
         try:
-            prepared = self.state.log.prepare(msg.user, msg.cohort, msg.live_from)
+            prepared = self.state.log.prepare(msg.user, msg.cohort, msg.live_from, msg.bound)
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, prepared))
         except Exception as exc:
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, EMPTY, exc))
@@ -454,6 +471,38 @@ class LedgerShard(Behaviour):
             retract_row(row)
         self.state.log.apply(msg.user, msg.cohort, msg.prepared)
         self.retracted += len(msg.prepared.records)
+
+    def _on_remat_start(self, msg: M.RematStart) -> None:
+        from ._remat import RematJob
+
+        self._jobs[msg.token] = RematJob(self.state, msg.cohort, msg.covered, self.ctx.config)
+        self.ctx.tell(self.address, M.RematStep(msg.token))
+
+    def _on_remat_step(self, msg: M.RematStep) -> None:
+        if msg.token in self._jobs and not self._advance(msg.token):
+            self.ctx.tell(self.address, M.RematStep(msg.token))  # let other messages in
+
+    def _advance(self, token: Any) -> bool:
+        """One chunk of a running re-materialization; True once it has finished.
+
+        Called from its own step messages and after each attribution batch, so a
+        busy mailbox cannot starve it."""
+        job = self._jobs[token]
+        try:
+            if not job.step():
+                return False
+            # known: something was ever attributed here (the key table only grows)
+            known = job.read > 0 or any(k[0] == job.cohort for k in self.state.aggregates.keys)
+            read, excluded, matched, per_user = job.finish()
+            del self._jobs[token]
+            self.ctx.tell(M.COORD_ADDR, M.RematDone(
+                token, job.cohort, read, excluded, matched, per_user,
+                time.perf_counter() - job.t0, None if known else UnknownCohort(job.cohort)))
+        except Exception as exc:
+            self._jobs.pop(token, None)
+            self.ctx.tell(M.COORD_ADDR, M.RematDone(token, job.cohort, error=exc))
+            raise
+        return True
 
     def _on_eviction(self, msg: M.EvictionUpdate) -> None:
         self.state.live_from[msg.mshard] = (msg.live_from, msg.drained_pending)
@@ -542,6 +591,16 @@ class CoordinatorState:
         self.drained: list[list[int]] = [[] for _ in range(membership_shards)]
         self.manifests: dict[int, list[PurgeManifest]] = {}
         self.last_purge_id = 0
+        # purge id -> (status, rseq bound of the purge)
+        self.statuses: dict[int, tuple[PurgeStatus, int]] = {}
+
+    def covered(self, cohort: str) -> dict[int, int]:
+        """user -> highest rseq bound over that user's purges of ``cohort``."""
+        out: dict[int, int] = {}
+        for status, bound in self.statuses.values():
+            if status.cohort == cohort and bound > out.get(status.user_id, -1):
+                out[status.user_id] = bound
+        return out
 
 
 class PurgeCoordinator(Behaviour):
@@ -563,6 +622,12 @@ class PurgeCoordinator(Behaviour):
         self.state = state or CoordinatorState(ctx.config.membership_shards)
         self._pending: dict[str, Any] | None = None
         self._stash: collections.deque[object] = collections.deque()
+        self._remat: dict[str, Any] | None = None
+        self._remat_queue: list[str] = []
+        self._remat_waiters: dict[str, list[Reply]] = {}
+        self._remat_due: dict[str, float] = {}
+        self._deferred: list[M.Purge] = []
+        self._remat_seq = 0
         self.purges = 0
         cfg = ctx.config
         self._caps = [
@@ -574,16 +639,23 @@ class PurgeCoordinator(Behaviour):
             (M.PurgePrepared, self._on_prepared),
             (M.Committed, self._on_committed),
             (M.QueryManifests, self._on_query),
+            (M.QueryPurge, self._on_query_purge),
+            (M.Rematerialize, self._on_rematerialize),
+            (M.RematDone, self._on_remat_done),
+            (M.ResumeRematerialization, self._on_resume),
+            (M.Tick, self._on_tick),
         ):
             self.on(kind, fn)
 
     def receive(self, message: object) -> None:
-        if self._pending is not None and type(message) is M.Purge:
-            self._stash.append(message)
-            return
+        if type(message) is M.Purge:
+            if self._remat is not None and message.cohort == self._remat["cohort"]:  # type: ignore[attr-defined]
+                self._deferred.append(message)  # type: ignore[arg-type]
+                return
+            if self._pending is not None:
+                self._stash.append(message)
+                return
         super().receive(message)
-        while self._pending is None and self._stash:
-            super().receive(self._stash.popleft())
 
     def _on_purge(self, msg: M.Purge) -> None:
         st = self.state
@@ -593,14 +665,14 @@ class PurgeCoordinator(Behaviour):
         )
         self._pending = {"msg": msg, "pid": pid, "live_from": live_from}
         li = ledger_shard_of(msg.cohort, self.ctx.config.ledger_shards)
-        self.ctx.tell((M.LEDGER, li), M.PreparePurge(pid, msg.user, msg.cohort, live_from))
+        self.ctx.tell((M.LEDGER, li), M.PreparePurge(pid, msg.user, msg.cohort, live_from, msg.next_rseq))
 
     def _fail_pending(self, exc: BaseException) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending["msg"].reply.set_exception(exc)
         while self._pending is None and self._stash:
-            super().receive(self._stash.popleft())
+            self.receive(self._stash.popleft())
 
     def _on_prepared(self, msg: M.PurgePrepared) -> None:
         p = self._pending
@@ -636,9 +708,15 @@ class PurgeCoordinator(Behaviour):
                 (Keyspace.ITEMS.value, encode_key(req.user, Tag.PURGE_TOMBSTONE, suffix),
                  msgpack.packb([[r.mshard, r.rseq] for r in prepared.records]))
             )
+        status = PurgeStatus(p["pid"], req.user, req.cohort, len(prepared.records), False, None, 0)
+        p["status"] = status
+        ops.append((Keyspace.ITEMS.value, *encode_status(status, req.next_rseq)))
         self.ctx.tell(M.PERSIST_ADDR, M.Write(ops, (self.address, p["pid"])))
 
     def _on_committed(self, msg: M.Committed) -> None:
+        if self._remat is not None and msg.token == self._remat["token"]:
+            self._remat_committed(msg)
+            return
         p = self._pending
         if p is None or p["pid"] != msg.token:
             return
@@ -651,6 +729,7 @@ class PurgeCoordinator(Behaviour):
         st.live_from[req.mshard] = p["live_from"]
         st.drained[req.mshard] = p["drained"]
         st.manifests.setdefault(req.user, []).append(p["manifest"])
+        st.statuses[int(p["pid"])] = (p["status"], req.next_rseq)
         self.purges += 1
         li = ledger_shard_of(req.cohort, self.ctx.config.ledger_shards)
         self.ctx.tell((M.LEDGER, li), M.ApplyPurge(int(p["pid"]), req.user, req.cohort, p["prepared"]))
@@ -659,8 +738,112 @@ class PurgeCoordinator(Behaviour):
             self.ctx.tell((M.LEDGER, i), update)
         self._pending = None
         req.reply.set_result((p["pid"], p["manifest"]))
+        self._schedule_remat(req.cohort)
         while self._pending is None and self._stash:
-            super().receive(self._stash.popleft())
+            self.receive(self._stash.popleft())
+
+    # -- re-materialization (issue 7): one cohort at a time, purges of it wait ------
+
+    def _schedule_remat(self, cohort: str) -> None:
+        """Re-materialize ``cohort`` ``Config.rematerialize_after_ms`` from now (wall
+        time), coalescing the purges that land meanwhile into one rebuild."""
+        delay = self.ctx.config.rematerialize_after_ms
+        if delay is None:
+            return
+        if cohort not in self._remat_due:
+            self._remat_due[cohort] = time.monotonic() + delay / 1000.0
+
+    def _on_tick(self, msg: M.Tick) -> None:
+        now = time.monotonic()
+        for cohort, due in list(self._remat_due.items()):
+            if due <= now:
+                del self._remat_due[cohort]
+                self._queue_remat(cohort)
+
+    @property
+    def remat_due(self) -> bool:
+        """Whether a scheduled re-materialization waits for a tick (read by the host)."""
+        return bool(self._remat_due)
+
+    def _queue_remat(self, cohort: str, waiter: Reply | None = None) -> None:
+        self._remat_due.pop(cohort, None)
+        if waiter is not None:
+            self._remat_waiters.setdefault(cohort, []).append(waiter)
+        running = self._remat is not None and self._remat["cohort"] == cohort
+        if not running and cohort not in self._remat_queue:
+            self._remat_queue.append(cohort)
+        self._start_remat()
+
+    def _start_remat(self) -> None:
+        if self._remat is not None or not self._remat_queue:
+            return
+        cohort = self._remat_queue.pop(0)
+        self._remat_seq += 1
+        token = ("remat", self._remat_seq)
+        self._remat = {"cohort": cohort, "token": token, "covered": self.state.covered(cohort)}
+        li = ledger_shard_of(cohort, self.ctx.config.ledger_shards)
+        self.ctx.tell((M.LEDGER, li), M.RematStart(cohort, self._remat["covered"], token))
+
+    def _on_rematerialize(self, msg: M.Rematerialize) -> None:
+        self._queue_remat(msg.cohort, msg.reply)
+
+    def _on_resume(self, msg: M.ResumeRematerialization) -> None:
+        for status, _ in sorted(self.state.statuses.values(), key=lambda x: x[0].purge_id):
+            if not status.rematerialized:
+                self._queue_remat(status.cohort)
+
+    def _on_remat_done(self, msg: M.RematDone) -> None:
+        r = self._remat
+        if r is None or r["token"] != msg.token:
+            return
+        cohort = r["cohort"]
+        if msg.error is not None and not isinstance(msg.error, UnknownCohort):
+            self._remat_finished(error=msg.error)
+            return
+        # an unknown cohort has nothing to rebuild: its purges are done all the same
+        r["waiter_error"] = msg.error
+        now = self.ctx.clock.now_ns()
+        per_user = dict(msg.per_user or {})
+        updates: list[tuple[PurgeStatus, int]] = []
+        for _pid, (status, bound) in sorted(self.state.statuses.items(), reverse=True):
+            if status.cohort != cohort or status.rematerialized:
+                continue
+            extra = per_user.pop(status.user_id, 0)  # counted on the pair's latest purge
+            updates.append((PurgeStatus(status.purge_id, status.user_id, cohort, status.retracted_live,
+                                        True, now, extra), bound))
+        r["updates"] = updates
+        r["report"] = RematerializationReport(cohort, msg.read, msg.excluded, msg.seconds, msg.matched)
+        ops = [(Keyspace.ITEMS.value, *encode_status(s, b)) for s, b in updates]
+        self.ctx.tell(M.PERSIST_ADDR, M.EraseHistory(cohort, r["covered"], ops, (self.address, msg.token)))
+
+    def _remat_committed(self, msg: M.Committed) -> None:
+        r = self._remat
+        assert r is not None
+        if msg.error is not None:
+            self._remat_finished(error=msg.error)
+            return
+        for status, bound in r["updates"]:
+            self.state.statuses[int(status.purge_id)] = (status, bound)
+        self._remat_finished(report=r["report"], error=r["waiter_error"])
+
+    def _remat_finished(self, report: Any = None, error: BaseException | None = None) -> None:
+        r, self._remat = self._remat, None
+        assert r is not None
+        for w in self._remat_waiters.pop(r["cohort"], []):
+            if error is None:
+                w.set_result(report)
+            else:
+                w.set_exception(error)
+        deferred, self._deferred = self._deferred, []
+        for m in deferred:
+            self.receive(m)
+        self._start_remat()
+
+    def _on_query_purge(self, msg: M.QueryPurge) -> None:
+        entry = self.state.statuses.get(msg.purge_id)
+        if entry is None:
+            raise UnknownPurge(f"no purge with id {PurgeId(msg.purge_id)!r} in this store")
+        msg.reply.set_result(entry[0])
 
     def _on_query(self, msg: M.QueryManifests) -> None:
         if msg.user == -1:
@@ -670,6 +853,15 @@ class PurgeCoordinator(Behaviour):
 
 
 # -- persistence ----------------------------------------------------------------------
+
+
+def _write_error(exc: Exception) -> TidalError:
+    """What a writer is told when its commit failed: a TidalError, the cause attached."""
+    if isinstance(exc, TidalError):
+        return exc
+    err = ActorFailure(f"persistence failed to commit: {exc!r}")
+    err.__cause__ = exc
+    return err
 
 
 class Persistence(Behaviour):
@@ -698,6 +890,8 @@ class Persistence(Behaviour):
             (M.Write, self._on_write),
             (M.FlushStore, self._on_flush),
             (M.BarrierPart, self._on_barrier_part),
+            (M.EraseHistory, self._on_erase),
+            (M.Compact, self._on_compact),
         ):
             self.on(kind, fn)
 
@@ -736,24 +930,52 @@ class Persistence(Behaviour):
             self.store.commit([op for w in writes for op in w.ops])
             self.commits += 1
             errors: list[BaseException | None] = [None] * len(writes)
-        except StorageError:
+        except Exception:  # noqa: BLE001 - retried one by one: each writer gets its own answer
             errors = []
             for w in writes:
                 try:
                     self.store.commit(w.ops)
                     self.commits += 1
                     errors.append(None)
-                except StorageError as exc:
-                    errors.append(exc)
+                except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
+                    errors.append(_write_error(exc))
         for w, err in zip(writes, errors):
-            self._ack(w, err)
+            try:
+                self._ack(w, err)
+            except TidalError as exc:  # a writer that stopped (closing): answer the others
+                self.handler_errors += 1
+                self.last_error = exc
+
+    def _on_erase(self, msg: M.EraseHistory) -> None:
+        from ._remat import erase_history_ops
+
+        self.commit()  # history batches queued before are in the store first
+        try:
+            ops, _ = erase_history_ops(self.store.history_items(), msg.cohort, msg.covered)
+            self.store.commit(ops + msg.ops)
+            error: BaseException | None = None
+        except Exception as exc:  # noqa: BLE001 - the coordinator must hear back
+            error = _write_error(exc)
+        self._ack(M.Write(msg.ops, msg.reply), error)
+
+    def _on_compact(self, msg: M.Compact) -> None:
+        self.commit()
+        cfg = self.ctx.config
+        if cfg.history_retention_ns is not None and self.store.durable:
+            from ._remat import retention_ops
+
+            cutoff = self.ctx.clock.now_ns() - cfg.history_retention_ns
+            self.store.commit(retention_ops(self.store.history_items(), cutoff))
+        msg.reply.set_result(self.store.compact())
 
     def _report(self, reply: Reply) -> None:
         err, self._unreported = self._unreported, None
         if err is None:
             reply.set_result(None)
         else:
-            e = StorageError(f"{self.failed_writes} history write(s) failed since open; last: {err}")
+            # the class of the last failure (StorageFull stays StorageFull), cause attached
+            kind = type(err) if isinstance(err, StorageError) else StorageError
+            e = kind(f"{self.failed_writes} history write(s) failed since open; last: {err}")
             e.__cause__ = err
             reply.set_exception(e)
 
@@ -771,5 +993,7 @@ class Persistence(Behaviour):
         self._barriers.pop(key, None)
         self.commit()
         self._report(b.reply)
+        if b.then is not None:
+            self.ctx.tell(*b.then)
 
 

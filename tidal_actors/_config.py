@@ -43,6 +43,7 @@ class Config:
     map_size_bytes: int = 64 * 1024 * 1024
     max_map_size_bytes: int = 64 * 1024**3
     history_retention_ns: int | None = None
+    rematerialize_after_ms: float | None = 1000.0
 
     def __post_init__(self) -> None:
         def positive(name: str, value: Any, kind: type = int) -> None:
@@ -75,6 +76,14 @@ class Config:
             )
         if self.history_retention_ns is not None:
             positive("history_retention_ns", self.history_retention_ns)
+        if self.rematerialize_after_ms is not None and (
+            isinstance(self.rematerialize_after_ms, bool)
+            or not isinstance(self.rematerialize_after_ms, (int, float))
+            or not 0 <= self.rematerialize_after_ms <= 86_400_000
+        ):
+            raise InvalidArgument(
+                "rematerialize_after_ms", self.rematerialize_after_ms, "must be None or in [0, 86400000]"
+            )
         object.__setattr__(
             self, "half_life_ns_by_type", {int(k): int(v) for k, v in dict(self.half_life_ns_by_type).items()}
         )
@@ -104,6 +113,8 @@ class Config:
                     flat[key] = {int(k): v for k, v in dict(value).items()}
                 except (TypeError, ValueError) as exc:
                     raise InvalidArgument(key, value, "keys must be integer type ids") from exc
+            elif key == "rematerialize_after_ms" and value is False:
+                flat[key] = None  # TOML has no null: false turns automatic rebuilds off
             elif key in known:
                 flat[key] = value
             else:

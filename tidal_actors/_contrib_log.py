@@ -48,17 +48,16 @@ class LogRecord(NamedTuple):
 
 class Prepared(NamedTuple):
     """What a purge would retract: positions, detail rows and records (in log order),
-    how many of the pair's records had already been evicted, and the last position
-    looked at."""
+    how many of the pair's records had already been evicted, and the watermark used."""
 
     positions: list[int]
     rows: list[int]
     records: list[LogRecord]
     evicted: int
-    upto: int
+    live_from: int
 
 
-EMPTY = Prepared([], [], [], 0, -1)
+EMPTY = Prepared([], [], [], 0, 0)
 
 
 class ContributionLog:
@@ -130,11 +129,13 @@ class ContributionLog:
         cohort, entity, stype, w, ts = agg.row(row)
         return LogRecord(agg.dm[row], agg.dr[row], agg.du[row], cohort, entity, stype, w, ts)
 
-    def prepare(self, user: int, cohort: str, live_from: int) -> Prepared:
+    def prepare(self, user: int, cohort: str, live_from: int, bound: int) -> Prepared:
         """What purging (user, cohort) retracts, without changing anything.
 
         ``live_from`` is the eviction watermark E of the user's membership shard:
-        records with a lower rseq count as evicted.
+        records with a lower rseq count as evicted. ``bound`` is that shard's record
+        count when the purge was taken: records from then on were submitted after
+        the purge and are left alone.
         """
         lst = self.index.get((user, cohort))
         if lst is None:
@@ -150,34 +151,41 @@ class ContributionLog:
             row = self.d[pos - base]
             if agg.dk[row] == DEAD:
                 continue
-            if agg.dr[row] < live_from:
+            rseq = agg.dr[row]
+            if rseq < live_from:
                 evicted += 1
-                continue
-            positions.append(pos)
-            rows.append(row)
-            records.append(self.record_at_row(row))
-        return Prepared(positions, rows, records, evicted, lst[-1] if len(lst) > 1 else -1)
+            elif rseq < bound:
+                positions.append(pos)
+                rows.append(row)
+                records.append(self.record_at_row(row))
+        return Prepared(positions, rows, records, evicted, live_from)
 
     def apply(self, user: int, cohort: str, prepared: Prepared) -> None:
-        """Forget the pair's prepared and evicted records from the index (their rows
-        are retracted by the caller). Records of the pair appended after ``prepare``
-        stay: they were submitted after the purge."""
+        """Forget the pair's drained and evicted records from the index (the caller
+        has retracted the prepared rows); records submitted after the purge stay."""
+        self._keep_live(user, cohort, prepared.live_from, 0)
+
+    def _keep_live(self, user: int, cohort: str, live_from: int, carried: int) -> None:
         lst = self.index.get((user, cohort))
         if lst is None:
             return
-        # positions up to prepared.upto were looked at by prepare(): drained now or
-        # evicted (and counted in the manifest); later ones arrived after the purge.
-        keep = array("q", (0,))
-        keep.extend(p for p in lst[1:] if p > prepared.upto)
-        if len(keep) > 1:
+        base, d, agg = self.base, self.d, self.agg
+        keep = array("q", (carried,))
+        keep.extend(
+            p for p in lst[1:]
+            if p >= base and agg.dk[d[p - base]] != DEAD and agg.dr[d[p - base]] >= live_from
+        )
+        if len(keep) > 1 or carried:
             self.index[(user, cohort)] = keep
         else:
             del self.index[(user, cohort)]
         self.trim()
 
-    def forget(self, user: int, cohort: str) -> None:
-        """Drop the pair from the index (after re-materialization excluded its records)."""
-        self.index.pop((user, cohort), None)
+    def drop_retracted(self, user: int, cohort: str) -> None:
+        """Drop the pair's positions whose rows were retracted (re-materialization)."""
+        lst = self.index.get((user, cohort))
+        if lst is not None:
+            self._keep_live(user, cohort, -1, lst[0])
 
     def live_count(self) -> int:
         """Records in the column whose row is not retracted (evicted ones included until trimmed)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -46,6 +47,8 @@ from ._validate import (
     check_k,
     check_timestamp,
     check_weight,
+    shard_split,
+    signal_columns,
 )
 
 __all__ = ["STOP_ORDER", "Call", "Core", "build_states", "check_meta"]
@@ -85,6 +88,8 @@ def build_states(
             coord.live_from[m] = live_from
             coord.drained[m] = sorted(drained)
             mstates[m].next_rseq = max(mstates[m].next_rseq, next_rseq)
+    for pid, (status, bound) in restored.statuses.items():
+        coord.statuses[pid] = (status, bound)
     for user, manifests in restored.manifests.items():
         coord.manifests[user] = sorted(manifests, key=lambda x: x.purge_id)
         for mf in manifests:
@@ -233,11 +238,15 @@ class Core:
             store.commit(snapshot_delete_ops(restored))
         ctx = host.ctx
         self.persistence = Persistence(ctx, store)
+        self.coordinator = PurgeCoordinator(ctx, coord)
         self.ledgers = [LedgerShard(ctx, i, s) for i, s in enumerate(lstates)]
-        behaviours = [self.persistence, PurgeCoordinator(ctx, coord)]
+        behaviours = [self.persistence, self.coordinator]
         behaviours += self.ledgers
         behaviours += [MembershipShard(ctx, i, s) for i, s in enumerate(mstates)]
         host.start(behaviours)
+        if restored.statuses_pending and config.rematerialize_after_ms is not None:
+            # a crash interrupted a purge's re-materialization: finish it now
+            host.tell(M.COORD_ADDR, M.ResumeRematerialization())
         self._flusher_stop = threading.Event()
         self._flusher: threading.Thread | None = None
         if buffered:
@@ -294,9 +303,14 @@ class Core:
 
     def _flush_loop(self) -> None:
         interval = self.config.signal_flush_interval_ms / 1000.0
+        next_tick = 0.0
         while not self._flusher_stop.wait(interval):
             try:
                 self._send_all_buffers()
+                now = time.monotonic()
+                if now >= next_tick and self.coordinator.remat_due:
+                    next_tick = now + 0.05
+                    self.host.tell(M.COORD_ADDR, M.Tick())
             except TidalError:
                 return
 
@@ -326,8 +340,11 @@ class Core:
         self._send(self._shard(user), make(reply))
         return Call(name, [reply])
 
-    def _barrier(self, ledgers: tuple[int, ...], reply: Reply, action: M.Read | None = None, durable: bool = False) -> None:
-        barrier = M.Barrier(ledgers, self._nm, reply, action, durable)
+    def _barrier(
+        self, ledgers: tuple[int, ...], reply: Reply, action: M.Read | None = None, durable: bool = False,
+        then: tuple[M.Address, object] | None = None,
+    ) -> None:
+        barrier = M.Barrier(ledgers, self._nm, reply, action, durable, then)
         for m in range(self._nm):
             self._send(m, barrier)
 
@@ -351,11 +368,22 @@ class Core:
     ) -> None:
         if self.closed:
             raise DatabaseClosed("the database is closed")
-        item = _fast_signal(user_id, entity_id, signal_type, weight, timestamp_ns, context)
-        if item is None:
+        if (  # the common case checked inline (`_fast_signal`, without its call)
+            type(user_id) is int and 0 <= user_id < _U64 and type(entity_id) is int
+            and 0 <= entity_id < _U64 and type(signal_type) is int and 0 <= signal_type < _U64
+            and type(weight) is float and 0.0 <= weight <= _F32_MAX and context is None
+        ):
+            if timestamp_ns is None:
+                timestamp_ns = self.now()
+            elif type(timestamp_ns) is not int or not 0 <= timestamp_ns < _I63:
+                timestamp_ns = check_timestamp("timestamp_ns", timestamp_ns)
+            item: tuple[Any, ...] = (
+                user_id, entity_id, signal_type, _F32.unpack(_F32.pack(weight))[0], timestamp_ns, None
+            )
+        else:
             item = _checked_signal(user_id, entity_id, signal_type, weight, timestamp_ns, context)
-        if item[4] is None:
-            item = (item[0], item[1], item[2], item[3], self.now(), item[5])
+            if item[4] is None:
+                item = (item[0], item[1], item[2], item[3], self.now(), item[5])
         m = 0 if self._nm == 1 else membership_shard_of(item[0], self._nm)
         buf = self._buffers[m]
         with buf.lock:
@@ -368,23 +396,33 @@ class Core:
         self.check_open()
         if isinstance(signals, (str, bytes, Mapping)) or not hasattr(signals, "__iter__"):
             raise InvalidArgument("signals", signals, "must be an iterable of Signal")
-        now: int | None = None
         nm = self._nm
-        per_shard: list[list[M.SignalTuple]] = [[] for _ in range(nm)]
-        for i, s in enumerate(signals):
-            if not isinstance(s, Signal):
-                raise InvalidArgument(f"signals[{i}]", s, "must be a Signal")
-            item = _fast_signal(*s)
-            if item is None:
-                try:
-                    item = _checked_signal(*s)
-                except InvalidArgument as exc:
-                    raise InvalidArgument(f"signals[{i}].{exc.field}", exc.value, exc.reason) from None
-            if item[4] is None:
-                if now is None:
-                    now = self.now()
-                item = (item[0], item[1], item[2], item[3], now, item[5])
-            per_shard[0 if nm == 1 else membership_shard_of(item[0], nm)].append(item)  # type: ignore[arg-type]
+        sigs = signals if type(signals) is list else list(signals)
+        checked = signal_columns(sigs, Signal)
+        per_shard: list[list[M.SignalTuple]]
+        now: int | None = None
+        if checked is not None:  # the common case, checked column by column
+            (us, es, ts_, ws, tss, cxs), has_none = checked
+            if has_none:
+                now = self.now()
+                tss = tuple([now if t is None else t for t in tss])
+            per_shard = shard_split(list(zip(us, es, ts_, ws, tss, cxs)), us, nm)
+        else:
+            per_shard = [[] for _ in range(nm)]
+            for i, s in enumerate(sigs):
+                if not isinstance(s, Signal):
+                    raise InvalidArgument(f"signals[{i}]", s, "must be a Signal")
+                item = _fast_signal(*s)
+                if item is None:
+                    try:
+                        item = _checked_signal(*s)
+                    except InvalidArgument as exc:
+                        raise InvalidArgument(f"signals[{i}].{exc.field}", exc.value, exc.reason) from None
+                if item[4] is None:
+                    if now is None:
+                        now = self.now()
+                    item = (item[0], item[1], item[2], item[3], now, item[5])
+                per_shard[0 if nm == 1 else membership_shard_of(item[0], nm)].append(item)  # type: ignore[arg-type]
         step = self._batch
         for m, items in enumerate(per_shard):
             if not items:
@@ -514,6 +552,30 @@ class Core:
         reply = Reply("flush")
         self._barrier(tuple(range(self._nl)), reply, durable=True)
         return Call("flush", [reply])
+
+    def rematerialize(self, cohort: str) -> Call:
+        c = check_cohort(cohort, allow_community=True)
+        self.check_open()
+        # everything submitted before the call is applied and committed first
+        sync = Reply("rematerialize-sync")
+        reply = Reply("rematerialize")
+        self._barrier(tuple(range(self._nl)), sync, durable=True, then=(M.COORD_ADDR, M.Rematerialize(c, reply)))
+        return Call("rematerialize", [sync, reply], lambda v: v[1])
+
+    def purge_status(self, purge_id: int) -> Call:
+        if isinstance(purge_id, bool) or not isinstance(purge_id, int) or not 0 <= purge_id < 2**128:
+            raise InvalidArgument("purge_id", purge_id, "must be a PurgeId (int in [0, 2**128))")
+        self.check_open()
+        reply = Reply("purge_status")
+        self.host.tell(M.COORD_ADDR, M.QueryPurge(int(purge_id), reply))
+        return Call("purge_status", [reply])
+
+    def compact(self) -> Call:
+        self.check_open()
+        flush = Reply("compact-flush")
+        reply = Reply("compact")
+        self._barrier(tuple(range(self._nl)), flush, durable=True, then=(M.PERSIST_ADDR, M.Compact(reply)))
+        return Call("compact", [flush, reply], lambda v: v[1])
 
     def lmdb_flags(self) -> dict[str, Any]:
         if not isinstance(self.store, LmdbStore):

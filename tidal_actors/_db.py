@@ -21,6 +21,8 @@ from ._types import (
     LeaveEpoch,
     PurgeId,
     PurgeManifest,
+    PurgeStatus,
+    RematerializationReport,
     Signal,
     WindowCount,
 )
@@ -275,6 +277,46 @@ class TidalDb:
             StorageError: a history write failed since the last flush.
         """
         self._run(self._core.flush())
+
+    # -- re-materialization and erasure (issue 7) ------------------------------------
+
+    def rematerialize(self, cohort: str) -> RematerializationReport:
+        """Rebuild ``cohort``'s aggregates from the contribution history, leaving out
+        every record a purge covered (also those the contribution log had evicted,
+        which the live retraction could not reach), then erase those records from
+        the durable history. Runs in chunks on the cohort's ledger shard: other
+        cohorts' signals are not held up; signals to the cohort that arrive meanwhile
+        are counted once. A purge starts one of these by itself; this call runs one
+        now and waits for it.
+
+        Returns a :class:`RematerializationReport` (``matched_live`` False means the
+        rebuild changed the aggregates: evicted records of a purged pair were left
+        out).
+
+        Raises:
+            InvalidArgument: bad cohort name. UnknownCohort: the cohort has no state
+                and was never purged. StorageError: the erasure could not be committed.
+        """
+        return self._run(self._core.rematerialize(cohort))  # type: ignore[no-any-return]
+
+    def purge_status(self, purge_id: int) -> PurgeStatus:
+        """Where a purge stands: retracted live (count), re-materialized (and when).
+
+        Raises:
+            InvalidArgument: not an int in ``[0, 2**128)``. UnknownPurge: no such purge.
+        """
+        return self._run(self._core.purge_status(purge_id))  # type: ignore[no-any-return]
+
+    def compact(self) -> dict[str, int]:
+        """Commit everything, drop history past ``Config.history_retention_ns`` (if
+        set), and rewrite the LMDB file without free pages, so the bytes of erased
+        records are gone from disk. Returns the data file size before and after
+        (``{"bytes_before": int, "bytes_after": int}``; zeros when ephemeral).
+
+        Raises:
+            StorageError: the rewrite failed (the old file stays in use).
+        """
+        return self._run(self._core.compact())  # type: ignore[no-any-return]
 
     def lmdb_flags(self) -> dict[str, Any]:
         """The LMDB environment's flags (``sync``, ``metasync``, ``writemap``, ``map_async``...).

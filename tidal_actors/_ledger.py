@@ -181,6 +181,13 @@ class Aggregates:
                 bk[2] *= factor
         st[1] = new_landmark
 
+    def install_cohort(self, cohort: str, keys: dict[tuple[int, int], list]) -> None:  # type: ignore[type-arg]
+        """Replace a cohort's key states (re-materialization); empty removes it."""
+        if keys:
+            self.cohorts[cohort] = keys
+        else:
+            self.cohorts.pop(cohort, None)
+
     def row(self, row: int) -> tuple[str, int, int, float, int]:
         """``(cohort, entity, type, weight, ts)`` of a detail row."""
         cohort, entity, stype = self.keys[self.dk[row]]

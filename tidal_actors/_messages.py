@@ -99,6 +99,7 @@ class PreparePurge:
     user: int
     cohort: str
     live_from: int
+    bound: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +143,8 @@ class Barrier:
 
     ``action`` is a :class:`Read` run at the single target ledger, or None for a sync
     of ``ledgers`` that replies once all of them are reached (and, with ``durable``,
-    once persistence has committed everything sent before).
+    once persistence has committed everything sent before; then persistence sends
+    ``then``, an ``(address, message)``, if given).
     """
 
     ledgers: tuple[int, ...]
@@ -150,6 +152,7 @@ class Barrier:
     reply: Reply
     action: Read | None = None
     durable: bool = False
+    then: tuple[Address, object] | None = None
     counts: dict[int, int] = field(default_factory=dict)
     done_ledgers: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -194,3 +197,67 @@ class QueryManifests:
 class QueryPurge:
     purge_id: int
     reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class RematStart:
+    """Coordinator -> ledger: rebuild ``cohort`` leaving out the covered records."""
+
+    cohort: str
+    covered: dict[int, int]
+    token: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RematStep:
+    """Ledger -> itself: fold the next chunk of a running re-materialization."""
+
+    token: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RematDone:
+    token: Any
+    cohort: str
+    read: int = 0
+    excluded: int = 0
+    matched: bool = True
+    per_user: dict[int, int] | None = None
+    seconds: float = 0.0
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rematerialize:
+    """Facade -> coordinator: re-materialize ``cohort`` now; reply with the report."""
+
+    cohort: str
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class EraseHistory:
+    """Coordinator -> persistence: erase the covered records of ``cohort`` from the
+    history and commit ``ops`` in the same transaction; ``reply`` as in `Write`."""
+
+    cohort: str
+    covered: dict[int, int]
+    ops: list[tuple[str, bytes, bytes | None]]
+    reply: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Compact:
+    """Facade -> persistence: commit, then rewrite the environment compactly."""
+
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeRematerialization:
+    """Facade -> coordinator at open: finish re-materializations a crash interrupted."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Host -> coordinator, every few tens of ms while a re-materialization is due."""

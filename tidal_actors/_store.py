@@ -78,6 +78,11 @@ def decode_batch(shard: int, seq: int, raw: bytes) -> HistoryBatch:
 class Restored:
     """Everything read back at open, before the actors are built."""
 
+    @property
+    def statuses_pending(self) -> bool:
+        """Whether a purge's re-materialization was interrupted (resume it)."""
+        return any(not s.rematerialized for s, _ in self.statuses.values())
+
     memberships: dict[int, tuple[Any, int | None]] = field(default_factory=dict)
     histories: dict[int, list[list[int | None]]] = field(default_factory=dict)
     cohorts: dict[int, tuple[str, ...]] = field(default_factory=dict)
@@ -86,6 +91,7 @@ class Restored:
     eviction: dict[int, tuple[int, list[int], int]] = field(default_factory=dict)
     batches: list[HistoryBatch] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    statuses: dict[int, tuple[Any, int]] = field(default_factory=dict)
     snapshot_mark: dict[str, Any] | None = None
     snapshot_chunks: dict[int, list[bytes]] = field(default_factory=dict)
 
@@ -98,6 +104,7 @@ def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_le
     the contribution history is not decoded (the snapshot replaces its replay).
     """
     from ._behaviours import decode_manifest
+    from ._remat import decode_status
 
     out = Restored()
     for key, value in keyspaces.get(Keyspace.USERS.value, ()):
@@ -114,6 +121,9 @@ def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_le
             out.manifests.setdefault(user, []).append(decode_manifest(value))
         elif tag == Tag.PURGE_TOMBSTONE:
             out.tombstones.update((m, r) for m, r in msgpack.unpackb(value))
+        elif tag == Tag.PURGE_STATUS:
+            status, bound = decode_status(value)
+            out.statuses[int(status.purge_id)] = (status, bound)
     for key, value in keyspaces.get(Keyspace.META.value, ()):
         ident, tag, _ = decode_key(key)
         if tag == Tag.EVICTION_STATE:
@@ -164,6 +174,12 @@ class MemoryStore:
     def load(self, snapshot_ledgers: int | None = None) -> Restored:
         return parse_store({ks: sorted(d.items()) for ks, d in self.data.items()}, snapshot_ledgers)
 
+    def history_items(self) -> list[tuple[bytes, bytes]]:
+        return sorted(self.data[Keyspace.HISTORY.value].items())
+
+    def compact(self) -> dict[str, int]:
+        return {"bytes_before": 0, "bytes_after": 0}
+
     def close(self) -> None:
         pass
 
@@ -179,6 +195,12 @@ class NullStore:
 
     def load(self, snapshot_ledgers: int | None = None) -> Restored:
         return Restored()
+
+    def history_items(self) -> list[tuple[bytes, bytes]]:
+        return []
+
+    def compact(self) -> dict[str, int]:
+        return {"bytes_before": 0, "bytes_after": 0}
 
     def close(self) -> None:
         pass
@@ -223,7 +245,9 @@ class LmdbStore:
                 sync=True, metasync=True, writemap=False, map_async=False,
                 lock=True, readahead=False, max_readers=126,
             )
-            self.env.reader_check()
+            # reader slots left by killed processes (a read transaction open at the kill)
+            # stay taken while any other process has the environment open: free them
+            self.stale_readers = self.env.reader_check()
             self.dbs = {k.value: self.env.open_db(k.value.encode()) for k in Keyspace}
         except DatabaseLocked:
             self._release()
@@ -232,6 +256,9 @@ class LmdbStore:
             self._release()
             raise StorageError(f"cannot open LMDB at {self.path}: {exc}") from exc
         self.map_size = self.env.info()["map_size"]
+        # set_mapsize invalidates read transactions open at that moment: growth and the
+        # reads made outside the persistence thread (raw_get) never overlap
+        self._resize_lock = threading.Lock()
         self.fault: Any = None  # test hook: callable(ops) raising to inject a failure
 
     def _release(self) -> None:
@@ -282,7 +309,8 @@ class LmdbStore:
                     f"{self.config.max_map_size_bytes})"
                 )
             new = self.config.max_map_size_bytes
-        self.env.set_mapsize(new)
+        with self._resize_lock:
+            self.env.set_mapsize(new)
         self.map_size = new
 
     def load(self, snapshot_ledgers: int | None = None) -> Restored:
@@ -293,9 +321,58 @@ class LmdbStore:
                 {k.value: txn.cursor(db=self.dbs[k.value]) for k in Keyspace}, snapshot_ledgers
             )
 
+    def history_items(self) -> list[tuple[bytes, bytes]]:
+        """Every durable history batch ``(key, value)``, in key order."""
+        with self.env.begin(buffers=False) as txn:
+            return list(txn.cursor(db=self.dbs[Keyspace.HISTORY.value]))
+
+    def compact(self) -> dict[str, int]:
+        """Rewrite the environment without free pages (``mdb_env_copy2`` with
+        ``MDB_CP_COMPACT``), so bytes of deleted records are gone from the file.
+
+        Returns ``{"bytes_before": ..., "bytes_after": ...}`` (data file sizes).
+
+        Raises:
+            StorageError: the copy or the swap failed (the old file stays in use).
+        """
+        data = self.path / "data.mdb"
+        before = data.stat().st_size
+        tmp = self.path / "compact.tmp"
+        try:
+            if tmp.exists():
+                for f in tmp.iterdir():
+                    f.unlink()
+            else:
+                tmp.mkdir()
+            self.env.copy(str(tmp), compact=True)
+            self.env.close()
+            os.replace(tmp / "data.mdb", data)
+            tmp.rmdir()
+        except (OSError, lmdb.Error) as exc:
+            raise StorageError(f"compaction failed: {exc}") from exc
+        finally:
+            if not self._env_open():
+                self._reopen()
+        return {"bytes_before": before, "bytes_after": data.stat().st_size}
+
+    def _env_open(self) -> bool:
+        try:
+            self.env.info()
+            return True
+        except lmdb.Error:
+            return False
+
+    def _reopen(self) -> None:
+        self.env = lmdb.open(
+            str(self.path), map_size=self.map_size, max_dbs=8, subdir=True,
+            sync=True, metasync=True, writemap=False, map_async=False,
+            lock=True, readahead=False, max_readers=126,
+        )
+        self.dbs = {k.value: self.env.open_db(k.value.encode()) for k in Keyspace}
+
     def raw_get(self, keyspace: Keyspace, key: bytes) -> bytes | None:
         """Read one value (tests and `inspect`)."""
-        with self.env.begin() as txn:
+        with self._resize_lock, self.env.begin() as txn:
             v = txn.get(key, db=self.dbs[keyspace.value])
             return bytes(v) if v is not None else None
 

@@ -1,0 +1,245 @@
+"""Issue 7: re-materialization after purge, erasure that leaves nothing on disk, and
+purges interrupted by a crash."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from tidal_actors import (
+    COMMUNITY,
+    Config,
+    InvalidArgument,
+    ManualClock,
+    PurgeId,
+    TidalDb,
+    UnknownCohort,
+    UnknownPurge,
+)
+from tidal_actors.testing import ReferenceModel
+
+from .conftest import SEC, T0
+
+CFG = Config(half_life_ns=50 * SEC, window_width_ns=10 * SEC, window_buckets=3,
+             max_contribution_log_entries=6, rematerialize_after_ms=None)
+
+
+def _workload(db, *, with_user_1_in_c: bool) -> None:
+    """Users 1..3; user 1 signals a lot, so most of its records are evicted."""
+    for u in (1, 2, 3):
+        if u != 1 or with_user_1_in_c:
+            db.assign_cohort(u, "c")
+        db.assign_cohort(u, "d")
+    for i in range(12):
+        db.signal_with_context(1, i % 3, 1, 1.0 + i, T0 - i * SEC)
+    db.signal_with_context(2, 0, 1, 0.5, T0 - 3 * SEC)
+    db.signal_with_context(3, 1, 1, 2.0, T0 - 30 * SEC)
+
+
+def _rows(x, at):
+    return [(r[0], r[1], r[2], round(r[3], 9), r[4], round(r[5], 9)) for r in x.aggregate_rows(at)]
+
+
+def test_purge_then_rematerialize_equals_never_attributed(clock):
+    # reference: a run in which user 1's signals were never attributed to "c"
+    never = ReferenceModel(CFG, ManualClock(T0))
+    _workload(never, with_user_1_in_c=False)
+    with TidalDb.open(config=CFG, clock=clock) as db:
+        _workload(db, with_user_1_in_c=True)
+        pid, manifest = db.request_community_purge(1, "c")
+        # the log (cap 6) only held the newest records: most of user 1's were evicted
+        assert manifest.evicted > 0
+        assert len(manifest.entries) + manifest.evicted == 12
+        assert _rows(db, T0) != _rows(never, T0)  # evicted records still counted live
+        status = db.purge_status(pid)
+        assert (status.retracted_live, status.rematerialized) == (len(manifest.entries), False)
+        report = db.rematerialize("c")
+        assert report.records_excluded == manifest.evicted
+        assert report.matched_live is False
+        assert report.records_read == 12 + 2 - len(manifest.entries)
+        assert _rows(db, T0) == _rows(never, T0)
+        assert _rows(db, T0 + 7 * SEC) == _rows(never, T0 + 7 * SEC)
+        status = db.purge_status(pid)
+        assert status.rematerialized and status.rematerialized_at_ns == T0
+        assert status.excluded_by_rematerialization == manifest.evicted
+        # nothing left to do: a second rebuild matches the live state
+        again = db.rematerialize("c")
+        assert (again.records_excluded, again.matched_live) == (0, True)
+
+
+def test_signals_after_the_purge_stay(clock):
+    with TidalDb.open(config=CFG, clock=clock) as db:
+        db.assign_cohort(1, "c")
+        for i in range(10):
+            db.signal_with_context(1, 0, 1, 1.0, T0)
+        db.request_community_purge(1, "c")
+        db.signal_with_context(1, 0, 1, 8.0, T0)
+        db.rematerialize("c")
+        assert db.read_decay_score("c", 0, 1, T0) == 8.0
+        assert db.read_window("c", 0, 1, T0) == (1, 8.0)
+
+
+def test_background_rematerialization_after_purge(clock):
+    cfg = CFG.replace(rematerialize_after_ms=0.0)
+    with TidalDb.open(config=cfg, clock=clock) as db:
+        _workload(db, with_user_1_in_c=True)
+        pid, _ = db.request_community_purge(1, "c")
+        deadline = time.monotonic() + 10
+        while not db.purge_status(pid).rematerialized:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        never = ReferenceModel(CFG, ManualClock(T0))
+        _workload(never, with_user_1_in_c=False)
+        assert _rows(db, T0) == _rows(never, T0)
+
+
+def test_rematerialization_runs_in_chunks_and_loses_no_concurrent_signal(clock, monkeypatch):
+    from tidal_actors import _remat
+
+    monkeypatch.setattr(_remat, "CHUNK_ROWS", 500)
+    cfg = Config(max_contribution_log_entries=2_000, rematerialize_after_ms=None)
+    with TidalDb.open(config=cfg, clock=clock) as db:
+        for u in range(20):
+            db.assign_cohort(u, "big")
+        for k in range(20):
+            db.signal_batch([_sig(u, e) for u in range(20) for e in range(50)])
+        db.request_community_purge(0, "big")
+        stop = threading.Event()
+        sent = {"big": 0, "other": 0}
+
+        def producer() -> None:
+            while not stop.is_set():
+                db.signal_with_context(1, 999, 1, 1.0, T0)  # same cohort ("big" and @community)
+                sent["big"] += 1
+
+        t = threading.Thread(target=producer)
+        t.start()
+        report = db.rematerialize("big")
+        stop.set()
+        t.join()
+        db.flush()
+        # user 0 had 1,000 records per cohort; the log kept 2,000 of 42,000
+        assert report.records_excluded + len(db.list_purge_manifests(0)[0].entries) == 1000
+        assert db.read_window("big", 999, 1, T0).count == sent["big"]
+        assert db.read_window(COMMUNITY, 999, 1, T0).count == sent["big"]
+        expected_other_users = 19 * 20 * 1  # each of users 1..19 signalled entity 7 20 times
+        assert db.read_window("big", 7, 1, T0).count == expected_other_users
+
+
+def _sig(u: int, e: int):
+    from tidal_actors import Signal
+
+    return Signal(u, e, 1, 1.0, T0)
+
+
+def test_rematerialize_errors(db):
+    with pytest.raises(InvalidArgument):
+        db.rematerialize("")
+    with pytest.raises(UnknownCohort):
+        db.rematerialize("never-seen")
+    with pytest.raises(UnknownPurge):
+        db.purge_status(PurgeId(12345))
+    with pytest.raises(InvalidArgument):
+        db.purge_status(-1)
+
+
+def test_erasure_leaves_no_bytes_of_the_purged_pair(pdb_path, clock):
+    user = 0x1122334455667788  # little-endian bytes of this id mark its history records
+    marker = user.to_bytes(8, "little")
+    with TidalDb.open(pdb_path, config=CFG, clock=clock) as db:
+        db.assign_cohort(user, "c")
+        db.assign_cohort(7, "c")
+        for i in range(20):
+            db.signal_with_context(user, i, 1, 1.0, T0 - i)
+        db.signal_with_context(7, 1, 1, 1.0, T0)
+        db.flush()
+        with open(os.path.join(pdb_path, "data.mdb"), "rb") as fh:
+            assert marker in fh.read()  # the history holds the user's records
+        pid, manifest = db.request_community_purge(user, "c")
+        db.rematerialize("c")
+        db.request_community_purge(user, COMMUNITY)
+        db.rematerialize(COMMUNITY)
+        sizes = db.compact()
+        assert sizes["bytes_after"] <= sizes["bytes_before"]
+        assert db.list_purge_manifests(user)[0] == manifest  # the audit record remains
+        assert db.read_decay_score("c", 1, 1, T0) == 1.0
+    with open(os.path.join(pdb_path, "data.mdb"), "rb") as fh:
+        raw = fh.read()
+    assert marker not in raw
+    with TidalDb.open(pdb_path, config=CFG, clock=clock) as db:
+        assert db.read_decay_score("c", 1, 1, T0) == 1.0
+        assert db.list_purge_manifests(user)[0] == manifest
+        assert db.purge_status(pid).rematerialized
+
+
+def test_history_retention_by_age_drops_old_records_at_compaction(pdb_path, clock):
+    cfg = CFG.replace(history_retention_ns=100 * SEC)
+    marker = (0x0A0B0C0D0E0F1011).to_bytes(8, "little")
+    with TidalDb.open(pdb_path, config=cfg, clock=clock) as db:
+        db.signal_with_context(0x0A0B0C0D0E0F1011, 1, 1, 1.0, T0 - 1000 * SEC)  # older than retention
+        db.signal_with_context(5, 1, 1, 1.0, T0)
+        db.compact()
+        # aggregates keep what the history forgot
+        assert db.read_window(COMMUNITY, 1, 1, T0 - 1000 * SEC).count == 1
+    # the durable history (what re-materialization reads) no longer has the old record
+    import lmdb
+
+    env = lmdb.open(pdb_path, max_dbs=8, readonly=True, lock=False)
+    with env.begin() as txn:
+        history = b"".join(v for _, v in txn.cursor(db=env.open_db(b"history", txn=txn, create=False)))
+    env.close()
+    assert marker not in history
+    assert (5).to_bytes(8, "little") in history
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    from tidal_actors import TidalDb, ManualClock, Config
+    SEC = 10**9; T0 = 10**18
+    point = sys.argv[2]
+    cfg = Config(half_life_ns=50 * SEC, window_width_ns=10 * SEC, window_buckets=3,
+                 max_contribution_log_entries=6, rematerialize_after_ms=60_000)
+    db = TidalDb.open(sys.argv[1], config=cfg, clock=ManualClock(T0))
+    for u in (1, 2, 3):
+        db.assign_cohort(u, "d")
+        if u != 1 or True:
+            db.assign_cohort(u, "c")
+    for i in range(12):
+        db.signal_with_context(1, i % 3, 1, 1.0 + i, T0 - i * SEC)
+    db.signal_with_context(2, 0, 1, 0.5, T0 - 3 * SEC)
+    db.signal_with_context(3, 1, 1, 2.0, T0 - 30 * SEC)
+    db.flush()
+    db.request_community_purge(1, "c")   # committed: manifest + tombstones
+    if point == "during":
+        threading.Thread(target=db.rematerialize, args=("c",), daemon=True).start()
+        time.sleep(0.002)
+    print("ready", flush=True)
+    os._exit(0)   # killed: no close, no re-materialization finished
+    """
+)
+
+
+@pytest.mark.parametrize("point", ["before", "during"])
+def test_purge_interrupted_by_crash_resumes_on_reopen(pdb_path, point):
+    out = subprocess.run([sys.executable, "-c", CHILD, pdb_path, point], capture_output=True, text=True, timeout=60)
+    assert "ready" in out.stdout, out.stderr
+    never = ReferenceModel(CFG, ManualClock(T0))
+    _workload(never, with_user_1_in_c=False)
+    cfg = CFG.replace(rematerialize_after_ms=1000.0)  # automatic mode: resume at open
+    with TidalDb.open(pdb_path, config=cfg, clock=ManualClock(T0)) as db:
+        [manifest] = db.list_purge_manifests(1)
+        deadline = time.monotonic() + 20
+        while not db.purge_status(manifest.purge_id).rematerialized:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert _rows(db, T0) == _rows(never, T0)
+    # and once more after a clean close
+    with TidalDb.open(pdb_path, config=cfg, clock=ManualClock(T0)) as db:
+        assert _rows(db, T0) == _rows(never, T0)

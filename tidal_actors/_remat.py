@@ -1,0 +1,225 @@
+"""Re-materialization after purge, and erasure of purged records from the history.
+
+Owns the two halves of the purge spec's hand-off (retroactive-purge "Summary":
+"schedule deterministic re-materialization"):
+
+* `RematJob` rebuilds one cohort's aggregates on its ledger shard from the shard's
+  detail rows (every contribution ever attributed there, with its user and rseq),
+  leaving out each purged pair's records that the purge covered (``rseq`` below the
+  purging shard's record count when the purge was taken). It runs in chunks of
+  ``CHUNK_ROWS`` rows, one message each, so other cohorts' signals interleave;
+  signals to the cohort that arrive meanwhile are added live and folded into the
+  rebuilt state before it is swapped in, so none is lost or counted twice. A rebuild
+  equal to the live state (relative 1e-9) is not swapped in, so a reopen after it
+  still reads bit-for-bit what was read before.
+* `erase_history_ops` rewrites the durable history batches without those records.
+
+No threads, no I/O: the ledger and persistence behaviours drive them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ._codec import Keyspace, Tag, encode_key
+from ._ledger import DEAD, Aggregates, iter_buckets
+from ._types import PurgeId, PurgeStatus
+
+__all__ = ["CHUNK_ROWS", "RematJob", "decode_status", "encode_status", "erase_history_ops"]
+
+CHUNK_ROWS = 100_000
+
+
+class RematJob:
+    """One re-materialization of ``cohort`` on a ledger shard's state.
+
+    Args:
+        state: the shard's ``LedgerState``.
+        cohort: the cohort to rebuild.
+        covered: user -> rseq bound; that user's records with a lower rseq are left out.
+        config: for the half-lives and window width.
+    """
+
+    def __init__(self, state: Any, cohort: str, covered: dict[int, int], config: Any) -> None:
+        self.state = state
+        self.cohort = cohort
+        self.covered = covered
+        self.scratch = Aggregates(config.half_life_for, config.window_width_ns, config.window_buckets)
+        self.key_ids: dict[tuple[int, int], int] = {}
+        self.excluded_rows: list[int] = []
+        self.read = 0
+        self.cursor = 0
+        self.cut = len(state.aggregates.dk)
+        self.t0 = time.perf_counter()
+
+    def _fold(self, lo: int, hi: int) -> None:
+        agg: Aggregates = self.state.aggregates
+        if hi <= lo:
+            return
+        cohort_ids = [i for i, k in enumerate(agg.keys) if k[0] == self.cohort]
+        if not cohort_ids:
+            return
+        is_c = np.zeros(len(agg.keys) + 1, dtype=bool)
+        is_c[cohort_ids] = True
+        dk = np.frombuffer(agg.dk, dtype=np.uint32)[lo:hi].astype(np.int64)
+        dk[dk == DEAD] = len(agg.keys)  # retracted rows point at the False slot
+        rows = (np.nonzero(is_c[dk])[0] + lo).tolist()
+        covered = self.covered
+        records = []
+        for row in rows:
+            k = agg.dk[row]
+            user, rseq = agg.du[row], agg.dr[row]
+            self.read += 1
+            bound = covered.get(user)
+            if bound is not None and rseq < bound:
+                self.excluded_rows.append(row)
+                continue
+            _, entity, stype = agg.keys[k]
+            self.key_ids[(entity, stype)] = k
+            records.append((agg.dm[row], rseq, user, self.cohort, entity, stype, float(agg.dw[row]), agg.dt[row]))
+        self.scratch.add_many(records)
+
+    def step(self) -> bool:
+        """Fold the next chunk of the rows that existed at the start; True when all are."""
+        hi = min(self.cursor + CHUNK_ROWS, self.cut)
+        self._fold(self.cursor, hi)
+        self.cursor = hi
+        return self.cursor >= self.cut
+
+    def finish(self) -> tuple[int, int, bool, dict[int, int]]:
+        """Fold rows that arrived meanwhile, compare, swap in, erase the left-out rows.
+
+        Returns ``(records_read, records_excluded, matched_live, excluded_per_user)``.
+        """
+        agg: Aggregates = self.state.aggregates
+        self._fold(self.cut, len(agg.dk))
+        new = self.scratch.cohorts.get(self.cohort, {})
+        for key, st in new.items():
+            st[3] = self.key_ids[key]
+        old = agg.cohorts.get(self.cohort, {})
+        matched = _same(agg, old, new)
+        if not matched:  # an equal rebuild is not swapped in: the live bits stay as they were
+            agg.install_cohort(self.cohort, new)
+        per_user: dict[int, int] = {}
+        for row in self.excluded_rows:
+            per_user[agg.du[row]] = per_user.get(agg.du[row], 0) + 1
+            agg.erase_row(row)
+        log = self.state.log
+        for user in per_user:
+            log.drop_retracted(user, self.cohort)
+        return self.read, len(self.excluded_rows), matched, per_user
+
+
+def _same(agg: Aggregates, old: dict[Any, list[Any]], new: dict[Any, list[Any]]) -> bool:
+    if old.keys() != new.keys():
+        return False
+    for key, a in old.items():
+        b = new[key]
+        at = max(a[2], b[2])
+        if not math.isclose(agg._score(key[1], a, at), agg._score(key[1], b, at), rel_tol=1e-9, abs_tol=1e-300):
+            return False
+        wa = {x[0]: (x[1], x[2]) for x in iter_buckets(a)}
+        wb = {x[0]: (x[1], x[2]) for x in iter_buckets(b)}
+        if wa.keys() != wb.keys():
+            return False
+        for bk, (n, w) in wa.items():
+            n2, w2 = wb[bk]
+            if n != n2 or not math.isclose(w, w2, rel_tol=1e-9, abs_tol=1e-300):
+                return False
+    return True
+
+
+def erase_history_ops(
+    batches: list[tuple[bytes, bytes]], cohort: str, covered: dict[int, int]
+) -> tuple[list[tuple[str, bytes, bytes | None]], int]:
+    """Ops rewriting history batches without ``cohort``'s records covered by a purge.
+
+    Args:
+        batches: ``(key, value)`` of every history batch.
+        cohort: the purged cohort.
+        covered: user -> rseq bound (records of that user with a lower rseq go).
+
+    Returns the ops and the number of records erased.
+    """
+    from ._behaviours import encode_batch
+    from ._store import decode_batch
+
+    ops: list[tuple[str, bytes, bytes | None]] = []
+    erased = 0
+    users = np.array(sorted(covered), dtype=np.uint64)
+    for key, raw in batches:
+        b = decode_batch(0, 0, raw)
+        if cohort not in b.cohorts:
+            continue
+        ci = b.cohorts.index(cohort)
+        mask = (b.ci == ci) & np.isin(b.u, users)
+        if not mask.any():
+            continue
+        bounds = np.array([covered.get(int(u), -1) for u in b.u[mask]], dtype=np.int64)
+        drop = np.zeros(len(b.r), dtype=bool)
+        drop[np.nonzero(mask)[0][b.r[mask] < bounds]] = True
+        n = int(drop.sum())
+        if not n:
+            continue
+        erased += n
+        keep = np.nonzero(~drop)[0]
+        if not len(keep):
+            ops.append((Keyspace.HISTORY.value, key, None))
+            continue
+        records = [
+            (int(b.m[i]), int(b.r[i]), int(b.u[i]), b.cohorts[int(b.ci[i])], int(b.e[i]), int(b.t[i]),
+             float(b.w[i]), int(b.ts[i]))
+            for i in keep
+        ]
+        ctx = {new: b.contexts[int(old)] for new, old in enumerate(keep) if b.contexts and int(old) in b.contexts}
+        ops.append((Keyspace.HISTORY.value, key, encode_batch(records, ctx or None)))
+    return ops, erased
+
+
+def encode_status(s: PurgeStatus, bound: int) -> tuple[bytes, bytes]:
+    """Key and value of a purge status record (items keyspace, Tag.PURGE_STATUS)."""
+    key = encode_key(s.user_id, Tag.PURGE_STATUS, s.purge_id.to_bytes16())
+    value = msgpack.packb(
+        [s.purge_id.to_bytes16(), s.user_id, s.cohort, s.retracted_live, s.rematerialized,
+         s.rematerialized_at_ns, s.excluded_by_rematerialization, bound]
+    )
+    return key, value
+
+
+def decode_status(raw: bytes) -> tuple[PurgeStatus, int]:
+    """Inverse of :func:`encode_status`: the status and the purge's rseq bound."""
+    pid, user, cohort, live, done, at, excluded, bound = msgpack.unpackb(raw)
+    return PurgeStatus(PurgeId.from_bytes16(pid), user, cohort, live, done, at, excluded), bound
+
+
+def retention_ops(batches: list[tuple[bytes, bytes]], cutoff_ns: int) -> list[tuple[str, bytes, bytes | None]]:
+    """Ops dropping history records stamped before ``cutoff_ns`` (retention by age).
+
+    Aggregates keep them; only the durable history (what re-materialization reads)
+    forgets them.
+    """
+    from ._behaviours import encode_batch
+    from ._store import decode_batch
+
+    ops: list[tuple[str, bytes, bytes | None]] = []
+    for key, raw in batches:
+        b = decode_batch(0, 0, raw)
+        old = b.ts < cutoff_ns
+        if not old.any():
+            continue
+        keep = np.nonzero(~old)[0]
+        if not len(keep):
+            ops.append((Keyspace.HISTORY.value, key, None))
+            continue
+        records = [
+            (int(b.m[i]), int(b.r[i]), int(b.u[i]), b.cohorts[int(b.ci[i])], int(b.e[i]), int(b.t[i]),
+             float(b.w[i]), int(b.ts[i]))
+            for i in keep
+        ]
+        ops.append((Keyspace.HISTORY.value, key, encode_batch(records, None)))
+    return ops
