@@ -243,3 +243,24 @@ def test_purge_interrupted_by_crash_resumes_on_reopen(pdb_path, point):
     # and once more after a clean close
     with TidalDb.open(pdb_path, config=cfg, clock=ManualClock(T0)) as db:
         assert _rows(db, T0) == _rows(never, T0)
+
+
+def test_inspect_shows_purge_status(tmp_path):
+    events = tmp_path / "e.csv"
+    events.write_text(
+        "ts_ns,op,user_id,cohort,entity_id,signal_type,weight\n"
+        "1,assign,5,c,,,\n2,signal,5,,9,1,1.0\n3,purge,5,c,,,\n"
+    )
+    data = tmp_path / "db"
+    run = [sys.executable, "-m", "tidal_actors.cli"]
+    subprocess.run([*run, "replay", str(events), "--data-dir", str(data), "--quiet"], check=True, timeout=120)
+    out = subprocess.run([*run, "inspect", "--data-dir", str(data), "manifests", "5"],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    pid = next(line.split()[1] for line in out.splitlines() if line.startswith("manifest "))
+    assert "retracted live 1" in out
+    out = subprocess.run([*run, "inspect", "--data-dir", str(data), "purge", pid],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    assert f"purge {pid}" in out and "cohort      c" in out and "retracted live 1" in out
+    bad = subprocess.run([*run, "inspect", "--data-dir", str(data), "purge", "zz"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "purge_id" in bad.stderr

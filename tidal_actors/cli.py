@@ -449,6 +449,8 @@ def inspect_manifests(data_dir: Path | None, user_id: int) -> None:
     """Each purge manifest of USER_ID with its entries, oldest first."""
     with _inspected(data_dir) as (db, _):
         manifests = db.list_purge_manifests(user_id)
+        statuses = {m.purge_id: db.purge_status(m.purge_id) for m in manifests} \
+            if hasattr(db, "purge_status") else {}
     out = click.echo
     out(f"user {user_id}: {len(manifests)} manifest(s)")
     for m in manifests:
@@ -456,9 +458,37 @@ def inspect_manifests(data_dir: Path | None, user_id: int) -> None:
         out(f"  cohort      {m.cohort}")
         out(f"  created_at  {_stamp(m.created_at_ns)}")
         out(f"  entries     {len(m.entries)}   evicted before the purge: {m.evicted}")
+        if m.purge_id in statuses:
+            out(f"  status      {_purge_state(statuses[m.purge_id])}")
         for e in m.entries:
             out(f"    entity {e.entity_id}  type {e.signal_type_id}  weight {e.weight!r}  "
                 f"ts {_stamp(e.timestamp_ns)}")
+
+
+def _purge_state(st: Any) -> str:
+    if st.rematerialized:
+        return (f"retracted live {st.retracted_live}, re-materialized at "
+                f"{_stamp(st.rematerialized_at_ns)} ({st.excluded_by_rematerialization} more left out)")
+    return f"retracted live {st.retracted_live}, re-materialization pending"
+
+
+@inspect.command("purge")
+@click.argument("purge_id")
+@click.pass_obj
+def inspect_purge(data_dir: Path | None, purge_id: str) -> None:
+    """Where purge PURGE_ID (32 hex digits, as listed by `manifests`) stands."""
+    try:
+        pid = int(purge_id, 16)
+        if not 0 <= pid < 2**128:
+            raise ValueError
+    except ValueError:
+        _fail(f"invalid purge_id={purge_id!r}: must be 32 hex digits", EXIT_BAD_INPUT)
+    with _inspected(data_dir) as (db, _):
+        st = db.purge_status(pid)
+    click.echo(f"purge {st.purge_id}")
+    click.echo(f"  user        {st.user_id}")
+    click.echo(f"  cohort      {st.cohort}")
+    click.echo(f"  state       {_purge_state(st)}")
 
 
 # ---------------------------------------------------------------- simulate
