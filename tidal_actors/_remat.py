@@ -146,7 +146,6 @@ def erase_history_ops(
 
     Returns the ops and the number of records erased.
     """
-    from ._behaviours import encode_batch
     from ._store import decode_batch
 
     ops: list[tuple[str, bytes, bytes | None]] = []
@@ -167,18 +166,24 @@ def erase_history_ops(
         if not n:
             continue
         erased += n
-        keep = np.nonzero(~drop)[0]
-        if not len(keep):
-            ops.append((Keyspace.HISTORY.value, key, None))
-            continue
-        records = [
-            (int(b.m[i]), int(b.r[i]), int(b.u[i]), b.cohorts[int(b.ci[i])], int(b.e[i]), int(b.t[i]),
-             float(b.w[i]), int(b.ts[i]))
-            for i in keep
-        ]
-        ctx = {new: b.contexts[int(old)] for new, old in enumerate(keep) if b.contexts and int(old) in b.contexts}
-        ops.append((Keyspace.HISTORY.value, key, encode_batch(records, ctx or None)))
+        ops.append(_rewrite(key, b, np.nonzero(~drop)[0]))
     return ops, erased
+
+
+def _rewrite(key: bytes, b: Any, keep: np.ndarray) -> tuple[str, bytes, bytes | None]:
+    """The op that replaces a history batch by its records at positions ``keep``
+    (deletes it when none is kept); contexts follow their records."""
+    from ._behaviours import encode_batch
+
+    if not len(keep):
+        return (Keyspace.HISTORY.value, key, None)
+    records = [
+        (int(b.m[i]), int(b.r[i]), int(b.u[i]), b.cohorts[int(b.ci[i])], int(b.e[i]), int(b.t[i]),
+         float(b.w[i]), int(b.ts[i]))
+        for i in keep
+    ]
+    ctx = {new: b.contexts[int(old)] for new, old in enumerate(keep) if b.contexts and int(old) in b.contexts}
+    return (Keyspace.HISTORY.value, key, encode_batch(records, ctx or None))
 
 
 def encode_status(s: PurgeStatus, bound: int) -> tuple[bytes, bytes]:
@@ -203,7 +208,6 @@ def retention_ops(batches: list[tuple[bytes, bytes]], cutoff_ns: int) -> list[tu
     Aggregates keep them; only the durable history (what re-materialization reads)
     forgets them.
     """
-    from ._behaviours import encode_batch
     from ._store import decode_batch
 
     ops: list[tuple[str, bytes, bytes | None]] = []
@@ -212,14 +216,5 @@ def retention_ops(batches: list[tuple[bytes, bytes]], cutoff_ns: int) -> list[tu
         old = b.ts < cutoff_ns
         if not old.any():
             continue
-        keep = np.nonzero(~old)[0]
-        if not len(keep):
-            ops.append((Keyspace.HISTORY.value, key, None))
-            continue
-        records = [
-            (int(b.m[i]), int(b.r[i]), int(b.u[i]), b.cohorts[int(b.ci[i])], int(b.e[i]), int(b.t[i]),
-             float(b.w[i]), int(b.ts[i]))
-            for i in keep
-        ]
-        ops.append((Keyspace.HISTORY.value, key, encode_batch(records, None)))
+        ops.append(_rewrite(key, b, np.nonzero(~old)[0]))
     return ops
