@@ -6,6 +6,7 @@ retracts a user's contributions exactly, with an audited manifest. This module i
 the whole public surface.
 """
 
+from ._aio import AsyncTidalDb, open_tidal
 from ._clock import Clock, ManualClock, SystemClock
 from ._codec import Tag, encode_key
 from ._config import Config
@@ -20,6 +21,7 @@ from ._errors import (
     TidalError,
     UnknownCohort,
     UnknownPurge,
+    WrongThread,
 )
 from ._types import (
     COMMUNITY,
@@ -40,6 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "COMMUNITY",
     "ActorFailure",
+    "AsyncTidalDb",
     "Clock",
     "CommunityMembership",
     "Config",
@@ -64,5 +67,7 @@ __all__ = [
     "UnknownCohort",
     "UnknownPurge",
     "WindowCount",
+    "WrongThread",
     "encode_key",
+    "open_tidal",
 ]

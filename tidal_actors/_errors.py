@@ -16,6 +16,7 @@ __all__ = [
     "TidalError",
     "UnknownCohort",
     "UnknownPurge",
+    "WrongThread",
 ]
 
 
@@ -35,7 +36,23 @@ class InvalidArgument(TidalError, ValueError):
         self.field = field
         self.value = value
         self.reason = reason
-        super().__init__(f"invalid {field}={value!r}: {reason}")
+        super().__init__(f"invalid {field}={_shown(value)}: {reason}")
+
+
+_SHOWN_MAX = 1000
+
+
+def _shown(value: object) -> str:
+    """``repr(value)`` for a message, whatever the value: a hostile one (nested too
+    deep for ``repr``, a ``__repr__`` that raises, megabytes long) must not turn the
+    error into another error."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - RecursionError, or a __repr__ that raises
+        return f"<{type(value).__name__} object>"
+    if len(text) > _SHOWN_MAX:
+        text = text[: _SHOWN_MAX - 3] + "..."
+    return text
 
 
 class UnknownCohort(TidalError, KeyError):
@@ -73,4 +90,13 @@ class ActorFailure(TidalError):
 
     The actor that raised keeps serving: the message that failed is the only one
     affected.
+    """
+
+
+class WrongThread(TidalError):
+    """An :class:`AsyncTidalDb` was used outside the trio run, and thread, that opened it.
+
+    Await its methods from tasks of that run; from another thread, go through
+    ``trio.from_thread.run(db.method, ...)``, or use the blocking :class:`TidalDb`.
+    Nothing was sent.
     """
