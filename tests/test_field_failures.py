@@ -34,7 +34,7 @@ def test_good_bad_good_reads_three_with_every_shard_alive(db):
 def _actor_threads():
     import threading
 
-    return [t for t in threading.enumerate() if "Actor" in t.name]
+    return [t for t in threading.enumerate() if t.name.startswith("tidal-")]
 
 
 def test_a_failing_handler_is_counted_and_the_actor_keeps_serving(db):

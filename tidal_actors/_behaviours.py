@@ -626,6 +626,7 @@ class PurgeCoordinator(Behaviour):
         self._remat_queue: list[str] = []
         self._remat_waiters: dict[str, list[Reply]] = {}
         self._remat_due: dict[str, float] = {}
+        self._drains: list[Reply] = []
         self._deferred: list[M.Purge] = []
         self._remat_seq = 0
         self.purges = 0
@@ -644,6 +645,7 @@ class PurgeCoordinator(Behaviour):
             (M.RematDone, self._on_remat_done),
             (M.ResumeRematerialization, self._on_resume),
             (M.Tick, self._on_tick),
+            (M.Drain, self._on_drain),
         ):
             self.on(kind, fn)
 
@@ -656,6 +658,8 @@ class PurgeCoordinator(Behaviour):
                 self._stash.append(message)
                 return
         super().receive(message)
+        if self._drains:
+            self._check_drained()
 
     def _on_purge(self, msg: M.Purge) -> None:
         st = self.state
@@ -838,6 +842,17 @@ class PurgeCoordinator(Behaviour):
         for m in deferred:
             self.receive(m)
         self._start_remat()
+
+    def _on_drain(self, msg: M.Drain) -> None:
+        self._drains.append(msg.reply)
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        """Answer drains once nothing purge-related is in flight or waiting."""
+        if self._drains and self._pending is None and self._remat is None and not self._stash and not self._deferred:
+            drains, self._drains = self._drains, []
+            for r in drains:
+                r.set_result(None)
 
     def _on_query_purge(self, msg: M.QueryPurge) -> None:
         entry = self.state.statuses.get(msg.purge_id)

@@ -267,6 +267,15 @@ class Core:
             self._flusher.join()
         try:
             self._send_all_buffers()
+            # 1: every message sent before close has passed the membership shards
+            # (purge requests are at the coordinator); 2: purges in flight finish;
+            # 3: everything is committed.
+            r = Reply("close-sync")
+            self._barrier(tuple(range(self._nl)), r)
+            self.host.settle(r, 60.0)
+            r = Reply("close-drain")
+            self.host.tell(M.COORD_ADDR, M.Drain(r))
+            self.host.settle(r, 60.0)
             r = Reply("close-flush")
             self._barrier(tuple(range(self._nl)), r, durable=True)
             self.host.settle(r, 60.0)

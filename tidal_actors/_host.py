@@ -49,13 +49,21 @@ class _Mailbox(queue.Queue):  # type: ignore[type-arg]
         super().put(item, block, timeout)
 
 
-def _actor_class(capacity: int) -> type[pykka.ThreadingActor]:
+def _actor_class(capacity: int, started: list[Any]) -> type[pykka.ThreadingActor]:
     class _Actor(pykka.ThreadingActor):
         use_daemon_thread = True
 
         def __init__(self, behaviour: Behaviour) -> None:
             super().__init__()
             self.behaviour = behaviour
+            self.thread: threading.Thread | None = None
+            started.append(self)
+
+        def _start_actor_loop(self) -> None:
+            # pykka does not keep its thread; we do, to join it at stop
+            kind, index = self.behaviour.address
+            self.thread = threading.Thread(target=self._actor_loop, name=f"tidal-{kind}-{index}", daemon=True)
+            self.thread.start()
 
         @staticmethod
         def _create_actor_inbox() -> Any:
@@ -91,7 +99,8 @@ class PykkaHost:
         self.ctx = HostContext(config, clock, durable, self.tell)
         self._refs: dict[M.Address, pykka.ActorRef[Any]] = {}
         self.behaviours: dict[M.Address, Behaviour] = {}
-        self._actor_cls = _actor_class(config.mailbox_capacity)
+        self._actors: list[Any] = []
+        self._actor_cls = _actor_class(config.mailbox_capacity, self._actors)
         self._stopped = threading.Event()
 
     def start(self, behaviours: list[Behaviour]) -> None:
@@ -115,11 +124,15 @@ class PykkaHost:
         return bool(reply.wait(timeout))
 
     def stop(self, order: list[str]) -> None:
-        """Stop actors kind by kind in ``order``; each drains its mailbox first."""
+        """Stop actors kind by kind in ``order``; each drains its mailbox first, and
+        its thread is joined."""
         for kind in order:
             for address, ref in list(self._refs.items()):
                 if address[0] == kind:
                     with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
                         ref.stop(block=True, timeout=30)
         self._refs.clear()
+        for actor in self._actors:
+            if actor.thread is not None and actor.thread is not threading.current_thread():
+                actor.thread.join(timeout=30)
         self._stopped.set()

@@ -261,3 +261,10 @@ class ResumeRematerialization:
 @dataclass(frozen=True, slots=True)
 class Tick:
     """Host -> coordinator, every few tens of ms while a re-materialization is due."""
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Facade -> coordinator at close: reply once no purge is in flight or waiting."""
+
+    reply: Reply
