@@ -21,14 +21,15 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
+import msgpack
 import numpy as np
 
 from ._ledger import DEAD, Aggregates
 
-__all__ = ["EMPTY", "ContributionLog", "LogRecord", "Prepared"]
+__all__ = ["EMPTY", "ContributionLog", "LogRecord", "Prepared", "encode_history_columns"]
 
 _COMPACT_MIN = 1 << 16
 
@@ -89,6 +90,20 @@ class ContributionLog:
             else:
                 lst.append(pos)
             pos += 1
+
+    def append_columns(self, users: Sequence[int], cohorts: Sequence[str], rows: Iterable[int]) -> None:
+        """`append` on columns: the records' users and cohorts, and their detail rows."""
+        index = self.index
+        get = index.get
+        d = self.d
+        start = self.base + len(d)
+        d.extend(rows)
+        for pos, key in enumerate(zip(users, cohorts), start):  # zip reuses its tuple
+            lst = get(key)
+            if lst is None:
+                index[key] = array("q", (0, pos))
+            else:
+                lst.append(pos)
 
     def set_floor(self, mshard: int, floor: int) -> None:
         """Records of ``mshard`` with ``rseq < floor`` are surely evicted; trim them."""
@@ -198,3 +213,26 @@ class ContributionLog:
         """Approximate bytes held by the column and the index."""
         idx = sum(a.buffer_info()[1] * 8 + 80 for a in self.index.values()) + 120 * len(self.index)
         return self.d.buffer_info()[1] * 8 + idx
+
+
+def encode_history_columns(cols: Sequence[Sequence[Any]], contexts: dict[int, Any] | None) -> bytes:
+    """One durable history batch from record columns ``(m, r, u, cohort, e, t, w, ts)``:
+    the same bytes as ``_behaviours.encode_batch`` of the records (which documents the
+    layout; ``_store.decode_batch`` reads it), built column by column."""
+    ms, rs, us, cs, es, ts_, ws, tss = cols
+    names = sorted(set(cs))
+    ci = array("B" if len(names) < 256 else "I", map({c: i for i, c in enumerate(names)}.__getitem__, cs))
+    payload: dict[str, Any] = {
+        "c": names,
+        "ci": ci.tobytes(),
+        "m": array("B", ms).tobytes(),
+        "r": array("q", rs).tobytes(),
+        "u": array("Q", us).tobytes(),
+        "e": array("Q", es).tobytes(),
+        "t": array("Q", ts_).tobytes(),
+        "w": array("f", ws).tobytes(),
+        "ts": array("q", tss).tobytes(),
+    }
+    if contexts:
+        payload["x"] = contexts
+    return msgpack.packb(payload)  # type: ignore[no-any-return]

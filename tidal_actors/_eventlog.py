@@ -403,10 +403,14 @@ def write_events(target: str | Path | IO[str], rows: Iterable[EventRow]) -> int:
         with open(target, "w", encoding="utf-8", newline="") as fh:
             return write_events(fh, rows)
     writer = csv.writer(target, lineterminator="\n")
+    # QUOTE_MINIMAL quotes a field holding the line terminator ("\n") but not a bare
+    # "\r", which the reader then refuses in an unquoted field: quote such rows whole
+    quoted = csv.writer(target, lineterminator="\n", quoting=csv.QUOTE_ALL)
     writer.writerow(HEADER)
     n = 0
     for row in rows:
-        writer.writerow(format_row(row))
+        fields = format_row(row)
+        (quoted if any("\r" in f for f in fields) else writer).writerow(fields)
         n += 1
     return n
 

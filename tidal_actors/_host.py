@@ -35,13 +35,19 @@ class _Mailbox(queue.Queue):  # type: ignore[type-arg]
     def __init__(self, capacity: int) -> None:
         super().__init__()
         self._cap = capacity
+        self.stopped: threading.Event | None = None  # the owning actor's, set once it runs
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
         msg = getattr(item, "message", None)
         if type(msg) in _BOUNDED or (type(msg) is M.Write and msg.reply is None):
+            stopped = self.stopped
             with self.not_full:
-                while self._qsize() >= self._cap:
+                while self._qsize() >= self._cap and not (stopped and stopped.is_set()):
                     self.not_full.wait(0.05)
+                if stopped is not None and stopped.is_set():
+                    # the actor stopped while the producer waited for room: what is put
+                    # now would be dropped unseen, so the producer hears about it
+                    raise DatabaseClosed("the actor stopped before taking this message")
                 self._put(item)
                 self.unfinished_tasks += 1
                 self.not_empty.notify()
@@ -56,6 +62,7 @@ def _actor_class(capacity: int, started: list[Any]) -> type[pykka.ThreadingActor
         def __init__(self, behaviour: Behaviour) -> None:
             super().__init__()
             self.behaviour = behaviour
+            self.actor_inbox.stopped = self.actor_stopped
             self.thread: threading.Thread | None = None
             started.append(self)
 

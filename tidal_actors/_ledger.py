@@ -4,23 +4,30 @@ Owns the arithmetic of one ledger shard's aggregates; no threads, no I/O.
 
 Theory of operation
 -------------------
-Per key ``(cohort, entity_id, signal_type)`` one flat list (the *state*)::
+Every key ``(cohort, entity_id, signal_type)`` gets a *key id* ``k`` (ids are never
+reused; ``keys[k]`` names the key, ``index`` maps a live key to its id). A key's state
+lives in numpy columns indexed by ``k`` (`KEY_COLUMNS`), not in a Python object per
+key: a million keys cost ~93 MB of columns instead of a million GC-tracked lists, and
+a batch of contributions is added with a handful of vectorized operations.
 
-    [S, L, t_max, key_id, cb, cn, cw, cfd, ctm, older]
-
-* ``L`` is the key's landmark (ns) and ``S = sum(w_i * 2 ** ((t_i - L) / h))`` the
-  forward-decayed sum (Cormode, Shkapenyuk, Srivastava, Xu, "Forward Decay: A
+* ``L[k]`` is the key's landmark (ns) and ``S[k] = sum(w_i * 2 ** ((t_i - L) / h))``
+  the forward-decayed sum (Cormode, Shkapenyuk, Srivastava, Xu, "Forward Decay: A
   Practical Time Decay Model for Streaming Systems", ICDE 2009). Adding and
   retracting a contribution are exact inverses and order-independent, unlike a lazily
   decayed ``(score, last_ns)`` pair. When ``(t - L) / h`` passes ``RENORMALIZE_AT``
   the landmark moves to ``t`` and every stored sum is rescaled, so nothing overflows.
+  ``TM[k]`` is the latest timestamp added, ``HL[k]`` the half-life of the key's type.
 * Buckets ``b = t // width`` each hold ``count, weight_sum, fd_sum, t_max_b``. The
-  latest bucket sits inline (``cb, cn, cw, cfd, ctm``: most contributions land
-  there, and a key needs no dict until a second bucket appears); earlier ones are in
-  ``older`` (a dict ``b -> [count, wsum, fd, tmax]``, or None). Every bucket that
-  holds a contribution is kept, so a window read at any time is exact and ``S`` is
-  always the sum of the buckets' ``fd`` (re-derived with ``math.fsum`` after a
-  retraction to drop rounding residue).
+  latest bucket sits in columns (``CB, CN, CW, CFD, CTM``): most contributions land
+  there. Earlier buckets are in ``older[k]`` (a dict ``b -> [count, wsum, fd, tmax]``,
+  only for keys that have some). Every bucket that holds a contribution is kept, so a
+  window read at any time is exact and ``S`` is always the sum of the buckets' ``fd``
+  (re-derived with ``math.fsum`` after a retraction to drop rounding residue).
+* Adding a batch: keys are looked up at C speed (``map(index.get, zip(...))``), new
+  keys are given ids together, then every contribution that falls in its key's
+  latest bucket (the common case) is added with ``np.add.at``; the others (a newer
+  bucket, a late contribution, a landmark move) go one by one, after, which gives the
+  same state as adding all in order.
 * Every contribution also gets a *detail row* in parallel columns: key id (u32),
   timestamp (i64), weight (f32), user (u64), membership shard (u8) and record
   sequence number ``rseq`` (i64): 33 bytes. The contribution log points into them
@@ -34,6 +41,8 @@ Otherwise buckets after ``b(at)`` are left out, and the bucket ``b(at)`` itself,
 some of it lies after ``at``, is summed row by row from the detail columns. A
 contribution stamped after the read time is never counted, so none ever weighs more
 than its weight. The window at ``at`` covers buckets ``b(at)-n+1 .. b(at)`` whole.
+Reads of many keys (``top``, ``rows``) compute the same numbers as a read of one key,
+bit for bit.
 """
 
 from __future__ import annotations
@@ -41,25 +50,44 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from itertools import compress, repeat
+from operator import is_
+from typing import Any
 
 import numpy as np
 
-__all__ = ["DEAD", "Aggregates", "iter_buckets"]
+__all__ = ["DEAD", "KEY_COLUMNS", "Aggregates"]
 
 RENORMALIZE_AT = 256.0
 DEAD = 0xFFFFFFFF  # key id of a retracted detail row
+_EXACT = 2**53  # int64 -> float64 is exact below this
 
 Record = tuple[int, int, int, str, int, int, float, int]  # LogRecord-shaped
+Bucket = tuple[int, int, float, float, int]  # (b, count, weight_sum, fd_sum, t_max_b)
+
+KEY_COLUMNS: dict[str, Any] = {
+    "S": np.float64,  # forward-decayed sum against L
+    "L": np.int64,  # landmark, ns
+    "TM": np.int64,  # latest timestamp added
+    "CB": np.int64,  # latest bucket: index b
+    "CN": np.int64,  # ... count
+    "CW": np.float64,  # ... weight sum
+    "CFD": np.float64,  # ... forward-decayed sum
+    "CTM": np.int64,  # ... latest timestamp
+    "HL": np.int64,  # half-life of the key's signal type, ns
+    "KC": np.int32,  # cohort id (cohort_names[KC[k]])
+    "KE": np.uint64,  # entity id
+    "KT": np.uint64,  # signal type
+    "LIVE": np.uint8,  # 1 while the key has a contribution
+}
+_DETAIL = (("dk", "I"), ("dt", "q"), ("dw", "f"), ("du", "Q"), ("dm", "B"), ("dr", "q"))
 
 
-def iter_buckets(st: list) -> Iterator[tuple[int, int, float, float, int]]:  # type: ignore[type-arg]
-    """Every non-empty bucket of a state: ``(b, count, weight_sum, fd_sum, t_max_b)``."""
-    if st[5]:
-        yield st[4], st[5], st[6], st[7], st[8]
-    if st[9]:
-        for b, bk in st[9].items():
-            yield b, bk[0], bk[1], bk[2], bk[3]
+def _pow2(xs: Sequence[float]) -> list[float]:
+    """``2.0 ** x`` for each x, with Python's float power (as the one-key reads use)."""
+    return list(map(pow, repeat(2.0), xs))
 
 
 class Aggregates:
@@ -71,7 +99,10 @@ class Aggregates:
         window_buckets: number of buckets a window read covers.
     """
 
-    __slots__ = ("_hl", "_hl_cache", "_n", "_width", "cohorts", "dk", "dm", "dr", "dt", "du", "dw", "keys")
+    __slots__ = (
+        "_cap", "_cid", "_hl", "_hl_cache", "_n", "_width", "cohort_names", "cohorts",
+        "index", "keys", "older", *KEY_COLUMNS, *(name for name, _ in _DETAIL),
+    )
 
     def __init__(
         self, half_life_for: Callable[[int], int], window_width_ns: int, window_buckets: int
@@ -80,9 +111,15 @@ class Aggregates:
         self._hl_cache: dict[int, int] = {}
         self._width = window_width_ns
         self._n = window_buckets
-        # cohort -> (entity_id, signal_type) -> state (see the module docstring)
-        self.cohorts: dict[str, dict[tuple[int, int], list]] = {}  # type: ignore[type-arg]
+        self._cap = 0
+        for name, dtype in KEY_COLUMNS.items():
+            setattr(self, name, np.zeros(0, dtype))
+        self._cid: dict[str, int] = {}
+        self.cohort_names: list[str] = []  # cohort id -> name
+        self.cohorts: dict[str, int] = {}  # cohort -> number of live keys
+        self.index: dict[tuple[str, int, int], int] = {}  # live key -> key id
         self.keys: list[tuple[str, int, int]] = []  # key id -> (cohort, entity, type)
+        self.older: dict[int, dict[int, list[Any]]] = {}  # key id -> b -> [n, w, fd, tmax]
         self.dk = array("I")  # detail rows: key id (DEAD once retracted)
         self.dt = array("q")  # timestamp ns
         self.dw = array("f")  # float32 weight
@@ -96,97 +133,169 @@ class Aggregates:
             h = self._hl_cache[stype] = self._hl(stype)
         return h
 
+    @property
+    def key_total(self) -> int:
+        """Key ids allotted so far (live or not)."""
+        return len(self.keys)
+
+    def _reserve(self, n: int) -> None:
+        if n <= self._cap:
+            return
+        cap = max(1024, self._cap)
+        while cap < n:
+            cap += cap // 2
+        for name, dtype in KEY_COLUMNS.items():
+            old = getattr(self, name)
+            col = np.zeros(cap, dtype)
+            col[: len(old)] = old
+            setattr(self, name, col)
+        self._cap = cap
+
+    def _cohort_id(self, cohort: str) -> int:
+        cid = self._cid.get(cohort)
+        if cid is None:
+            cid = self._cid[cohort] = len(self.cohort_names)
+            self.cohort_names.append(cohort)
+        return cid
+
     # -- writes ---------------------------------------------------------------------
 
     def add_many(self, records: list[Record]) -> range:
         """Add contributions (``LogRecord``-shaped tuples; weights already float32;
-        ts in ns); returns their detail rows. The hot path: lookups bound once."""
-        cohorts = self.cohorts
-        hl_cache = self._hl_cache
-        width = self._width
-        keys_table = self.keys
-        dk, dt, dw = self.dk.append, self.dt.append, self.dw.append
-        du, dm, dr = self.du.append, self.dm.append, self.dr.append
+        ts in ns); returns their detail rows."""
+        if not records:
+            return range(len(self.dk), len(self.dk))
+        return self.add_columns(*zip(*records))  # type: ignore[arg-type]
+
+    def add_columns(
+        self, ms: Sequence[int], rs: Sequence[int], us: Sequence[int], cs: Sequence[str],
+        es: Sequence[int], types: Sequence[int], ws: Sequence[float], tss: Sequence[int],
+    ) -> range:
+        """`add_many` on columns (the ledger's hot path: records transposed once)."""
+        n = len(cs)
         first = len(self.dk)
-        for rec in records:
-            cohort = rec[3]
-            stype = rec[5]
-            w = rec[6]
-            ts = rec[7]
-            keys = cohorts.get(cohort)
-            if keys is None:
-                keys = cohorts[cohort] = {}
-            key = (rec[4], stype)
-            b = ts // width
-            st = keys.get(key)
-            if st is None:
-                keys[key] = st = [0.0, ts, ts, len(keys_table), b, 0, 0.0, 0.0, ts, None]
-                keys_table.append((cohort, rec[4], stype))
-            h = hl_cache.get(stype)
-            if h is None:
-                h = hl_cache[stype] = self._hl(stype)
-            x = (ts - st[1]) / h
-            if x > RENORMALIZE_AT:
-                self._renormalize(st, ts, h)
-                x = 0.0
-            wf = w * 2.0**x
-            st[0] += wf
-            if ts > st[2]:
-                st[2] = ts
-            if b == st[4]:
-                st[5] += 1
-                st[6] += w
-                st[7] += wf
-                if ts > st[8]:
-                    st[8] = ts
-            else:
-                self._add_other_bucket(st, b, w, wf, ts)
-            dk(st[3])
-            dt(ts)
-            dw(w)
-            du(rec[2])
-            dm(rec[0])
-            dr(rec[1])
-        return range(first, len(self.dk))
+        if not n:
+            return range(first, first)
+        index = self.index
+        kids: list[Any] = list(map(index.get, zip(cs, es, types)))
+        if None in kids:
+            self._new_keys(kids, cs, es, types, tss)
+        k = np.array(kids, dtype=np.int64)
+        ts = np.array(tss, dtype=np.int64)
+        w = np.array(ws, dtype=np.float64)
+        b = ts // self._width
+        x = (ts - self.L[k]) / self.HL[k]
+        fast = (b == self.CB[k]) & (x <= RENORMALIZE_AT)
+        wf = w * np.exp2(np.minimum(x, RENORMALIZE_AT))  # the others are added one by one
+        every = bool(fast.all())
+        if not every:
+            kf, wff, wfa, tf = k[fast], wf[fast], w[fast], ts[fast]
+        else:
+            kf, wff, wfa, tf = k, wf, w, ts
+        np.add.at(self.S, kf, wff)
+        np.add.at(self.CN, kf, 1)
+        np.add.at(self.CW, kf, wfa)
+        np.add.at(self.CFD, kf, wff)
+        np.maximum.at(self.CTM, kf, tf)
+        np.maximum.at(self.TM, k, ts)
+        if not every:
+            slow = self._add_one
+            for i in np.flatnonzero(~fast).tolist():
+                slow(kids[i], tss[i], ws[i])
+        # array(code, seq) converts at C speed; array.extend(seq) goes item by item
+        self.dk.extend(array("I", kids))
+        self.dt.extend(array("q", tss))
+        self.dw.extend(array("f", ws))
+        self.du.extend(array("Q", us))
+        self.dm.extend(array("B", ms))
+        self.dr.extend(array("q", rs))
+        return range(first, first + n)
 
-    @staticmethod
-    def _add_other_bucket(st: list, b: int, w: float, wf: float, ts: int) -> None:  # type: ignore[type-arg]
-        older = st[9]
-        if b > st[4]:
-            if st[5]:  # the inline bucket moves to ``older``; the new one is inline
-                if older is None:
-                    older = st[9] = {}
-                older[st[4]] = [st[5], st[6], st[7], st[8]]
-            st[4], st[5], st[6], st[7], st[8] = b, 1, w, wf, ts
+    def _new_keys(
+        self, kids: list[Any], cs: Sequence[str], es: Sequence[int], types: Sequence[int],
+        tss: Sequence[int],
+    ) -> None:
+        """Give ids to the keys not seen yet (``None`` in ``kids``), columns set in bulk."""
+        index, keys = self.index, self.keys
+        first = len(keys)
+        at: list[int] = []  # position of each new key's first contribution
+        for i in compress(range(len(kids)), map(is_, kids, repeat(None))):
+            key = (cs[i], es[i], types[i])
+            kid = index.get(key)  # a key twice in one batch: the second finds the first
+            if kid is None:
+                kid = index[key] = len(keys)
+                keys.append(key)
+                at.append(i)
+            kids[i] = kid
+        if not at:
             return
-        if older is None:
-            older = st[9] = {}
-        bk = older.get(b)
-        if bk is None:
-            older[b] = [1, w, wf, ts]
-        else:
-            bk[0] += 1
-            bk[1] += w
-            bk[2] += wf
-            if ts > bk[3]:
-                bk[3] = ts
+        last = len(keys)
+        self._reserve(last)
+        new_cohorts = list(map(cs.__getitem__, at))
+        new_types = list(map(types.__getitem__, at))
+        for c, m in Counter(new_cohorts).items():
+            self._cohort_id(c)
+            self.cohorts[c] = self.cohorts.get(c, 0) + m
+        for t in set(new_types):
+            self.half_life(t)
+        nt = np.array(list(map(tss.__getitem__, at)), dtype=np.int64)
+        self.KC[first:last] = list(map(self._cid.__getitem__, new_cohorts))
+        self.KE[first:last] = np.array(list(map(es.__getitem__, at)), dtype=np.uint64)
+        self.KT[first:last] = np.array(new_types, dtype=np.uint64)
+        self.HL[first:last] = list(map(self._hl_cache.__getitem__, new_types))
+        self.L[first:last] = nt
+        self.TM[first:last] = nt
+        self.CTM[first:last] = nt
+        self.CB[first:last] = nt // self._width
+        self.LIVE[first:last] = 1
 
-    @staticmethod
-    def _renormalize(st: list, new_landmark: int, h: int) -> None:  # type: ignore[type-arg]
-        factor = 2.0 ** ((st[1] - new_landmark) / h)
-        st[0] *= factor
-        st[7] *= factor
-        if st[9]:
-            for bk in st[9].values():
-                bk[2] *= factor
-        st[1] = new_landmark
-
-    def install_cohort(self, cohort: str, keys: dict[tuple[int, int], list]) -> None:  # type: ignore[type-arg]
-        """Replace a cohort's key states (re-materialization); empty removes it."""
-        if keys:
-            self.cohorts[cohort] = keys
+    def _add_one(self, k: int, ts: int, w: float) -> None:
+        """Add one contribution to key ``k`` (a newer or older bucket, or a landmark move)."""
+        h = int(self.HL[k])
+        x = (ts - int(self.L[k])) / h
+        if x > RENORMALIZE_AT:
+            self._renormalize(k, ts, h)
+            x = 0.0
+        wf = w * 2.0**x
+        self.S[k] += wf
+        if ts > self.TM[k]:
+            self.TM[k] = ts
+        b = ts // self._width
+        cb = int(self.CB[k])
+        if b == cb:
+            self.CN[k] += 1
+            self.CW[k] += w
+            self.CFD[k] += wf
+            if ts > self.CTM[k]:
+                self.CTM[k] = ts
+        elif b > cb:  # the latest bucket moves to ``older``; the new one is the latest
+            cn = int(self.CN[k])
+            if cn:
+                self.older.setdefault(k, {})[cb] = [cn, float(self.CW[k]), float(self.CFD[k]), int(self.CTM[k])]
+            self.CB[k] = b
+            self.CN[k] = 1
+            self.CW[k] = w
+            self.CFD[k] = wf
+            self.CTM[k] = ts
         else:
-            self.cohorts.pop(cohort, None)
+            older = self.older.setdefault(k, {})
+            bk = older.get(b)
+            if bk is None:
+                older[b] = [1, w, wf, ts]
+            else:
+                bk[0] += 1
+                bk[1] += w
+                bk[2] += wf
+                if ts > bk[3]:
+                    bk[3] = ts
+
+    def _renormalize(self, k: int, new_landmark: int, h: int) -> None:
+        factor = 2.0 ** ((int(self.L[k]) - new_landmark) / h)
+        self.S[k] *= factor
+        self.CFD[k] *= factor
+        for bk in self.older.get(k, {}).values():
+            bk[2] *= factor
+        self.L[k] = new_landmark
 
     def row(self, row: int) -> tuple[str, int, int, float, int]:
         """``(cohort, entity, type, weight, ts)`` of a detail row."""
@@ -201,6 +310,20 @@ class Aggregates:
         self.du[row] = 0
         self.dr[row] = -1
 
+    def _drop_key(self, k: int) -> None:
+        """Forget a key's state (no contribution left); its id is not reused."""
+        key = self.keys[k]
+        if self.index.pop(key, None) is None:
+            return
+        n = self.cohorts[key[0]] - 1
+        if n:
+            self.cohorts[key[0]] = n
+        else:
+            del self.cohorts[key[0]]
+        for name in ("S", "CN", "CW", "CFD", "LIVE"):
+            getattr(self, name)[k] = 0
+        self.older.pop(k, None)
+
     def retract_row(self, row: int) -> bool:
         """Retract the contribution of a detail row (once); False if already retracted.
 
@@ -212,39 +335,36 @@ class Aggregates:
         k = self.dk[row]
         if k == DEAD:
             return False
-        cohort, entity, stype = self.keys[k]
         w, ts = float(self.dw[row]), self.dt[row]
         self.erase_row(row)
-        keys = self.cohorts.get(cohort)
-        st = keys.get((entity, stype)) if keys else None
-        if st is None:
+        if not self.LIVE[k]:
             return False
-        wf = w * 2.0 ** ((ts - st[1]) / self.half_life(stype))
+        wf = w * 2.0 ** ((ts - int(self.L[k])) / int(self.HL[k]))
         b = ts // self._width
-        if b == st[4] and st[5]:
-            st[5] -= 1
-            if st[5] == 0:
-                st[6] = st[7] = 0.0
+        older = self.older.get(k)
+        if b == self.CB[k] and self.CN[k]:
+            self.CN[k] -= 1
+            if self.CN[k] == 0:
+                self.CW[k] = self.CFD[k] = 0.0
             else:
-                st[6] -= w
-                st[7] -= wf
+                self.CW[k] -= w
+                self.CFD[k] -= wf
         else:
-            older = st[9]
             bk = older.get(b) if older else None
             if bk is None:
                 return False
             bk[0] -= 1
             if bk[0] == 0:
-                del older[b]
+                del older[b]  # type: ignore[union-attr]
             else:
                 bk[1] -= w
                 bk[2] -= wf
-        if not st[5] and not st[9]:
-            del keys[(entity, stype)]  # type: ignore[index]
-            if not keys:
-                del self.cohorts[cohort]
+        if not self.CN[k] and not older:
+            self._drop_key(k)
             return True
-        st[0] = math.fsum(bk[3] for bk in iter_buckets(st))
+        if older is not None and not older:
+            del self.older[k]
+        self.S[k] = math.fsum(bk[3] for bk in self._buckets(k))
         return True
 
     def _detail(self, key_id: int, t_lo: int, t_hi: int) -> list[tuple[int, float]]:
@@ -256,68 +376,214 @@ class Aggregates:
 
     # -- reads ----------------------------------------------------------------------
 
-    def _score(self, stype: int, st: list, at: int) -> float:  # type: ignore[type-arg]
-        h = self.half_life(stype)
-        if at >= st[2]:
-            s = st[0] * 2.0 ** (-(at - st[1]) / h)
+    def _buckets(self, k: int) -> list[Bucket]:
+        """Every non-empty bucket of key ``k``: ``(b, count, weight_sum, fd_sum, t_max_b)``."""
+        out: list[Bucket] = []
+        cn = int(self.CN[k])
+        if cn:
+            out.append((int(self.CB[k]), cn, float(self.CW[k]), float(self.CFD[k]), int(self.CTM[k])))
+        older = self.older.get(k)
+        if older:
+            out.extend((b, bk[0], bk[1], bk[2], bk[3]) for b, bk in older.items())
+        return out
+
+    def _score(self, k: int, at: int) -> float:
+        h = int(self.HL[k])
+        landmark = int(self.L[k])
+        if at >= self.TM[k]:
+            s = float(self.S[k]) * 2.0 ** (-(at - landmark) / h)
+            return s if s > 0.0 else 0.0
+        if (landmark - at) / h > RENORMALIZE_AT:
+            # read far before a landmark that has moved on: the sums scaled to it have
+            # lost the old contributions' precision (and 2 ** x would overflow), so
+            # sum them row by row
+            s = math.fsum(w * 2.0 ** (-(at - t) / h) for t, w in self._detail(k, 0, at))
             return s if s > 0.0 else 0.0
         bat = at // self._width
         parts = []
         partial = False
-        for b, _n, _w, fd, tm in iter_buckets(st):
+        for b, _n, _w, fd, tm in self._buckets(k):
             if b < bat or (b == bat and tm <= at):
                 parts.append(fd)
             elif b == bat:
                 partial = True
-        s = math.fsum(parts) * 2.0 ** (-(at - st[1]) / h) if parts else 0.0
+        s = math.fsum(parts) * 2.0 ** (-(at - landmark) / h) if parts else 0.0
         if partial:
-            recs = self._detail(st[3], bat * self._width, at)
+            recs = self._detail(k, bat * self._width, at)
             s += math.fsum(w * 2.0 ** (-(at - t) / h) for t, w in recs)
         return s if s > 0.0 else 0.0
 
-    def decay_score(self, cohort: str, entity: int, stype: int, at: int) -> float:
-        """Decayed score of a key at ``at`` (ns); 0.0 for a key with no contribution."""
-        keys = self.cohorts.get(cohort)
-        st = keys.get((entity, stype)) if keys else None
-        return 0.0 if st is None else self._score(stype, st, at)
-
-    def window(self, cohort: str, entity: int, stype: int, at: int) -> tuple[int, float]:
-        """``(count, weight_sum)`` over buckets ``b(at)-n+1 .. b(at)``."""
-        keys = self.cohorts.get(cohort)
-        st = keys.get((entity, stype)) if keys else None
-        return (0, 0.0) if st is None else self._window(st, at)
-
-    def _window(self, st: list, at: int) -> tuple[int, float]:  # type: ignore[type-arg]
+    def _window(self, k: int, at: int) -> tuple[int, float]:
         hi = at // self._width
         lo = hi - self._n + 1
         count = 0
         ws = []
-        for b, n, w, _fd, _tm in iter_buckets(st):
+        for b, n, w, _fd, _tm in self._buckets(k):
             if lo <= b <= hi:
                 count += n
                 ws.append(w)
         w = math.fsum(ws)
         return count, (w if w > 0.0 else 0.0)
 
+    def decay_score(self, cohort: str, entity: int, stype: int, at: int) -> float:
+        """Decayed score of a key at ``at`` (ns); 0.0 for a key with no contribution."""
+        k = self.index.get((cohort, entity, stype))
+        return 0.0 if k is None else self._score(k, at)
+
+    def window(self, cohort: str, entity: int, stype: int, at: int) -> tuple[int, float]:
+        """``(count, weight_sum)`` over buckets ``b(at)-n+1 .. b(at)``."""
+        k = self.index.get((cohort, entity, stype))
+        return (0, 0.0) if k is None else self._window(k, at)
+
+    def _scores(self, ks: np.ndarray, at: int) -> list[float]:  # type: ignore[type-arg]
+        """`_score` of many keys: the ones read after their latest contribution (the
+        common case) with the same arithmetic, on columns; the others one by one."""
+        if not len(ks):
+            return []
+        diff = at - self.L[ks]
+        easy = (self.TM[ks] <= at) & (diff < _EXACT) & (self.HL[ks] < _EXACT)
+        x = np.where(easy, -diff / self.HL[ks], 0.0)  # <= 0, and exact: ints below 2**53
+        scores = (self.S[ks] * np.array(_pow2(x.tolist()))).tolist()
+        out = [s if s > 0.0 else 0.0 for s in scores]
+        if not easy.all():
+            for i in np.flatnonzero(~easy).tolist():
+                out[i] = self._score(int(ks[i]), at)
+        return out
+
     def top(self, cohort: str, stype: int, k: int, at: int) -> list[tuple[int, float]]:
         """The ``k`` entities of ``stype`` with the highest score > 0 at ``at``.
 
         Sorted by score descending, ties by entity_id ascending.
         """
-        keys = self.cohorts.get(cohort)
-        if not keys:
+        cid = self._cid.get(cohort)
+        if cid is None or cohort not in self.cohorts:
             return []
-        scored = ((self._score(stype, st, at), key[0]) for key, st in keys.items() if key[1] == stype)
-        best = heapq.nsmallest(k, ((-s, e) for s, e in scored if s > 0.0))
+        n = len(self.keys)
+        ks = np.flatnonzero((self.KC[:n] == cid) & (self.KT[:n] == stype) & (self.LIVE[:n] != 0))
+        scores = self._scores(ks, at)
+        entities = self.KE[ks].tolist()
+        best = heapq.nsmallest(k, ((-s, e) for s, e in zip(scores, entities) if s > 0.0))
         return [(e, -neg) for neg, e in best]
 
     def rows(self, at: int) -> Iterable[tuple[str, int, int, float, int, float]]:
         """Every key: ``(cohort, entity, type, decay_score, window_count, window_weight)``."""
-        for cohort, keys in self.cohorts.items():
-            for key, st in keys.items():
-                c, w = self._window(st, at)
-                yield cohort, key[0], key[1], self._score(key[1], st, at), c, w
+        n = len(self.keys)
+        ks = np.flatnonzero(self.LIVE[:n])
+        scores = self._scores(ks, at)
+        hi = at // self._width
+        cb = self.CB[ks]
+        inside = (cb >= hi - self._n + 1) & (cb <= hi) & (self.CN[ks] > 0)
+        counts = np.where(inside, self.CN[ks], 0).tolist()
+        cw = self.CW[ks]
+        weights = np.where(inside & (cw > 0.0), cw, 0.0).tolist()
+        older = self.older
+        keys = self.keys
+        for i, k in enumerate(ks.tolist()):
+            cohort, entity, stype = keys[k]
+            if k in older:
+                c, w = self._window(k, at)
+            else:
+                c, w = counts[i], weights[i]
+            yield cohort, entity, stype, scores[i], c, w
 
     def key_count(self) -> int:
         """Number of live keys over all cohorts."""
-        return sum(len(k) for k in self.cohorts.values())
+        return len(self.index)
+
+    def cohort_key_ids(self, cohort: str) -> list[int]:
+        """Ids of the live keys of ``cohort``."""
+        cid = self._cid.get(cohort)
+        if cid is None:
+            return []
+        n = len(self.keys)
+        return np.flatnonzero((self.KC[:n] == cid) & (self.LIVE[:n] != 0)).tolist()
+
+    # -- re-materialization ------------------------------------------------------------
+
+    def same_cohort(self, cohort: str, other: Aggregates) -> bool:
+        """Whether ``other`` holds the same keys of ``cohort`` with the same scores (at
+        each key's later latest timestamp) and windows (every bucket's count and
+        weight), floats to relative 1e-9."""
+        mine = {self.keys[k][1:]: k for k in self.cohort_key_ids(cohort)}
+        theirs = {other.keys[k][1:]: k for k in other.cohort_key_ids(cohort)}
+        if mine.keys() != theirs.keys():
+            return False
+        for key, a in mine.items():
+            b = theirs[key]
+            at = max(int(self.TM[a]), int(other.TM[b]))
+            if not math.isclose(self._score(a, at), other._score(b, at), rel_tol=1e-9, abs_tol=1e-300):
+                return False
+            wa = {x[0]: (x[1], x[2]) for x in self._buckets(a)}
+            wb = {x[0]: (x[1], x[2]) for x in other._buckets(b)}
+            if wa.keys() != wb.keys():
+                return False
+            for bk, (n, w) in wa.items():
+                n2, w2 = wb[bk]
+                if n != n2 or not math.isclose(w, w2, rel_tol=1e-9, abs_tol=1e-300):
+                    return False
+        return True
+
+    def install_cohort(self, cohort: str, other: Aggregates, key_ids: dict[tuple[int, int], int]) -> None:
+        """Replace ``cohort``'s key states with ``other``'s (re-materialization).
+
+        ``key_ids`` maps ``(entity, type)`` to the key id this shard's detail rows
+        use for it; the state installed for that key takes that id.
+        """
+        for k in self.cohort_key_ids(cohort):
+            self._drop_key(k)
+        for ok in other.cohort_key_ids(cohort):
+            key = other.keys[ok]
+            k = key_ids[key[1:]]
+            for name in KEY_COLUMNS:
+                if name != "KC":
+                    getattr(self, name)[k] = getattr(other, name)[ok]
+            self.index[self.keys[k]] = k
+            self.cohorts[cohort] = self.cohorts.get(cohort, 0) + 1
+            if ok in other.older:
+                self.older[k] = {b: list(bk) for b, bk in other.older[ok].items()}
+
+    # -- snapshots -------------------------------------------------------------------
+
+    def dump(self) -> dict[str, Any]:
+        """The whole state as plain values and bytes (for a snapshot; see `load`)."""
+        n = len(self.keys)
+        ob: list[int] = []
+        oflat: list[Any] = []
+        for k, older in self.older.items():
+            for b, bk in older.items():
+                ob.append(k)
+                oflat.extend((b, bk[0], bk[1], bk[2], bk[3]))
+        return {
+            "names": self.cohort_names,
+            "n": n,
+            "cols": {name: getattr(self, name)[:n].tobytes() for name in KEY_COLUMNS},
+            "detail": {name: getattr(self, name).tobytes() for name, _ in _DETAIL},
+            "older_keys": array("q", ob).tobytes(),
+            "older": oflat,
+        }
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Inverse of `dump` (on an empty instance)."""
+        self.cohort_names = list(state["names"])
+        self._cid = {c: i for i, c in enumerate(self.cohort_names)}
+        n = state["n"]
+        self._cap = 0
+        self._reserve(n)
+        for name, dtype in KEY_COLUMNS.items():
+            getattr(self, name)[:n] = np.frombuffer(state["cols"][name], dtype=dtype)
+        for name, _ in _DETAIL:
+            getattr(self, name).frombytes(state["detail"][name])
+        names = self.cohort_names
+        self.keys = list(zip(map(names.__getitem__, self.KC[:n].tolist()), self.KE[:n].tolist(), self.KT[:n].tolist()))
+        live = np.flatnonzero(self.LIVE[:n]).tolist()
+        keys = self.keys
+        self.index = {keys[k]: k for k in live}
+        counts = np.bincount(self.KC[:n][self.LIVE[:n] != 0], minlength=len(names)).tolist()
+        self.cohorts = {names[c]: m for c, m in enumerate(counts) if m}
+        ok = array("q")
+        ok.frombytes(state["older_keys"])
+        flat = state["older"]
+        older = self.older
+        for i, k in enumerate(ok):
+            j = 5 * i
+            older.setdefault(k, {})[flat[j]] = [flat[j + 1], flat[j + 2], flat[j + 3], flat[j + 4]]

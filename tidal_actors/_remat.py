@@ -19,7 +19,6 @@ No threads, no I/O: the ledger and persistence behaviours drive them.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -27,7 +26,7 @@ import msgpack
 import numpy as np
 
 from ._codec import Keyspace, Tag, encode_key
-from ._ledger import DEAD, Aggregates, iter_buckets
+from ._ledger import DEAD, Aggregates
 from ._types import PurgeId, PurgeStatus
 
 __all__ = ["CHUNK_ROWS", "RematJob", "decode_status", "encode_status", "erase_history_ops"]
@@ -98,13 +97,9 @@ class RematJob:
         """
         agg: Aggregates = self.state.aggregates
         self._fold(self.cut, len(agg.dk))
-        new = self.scratch.cohorts.get(self.cohort, {})
-        for key, st in new.items():
-            st[3] = self.key_ids[key]
-        old = agg.cohorts.get(self.cohort, {})
-        matched = _same(agg, old, new)
+        matched = agg.same_cohort(self.cohort, self.scratch)
         if not matched:  # an equal rebuild is not swapped in: the live bits stay as they were
-            agg.install_cohort(self.cohort, new)
+            agg.install_cohort(self.cohort, self.scratch, self.key_ids)
         per_user: dict[int, int] = {}
         for row in self.excluded_rows:
             per_user[agg.du[row]] = per_user.get(agg.du[row], 0) + 1
@@ -113,25 +108,6 @@ class RematJob:
         for user in per_user:
             log.drop_retracted(user, self.cohort)
         return self.read, len(self.excluded_rows), matched, per_user
-
-
-def _same(agg: Aggregates, old: dict[Any, list[Any]], new: dict[Any, list[Any]]) -> bool:
-    if old.keys() != new.keys():
-        return False
-    for key, a in old.items():
-        b = new[key]
-        at = max(a[2], b[2])
-        if not math.isclose(agg._score(key[1], a, at), agg._score(key[1], b, at), rel_tol=1e-9, abs_tol=1e-300):
-            return False
-        wa = {x[0]: (x[1], x[2]) for x in iter_buckets(a)}
-        wb = {x[0]: (x[1], x[2]) for x in iter_buckets(b)}
-        if wa.keys() != wb.keys():
-            return False
-        for bk, (n, w) in wa.items():
-            n2, w2 = wb[bk]
-            if n != n2 or not math.isclose(w, w2, rel_tol=1e-9, abs_tol=1e-300):
-                return False
-    return True
 
 
 def erase_history_ops(

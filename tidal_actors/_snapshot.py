@@ -7,14 +7,14 @@ valid only until the first write after the open that reads it, so the open that
 loads it deletes it in the same step; after a crash there is none and restore replays
 the history (Tag table in `_codec.py`: SNAPSHOT_CHUNK, SNAPSHOT_MARK).
 
-Layout: per ledger shard, chunk 0 is the shard's log and counters, chunks 1.. hold
-aggregates, about ``CHUNK_KEYS`` keys each; all msgpack.
+Layout: per ledger shard, chunk 0 is the shard's log and counters, chunk 1 the
+aggregates (`Aggregates.dump`: numpy columns as bytes, the detail rows, older
+buckets); both msgpack.
 """
 
 from __future__ import annotations
 
 from array import array
-from typing import Any
 
 import msgpack
 
@@ -23,13 +23,12 @@ from ._config import Config
 
 __all__ = ["decode_ledger", "encode_ledger"]
 
-CHUNK_KEYS = 50_000
 _LOG_COLS = ("d",)
-_DETAIL_COLS = ("dk", "dt", "dw", "du", "dm", "dr")
 
 
 def encode_ledger(ls: LedgerState) -> list[bytes]:
-    """The shard's state as msgpack chunks (chunk 0: log, detail rows, counters)."""
+    """The shard's state as msgpack chunks (chunk 0: log and counters; chunk 1: the
+    aggregates, columns as bytes)."""
     log, agg = ls.log, ls.aggregates
     index_users = array("Q")
     index_cohorts: list[str] = []
@@ -43,28 +42,13 @@ def encode_ledger(ls: LedgerState) -> list[bytes]:
     head = {
         "base": log.base, "head": log.head,
         "cols": {n: getattr(log, n).tobytes() for n in _LOG_COLS},
-        "detail": {n: getattr(agg, n).tobytes() for n in _DETAIL_COLS},
-        "keys": agg.keys,
         "floor": log.floor,
         "iusers": index_users.tobytes(), "icohorts": index_cohorts,
         "ilens": index_lens.tobytes(), "idata": index_data.tobytes(),
         "batch_seq": ls.batch_seq, "rseq_seen": ls.rseq_seen,
         "live_from": {m: list(v) for m, v in ls.live_from.items()},
     }
-    chunks = [msgpack.packb(head)]
-    rows: list[Any] = []
-    for cohort, keys in agg.cohorts.items():
-        for (entity, stype), st in keys.items():
-            older: list[Any] = []
-            for b, bk in (st[9] or {}).items():
-                older.extend((b, bk[0], bk[1], bk[2], bk[3]))
-            rows.append((cohort, entity, stype, st[:9], older))
-            if len(rows) >= CHUNK_KEYS:
-                chunks.append(msgpack.packb(rows))
-                rows = []
-    if rows:
-        chunks.append(msgpack.packb(rows))
-    return chunks
+    return [msgpack.packb(head), msgpack.packb(agg.dump())]
 
 
 def decode_ledger(chunks: list[bytes], config: Config) -> LedgerState:
@@ -75,9 +59,6 @@ def decode_ledger(chunks: list[bytes], config: Config) -> LedgerState:
     log.base, log.head = head["base"], head["head"]
     for n in _LOG_COLS:
         getattr(log, n).frombytes(head["cols"][n])
-    for n in _DETAIL_COLS:
-        getattr(agg, n).frombytes(head["detail"][n])
-    agg.keys = [tuple(k) for k in head["keys"]]  # type: ignore[misc]
     log.floor = dict(head["floor"])
     users = array("Q")
     users.frombytes(head["iusers"])
@@ -92,9 +73,5 @@ def decode_ledger(chunks: list[bytes], config: Config) -> LedgerState:
     ls.batch_seq = head["batch_seq"]
     ls.rseq_seen = dict(head["rseq_seen"])
     ls.live_from = {m: (v[0], v[1]) for m, v in head["live_from"].items()}
-    cohorts = agg.cohorts
-    for raw in chunks[1:]:
-        for cohort, entity, stype, head9, flat in msgpack.unpackb(raw):
-            older = {flat[i]: [flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4]] for i in range(0, len(flat), 5)}
-            cohorts.setdefault(cohort, {})[(entity, stype)] = [*head9, older or None]
+    agg.load(msgpack.unpackb(chunks[1], strict_map_key=False))
     return ls

@@ -34,7 +34,7 @@ from ._types import PurgeManifest
 
 __all__ = ["HistoryBatch", "LmdbStore", "MemoryStore", "NullStore", "Restored", "parse_store"]
 
-SNAPSHOT_FORMAT = 3
+SNAPSHOT_FORMAT = 4
 _open_paths: set[str] = set()
 _open_lock = threading.Lock()
 
@@ -59,8 +59,22 @@ class HistoryBatch:
     contexts: dict[int, Any] | None = None
 
 
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
+
+
+def _pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    return {_hashable(k): v for k, v in pairs}
+
+
 def decode_batch(shard: int, seq: int, raw: bytes) -> HistoryBatch:
-    d = msgpack.unpackb(raw, strict_map_key=False)
+    try:
+        d = msgpack.unpackb(raw, strict_map_key=False)
+    except TypeError:
+        # a signal context with a tuple key (msgpack packs it as an array, which comes
+        # back as an unhashable list): rebuild such keys as tuples, so that one stored
+        # context can never make the store impossible to reopen
+        d = msgpack.unpackb(raw, strict_map_key=False, object_pairs_hook=_pairs)
     n = len(d["r"]) // 8
     ci_raw = d["ci"]
     ci = (np.frombuffer(ci_raw, dtype=np.uint8) if len(ci_raw) == n
@@ -223,7 +237,10 @@ class LmdbStore:
     def __init__(self, path: str | os.PathLike[str], config: Config) -> None:
         self.path = Path(path)
         self.config = config
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create the directory {self.path}: {exc}") from exc
         self._key = os.path.realpath(self.path)
         with _open_lock:
             if self._key in _open_paths:
@@ -249,12 +266,16 @@ class LmdbStore:
             # stay taken while any other process has the environment open: free them
             self.stale_readers = self.env.reader_check()
             self.dbs = {k.value: self.env.open_db(k.value.encode()) for k in Keyspace}
-        except DatabaseLocked:
+        except BaseException as exc:
+            # whatever failed, the directory must not stay registered as open here
+            env = getattr(self, "env", None)
+            if env is not None:
+                env.close()
+                self.env = None  # type: ignore[assignment]
             self._release()
+            if isinstance(exc, (lmdb.Error, OSError)):
+                raise StorageError(f"cannot open LMDB at {self.path}: {exc}") from exc
             raise
-        except lmdb.Error as exc:
-            self._release()
-            raise StorageError(f"cannot open LMDB at {self.path}: {exc}") from exc
         self.map_size = self.env.info()["map_size"]
         # set_mapsize invalidates read transactions open at that moment: growth and the
         # reads made outside the persistence thread (raw_get) never overlap
