@@ -1,7 +1,26 @@
 """Testing support: the reference model (an obviously-correct single-threaded
-implementation of the semantics) and, as they come, the deterministic harness and the
-pytest plugin."""
+implementation of the semantics), the message-driven harness (the real actor
+behaviours under a deterministic, seeded host with fault injection) and the pytest
+plugin."""
 
+from ._harness import (
+    FACADE,
+    START_NS,
+    DeterministicHost,
+    FaultReport,
+    Harness,
+    HarnessStuck,
+    Schedule,
+)
 from ._reference import ReferenceModel
 
-__all__ = ["ReferenceModel"]
+__all__ = [
+    "FACADE",
+    "START_NS",
+    "DeterministicHost",
+    "FaultReport",
+    "Harness",
+    "HarnessStuck",
+    "ReferenceModel",
+    "Schedule",
+]
