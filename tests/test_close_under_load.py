@@ -208,13 +208,6 @@ def test_the_lock_of_a_killed_process_is_released(pdb_path):
         assert db.cohorts_of(1) == {"c"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TidalDb._run tracks a call's replies only after its message was sent; a close() "
-    "that runs entirely in between (its flush barrier passed, the shard stopped before "
-    "answering, fail_inflight done) leaves the call waiting for ever instead of raising "
-    "DatabaseClosed. Fix: Core.track must fail a reply at once once fail_inflight has run.",
-)
 def test_a_call_sent_just_before_close_is_never_left_waiting(pdb_path):
     """The interleaving, forced with hooks: the caller passes the open check, close()
     sends its barriers and waits for the last one (the flush); the caller's assign is

@@ -225,10 +225,9 @@ class Chain:
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
         self.ledgers = cfg["ledger_shards"]
-        # manifests' ``evicted`` counts are not compared when records are evicted: a
-        # restore from the history (after a crash) forgets evictions not yet reported
-        # (test_evicted_count_of_a_manifest_survives_a_crash, xfail)
-        self.evicted = "max_contribution_log_entries" not in cfg
+        # manifests' ``evicted`` counts are compared too: a restore from the history
+        # (after a crash) keeps the evictions not yet reported
+        self.evicted = True
         self.settled: list[list[dict[str, Any]]] = [[] for _ in range(self.ledgers)]
 
     def reconcile(self, got: dict[str, Any], recs: list[dict[str, Any]], at: int) -> dict[str, int]:
@@ -435,13 +434,6 @@ def _evicted_scenario(target: Any) -> None:
     target.flush()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="build_states (Core) restores from the history only the records at or above the "
-    "last committed eviction watermark into the contribution log; evicted records of a pair "
-    "not yet reported by one of its manifests are forgotten, so after a crash the pair's next "
-    "manifest says evicted=0 (a clean restart restores them from the snapshot: 3)",
-)
 def test_evicted_count_of_a_manifest_survives_a_crash(mp, tmp_path):
     """Log of 4 records: user 2 (cohort c) sends 3 signals (6 records), user 3 sends 4
     (4 records) and purges @community, which evicts all 6 of user 2's records. Then

@@ -69,11 +69,6 @@ def test_membership_handler_failure_reaches_caller_with_cause_and_shard_keeps_se
     assert _actors_alive(db)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="LedgerShard._read sets the raw exception on the reply before Behaviour.receive "
-    "can wrap it, so the caller gets e.g. ZeroDivisionError, not a TidalError/ActorFailure",
-)
 def test_ledger_read_failure_reaches_caller_as_tidal_error_with_cause(db, monkeypatch):
     from tidal_actors._ledger import Aggregates
 
@@ -269,12 +264,6 @@ def _returns_within(fn, seconds=1.5):
     return (not t.is_alive()), (out[0] if out else None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PurgeCoordinator: an exception in _on_prepared (after the ledger answered) is only "
-    "counted: the purge's caller is never answered, and _pending stays set, so every later "
-    "purge is stashed for ever",
-)
 def test_a_coordinator_failure_mid_purge_reaches_the_caller_and_later_purges_run(clock, monkeypatch):
     import tidal_actors._behaviours as B
 
@@ -294,12 +283,6 @@ def test_a_coordinator_failure_mid_purge_reaches_the_caller_and_later_purges_run
         db.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="MembershipShard._on_committed clears _pending, then applies: an exception while "
-    "applying is only counted, so the caller is never answered (and the committed write is "
-    "not applied in memory until a restart)",
-)
 def test_a_membership_failure_after_the_commit_reaches_the_caller(db):
     shard = _membership(db)
     shard._set_cohorts = _once(RuntimeError("apply"), shard._set_cohorts)

@@ -608,12 +608,6 @@ def test_purge_leaves_alone_a_signal_submitted_after_it() -> None:
         assert h.run(h.read_window("red", 7, 0)) == (1, 4.0), f"seed {seed}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "purge exactness relies on causal delivery, which one mailbox per receiver gives (pykka) "
-    "but FIFO per sender/receiver pair alone does not: PreparePurge (coordinator -> ledger) "
-    "can overtake an Attribute sent earlier (membership -> ledger). DESIGN.md's ordering "
-    "argument claims per-pair FIFO suffices."
-))
 def test_purge_is_exact_with_fifo_per_pair_only() -> None:
     h = Harness(seed=2, config=CFG.replace(membership_shards=1, ledger_shards=1), ordering="pair")
     h.run(h.assign_cohort(1, "red"))

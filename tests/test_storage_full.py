@@ -125,12 +125,6 @@ def test_past_the_maximum_control_ops_raise_storage_full_and_change_nothing(pdb_
         assert len(manifest.entries) == c and _count(db, "c", 10) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Core.close writes the ledger snapshot after the actors stopped and lets its "
-    "StorageFull escape: close() raises although nothing acknowledged is lost (the "
-    "snapshot is optional; the next open replays the history)",
-)
 def test_close_on_a_full_store_does_not_raise(pdb_path):
     cfg = Config(map_size_bytes=64 * KIB, max_map_size_bytes=256 * KIB)
     db = TidalDb.open(pdb_path, config=cfg, clock=ManualClock(T0))

@@ -100,14 +100,23 @@ class Behaviour:
         except Exception as exc:  # noqa: BLE001 - the actor must keep serving
             self.handler_errors += 1
             self.last_error = exc
+            err = self.failure(message, exc)
             reply = getattr(message, "reply", None)
             if isinstance(reply, Reply):
-                err = exc if isinstance(exc, TidalError) else ActorFailure(
-                    f"{self.address[0]}[{self.address[1]}] failed on {type(message).__name__}: {exc!r}"
-                )
-                if err is not exc:
-                    err.__cause__ = exc
                 reply.set_exception(err)
+            self.on_error(message, err)
+
+    def failure(self, message: object, exc: BaseException) -> BaseException:
+        """``exc`` as the caller sees it: a TidalError as is, anything else wrapped in
+        :class:`ActorFailure` with the cause attached."""
+        if isinstance(exc, TidalError):
+            return exc
+        err = ActorFailure(f"{self.address[0]}[{self.address[1]}] failed on {type(message).__name__}: {exc!r}")
+        err.__cause__ = exc
+        return err
+
+    def on_error(self, message: object, err: BaseException) -> None:
+        """Hook: a handler failed on ``message`` (already counted and replied)."""
 
     def on_idle(self) -> None:
         """Called by the host when the mailbox is empty after a message."""
@@ -237,7 +246,12 @@ class MembershipShard(Behaviour):
         if msg.error is not None:
             reply.set_exception(msg.error)
             return
-        reply.set_result(apply())
+        try:
+            value = apply()
+        except Exception as exc:
+            reply.set_exception(self.failure(msg, exc))
+            raise
+        reply.set_result(value)
 
     def _cohort_ops(self, user: int, cohorts: tuple[str, ...]) -> list[tuple[str, bytes, bytes | None]]:
         key = encode_key(user, Tag.COHORT_ASSIGNMENT)
@@ -327,9 +341,12 @@ class MembershipShard(Behaviour):
             raise ValueError(f"unknown query {msg.kind!r}")
 
     def _on_purge(self, msg: M.PurgeRequest) -> None:
+        self._token += 1
+        marker = (self.index, self._token)
+        self.ctx.tell((M.LEDGER, self._ledger(msg.cohort)), M.PurgeMarker(marker))
         self.ctx.tell(
             M.COORD_ADDR,
-            M.Purge(msg.user, msg.cohort, self.index, self.state.next_rseq, msg.now_ns, msg.reply),
+            M.Purge(msg.user, msg.cohort, self.index, self.state.next_rseq, msg.now_ns, msg.reply, marker),
         )
 
     def _on_barrier(self, msg: M.Barrier) -> None:
@@ -376,8 +393,11 @@ class LedgerShard(Behaviour):
             (M.EvictionUpdate, self._on_eviction),
             (M.RematStart, self._on_remat_start),
             (M.RematStep, self._on_remat_step),
+            (M.PurgeMarker, self._on_marker),
         ):
             self.on(kind, fn)
+        self._markers: set[Any] = set()
+        self._parked: dict[Any, M.PreparePurge] = {}
         self._jobs: dict[Any, Any] = {}
 
     def _on_attribute(self, msg: M.Attribute) -> None:
@@ -461,11 +481,22 @@ class LedgerShard(Behaviour):
             else:
                 raise ValueError(f"unknown read {r.kind!r}")
         except Exception as exc:
-            r.reply.set_exception(exc)
+            r.reply.set_exception(self.failure(r, exc))
             raise
         r.reply.set_result(value)
 
+    def _on_marker(self, msg: M.PurgeMarker) -> None:
+        self._markers.add(msg.marker)
+        parked = self._parked.pop(msg.marker, None)
+        if parked is not None:
+            self._on_prepare(parked)
+
     def _on_prepare(self, msg: M.PreparePurge) -> None:
+        if msg.marker is not None:
+            if msg.marker not in self._markers:
+                self._parked[msg.marker] = msg  # the user's earlier records are still coming
+                return
+            self._markers.discard(msg.marker)
         try:
             prepared = self.state.log.prepare(msg.user, msg.cohort, msg.live_from, msg.bound)
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, prepared))
@@ -677,7 +708,7 @@ class PurgeCoordinator(Behaviour):
         )
         self._pending = {"msg": msg, "pid": pid, "live_from": live_from}
         li = ledger_shard_of(msg.cohort, self.ctx.config.ledger_shards)
-        self.ctx.tell((M.LEDGER, li), M.PreparePurge(pid, msg.user, msg.cohort, live_from, msg.next_rseq))
+        self.ctx.tell((M.LEDGER, li), M.PreparePurge(pid, msg.user, msg.cohort, live_from, msg.next_rseq, msg.marker))
 
     def _fail_pending(self, exc: BaseException) -> None:
         pending, self._pending = self._pending, None
@@ -763,10 +794,16 @@ class PurgeCoordinator(Behaviour):
         if delay is None:
             return
         if cohort not in self._remat_due:
-            self._remat_due[cohort] = time.monotonic() + delay / 1000.0
+            self._remat_due[cohort] = self._monotonic() + delay / 1000.0
+
+    def _monotonic(self) -> float:
+        # an operational delay, not domain time: the host's monotonic seconds (the
+        # deterministic harness supplies its own)
+        fn = getattr(self.ctx, "monotonic", None)
+        return float(fn()) if fn is not None else time.monotonic()
 
     def _on_tick(self, msg: M.Tick) -> None:
-        now = time.monotonic()
+        now = self._monotonic()
         for cohort, due in list(self._remat_due.items()):
             if due <= now:
                 del self._remat_due[cohort]
@@ -850,6 +887,15 @@ class PurgeCoordinator(Behaviour):
         for m in deferred:
             self.receive(m)
         self._start_remat()
+
+    def on_error(self, message: object, err: BaseException) -> None:
+        """A failure while a purge or a re-materialization waits on this message ends
+        it with the error, so its caller is answered and later purges proceed."""
+        token = getattr(message, "purge_id", None) or getattr(message, "token", None)
+        if self._remat is not None and token == self._remat["token"]:
+            self._remat_finished(error=err)
+        elif self._pending is not None and token == self._pending["pid"]:
+            self._fail_pending(err)
 
     def _on_drain(self, msg: M.Drain) -> None:
         self._drains.append(msg.reply)

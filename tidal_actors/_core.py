@@ -14,10 +14,12 @@ always means "processed before".
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import threading
 import time
 import weakref
+from array import array
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -36,7 +38,7 @@ from ._behaviours import (
 from ._clock import Clock
 from ._codec import Keyspace, Tag, encode_key, ledger_shard_of, membership_shard_of
 from ._config import Config
-from ._errors import DatabaseClosed, InvalidArgument, TidalError
+from ._errors import DatabaseClosed, InvalidArgument, StorageError, TidalError
 from ._reply import Reply
 from ._store import SNAPSHOT_FORMAT, LmdbStore, Restored
 from ._types import Signal, WindowCount
@@ -110,6 +112,13 @@ def build_states(
     lstates = [LedgerState(config) for _ in range(nl)]
     tomb = restored.tombstones
     shard_cache: dict[str, int] = {}
+    # a pair's evicted records that no manifest has reported yet: the next purge's
+    # manifest counts them (records below a purge's bound were reported by it)
+    reported: dict[tuple[int, str], int] = {}
+    for status, bound in restored.statuses.values():
+        key = (status.user_id, status.cohort)
+        reported[key] = max(reported.get(key, -1), bound)
+    unreported: list[dict[tuple[int, str], int]] = [{} for _ in range(nl)]
     for batch in restored.batches:
         if batch.shard < nl:
             ls = lstates[batch.shard]
@@ -134,6 +143,10 @@ def build_states(
             seen = ls.rseq_seen
             live = [(rec, row) for rec, row in zip(recs, rows) if rec[0] < nm and rec[1] >= coord.live_from[rec[0]]]
             ls.log.append([x[0] for x in live], [x[1] for x in live])
+            counts = unreported[li]
+            for rec in recs:
+                if rec[0] < nm and rec[1] < coord.live_from[rec[0]] and rec[1] >= reported.get((rec[2], rec[3]), -1):
+                    counts[(rec[2], rec[3])] = counts.get((rec[2], rec[3]), 0) + 1
             for rec in recs:
                 m, r = rec[0], rec[1]
                 if m < nm:
@@ -141,7 +154,13 @@ def build_states(
                         mstates[m].next_rseq = r + 1
                     if r > seen.get(m, -1):
                         seen[m] = r
-    for ls in lstates:
+    for ls, counts in zip(lstates, unreported):
+        for key, n in counts.items():
+            lst = ls.log.index.get(key)
+            if lst is None:
+                ls.log.index[key] = array("q", (n,))
+            else:
+                lst[0] += n
         for m in range(nm):
             ls.live_from[m] = (coord.live_from[m], len(coord.drained[m]))
             ls.log.set_floor(m, coord.live_from[m])
@@ -227,6 +246,7 @@ class Core:
         self._close_lock = threading.Lock()
         self._inflight: weakref.WeakSet[Reply] = weakref.WeakSet()
         self._inflight_lock = threading.Lock()
+        self._inflight_failed = False
         self._nm = config.membership_shards
         self._nl = config.ledger_shards
         self._batch = config.signal_batch_size if buffered else 1
@@ -285,13 +305,17 @@ class Core:
         self.fail_inflight()
         try:
             if self.store.durable:
-                # every actor has stopped: the closing thread owns the store now
-                self.store.commit(snapshot_write_ops(self.config, [b.state for b in self.ledgers]))
+                # every actor has stopped: the closing thread owns the store now. A
+                # snapshot that cannot be written (full map) is only a speed-up lost:
+                # the next open replays the history instead.
+                with contextlib.suppress(StorageError):
+                    self.store.commit(snapshot_write_ops(self.config, [b.state for b in self.ledgers]))
         finally:
             self.store.close()
 
     def fail_inflight(self) -> None:
         with self._inflight_lock:
+            self._inflight_failed = True
             pending = list(self._inflight)
         for reply in pending:
             reply.set_exception(DatabaseClosed("the database was closed before this call completed"))
@@ -303,6 +327,9 @@ class Core:
     def track(self, reply: Reply) -> None:
         with self._inflight_lock:
             self._inflight.add(reply)
+            failed = self._inflight_failed
+        if failed:  # close() already failed what was in flight: this one too
+            reply.set_exception(DatabaseClosed("the database was closed before this call completed"))
 
     def untrack(self, reply: Reply) -> None:
         with self._inflight_lock:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -96,6 +97,7 @@ class HostContext:
         self.clock = clock
         self.durable = durable
         self.tell = tell
+        self.monotonic = time.monotonic
 
 
 class PykkaHost:

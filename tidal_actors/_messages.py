@@ -83,6 +83,7 @@ class Purge:
     next_rseq: int
     now_ns: int
     reply: Reply
+    marker: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,7 @@ class PreparePurge:
     cohort: str
     live_from: int
     bound: int
+    marker: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,3 +270,12 @@ class Drain:
     """Facade -> coordinator at close: reply once no purge is in flight or waiting."""
 
     reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeMarker:
+    """Membership -> ledger, right after the user's earlier records: the purge's
+    preparation waits for it, so it never overtakes them even where only per-pair
+    FIFO holds (the coordinator's path to the ledger is another pair)."""
+
+    marker: tuple[int, int]

@@ -94,7 +94,7 @@ def check_weight(value: object, field: str = "weight") -> float:
         raise InvalidArgument(field, value, "must be a finite number >= 0")
     try:
         w = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InvalidArgument(field, value, "must be a finite number >= 0") from None
     if not math.isfinite(w) or w < 0.0:
         raise InvalidArgument(field, value, "must be a finite number >= 0")

@@ -254,11 +254,12 @@ class Schedule:
 class _Down:
     """A crashed shard waiting for its restart."""
 
-    __slots__ = ("old", "orphans")
+    __slots__ = ("markers", "old", "orphans")
 
     def __init__(self, old: Behaviour) -> None:
         self.old = old
         self.orphans: dict[Any, tuple[Reply, str]] = {}
+        self.markers: set[Any] = set()
 
 
 class DeterministicHost:
@@ -279,6 +280,9 @@ class DeterministicHost:
         self.schedule = schedule if schedule is not None else Schedule()
         self.store = store
         self.ctx = HostContext(config, clock, durable, self.tell)
+        # operational delays (re-materialization after a purge) run on the manual
+        # clock here, so they are as deterministic as everything else
+        self.ctx.monotonic = lambda: clock.now_ns() / 1e9
         self.behaviours: dict[M.Address, Behaviour] = {}
         self.incarnation: dict[M.Address, int] = {}
         self.on_replace: Callable[[M.Address, Behaviour], None] | None = None
@@ -511,6 +515,12 @@ class DeterministicHost:
                 down.orphans[token] = (reply, label)
                 report.in_doubt.append(label)
             lost = list(old._stash) + lost
+        else:
+            # a purge preparation parked until its marker arrives dies with the shard;
+            # a marker lost with the mailbox counts as arrived at the restart (the
+            # records sent before it are lost with it, and reported as such)
+            lost = list(getattr(old, "_parked", {}).values()) + lost
+            down.markers = {m.marker for m in lost if isinstance(m, M.PurgeMarker)}
         for msg in lost:
             self._drop(address, msg, report)
         for token, job in list(getattr(old, "_jobs", {}).items()):
@@ -552,6 +562,8 @@ class DeterministicHost:
         else:
             new = LedgerShard(self.ctx, i, lstates[i])
             carry = ("records_in", "retracted", "history_batches", "handler_errors")
+            # markers that arrived stay facts: the records sent before them were delivered
+            new._markers = set(old._markers) | down.markers
         for name in carry:
             setattr(new, name, getattr(old, name))
         self.behaviours[address] = new
@@ -873,7 +885,8 @@ class Harness:
     def tick(self) -> None:
         """Send the purge coordinator the ``Tick`` that the pykka facade sends every
         50 ms while a re-materialization is due (``Config.rematerialize_after_ms``
-        after a purge). The harness has no timers: without ticks, scheduled
+        after a purge, measured here on the harness's manual clock, so ``advance``
+        makes it due). The harness has no timers: without ticks, scheduled
         re-materializations wait (a reopen resumes them); ``rematerialize`` runs one
         at once."""
         tick = getattr(M, "Tick", None)
