@@ -230,7 +230,7 @@ class MembershipShard(Behaviour):
         tell = self.ctx.tell
         for li, records in enumerate(outs):
             if records:
-                tell((M.LEDGER, li), M.Attribute(records, ctxs.get(li) if ctxs else None))
+                tell((M.LEDGER, li), M.Attribute(records, ctxs.get(li) if ctxs else None))  # type: ignore[arg-type]
 
     # control operations: applied only once committed
     def _write(self, ops: list[tuple[str, bytes, bytes | None]], apply: Callable[[], Any], reply: Reply) -> None:
@@ -607,7 +607,7 @@ def advance_watermark(live_from: int, drained: list[int], next_rseq: int, cap: i
 
 def encode_manifest(m: PurgeManifest) -> bytes:
     """msgpack of a manifest; the purge id stays 16 bytes (msgpack ints stop at 64 bits)."""
-    return msgpack.packb(
+    return msgpack.packb(  # type: ignore[no-any-return]
         [m.purge_id.to_bytes16(), m.user_id, m.cohort, m.created_at_ns,
          [list(e) for e in m.entries], m.evicted]
     )
@@ -690,8 +690,8 @@ class PurgeCoordinator(Behaviour):
 
     def receive(self, message: object) -> None:
         if type(message) is M.Purge:
-            if self._remat is not None and message.cohort == self._remat["cohort"]:  # type: ignore[attr-defined]
-                self._deferred.append(message)  # type: ignore[arg-type]
+            if self._remat is not None and message.cohort == self._remat["cohort"]:
+                self._deferred.append(message)
                 return
             if self._pending is not None:
                 self._stash.append(message)
@@ -862,7 +862,7 @@ class PurgeCoordinator(Behaviour):
                                         True, now, extra), bound))
         r["updates"] = updates
         r["report"] = RematerializationReport(cohort, msg.read, msg.excluded, msg.seconds, msg.matched)
-        ops = [(Keyspace.ITEMS.value, *encode_status(s, b)) for s, b in updates]
+        ops: list[tuple[str, bytes, bytes | None]] = [(Keyspace.ITEMS.value, *encode_status(s, b)) for s, b in updates]
         self.ctx.tell(M.PERSIST_ADDR, M.EraseHistory(cohort, r["covered"], ops, (self.address, msg.token)))
 
     def _remat_committed(self, msg: M.Committed) -> None:

@@ -423,7 +423,7 @@ class Core:
         m = 0 if self._nm == 1 else membership_shard_of(item[0], self._nm)
         buf = self._buffers[m]
         with buf.lock:
-            buf.items.append(item)  # type: ignore[arg-type]
+            buf.items.append(item)
             if len(buf.items) >= self._batch:
                 items, buf.items = buf.items, []
                 self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
@@ -458,7 +458,7 @@ class Core:
                     if now is None:
                         now = self.now()
                     item = (item[0], item[1], item[2], item[3], now, item[5])
-                per_shard[0 if nm == 1 else membership_shard_of(item[0], nm)].append(item)  # type: ignore[arg-type]
+                per_shard[0 if nm == 1 else membership_shard_of(item[0], nm)].append(item)
         step = self._batch
         for m, items in enumerate(per_shard):
             if not items:

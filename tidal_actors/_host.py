@@ -63,7 +63,7 @@ def _actor_class(capacity: int, started: list[Any]) -> type[pykka.ThreadingActor
         def __init__(self, behaviour: Behaviour) -> None:
             super().__init__()
             self.behaviour = behaviour
-            self.actor_inbox.stopped = self.actor_stopped
+            self.actor_inbox.stopped = self.actor_stopped  # type: ignore[attr-defined]
             self.thread: threading.Thread | None = None
             started.append(self)
 

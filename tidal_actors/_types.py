@@ -82,7 +82,7 @@ class LeaveEpoch(NamedTuple):
 class WindowCount(NamedTuple):
     """A window read: number of contributions and the sum of their weights."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count on purpose: the spec's name
     weight: float
 
 

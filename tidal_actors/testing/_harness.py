@@ -563,7 +563,7 @@ class DeterministicHost:
             new = LedgerShard(self.ctx, i, lstates[i])
             carry = ("records_in", "retracted", "history_batches", "handler_errors")
             # markers that arrived stay facts: the records sent before them were delivered
-            new._markers = set(old._markers) | down.markers
+            new._markers = set(old._markers) | down.markers  # type: ignore[attr-defined]
         for name in carry:
             setattr(new, name, getattr(old, name))
         self.behaviours[address] = new
