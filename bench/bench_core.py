@@ -4,16 +4,23 @@ latency at a full log, memory per retained contribution record.
 Run: ``python bench/bench_core.py`` (``--quick`` for a smaller run). Every rate is
 printed beside a plain single-threaded loop doing the same fan-out (forward-decayed
 score, bucketed window, one contribution record per cohort) in the same process, so
-the ratios hold on a noisy machine.
+the ratios hold on a noisy machine: each ingestion figure is the median of three
+rounds, each round timing the plain loop and then the runtime, and its ratio the
+median of the three rounds' ratios. Purge latency: 100 users' purges (p99 is the
+99th). Memory per retained record: RSS above the start once settled (a collection
+and malloc_trim), and the bytes of the ledgers' structures by part.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import gc
 import json
 import os
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -29,6 +36,24 @@ T0 = 10**18
 def rss_bytes() -> int:
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def settled_rss() -> int:
+    """RSS after a full collection and glibc's malloc_trim (freed heap given back)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return rss_bytes()
+
+
+def structure_bytes(db: TidalDb) -> dict[str, int]:
+    """Bytes held by the ledgers' structures, by part (`Aggregates.memory`,
+    `ContributionLog.memory`); read while the actors are idle."""
+    out: dict[str, int] = {}
+    for ledger in db._core.ledgers:
+        for part, n in {**ledger.state.aggregates.memory(), **ledger.state.log.memory()}.items():
+            out[part] = out.get(part, 0) + n
+    return out
 
 
 def zipf_entities(n: int, n_entities: int = 50_000, exponent: float = 1.1, seed: int = 1) -> list[int]:
@@ -133,11 +158,13 @@ def leave_latency(path: str | None, n: int) -> tuple[float, float]:
     return q[49] * 1e3, q[98] * 1e3
 
 
-def purge_at_full_log(log_records: int, user_records: int, repeats: int) -> tuple[float, float, float, int]:
+def purge_at_full_log(
+    log_records: int, user_records: int, repeats: int
+) -> tuple[float, float, float, int, dict[str, int]]:
     """Purge latency of a user with ``user_records`` contributions while the log holds
-    ``log_records`` records; also memory per retained record (RSS delta)."""
-    gc.collect()
-    rss0 = rss_bytes()
+    ``log_records`` records; also memory per retained record (RSS above the start,
+    settled: after a collection and malloc_trim) and the structures' bytes by part."""
+    rss0 = settled_rss()
     cfg = Config(max_contribution_log_entries=log_records, ledger_shards=2)
     lat = []
     with TidalDb.open(config=cfg) as db:
@@ -157,8 +184,8 @@ def purge_at_full_log(log_records: int, user_records: int, repeats: int) -> tupl
             db.signal_batch([Signal(u, rng.randrange(50_000), 1, 1.0, T0 + i) for i in range(user_records)])
         db.flush()
         st = db.stats()
-        gc.collect()
-        per_record = (rss_bytes() - rss0) / max(st["log_records"], 1)
+        per_record = (settled_rss() - rss0) / max(st["log_records"], 1)
+        parts = structure_bytes(db)
         for u in range(repeats):
             t = time.perf_counter()
             _, m = db.request_community_purge(u, "target")
@@ -166,7 +193,8 @@ def purge_at_full_log(log_records: int, user_records: int, repeats: int) -> tupl
             assert len(m.entries) == user_records, (len(m.entries), m.evicted)
         retained = st["log_records"]
     lat.sort()
-    return statistics.median(lat) * 1e3, lat[int(len(lat) * 0.99) - 1 if len(lat) >= 100 else -1] * 1e3, per_record, retained
+    p99 = lat[int(len(lat) * 0.99) - 1 if len(lat) >= 100 else -1] * 1e3
+    return statistics.median(lat) * 1e3, p99, per_record, retained, parts
 
 
 def main() -> None:
@@ -179,26 +207,37 @@ def main() -> None:
     signals = workload(n, users)
     cohorts = cohorts_for(users)
     out: dict[str, float] = {}
-    base = plain_loop(signals, cohorts)
-    out["plain_loop_signals_per_s"] = base
     tmp = tempfile.mkdtemp(prefix="tidal-bench-")
-    for name, path, batch in (
-        ("batch_ephemeral", None, True),
-        ("batch_persistent", os.path.join(tmp, "a"), True),
-        ("single_ephemeral", None, False),
-        ("single_persistent", os.path.join(tmp, "b"), False),
+    rounds = 3  # each round: the plain loop, then the runtime; medians of the round ratios
+    bases: list[float] = []
+    for name, persistent, batch in (
+        ("batch_ephemeral", False, True),
+        ("batch_persistent", True, True),
+        ("single_ephemeral", False, False),
+        ("single_persistent", True, False),
     ):
-        rate = ingest(path, signals, cohorts, batch=batch)
-        out[f"{name}_signals_per_s"] = rate
-        out[f"{name}_ratio"] = rate / base
-    out["call_path_ephemeral_signals_per_s"] = ingest_call_path(None, signals)
+        rates, ratios = [], []
+        for r in range(rounds):
+            base = plain_loop(signals, cohorts)
+            rate = ingest(os.path.join(tmp, f"{name}-{r}") if persistent else None, signals, cohorts, batch=batch)
+            bases.append(base)
+            rates.append(rate)
+            ratios.append(rate / base)
+        out[f"{name}_signals_per_s"] = statistics.median(rates)
+        out[f"{name}_ratio"] = statistics.median(ratios)
+    out["plain_loop_signals_per_s"] = statistics.median(bases)
+    out["call_path_ephemeral_signals_per_s"] = statistics.median(ingest_call_path(None, signals) for _ in range(rounds))
     out["leave_ephemeral_p50_ms"], out["leave_ephemeral_p99_ms"] = leave_latency(None, 2000)
     out["leave_persistent_p50_ms"], out["leave_persistent_p99_ms"] = leave_latency(os.path.join(tmp, "c"), 500)
     log_records = 500_000 if args.quick else 5_000_000
-    p50, p99, per_rec, retained = purge_at_full_log(log_records, 1000, 20)
+    p50, p99, per_rec, retained, parts = purge_at_full_log(log_records, 1000, 100)
     out["purge_1000_log_records"] = retained
     out["purge_1000_p50_ms"], out["purge_1000_p99_ms"] = p50, p99
     out["bytes_per_retained_record"] = per_rec
+    out["structure_bytes_per_retained_record"] = sum(parts.values()) / max(retained, 1)
+    for part, n in parts.items():
+        out[f"structure_{part}_bytes_per_record"] = n / max(retained, 1)
+    shutil.rmtree(tmp, ignore_errors=True)
     width = max(len(k) for k in out)
     for k, v in out.items():
         print(f"{k:<{width}}  {v:,.3f}" if isinstance(v, float) else f"{k:<{width}}  {v:,}")

@@ -714,6 +714,7 @@ class PurgeCoordinator(Behaviour):
         pending, self._pending = self._pending, None
         if pending is not None:
             pending["msg"].reply.set_exception(exc)
+        self._start_remat()
         while self._pending is None and self._stash:
             self.receive(self._stash.popleft())
 
@@ -782,6 +783,7 @@ class PurgeCoordinator(Behaviour):
         self._pending = None
         req.reply.set_result((p["pid"], p["manifest"]))
         self._schedule_remat(req.cohort)
+        self._start_remat()  # one held back while this purge was in progress
         while self._pending is None and self._stash:
             self.receive(self._stash.popleft())
 
@@ -824,12 +826,23 @@ class PurgeCoordinator(Behaviour):
         self._start_remat()
 
     def _start_remat(self) -> None:
+        """Start the next queued re-materialization, skipping a cohort whose purge is
+        in progress (its retraction must reach the ledger before the rebuild starts;
+        it is started again when that purge ends)."""
         if self._remat is not None or not self._remat_queue:
             return
-        cohort = self._remat_queue.pop(0)
+        busy = self._pending["msg"].cohort if self._pending is not None else None
+        ready = [c for c in self._remat_queue if c != busy]
+        if not ready:
+            return
+        cohort = ready[0]
+        self._remat_queue.remove(cohort)
         self._remat_seq += 1
         token = ("remat", self._remat_seq)
-        self._remat = {"cohort": cohort, "token": token, "covered": self.state.covered(cohort)}
+        # the purges it covers: every one committed so far (later ones of this cohort
+        # wait, deferred, until it ends)
+        self._remat = {"cohort": cohort, "token": token, "covered": self.state.covered(cohort),
+                       "upto": self.state.last_purge_id}
         li = ledger_shard_of(cohort, self.ctx.config.ledger_shards)
         self.ctx.tell((M.LEDGER, li), M.RematStart(cohort, self._remat["covered"], token))
 
@@ -854,8 +867,8 @@ class PurgeCoordinator(Behaviour):
         now = self.ctx.clock.now_ns()
         per_user = dict(msg.per_user or {})
         updates: list[tuple[PurgeStatus, int]] = []
-        for _pid, (status, bound) in sorted(self.state.statuses.items(), reverse=True):
-            if status.cohort != cohort or status.rematerialized:
+        for pid, (status, bound) in sorted(self.state.statuses.items(), reverse=True):
+            if status.cohort != cohort or status.rematerialized or pid > r["upto"]:
                 continue
             extra = per_user.pop(status.user_id, 0)  # counted on the pair's latest purge
             updates.append((PurgeStatus(status.purge_id, status.user_id, cohort, status.retracted_live,
@@ -910,9 +923,10 @@ class PurgeCoordinator(Behaviour):
 
     def _on_query_purge(self, msg: M.QueryPurge) -> None:
         entry = self.state.statuses.get(msg.purge_id)
-        if entry is None:
-            raise UnknownPurge(f"no purge with id {PurgeId(msg.purge_id)!r} in this store")
-        msg.reply.set_result(entry[0])
+        if entry is None:  # the caller's mistake, not a handler failure: not counted
+            msg.reply.set_exception(UnknownPurge(f"no purge with id {PurgeId(msg.purge_id)!r} in this store"))
+        else:
+            msg.reply.set_result(entry[0])
 
     def _on_query(self, msg: M.QueryManifests) -> None:
         if msg.user == -1:

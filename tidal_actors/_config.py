@@ -22,6 +22,18 @@ HOUR_NS = 3600 * NS_PER_S
 DAY_NS = 24 * HOUR_NS
 
 
+SECTIONS: dict[str, frozenset[str]] = {
+    "decay": frozenset({"half_life_ns", "half_life_ns_by_type"}),
+    "window": frozenset({"window_width_ns", "window_buckets"}),
+    "contribution_log": frozenset({"max_contribution_log_entries", "history_retention_ns"}),
+    "shards": frozenset({"membership_shards", "ledger_shards"}),
+    "ingest": frozenset({"signal_batch_size", "signal_flush_interval_ms", "mailbox_capacity"}),
+    "storage": frozenset({"map_size_bytes", "max_map_size_bytes"}),
+    "purge": frozenset({"rematerialize_after_ms"}),
+}
+"""The TOML sections of ``config/default.toml`` and the settings each holds."""
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """Runtime settings (see ``config/default.toml`` for each one's meaning).
@@ -39,7 +51,7 @@ class Config:
     ledger_shards: int = 2
     signal_batch_size: int = 1024
     signal_flush_interval_ms: float = 2.0
-    mailbox_capacity: int = 4096
+    mailbox_capacity: int = 64
     map_size_bytes: int = 64 * 1024 * 1024
     max_map_size_bytes: int = 64 * 1024**3
     history_retention_ns: int | None = None
@@ -47,19 +59,30 @@ class Config:
 
     def __post_init__(self) -> None:
         def positive(name: str, value: Any, kind: type = int) -> None:
-            if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:  # type: ignore[operator]
                 raise InvalidArgument(name, value, f"must be a positive {kind.__name__}")
 
+        def at_most(name: str, value: int, top: int) -> None:
+            if value > top:
+                raise InvalidArgument(name, value, f"must be at most {top}")
+
         positive("half_life_ns", self.half_life_ns)
+        at_most("half_life_ns", self.half_life_ns, 2**62)
         for k, v in dict(self.half_life_ns_by_type).items():
             if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < 2**64:
                 raise InvalidArgument("half_life_ns_by_type", k, "keys must be signal type ids")
             positive(f"half_life_ns_by_type[{k}]", v)
+            at_most(f"half_life_ns_by_type[{k}]", v, 2**62)
         positive("window_width_ns", self.window_width_ns)
+        at_most("window_width_ns", self.window_width_ns, 2**62)
         positive("window_buckets", self.window_buckets)
+        at_most("window_buckets", self.window_buckets, 2**62)
         positive("max_contribution_log_entries", self.max_contribution_log_entries)
         positive("membership_shards", self.membership_shards)
+        # the history stores a record's membership shard in one byte
+        at_most("membership_shards", self.membership_shards, 255)
         positive("ledger_shards", self.ledger_shards)
+        at_most("ledger_shards", self.ledger_shards, 4096)
         positive("signal_batch_size", self.signal_batch_size)
         if isinstance(self.signal_flush_interval_ms, bool) or not isinstance(
             self.signal_flush_interval_ms, (int, float)
@@ -100,14 +123,18 @@ class Config:
     def from_mapping(cls, data: Mapping[str, Any]) -> Config:
         """Build from a mapping shaped like ``config/default.toml``.
 
-        Sections ``[decay]``, ``[window]``, ``[contribution_log]``, ``[shards]``,
-        ``[ingest]``, ``[storage]`` are flattened; ``[decay.half_life_ns_by_type]``
-        maps type ids (as strings) to ns. Unknown keys raise InvalidArgument.
+        Settings sit in their sections (``SECTIONS``: ``[decay]``, ``[window]``,
+        ``[contribution_log]``, ``[shards]``, ``[ingest]``, ``[storage]``,
+        ``[purge]``) or at the top level; ``[decay.half_life_ns_by_type]`` maps type
+        ids (as strings) to ns. An unknown key, a key in another section, or one set
+        twice raises InvalidArgument.
         """
         known = {f.name for f in dataclasses.fields(cls)}
         flat: dict[str, Any] = {}
 
-        def take(key: str, value: Any) -> None:
+        def take(key: str, value: Any, where: str) -> None:
+            if key in flat:
+                raise InvalidArgument(where, key, "set twice")
             if key == "half_life_ns_by_type":
                 try:
                     flat[key] = {int(k): v for k, v in dict(value).items()}
@@ -118,14 +145,18 @@ class Config:
             elif key in known:
                 flat[key] = value
             else:
-                raise InvalidArgument("config", key, "unknown setting")
+                raise InvalidArgument(where, key, "unknown setting")
 
         for key, value in data.items():
-            if isinstance(value, Mapping) and key != "half_life_ns_by_type":
+            if key in SECTIONS:
+                if not isinstance(value, Mapping):
+                    raise InvalidArgument("config", key, "must be a table")
                 for k2, v2 in value.items():
-                    take(k2, v2)
+                    if k2 not in SECTIONS[key]:
+                        raise InvalidArgument(f"config [{key}]", k2, "not a setting of this section")
+                    take(k2, v2, f"config [{key}]")
             else:
-                take(key, value)
+                take(key, value, "config")
         return cls(**flat)
 
     @classmethod
@@ -138,6 +169,6 @@ class Config:
         try:
             with open(path, "rb") as fh:
                 data = tomllib.load(fh)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise InvalidArgument("config", str(path), f"cannot load: {exc}") from exc
         return cls.from_mapping(data)

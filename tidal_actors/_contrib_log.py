@@ -19,6 +19,7 @@ trims its head lazily once records are surely evicted (below a floor) or drained
 
 from __future__ import annotations
 
+import sys
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
@@ -208,6 +209,15 @@ class ContributionLog:
             return 0
         rows = np.frombuffer(self.d, dtype=np.int64)[self.head - self.base :]
         return int(np.count_nonzero(np.frombuffer(self.agg.dk, dtype=np.uint32)[rows] != DEAD))
+
+    def memory(self) -> dict[str, int]:
+        """Bytes held, by part: ``log_column`` and ``pair_index`` (the dict, each
+        pair's tuple and user int, and its position array)."""
+        size = sys.getsizeof
+        index = size(self.index)
+        for key, lst in self.index.items():
+            index += size(key) + size(key[0]) + size(lst)
+        return {"log_column": self.d.buffer_info()[1] * self.d.itemsize, "pair_index": index}
 
     def nbytes(self) -> int:
         """Approximate bytes held by the column and the index."""

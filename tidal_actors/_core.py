@@ -40,7 +40,7 @@ from ._codec import Keyspace, Tag, encode_key, ledger_shard_of, membership_shard
 from ._config import Config
 from ._errors import DatabaseClosed, InvalidArgument, StorageError, TidalError
 from ._reply import Reply
-from ._store import SNAPSHOT_FORMAT, LmdbStore, Restored
+from ._store import SNAPSHOT_FORMAT, STORE_MARKER, LmdbStore, Restored
 from ._types import Signal, WindowCount
 from ._validate import (
     check_cohort,
@@ -646,6 +646,11 @@ def check_meta(store: Any, config: Config, restored: Restored) -> None:
     if not store.durable:
         return
     meta = restored.meta
+    if not meta and getattr(store, "existed", False):
+        raise StorageError(
+            f"{getattr(store, 'path', 'the store')} was opened before but holds no format record: "
+            "its data file was emptied or replaced"
+        )
     if meta:
         stored = meta.get("membership_shards")
         if stored is not None and stored != config.membership_shards:
@@ -656,3 +661,6 @@ def check_meta(store: Any, config: Config, restored: Restored) -> None:
         return
     store.commit([(Keyspace.META.value, encode_key(0, Tag.STORE_META),
                    msgpack.packb({"format": FORMAT_VERSION, "membership_shards": config.membership_shards}))])
+    path = getattr(store, "path", None)
+    if path is not None:
+        (path / STORE_MARKER).touch()

@@ -43,6 +43,8 @@ def open_core(
         raise InvalidArgument("clock", clock, "must have now_ns() -> int")
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise InvalidArgument("path", path, "must be a str, a path, or None")
+    if path is not None and not os.fspath(path):
+        raise InvalidArgument("path", path, "must not be empty (None opens an ephemeral database)")
     store: Any = NullStore() if path is None else LmdbStore(path, config)
     try:
         restored = store.load(config.ledger_shards)

@@ -19,7 +19,7 @@ a batch of contributions is added with a handful of vectorized operations.
   ``TM[k]`` is the latest timestamp added, ``HL[k]`` the half-life of the key's type.
 * Buckets ``b = t // width`` each hold ``count, weight_sum, fd_sum, t_max_b``. The
   latest bucket sits in columns (``CB, CN, CW, CFD, CTM``): most contributions land
-  there. Earlier buckets are in ``older[k]`` (a dict ``b -> [count, wsum, fd, tmax]``,
+  there. Earlier buckets are in ``older[k]`` (a dict ``b -> (count, wsum, fd, tmax)``,
   only for keys that have some). Every bucket that holds a contribution is kept, so a
   window read at any time is exact and ``S`` is always the sum of the buckets' ``fd``
   (re-derived with ``math.fsum`` after a retraction to drop rounding residue).
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -119,7 +120,9 @@ class Aggregates:
         self.cohorts: dict[str, int] = {}  # cohort -> number of live keys
         self.index: dict[tuple[str, int, int], int] = {}  # live key -> key id
         self.keys: list[tuple[str, int, int]] = []  # key id -> (cohort, entity, type)
-        self.older: dict[int, dict[int, list[Any]]] = {}  # key id -> b -> [n, w, fd, tmax]
+        # key id -> b -> (n, w, fd, tmax): tuples of numbers, so the cyclic GC stops
+        # tracking them (and their dicts) and a full collection does not walk them
+        self.older: dict[int, dict[int, tuple[int, float, float, int]]] = {}
         self.dk = array("I")  # detail rows: key id (DEAD once retracted)
         self.dt = array("q")  # timestamp ns
         self.dw = array("f")  # float32 weight
@@ -271,7 +274,7 @@ class Aggregates:
         elif b > cb:  # the latest bucket moves to ``older``; the new one is the latest
             cn = int(self.CN[k])
             if cn:
-                self.older.setdefault(k, {})[cb] = [cn, float(self.CW[k]), float(self.CFD[k]), int(self.CTM[k])]
+                self.older.setdefault(k, {})[cb] = (cn, float(self.CW[k]), float(self.CFD[k]), int(self.CTM[k]))
             self.CB[k] = b
             self.CN[k] = 1
             self.CW[k] = w
@@ -281,20 +284,18 @@ class Aggregates:
             older = self.older.setdefault(k, {})
             bk = older.get(b)
             if bk is None:
-                older[b] = [1, w, wf, ts]
+                older[b] = (1, w, wf, ts)
             else:
-                bk[0] += 1
-                bk[1] += w
-                bk[2] += wf
-                if ts > bk[3]:
-                    bk[3] = ts
+                older[b] = (bk[0] + 1, bk[1] + w, bk[2] + wf, ts if ts > bk[3] else bk[3])
 
     def _renormalize(self, k: int, new_landmark: int, h: int) -> None:
         factor = 2.0 ** ((int(self.L[k]) - new_landmark) / h)
         self.S[k] *= factor
         self.CFD[k] *= factor
-        for bk in self.older.get(k, {}).values():
-            bk[2] *= factor
+        older = self.older.get(k)
+        if older:
+            for b, bk in older.items():
+                older[b] = (bk[0], bk[1], bk[2] * factor, bk[3])
         self.L[k] = new_landmark
 
     def row(self, row: int) -> tuple[str, int, int, float, int]:
@@ -353,12 +354,10 @@ class Aggregates:
             bk = older.get(b) if older else None
             if bk is None:
                 return False
-            bk[0] -= 1
-            if bk[0] == 0:
+            if bk[0] == 1:
                 del older[b]  # type: ignore[union-attr]
             else:
-                bk[1] -= w
-                bk[2] -= wf
+                older[b] = (bk[0] - 1, bk[1] - w, bk[2] - wf, bk[3])  # type: ignore[index]
         if not self.CN[k] and not older:
             self._drop_key(k)
             return True
@@ -486,6 +485,22 @@ class Aggregates:
                 c, w = counts[i], weights[i]
             yield cohort, entity, stype, scores[i], c, w
 
+    def memory(self) -> dict[str, int]:
+        """Bytes held, by part: ``detail_rows`` (per contribution ever attributed),
+        ``key_columns``, ``key_index`` (the dict, the key table, each key's tuple and
+        ints) and ``older_buckets`` (per key with earlier buckets)."""
+        detail = sum(getattr(self, name).buffer_info()[1] * getattr(self, name).itemsize for name, _ in _DETAIL)
+        columns = sum(getattr(self, name).nbytes for name in KEY_COLUMNS)
+        size = sys.getsizeof
+        index = size(self.index) + size(self.keys) + sum(map(size, self.keys))
+        index += sum(size(k[1]) for k in self.keys if k[1] > 256)  # small ints are shared
+        index += sum(size(k) for k in self.index.values() if k > 256)
+        older = size(self.older)
+        for k, buckets in self.older.items():
+            older += size(buckets) + (size(k) if k > 256 else 0)
+            older += sum(size(b) + size(bk) + size(bk[1]) + size(bk[2]) + size(bk[3]) for b, bk in buckets.items())
+        return {"detail_rows": detail, "key_columns": columns, "key_index": index, "older_buckets": older}
+
     def key_count(self) -> int:
         """Number of live keys over all cohorts."""
         return len(self.index)
@@ -540,7 +555,7 @@ class Aggregates:
             self.index[self.keys[k]] = k
             self.cohorts[cohort] = self.cohorts.get(cohort, 0) + 1
             if ok in other.older:
-                self.older[k] = {b: list(bk) for b, bk in other.older[ok].items()}
+                self.older[k] = dict(other.older[ok])
 
     # -- snapshots -------------------------------------------------------------------
 
@@ -586,4 +601,4 @@ class Aggregates:
         older = self.older
         for i, k in enumerate(ok):
             j = 5 * i
-            older.setdefault(k, {})[flat[j]] = [flat[j + 1], flat[j + 2], flat[j + 3], flat[j + 4]]
+            older.setdefault(k, {})[flat[j]] = (flat[j + 1], flat[j + 2], flat[j + 3], flat[j + 4])

@@ -1,20 +1,27 @@
 """Seeded load simulation with a differential check against the reference model.
 
 Owns the scenario file format (TOML, see ``tidal_actors/scenarios/default.toml``),
-the deterministic generator that turns a scenario into event-log rows, and the check
-that runs those rows through the runtime and through the single-threaded
-:class:`~tidal_actors.testing.ReferenceModel` and compares what both answer. It opens
-no database itself: the caller passes a factory, so the command line decides where
-the runtime's data lives.
+the deterministic generator that turns a scenario into event-log rows, the measured
+run (latency of every call in HdrHistograms, throughput and latency over time, peak
+memory and memory per retained contribution, restore time, a close and reopen in the
+middle when the scenario asks for one) and the check that runs the same rows through
+the single-threaded :class:`~tidal_actors.testing.ReferenceModel` and compares what
+both answer. It opens no database itself: the caller passes a factory, so the command
+line decides where the runtime's data lives.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import ctypes
 import dataclasses
+import gc
 import itertools
 import math
+import os
 import random
+import threading
 import time
 import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -38,11 +45,13 @@ from ._eventlog import (
     SignalRow,
     apply_events,
 )
-from ._types import COMMUNITY, CommunityMembership, LeaveEpoch, PurgeManifest
+from ._types import COMMUNITY, CommunityMembership, LeaveEpoch, PurgeManifest, Signal
 
 __all__ = [
+    "LATENCY_OPS",
     "REL_TOL",
     "CheckResult",
+    "Latency",
     "Scenario",
     "SignalTypeSpec",
     "SimulationResult",
@@ -50,11 +59,13 @@ __all__ = [
     "compare_states",
     "generate_events",
     "load_scenario",
+    "plot_timeline",
     "run_simulation",
 ]
 
 REL_TOL = 1e-9
 """Relative tolerance of float comparisons in the check."""
+_SECOND = 1_000_000_000
 ABS_TOL = 1e-12
 """Absolute tolerance: scores this close to 0 are equal whatever their ratio."""
 
@@ -100,6 +111,20 @@ class Scenario:
             of the user's own, any cohort (often one the user was never in), or
             ``@community`` (relative weights).
         batch_size: the longest run of signals sent in one ``signal_batch``.
+        storm_fraction: a leave or rejoin storm: each second of simulated time, this
+            fraction of the users (those seen so far) toggles: a member leaves, a
+            user who left rejoins. 0 = no storm.
+        restart_at: close and reopen the store after this fraction of the rows (0 <
+            f < 1), and check that every figure after reopening equals the one
+            before; None = no restart. Implies ``persistent``.
+        persistent: run on a store (a temporary directory unless the caller gives
+            one); then the run ends with a close and a timed reopen (restore time).
+        check_users: compare at most this many users one by one with the reference
+            (a seeded sample; every aggregate row is always compared). 0 = all.
+        assign_upfront: every user joins its cohorts at ``start_ns``, before the
+            first signal (a set-up phase, run with concurrent callers so commits are
+            grouped, and not part of the measured load), instead of just before its
+            own first signal.
         config: settings for :class:`Config` (same shape as ``config/default.toml``).
     """
 
@@ -124,7 +149,48 @@ class Scenario:
     purge_other: float = 0.1
     purge_community: float = 0.1
     batch_size: int = 1000
+    storm_fraction: float = 0.0
+    restart_at: float | None = None
+    persistent: bool = False
+    check_users: int = 0
+    assign_upfront: bool = False
     config: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def durable(self) -> bool:
+        """Whether the run needs a store (``persistent`` or a restart)."""
+        return self.persistent or self.restart_at is not None
+
+    def scaled(self, factor: float) -> Scenario:
+        """A copy with users, entities, signals and the contribution-log cap (if the
+        scenario sets one) multiplied by ``factor`` (0 < factor), each at least a few.
+
+        Raises:
+            InvalidArgument: ``factor`` is not a positive finite number.
+        """
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
+            math.isfinite(factor) and factor > 0
+        ):
+            raise InvalidArgument("scale", factor, "must be a positive number")
+        if factor == 1:
+            return self
+
+        def times(n: int, low: int) -> int:
+            return max(low, round(n * factor))
+
+        config = dict(self.config)
+        flat = dict(config.get("contribution_log", {})) if "contribution_log" in config else None
+        if flat is not None and "max_contribution_log_entries" in flat:
+            flat["max_contribution_log_entries"] = times(flat["max_contribution_log_entries"], 100)
+            config["contribution_log"] = flat
+        elif "max_contribution_log_entries" in config:
+            config["max_contribution_log_entries"] = times(config["max_contribution_log_entries"], 100)
+        users = times(self.users, 20)
+        return dataclasses.replace(
+            self, name=f"{self.name}@{factor:g}", users=users, entities=times(self.entities, 20),
+            signals=times(self.signals, 200), cohorts=min(self.cohorts, max(users, self.cohorts_per_user[1])),
+            config=config,
+        )
 
     def build_config(self) -> Config:
         """The runtime :class:`Config`: ``config`` plus the half-lives given here.
@@ -208,6 +274,20 @@ def _scenario_from_mapping(data: Mapping[str, Any], source: str) -> Scenario:
             kw[key] = value
         elif key in ("users", "cohorts", "entities", "signals", "batch_size"):
             kw[key] = count(key, value)
+        elif key == "check_users":
+            kw[key] = count(key, value, 0)
+        elif key == "storm_fraction":
+            kw[key] = rate(key, value)
+            if kw[key] > 1:
+                raise bad(key, value, "must be at most 1")
+        elif key == "restart_at":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+                raise bad(key, value, "must be a fraction of the rows, 0 < f < 1")
+            kw[key] = float(value)
+        elif key in ("persistent", "assign_upfront"):
+            if not isinstance(value, bool):
+                raise bad(key, value, "must be true or false")
+            kw[key] = value
         elif key == "start_ns":
             kw[key] = count(key, value, 0)
         elif key == "cohorts_per_user":
@@ -318,8 +398,10 @@ def generate_events(scenario: Scenario) -> list[EventRow]:
     """The scenario's event rows, in time order, determined by ``scenario.seed`` alone.
 
     A user joins ``cohorts_per_user`` cohorts (``assign`` rows) just before its first
-    signal; after each signal, control rows follow with the scenario's rates (each
-    1 ns after the previous row). ``line`` of each row is its 1-based data-row number
+    signal (or, with ``assign_upfront``, every user at ``start_ns``, first); after
+    each signal, control rows follow with the scenario's rates (each 1 ns after the
+    previous row); with ``storm_fraction``, each second of simulated time a storm of
+    leaves and rejoins comes first. ``line`` of each row is its 1-based data-row number
     in the log :func:`~tidal_actors._eventlog.write_events` would write (header = line 1).
 
     Returns:
@@ -353,8 +435,29 @@ def generate_events(scenario: Scenario) -> list[EventRow]:
         n = int(rate)
         return n + (1 if rng.random() < rate - n else 0)
 
+    storm = round(scenario.storm_fraction * scenario.users) if scenario.storm_fraction > 0 else 0
+    seen: set[int] = set()
+    if scenario.assign_upfront:
+        for user in user_ids:
+            mine = rng.sample(cohort_names, rng.randint(*scenario.cohorts_per_user))
+            cohorts_of[user] = mine
+            for c in mine:
+                rows.append(AssignRow(line(), t, user, c))
+    next_storm = scenario.start_ns + _SECOND
+
     for _ in range(scenario.signals):
         t += int(rng.expovariate(1.0 / mean_gap)) if mean_gap > 0 else 0
+        while storm and t >= next_storm:  # one storm per second of simulated time
+            next_storm += _SECOND
+            for u in rng.sample(known, min(storm, len(known))):
+                t += 1
+                if u in left_set:  # ``left`` forgets it lazily (see the rejoin below)
+                    left_set.discard(u)
+                    rows.append(RejoinRow(line(), t, u))
+                else:
+                    left_set.add(u)
+                    left.append(u)
+                    rows.append(LeaveRow(line(), t, u))
         user = user_ids[users_z.draw(rng)]
         if user not in cohorts_of:
             mine = rng.sample(cohort_names, rng.randint(*scenario.cohorts_per_user))
@@ -362,6 +465,9 @@ def generate_events(scenario: Scenario) -> list[EventRow]:
             known.append(user)
             for c in mine:
                 rows.append(AssignRow(line(), t, user, c))
+        elif scenario.assign_upfront and user not in seen:
+            seen.add(user)  # control operations pick among users seen signalling
+            known.append(user)
         spec = types[min(bisect.bisect_right(type_cum, rng.random() * type_cum[-1]),
                          len(types) - 1)]
         entity = entity_ids[entities_z.draw(rng)]
@@ -381,10 +487,14 @@ def generate_events(scenario: Scenario) -> list[EventRow]:
                 left.append(u)
             rows.append(LeaveRow(line(), t, u))
         for _ in range(draw_count(scenario.rejoin_rate)):
-            if not left:
+            u = None
+            while left and u is None:
+                u = left.pop(rng.randrange(len(left)))
+                if u not in left_set:  # a storm rejoined it already
+                    u = None
+            if u is None:
                 break
             t += 1
-            u = left.pop(rng.randrange(len(left)))
             left_set.discard(u)
             rows.append(RejoinRow(line(), t, u))
         for _ in range(draw_count(scenario.purge_rate)):
@@ -449,14 +559,19 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)
 
 
-def compare_states(db: _Readable, ref: _Readable, at_ns: int, users: Iterable[int]) -> CheckResult:
+def compare_states(
+    db: _Readable, ref: _Readable, at_ns: int, users: Iterable[int],
+    stats: Mapping[str, int] | None = None,
+) -> CheckResult:
     """Compare everything observable of ``db`` with ``ref`` at ``at_ns`` (int ns).
 
     Compared: every aggregate row (same keys; decay score and window weight to
     relative 1e-9, window count exactly), each of ``users``' status, ``left_at_ns``,
     leave history, cohorts and manifests (cohort, ``created_at_ns``, number of
     entries, ``evicted``, and the entries themselves as multisets), and the counters
-    ``signals``, ``forwarded``, ``gated``, ``records``, ``purges``, ``retracted``.
+    ``signals``, ``forwarded``, ``gated``, ``records``, ``purges``, ``retracted``
+    (``stats``, if given, stands for ``db.stats()``: counters summed over the runs of a
+    store that was closed and reopened).
 
     Returns:
         A :class:`CheckResult`.
@@ -491,7 +606,7 @@ def compare_states(db: _Readable, ref: _Readable, at_ns: int, users: Iterable[in
             if got != want or sorted(m.entries) != sorted(r.entries):
                 result.fail(f"user {user} manifest {m.purge_id}: runtime (cohort, created_at_ns, "
                             f"entries, evicted) {got}, reference {want}")
-    s1, s2 = db.stats(), ref.stats()
+    s1, s2 = (db.stats() if stats is None else stats), ref.stats()
     for name in ("signals", "forwarded", "gated", "records", "purges", "retracted"):
         if s1.get(name) != s2.get(name):
             result.fail(f"stats[{name!r}]: runtime {s1.get(name)}, reference {s2.get(name)}")
@@ -504,6 +619,264 @@ class _Db(EventSink, _Readable, Protocol):
     def close(self) -> None: ...
 
 
+# ---------------------------------------------------------------- measuring a run
+
+LATENCY_OPS = ("signal", "assign", "leave", "rejoin", "purge")
+"""Operations whose latency is recorded; ``signal`` is a ``signal_batch`` call
+returning (the acknowledgement: every signal of the batch is validated and queued in
+order), counted once per signal it carried."""
+_HIGHEST_US = 3_600_000_000  # an hour, in microseconds
+
+
+def _histogram() -> Any:
+    from hdrh.histogram import HdrHistogram
+
+    return HdrHistogram(1, _HIGHEST_US, 3)
+
+
+class Latency:
+    """Latency of every call of a run, per operation (HdrHistograms of microseconds, 3
+    significant figures), and a timeline: every ``interval_s`` seconds of wall time,
+    the signals per second and the p50/p99 of ``signal``, ``leave`` and ``purge`` in
+    that interval."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.total = {op: _histogram() for op in LATENCY_OPS}
+        self._window = {op: _histogram() for op in LATENCY_OPS}
+        self.timeline: list[dict[str, Any]] = []
+        self.marks: list[tuple[float, str]] = []
+        self.interval_s = interval_s
+        self.t0 = self._start = time.perf_counter()
+        self._next = self.t0 + interval_s
+        self._signals = 0
+
+    def record(self, op: str, seconds: float, count: int = 1) -> None:
+        """One call of ``op`` that took ``seconds`` (on behalf of ``count`` signals)."""
+        us = min(max(1, round(seconds * 1e6)), _HIGHEST_US)
+        self.total[op].record_value(us, count)
+        self._window[op].record_value(us, count)
+        if op == "signal":
+            self._signals += count
+        now = time.perf_counter()
+        if now >= self._next:
+            self.close_window(now)
+
+    def mark(self, label: str) -> None:
+        """Note an event (a restart) at the current time of the timeline."""
+        self.marks.append((time.perf_counter() - self.t0, label))
+
+    def close_window(self, now: float | None = None) -> None:
+        """End the current timeline interval (also called once at the end of a run)."""
+        now = time.perf_counter() if now is None else now
+        span = now - self._start
+        if span <= 0:
+            return
+        row: dict[str, Any] = {"t_s": round(now - self.t0, 3), "signals_per_s": self._signals / span}
+        for op, h in self._window.items():
+            if op in ("signal", "leave", "purge"):
+                n = h.get_total_count()
+                row[f"{op}_p50_ms"] = h.get_value_at_percentile(50) / 1000 if n else None
+                row[f"{op}_p99_ms"] = h.get_value_at_percentile(99) / 1000 if n else None
+            h.reset()
+        self.timeline.append(row)
+        self._start, self._next, self._signals = now, now + self.interval_s, 0
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per operation: ``count`` and ``p50_ms``, ``p99_ms``, ``p99_9_ms``, ``max_ms``,
+        ``mean_ms`` (operations never called are left out)."""
+        out: dict[str, dict[str, float]] = {}
+        for op, h in self.total.items():
+            n = h.get_total_count()
+            if n:
+                out[op] = {
+                    "count": n,
+                    "p50_ms": h.get_value_at_percentile(50) / 1000,
+                    "p99_ms": h.get_value_at_percentile(99) / 1000,
+                    "p99_9_ms": h.get_value_at_percentile(99.9) / 1000,
+                    "max_ms": h.get_max_value() / 1000,
+                    "mean_ms": h.get_mean_value() / 1000,
+                }
+        return out
+
+
+def _rss() -> int:
+    """Resident set size of this process in bytes (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _settled_rss() -> int:
+    """RSS after a full collection and, with glibc, giving freed heap back to the OS."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return _rss()
+
+
+class _PeakRss(threading.Thread):
+    """Samples the RSS every ``every_s`` seconds and keeps the highest."""
+
+    def __init__(self, every_s: float = 0.05) -> None:
+        super().__init__(name="tidal-simulate-rss", daemon=True)
+        self.peak = _rss()
+        self._every = every_s
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self._every):
+            self.peak = max(self.peak, _rss())
+
+    def stop(self) -> int:
+        self._stop_event.set()
+        self.join()
+        return max(self.peak, _rss())
+
+
+def _structure_bytes(db: Any) -> dict[str, int] | None:
+    """Bytes held by the ledgers' structures, by part (None for a non-runtime ``db``)."""
+    core = getattr(db, "_core", None)
+    ledgers = getattr(core, "ledgers", None)
+    if not ledgers:
+        return None
+    for _attempt in range(3):  # a background re-materialization may resize a dict
+        try:
+            out: dict[str, int] = {}
+            for ledger in ledgers:
+                for part, n in {**ledger.state.aggregates.memory(), **ledger.state.log.memory()}.items():
+                    out[part] = out.get(part, 0) + n
+            return out
+        except RuntimeError:
+            time.sleep(0.05)
+    return None
+
+
+def _apply_measured(
+    db: _Db, rows: Iterable[EventRow], clock: ManualClock, batch_size: int, counts: ApplyCounts,
+    latency: Latency,
+) -> None:
+    """:func:`~tidal_actors._eventlog.apply_events`, timing every call."""
+    pending: list[Signal] = []
+    clock_now = time.perf_counter
+    record = latency.record
+
+    def send() -> None:
+        run = list(pending)
+        pending.clear()
+        t = clock_now()
+        db.signal_batch(run)
+        record("signal", clock_now() - t, len(run))
+
+    try:
+        for row in rows:
+            ts = row.ts_ns
+            if counts.first_ts_ns is None:
+                counts.first_ts_ns = ts
+            if counts.max_ts_ns is None or ts > counts.max_ts_ns:
+                counts.max_ts_ns = ts
+            if isinstance(row, SignalRow):
+                clock.set(ts)
+                pending.append(Signal(row.user_id, row.entity_id, row.signal_type, row.weight, ts))
+                counts.signals += 1
+                counts.rows += 1
+                if len(pending) >= batch_size:
+                    send()
+                continue
+            if pending:
+                send()
+            clock.set(ts)
+            t = clock_now()
+            if isinstance(row, AssignRow):
+                db.assign_cohort(row.user_id, row.cohort)
+                record("assign", clock_now() - t)
+                counts.assigns += 1
+            elif isinstance(row, LeaveRow):
+                db.leave_community_layer(row.user_id)
+                record("leave", clock_now() - t)
+                counts.leaves += 1
+            elif isinstance(row, RejoinRow):
+                db.rejoin_community_layer(row.user_id)
+                record("rejoin", clock_now() - t)
+                counts.rejoins += 1
+            else:
+                _, manifest = db.request_community_purge(row.user_id, row.cohort)
+                record("purge", clock_now() - t)
+                counts.purges += 1
+                counts.manifests += 1
+                counts.manifest_entries += len(manifest.entries)
+            counts.rows += 1
+    finally:
+        if pending:
+            send()
+
+
+def _set_up(db: _Db, events: list[EventRow], clock: ManualClock, counts: ApplyCounts,
+            rows: Iterator[EventRow]) -> int:
+    """Apply the leading ``assign`` rows (``assign_upfront``), taking them from
+    ``rows``; returns how many. On the runtime, 16 callers at once (one user's rows
+    stay in order), so the persistence actor commits them in groups."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = 0
+    while n < len(events) and isinstance(events[n], AssignRow):
+        n += 1
+    if not n:
+        return 0
+    per_user: dict[int, list[str]] = {}
+    for row in itertools.islice(rows, n):
+        per_user.setdefault(row.user_id, []).append(row.cohort)  # type: ignore[union-attr]
+    clock.set(events[0].ts_ns)
+
+    def join(item: tuple[int, list[str]]) -> None:
+        for cohort in item[1]:
+            db.assign_cohort(item[0], cohort)
+
+    if getattr(db, "_core", None) is None:  # not the threaded runtime: in order
+        for item in per_user.items():
+            join(item)
+    else:
+        with ThreadPoolExecutor(16, thread_name_prefix="tidal-simulate-setup") as pool:
+            for _ in pool.map(join, per_user.items()):
+                pass
+    counts.assigns += n
+    counts.rows += n
+    counts.first_ts_ns = events[0].ts_ns
+    counts.max_ts_ns = events[n - 1].ts_ns
+    return n
+
+
+def _figures(db: _Readable, at_ns: int, users: Iterable[int]) -> dict[str, Any]:
+    """Everything a reopen must keep, for an exact comparison (floats bit for bit)."""
+    return {
+        "rows": db.aggregate_rows(at_ns),
+        "users": {u: (db.community_layer_status(u), list(db.community_leave_history(u)),
+                      db.cohorts_of(u), db.list_purge_manifests(u)) for u in users},
+    }
+
+
+def _differences(before: dict[str, Any], after: dict[str, Any], keep: int = 10) -> list[str]:
+    out: list[str] = []
+    a, b = before["rows"], after["rows"]
+    if a != b:
+        da, db_ = {r[:3]: r for r in a}, {r[:3]: r for r in b}
+        for key in sorted(da.keys() | db_.keys()):
+            if da.get(key) != db_.get(key):
+                out.append(f"row {key}: before {da.get(key)}, after {db_.get(key)}")
+                if len(out) >= keep:
+                    return out
+    for u, x in before["users"].items():
+        if after["users"].get(u) != x:
+            out.append(f"user {u}: before {x}, after {after['users'].get(u)}")
+            if len(out) >= keep:
+                break
+    return out
+
+
+_COUNTERS = ("signals", "forwarded", "gated", "records", "purges", "retracted")
+
+
 @dataclass
 class SimulationResult:
     """What :func:`run_simulation` did and found.
@@ -513,10 +886,24 @@ class SimulationResult:
         events: rows generated.
         counts: what was applied (the runtime's run).
         runtime_s, reference_s: seconds to apply the rows and flush, runtime and
-            reference model.
-        stats: the runtime's counters after the run.
+            reference model (a restart's close and reopen are not counted).
+        stats: the runtime's counters after the run (summed over a restart).
         at_ns: the time the aggregates were compared at (the last event's, int ns).
-        check: the comparison.
+        check: the comparison with the reference model.
+        latency: :meth:`Latency.summary` of the run.
+        timeline: :attr:`Latency.timeline` (throughput and latency over the run).
+        marks: ``(seconds into the run, label)`` of restarts.
+        memory: ``baseline_rss``, ``peak_rss``, ``end_rss`` (bytes), ``peak_bytes`` and
+            ``end_bytes`` (RSS above the baseline taken before the open),
+            ``retained_records`` (contribution records in the logs at the end),
+            ``bytes_per_retained_record`` (end RSS above baseline / retained) and, for
+            the runtime, ``structures`` (bytes by part) and
+            ``structure_bytes_per_retained_record``.
+        restore_s: seconds to reopen the store at the end (None when ephemeral).
+        restart: for a mid-run restart: ``after_rows``, ``restore_s`` and
+            ``differences`` (figures that changed across it; empty when all equal).
+        reopen_differences: figures that changed across the final reopen.
+        setup_s: seconds of the ``assign_upfront`` set-up (not in ``runtime_s``).
     """
 
     scenario: Scenario
@@ -527,6 +914,14 @@ class SimulationResult:
     stats: dict[str, int]
     at_ns: int
     check: CheckResult
+    latency: dict[str, dict[str, float]] = field(default_factory=dict)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    marks: list[tuple[float, str]] = field(default_factory=list)
+    memory: dict[str, Any] = field(default_factory=dict)
+    restore_s: float | None = None
+    restart: dict[str, Any] | None = None
+    reopen_differences: list[str] = field(default_factory=list)
+    setup_s: float = 0.0
 
     @property
     def signals_per_s(self) -> float:
@@ -538,6 +933,33 @@ class SimulationResult:
         """Reference-model throughput in signals per second."""
         return self.counts.signals / self.reference_s if self.reference_s > 0 else float("inf")
 
+    @property
+    def ok(self) -> bool:
+        """The check passed and every reopen kept every figure."""
+        return self.check.ok and not self.reopen_differences and not (
+            self.restart and self.restart["differences"])
+
+    def report(self) -> dict[str, Any]:
+        """Everything above as JSON-ready values."""
+        c, check = self.counts, self.check
+        return {
+            "scenario": self.scenario.name, "seed": self.scenario.seed, "events": self.events,
+            "users": self.scenario.users, "cohorts": self.scenario.cohorts,
+            "entities": self.scenario.entities,
+            "signals": c.signals, "assigns": c.assigns, "leaves": c.leaves,
+            "rejoins": c.rejoins, "purges": c.purges, "manifests": c.manifests,
+            "stats": self.stats, "runtime_s": self.runtime_s, "signals_per_s": self.signals_per_s,
+            "reference_s": self.reference_s,
+            "reference_signals_per_s": self.reference_signals_per_s,
+            "latency_ms": self.latency, "memory": self.memory, "restore_s": self.restore_s,
+            "restart": self.restart, "reopen_differences": self.reopen_differences,
+            "setup_s": self.setup_s,
+            "check_ok": check.ok, "ok": self.ok, "aggregate_rows": check.aggregate_rows,
+            "users_compared": check.users, "manifests_compared": check.manifests,
+            "mismatches": check.mismatches, "details": check.details,
+            "timeline": self.timeline, "marks": self.marks,
+        }
+
 
 def run_simulation(
     scenario: Scenario,
@@ -545,18 +967,28 @@ def run_simulation(
     *,
     events: list[EventRow] | None = None,
     progress: Callable[[Iterable[EventRow]], Iterator[EventRow]] | None = None,
+    interval_s: float = 0.5,
 ) -> SimulationResult:
-    """Run ``scenario`` through the runtime and the reference model, then compare them.
+    """Run ``scenario`` through the runtime, measuring it, then through the reference
+    model, and compare them.
+
+    Order: the rows go through the runtime first (timing every call; closing and
+    reopening the store after ``scenario.restart_at`` of them, if set, and checking
+    that every figure is kept), the memory is measured, then the reference model
+    takes the same rows and both are compared. With ``scenario.durable`` the store is
+    then closed and reopened once more (the restore time) and checked again.
 
     Args:
         scenario: what to generate.
         open_db: ``(config, clock) -> db``; the runtime under test (a ``TidalDb``
-            opened with that config and clock). It is flushed and closed here.
+            opened with that config and clock). Called again to reopen the same
+            store; the last one opened is flushed and closed here.
         events: the rows to apply, if already generated (default: generate them).
         progress: wraps the row iterable of the runtime's run (for a progress bar).
+        interval_s: the timeline's interval (wall seconds).
 
     Returns:
-        A :class:`SimulationResult`; ``result.check.ok`` tells whether both agreed.
+        A :class:`SimulationResult`; ``result.ok`` tells whether everything agreed.
 
     Raises:
         TidalError: from the runtime (an InvalidArgument would mean a generator bug).
@@ -568,25 +1000,141 @@ def run_simulation(
     config = scenario.build_config()
     at_ns = max((r.ts_ns for r in events), default=scenario.start_ns)
     users = sorted({r.user_id for r in events})
+    if scenario.check_users and len(users) > scenario.check_users:
+        users = sorted(random.Random(scenario.seed).sample(users, scenario.check_users))
 
-    ref_clock = ManualClock(scenario.start_ns)
-    ref = ReferenceModel(config=config, clock=ref_clock)
-    started = time.perf_counter()
-    apply_events(ref, events, ref_clock, batch_size=scenario.batch_size)
-    reference_s = time.perf_counter() - started
-
+    baseline = _settled_rss()
+    sampler = _PeakRss()
+    sampler.start()
     clock = ManualClock(scenario.start_ns)
+    counts = ApplyCounts()
+    latency = Latency(interval_s)
+    earlier: dict[str, int] = {}
+    restart: dict[str, Any] | None = None
+    split = len(events) if scenario.restart_at is None else int(len(events) * scenario.restart_at)
+    rows: Iterable[EventRow] = progress(events) if progress is not None else events
+    parts = iter(rows)
     db: _Db = open_db(config, clock)
     try:
-        counts = ApplyCounts()
-        rows: Iterable[EventRow] = progress(events) if progress is not None else events
+        setup_s = 0.0
+        done = 0
+        if scenario.assign_upfront:
+            t = time.perf_counter()
+            done = _set_up(db, events, clock, counts, parts)
+            setup_s = time.perf_counter() - t
+            latency = Latency(interval_s)  # the measured load starts now
         started = time.perf_counter()
-        apply_events(db, rows, clock, batch_size=scenario.batch_size, counts=counts)
+        paused = 0.0
+        _apply_measured(db, itertools.islice(parts, max(0, split - done)), clock,
+                        scenario.batch_size, counts, latency)
+        if scenario.restart_at is not None:
+            pause = time.perf_counter()
+            db.flush()
+            now = counts.max_ts_ns if counts.max_ts_ns is not None else scenario.start_ns
+            before = _figures(db, now, users)
+            earlier = dict(db.stats())
+            latency.mark("restart")
+            db.close()
+            t = time.perf_counter()
+            db = open_db(config, clock)
+            restore = time.perf_counter() - t
+            after = _figures(db, now, users)
+            restart = {"after_rows": counts.rows, "restore_s": restore,
+                       "differences": _differences(before, after)}
+            del before, after
+            paused = time.perf_counter() - pause
+            _apply_measured(db, parts, clock, scenario.batch_size, counts, latency)
         db.flush()
-        runtime_s = time.perf_counter() - started
+        runtime_s = time.perf_counter() - started - paused
+        latency.close_window()
+        peak = sampler.stop()
         stats = dict(db.stats())
-        check = compare_states(db, ref, at_ns, users)
+        for name in _COUNTERS:
+            if name in earlier:
+                stats[name] = stats.get(name, 0) + earlier[name]
+        end = _settled_rss()
+        # the log trims evicted records lazily: at most the cap are retained
+        retained = min(int(stats.get("log_records", 0)), config.max_contribution_log_entries)
+        memory: dict[str, Any] = {
+            "baseline_rss": baseline, "peak_rss": peak, "end_rss": end,
+            "peak_bytes": peak - baseline, "end_bytes": end - baseline,
+            "retained_records": retained,
+            "bytes_per_retained_record": (end - baseline) / retained if retained else None,
+        }
+        parts_bytes = _structure_bytes(db)
+        if parts_bytes is not None:
+            memory["structures"] = parts_bytes
+            memory["structure_bytes_per_retained_record"] = (
+                sum(parts_bytes.values()) / retained if retained else None)
+
+        ref_clock = ManualClock(scenario.start_ns)
+        ref = ReferenceModel(config=config, clock=ref_clock)
+        t = time.perf_counter()
+        apply_events(ref, events, ref_clock, batch_size=scenario.batch_size)
+        reference_s = time.perf_counter() - t
+        check = compare_states(db, ref, at_ns, users, stats)
+        del ref
+
+        restore_s: float | None = None
+        reopen_differences: list[str] = []
+        if scenario.durable:
+            before = _figures(db, at_ns, users)
+            db.close()
+            t = time.perf_counter()
+            db = open_db(config, clock)
+            restore_s = time.perf_counter() - t
+            reopen_differences = _differences(before, _figures(db, at_ns, users))
     finally:
+        if sampler.is_alive():
+            sampler.stop()
         db.close()
-    return SimulationResult(scenario, len(events), counts, runtime_s, reference_s, stats, at_ns,
-                            check)
+    return SimulationResult(
+        scenario, len(events), counts, runtime_s, reference_s, stats, at_ns, check,
+        latency.summary(), latency.timeline, latency.marks, memory, restore_s, restart,
+        reopen_differences, setup_s)
+
+
+def plot_timeline(result: SimulationResult, path: str | Path) -> None:
+    """Draw throughput (signals/s) and latency (p50, p99 of signal acknowledgement,
+    leave and purge) over the run into a PNG at ``path``.
+
+    Raises:
+        InvalidArgument: matplotlib is not installed (the ``plot`` extra).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InvalidArgument("--plot", str(path),
+                              "needs matplotlib: pip install 'tidal_actors[plot]'") from None
+    rows = result.timeline
+    t = [r["t_s"] for r in rows]
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
+    top.plot(t, [r["signals_per_s"] for r in rows], color="tab:blue", lw=1.2)
+    top.set_ylabel("signals / s")
+    top.set_title(f"tidal-actors simulate {result.scenario.name} (seed {result.scenario.seed}): "
+                  f"{result.signals_per_s:,.0f} signals/s overall")
+    top.grid(alpha=0.3)
+    colours = {"signal": "tab:blue", "leave": "tab:orange", "purge": "tab:red"}
+    for op, colour in colours.items():
+        for q, style in (("p50", ":"), ("p99", "-")):
+            pts = [(x, r[f"{op}_{q}_ms"]) for x, r in zip(t, rows) if r.get(f"{op}_{q}_ms") is not None]
+            if pts:
+                label = "signal ack" if op == "signal" else op
+                bottom.plot(*zip(*pts), style, color=colour, lw=1.0, marker=".", ms=3,
+                            label=f"{label} {q}")
+    bottom.set_yscale("log")
+    bottom.set_ylabel("latency per interval (ms)")
+    bottom.set_xlabel("seconds into the run")
+    bottom.grid(alpha=0.3, which="both")
+    if bottom.get_legend_handles_labels()[0]:
+        bottom.legend(fontsize=8, ncol=3)
+    for x, label in result.marks:
+        for ax in (top, bottom):
+            ax.axvline(x, color="grey", ls="--", lw=1)
+        top.annotate(label, (x, 0), textcoords="offset points", xytext=(3, 3), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

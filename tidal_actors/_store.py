@@ -35,6 +35,7 @@ from ._types import PurgeManifest
 __all__ = ["HistoryBatch", "LmdbStore", "MemoryStore", "NullStore", "Restored", "parse_store"]
 
 SNAPSHOT_FORMAT = 4
+STORE_MARKER = "tidal.store"  # written once a store's format record is committed
 _open_paths: set[str] = set()
 _open_lock = threading.Lock()
 
@@ -239,7 +240,9 @@ class LmdbStore:
         self.config = config
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
+            # a store was made here before: it must still hold its format record
+            self.existed = (self.path / STORE_MARKER).exists()
+        except (OSError, ValueError) as exc:
             raise StorageError(f"cannot create the directory {self.path}: {exc}") from exc
         self._key = os.path.realpath(self.path)
         with _open_lock:
@@ -265,6 +268,13 @@ class LmdbStore:
             # reader slots left by killed processes (a read transaction open at the kill)
             # stay taken while any other process has the environment open: free them
             self.stale_readers = self.env.reader_check()
+            # a data file cut short would fault (SIGBUS) on the first page read past
+            # its end: compare its size with the last page the meta page names
+            needed = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+            if data.exists() and data.stat().st_size < needed:
+                raise StorageError(
+                    f"{data} is truncated: {data.stat().st_size} bytes, its pages need {needed}"
+                )
             self.dbs = {k.value: self.env.open_db(k.value.encode()) for k in Keyspace}
         except BaseException as exc:
             # whatever failed, the directory must not stay registered as open here

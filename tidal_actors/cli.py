@@ -15,6 +15,7 @@ later ``replay`` into the same directory keeps its settings unless told otherwis
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import datetime as _dt
@@ -367,6 +368,9 @@ def _inspected(data_dir: Path | None) -> Iterator[tuple[Any, int]]:
         raise click.UsageError("Missing option '--data-dir'.")
     if not any(data_dir.iterdir()):
         _fail(f"{data_dir}: empty directory, not a tidal_actors data directory", EXIT_BAD_INPUT)
+    if not (data_dir / "tidal.lock").exists() and not (data_dir / STATE_FILE).exists():
+        # inspecting must not create a store where there was none
+        _fail(f"{data_dir}: not a tidal_actors data directory (no tidal.lock)", EXIT_BAD_INPUT)
     state = _read_state(data_dir)
     config = _stored_config(data_dir) or Config()
     last = state.get("last_event_ns")
@@ -496,29 +500,42 @@ def inspect_purge(data_dir: Path | None, purge_id: str) -> None:
 
 @cli.command()
 @click.option("--scenario", "scenario_name", metavar="FILE.toml|NAME",
-              help="Scenario file, or a built-in name (default, small, eviction). "
-                   "Default: the built-in default scenario.")
+              help="Scenario file, or a built-in name (default, small, eviction, steady, "
+                   "churn, purge-heavy, restart). Default: the built-in default scenario.")
+@click.option("--scale", type=float, default=1.0, show_default=True, metavar="F",
+              help="Multiply users, entities, signals and the log cap by F (0.01: a quick run).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Run the runtime on a store here (must be new or empty).")
+              help="Run the runtime on a store here (must be new or empty). A scenario "
+                   "with persistent = true or restart_at uses a temporary one otherwise.")
 @click.option("--seed", type=int, metavar="N", help="Override the scenario's seed.")
 @click.option("--events-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the generated event log here (replayable).")
 @click.option("--report-out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write counts, timing and the check's outcome as JSON here.")
+              help="Write the run's figures (counts, throughput, latency percentiles, "
+                   "memory, restore time, the timeline, the check) as JSON here.")
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path),
+              metavar="FILE.png",
+              help="Draw throughput and latency over the run (needs the 'plot' extra).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def simulate(scenario_name: str | None, data_dir: Path | None, seed: int | None,
-             events_out: Path | None, report_out: Path | None, quiet: bool) -> None:
-    """Generate a seeded scenario, run it, and check it against the reference model.
+def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, seed: int | None,
+             events_out: Path | None, report_out: Path | None, plot_out: Path | None,
+             quiet: bool) -> None:
+    """Generate a seeded scenario, run it measured, and check it against the reference model.
 
-    The rows go through the runtime and through the single-threaded reference model;
-    every aggregate row, user status, leave history, cohort set and manifest must
-    agree (floats to relative 1e-9). Exit status 1 if they do not.
+    The rows go through the runtime (every call timed: p50/p99/p99.9 of signal
+    acknowledgement, leave and purge; peak memory and memory per retained
+    contribution; restore time on a store) and through the single-threaded reference
+    model; every aggregate row, user status, leave history, cohort set and manifest
+    must agree (floats to relative 1e-9), and a reopened store must answer exactly
+    as before it closed. Exit status 1 if not.
     """
+    import tempfile
+
     from ._eventlog import write_events
-    from ._simulate import generate_events, load_scenario, run_simulation
+    from ._simulate import generate_events, load_scenario, plot_timeline, run_simulation
 
     try:
-        scenario = load_scenario(scenario_name)
+        scenario = load_scenario(scenario_name).scaled(scale)
     except InvalidArgument as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     if seed is not None:
@@ -541,18 +558,23 @@ def simulate(scenario_name: str | None, data_dir: Path | None, seed: int | None,
         with _bar(len(events), "row", quiet, f"simulate {scenario.name}") as bar:
             yield from _with_progress(rows, bar)
 
-    try:
-        result = run_simulation(scenario, lambda cfg, clk: _open_db(data_dir, cfg, clk),
-                                events=events, progress=progress)
-    except InvalidArgument as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
-    except TidalError as exc:
-        _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
+    with contextlib.ExitStack() as stack:
+        store = data_dir
+        if store is None and scenario.durable:
+            store = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tidal-simulate-")))
+            store = store / "store"
+        try:
+            result = run_simulation(scenario, lambda cfg, clk: _open_db(store, cfg, clk),
+                                    events=events, progress=progress)
+        except InvalidArgument as exc:
+            _fail(str(exc), EXIT_BAD_INPUT)
+        except TidalError as exc:
+            _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
     if data_dir is not None:
         _write_state(data_dir, config, result.at_ns,
                      f"simulate {scenario.name} seed {scenario.seed}")
 
-    c, s, check = result.counts, result.stats, result.check
+    c, s, check, mem = result.counts, result.stats, result.check, result.memory
     out = click.echo
     out(f"scenario {scenario.name} (seed {scenario.seed}): {scenario.users:,} users, "
         f"{scenario.cohorts:,} cohorts, {scenario.entities:,} entities, "
@@ -560,15 +582,50 @@ def simulate(scenario_name: str | None, data_dir: Path | None, seed: int | None,
     out(f"  events     {result.events:,} rows generated in {generated_s:.2f} s: "
         f"{c.signals:,} signals, {c.assigns:,} assigns, {c.leaves:,} leaves, "
         f"{c.rejoins:,} rejoins, {c.purges:,} purges")
+    if result.setup_s:
+        out(f"  set-up     every user joined its cohorts up front in {result.setup_s:.2f} s "
+            "(16 callers; not part of the measured load)")
     rows_per_s = result.events / result.runtime_s if result.runtime_s > 0 else 0.0
+    where = ("store " + str(data_dir) if data_dir is not None
+             else "temporary store" if scenario.durable else "ephemeral")
     out(f"  runtime    {result.runtime_s:.3f} s, {result.signals_per_s:,.0f} signals/s, "
-        f"{rows_per_s:,.0f} rows/s "
-        f"({'store ' + str(data_dir) if data_dir is not None else 'ephemeral'}, "
+        f"{rows_per_s:,.0f} rows/s ({where}, "
         f"{config.membership_shards} membership / {config.ledger_shards} ledger shards)")
     out(f"  reference  {result.reference_s:.3f} s, {result.reference_signals_per_s:,.0f} "
         "signals/s (single-threaded model)")
     out(f"  counters   forwarded {s.get('forwarded', 0):,}, gated {s.get('gated', 0):,}, "
         f"records {s.get('records', 0):,}, retracted {s.get('retracted', 0):,}")
+    out("  latency    ms:        p50      p99    p99.9      max    count")
+    for op, q in result.latency.items():
+        name = "signal ack" if op == "signal" else op
+        out(f"    {name:<16}{q['p50_ms']:>9.3f}{q['p99_ms']:>9.3f}{q['p99_9_ms']:>9.3f}"
+            f"{q['max_ms']:>9.1f}{int(q['count']):>9,}")
+    if mem:
+        per = mem.get("bytes_per_retained_record")
+        line = (f"  memory     peak {mem['peak_bytes'] / 2**20:,.1f} MiB, end "
+                f"{mem['end_bytes'] / 2**20:,.1f} MiB above the start (RSS); "
+                f"{mem['retained_records']:,} contribution records retained")
+        out(line)
+        if per is not None:
+            out(f"             {per:,.1f} B per retained record (RSS)"
+                + (f", {mem['structure_bytes_per_retained_record']:,.1f} B in the ledgers' "
+                   "structures" if mem.get("structure_bytes_per_retained_record") else ""))
+        if mem.get("structures"):
+            out("             " + ", ".join(f"{k} {v / 2**20:,.1f} MiB"
+                                             for k, v in mem["structures"].items()))
+    if result.restart is not None:
+        r = result.restart
+        verdict = "every figure equal" if not r["differences"] else \
+            f"{len(r['differences'])} figure(s) changed"
+        out(f"  restart    after {r['after_rows']:,} rows: reopened in {r['restore_s']:.3f} s, {verdict}")
+        for line in r["differences"]:
+            out(f"    {line}")
+    if result.restore_s is not None:
+        verdict = "every figure equal" if not result.reopen_differences else \
+            f"{len(result.reopen_differences)} figure(s) changed"
+        out(f"  restore    {result.restore_s:.3f} s to reopen the store at the end, {verdict}")
+        for line in result.reopen_differences:
+            out(f"    {line}")
     if check.ok:
         out(f"  check      OK: {check.aggregate_rows:,} aggregate rows, {check.users:,} users, "
             f"{check.manifests:,} manifests agree with the reference model "
@@ -578,18 +635,14 @@ def simulate(scenario_name: str | None, data_dir: Path | None, seed: int | None,
         for line in check.details:
             out(f"    {line}")
     if report_out is not None:
-        _write_json(report_out, {
-            "scenario": scenario.name, "seed": scenario.seed, "events": result.events,
-            "signals": c.signals, "assigns": c.assigns, "leaves": c.leaves,
-            "rejoins": c.rejoins, "purges": c.purges, "manifests": c.manifests,
-            "stats": s, "runtime_s": result.runtime_s, "signals_per_s": result.signals_per_s,
-            "reference_s": result.reference_s,
-            "reference_signals_per_s": result.reference_signals_per_s,
-            "check_ok": check.ok, "aggregate_rows": check.aggregate_rows,
-            "users": check.users, "manifests_compared": check.manifests,
-            "mismatches": check.mismatches, "details": check.details,
-        })
-    if not check.ok:
+        _write_json(report_out, result.report())
+    if plot_out is not None:
+        try:
+            plot_timeline(result, plot_out)
+        except InvalidArgument as exc:
+            _fail(str(exc), EXIT_BAD_INPUT)
+        out(f"  plot       {plot_out}")
+    if not result.ok:
         sys.exit(EXIT_FAILED)
 
 

@@ -1,0 +1,76 @@
+"""Run every benchmark in ``bench/`` and print (and optionally save) their figures.
+
+Run: ``python bench/run_all.py`` (``--quick`` for a run of a few minutes; ``--json
+FILE`` writes every figure). Each benchmark runs in its own process, one after the
+other, so none inherits another's memory or threads; every figure sits beside a plain
+single-threaded baseline measured in the same process and run (see each module's
+docstring), so the ratios hold on a noisy machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCHES = [  # (name, script, how it hands over its figures: a --json FILE or JSON printed last)
+    ("core", "bench_core.py", "file"),  # issue 2: ingestion, leave, purge at a full log, memory
+    ("scaling", "bench_scaling.py", "file"),  # issue 6: how ingestion, purge and restore grow
+    ("aio", "bench_aio.py", "stdout"),  # issue 4: the trio facade
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes in all)")
+    ap.add_argument("--json", help="write every figure to this file")
+    ap.add_argument("--only", action="append", choices=[name for name, _, _ in BENCHES],
+                    help="run only these benchmarks (repeatable)")
+    args = ap.parse_args()
+    results: dict[str, object] = {"quick": args.quick, "python": sys.version.split()[0],
+                                  "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    failed = []
+    with tempfile.TemporaryDirectory(prefix="tidal-bench-") as tmp:
+        for name, script, hand_over in BENCHES:
+            if args.only and name not in args.only:
+                continue
+            path = os.path.join(HERE, script)
+            if not os.path.exists(path):
+                continue
+            out = os.path.join(tmp, f"{name}.json")
+            cmd = [sys.executable, path] + (["--json", out] if hand_over == "file" else ["--json"])
+            cmd += ["--quick"] if args.quick else []
+            print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
+            t = time.perf_counter()
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+            printed = proc.stdout
+            if hand_over == "stdout":  # the figures are the JSON object printed last
+                start = printed.rfind("\n{")
+                start = 0 if printed.startswith("{") and start < 0 else start + 1
+                try:
+                    results[name] = json.loads(printed[start:])
+                    printed = printed[:start]
+                except ValueError:
+                    pass
+            print(printed, end="")
+            print(f"== {name}: {time.perf_counter() - t:.0f} s, exit {proc.returncode}\n", flush=True)
+            if proc.returncode != 0:
+                failed.append(name)
+                continue
+            if hand_over == "file":
+                with open(out) as fh:
+                    results[name] = json.load(fh)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Regression tests for what the adversarial review found."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from tidal_actors import (
+    COMMUNITY,
+    Config,
+    InvalidArgument,
+    ManualClock,
+    StorageError,
+    TidalDb,
+    UnknownPurge,
+)
+
+from .conftest import T0
+
+
+def test_rematerialize_racing_a_purge_of_the_same_cohort_never_undoes_it(clock):
+    cfg = Config(rematerialize_after_ms=None)
+    with TidalDb.open(config=cfg, clock=clock) as db:
+        for u in range(30):
+            db.assign_cohort(u, "x")
+        for u in range(30):
+            for e in range(200):
+                db.signal_with_context(u, e, 1, 1.0, T0)
+        db.flush()
+        for u in range(30):
+            t = threading.Thread(target=db.rematerialize, args=("x",))
+            t.start()
+            _, m = db.request_community_purge(u, "x")
+            t.join()
+            assert len(m.entries) == 200
+            # the purged user's contributions stay gone, whatever the rebuild did
+            assert db.read_window("x", 0, 1, T0).count == 30 - u - 1
+        db.rematerialize("x")
+        assert db.read_window("x", 0, 1, T0).count == 0
+        assert db.read_window(COMMUNITY, 0, 1, T0).count == 30
+
+
+def test_unknown_purge_is_not_a_handler_error(db):
+    with pytest.raises(UnknownPurge):
+        db.purge_status(123)
+    assert db.stats()["handler_errors"] == 0
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"membership_shards": 256}, "membership_shards"),
+        ({"half_life_ns": 2**70}, "half_life_ns"),
+        ({"half_life_ns_by_type": {2: 2**80}}, "half_life_ns_by_type[2]"),
+        ({"window_width_ns": 2**64}, "window_width_ns"),
+    ],
+)
+def test_config_upper_bounds(kw, field):
+    with pytest.raises(InvalidArgument) as ei:
+        Config(**kw)
+    assert ei.value.field == field
+
+
+def test_config_toml_keys_stay_in_their_sections(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[window]\nhalf_life_ns = 7\n")
+    with pytest.raises(InvalidArgument, match="not a setting of this section"):
+        Config.from_toml(bad)
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(InvalidArgument):
+        Config.from_toml(binary)
+
+
+def test_bad_paths_raise_tidal_errors(tmp_path):
+    with pytest.raises(InvalidArgument):
+        TidalDb.open("")
+    with pytest.raises(StorageError):
+        TidalDb.open(str(tmp_path) + "/a\x00b")
+
+
+def test_truncated_or_emptied_store_is_refused_not_crashed(tmp_path):
+    path = str(tmp_path / "s")
+    with TidalDb.open(path, clock=ManualClock(T0)) as db:
+        for i in range(3000):
+            db.signal_with_context(i, i, 1, 1.0)
+    data = os.path.join(path, "data.mdb")
+    size = os.path.getsize(data)
+    code = (
+        "import sys\nfrom tidal_actors import TidalDb, StorageError\n"
+        "try:\n    TidalDb.open(sys.argv[1])\nexcept StorageError as e:\n    print('refused:', e)\n"
+    )
+    with open(data, "r+b") as fh:
+        fh.truncate(size // 2)
+    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("refused:") and "truncated" in out.stdout
+    with open(data, "r+b") as fh:
+        fh.truncate(0)
+    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("refused:"), out.stderr
+
+
+def test_inspect_does_not_create_a_store_in_a_foreign_directory(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    out = subprocess.run([sys.executable, "-m", "tidal_actors.cli", "inspect", "--data-dir", str(tmp_path), "user", "1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "not a tidal_actors data directory" in out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
