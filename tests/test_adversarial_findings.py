@@ -110,3 +110,25 @@ def test_inspect_does_not_create_a_store_in_a_foreign_directory(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "not a tidal_actors data directory" in out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_an_unclosed_database_is_flushed_and_closed_at_exit(tmp_path):
+    path = str(tmp_path / "s")
+    code = (
+        "import sys\nfrom tidal_actors import TidalDb\n"
+        "db = TidalDb.open(sys.argv[1])\n"
+        "for i in range(100):\n    db.signal_with_context(1, i, 1, 1.0, 10**18)\n"
+    )
+    subprocess.run([sys.executable, "-c", code, path], check=True, timeout=60)
+    with TidalDb.open(path) as db:
+        assert sum(r[4] for r in db.aggregate_rows(10**18)) == 100
+
+
+def test_reopening_with_another_half_life_rebuilds_instead_of_misreading_the_snapshot(tmp_path):
+    path = str(tmp_path / "s")
+    hour = 3600 * 10**9
+    with TidalDb.open(path, config=Config(half_life_ns=hour), clock=ManualClock(T0)) as db:
+        db.signal_with_context(1, 1, 1, 1.0, T0 - hour)
+        assert db.read_decay_score(COMMUNITY, 1, 1) == 0.5
+    with TidalDb.open(path, config=Config(half_life_ns=2 * hour), clock=ManualClock(T0)) as db:
+        assert db.read_decay_score(COMMUNITY, 1, 1) == 2**-0.5

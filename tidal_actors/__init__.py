@@ -23,6 +23,7 @@ from ._errors import (
     UnknownPurge,
     WrongThread,
 )
+from ._eventlog import EventLogError
 from ._types import (
     COMMUNITY,
     CommunityMembership,
@@ -49,6 +50,7 @@ __all__ = [
     "ContributionRecord",
     "DatabaseClosed",
     "DatabaseLocked",
+    "EventLogError",
     "InvalidArgument",
     "LeaveEpoch",
     "ManualClock",

@@ -536,7 +536,8 @@ class LedgerShard(Behaviour):
             del self._jobs[token]
             self.ctx.tell(M.COORD_ADDR, M.RematDone(
                 token, job.cohort, read, excluded, matched, per_user,
-                time.perf_counter() - job.t0, None if known else UnknownCohort(job.cohort)))
+                time.perf_counter() - job.t0,
+                None if known else UnknownCohort(f"nothing was ever attributed to cohort {job.cohort!r}")))
         except Exception as exc:
             self._jobs.pop(token, None)
             self.ctx.tell(M.COORD_ADDR, M.RematDone(token, job.cohort, error=exc))

@@ -14,6 +14,7 @@ always means "processed before".
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import struct
 import threading
@@ -40,7 +41,7 @@ from ._codec import Keyspace, Tag, encode_key, ledger_shard_of, membership_shard
 from ._config import Config
 from ._errors import DatabaseClosed, InvalidArgument, StorageError, TidalError
 from ._reply import Reply
-from ._store import SNAPSHOT_FORMAT, STORE_MARKER, LmdbStore, Restored
+from ._store import SNAPSHOT_FORMAT, STORE_MARKER, LmdbStore, Restored, snapshot_key
 from ._types import Signal, WindowCount
 from ._validate import (
     check_cohort,
@@ -100,7 +101,7 @@ def build_states(
         if m < nm:
             mstates[m].next_rseq = max(mstates[m].next_rseq, r + 1)
     mark = restored.snapshot_mark
-    if mark and mark.get("ledgers") == nl and mark.get("membership_shards") == nm:
+    if mark and mark.get("key") == snapshot_key(config):
         from ._snapshot import decode_ledger
 
         lstates = [decode_ledger(restored.snapshot_chunks[i], config) for i in range(nl)]
@@ -225,6 +226,20 @@ def _first(values: list[Any]) -> Any:
     return values[0]
 
 
+_OPEN_CORES: weakref.WeakSet[Core] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """A program that ends without closing its database still loses nothing it was
+    acknowledged: the open databases are flushed and closed at interpreter exit
+    (actor threads are daemons, alive until then). A crash skips this: call
+    ``flush()`` for signals that must survive one."""
+    for core in list(_OPEN_CORES):
+        with contextlib.suppress(Exception):
+            core.close()
+
+
 class Core:
     """Validation, buffering and message building on top of a host.
 
@@ -269,6 +284,7 @@ class Core:
             host.tell(M.COORD_ADDR, M.ResumeRematerialization())
         self._flusher_stop = threading.Event()
         self._flusher: threading.Thread | None = None
+        _OPEN_CORES.add(self)
         if buffered:
             self._flusher = threading.Thread(target=self._flush_loop, name="tidal-flusher", daemon=True)
             self._flusher.start()
@@ -636,7 +652,7 @@ def snapshot_write_ops(config: Config, states: list[LedgerState]) -> list[tuple[
     for li, ls in enumerate(states):
         for k, chunk in enumerate(encode_ledger(ls)):
             ops.append((Keyspace.META.value, encode_key(li, Tag.SNAPSHOT_CHUNK, k.to_bytes(4, "big")), chunk))
-    mark = {"format": SNAPSHOT_FORMAT, "ledgers": config.ledger_shards, "membership_shards": config.membership_shards}
+    mark = {"format": SNAPSHOT_FORMAT, "key": snapshot_key(config)}
     ops.append((Keyspace.META.value, encode_key(0, Tag.SNAPSHOT_MARK), msgpack.packb(mark)))
     return ops
 

@@ -15,7 +15,7 @@ from ._config import Config
 from ._core import Call, Core, check_meta
 from ._errors import InvalidArgument
 from ._host import PykkaHost
-from ._store import LmdbStore, NullStore
+from ._store import LmdbStore, NullStore, snapshot_key
 from ._types import (
     CommunityMembership,
     LeaveEpoch,
@@ -47,7 +47,7 @@ def open_core(
         raise InvalidArgument("path", path, "must not be empty (None opens an ephemeral database)")
     store: Any = NullStore() if path is None else LmdbStore(path, config)
     try:
-        restored = store.load(config.ledger_shards)
+        restored = store.load(snapshot_key(config))
         check_meta(store, config, restored)
         factory = host_factory or PykkaHost
         host = factory(config, clock, store.durable)
@@ -296,8 +296,9 @@ class TidalDb:
         out).
 
         Raises:
-            InvalidArgument: bad cohort name. UnknownCohort: the cohort has no state
-                and was never purged. StorageError: the erasure could not be committed.
+            InvalidArgument: bad cohort name. UnknownCohort: nothing was ever
+                attributed to the cohort (its purges, if any, had nothing to remove).
+                StorageError: the erasure could not be committed.
         """
         return self._run(self._core.rematerialize(cohort))  # type: ignore[no-any-return]
 

@@ -111,12 +111,23 @@ class Restored:
     snapshot_chunks: dict[int, list[bytes]] = field(default_factory=dict)
 
 
-def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_ledgers: int | None = None) -> Restored:
+def snapshot_key(config: Config) -> list[Any]:
+    """What a ledger snapshot depends on: shard counts, half-lives and bucket width
+    (the forward-decayed sums are stored relative to the half-life). A snapshot is
+    used only under the same key; otherwise the history is replayed."""
+    return [
+        SNAPSHOT_FORMAT, config.ledger_shards, config.membership_shards, config.half_life_ns,
+        sorted([k, v] for k, v in config.half_life_ns_by_type.items()), config.window_width_ns,
+    ]
+
+
+def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_ledgers: list[Any] | None = None) -> Restored:
     """Decode every keyspace's ``(key, value)`` pairs (in key order) into a `Restored`.
 
     Shared by every store kind, so a restore reads the same layout wherever it lives.
-    With ``snapshot_ledgers`` set and a snapshot of that many ledger shards present,
-    the contribution history is not decoded (the snapshot replaces its replay).
+    With ``snapshot_ledgers`` (a :func:`snapshot_key`) set and a snapshot taken under
+    that key present, the contribution history is not decoded (the snapshot replaces
+    its replay).
     """
     from ._behaviours import decode_manifest
     from ._remat import decode_status
@@ -153,7 +164,7 @@ def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_le
     mark = out.snapshot_mark
     if mark is not None and mark.get("format") != SNAPSHOT_FORMAT:
         out.snapshot_mark = mark = {}  # another build's snapshot: replay the history instead
-    if mark and snapshot_ledgers is not None and mark.get("ledgers") == snapshot_ledgers:
+    if mark and snapshot_ledgers is not None and mark.get("key") == snapshot_ledgers:
         return out
     for key, value in keyspaces.get(Keyspace.HISTORY.value, ()):
         shard, tag, suffix = decode_key(key)
@@ -186,7 +197,7 @@ class MemoryStore:
             else:
                 self.data[ks][key] = value
 
-    def load(self, snapshot_ledgers: int | None = None) -> Restored:
+    def load(self, snapshot_ledgers: list[Any] | None = None) -> Restored:
         return parse_store({ks: sorted(d.items()) for ks, d in self.data.items()}, snapshot_ledgers)
 
     def history_items(self) -> list[tuple[bytes, bytes]]:
@@ -208,7 +219,7 @@ class NullStore:
         for _ in ops:
             pass
 
-    def load(self, snapshot_ledgers: int | None = None) -> Restored:
+    def load(self, snapshot_ledgers: list[Any] | None = None) -> Restored:
         return Restored()
 
     def history_items(self) -> list[tuple[bytes, bytes]]:
@@ -344,7 +355,7 @@ class LmdbStore:
             self.env.set_mapsize(new)
         self.map_size = new
 
-    def load(self, snapshot_ledgers: int | None = None) -> Restored:
+    def load(self, snapshot_ledgers: list[Any] | None = None) -> Restored:
         """Read the whole store back (membership, manifests, tombstones, history or
         the snapshot that replaces it); see :func:`parse_store`."""
         with self.env.begin(buffers=False) as txn:
