@@ -58,6 +58,7 @@ from operator import is_
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["DEAD", "KEY_COLUMNS", "Aggregates"]
 
@@ -104,6 +105,21 @@ class Aggregates:
         "_cap", "_cid", "_hl", "_hl_cache", "_n", "_width", "cohort_names", "cohorts",
         "index", "keys", "older", *KEY_COLUMNS, *(name for name, _ in _DETAIL),
     )
+
+    # the per-key columns (`KEY_COLUMNS`), set in __init__ and grown by _reserve
+    S: npt.NDArray[np.float64]
+    L: npt.NDArray[np.int64]
+    TM: npt.NDArray[np.int64]
+    CB: npt.NDArray[np.int64]
+    CN: npt.NDArray[np.int64]
+    CW: npt.NDArray[np.float64]
+    CFD: npt.NDArray[np.float64]
+    CTM: npt.NDArray[np.int64]
+    HL: npt.NDArray[np.int64]
+    KC: npt.NDArray[np.int32]
+    KE: npt.NDArray[np.uint64]
+    KT: npt.NDArray[np.uint64]
+    LIVE: npt.NDArray[np.uint8]
 
     def __init__(
         self, half_life_for: Callable[[int], int], window_width_ns: int, window_buckets: int
@@ -168,7 +184,7 @@ class Aggregates:
         ts in ns); returns their detail rows."""
         if not records:
             return range(len(self.dk), len(self.dk))
-        return self.add_columns(*zip(*records))  # type: ignore[arg-type]
+        return self.add_columns(*zip(*records))
 
     def add_columns(
         self, ms: Sequence[int], rs: Sequence[int], us: Sequence[int], cs: Sequence[str],
@@ -221,18 +237,19 @@ class Aggregates:
         """Give ids to the keys not seen yet (``None`` in ``kids``), columns set in bulk."""
         index, keys = self.index, self.keys
         first = len(keys)
-        at: list[int] = []  # position of each new key's first contribution
-        for i in compress(range(len(kids)), map(is_, kids, repeat(None))):
-            key = (cs[i], es[i], types[i])
-            kid = index.get(key)  # a key twice in one batch: the second finds the first
-            if kid is None:
-                kid = index[key] = len(keys)
-                keys.append(key)
-                at.append(i)
+        # all at C speed: the missing keys and their positions, each new key once (in
+        # order of first appearance) with the position of its first contribution
+        missing = list(map(is_, kids, repeat(None)))
+        where = list(compress(range(len(kids)), missing))
+        absent = list(compress(zip(cs, es, types), missing))
+        new = list(dict.fromkeys(absent))
+        earliest = dict(zip(reversed(absent), reversed(where)))
+        at = list(map(earliest.__getitem__, new))  # position of each new key's first contribution
+        last = first + len(new)
+        index.update(zip(new, range(first, last)))
+        keys.extend(new)
+        for i, kid in zip(where, map(index.__getitem__, absent)):
             kids[i] = kid
-        if not at:
-            return
-        last = len(keys)
         self._reserve(last)
         new_cohorts = list(map(cs.__getitem__, at))
         new_types = list(map(types.__getitem__, at))
@@ -434,7 +451,7 @@ class Aggregates:
         k = self.index.get((cohort, entity, stype))
         return (0, 0.0) if k is None else self._window(k, at)
 
-    def _scores(self, ks: np.ndarray, at: int) -> list[float]:  # type: ignore[type-arg]
+    def _scores(self, ks: npt.NDArray[np.int64], at: int) -> list[float]:
         """`_score` of many keys: the ones read after their latest contribution (the
         common case) with the same arithmetic, on columns; the others one by one."""
         if not len(ks):

@@ -487,13 +487,14 @@ def generate_events(scenario: Scenario) -> list[EventRow]:
                 left.append(u)
             rows.append(LeaveRow(line(), t, u))
         for _ in range(draw_count(scenario.rejoin_rate)):
-            u = None
-            while left and u is None:
-                u = left.pop(rng.randrange(len(left)))
-                if u not in left_set:  # a storm rejoined it already
-                    u = None
-            if u is None:
+            picked: int | None = None
+            while left and picked is None:
+                picked = left.pop(rng.randrange(len(left)))
+                if picked not in left_set:  # a storm rejoined it already
+                    picked = None
+            if picked is None:
                 break
+            u = picked
             t += 1
             left_set.discard(u)
             rows.append(RejoinRow(line(), t, u))

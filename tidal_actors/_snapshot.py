@@ -67,9 +67,9 @@ def decode_ledger(chunks: list[bytes], config: Config) -> LedgerState:
     data = array("q")
     data.frombytes(head["idata"])
     pos = 0
-    for u, c, n in zip(users, head["icohorts"], lens):
-        log.index[(u, c)] = data[pos : pos + n]
-        pos += n
+    for u, c, size in zip(users, head["icohorts"], lens):
+        log.index[(u, c)] = data[pos : pos + size]
+        pos += size
     ls.batch_seq = head["batch_seq"]
     ls.rseq_seen = dict(head["rseq_seen"])
     ls.live_from = {m: (v[0], v[1]) for m, v in head["live_from"].items()}
