@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgpack
+import numpy as np
 
 from . import _messages as M
 from ._clock import Clock
@@ -580,30 +581,27 @@ def encode_batch(
     return msgpack.packb(payload)  # type: ignore[no-any-return]
 
 
-def advance_watermark(live_from: int, drained: list[int], next_rseq: int, cap: int) -> int:
+def advance_watermark(live_from: int, drained: np.ndarray, next_rseq: int, cap: int) -> int:
     """The contribution log's eviction watermark after appends up to ``next_rseq``.
 
     A VecDeque of capacity ``cap`` (retroactive-purge FR-1) that received records
-    ``0 .. next_rseq-1`` in order, minus the ``drained`` ones (sorted), has evicted
-    exactly the records below the returned watermark: the smallest ``e >= live_from``
-    with ``(next_rseq - e) - |drained in [e, next_rseq)| <= cap``. Between two purges
-    only appends happen, so computing it lazily at the purge gives the same answer as
-    evicting at each append.
+    ``0 .. next_rseq-1`` in order, minus the ``drained`` ones (a sorted int64 array),
+    has evicted exactly the records below the returned watermark: the smallest
+    ``e >= live_from`` with ``(next_rseq - e) - |drained in [e, next_rseq)| <= cap``.
+    Between two purges only appends happen, so computing it lazily at the purge gives
+    the same answer as evicting at each append. O(log |drained|): the i-th drained
+    record at or above ``live_from`` has ``d_i - live_from - i`` live records before it.
     """
-    live = (next_rseq - live_from) - sum(1 for d in drained if live_from <= d < next_rseq)
+    lo = int(np.searchsorted(drained, live_from, side="left"))
+    hi = int(np.searchsorted(drained, next_rseq, side="left"))
+    live = (next_rseq - live_from) - (hi - lo)
     need = live - cap
     if need <= 0:
         return live_from
-    pos = live_from
-    for d in drained:
-        if d < pos:
-            continue
-        gap = d - pos
-        if gap >= need:
-            return pos + need
-        need -= gap
-        pos = d + 1
-    return pos + need
+    d = drained[lo:hi]
+    before = d - live_from - np.arange(len(d), dtype=np.int64)  # non-decreasing
+    i = int(np.searchsorted(before, need, side="left"))
+    return live_from + need + i
 
 
 def encode_manifest(m: PurgeManifest) -> bytes:
@@ -628,7 +626,9 @@ class CoordinatorState:
 
     def __init__(self, membership_shards: int) -> None:
         self.live_from = [0] * membership_shards
-        self.drained: list[list[int]] = [[] for _ in range(membership_shards)]
+        # per membership shard: rseqs drained by purges at or above its watermark
+        # (sorted int64 arrays; rebuilt at restore from the purges' tombstones)
+        self.drained: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in range(membership_shards)]
         self.manifests: dict[int, list[PurgeManifest]] = {}
         self.last_purge_id = 0
         # purge id -> (status, rseq bound of the purge)
@@ -737,16 +737,14 @@ class PurgeCoordinator(Behaviour):
             prepared.evicted,
         )
         live_from = p["live_from"]
-        drained = sorted(
-            [d for d in self.state.drained[req.mshard] if d >= live_from]
-            + [r.rseq for r in prepared.records]
-        )
+        old = self.state.drained[req.mshard]
+        drained = np.union1d(old[old >= live_from], np.array([r.rseq for r in prepared.records], dtype=np.int64))
         p.update(manifest=manifest, prepared=prepared, drained=drained)
         suffix = p["pid"].to_bytes16()
         ops: list[tuple[str, bytes, bytes | None]] = [
             (Keyspace.ITEMS.value, encode_key(req.user, Tag.PURGE_MANIFEST, suffix), encode_manifest(manifest)),
             (Keyspace.META.value, encode_key(req.mshard, Tag.EVICTION_STATE),
-             msgpack.packb([live_from, drained, req.next_rseq])),
+             msgpack.packb([live_from, [], req.next_rseq])),  # drained: from the tombstones
         ]
         if prepared.records:
             ops.append(

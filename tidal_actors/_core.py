@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from . import _messages as M
 from ._behaviours import (
@@ -86,11 +87,17 @@ def build_states(
         if cohorts:
             mstates[membership_shard_of(user, nm)].cohorts[user] = cohorts
     coord = CoordinatorState(nm)
-    for m, (live_from, drained, next_rseq) in restored.eviction.items():
+    for m, (live_from, _listed, next_rseq) in restored.eviction.items():
         if m < nm:
             coord.live_from[m] = live_from
-            coord.drained[m] = sorted(drained)
             mstates[m].next_rseq = max(mstates[m].next_rseq, next_rseq)
+    # the drained set of each shard: the purges' tombstones at or above its watermark
+    # (older stores also listed it in the eviction state)
+    for m in range(nm):
+        listed = restored.eviction.get(m, (0, [], 0))[1]
+        rs = {r for mm, r in restored.tombstones if mm == m} | set(listed)
+        arr = np.array(sorted(rs), dtype=np.int64)
+        coord.drained[m] = arr[arr >= coord.live_from[m]]
     for pid, (status, bound) in restored.statuses.items():
         coord.statuses[pid] = (status, bound)
     for user, manifests in restored.manifests.items():
@@ -120,41 +127,52 @@ def build_states(
         key = (status.user_id, status.cohort)
         reported[key] = max(reported.get(key, -1), bound)
     unreported: list[dict[tuple[int, str], int]] = [{} for _ in range(nl)]
+    # tombstoned (drained) records, per membership shard, as sorted arrays
+    tomb_by_m: dict[int, np.ndarray] = {}
+    for m in {m for m, _ in tomb}:
+        tomb_by_m[m] = np.array(sorted(r for mm, r in tomb if mm == m), dtype=np.int64)
+    live_from = np.array(coord.live_from, dtype=np.int64)
     for batch in restored.batches:
         if batch.shard < nl:
             ls = lstates[batch.shard]
             ls.batch_seq = max(ls.batch_seq, batch.seq + 1)
+        if not len(batch.r):
+            continue
         names = batch.cohorts
-        cols = zip(
-            batch.ci.tolist(), batch.m.tolist(), batch.r.tolist(), batch.u.tolist(),
-            batch.e.tolist(), batch.t.tolist(), batch.w.tolist(), batch.ts.tolist(),
-        )
-        per_ledger: dict[int, list[tuple[int, int, int, str, int, int, float, int]]] = {}
-        for ci, m, r, u, e, t, w, ts in cols:
-            if tomb and (m, r) in tomb:
-                continue
-            cohort = names[ci]
-            li = shard_cache.get(cohort)
-            if li is None:
-                li = shard_cache[cohort] = ledger_shard_of(cohort, nl)
-            per_ledger.setdefault(li, []).append((m, r, u, cohort, e, t, w, ts))
-        for li, recs in per_ledger.items():
+        keep = np.ones(len(batch.r), dtype=bool)
+        for m, rs in tomb_by_m.items():
+            sel = batch.m == m
+            if sel.any():
+                keep[sel] &= ~np.isin(batch.r[sel], rs)
+        for c in names:
+            if c not in shard_cache:
+                shard_cache[c] = ledger_shard_of(c, nl)
+        ledger_of = np.array([shard_cache[c] for c in names], dtype=np.int64)[batch.ci]
+        for li in np.unique(ledger_of[keep]).tolist():
+            idx = np.nonzero(keep & (ledger_of == li))[0]
+            ms, rs = batch.m[idx], batch.r[idx]
+            us = batch.u[idx].tolist()
+            cs = [names[i] for i in batch.ci[idx].tolist()]
             ls = lstates[li]
-            rows = ls.aggregates.add_many(recs)
-            seen = ls.rseq_seen
-            live = [(rec, row) for rec, row in zip(recs, rows) if rec[0] < nm and rec[1] >= coord.live_from[rec[0]]]
-            ls.log.append([x[0] for x in live], [x[1] for x in live])
+            rows = np.asarray(ls.aggregates.add_columns(
+                ms.tolist(), rs.tolist(), us, cs, batch.e[idx].tolist(), batch.t[idx].tolist(),
+                batch.w[idx].tolist(), batch.ts[idx].tolist(),
+            ))
+            live = rs >= live_from[ms]
+            live_i = np.nonzero(live)[0].tolist()
+            ls.log.append_columns([us[i] for i in live_i], [cs[i] for i in live_i], rows[live].tolist())
             counts = unreported[li]
-            for rec in recs:
-                if rec[0] < nm and rec[1] < coord.live_from[rec[0]] and rec[1] >= reported.get((rec[2], rec[3]), -1):
-                    counts[(rec[2], rec[3])] = counts.get((rec[2], rec[3]), 0) + 1
-            for rec in recs:
-                m, r = rec[0], rec[1]
-                if m < nm:
-                    if r >= mstates[m].next_rseq:
-                        mstates[m].next_rseq = r + 1
-                    if r > seen.get(m, -1):
-                        seen[m] = r
+            for i in np.nonzero(~live)[0].tolist():
+                key = (us[i], cs[i])
+                if int(rs[i]) >= reported.get(key, -1):
+                    counts[key] = counts.get(key, 0) + 1
+            seen = ls.rseq_seen
+            for m in np.unique(ms).tolist():
+                top = int(rs[ms == m].max())
+                if top >= mstates[m].next_rseq:
+                    mstates[m].next_rseq = top + 1
+                if top > seen.get(m, -1):
+                    seen[m] = top
     for ls, counts in zip(lstates, unreported):
         for key, n in counts.items():
             lst = ls.log.index.get(key)
