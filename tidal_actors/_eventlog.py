@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import (
@@ -460,6 +461,7 @@ def apply_events(
     batch_size: int = 1024,
     counts: ApplyCounts | None = None,
     manifests: list[PurgeManifest] | None = None,
+    on_call: Callable[..., None] | None = None,
 ) -> ApplyCounts:
     """Apply ``rows`` to ``db`` in order, each at its own event time.
 
@@ -477,6 +479,10 @@ def apply_events(
         counts: updated in place (so a caller still has the counts if a row raises);
             a new one is made if None.
         manifests: if given, every manifest returned by a purge is appended to it.
+        on_call: if given, called after each database call as ``on_call(op,
+            seconds)`` (``op``: ``"assign"``, ``"leave"``, ``"rejoin"``, ``"purge"``),
+            or ``on_call("signal", seconds, n)`` for a run of ``n`` signals; wall
+            seconds from ``time.perf_counter``.
 
     Returns:
         ``counts``.
@@ -490,10 +496,15 @@ def apply_events(
     batch_size = max(1, int(batch_size))
     pending: list[Signal] = []
 
+    now = time.perf_counter
+
     def send() -> None:
         run = list(pending)
         pending.clear()
+        t = now()
         db.signal_batch(run)
+        if on_call is not None:
+            on_call("signal", now() - t, len(run))
 
     try:
         for row in rows:
@@ -513,22 +524,29 @@ def apply_events(
             if pending:
                 send()
             clock.set(ts)
+            t = now()
             if isinstance(row, AssignRow):
                 db.assign_cohort(row.user_id, row.cohort)
+                op = "assign"
                 counts.assigns += 1
             elif isinstance(row, LeaveRow):
                 db.leave_community_layer(row.user_id)
+                op = "leave"
                 counts.leaves += 1
             elif isinstance(row, RejoinRow):
                 db.rejoin_community_layer(row.user_id)
+                op = "rejoin"
                 counts.rejoins += 1
             else:
                 _, manifest = db.request_community_purge(row.user_id, row.cohort)
+                op = "purge"
                 counts.purges += 1
                 counts.manifests += 1
                 counts.manifest_entries += len(manifest.entries)
                 if manifests is not None:
                     manifests.append(manifest)
+            if on_call is not None:
+                on_call(op, now() - t)
             counts.rows += 1
     finally:
         if pending:

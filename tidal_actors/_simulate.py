@@ -45,7 +45,7 @@ from ._eventlog import (
     SignalRow,
     apply_events,
 )
-from ._types import COMMUNITY, CommunityMembership, LeaveEpoch, PurgeManifest, Signal
+from ._types import COMMUNITY, CommunityMembership, LeaveEpoch, PurgeManifest
 
 __all__ = [
     "LATENCY_OPS",
@@ -758,59 +758,8 @@ def _apply_measured(
     db: _Db, rows: Iterable[EventRow], clock: ManualClock, batch_size: int, counts: ApplyCounts,
     latency: Latency,
 ) -> None:
-    """:func:`~tidal_actors._eventlog.apply_events`, timing every call."""
-    pending: list[Signal] = []
-    clock_now = time.perf_counter
-    record = latency.record
-
-    def send() -> None:
-        run = list(pending)
-        pending.clear()
-        t = clock_now()
-        db.signal_batch(run)
-        record("signal", clock_now() - t, len(run))
-
-    try:
-        for row in rows:
-            ts = row.ts_ns
-            if counts.first_ts_ns is None:
-                counts.first_ts_ns = ts
-            if counts.max_ts_ns is None or ts > counts.max_ts_ns:
-                counts.max_ts_ns = ts
-            if isinstance(row, SignalRow):
-                clock.set(ts)
-                pending.append(Signal(row.user_id, row.entity_id, row.signal_type, row.weight, ts))
-                counts.signals += 1
-                counts.rows += 1
-                if len(pending) >= batch_size:
-                    send()
-                continue
-            if pending:
-                send()
-            clock.set(ts)
-            t = clock_now()
-            if isinstance(row, AssignRow):
-                db.assign_cohort(row.user_id, row.cohort)
-                record("assign", clock_now() - t)
-                counts.assigns += 1
-            elif isinstance(row, LeaveRow):
-                db.leave_community_layer(row.user_id)
-                record("leave", clock_now() - t)
-                counts.leaves += 1
-            elif isinstance(row, RejoinRow):
-                db.rejoin_community_layer(row.user_id)
-                record("rejoin", clock_now() - t)
-                counts.rejoins += 1
-            else:
-                _, manifest = db.request_community_purge(row.user_id, row.cohort)
-                record("purge", clock_now() - t)
-                counts.purges += 1
-                counts.manifests += 1
-                counts.manifest_entries += len(manifest.entries)
-            counts.rows += 1
-    finally:
-        if pending:
-            send()
+    """:func:`~tidal_actors._eventlog.apply_events`, timing every call into ``latency``."""
+    apply_events(db, rows, clock, batch_size=batch_size, counts=counts, on_call=latency.record)
 
 
 def _set_up(db: _Db, events: list[EventRow], clock: ManualClock, counts: ApplyCounts,
