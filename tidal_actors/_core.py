@@ -95,8 +95,8 @@ def build_states(
     # (older stores also listed it in the eviction state)
     for m in range(nm):
         listed = restored.eviction.get(m, (0, [], 0))[1]
-        rs = {r for mm, r in restored.tombstones if mm == m} | set(listed)
-        arr = np.array(sorted(rs), dtype=np.int64)
+        drained_rs = {r for mm, r in restored.tombstones if mm == m} | set(listed)
+        arr = np.array(sorted(drained_rs), dtype=np.int64)
         coord.drained[m] = arr[arr >= coord.live_from[m]]
     for pid, (status, bound) in restored.statuses.items():
         coord.statuses[pid] = (status, bound)
@@ -131,7 +131,7 @@ def build_states(
     tomb_by_m: dict[int, np.ndarray] = {}
     for m in {m for m, _ in tomb}:
         tomb_by_m[m] = np.array(sorted(r for mm, r in tomb if mm == m), dtype=np.int64)
-    live_from = np.array(coord.live_from, dtype=np.int64)
+    watermarks = np.array(coord.live_from, dtype=np.int64)
     for batch in restored.batches:
         if batch.shard < nl:
             ls = lstates[batch.shard]
@@ -140,10 +140,10 @@ def build_states(
             continue
         names = batch.cohorts
         keep = np.ones(len(batch.r), dtype=bool)
-        for m, rs in tomb_by_m.items():
+        for m, trs in tomb_by_m.items():
             sel = batch.m == m
             if sel.any():
-                keep[sel] &= ~np.isin(batch.r[sel], rs)
+                keep[sel] &= ~np.isin(batch.r[sel], trs)
         for c in names:
             if c not in shard_cache:
                 shard_cache[c] = ledger_shard_of(c, nl)
@@ -158,7 +158,7 @@ def build_states(
                 ms.tolist(), rs.tolist(), us, cs, batch.e[idx].tolist(), batch.t[idx].tolist(),
                 batch.w[idx].tolist(), batch.ts[idx].tolist(),
             ))
-            live = rs >= live_from[ms]
+            live = rs >= watermarks[ms]
             live_i = np.nonzero(live)[0].tolist()
             ls.log.append_columns([us[i] for i in live_i], [cs[i] for i in live_i], rows[live].tolist())
             counts = unreported[li]
