@@ -76,24 +76,9 @@ class ContributionLog:
     def __len__(self) -> int:
         return len(self.d)
 
-    def append(self, records: Iterable[tuple[int, int, int, str, int, int, float, int]], rows: Iterable[int]) -> None:
-        """Append records (``LogRecord``-shaped tuples, in order) whose detail rows
-        are ``rows``, and index them by (user, cohort)."""
-        pos = self.base + len(self.d)
-        index = self.index
-        d_ = self.d.append
-        for rec, row in zip(records, rows):
-            d_(row)
-            key = (rec[2], rec[3])
-            lst = index.get(key)
-            if lst is None:
-                index[key] = array("q", (0, pos))
-            else:
-                lst.append(pos)
-            pos += 1
-
     def append_columns(self, users: Sequence[int], cohorts: Sequence[str], rows: Iterable[int]) -> None:
-        """`append` on columns: the records' users and cohorts, and their detail rows."""
+        """Append records, given as columns: their users, their cohorts and their detail
+        rows (in order), and index them by (user, cohort)."""
         index = self.index
         get = index.get
         d = self.d
