@@ -120,3 +120,46 @@ def test_history_columns_encode_like_records(recs, contexts) -> None:  # type: i
 def test_history_columns_with_many_cohorts() -> None:
     recs = [(0, i, i, f"c{i}", i, 1, 1.0, i) for i in range(300)]
     assert encode_history_columns(tuple(zip(*recs)), None) == encode_batch(recs, None)
+
+
+pair_records = st.lists(
+    st.tuples(
+        st.sampled_from([0, 1, 7, 2**40, 2**64 - 1]),  # user (2**64 - 1: no one-key sort)
+        st.integers(0, 2),  # cohort
+        st.booleans(),  # live (above its shard's eviction watermark)
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pair_records, st.dictionaries(st.tuples(st.sampled_from([0, 7, 2**40]), st.sampled_from(["a", "b", "c"])),
+                                     st.integers(0, 80), max_size=3))
+def test_log_load_columns_equals_appending_and_counting(recs, reported) -> None:  # type: ignore[no-untyped-def]
+    """The bulk restore of a log equals appending its live records in order and
+    counting each pair's evicted records that no earlier purge reported (rseq at or
+    above the purge's bound) in item 0."""
+    import numpy as np
+
+    from tidal_actors._contrib_log import ContributionLog
+
+    names = ["a", "b", "c"]
+    rows = [100 + i for i in range(len(recs))]
+    expected = ContributionLog(_agg())
+    live_i = [i for i, (_, _, live) in enumerate(recs) if live]
+    expected.append_columns([recs[i][0] for i in live_i], [names[recs[i][1]] for i in live_i],
+                            [rows[i] for i in live_i])
+    from array import array
+
+    for rseq, (u, c, live) in enumerate(recs):  # rseq = position in the history here
+        if not live and rseq >= reported.get((u, names[c]), -1):
+            lst = expected.index.setdefault((u, names[c]), array("q", (0,)))
+            lst[0] += 1
+    got = ContributionLog(_agg())
+    got.load_columns(
+        np.array([u for u, _, _ in recs], dtype=np.uint64), np.array([c for _, c, _ in recs], dtype=np.int64),
+        names, np.array(rows, dtype=np.int64), np.array([lv for _, _, lv in recs], dtype=bool),
+        np.arange(len(recs), dtype=np.int64), reported,
+    )
+    assert list(got.d) == list(expected.d)
+    assert {k: list(v) for k, v in got.index.items()} == {k: list(v) for k, v in expected.index.items()}

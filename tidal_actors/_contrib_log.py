@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import msgpack
@@ -90,6 +90,68 @@ class ContributionLog:
                 index[key] = array("q", (0, pos))
             else:
                 lst.append(pos)
+
+    def load_columns(
+        self, users: np.ndarray, cids: np.ndarray, names: Sequence[str], rows: np.ndarray,
+        live: np.ndarray, rseqs: np.ndarray, reported: Mapping[tuple[int, str], int],
+    ) -> None:
+        """Rebuild the log of an empty shard from its replayed history, in bulk.
+
+        Args:
+            users: uint64, the records' users, in history order.
+            cids: integer, each record's cohort as an index into ``names``.
+            names: cohort names.
+            rows: int64, each record's detail row in the aggregates.
+            live: bool, whether the record is above its membership shard's eviction
+                watermark (a live record goes in the log; an evicted one only counts).
+            rseqs: int64, the records' rseq.
+            reported: ``(user, cohort) -> bound`` of the pairs' committed purges: an
+                evicted record with ``rseq < bound`` was reported by that purge's
+                manifest and is not counted again.
+
+        The result equals appending the live records one by one and adding each pair's
+        unreported evicted records to its item 0 (what the next purge reports).
+
+        Raises:
+            ValueError: the log is not empty.
+        """
+        if len(self.d) or self.index:
+            raise ValueError("load_columns needs an empty log")
+        n = len(users)
+        if not n:
+            return
+        live = np.asarray(live, dtype=bool)
+        self.d.frombytes(np.ascontiguousarray(rows[live], dtype=np.int64).tobytes())
+        pos = np.full(n, -1, dtype=np.int64)
+        pos[live] = np.arange(self.base, self.base + int(live.sum()), dtype=np.int64)
+        # group by pair; the sort is stable, so each pair's positions stay ascending
+        cids = np.asarray(cids, dtype=np.uint64)
+        shift = np.uint64(max(1, int(cids.max()).bit_length()))
+        if int(users.max()) >> (64 - int(shift)) == 0:  # one uint64 sort key (the usual case)
+            order = np.argsort((users.astype(np.uint64) << shift) | cids, kind="stable")
+        else:
+            order = np.lexsort((cids, users))
+        su, sc = users[order], cids[order]
+        starts = np.flatnonzero(np.r_[True, (su[1:] != su[:-1]) | (sc[1:] != sc[:-1])])
+        ends = np.r_[starts[1:], n]
+        slive = live[order]
+        live_before = np.r_[0, np.cumsum(slive)]  # live records before each sorted slot
+        buf = pos[order][slive].tobytes()
+        index = self.index
+        for a, b, u, c in zip(starts.tolist(), ends.tolist(), su[starts].tolist(), sc[starts].tolist()):
+            key = (u, names[c])
+            la, lb = int(live_before[a]), int(live_before[b])
+            bound = reported.get(key)
+            if bound is None:
+                evicted = (b - a) - (lb - la)
+            else:
+                grp = order[a:b]
+                evicted = int(np.count_nonzero(~live[grp] & (rseqs[grp] >= bound)))
+            if lb == la and not evicted:
+                continue
+            lst = array("q", (evicted,))
+            lst.frombytes(buf[la * 8 : lb * 8])
+            index[key] = lst
 
     def set_floor(self, mshard: int, floor: int) -> None:
         """Records of ``mshard`` with ``rseq < floor`` are surely evicted; trim them."""

@@ -20,7 +20,6 @@ import struct
 import threading
 import time
 import weakref
-from array import array
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -118,72 +117,101 @@ def build_states(
                     mstates[m].next_rseq = max(mstates[m].next_rseq, top + 1)
         return mstates, lstates, coord
     lstates = [LedgerState(config) for _ in range(nl)]
-    tomb = restored.tombstones
-    shard_cache: dict[str, int] = {}
+    _replay_history(restored, mstates, lstates, coord)
+    for ls in lstates:
+        for m in range(nm):
+            ls.live_from[m] = (coord.live_from[m], len(coord.drained[m]))
+            ls.log.set_floor(m, coord.live_from[m])
+    return mstates, lstates, coord
+
+
+# records replayed per `Aggregates.add_columns` call: large enough that the per-call
+# cost vanishes, small enough that few records take the one-by-one path (a key's
+# newer bucket within the chunk)
+_REPLAY_CHUNK = 1 << 15
+
+
+def _replay_history(
+    restored: Restored, mstates: list[MembershipState], lstates: list[LedgerState],
+    coord: CoordinatorState,
+) -> None:
+    """Rebuild the ledgers from the durable history (restore without a snapshot).
+
+    The history batches are joined into columns once; records tombstoned by a
+    committed purge are dropped, the rest are routed to their cohort's ledger shard
+    (so a store reopens under another shard count), added to its aggregates in
+    history order, and loaded into its log in bulk: records below their membership
+    shard's eviction watermark go to the aggregates but not to the log, and count as
+    evicted for their pair's next manifest unless an earlier purge reported them.
+    """
+    nl = len(lstates)
+    batches = restored.batches
+    for batch in batches:
+        if batch.shard < nl:
+            ls = lstates[batch.shard]
+            ls.batch_seq = max(ls.batch_seq, batch.seq + 1)
+    batches = [b for b in batches if len(b.r)]
+    if not batches:
+        return
+    gid: dict[str, int] = {}
+    cids = []
+    for b in batches:
+        lut = np.array([gid.setdefault(c, len(gid)) for c in b.cohorts], dtype=np.int64)
+        cids.append(lut[b.ci])
+    names = list(gid)
+    ccol = np.concatenate(cids)
+    del cids
+    mcol = np.concatenate([b.m for b in batches])
+    rcol = np.concatenate([b.r for b in batches])
+    ucol = np.concatenate([b.u for b in batches])
+    ecol = np.concatenate([b.e for b in batches])
+    tcol = np.concatenate([b.t for b in batches])
+    wcol = np.concatenate([b.w for b in batches])
+    tscol = np.concatenate([b.ts for b in batches])
+    del batches
+    restored.batches = []  # the joined columns replace them (halves the peak memory)
+    keep = np.ones(len(rcol), dtype=bool)
+    tomb: dict[int, list[int]] = {}
+    for m, r in restored.tombstones:
+        tomb.setdefault(m, []).append(r)
+    for m, drained in tomb.items():
+        sel = np.flatnonzero(mcol == m)
+        if len(sel):
+            keep[sel[np.isin(rcol[sel], np.array(drained, dtype=np.int64))]] = False
     # a pair's evicted records that no manifest has reported yet: the next purge's
     # manifest counts them (records below a purge's bound were reported by it)
     reported: dict[tuple[int, str], int] = {}
     for status, bound in restored.statuses.values():
         key = (status.user_id, status.cohort)
         reported[key] = max(reported.get(key, -1), bound)
-    unreported: list[dict[tuple[int, str], int]] = [{} for _ in range(nl)]
-    # tombstoned (drained) records, per membership shard, as sorted arrays
-    tomb_by_m: dict[int, np.ndarray] = {}
-    for m in {m for m, _ in tomb}:
-        tomb_by_m[m] = np.array(sorted(r for mm, r in tomb if mm == m), dtype=np.int64)
     watermarks = np.array(coord.live_from, dtype=np.int64)
-    for batch in restored.batches:
-        if batch.shard < nl:
-            ls = lstates[batch.shard]
-            ls.batch_seq = max(ls.batch_seq, batch.seq + 1)
-        if not len(batch.r):
+    ledger_of = np.array([ledger_shard_of(c, nl) for c in names], dtype=np.int64)[ccol]
+    for li, ls in enumerate(lstates):
+        sel = np.flatnonzero(keep & (ledger_of == li))
+        if not len(sel):
             continue
-        names = batch.cohorts
-        keep = np.ones(len(batch.r), dtype=bool)
-        for m, trs in tomb_by_m.items():
-            sel = batch.m == m
-            if sel.any():
-                keep[sel] &= ~np.isin(batch.r[sel], trs)
-        for c in names:
-            if c not in shard_cache:
-                shard_cache[c] = ledger_shard_of(c, nl)
-        ledger_of = np.array([shard_cache[c] for c in names], dtype=np.int64)[batch.ci]
-        for li in np.unique(ledger_of[keep]).tolist():
-            idx = np.nonzero(keep & (ledger_of == li))[0]
-            ms, rs = batch.m[idx], batch.r[idx]
-            us = batch.u[idx].tolist()
-            cs = [names[i] for i in batch.ci[idx].tolist()]
-            ls = lstates[li]
-            rows = np.asarray(ls.aggregates.add_columns(
-                ms.tolist(), rs.tolist(), us, cs, batch.e[idx].tolist(), batch.t[idx].tolist(),
-                batch.w[idx].tolist(), batch.ts[idx].tolist(),
-            ))
-            live = rs >= watermarks[ms]
-            live_i = np.nonzero(live)[0].tolist()
-            ls.log.append_columns([us[i] for i in live_i], [cs[i] for i in live_i], rows[live].tolist())
-            counts = unreported[li]
-            for i in np.nonzero(~live)[0].tolist():
-                key = (us[i], cs[i])
-                if int(rs[i]) >= reported.get(key, -1):
-                    counts[key] = counts.get(key, 0) + 1
-            seen = ls.rseq_seen
-            for m in np.unique(ms).tolist():
-                top = int(rs[ms == m].max())
-                if top >= mstates[m].next_rseq:
-                    mstates[m].next_rseq = top + 1
-                if top > seen.get(m, -1):
-                    seen[m] = top
-    for ls, counts in zip(lstates, unreported):
-        for key, n in counts.items():
-            lst = ls.log.index.get(key)
-            if lst is None:
-                ls.log.index[key] = array("q", (n,))
-            else:
-                lst[0] += n
-        for m in range(nm):
-            ls.live_from[m] = (coord.live_from[m], len(coord.drained[m]))
-            ls.log.set_floor(m, coord.live_from[m])
-    return mstates, lstates, coord
+        agg = ls.aggregates
+        first = len(agg.dk)
+        for a in range(0, len(sel), _REPLAY_CHUNK):
+            idx = sel[a : a + _REPLAY_CHUNK]
+            agg.add_columns(
+                mcol[idx].tolist(), rcol[idx].tolist(), ucol[idx].tolist(),
+                list(map(names.__getitem__, ccol[idx].tolist())), ecol[idx].tolist(),
+                tcol[idx].tolist(), wcol[idx].tolist(), tscol[idx].tolist(),
+            )
+        ms, rs = mcol[sel], rcol[sel]
+        live = rs >= watermarks[ms]
+        ls.log.load_columns(
+            ucol[sel], ccol[sel], names, np.arange(first, first + len(sel), dtype=np.int64), live, rs,
+            reported,
+        )
+        seen = ls.rseq_seen
+        for m in np.unique(ms).tolist():
+            top = int(rs[ms == m].max())
+            if top >= mstates[m].next_rseq:
+                mstates[m].next_rseq = top + 1
+            if top > seen.get(m, -1):
+                seen[m] = top
 
 
 _U64 = 2**64
