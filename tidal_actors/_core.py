@@ -125,12 +125,6 @@ def build_states(
     return mstates, lstates, coord
 
 
-# records replayed per `Aggregates.add_columns` call: large enough that the per-call
-# cost vanishes, small enough that few records take the one-by-one path (a key's
-# newer bucket within the chunk)
-_REPLAY_CHUNK = 1 << 15
-
-
 def _replay_history(
     restored: Restored, mstates: list[MembershipState], lstates: list[LedgerState],
     coord: CoordinatorState,
@@ -140,7 +134,8 @@ def _replay_history(
     The history batches are joined into columns once; records tombstoned by a
     committed purge are dropped, the rest are routed to their cohort's ledger shard
     (so a store reopens under another shard count), added to its aggregates in
-    history order, and loaded into its log in bulk: records below their membership
+    history order (`Aggregates.load_columns`), and loaded into its log in bulk
+    (`ContributionLog.load_columns`): records below their membership
     shard's eviction watermark go to the aggregates but not to the log, and count as
     evicted for their pair's next manifest unless an earlier purge reported them.
     """
@@ -190,19 +185,13 @@ def _replay_history(
         sel = np.flatnonzero(keep & (ledger_of == li))
         if not len(sel):
             continue
-        agg = ls.aggregates
-        first = len(agg.dk)
-        for a in range(0, len(sel), _REPLAY_CHUNK):
-            idx = sel[a : a + _REPLAY_CHUNK]
-            agg.add_columns(
-                mcol[idx].tolist(), rcol[idx].tolist(), ucol[idx].tolist(),
-                list(map(names.__getitem__, ccol[idx].tolist())), ecol[idx].tolist(),
-                tcol[idx].tolist(), wcol[idx].tolist(), tscol[idx].tolist(),
-            )
         ms, rs = mcol[sel], rcol[sel]
+        ls.aggregates.load_columns(
+            ms, rs, ucol[sel], ccol[sel], names, ecol[sel], tcol[sel], wcol[sel], tscol[sel],
+        )
         live = rs >= watermarks[ms]
         ls.log.load_columns(
-            ucol[sel], ccol[sel], names, np.arange(first, first + len(sel), dtype=np.int64), live, rs,
+            ucol[sel], ccol[sel], names, np.arange(len(sel), dtype=np.int64), live, rs,
             reported,
         )
         seen = ls.rseq_seen

@@ -230,6 +230,121 @@ class Aggregates:
         self.dr.extend(array("q", rs))
         return range(first, first + n)
 
+    def load_columns(
+        self, ms: np.ndarray, rs: np.ndarray, us: np.ndarray, cids: np.ndarray, names: Sequence[str],
+        es: np.ndarray, types: np.ndarray, ws: np.ndarray, tss: np.ndarray,
+    ) -> None:
+        """Rebuild empty aggregates from a replayed history, in bulk (restore).
+
+        Args:
+            ms, rs, us: the records' membership shard (uint8), rseq (int64) and user
+                (uint64), kept in the detail rows.
+            cids: integer, each record's cohort as an index into ``names``.
+            es, types: uint64 entity and signal type.
+            ws: float32 weights.
+            tss: int64 timestamps, ns.
+
+        The records are in history order; detail row i is record i. The state equals
+        `add_columns` of the same records (the same sums, each key's in the same
+        order: np.bincount adds in input order), computed per key and per (key,
+        bucket) with numpy instead of per record; only records that move a key's
+        landmark (more than ``RENORMALIZE_AT`` half-lives after it) go one by one.
+
+        Raises:
+            ValueError: the aggregates are not empty.
+        """
+        if len(self.dk) or self.keys:
+            raise ValueError("load_columns needs empty aggregates")
+        n = len(tss)
+        if not n:
+            return
+        ts = np.asarray(tss, dtype=np.int64)
+        w32 = np.asarray(ws, dtype=np.float32)
+        w = w32.astype(np.float64)
+        cids = np.asarray(cids, dtype=np.int64)
+        # keys: (cohort, type, entity) factorized, ids in order of first appearance
+        ue, einv = np.unique(es, return_inverse=True)
+        ut, tinv = np.unique(types, return_inverse=True)
+        if len(names) * len(ut) * len(ue) < 2**62:
+            code = (cids * len(ut) + tinv) * len(ue) + einv
+            _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+        else:
+            _, first, inv = np.unique(np.stack([cids, tinv, einv], axis=1), axis=0,
+                                      return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        g = len(first)
+        by_first = np.argsort(first, kind="stable")
+        rank = np.empty(g, dtype=np.int64)
+        rank[by_first] = np.arange(g, dtype=np.int64)
+        kid = rank[inv]
+        fk = first[by_first]  # each key id's first record
+        kc, ke, kt = cids[fk], np.asarray(es)[fk], np.asarray(types)[fk]
+        keys = list(zip(map(names.__getitem__, kc.tolist()), ke.tolist(), kt.tolist()))
+        self.keys.extend(keys)
+        self.index.update(zip(keys, range(g)))
+        self._reserve(g)
+        per_cohort = np.bincount(kc, minlength=len(names))
+        lut = np.zeros(len(names), dtype=np.int32)
+        for c in np.flatnonzero(per_cohort).tolist():
+            lut[c] = self._cohort_id(names[c])
+            self.cohorts[names[c]] = self.cohorts.get(names[c], 0) + int(per_cohort[c])
+        hl_of_type = np.array([self.half_life(t) for t in ut.tolist()], dtype=np.int64)
+        self.KC[:g] = lut[kc]
+        self.KE[:g] = ke
+        self.KT[:g] = kt
+        self.HL[:g] = hl_of_type[tinv[fk]]
+        self.L[:g] = ts[fk]
+        self.LIVE[:g] = 1
+        # records within RENORMALIZE_AT half-lives of their key's landmark: in bulk
+        x = (ts - self.L[kid]) / self.HL[kid]
+        fast = x <= RENORMALIZE_AT
+        every = bool(fast.all())
+        kf, tf, wa = (kid, ts, w) if every else (kid[fast], ts[fast], w[fast])
+        wf = wa * np.exp2(x if every else x[fast])
+        self.S[:g] = np.bincount(kf, weights=wf, minlength=g)
+        tm = np.full(g, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(tm, kf, tf)
+        self.TM[:g] = tm
+        b = tf // self._width
+        cb = np.full(g, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(cb, kf, b)
+        self.CB[:g] = cb
+        cur = b == cb[kf]
+        self.CN[:g] = np.bincount(kf[cur], minlength=g)
+        self.CW[:g] = np.bincount(kf[cur], weights=wa[cur], minlength=g)
+        self.CFD[:g] = np.bincount(kf[cur], weights=wf[cur], minlength=g)
+        ctm = np.full(g, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(ctm, kf[cur], tf[cur])
+        self.CTM[:g] = ctm
+        # earlier buckets: one (n, w, fd, tmax) per (key, bucket), summed in order
+        old = ~cur
+        if old.any():
+            ko, bo, wo, fo, to = kf[old], b[old], wa[old], wf[old], tf[old]
+            order = np.lexsort((bo, ko))
+            ko, bo, wo, fo, to = ko[order], bo[order], wo[order], fo[order], to[order]
+            starts = np.flatnonzero(np.r_[True, (ko[1:] != ko[:-1]) | (bo[1:] != bo[:-1])])
+            counts = np.diff(np.r_[starts, len(ko)])
+            wsum = np.add.reduceat(wo, starts)
+            fsum = np.add.reduceat(fo, starts)
+            tmax = np.maximum.reduceat(to, starts)
+            older = self.older
+            for k, bb, cn, sw, sf, st in zip(
+                ko[starts].tolist(), bo[starts].tolist(), counts.tolist(), wsum.tolist(),
+                fsum.tolist(), tmax.tolist(),
+            ):
+                older.setdefault(k, {})[bb] = (cn, sw, sf, st)
+        if not every:
+            slow = self._add_one
+            wl = w.tolist()
+            for i in np.flatnonzero(~fast).tolist():
+                slow(int(kid[i]), int(ts[i]), wl[i])
+        self.dk.frombytes(kid.astype(np.uint32).tobytes())
+        self.dt.frombytes(ts.tobytes())
+        self.dw.frombytes(w32.tobytes())
+        self.du.frombytes(np.asarray(us, dtype=np.uint64).tobytes())
+        self.dm.frombytes(np.asarray(ms, dtype=np.uint8).tobytes())
+        self.dr.frombytes(np.asarray(rs, dtype=np.int64).tobytes())
+
     def _new_keys(
         self, kids: list[Any], cs: Sequence[str], es: Sequence[int], types: Sequence[int],
         tss: Sequence[int],
