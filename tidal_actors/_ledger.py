@@ -170,6 +170,10 @@ class Aggregates:
             setattr(self, name, col)
         self._cap = cap
 
+    def cohort_id(self, cohort: str) -> int | None:
+        """The id ``KC`` holds for ``cohort``'s keys, or None if it never had one."""
+        return self._cid.get(cohort)
+
     def _cohort_id(self, cohort: str) -> int:
         cid = self._cid.get(cohort)
         if cid is None:

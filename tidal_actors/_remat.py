@@ -50,6 +50,10 @@ class RematJob:
         self.covered = covered
         self.scratch = Aggregates(config.half_life_for, config.window_width_ns, config.window_buckets)
         self.key_ids: dict[tuple[int, int], int] = {}
+        # covered users (sorted) and their bounds, for a vectorized lookup
+        cu = sorted(covered)
+        self._cu = np.array(cu, dtype=np.uint64) if cu else None
+        self._cb = np.array([covered[u] for u in cu], dtype=np.int64)
         self.excluded_rows: list[int] = []
         self.read = 0
         self.cursor = 0
@@ -60,28 +64,40 @@ class RematJob:
         agg: Aggregates = self.state.aggregates
         if hi <= lo:
             return
-        cohort_ids = [i for i, k in enumerate(agg.keys) if k[0] == self.cohort]
-        if not cohort_ids:
+        cid = agg.cohort_id(self.cohort)
+        if cid is None:
             return
-        is_c = np.zeros(len(agg.keys) + 1, dtype=bool)
-        is_c[cohort_ids] = True
+        nk = agg.key_total
+        is_c = np.zeros(nk + 1, dtype=bool)  # the cohort's key ids (from the KC column)
+        is_c[:nk] = agg.KC[:nk] == cid
         dk = np.frombuffer(agg.dk, dtype=np.uint32)[lo:hi].astype(np.int64)
-        dk[dk == DEAD] = len(agg.keys)  # retracted rows point at the False slot
-        rows = (np.nonzero(is_c[dk])[0] + lo).tolist()
-        covered = self.covered
-        records = []
-        for row in rows:
-            k = agg.dk[row]
-            user, rseq = agg.du[row], agg.dr[row]
-            self.read += 1
-            bound = covered.get(user)
-            if bound is not None and rseq < bound:
-                self.excluded_rows.append(row)
-                continue
-            _, entity, stype = agg.keys[k]
-            self.key_ids[(entity, stype)] = k
-            records.append((agg.dm[row], rseq, user, self.cohort, entity, stype, float(agg.dw[row]), agg.dt[row]))
-        self.scratch.add_many(records)
+        dk[dk == DEAD] = nk  # retracted rows point at the False slot
+        sel = np.flatnonzero(is_c[dk])
+        if not len(sel):
+            return
+        rows = sel + lo
+        k = dk[sel]
+        users = np.frombuffer(agg.du, dtype=np.uint64)[rows]
+        rseqs = np.frombuffer(agg.dr, dtype=np.int64)[rows]
+        self.read += len(rows)
+        if self._cu is not None:  # leave out the covered records: rseq below their user's bound
+            at = np.minimum(np.searchsorted(self._cu, users), len(self._cu) - 1)
+            out = (self._cu[at] == users) & (rseqs < self._cb[at])
+            if out.any():
+                self.excluded_rows.extend(rows[out].tolist())
+                keep = ~out
+                rows, k, users, rseqs = rows[keep], k[keep], users[keep], rseqs[keep]
+        if not len(rows):
+            return
+        uk = np.unique(k)  # the rebuilt keys keep their live key ids
+        for kk, e, t in zip(uk.tolist(), agg.KE[uk].tolist(), agg.KT[uk].tolist()):
+            self.key_ids[(e, t)] = kk
+        self.scratch.add_columns(
+            np.frombuffer(agg.dm, dtype=np.uint8)[rows].tolist(), rseqs.tolist(), users.tolist(),
+            [self.cohort] * len(rows), agg.KE[k].tolist(), agg.KT[k].tolist(),
+            np.frombuffer(agg.dw, dtype=np.float32)[rows].tolist(),
+            np.frombuffer(agg.dt, dtype=np.int64)[rows].tolist(),
+        )
 
     def step(self) -> bool:
         """Fold the next chunk of the rows that existed at the start; True when all are."""
