@@ -506,9 +506,7 @@ class LedgerShard(Behaviour):
             raise
 
     def _on_apply(self, msg: M.ApplyPurge) -> None:
-        retract_row = self.state.aggregates.retract_row
-        for row in msg.prepared.rows:
-            retract_row(row)
+        self.state.aggregates.retract_rows(msg.prepared.rows)
         self.state.log.apply(msg.user, msg.cohort, msg.prepared)
         self.retracted += len(msg.prepared.records)
 
@@ -532,7 +530,7 @@ class LedgerShard(Behaviour):
             if not job.step():
                 return False
             # known: something was ever attributed here (the key table only grows)
-            known = job.read > 0 or any(k[0] == job.cohort for k in self.state.aggregates.keys)
+            known = job.read > 0 or self.state.aggregates.cohort_id(job.cohort) is not None
             read, excluded, matched, per_user = job.finish()
             del self._jobs[token]
             self.ctx.tell(M.COORD_ADDR, M.RematDone(
@@ -608,7 +606,7 @@ def encode_manifest(m: PurgeManifest) -> bytes:
     """msgpack of a manifest; the purge id stays 16 bytes (msgpack ints stop at 64 bits)."""
     return msgpack.packb(  # type: ignore[no-any-return]
         [m.purge_id.to_bytes16(), m.user_id, m.cohort, m.created_at_ns,
-         [list(e) for e in m.entries], m.evicted]
+         m.entries, m.evicted]  # tuples pack as msgpack arrays, as lists do
     )
 
 
@@ -629,7 +627,11 @@ class CoordinatorState:
         # per membership shard: rseqs drained by purges at or above its watermark
         # (sorted int64 arrays; rebuilt at restore from the purges' tombstones)
         self.drained: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in range(membership_shards)]
-        self.manifests: dict[int, list[PurgeManifest]] = {}
+        # user -> encoded manifests (`encode_manifest`, as stored), in purge id order:
+        # bytes, not PurgeManifest objects, whose ContributionRecord entries (tuple
+        # subclasses, never untracked) the cyclic GC would walk in every full
+        # collection, a thousand more after each purge
+        self.manifests: dict[int, list[bytes]] = {}
         self.last_purge_id = 0
         # purge id -> (status, rseq bound of the purge)
         self.statuses: dict[int, tuple[PurgeStatus, int]] = {}
@@ -732,24 +734,27 @@ class PurgeCoordinator(Behaviour):
         prepared: Prepared = msg.prepared
         manifest = PurgeManifest(
             p["pid"], req.user, req.cohort, req.now_ns,
-            tuple(ContributionRecord(r.user, r.cohort, r.entity, r.stype, r.weight, r.ts)
-                  for r in prepared.records),
+            tuple(prepared.records),
             prepared.evicted,
         )
         live_from = p["live_from"]
         old = self.state.drained[req.mshard]
-        drained = np.union1d(old[old >= live_from], np.array([r.rseq for r in prepared.records], dtype=np.int64))
-        p.update(manifest=manifest, prepared=prepared, drained=drained)
+        old = old[int(np.searchsorted(old, live_from)):]
+        # the retracted records were live, so not drained yet: a sorted merge, O(n)
+        new = np.sort(np.array(prepared.rseqs, dtype=np.int64))
+        drained = np.insert(old, np.searchsorted(old, new), new)
+        encoded = encode_manifest(manifest)
+        p.update(manifest=manifest, manifest_bytes=encoded, prepared=prepared, drained=drained)
         suffix = p["pid"].to_bytes16()
         ops: list[tuple[str, bytes, bytes | None]] = [
-            (Keyspace.ITEMS.value, encode_key(req.user, Tag.PURGE_MANIFEST, suffix), encode_manifest(manifest)),
+            (Keyspace.ITEMS.value, encode_key(req.user, Tag.PURGE_MANIFEST, suffix), encoded),
             (Keyspace.META.value, encode_key(req.mshard, Tag.EVICTION_STATE),
              msgpack.packb([live_from, [], req.next_rseq])),  # drained: from the tombstones
         ]
         if prepared.records:
             ops.append(
                 (Keyspace.ITEMS.value, encode_key(req.user, Tag.PURGE_TOMBSTONE, suffix),
-                 msgpack.packb([[r.mshard, r.rseq] for r in prepared.records]))
+                 msgpack.packb(list(zip(prepared.mshards, prepared.rseqs))))
             )
         status = PurgeStatus(p["pid"], req.user, req.cohort, len(prepared.records), False, None, 0)
         p["status"] = status
@@ -771,7 +776,7 @@ class PurgeCoordinator(Behaviour):
         st.last_purge_id = int(p["pid"])
         st.live_from[req.mshard] = p["live_from"]
         st.drained[req.mshard] = p["drained"]
-        st.manifests.setdefault(req.user, []).append(p["manifest"])
+        st.manifests.setdefault(req.user, []).append(p["manifest_bytes"])
         st.statuses[int(p["pid"])] = (p["status"], req.next_rseq)
         self.purges += 1
         li = ledger_shard_of(req.cohort, self.ctx.config.ledger_shards)
@@ -931,7 +936,7 @@ class PurgeCoordinator(Behaviour):
         if msg.user == -1:
             msg.reply.set_result({"purges": self.purges, "handler_errors": self.handler_errors})
             return
-        msg.reply.set_result(list(self.state.manifests.get(msg.user, [])))
+        msg.reply.set_result([decode_manifest(raw) for raw in self.state.manifests.get(msg.user, [])])
 
 
 # -- persistence ----------------------------------------------------------------------

@@ -8,8 +8,12 @@ Layout: one ``array('q')`` column of *detail rows* (8 bytes a record): the recor
 fields (user, cohort, entity, type, weight, timestamp, membership shard, ``rseq``)
 live once, in the shard's `Aggregates` detail columns. Positions are absolute
 (append count); the column holds positions ``base ..``. The index maps
-``(user_id, cohort)`` to an ``array('q')`` whose item 0 counts positions already
-trimmed away and whose other items are absolute positions, ascending.
+``(user_id, cohort)`` to a ``bytearray`` of native int64s (`pair_positions` reads it)
+whose item 0 counts positions already trimmed away and whose other items are
+absolute positions, ascending. A bytearray, not an ``array('q')``: it holds no
+object references, so the cyclic GC does not track it, and a full collection does
+not visit one object per (user, cohort) pair (it did: ~10 ms a collection at
+100,000 pairs, landing inside whichever purge or signal was running).
 
 Eviction (FR-1, "FIFO ring-buffer semantics") is decided per membership shard by the
 purge coordinator from ``rseq``: a record is live while ``rseq >= E[mshard]``. The log
@@ -19,20 +23,31 @@ trims its head lazily once records are surely evicted (below a floor) or drained
 
 from __future__ import annotations
 
+import struct
 import sys
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
 
 from ._ledger import DEAD, Aggregates
+from ._types import ContributionRecord
 
 __all__ = ["EMPTY", "ContributionLog", "LogRecord", "Prepared", "encode_history_columns"]
 
 _COMPACT_MIN = 1 << 16
+_I64 = struct.Struct("=q")  # native int64, as the snapshot's array('q') bytes
+_PAIR = struct.Struct("=qq")  # a new pair: item 0 (trimmed count) and its first position
+
+
+def pair_positions(lst: bytearray) -> tuple[int, list[int]]:
+    """``(trimmed_count, positions)`` of an index entry."""
+    items = np.frombuffer(bytes(lst), dtype=np.int64)
+    return int(items[0]), items[1:].tolist()
 
 
 class LogRecord(NamedTuple):
@@ -49,17 +64,21 @@ class LogRecord(NamedTuple):
 
 
 class Prepared(NamedTuple):
-    """What a purge would retract: positions, detail rows and records (in log order),
-    how many of the pair's records had already been evicted, and the watermark used."""
+    """What a purge would retract: positions, detail rows and records (in log order;
+    the manifest's entries as they are), how many of the pair's records had already
+    been evicted, the watermark used, and the records' membership shards and rseqs
+    (their tombstones)."""
 
     positions: list[int]
     rows: list[int]
-    records: list[LogRecord]
+    records: list[ContributionRecord]
     evicted: int
     live_from: int
+    mshards: list[int]
+    rseqs: list[int]
 
 
-EMPTY = Prepared([], [], [], 0, 0)
+EMPTY = Prepared([], [], [], 0, 0, [], [])
 
 
 class ContributionLog:
@@ -70,7 +89,7 @@ class ContributionLog:
         self.base = 0
         self.head = 0
         self.d = array("q")
-        self.index: dict[tuple[int, str], array] = {}  # type: ignore[type-arg]
+        self.index: dict[tuple[int, str], bytearray] = {}
         self.floor: dict[int, int] = {}
 
     def __len__(self) -> int:
@@ -84,12 +103,13 @@ class ContributionLog:
         d = self.d
         start = self.base + len(d)
         d.extend(rows)
+        pack, pack_new = _I64.pack, _PAIR.pack
         for pos, key in enumerate(zip(users, cohorts), start):  # zip reuses its tuple
             lst = get(key)
             if lst is None:
-                index[key] = array("q", (0, pos))
+                index[key] = bytearray(pack_new(0, pos))
             else:
-                lst.append(pos)
+                lst.extend(pack(pos))
 
     def load_columns(
         self, users: np.ndarray, cids: np.ndarray, names: Sequence[str], rows: np.ndarray,
@@ -149,8 +169,8 @@ class ContributionLog:
                 evicted = int(np.count_nonzero(~live[grp] & (rseqs[grp] >= bound)))
             if lb == la and not evicted:
                 continue
-            lst = array("q", (evicted,))
-            lst.frombytes(buf[la * 8 : lb * 8])
+            lst = bytearray(_I64.pack(evicted))
+            lst += buf[la * 8 : lb * 8]
             index[key] = lst
 
     def set_floor(self, mshard: int, floor: int) -> None:
@@ -179,12 +199,16 @@ class ContributionLog:
         del self.d[:head]
         self.base += head
         base = self.base
+        first_pos = _PAIR.unpack_from
         for lst in self.index.values():
             # trimmed positions become a count: item 0, reported by the next purge
-            k = bisect_left(lst, base, 1)
-            if k > 1:
-                lst[0] += k - 1
-                del lst[1:k]
+            if len(lst) < 16 or first_pos(lst)[1] >= base:
+                continue
+            with memoryview(lst) as mv, mv.cast("q") as items:
+                k = bisect_left(items, base, 1)
+                trimmed = items[0] + k - 1
+            del lst[8 : k * 8]
+            _I64.pack_into(lst, 0, trimmed)
 
     def record_at_row(self, row: int) -> LogRecord:
         """The record of a detail row."""
@@ -203,25 +227,33 @@ class ContributionLog:
         lst = self.index.get((user, cohort))
         if lst is None:
             return EMPTY
-        agg = self.agg
-        evicted = lst[0]
-        positions, rows, records = [], [], []
+        items = np.frombuffer(bytes(lst), dtype=np.int64)
+        evicted = int(items[0])
+        pos = items[1:]
         base = self.base
-        for pos in lst[1:]:
-            if pos < base:
-                evicted += 1
-                continue
-            row = self.d[pos - base]
-            if agg.dk[row] == DEAD:
-                continue
-            rseq = agg.dr[row]
-            if rseq < live_from:
-                evicted += 1
-            elif rseq < bound:
-                positions.append(pos)
-                rows.append(row)
-                records.append(self.record_at_row(row))
-        return Prepared(positions, rows, records, evicted, live_from)
+        gone = pos < base  # trimmed away: evicted
+        evicted += int(np.count_nonzero(gone))
+        pos = pos[~gone]
+        agg = self.agg
+        rows = np.frombuffer(self.d, dtype=np.int64)[pos - base]
+        alive = np.frombuffer(agg.dk, dtype=np.uint32)[rows] != DEAD
+        pos, rows = pos[alive], rows[alive]
+        rseq = np.frombuffer(agg.dr, dtype=np.int64)[rows]
+        old = rseq < live_from
+        evicted += int(np.count_nonzero(old))
+        take = ~old & (rseq < bound)
+        pos, rows = pos[take], rows[take]
+        k = np.frombuffer(agg.dk, dtype=np.uint32)[rows]
+        # one object per record (the manifest's entry): each GC-tracked allocation
+        # brings the next cyclic-GC pass nearer
+        records = list(map(
+            ContributionRecord, np.frombuffer(agg.du, dtype=np.uint64)[rows].tolist(),
+            repeat(cohort, len(rows)), agg.KE[k].tolist(), agg.KT[k].tolist(),
+            np.frombuffer(agg.dw, dtype=np.float32)[rows].tolist(),
+            np.frombuffer(agg.dt, dtype=np.int64)[rows].tolist(),
+        ))
+        return Prepared(pos.tolist(), rows.tolist(), records, evicted, live_from,
+                        np.frombuffer(agg.dm, dtype=np.uint8)[rows].tolist(), rseq[take].tolist())
 
     def apply(self, user: int, cohort: str, prepared: Prepared) -> None:
         """Forget the pair's drained and evicted records from the index (the caller
@@ -232,14 +264,15 @@ class ContributionLog:
         lst = self.index.get((user, cohort))
         if lst is None:
             return
-        base, d, agg = self.base, self.d, self.agg
-        keep = array("q", (carried,))
-        keep.extend(
-            p for p in lst[1:]
-            if p >= base and agg.dk[d[p - base]] != DEAD and agg.dr[d[p - base]] >= live_from
-        )
-        if len(keep) > 1 or carried:
-            self.index[(user, cohort)] = keep
+        agg, base = self.agg, self.base
+        pos = np.frombuffer(bytes(lst), dtype=np.int64)[1:]
+        pos = pos[pos >= base]
+        rows = np.frombuffer(self.d, dtype=np.int64)[pos - base]
+        ok = (np.frombuffer(agg.dk, dtype=np.uint32)[rows] != DEAD) & (
+            np.frombuffer(agg.dr, dtype=np.int64)[rows] >= live_from)
+        keep = pos[ok]
+        if len(keep) or carried:
+            self.index[(user, cohort)] = bytearray(_I64.pack(carried) + keep.tobytes())
         else:
             del self.index[(user, cohort)]
         self.trim()
@@ -248,7 +281,7 @@ class ContributionLog:
         """Drop the pair's positions whose rows were retracted (re-materialization)."""
         lst = self.index.get((user, cohort))
         if lst is not None:
-            self._keep_live(user, cohort, -1, lst[0])
+            self._keep_live(user, cohort, -1, _I64.unpack_from(lst)[0])
 
     def live_count(self) -> int:
         """Records in the column whose row is not retracted (evicted ones included until trimmed)."""
@@ -268,7 +301,7 @@ class ContributionLog:
 
     def nbytes(self) -> int:
         """Approximate bytes held by the column and the index."""
-        idx = sum(a.buffer_info()[1] * 8 + 80 for a in self.index.values()) + 120 * len(self.index)
+        idx = sum(len(a) + 57 for a in self.index.values()) + 120 * len(self.index)
         return self.d.buffer_info()[1] * 8 + idx
 
 

@@ -100,9 +100,8 @@ def build_states(
     for pid, (status, bound) in restored.statuses.items():
         coord.statuses[pid] = (status, bound)
     for user, manifests in restored.manifests.items():
-        coord.manifests[user] = sorted(manifests, key=lambda x: x.purge_id)
-        for mf in manifests:
-            coord.last_purge_id = max(coord.last_purge_id, int(mf.purge_id))
+        coord.manifests[user] = [raw for _, raw in sorted(manifests)]
+    coord.last_purge_id = max(coord.last_purge_id, restored.last_purge_id)
     for m, r in restored.tombstones:
         if m < nm:
             mstates[m].next_rseq = max(mstates[m].next_rseq, r + 1)

@@ -5,10 +5,11 @@ Owns the arithmetic of one ledger shard's aggregates; no threads, no I/O.
 Theory of operation
 -------------------
 Every key ``(cohort, entity_id, signal_type)`` gets a *key id* ``k`` (ids are never
-reused; ``keys[k]`` names the key, ``index`` maps a live key to its id). A key's state
-lives in numpy columns indexed by ``k`` (`KEY_COLUMNS`), not in a Python object per
-key: a million keys cost ~93 MB of columns instead of a million GC-tracked lists, and
-a batch of contributions is added with a handful of vectorized operations.
+reused; `key(k)` names the key from the KC, KE, KT columns, ``index`` maps a live key
+to its id). A key's state lives in numpy columns indexed by ``k`` (`KEY_COLUMNS`), not
+in a Python object per key: a million keys cost ~93 MB of columns instead of a
+million GC-tracked lists, and a batch of contributions is added with a handful of
+vectorized operations.
 
 * ``L[k]`` is the key's landmark (ns) and ``S[k] = sum(w_i * 2 ** ((t_i - L) / h))``
   the forward-decayed sum (Cormode, Shkapenyuk, Srivastava, Xu, "Forward Decay: A
@@ -54,7 +55,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from itertools import compress, repeat
-from operator import is_
+from operator import is_, sub, truediv
 from typing import Any
 
 import numpy as np
@@ -102,8 +103,8 @@ class Aggregates:
     """
 
     __slots__ = (
-        "_cap", "_cid", "_hl", "_hl_cache", "_n", "_width", "cohort_names", "cohorts",
-        "index", "keys", "older", *KEY_COLUMNS, *(name for name, _ in _DETAIL),
+        "_cap", "_cid", "_hl", "_hl_cache", "_n", "_nkeys", "_width", "cohort_names", "cohorts",
+        "index", "older", *KEY_COLUMNS, *(name for name, _ in _DETAIL),
     )
 
     # the per-key columns (`KEY_COLUMNS`), set in __init__ and grown by _reserve
@@ -135,7 +136,10 @@ class Aggregates:
         self.cohort_names: list[str] = []  # cohort id -> name
         self.cohorts: dict[str, int] = {}  # cohort -> number of live keys
         self.index: dict[tuple[str, int, int], int] = {}  # live key -> key id
-        self.keys: list[tuple[str, int, int]] = []  # key id -> (cohort, entity, type)
+        # key ids allotted so far; a key id's (cohort, entity, type) is in the KC, KE
+        # and KT columns (`key`), not in a list of tuples: a list the cyclic GC would
+        # walk item by item in every full collection
+        self._nkeys = 0
         # key id -> b -> (n, w, fd, tmax): tuples of numbers, so the cyclic GC stops
         # tracking them (and their dicts) and a full collection does not walk them
         self.older: dict[int, dict[int, tuple[int, float, float, int]]] = {}
@@ -155,7 +159,18 @@ class Aggregates:
     @property
     def key_total(self) -> int:
         """Key ids allotted so far (live or not)."""
-        return len(self.keys)
+        return self._nkeys
+
+    def key(self, k: int) -> tuple[str, int, int]:
+        """``(cohort, entity, type)`` of key id ``k``."""
+        return self.cohort_names[self.KC[k]], int(self.KE[k]), int(self.KT[k])
+
+    @property
+    def keys(self) -> list[tuple[str, int, int]]:
+        """``(cohort, entity, type)`` of every key id allotted so far, in id order."""
+        n = self._nkeys
+        names = self.cohort_names
+        return list(zip(map(names.__getitem__, self.KC[:n].tolist()), self.KE[:n].tolist(), self.KT[:n].tolist()))
 
     def _reserve(self, n: int) -> None:
         if n <= self._cap:
@@ -257,7 +272,7 @@ class Aggregates:
         Raises:
             ValueError: the aggregates are not empty.
         """
-        if len(self.dk) or self.keys:
+        if len(self.dk) or self._nkeys:
             raise ValueError("load_columns needs empty aggregates")
         n = len(tss)
         if not n:
@@ -284,8 +299,9 @@ class Aggregates:
         fk = first[by_first]  # each key id's first record
         kc, ke, kt = cids[fk], np.asarray(es)[fk], np.asarray(types)[fk]
         keys = list(zip(map(names.__getitem__, kc.tolist()), ke.tolist(), kt.tolist()))
-        self.keys.extend(keys)
         self.index.update(zip(keys, range(g)))
+        del keys
+        self._nkeys = g
         self._reserve(g)
         per_cohort = np.bincount(kc, minlength=len(names))
         lut = np.zeros(len(names), dtype=np.int32)
@@ -354,8 +370,8 @@ class Aggregates:
         tss: Sequence[int],
     ) -> None:
         """Give ids to the keys not seen yet (``None`` in ``kids``), columns set in bulk."""
-        index, keys = self.index, self.keys
-        first = len(keys)
+        index = self.index
+        first = self._nkeys
         # all at C speed: the missing keys and their positions, each new key once (in
         # order of first appearance) with the position of its first contribution
         missing = list(map(is_, kids, repeat(None)))
@@ -366,7 +382,7 @@ class Aggregates:
         at = list(map(earliest.__getitem__, new))  # position of each new key's first contribution
         last = first + len(new)
         index.update(zip(new, range(first, last)))
-        keys.extend(new)
+        self._nkeys = last
         for i, kid in zip(where, map(index.__getitem__, absent)):
             kids[i] = kid
         self._reserve(last)
@@ -436,7 +452,7 @@ class Aggregates:
 
     def row(self, row: int) -> tuple[str, int, int, float, int]:
         """``(cohort, entity, type, weight, ts)`` of a detail row."""
-        cohort, entity, stype = self.keys[self.dk[row]]
+        cohort, entity, stype = self.key(self.dk[row])
         return cohort, entity, stype, float(self.dw[row]), self.dt[row]
 
     def erase_row(self, row: int) -> None:
@@ -449,7 +465,7 @@ class Aggregates:
 
     def _drop_key(self, k: int) -> None:
         """Forget a key's state (no contribution left); its id is not reused."""
-        key = self.keys[k]
+        key = self.key(k)
         if self.index.pop(key, None) is None:
             return
         n = self.cohorts[key[0]] - 1
@@ -460,6 +476,78 @@ class Aggregates:
         for name in ("S", "CN", "CW", "CFD", "LIVE"):
             getattr(self, name)[k] = 0
         self.older.pop(k, None)
+
+    def retract_rows(self, rows: Sequence[int]) -> int:
+        """`retract_row` of each row, in order, done column-wise (a purge's apply).
+
+        The same state as retracting the rows one by one: the latest buckets' counts
+        and sums are decremented with ``np.subtract.at`` (sequential, in row order),
+        an earlier bucket one by one, and each touched key's ``S`` is re-derived once
+        from its remaining buckets (``math.fsum``, as `retract_row` does after its
+        last row). Returns the number of rows retracted (not already retracted).
+        """
+        if not len(rows):
+            return 0
+        r = np.asarray(rows, dtype=np.int64)
+        dk = np.frombuffer(self.dk, dtype=np.uint32)
+        k = dk[r].astype(np.int64)
+        r, k = r[k != DEAD], k[k != DEAD]
+        if not len(r):
+            del dk
+            return 0
+        r, first = np.unique(r, return_index=True)  # a row listed twice counts once
+        k = k[first]
+        order = np.argsort(first, kind="stable")  # back to the rows' order
+        r, k = r[order], k[order]
+        dt = np.frombuffer(self.dt, dtype=np.int64)
+        dw = np.frombuffer(self.dw, dtype=np.float32)
+        ts = dt[r].copy()
+        w = dw[r].astype(np.float64)
+        dk[r] = DEAD  # erase the rows (as erase_row)
+        dt[r] = 0
+        dw[r] = 0.0
+        np.frombuffer(self.du, dtype=np.uint64)[r] = 0
+        np.frombuffer(self.dr, dtype=np.int64)[r] = -1
+        del dk, dt, dw  # no buffer export may outlive the call (the arrays grow)
+        done = len(r)
+        live = self.LIVE[k] != 0
+        k, ts, w = k[live], ts[live], w[live]
+        if not len(k):
+            return done
+        # Python int division, as retract_row (exact below 2**53, then correctly rounded)
+        x = list(map(truediv, map(sub, ts.tolist(), self.L[k].tolist()), self.HL[k].tolist()))
+        wf = w * np.array(_pow2(x), dtype=np.float64)
+        b = ts // self._width
+        cur = (b == self.CB[k]) & (self.CN[k] > 0)
+        kc = k[cur]
+        np.subtract.at(self.CN, kc, 1)
+        np.subtract.at(self.CW, kc, w[cur])
+        np.subtract.at(self.CFD, kc, wf[cur])
+        emptied = kc[self.CN[kc] == 0]
+        self.CW[emptied] = 0.0
+        self.CFD[emptied] = 0.0
+        touched = dict.fromkeys(kc.tolist())
+        old = ~cur
+        if old.any():
+            for kk, bb, ww, ff in zip(k[old].tolist(), b[old].tolist(), w[old].tolist(), wf[old].tolist()):
+                older = self.older.get(kk)
+                bk = older.get(bb) if older else None
+                if bk is None:
+                    continue  # as retract_row: nothing to take the row from
+                if bk[0] == 1:
+                    del older[bb]  # type: ignore[union-attr]
+                else:
+                    older[bb] = (bk[0] - 1, bk[1] - ww, bk[2] - ff, bk[3])  # type: ignore[index]
+                touched[kk] = None
+        for kk in touched:
+            older = self.older.get(kk)
+            if not self.CN[kk] and not older:
+                self._drop_key(kk)
+                continue
+            if older is not None and not older:
+                del self.older[kk]
+            self.S[kk] = math.fsum(bk[3] for bk in self._buckets(kk))
+        return done
 
     def retract_row(self, row: int) -> bool:
         """Retract the contribution of a detail row (once); False if already retracted.
@@ -593,7 +681,7 @@ class Aggregates:
         cid = self._cid.get(cohort)
         if cid is None or cohort not in self.cohorts:
             return []
-        n = len(self.keys)
+        n = self._nkeys
         ks = np.flatnonzero((self.KC[:n] == cid) & (self.KT[:n] == stype) & (self.LIVE[:n] != 0))
         scores = self._scores(ks, at)
         entities = self.KE[ks].tolist()
@@ -602,7 +690,7 @@ class Aggregates:
 
     def rows(self, at: int) -> Iterable[tuple[str, int, int, float, int, float]]:
         """Every key: ``(cohort, entity, type, decay_score, window_count, window_weight)``."""
-        n = len(self.keys)
+        n = self._nkeys
         ks = np.flatnonzero(self.LIVE[:n])
         scores = self._scores(ks, at)
         hi = at // self._width
@@ -612,14 +700,15 @@ class Aggregates:
         cw = self.CW[ks]
         weights = np.where(inside & (cw > 0.0), cw, 0.0).tolist()
         older = self.older
-        keys = self.keys
-        for i, k in enumerate(ks.tolist()):
-            cohort, entity, stype = keys[k]
+        names = self.cohort_names
+        for i, (k, c_id, entity, stype) in enumerate(zip(
+            ks.tolist(), self.KC[ks].tolist(), self.KE[ks].tolist(), self.KT[ks].tolist(),
+        )):
             if k in older:
                 c, w = self._window(k, at)
             else:
                 c, w = counts[i], weights[i]
-            yield cohort, entity, stype, scores[i], c, w
+            yield names[c_id], entity, stype, scores[i], c, w
 
     def memory(self) -> dict[str, int]:
         """Bytes held, by part: ``detail_rows`` (per contribution ever attributed),
@@ -628,8 +717,8 @@ class Aggregates:
         detail = sum(getattr(self, name).buffer_info()[1] * getattr(self, name).itemsize for name, _ in _DETAIL)
         columns = sum(getattr(self, name).nbytes for name in KEY_COLUMNS)
         size = sys.getsizeof
-        index = size(self.index) + size(self.keys) + sum(map(size, self.keys))
-        index += sum(size(k[1]) for k in self.keys if k[1] > 256)  # small ints are shared
+        index = size(self.index) + sum(map(size, self.index))
+        index += sum(size(k[1]) for k in self.index if k[1] > 256)  # small ints are shared
         index += sum(size(k) for k in self.index.values() if k > 256)
         older = size(self.older)
         for k, buckets in self.older.items():
@@ -646,7 +735,7 @@ class Aggregates:
         cid = self._cid.get(cohort)
         if cid is None:
             return []
-        n = len(self.keys)
+        n = self._nkeys
         return np.flatnonzero((self.KC[:n] == cid) & (self.LIVE[:n] != 0)).tolist()
 
     # -- re-materialization ------------------------------------------------------------
@@ -655,8 +744,8 @@ class Aggregates:
         """Whether ``other`` holds the same keys of ``cohort`` with the same scores (at
         each key's later latest timestamp) and windows (every bucket's count and
         weight), floats to relative 1e-9."""
-        mine = {self.keys[k][1:]: k for k in self.cohort_key_ids(cohort)}
-        theirs = {other.keys[k][1:]: k for k in other.cohort_key_ids(cohort)}
+        mine = {self.key(k)[1:]: k for k in self.cohort_key_ids(cohort)}
+        theirs = {other.key(k)[1:]: k for k in other.cohort_key_ids(cohort)}
         if mine.keys() != theirs.keys():
             return False
         for key, a in mine.items():
@@ -683,12 +772,12 @@ class Aggregates:
         for k in self.cohort_key_ids(cohort):
             self._drop_key(k)
         for ok in other.cohort_key_ids(cohort):
-            key = other.keys[ok]
+            key = other.key(ok)
             k = key_ids[key[1:]]
             for name in KEY_COLUMNS:
                 if name != "KC":
                     getattr(self, name)[k] = getattr(other, name)[ok]
-            self.index[self.keys[k]] = k
+            self.index[self.key(k)] = k
             self.cohorts[cohort] = self.cohorts.get(cohort, 0) + 1
             if ok in other.older:
                 self.older[k] = dict(other.older[ok])
@@ -697,7 +786,7 @@ class Aggregates:
 
     def dump(self) -> dict[str, Any]:
         """The whole state as plain values and bytes (for a snapshot; see `load`)."""
-        n = len(self.keys)
+        n = self._nkeys
         ob: list[int] = []
         oflat: list[Any] = []
         for k, older in self.older.items():
@@ -725,10 +814,10 @@ class Aggregates:
         for name, _ in _DETAIL:
             getattr(self, name).frombytes(state["detail"][name])
         names = self.cohort_names
-        self.keys = list(zip(map(names.__getitem__, self.KC[:n].tolist()), self.KE[:n].tolist(), self.KT[:n].tolist()))
-        live = np.flatnonzero(self.LIVE[:n]).tolist()
-        keys = self.keys
-        self.index = {keys[k]: k for k in live}
+        self._nkeys = n
+        live = np.flatnonzero(self.LIVE[:n])
+        self.index = dict(zip(zip(map(names.__getitem__, self.KC[live].tolist()), self.KE[live].tolist(),
+                                  self.KT[live].tolist()), live.tolist()))
         counts = np.bincount(self.KC[:n][self.LIVE[:n] != 0], minlength=len(names)).tolist()
         self.cohorts = {names[c]: m for c, m in enumerate(counts) if m}
         ok = array("q")

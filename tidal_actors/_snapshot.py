@@ -32,19 +32,19 @@ def encode_ledger(ls: LedgerState) -> list[bytes]:
     log, agg = ls.log, ls.aggregates
     index_users = array("Q")
     index_cohorts: list[str] = []
-    index_data = array("q")
     index_lens = array("q")
+    index_data = bytearray()
     for (u, c), lst in log.index.items():
         index_users.append(u)
         index_cohorts.append(c)
-        index_lens.append(len(lst))
-        index_data.extend(lst)
+        index_lens.append(len(lst) // 8)
+        index_data += lst
     head = {
         "base": log.base, "head": log.head,
         "cols": {n: getattr(log, n).tobytes() for n in _LOG_COLS},
         "floor": log.floor,
         "iusers": index_users.tobytes(), "icohorts": index_cohorts,
-        "ilens": index_lens.tobytes(), "idata": index_data.tobytes(),
+        "ilens": index_lens.tobytes(), "idata": bytes(index_data),
         "batch_seq": ls.batch_seq, "rseq_seen": ls.rseq_seen,
         "live_from": {m: list(v) for m, v in ls.live_from.items()},
     }
@@ -64,11 +64,10 @@ def decode_ledger(chunks: list[bytes], config: Config) -> LedgerState:
     users.frombytes(head["iusers"])
     lens = array("q")
     lens.frombytes(head["ilens"])
-    data = array("q")
-    data.frombytes(head["idata"])
+    data = head["idata"]  # native int64s, pair after pair
     pos = 0
     for u, c, size in zip(users, head["icohorts"], lens):
-        log.index[(u, c)] = data[pos : pos + size]
+        log.index[(u, c)] = bytearray(data[pos * 8 : (pos + size) * 8])
         pos += size
     ls.batch_seq = head["batch_seq"]
     ls.rseq_seen = dict(head["rseq_seen"])

@@ -30,7 +30,6 @@ import numpy as np
 from ._codec import Keyspace, Tag, decode_key, decode_membership
 from ._config import Config
 from ._errors import DatabaseLocked, StorageError, StorageFull
-from ._types import PurgeManifest
 
 __all__ = ["HistoryBatch", "LmdbStore", "MemoryStore", "NullStore", "Restored", "parse_store"]
 
@@ -101,7 +100,9 @@ class Restored:
     memberships: dict[int, tuple[Any, int | None]] = field(default_factory=dict)
     histories: dict[int, list[list[int | None]]] = field(default_factory=dict)
     cohorts: dict[int, tuple[str, ...]] = field(default_factory=dict)
-    manifests: dict[int, list[PurgeManifest]] = field(default_factory=dict)
+    # user -> [(purge id, encoded manifest)]: kept encoded (see CoordinatorState)
+    manifests: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)
+    last_purge_id: int = 0
     tombstones: set[tuple[int, int]] = field(default_factory=set)
     eviction: dict[int, tuple[int, list[int], int]] = field(default_factory=dict)
     batches: list[HistoryBatch] = field(default_factory=list)
@@ -142,9 +143,12 @@ def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_le
         elif tag == Tag.COHORT_ASSIGNMENT:
             out.cohorts[user] = tuple(msgpack.unpackb(value))
     for key, value in keyspaces.get(Keyspace.ITEMS.value, ()):
-        user, tag, _ = decode_key(key)
+        user, tag, suffix = decode_key(key)
         if tag == Tag.PURGE_MANIFEST:
-            out.manifests.setdefault(user, []).append(decode_manifest(value))
+            decode_manifest(value)  # a corrupt manifest fails the open, as before
+            pid = int.from_bytes(suffix, "big")
+            out.manifests.setdefault(user, []).append((pid, bytes(value)))
+            out.last_purge_id = max(out.last_purge_id, pid)
         elif tag == Tag.PURGE_TOMBSTONE:
             out.tombstones.update((m, r) for m, r in msgpack.unpackb(value))
         elif tag == Tag.PURGE_STATUS:
