@@ -178,6 +178,61 @@ def test_erasure_leaves_no_bytes_of_the_purged_pair(pdb_path, clock):
         assert db.purge_status(pid).rematerialized
 
 
+
+def _history_records(path: str, user: int, cohort: str) -> int:
+    """How many of ``user``'s records to ``cohort`` the durable history holds."""
+    import lmdb
+
+    from tidal_actors._store import decode_batch
+
+    env = lmdb.open(path, max_dbs=8, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            n = 0
+            for _, raw in txn.cursor(db=env.open_db(b"history", txn=txn, create=False)):
+                b = decode_batch(0, 0, bytes(raw))
+                if cohort in b.cohorts:
+                    n += int(((b.u == user) & (b.ci == b.cohorts.index(cohort))).sum())
+            return n
+    finally:
+        env.close()
+
+
+def test_repeated_purges_erase_exactly_what_each_covers(pdb_path, clock):
+    """Each re-materialization erases the records its new purges cover (a pair's
+    latest purge covers its earlier ones); records attributed after a purge stay in
+    the history until a later purge of that pair covers them."""
+    u, v = 0x0102030405060708, 0x1112131415161718
+    cfg = CFG.replace(max_contribution_log_entries=1000)
+    for user in (u, v):
+        with TidalDb.open(pdb_path, config=cfg, clock=clock) as db:
+            db.assign_cohort(user, "c")
+    with TidalDb.open(pdb_path, config=cfg, clock=clock) as db:
+        for i in range(10):
+            db.signal_with_context(u, i, 1, 1.0, T0 + i)
+        db.signal_with_context(v, 1, 1, 1.0, T0)
+        db.flush()
+        db.request_community_purge(u, "c")
+        db.rematerialize("c")
+        for i in range(5):
+            db.signal_with_context(u, i, 1, 1.0, T0 + 100 + i)  # after the first purge
+        db.flush()
+    assert _history_records(pdb_path, u, "c") == 5 and _history_records(pdb_path, v, "c") == 1
+    with TidalDb.open(pdb_path, config=cfg, clock=clock) as db:
+        db.request_community_purge(u, "c")
+        db.rematerialize("c")
+        for i in range(3):
+            db.signal_with_context(u, i, 1, 1.0, T0 + 200 + i)  # after the second
+        db.flush()
+    assert _history_records(pdb_path, u, "c") == 3
+    with TidalDb.open(pdb_path, config=cfg, clock=clock) as db:
+        db.request_community_purge(v, "c")  # erases v's record only
+        db.rematerialize("c")
+        assert db.read_window("c", 0, 1, T0 + 300).count == 1  # u's three, one per entity
+    assert _history_records(pdb_path, u, "c") == 3 and _history_records(pdb_path, v, "c") == 0
+    assert _history_records(pdb_path, u, COMMUNITY) == 18  # @community was never purged
+
+
 def test_history_retention_by_age_drops_old_records_at_compaction(pdb_path, clock):
     cfg = CFG.replace(history_retention_ns=100 * SEC)
     marker = (0x0A0B0C0D0E0F1011).to_bytes(8, "little")

@@ -880,7 +880,13 @@ class PurgeCoordinator(Behaviour):
         r["updates"] = updates
         r["report"] = RematerializationReport(cohort, msg.read, msg.excluded, msg.seconds, msg.matched)
         ops: list[tuple[str, bytes, bytes | None]] = [(Keyspace.ITEMS.value, *encode_status(s, b)) for s, b in updates]
-        self.ctx.tell(M.PERSIST_ADDR, M.EraseHistory(cohort, r["covered"], ops, (self.address, msg.token)))
+        # erase only what the purges this rebuild completes cover: an earlier purge's
+        # records went in the same transaction that marked it re-materialized (the
+        # latest purge of a pair has its highest bound, which covers the earlier ones)
+        erase: dict[int, int] = {}
+        for status, bound in updates:
+            erase[status.user_id] = max(erase.get(status.user_id, -1), bound)
+        self.ctx.tell(M.PERSIST_ADDR, M.EraseHistory(cohort, erase, ops, (self.address, msg.token)))
 
     def _remat_committed(self, msg: M.Committed) -> None:
         r = self._remat
@@ -1038,7 +1044,13 @@ class Persistence(Behaviour):
 
         self.commit()  # history batches queued before are in the store first
         try:
-            ops, _ = erase_history_ops(self.store.history_items(), msg.cohort, msg.covered)
+            items = self.store.history_items()
+            try:
+                ops, _ = erase_history_ops(items, msg.cohort, msg.covered)
+            finally:
+                close = getattr(items, "close", None)
+                if close is not None:
+                    close()  # the read transaction ends before the write begins
             self.store.commit(ops + msg.ops)
             error: BaseException | None = None
         except Exception as exc:  # noqa: BLE001 - the coordinator must hear back

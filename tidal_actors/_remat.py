@@ -20,6 +20,7 @@ No threads, no I/O: the ledger and persistence behaviours drive them.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import msgpack
@@ -127,7 +128,7 @@ class RematJob:
 
 
 def erase_history_ops(
-    batches: list[tuple[bytes, bytes]], cohort: str, covered: dict[int, int]
+    batches: Iterable[tuple[bytes, bytes]], cohort: str, covered: dict[int, int]
 ) -> tuple[list[tuple[str, bytes, bytes | None]], int]:
     """Ops rewriting history batches without ``cohort``'s records covered by a purge.
 
@@ -142,8 +143,15 @@ def erase_history_ops(
 
     ops: list[tuple[str, bytes, bytes | None]] = []
     erased = 0
+    if not covered:
+        return ops, erased
     users = np.array(sorted(covered), dtype=np.uint64)
+    # a batch holding a covered user's record holds its id as 8 little-endian bytes
+    # (the ``u`` column): a substring test skips the others without decoding them
+    patterns = [int(u).to_bytes(8, "little") for u in users.tolist()]
     for key, raw in batches:
+        if not any(p in raw for p in patterns):
+            continue
         b = decode_batch(0, 0, raw)
         if cohort not in b.cohorts:
             continue
@@ -194,7 +202,7 @@ def decode_status(raw: bytes) -> tuple[PurgeStatus, int]:
     return PurgeStatus(PurgeId.from_bytes16(pid), user, cohort, live, done, at, excluded), bound
 
 
-def retention_ops(batches: list[tuple[bytes, bytes]], cutoff_ns: int) -> list[tuple[str, bytes, bytes | None]]:
+def retention_ops(batches: Iterable[tuple[bytes, bytes]], cutoff_ns: int) -> list[tuple[str, bytes, bytes | None]]:
     """Ops dropping history records stamped before ``cutoff_ns`` (retention by age).
 
     Aggregates keep them; only the durable history (what re-materialization reads)

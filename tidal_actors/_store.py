@@ -18,7 +18,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -367,10 +367,12 @@ class LmdbStore:
                 {k.value: txn.cursor(db=self.dbs[k.value]) for k in Keyspace}, snapshot_ledgers
             )
 
-    def history_items(self) -> list[tuple[bytes, bytes]]:
-        """Every durable history batch ``(key, value)``, in key order."""
+    def history_items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every durable history batch ``(key, value)``, in key order, one at a time
+        (a read transaction held until the iterator is exhausted or closed; consume
+        it before committing from the same thread)."""
         with self.env.begin(buffers=False) as txn:
-            return list(txn.cursor(db=self.dbs[Keyspace.HISTORY.value]))
+            yield from txn.cursor(db=self.dbs[Keyspace.HISTORY.value])
 
     def compact(self) -> dict[str, int]:
         """Rewrite the environment without free pages (``mdb_env_copy2`` with
