@@ -112,7 +112,7 @@ def run(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iter
         return
     stores: dict[str, ReferenceModel] = {}
 
-    def open_reference(data_dir: Path | None, config: Config, clock: ManualClock) -> Any:
+    def open_reference(data_dir: Path | None, config: Config, clock: ManualClock, read_only: bool = False) -> Any:
         if data_dir is None:
             return ReferenceModel(config=config, clock=clock)
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -452,3 +452,68 @@ def test_run_simulation_reference_against_itself() -> None:
                             lambda config, clock: ReferenceModel(config=config, clock=clock))
     assert result.check.ok and result.check.mismatches == 0
     assert result.counts.signals == 3000 and result.signals_per_s > 0
+
+
+def _md5(path: Path) -> str:
+    import hashlib
+
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def test_inspect_writes_nothing_and_runs_no_pending_rebuild(tmp_path: Path) -> None:
+    """inspect opens the store read-only: data.mdb is byte for byte what it was, and a
+    purge whose re-materialization the owner left pending stays pending (a read-write
+    open would resume it, erase history, and write a snapshot at close)."""
+    from tidal_actors import TidalDb
+
+    data = tmp_path / "s"
+    cfg = Config(rematerialize_after_ms=None)
+    with TidalDb.open(str(data), config=cfg, clock=ManualClock(T)) as db:
+        db.assign_cohort(1, "c")
+        db.signal_with_context(1, 5, 1, 1.0, T)
+        pid, _ = db.request_community_purge(1, "c")
+    before = _md5(data / "data.mdb")
+    for _ in range(2):
+        res = _subprocess_run("inspect", "--data-dir", data, "purge", f"{int(pid):032x}")
+        assert res.code == 0, res
+        assert "re-materialization pending" in res.out, res.out
+        res = _subprocess_run("inspect", "--data-dir", data, "user", 1)
+        assert res.code == 0 and "manifests      1" in res.out, res
+    assert _md5(data / "data.mdb") == before
+    with TidalDb.open(str(data), config=cfg, clock=ManualClock(T)) as db:
+        assert not db.purge_status(pid).rematerialized  # the owner's setting held
+
+
+def test_replay_finishes_the_purges_rebuilds_before_closing(tmp_path: Path) -> None:
+    """A replay's store and scores do not depend on how fast it ran: the purged
+    cohorts are re-materialized before the replay closes (stamped at the last event)."""
+    log, data = tmp_path / "hand.csv", tmp_path / "data"
+    log.write_text(HAND_LOG)
+    res = _subprocess_run("replay", log, *HAND_FLAGS, "--data-dir", data, "--quiet")
+    assert res.code == 0, res
+    res = _subprocess_run("inspect", "--data-dir", data, "manifests", 2)
+    assert res.code == 0, res
+    pid = next(w for w in res.out.split() if len(w) == 32)
+    res = _subprocess_run("inspect", "--data-dir", data, "purge", pid)
+    assert res.code == 0, res
+    assert "re-materialized" in res.out and "pending" not in res.out, res.out
+
+
+@pytest.mark.parametrize("bad", ["1799", "xyz", "0" * 31, "0" * 33, "-" + "0" * 31])
+def test_inspect_purge_id_must_be_32_hex_digits(tmp_path: Path, bad: str) -> None:
+    from tidal_actors import TidalDb
+
+    with TidalDb.open(str(tmp_path / "s")):
+        pass
+    res = _subprocess_run("inspect", "--data-dir", tmp_path / "s", "purge", bad)
+    assert res.code == 2 and "must be 32 hex digits" in res.err, res
+
+
+def test_inspect_negative_user_id_is_named(tmp_path: Path) -> None:
+    from tidal_actors import TidalDb
+
+    with TidalDb.open(str(tmp_path / "s")):
+        pass
+    for cmd in ("user", "manifests"):
+        res = _subprocess_run("inspect", "--data-dir", tmp_path / "s", cmd, "-1")
+        assert res.code == 2 and "USER_ID" in res.err and "-1" in res.err, res

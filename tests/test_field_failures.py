@@ -118,3 +118,18 @@ def test_crash_without_close_restores_flushed_state_from_history(pdb_path):
         assert db.read_decay_score("c", 7, 1, T0) == pytest.approx(1.0, rel=1e-12)
         assert db.read_decay_score(COMMUNITY, 7, 1, T0) == pytest.approx(2.0, rel=1e-12)
         assert len(db.list_purge_manifests(1)[0].entries) == 1
+
+
+@pytest.mark.parametrize("bad", [1.5, -1, True, 2**63, "5"])
+def test_manual_clock_checks_its_time(bad) -> None:  # type: ignore[no-untyped-def]
+    from tidal_actors import InvalidArgument, ManualClock
+
+    with pytest.raises(InvalidArgument, match="start_ns"):
+        ManualClock(bad)
+    clock = ManualClock(5)
+    with pytest.raises(InvalidArgument, match="now_ns"):
+        clock.set(bad)
+    assert clock.now_ns() == 5
+    with pytest.raises(InvalidArgument):
+        clock.advance(-6)
+    assert clock.now_ns() == 5 and clock.advance(-5) == 0

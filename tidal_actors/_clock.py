@@ -7,11 +7,27 @@ nothing in the library reads wall time except through a clock.
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+from ._errors import InvalidArgument
 
 __all__ = ["Clock", "ManualClock", "SystemClock"]
+
+
+def _checked(field: str, value: Any) -> int:
+    """``value`` as int ns in ``[0, 2**63)``, or InvalidArgument naming ``field``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise InvalidArgument(field, value, "must be an int (nanoseconds since the epoch)") from None
+    if not 0 <= v < 2**63:
+        raise InvalidArgument(field, value, "must be in [0, 2**63)")
+    return v
 
 
 @runtime_checkable
@@ -40,10 +56,14 @@ class ManualClock:
 
     It may be set or moved backwards on purpose, to test clock steps: the library
     never lets a contribution weigh more than its weight whatever the clock does.
+
+    Raises:
+        InvalidArgument: ``start_ns``, ``now_ns`` (set) or the time ``advance`` would
+            reach is not an int in ``[0, 2**63)``; the time is left unchanged.
     """
 
     def __init__(self, start_ns: int = 0) -> None:
-        self._now = int(start_ns)
+        self._now = _checked("start_ns", start_ns)
         self._lock = threading.Lock()
 
     def now_ns(self) -> int:
@@ -51,13 +71,16 @@ class ManualClock:
 
     def set(self, now_ns: int) -> None:
         """Set the time to ``now_ns`` (int nanoseconds; may go backwards)."""
+        value = _checked("now_ns", now_ns)
         with self._lock:
-            self._now = int(now_ns)
+            self._now = value
 
     def advance(self, delta_ns: int) -> int:
         """Move the time by ``delta_ns`` nanoseconds (may be negative); returns the new time."""
+        if isinstance(delta_ns, bool) or not isinstance(delta_ns, int):
+            raise InvalidArgument("delta_ns", delta_ns, "must be an int (nanoseconds)")
         with self._lock:
-            self._now += int(delta_ns)
+            self._now = _checked("now_ns + delta_ns", self._now + delta_ns)
             return self._now
 
     def __repr__(self) -> str:

@@ -302,7 +302,8 @@ class Core:
         self._buffered = buffered
         self._buffers = [_Buffer() for _ in range(self._nm)]
         mstates, lstates, coord = build_states(config, restored)
-        if restored.snapshot_mark is not None:
+        self._read_only = bool(getattr(store, "read_only", False))
+        if restored.snapshot_mark is not None and not self._read_only:
             # a snapshot is valid until the first write after the open that reads it
             store.commit(snapshot_delete_ops(restored))
         ctx = host.ctx
@@ -313,7 +314,7 @@ class Core:
         behaviours += self.ledgers
         behaviours += [MembershipShard(ctx, i, s) for i, s in enumerate(mstates)]
         host.start(behaviours)
-        if restored.statuses_pending and config.rematerialize_after_ms is not None:
+        if restored.statuses_pending and config.rematerialize_after_ms is not None and not self._read_only:
             # a crash interrupted a purge's re-materialization: finish it now
             host.tell(M.COORD_ADDR, M.ResumeRematerialization())
         self._flusher_stop = threading.Event()
@@ -354,7 +355,7 @@ class Core:
         self.host.stop(STOP_ORDER)
         self.fail_inflight()
         try:
-            if self.store.durable:
+            if self.store.durable and not self._read_only:
                 # every actor has stopped: the closing thread owns the store now. A
                 # snapshot that cannot be written (full map) is only a speed-up lost:
                 # the next open replays the history instead.
@@ -709,6 +710,8 @@ def check_meta(store: Any, config: Config, restored: Restored) -> None:
                 f"this store was written with membership_shards={stored}; record numbering depends on it",
             )
         return
+    if getattr(store, "read_only", False):
+        return  # nothing to check against, and nothing may be written
     store.commit([(Keyspace.META.value, encode_key(0, Tag.STORE_META),
                    msgpack.packb({"format": FORMAT_VERSION, "membership_shards": config.membership_shards}))])
     path = getattr(store, "path", None)

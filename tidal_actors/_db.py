@@ -32,9 +32,13 @@ __all__ = ["TidalDb", "open_core"]
 
 def open_core(
     path: str | os.PathLike[str] | None, config: Config | None, clock: Clock | None, host_factory: Any = None,
-    *, buffered: bool = True,
+    *, buffered: bool = True, read_only: bool = False,
 ) -> Core:
-    """Validate the arguments, open the store, restore, and start a `Core` on a host."""
+    """Validate the arguments, open the store, restore, and start a `Core` on a host.
+
+    ``read_only`` (for ``tidal-actors inspect``): nothing is written to the store: no
+    format record, no snapshot deletion at open or snapshot at close, no resumed
+    re-materialization; a write the caller attempts fails with StorageError."""
     config = config if config is not None else Config()
     if not isinstance(config, Config):
         raise InvalidArgument("config", config, "must be a Config")
@@ -45,7 +49,7 @@ def open_core(
         raise InvalidArgument("path", path, "must be a str, a path, or None")
     if path is not None and not os.fspath(path):
         raise InvalidArgument("path", path, "must not be empty (None opens an ephemeral database)")
-    store: Any = NullStore() if path is None else LmdbStore(path, config)
+    store: Any = NullStore() if path is None else LmdbStore(path, config, read_only=read_only)
     try:
         restored = store.load(snapshot_key(config))
         check_meta(store, config, restored)

@@ -20,6 +20,7 @@ Format rules (the README documents them for users):
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import re
 import time
@@ -35,7 +36,7 @@ from typing import (
 )
 
 from ._clock import ManualClock
-from ._errors import InvalidArgument
+from ._errors import InvalidArgument, UnknownCohort
 from ._types import PurgeId, PurgeManifest, Signal
 from ._validate import check_cohort, check_id, check_timestamp, check_weight
 
@@ -55,6 +56,7 @@ __all__ = [
     "apply_events",
     "format_row",
     "read_events",
+    "settle_rematerializations",
     "write_events",
 ]
 
@@ -553,3 +555,19 @@ def apply_events(
             send()
     return counts
 
+
+def settle_rematerializations(db: Any, cohorts: Iterable[str | None]) -> None:
+    """Re-materialize each purged cohort now (runtime or reference model), so that a
+    comparison does not depend on when the background rebuilds ran.
+
+    A purge retracts the pair's live records at once; its cohort's re-materialization
+    (which also leaves out the records the log had evicted) follows
+    ``Config.rematerialize_after_ms`` later in the runtime, and only on request in the
+    reference model. Once the log has evicted records, the aggregates differ until
+    both have run it; a reopen resumes a pending one. Settling before every
+    comparison (the check, and the figures taken before a close) compares the same
+    thing on both sides. A cohort that never had a contribution is skipped.
+    """
+    for cohort in sorted({c for c in cohorts if c is not None}):
+        with contextlib.suppress(UnknownCohort):
+            db.rematerialize(cohort)

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from ._clock import ManualClock
 from ._config import Config
 from ._durations import parse_duration
-from ._errors import InvalidArgument, UnknownCohort
+from ._errors import InvalidArgument
 from ._eventlog import (
     ApplyCounts,
     AssignRow,
@@ -44,6 +44,7 @@ from ._eventlog import (
     RejoinRow,
     SignalRow,
     apply_events,
+    settle_rematerializations,
 )
 from ._types import COMMUNITY, CommunityMembership, LeaveEpoch, PurgeManifest
 
@@ -909,23 +910,6 @@ class SimulationResult:
             "mismatches": check.mismatches, "details": check.details,
             "timeline": self.timeline, "marks": self.marks,
         }
-
-
-def settle_rematerializations(db: Any, cohorts: Iterable[str | None]) -> None:
-    """Re-materialize each purged cohort now (runtime or reference model), so that a
-    comparison does not depend on when the background rebuilds ran.
-
-    A purge retracts the pair's live records at once; its cohort's re-materialization
-    (which also leaves out the records the log had evicted) follows
-    ``Config.rematerialize_after_ms`` later in the runtime, and only on request in the
-    reference model. Once the log has evicted records, the aggregates differ until
-    both have run it; a reopen resumes a pending one. Settling before every
-    comparison (the check, and the figures taken before a close) compares the same
-    thing on both sides. A cohort that never had a contribution is skipped.
-    """
-    for cohort in sorted({c for c in cohorts if c is not None}):
-        with contextlib.suppress(UnknownCohort):
-            db.rematerialize(cohort)
 
 
 def run_simulation(

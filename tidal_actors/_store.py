@@ -250,9 +250,12 @@ class LmdbStore:
 
     durable = True
 
-    def __init__(self, path: str | os.PathLike[str], config: Config) -> None:
+    def __init__(self, path: str | os.PathLike[str], config: Config, *, read_only: bool = False) -> None:
         self.path = Path(path)
         self.config = config
+        # read_only: `commit` refuses any op (data.mdb is never written); the open
+        # itself writes nothing either (`Core` skips its snapshot and meta writes)
+        self.read_only = read_only
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             # a store was made here before: it must still hold its format record
@@ -329,6 +332,10 @@ class LmdbStore:
             StorageError: any other LMDB failure; nothing written.
         """
         ops = list(ops)
+        if self.read_only:
+            if ops:
+                raise StorageError(f"{self.path} is open read-only: {len(ops)} write(s) refused")
+            return
         if self.fault is not None:
             self.fault(ops)
         while True:

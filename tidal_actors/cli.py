@@ -21,6 +21,7 @@ import dataclasses
 import datetime as _dt
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -35,7 +36,15 @@ from ._clock import ManualClock
 from ._config import Config
 from ._durations import parse_duration
 from ._errors import InvalidArgument, TidalError
-from ._eventlog import ApplyCounts, EventLogError, EventLogReader, EventRow, apply_events
+from ._eventlog import (
+    ApplyCounts,
+    EventLogError,
+    EventLogReader,
+    EventRow,
+    PurgeRow,
+    apply_events,
+    settle_rematerializations,
+)
 from ._types import MembershipStatus
 from ._validate import check_cohort
 
@@ -53,10 +62,13 @@ _PROGRESS_EVERY = 1024  # rows between progress-bar updates
 # ---------------------------------------------------------------- helpers
 
 
-def _open_db(data_dir: Path | None, config: Config, clock: ManualClock) -> Any:
-    """Open the runtime: ``TidalDb`` on ``data_dir`` (None: ephemeral, nothing on disk)."""
-    from ._db import TidalDb
+def _open_db(data_dir: Path | None, config: Config, clock: ManualClock, read_only: bool = False) -> Any:
+    """Open the runtime: ``TidalDb`` on ``data_dir`` (None: ephemeral, nothing on disk);
+    ``read_only`` (inspect): nothing is written to the store, not even at close."""
+    from ._db import TidalDb, open_core
 
+    if read_only and data_dir is not None:
+        return TidalDb(open_core(os.fspath(data_dir), config, clock, read_only=True))
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
     return TidalDb.open(os.fspath(data_dir) if data_dir is not None else None,
@@ -274,13 +286,25 @@ def replay(
         with _open_db(data_dir, config, clock) as db:
             before = dict(db.stats())
             started = time.perf_counter()
+            purged: set[str] = set()
+
+            def noting_purges(rows: Iterable[EventRow]) -> Iterator[EventRow]:
+                for row in rows:
+                    if isinstance(row, PurgeRow):
+                        purged.add(row.cohort)
+                    yield row
+
             with _bar(size, "B", quiet, events.name) as bar:
                 try:
-                    apply_events(db, _with_progress(reader, bar, lambda: reader.bytes_read),
+                    apply_events(db, noting_purges(_with_progress(reader, bar, lambda: reader.bytes_read)),
                                  clock, batch_size=batch_size, counts=counts)
                 except EventLogError as exc:
                     error = exc
             db.flush()
+            # the purged cohorts' re-materializations run now, not whenever their
+            # timer fires (or at a later open): the scores written and the store left
+            # behind do not depend on how fast the replay ran
+            settle_rematerializations(db, purged)
             elapsed = time.perf_counter() - started
             after = dict(db.stats())
             at = at_ns if at_ns is not None else (counts.max_ts_ns or 0)
@@ -377,7 +401,8 @@ def _inspected(data_dir: Path | None) -> Iterator[tuple[Any, int]]:
     # scores decay: read at the last replayed event by default, not at the wall clock
     default_at = last if isinstance(last, int) else time.time_ns()
     try:
-        with _open_db(data_dir, config, ManualClock(default_at)) as db:
+        # read-only: inspecting writes nothing (no snapshot, no resumed rebuild)
+        with _open_db(data_dir, config, ManualClock(default_at), read_only=True) as db:
             yield db, default_at
     except InvalidArgument as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
@@ -385,7 +410,7 @@ def _inspected(data_dir: Path | None) -> Iterator[tuple[Any, int]]:
         _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
 
 
-@inspect.command("user")
+@inspect.command("user", context_settings={"ignore_unknown_options": True})
 @click.argument("user_id", type=ID)
 @click.pass_obj
 def inspect_user(data_dir: Path | None, user_id: int) -> None:
@@ -446,7 +471,7 @@ def inspect_top(data_dir: Path | None, cohort: str, signal_type: int | None, k: 
             out(f"    {rank:>4}  entity {entity_id:<20}  score {score!r}")
 
 
-@inspect.command("manifests")
+@inspect.command("manifests", context_settings={"ignore_unknown_options": True})
 @click.argument("user_id", type=ID)
 @click.pass_obj
 def inspect_manifests(data_dir: Path | None, user_id: int) -> None:
@@ -476,17 +501,14 @@ def _purge_state(st: Any) -> str:
     return f"retracted live {st.retracted_live}, re-materialization pending"
 
 
-@inspect.command("purge")
+@inspect.command("purge", context_settings={"ignore_unknown_options": True})
 @click.argument("purge_id")
 @click.pass_obj
 def inspect_purge(data_dir: Path | None, purge_id: str) -> None:
     """Where purge PURGE_ID (32 hex digits, as listed by `manifests`) stands."""
-    try:
-        pid = int(purge_id, 16)
-        if not 0 <= pid < 2**128:
-            raise ValueError
-    except ValueError:
+    if not re.fullmatch(r"[0-9a-fA-F]{32}", purge_id):
         _fail(f"invalid purge_id={purge_id!r}: must be 32 hex digits", EXIT_BAD_INPUT)
+    pid = int(purge_id, 16)
     with _inspected(data_dir) as (db, _):
         st = db.purge_status(pid)
     click.echo(f"purge {st.purge_id}")
@@ -540,6 +562,11 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
         _fail(str(exc), EXIT_BAD_INPUT)
     if seed is not None:
         scenario = scenario.with_seed(seed)
+    if plot_out is not None:
+        try:  # checked before the run, which can take many minutes
+            import matplotlib  # noqa: F401
+        except ImportError:
+            _fail("--plot needs matplotlib: pip install 'tidal_actors[plot]'", EXIT_BAD_INPUT)
     if data_dir is not None and data_dir.exists() and any(data_dir.iterdir()):
         _fail(f"--data-dir {data_dir} is not empty: the check compares with a model that "
               "starts empty", EXIT_BAD_INPUT)
