@@ -182,11 +182,19 @@ class TidalDb:
         """Take the user out of ``cohort`` (no-op if not in it); returns once committed.
 
         Contributions already made stay in the cohort's aggregates until purged.
+
+        Raises:
+            InvalidArgument: bad ``user_id`` or cohort name. StorageError: commit
+                failed (nothing changed).
         """
         self._run(self._core.unassign_cohort(user_id, cohort))
 
     def cohorts_of(self, user_id: int) -> frozenset[str]:
-        """The user's cohorts (``@community`` is implicit and not listed)."""
+        """The user's cohorts (``@community`` is implicit and not listed).
+
+        Raises:
+            InvalidArgument: bad ``user_id`` (not an int in ``[0, 2**64)``).
+        """
         return self._run(self._core.cohorts_of(user_id))  # type: ignore[no-any-return]
 
     def leave_community_layer(self, user_id: int) -> None:
@@ -206,15 +214,26 @@ class TidalDb:
         """Resume forwarding: status Active, the open epoch closed at the clock's now.
 
         Rejoining an Active user changes nothing. Returns once committed.
+
+        Raises:
+            InvalidArgument: bad ``user_id``. StorageError: commit failed (nothing changed).
         """
         self._run(self._core.rejoin_community_layer(user_id))
 
     def community_layer_status(self, user_id: int) -> CommunityMembership:
-        """The user's :class:`CommunityMembership`; a user with no entry is Active."""
+        """The user's :class:`CommunityMembership`; a user with no entry is Active.
+
+        Raises:
+            InvalidArgument: bad ``user_id`` (not an int in ``[0, 2**64)``).
+        """
         return self._run(self._core.community_layer_status(user_id))  # type: ignore[no-any-return]
 
     def community_leave_history(self, user_id: int) -> list[LeaveEpoch]:
-        """Every :class:`LeaveEpoch` ``(left_at_ns, rejoined_at_ns or None)``, oldest first."""
+        """Every :class:`LeaveEpoch` ``(left_at_ns, rejoined_at_ns or None)``, oldest first.
+
+        Raises:
+            InvalidArgument: bad ``user_id`` (not an int in ``[0, 2**64)``).
+        """
         return self._run(self._core.community_leave_history(user_id))  # type: ignore[no-any-return]
 
     # -- purge --------------------------------------------------------------------
@@ -239,41 +258,68 @@ class TidalDb:
         return self._run(self._core.request_community_purge(user_id, cohort_name))  # type: ignore[no-any-return]
 
     def list_purge_manifests(self, user_id: int) -> list[PurgeManifest]:
-        """The user's :class:`PurgeManifest` s, oldest first."""
+        """The user's :class:`PurgeManifest` s, oldest first.
+
+        Raises:
+            InvalidArgument: bad ``user_id`` (not an int in ``[0, 2**64)``).
+        """
         return self._run(self._core.list_purge_manifests(user_id))  # type: ignore[no-any-return]
 
     # -- reads --------------------------------------------------------------------
 
     def read_decay_score(self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None) -> float:
         """``sum(w_i * 2 ** (-(at - t_i) / half_life))`` over the key's unretracted
-        contributions with ``t_i <= at`` (DESIGN.md "Time and decay"); 0.0 if none.
+        contributions with ``t_i <= at`` (forward decay, Cormode et al., ICDE 2009);
+        0.0 if none (also for a cohort never seen).
 
         Args:
             cohort: a cohort name or ``@community``.
+            entity_id, signal_type: ints in ``[0, 2**64)``.
             at_ns: read time, int ns (default the clock's now). Sees every signal
                 submitted before the call.
+
+        Raises:
+            InvalidArgument: a bad argument (named, with its value).
         """
         return self._run(self._core.read_decay_score(cohort, entity_id, signal_type, at_ns))  # type: ignore[no-any-return]
 
     def read_window(self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None) -> WindowCount:
         """Count and weight sum of the key's contributions in buckets
-        ``b(at)-n+1 .. b(at)``, where ``b(t) = t // window_width_ns``."""
+        ``b(at)-n+1 .. b(at)``, where ``b(t) = t // window_width_ns`` and
+        ``n = window_buckets``; ``WindowCount(0, 0.0)`` if none.
+
+        Raises:
+            InvalidArgument: a bad argument (as :meth:`read_decay_score`).
+        """
         return self._run(self._core.read_window(cohort, entity_id, signal_type, at_ns))  # type: ignore[no-any-return]
 
     def top_entities(self, cohort: str, signal_type: int, k: int, at_ns: int | None = None) -> list[tuple[int, float]]:
         """Up to ``k`` ``(entity_id, decay score)`` with score > 0 at ``at``, highest
-        first (ties: lower entity_id first)."""
+        first (ties: lower entity_id first).
+
+        Raises:
+            InvalidArgument: a bad argument; ``k`` must be an int in ``[1, 2**31)``.
+        """
         return self._run(self._core.top_entities(cohort, signal_type, k, at_ns))  # type: ignore[no-any-return]
 
     def aggregate_rows(self, at_ns: int | None = None) -> list[tuple[str, int, int, float, int, float]]:
         """Every key with an unretracted contribution, as ``(cohort, entity_id,
-        signal_type, decay_score, window_count, window_weight)`` at ``at``, sorted."""
+        signal_type, decay_score, window_count, window_weight)`` at ``at``, sorted.
+
+        Raises:
+            InvalidArgument: bad ``at_ns``.
+        """
         return self._run(self._core.aggregate_rows(at_ns))  # type: ignore[no-any-return]
 
     def stats(self) -> dict[str, int]:
-        """Counters: ``signals``, ``forwarded``, ``gated``, ``records``, ``purges``,
-        ``retracted``, ``log_records``, ``keys``, ``log_bytes``, ``handler_errors``,
-        ``commits``, ``failed_writes``."""
+        """Counters since open: ``signals``, ``forwarded``, ``gated``, ``records``
+        (contribution records made), ``records_in`` (records the ledgers received),
+        ``purges``, ``retracted``, ``log_records``, ``keys``, ``log_bytes``,
+        ``handler_errors``, ``commits``, ``failed_writes``.
+
+        Raises:
+            DatabaseClosed: the database is closed (as every method).
+        """
         return self._run(self._core.stats())  # type: ignore[no-any-return]
 
     def flush(self) -> None:
