@@ -132,3 +132,73 @@ def test_reopening_with_another_half_life_rebuilds_instead_of_misreading_the_sna
         assert db.read_decay_score(COMMUNITY, 1, 1) == 0.5
     with TidalDb.open(path, config=Config(half_life_ns=2 * hour), clock=ManualClock(T0)) as db:
         assert db.read_decay_score(COMMUNITY, 1, 1) == 2**-0.5
+
+
+# -- second adversarial round (issue 6 session) ------------------------------------
+
+
+def _drop_snapshot(path: str) -> None:
+    """Remove the clean-close snapshot, as a crash would leave the store."""
+    import lmdb
+
+    from tidal_actors._codec import Keyspace, Tag, encode_key
+
+    env = lmdb.open(path, max_dbs=8, subdir=True)
+    try:
+        with env.begin(write=True, db=env.open_db(Keyspace.META.value.encode())) as txn:
+            txn.delete(encode_key(0, Tag.SNAPSHOT_MARK))
+    finally:
+        env.close()
+
+
+def test_manifest_keeps_log_order_across_a_ledger_shard_change(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Batches written under 2 ledger shards and then 1 join in key order (shard,
+    seq), not in the order they were written: the replay puts each membership
+    shard's records back in rseq order, so a purge lists them in log order."""
+    from tidal_actors import Config, ManualClock, TidalDb
+    from tidal_actors._codec import ledger_shard_of
+
+    cohort = next(c for c in (f"c{i}" for i in range(100)) if ledger_shard_of(c, 2) == 1)
+    path, clock = str(tmp_path / "db"), ManualClock(10**18)
+
+    def open_(n: int) -> TidalDb:
+        return TidalDb.open(path, config=Config(ledger_shards=n, rematerialize_after_ms=None), clock=clock)
+
+    with open_(2) as db:
+        db.assign_cohort(1, cohort)
+        db.signal_with_context(1, 10, 1, 1.0, 10**18 + 1)
+    with open_(1) as db:
+        db.signal_with_context(1, 20, 1, 1.0, 10**18 + 2)
+    _drop_snapshot(path)
+    with open_(2) as db:
+        _, m = db.request_community_purge(1, cohort)
+    assert [e.entity_id for e in m.entries] == [10, 20]
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_rematerialize_a_fully_purged_cohort_after_reopen(tmp_path, crash) -> None:  # type: ignore[no-untyped-def]
+    """Its records all purged and erased, the cohort is still known after a restore
+    from the history (its purge names it): no UnknownCohort, as live."""
+    from tidal_actors import Config, ManualClock, TidalDb
+
+    path, cfg, clock = str(tmp_path / "db"), Config(rematerialize_after_ms=None), ManualClock(10**18)
+    with TidalDb.open(path, config=cfg, clock=clock) as db:
+        db.assign_cohort(1, "c")
+        db.signal_with_context(1, 10, 1, 1.0)
+        db.request_community_purge(1, "c")
+        assert db.rematerialize("c").records_read == 0
+    if crash:
+        _drop_snapshot(path)
+    with TidalDb.open(path, config=cfg, clock=clock) as db:
+        report = db.rematerialize("c")
+        assert report.records_read == 0 and report.records_excluded == 0
+
+
+def test_log_cap_below_the_membership_shard_count_is_refused() -> None:
+    """Each membership shard gets a share of the cap; a share of 0 would evict a
+    record as it arrives (and lose it from the manifests' evicted counts)."""
+    from tidal_actors import Config, InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="max_contribution_log_entries"):
+        Config(max_contribution_log_entries=1, membership_shards=2)
+    assert Config(max_contribution_log_entries=2, membership_shards=2).max_contribution_log_entries == 2

@@ -83,6 +83,12 @@ class Config:
         at_most("membership_shards", self.membership_shards, 255)
         positive("ledger_shards", self.ledger_shards)
         at_most("ledger_shards", self.ledger_shards, 4096)
+        if self.max_contribution_log_entries < self.membership_shards:
+            # the cap is split between the membership shards: each must hold a record
+            raise InvalidArgument(
+                "max_contribution_log_entries", self.max_contribution_log_entries,
+                f"must be >= membership_shards ({self.membership_shards}): the cap is split between them",
+            )
         positive("signal_batch_size", self.signal_batch_size)
         if isinstance(self.signal_flush_interval_ms, bool) or not isinstance(
             self.signal_flush_interval_ms, (int, float)

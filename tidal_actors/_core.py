@@ -179,11 +179,23 @@ def _replay_history(
         key = (status.user_id, status.cohort)
         reported[key] = max(reported.get(key, -1), bound)
     watermarks = np.array(coord.live_from, dtype=np.int64)
-    ledger_of = np.array([ledger_shard_of(c, nl) for c in names], dtype=np.int64)[ccol]
+    shard_of_name = [ledger_shard_of(c, nl) for c in names]
+    ledger_of = np.array(shard_of_name, dtype=np.int64)[ccol]
+    # every cohort the history or a purge names is known to its shard (so that
+    # rematerialize() of a cohort whose records were all purged is not UnknownCohort)
+    for c, li in zip(names, shard_of_name):
+        lstates[li].aggregates.cohort_id_for(c)
+    for status, _ in restored.statuses.values():
+        lstates[ledger_shard_of(status.cohort, nl)].aggregates.cohort_id_for(status.cohort)
     for li, ls in enumerate(lstates):
         sel = np.flatnonzero(keep & (ledger_of == li))
         if not len(sel):
             continue
+        ms = mcol[sel]
+        if any(np.any(np.diff(rcol[sel[ms == m]]) < 0) for m in np.unique(ms).tolist()):
+            # batches written under another ledger_shards count join out of order: put
+            # each membership shard's records back in rseq order (a pair's log order)
+            sel = sel[np.lexsort((rcol[sel], ms))]
         ms, rs = mcol[sel], rcol[sel]
         ls.aggregates.load_columns(
             ms, rs, ucol[sel], ccol[sel], names, ecol[sel], tcol[sel], wcol[sel], tscol[sel],

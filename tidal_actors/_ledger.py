@@ -189,6 +189,10 @@ class Aggregates:
         """The id ``KC`` holds for ``cohort``'s keys, or None if it never had one."""
         return self._cid.get(cohort)
 
+    def cohort_id_for(self, cohort: str) -> int:
+        """``cohort``'s id, given one if it has none yet (no key is made)."""
+        return self._cohort_id(cohort)
+
     def _cohort_id(self, cohort: str) -> int:
         cid = self._cid.get(cohort)
         if cid is None:
