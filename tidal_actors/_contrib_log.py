@@ -210,12 +210,6 @@ class ContributionLog:
             del lst[8 : k * 8]
             _I64.pack_into(lst, 0, trimmed)
 
-    def record_at_row(self, row: int) -> LogRecord:
-        """The record of a detail row."""
-        agg = self.agg
-        cohort, entity, stype, w, ts = agg.row(row)
-        return LogRecord(agg.dm[row], agg.dr[row], agg.du[row], cohort, entity, stype, w, ts)
-
     def prepare(self, user: int, cohort: str, live_from: int, bound: int) -> Prepared:
         """What purging (user, cohort) retracts, without changing anything.
 
