@@ -454,11 +454,6 @@ class Aggregates:
                 older[b] = (bk[0], bk[1], bk[2] * factor, bk[3])
         self.L[k] = new_landmark
 
-    def row(self, row: int) -> tuple[str, int, int, float, int]:
-        """``(cohort, entity, type, weight, ts)`` of a detail row."""
-        cohort, entity, stype = self.key(self.dk[row])
-        return cohort, entity, stype, float(self.dw[row]), self.dt[row]
-
     def erase_row(self, row: int) -> None:
         """Mark a row retracted and zero its fields (the aggregates are not touched)."""
         self.dk[row] = DEAD
