@@ -173,17 +173,20 @@ def erase_history_ops(
 def _rewrite(key: bytes, b: Any, keep: np.ndarray) -> tuple[str, bytes, bytes | None]:
     """The op that replaces a history batch by its records at positions ``keep``
     (deletes it when none is kept); contexts follow their records."""
-    from ._behaviours import encode_batch
+    from ._contrib_log import encode_history_columns
 
     if not len(keep):
         return (Keyspace.HISTORY.value, key, None)
-    records = [
-        (int(b.m[i]), int(b.r[i]), int(b.u[i]), b.cohorts[int(b.ci[i])], int(b.e[i]), int(b.t[i]),
-         float(b.w[i]), int(b.ts[i]))
-        for i in keep
-    ]
-    ctx = {new: b.contexts[int(old)] for new, old in enumerate(keep) if b.contexts and int(old) in b.contexts}
-    return (Keyspace.HISTORY.value, key, encode_batch(records, ctx or None))
+    names = b.cohorts
+    cols = (
+        b.m[keep].tolist(), b.r[keep].tolist(), b.u[keep].tolist(),
+        list(map(names.__getitem__, b.ci[keep].tolist())), b.e[keep].tolist(), b.t[keep].tolist(),
+        b.w[keep].tolist(), b.ts[keep].tolist(),
+    )
+    ctx = None
+    if b.contexts:
+        ctx = {new: b.contexts[old] for new, old in enumerate(keep.tolist()) if old in b.contexts} or None
+    return (Keyspace.HISTORY.value, key, encode_history_columns(cols, ctx))
 
 
 def encode_status(s: PurgeStatus, bound: int) -> tuple[bytes, bytes]:
