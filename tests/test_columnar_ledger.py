@@ -225,3 +225,28 @@ def test_retract_rows_equals_retracting_one_by_one(raw, at, data) -> None:  # ty
         assert getattr(one, name)[:n].tobytes() == getattr(many, name)[:n].tobytes(), name
     assert one.older == many.older and one.index == many.index and one.cohorts == many.cohorts
     many.add_many(recs)  # the arrays can still grow (no numpy view left behind)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_erasure_rewrite_encodes_like_records(data) -> None:  # type: ignore[no-untyped-def]
+    """Erasure rewrites a history batch from its decoded columns: the bytes equal
+    `encode_batch` of the kept records (contexts following their records)."""
+    import numpy as np
+
+    from tidal_actors._remat import _rewrite
+    from tidal_actors._store import decode_batch
+
+    n = data.draw(st.integers(1, 30))
+    rec = st.tuples(
+        st.integers(0, 3), st.integers(0, 2**40), st.integers(0, 2**64 - 1),
+        st.sampled_from(["a", "b", "@community", "z"]), st.integers(0, 2**64 - 1), st.integers(0, 9),
+        st.sampled_from([0.0, 0.5, 1.0, 0.10000000149011612]), st.integers(0, 2**62),
+    )
+    recs = data.draw(st.lists(rec, min_size=n, max_size=n))
+    ctx = data.draw(st.dictionaries(st.integers(0, n - 1), st.dictionaries(st.text(max_size=3), st.integers()),
+                                    max_size=3)) or None
+    b = decode_batch(0, 0, encode_batch(recs, ctx))
+    keep = sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1)))
+    want_ctx = {new: ctx[old] for new, old in enumerate(keep) if ctx and old in ctx} or None
+    assert _rewrite(b"k", b, np.array(keep))[2] == encode_batch([recs[i] for i in keep], want_ctx)
