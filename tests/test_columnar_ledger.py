@@ -244,7 +244,7 @@ def test_erasure_rewrite_encodes_like_records(data) -> None:  # type: ignore[no-
         st.sampled_from([0.0, 0.5, 1.0, 0.10000000149011612]), st.integers(0, 2**62),
     )
     recs = data.draw(st.lists(rec, min_size=n, max_size=n))
-    ctx = data.draw(st.dictionaries(st.integers(0, n - 1), st.dictionaries(st.text(max_size=3), st.integers()),
+    ctx = data.draw(st.dictionaries(st.integers(0, n - 1), st.dictionaries(st.text(max_size=3), st.integers(-999, 999)),
                                     max_size=3)) or None
     b = decode_batch(0, 0, encode_batch(recs, ctx))
     keep = sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1)))
