@@ -230,14 +230,14 @@ class ContributionLog:
         pos = pos[~gone]
         agg = self.agg
         rows = np.frombuffer(self.d, dtype=np.int64)[pos - base]
-        alive = np.frombuffer(agg.dk, dtype=np.uint32)[rows] != DEAD
-        pos, rows = pos[alive], rows[alive]
+        k = np.frombuffer(agg.dk, dtype=np.uint32)[rows]
+        alive = k != DEAD
+        pos, rows, k = pos[alive], rows[alive], k[alive]
         rseq = np.frombuffer(agg.dr, dtype=np.int64)[rows]
         old = rseq < live_from
         evicted += int(np.count_nonzero(old))
         take = ~old & (rseq < bound)
-        pos, rows = pos[take], rows[take]
-        k = np.frombuffer(agg.dk, dtype=np.uint32)[rows]
+        pos, rows, k = pos[take], rows[take], k[take]
         # one object per record (the manifest's entry): each GC-tracked allocation
         # brings the next cyclic-GC pass nearer
         records = list(map(
