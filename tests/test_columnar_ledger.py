@@ -10,8 +10,9 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidal_actors import _messages as M
 from tidal_actors._behaviours import encode_batch
-from tidal_actors._contrib_log import encode_history_columns
+from tidal_actors._contrib_log import LogRecord, encode_history_columns
 from tidal_actors._ledger import Aggregates
 
 WIDTH = 1000
@@ -150,6 +151,19 @@ def test_retracting_everything_leaves_nothing() -> None:
        st.one_of(st.none(), st.just({0: {"k": 1}})))
 def test_history_columns_encode_like_records(recs, contexts) -> None:  # type: ignore[no-untyped-def]
     assert encode_history_columns(tuple(zip(*recs)), contexts) == encode_batch(recs, contexts)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.just(3), st.integers(0, 2**40), st.integers(0, 2**64 - 1),
+                          st.sampled_from(["a", "b"]), st.integers(0, 2**64 - 1),
+                          st.integers(0, 2**64 - 1), st.floats(0, 2.0**100, width=32),
+                          st.integers(0, 2**63 - 1)), min_size=1, max_size=30))
+def test_history_columns_from_an_attribute_message_encode_like_records(recs) -> None:  # type: ignore[no-untyped-def]
+    """The ledger persists a membership shard's message as it came: numpy columns and
+    one membership shard number for all records."""
+    msg = M.Attribute.of_records([LogRecord(*r) for r in recs])
+    cols = (msg.mshard, msg.rseqs, msg.users, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps)
+    assert encode_history_columns(cols, {0: 1}) == encode_batch(recs, {0: 1})
 
 
 def test_history_columns_with_many_cohorts() -> None:

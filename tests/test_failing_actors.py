@@ -183,8 +183,8 @@ def test_failed_history_write_is_reported_by_the_next_flush_once(pdb_path, clock
 
 def test_signal_path_failure_is_counted_and_exposed(db):
     shard = _membership(db)
-    route = shard._route
-    shard._route = _once(RuntimeError("route"), route)
+    table = shard.routes
+    table.expand = _once(RuntimeError("route"), table.expand)
     db.signal_with_context(5, 1, 1, 1.0)
     db.flush()
     assert db.stats()["handler_errors"] == 1

@@ -21,6 +21,7 @@ import collections
 import time
 from array import array
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any, Protocol
 
 import msgpack
@@ -42,8 +43,8 @@ from ._errors import ActorFailure, StorageError, TidalError, UnknownCohort, Unkn
 from ._ledger import Aggregates
 from ._remat import encode_status
 from ._reply import Reply
+from ._routes import COMMUNITY_ONLY, GATED, RouteTable
 from ._types import (
-    COMMUNITY,
     CommunityMembership,
     ContributionRecord,
     LeaveEpoch,
@@ -150,9 +151,12 @@ class MembershipShard(Behaviour):
         self.address = (M.MEMBERSHIP, index)
         self.state = state or MembershipState()
         self.left = {u for u, (s, _) in self.state.status.items() if s is MembershipStatus.Left}
-        self._routes: dict[int, tuple[tuple[str, int], ...]] = {}
         self._ledger_of: dict[str, int] = {}
-        self._community_route = ((COMMUNITY, self._ledger(COMMUNITY)),)
+        self.routes = RouteTable(self._ledger)
+        # user -> route id, for the users whose route is not @community alone
+        self._rid: dict[int, int] = {}
+        for u in {*self.left, *self.state.cohorts}:
+            self._update_route(u)
         self.signals = self.forwarded = self.gated = self.records = 0
         self._pending: tuple[int, Callable[[], Any], Reply] | None = None
         self._stash: collections.deque[object] = collections.deque()
@@ -176,14 +180,13 @@ class MembershipShard(Behaviour):
             li = self._ledger_of[cohort] = ledger_shard_of(cohort, self.ctx.config.ledger_shards)
         return li
 
-    def _route(self, user: int) -> tuple[tuple[str, int], ...]:
-        cohorts = self.state.cohorts.get(user)
-        if not cohorts:
-            return self._community_route
-        r = self._routes.get(user)
-        if r is None:
-            r = self._routes[user] = tuple((c, self._ledger(c)) for c in cohorts) + self._community_route
-        return r
+    def _update_route(self, user: int) -> None:
+        """Re-derive the user's route after a change of status or cohorts."""
+        rid = GATED if user in self.left else self.routes.route_of(self.state.cohorts.get(user, ()))
+        if rid == COMMUNITY_ONLY:
+            self._rid.pop(user, None)
+        else:
+            self._rid[user] = rid
 
     def receive(self, message: object) -> None:
         if self._pending is not None and type(message) is not M.Committed:
@@ -195,43 +198,52 @@ class MembershipShard(Behaviour):
 
     # signals: the hot path
     def _on_signals(self, msg: M.SignalBatch) -> None:
-        left = self.left
-        routes = self._routes
-        route_of = self._route
-        m = self.index
-        r0 = r = self.state.next_rseq
-        outs: list[list[tuple[int, int, int, str, int, int, float, int]]] = [
-            [] for _ in range(self.ctx.config.ledger_shards)
-        ]
-        adds = [o.append for o in outs]  # per-record cost is the point here: no dict, no test
-        ctxs: dict[int, dict[int, Any]] | None = None
-        gated = 0
-        for u, e, t, w, ts, cx in msg.signals:
-            if u in left:
-                gated += 1
-                continue
-            route = routes.get(u) or route_of(u)
-            if cx is None:
-                for c, li in route:
-                    adds[li]((m, r, u, c, e, t, w, ts))
-                    r += 1
-            else:
-                if ctxs is None:
-                    ctxs = {}
-                for c, li in route:
-                    ctxs.setdefault(li, {})[len(outs[li])] = cx
-                    adds[li]((m, r, u, c, e, t, w, ts))
-                    r += 1
-        n = len(msg.signals)
+        """Gate and fan out a batch: the route of each signal's user looked up once (a
+        C-speed map over the users), the records laid out with numpy (`RouteTable.expand`)
+        and sent to each ledger shard as columns."""
+        signals = msg.signals
+        n = len(signals)
+        if not n:
+            return
+        us, es, ts_, ws, tss, cxs = zip(*signals)
+        rids = np.fromiter(map(self._rid.get, us, repeat(COMMUNITY_ONLY)), dtype=np.int64, count=n)
+        table = self.routes
+        sig, entry = table.expand(rids)
+        total = len(sig)
+        gated = n - int(np.count_nonzero(table.length[rids]))
+        r0 = self.state.next_rseq
         self.signals += n
         self.gated += gated
         self.forwarded += n - gated
-        self.records += r - r0
-        self.state.next_rseq = r
-        tell = self.ctx.tell
-        for li, records in enumerate(outs):
-            if records:
-                tell((M.LEDGER, li), M.Attribute(records, ctxs.get(li) if ctxs else None))  # type: ignore[arg-type]
+        self.records += total
+        self.state.next_rseq = r0 + total
+        if not total:
+            return
+        U = np.array(us, dtype=np.uint64)
+        E = np.array(es, dtype=np.uint64)
+        T = np.array(ts_, dtype=np.uint64)
+        W = np.array(ws, dtype=np.float64)
+        TS = np.array(tss, dtype=np.int64)
+        has_cx = None if cxs.count(None) == n else np.array([cx is not None for cx in cxs])
+        ledger = table.entry_ledger[entry]
+        shards = self.ctx.config.ledger_shards
+        for li in range(shards):
+            if shards == 1:
+                pos, s, ent = np.arange(total, dtype=np.int64), sig, entry
+            else:
+                pos = np.flatnonzero(ledger == li)
+                if not len(pos):
+                    continue
+                s, ent = sig[pos], entry[pos]
+            ctx = None
+            if has_cx is not None:
+                at = np.flatnonzero(has_cx[s]).tolist()
+                if at:
+                    ctx = dict(zip(at, map(cxs.__getitem__, s[at].tolist())))
+            self.ctx.tell((M.LEDGER, li), M.Attribute(
+                self.index, r0 + pos, U[s], table.names[table.entry_cohort[ent]].tolist(),
+                E[s], T[s], W[s], TS[s], ctx,
+            ))
 
     # control operations: applied only once committed
     def _write(self, ops: list[tuple[str, bytes, bytes | None]], apply: Callable[[], Any], reply: Reply) -> None:
@@ -263,7 +275,7 @@ class MembershipShard(Behaviour):
             self.state.cohorts[user] = cohorts
         else:
             self.state.cohorts.pop(user, None)
-        self._routes.pop(user, None)
+        self._update_route(user)
 
     def _on_assign(self, msg: M.Assign) -> None:
         cur = self.state.cohorts.get(msg.user, ())
@@ -300,6 +312,7 @@ class MembershipShard(Behaviour):
             self.state.status[user] = (MembershipStatus.Left, msg.now_ns)
             self.state.history[user] = history
             self.left.add(user)
+            self._update_route(user)
 
         self._write(self._membership_ops(user, MembershipStatus.Left, msg.now_ns, history), apply, msg.reply)
 
@@ -316,6 +329,7 @@ class MembershipShard(Behaviour):
             self.state.status[user] = (MembershipStatus.Active, None)
             self.state.history[user] = history
             self.left.discard(user)
+            self._update_route(user)
 
         self._write(self._membership_ops(user, MembershipStatus.Active, None, history), apply, msg.reply)
 
@@ -403,35 +417,30 @@ class LedgerShard(Behaviour):
 
     def _on_attribute(self, msg: M.Attribute) -> None:
         st = self.state
-        records = msg.records
-        cols = tuple(zip(*records))  # transposed once, at C speed: everything below takes columns
-        rows = st.aggregates.add_columns(*cols)
+        m, rs, us = msg.mshard, msg.rseqs, msg.users
+        rows = st.aggregates.add_columns(m, rs, us, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps)
         if self._jobs:
             for token in list(self._jobs):
                 self._advance(token)
         log = st.log
-        log.append_columns(cols[2], cols[3], rows)
-        self.records_in += len(records)
+        log.append_columns(us.tolist(), msg.cohorts, rows)
+        self.records_in += len(rows)
         if self.ctx.durable:
-            self._persist(cols, msg.contexts)
+            self._persist(
+                (m, rs, us, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps), msg.contexts
+            )
         # lower bound of each membership shard's watermark: trim what is surely evicted
         seen = st.rseq_seen
-        ms = cols[0]
-        if ms.count(ms[0]) == len(ms):  # one sender (always, from a membership shard)
-            top = max(cols[1])
-            if top >= seen.get(ms[0], -1):
-                seen[ms[0]] = top
-        else:
-            for m, r in zip(ms, cols[1]):
-                if r >= seen.get(m, -1):
-                    seen[m] = r
+        top = int(rs[-1])  # rseqs increase within a message
+        if top >= seen.get(m, -1):
+            seen[m] = top
         for m, top in seen.items():
             live_from, drained = st.live_from.get(m, (0, 0))
             floor = max(live_from, top + 1 - self._caps[m] - drained)
             if floor > log.floor.get(m, 0):
                 log.set_floor(m, floor)
 
-    def _persist(self, cols: tuple[tuple[Any, ...], ...], contexts: dict[int, Any] | None) -> None:
+    def _persist(self, cols: tuple[Any, ...], contexts: dict[int, Any] | None) -> None:
         seq = self.state.batch_seq
         self.state.batch_seq += 1
         self.history_batches += 1

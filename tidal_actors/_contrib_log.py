@@ -299,8 +299,9 @@ class ContributionLog:
         return self.d.buffer_info()[1] * 8 + idx
 
 
-def encode_history_columns(cols: Sequence[Sequence[Any]], contexts: dict[int, Any] | None) -> bytes:
-    """One durable history batch from record columns ``(m, r, u, cohort, e, t, w, ts)``:
+def encode_history_columns(cols: Sequence[Any], contexts: dict[int, Any] | None) -> bytes:
+    """One durable history batch from record columns ``(m, r, u, cohort, e, t, w, ts)``
+    (sequences or numpy arrays; ``m`` may be one int for all records):
     the same bytes as ``_behaviours.encode_batch`` of the records (which documents the
     layout; ``_store.decode_batch`` reads it), built column by column."""
     ms, rs, us, cs, es, ts_, ws, tss = cols
@@ -309,13 +310,13 @@ def encode_history_columns(cols: Sequence[Sequence[Any]], contexts: dict[int, An
     payload: dict[str, Any] = {
         "c": names,
         "ci": ci.tobytes(),
-        "m": array("B", ms).tobytes(),
-        "r": array("q", rs).tobytes(),
-        "u": array("Q", us).tobytes(),
-        "e": array("Q", es).tobytes(),
-        "t": array("Q", ts_).tobytes(),
-        "w": array("f", ws).tobytes(),
-        "ts": array("q", tss).tobytes(),
+        "m": bytes([ms]) * len(cs) if isinstance(ms, int) else np.asarray(ms, dtype=np.uint8).tobytes(),
+        "r": np.asarray(rs, dtype=np.int64).tobytes(),
+        "u": np.asarray(us, dtype=np.uint64).tobytes(),
+        "e": np.asarray(es, dtype=np.uint64).tobytes(),
+        "t": np.asarray(ts_, dtype=np.uint64).tobytes(),
+        "w": np.asarray(ws, dtype=np.float32).tobytes(),
+        "ts": np.asarray(tss, dtype=np.int64).tobytes(),
     }
     if contexts:
         payload["x"] = contexts

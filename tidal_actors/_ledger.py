@@ -210,21 +210,34 @@ class Aggregates:
         return self.add_columns(*zip(*records))
 
     def add_columns(
-        self, ms: Sequence[int], rs: Sequence[int], us: Sequence[int], cs: Sequence[str],
-        es: Sequence[int], types: Sequence[int], ws: Sequence[float], tss: Sequence[int],
+        self, ms: int | Sequence[int], rs: Sequence[int] | np.ndarray, us: Sequence[int] | np.ndarray,
+        cs: Sequence[str], es: Sequence[int] | np.ndarray, types: Sequence[int] | np.ndarray,
+        ws: Sequence[float] | np.ndarray, tss: Sequence[int] | np.ndarray,
     ) -> range:
-        """`add_many` on columns (the ledger's hot path: records transposed once)."""
+        """`add_many` on columns (the ledger's hot path: a membership shard's batch).
+
+        Args:
+            ms: the records' membership shard, one int for all or one per record.
+            rs, us: rseqs and users (kept in the detail rows).
+            cs: cohort names. es, types: entity and signal type (uint64).
+            ws: weights, float32 values. tss: timestamps, int64 ns.
+            Each a sequence or a numpy array, all of one length.
+
+        Returns the new records' detail rows.
+        """
         n = len(cs)
         first = len(self.dk)
         if not n:
             return range(first, first)
         index = self.index
-        kids: list[Any] = list(map(index.get, zip(cs, es, types)))
+        es_l = es.tolist() if isinstance(es, np.ndarray) else es
+        types_l = types.tolist() if isinstance(types, np.ndarray) else types
+        kids: list[Any] = list(map(index.get, zip(cs, es_l, types_l)))
         if None in kids:
-            self._new_keys(kids, cs, es, types, tss)
+            self._new_keys(kids, cs, es_l, types_l, tss)
         k = np.array(kids, dtype=np.int64)
-        ts = np.array(tss, dtype=np.int64)
-        w = np.array(ws, dtype=np.float64)
+        ts = np.asarray(tss, dtype=np.int64)
+        w = np.asarray(ws, dtype=np.float64)
         b = ts // self._width
         x = (ts - self.L[k]) / self.HL[k]
         fast = (b == self.CB[k]) & (x <= RENORMALIZE_AT)
@@ -243,14 +256,13 @@ class Aggregates:
         if not every:
             slow = self._add_one
             for i in np.flatnonzero(~fast).tolist():
-                slow(kids[i], tss[i], ws[i])
-        # array(code, seq) converts at C speed; array.extend(seq) goes item by item
-        self.dk.extend(array("I", kids))
-        self.dt.extend(array("q", tss))
-        self.dw.extend(array("f", ws))
-        self.du.extend(array("Q", us))
-        self.dm.extend(array("B", ms))
-        self.dr.extend(array("q", rs))
+                slow(kids[i], int(ts[i]), float(w[i]))
+        self.dk.frombytes(k.astype(np.uint32).tobytes())
+        self.dt.frombytes(ts.tobytes())
+        self.dw.frombytes(w.astype(np.float32).tobytes())
+        self.du.frombytes(np.asarray(us, dtype=np.uint64).tobytes())
+        self.dm.frombytes(bytes([ms]) * n if isinstance(ms, int) else np.asarray(ms, dtype=np.uint8).tobytes())
+        self.dr.frombytes(np.asarray(rs, dtype=np.int64).tobytes())
         return range(first, first + n)
 
     def load_columns(
@@ -371,7 +383,7 @@ class Aggregates:
 
     def _new_keys(
         self, kids: list[Any], cs: Sequence[str], es: Sequence[int], types: Sequence[int],
-        tss: Sequence[int],
+        tss: Sequence[int] | np.ndarray,
     ) -> None:
         """Give ids to the keys not seen yet (``None`` in ``kids``), columns set in bulk."""
         index = self.index

@@ -2,7 +2,8 @@
 
 Owns the protocol only. Addresses are ``(kind, index)`` tuples: ``("membership", i)``,
 ``("ledger", i)``, ``("coordinator", 0)``, ``("persistence", 0)``. Hot-path batches
-carry plain tuples, not one object per signal (DESIGN.md "What things cost here").
+carry plain tuples (`SignalBatch`) or numpy columns (`Attribute`), not one object per
+signal (DESIGN.md "What things cost here").
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ._contrib_log import LogRecord, Prepared
 from ._reply import Reply
@@ -88,10 +91,49 @@ class Purge:
 
 @dataclass(frozen=True, slots=True)
 class Attribute:
-    """Membership -> ledger: records in attribution order; contexts by record index."""
+    """Membership -> ledger: one membership shard's records, in attribution order, as
+    columns (one numpy array per field, so the ledger never transposes per record).
 
-    records: list[LogRecord]
+    ``rseqs`` (int64) increase; ``users``, ``entities``, ``types`` are uint64;
+    ``weights`` float64 holding float32 values; ``timestamps`` int64 ns; ``cohorts``
+    a list of names. ``contexts`` maps a record's index in the batch to its context.
+    """
+
+    mshard: int
+    rseqs: np.ndarray
+    users: np.ndarray
+    cohorts: list[str]
+    entities: np.ndarray
+    types: np.ndarray
+    weights: np.ndarray
+    timestamps: np.ndarray
     contexts: dict[int, Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self.cohorts)
+
+    @property
+    def records(self) -> list[LogRecord]:
+        """The records one by one (for traces and tests; the hot path reads columns)."""
+        return [
+            LogRecord(self.mshard, r, u, c, e, t, w, ts)
+            for r, u, c, e, t, w, ts in zip(
+                self.rseqs.tolist(), self.users.tolist(), self.cohorts, self.entities.tolist(),
+                self.types.tolist(), self.weights.tolist(), self.timestamps.tolist(),
+            )
+        ]
+
+    @classmethod
+    def of_records(cls, records: list[LogRecord], contexts: dict[int, Any] | None = None) -> Attribute:
+        """The message carrying ``records`` (all from one membership shard)."""
+        ms, rs, us, cs, es, ts_, ws, tss = zip(*records)
+        if len(set(ms)) != 1:
+            raise ValueError(f"records from membership shards {sorted(set(ms))}: one message holds one shard's")
+        return cls(
+            ms[0], np.array(rs, dtype=np.int64), np.array(us, dtype=np.uint64), list(cs),
+            np.array(es, dtype=np.uint64), np.array(ts_, dtype=np.uint64),
+            np.array(ws, dtype=np.float64), np.array(tss, dtype=np.int64), contexts,
+        )
 
 
 @dataclass(frozen=True, slots=True)
