@@ -264,3 +264,36 @@ def test_erasure_rewrite_encodes_like_records(data) -> None:  # type: ignore[no-
     keep = sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1)))
     want_ctx = {new: ctx[old] for new, old in enumerate(keep) if ctx and old in ctx} or None
     assert _rewrite(b"k", b, np.array(keep))[2] == encode_batch([recs[i] for i in keep], want_ctx)
+
+
+def test_records_evicted_between_prepare_and_apply_stay_counted(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A purge reports each evicted record of its pair once. Records that came after
+    the purge's bound and were evicted and compacted away while the purge was being
+    committed are not in its manifest: the next purge of the pair reports them."""
+    from tidal_actors import _contrib_log
+    from tidal_actors._contrib_log import ContributionLog, pair_positions
+
+    monkeypatch.setattr(_contrib_log, "_COMPACT_MIN", 1)  # compact as soon as half the column is dead
+    agg = _agg()
+    log = ContributionLog(agg)
+
+    def add(user: int, rseqs: range) -> None:
+        recs = [(0, r, user, "c", 1, 1, 1.0, 10 * r) for r in rseqs]
+        log.append_columns([user] * len(recs), ["c"] * len(recs), agg.add_many(recs))
+
+    add(1, range(0, 3))  # rseq 0-2: user 1, before the purge
+    first = log.prepare(1, "c", live_from=0, bound=3)
+    assert len(first.records) == 3 and first.evicted == 0
+    add(1, range(3, 5))  # rseq 3-4: user 1, after the purge's bound
+    add(2, range(5, 10))
+    log.set_floor(0, 8)  # rseq 0-7 evicted: the column is compacted, user 1's positions folded
+    assert log.base > 0 and pair_positions(log.index[(1, "c")])[0] == 5
+    agg.retract_rows(first.rows)
+    log.apply(1, "c", first)
+    # rseq 0-2 were in the first manifest; rseq 3-4 were evicted and reported by no one
+    assert pair_positions(log.index[(1, "c")])[0] == 2
+    second = log.prepare(1, "c", live_from=8, bound=10)
+    assert second.records == [] and second.evicted == 2
+    agg.retract_rows(second.rows)
+    log.apply(1, "c", second)
+    assert (1, "c") not in log.index

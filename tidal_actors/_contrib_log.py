@@ -67,7 +67,10 @@ class Prepared(NamedTuple):
     """What a purge would retract: positions, detail rows and records (in log order;
     the manifest's entries as they are), how many of the pair's records had already
     been evicted, the watermark used, and the records' membership shards and rseqs
-    (their tombstones)."""
+    (their tombstones). ``folded`` is the pair's count of trimmed records when it was
+    prepared and ``accounted`` the positions whose records it reports (retracted,
+    evicted, or retracted before): `ContributionLog.apply` uses them to keep counting
+    the records trimmed since that it does not report."""
 
     positions: list[int]
     rows: list[int]
@@ -76,6 +79,8 @@ class Prepared(NamedTuple):
     live_from: int
     mshards: list[int]
     rseqs: list[int]
+    folded: int = 0
+    accounted: tuple[int, ...] = ()
 
 
 EMPTY = Prepared([], [], [], 0, 0, [], [])
@@ -222,7 +227,7 @@ class ContributionLog:
         if lst is None:
             return EMPTY
         items = np.frombuffer(bytes(lst), dtype=np.int64)
-        evicted = int(items[0])
+        folded = evicted = int(items[0])
         pos = items[1:]
         base = self.base
         gone = pos < base  # trimmed away: evicted
@@ -232,8 +237,11 @@ class ContributionLog:
         rows = np.frombuffer(self.d, dtype=np.int64)[pos - base]
         k = np.frombuffer(agg.dk, dtype=np.uint32)[rows]
         alive = k != DEAD
-        pos, rows, k = pos[alive], rows[alive], k[alive]
-        rseq = np.frombuffer(agg.dr, dtype=np.int64)[rows]
+        rseq_all = np.frombuffer(agg.dr, dtype=np.int64)[rows]
+        # every position but the live records submitted after the purge: what this purge
+        # reports (or what was retracted before, which no purge counts as evicted)
+        accounted = pos[~(alive & (rseq_all >= max(live_from, bound)))]
+        pos, rows, k, rseq = pos[alive], rows[alive], k[alive], rseq_all[alive]
         old = rseq < live_from
         evicted += int(np.count_nonzero(old))
         take = ~old & (rseq < bound)
@@ -247,12 +255,24 @@ class ContributionLog:
             np.frombuffer(agg.dt, dtype=np.int64)[rows].tolist(),
         ))
         return Prepared(pos.tolist(), rows.tolist(), records, evicted, live_from,
-                        np.frombuffer(agg.dm, dtype=np.uint8)[rows].tolist(), rseq[take].tolist())
+                        np.frombuffer(agg.dm, dtype=np.uint8)[rows].tolist(), rseq[take].tolist(),
+                        folded, tuple(accounted.tolist()))
 
     def apply(self, user: int, cohort: str, prepared: Prepared) -> None:
         """Forget the pair's drained and evicted records from the index (the caller
-        has retracted the prepared rows); records submitted after the purge stay."""
-        self._keep_live(user, cohort, prepared.live_from, 0)
+        has retracted the prepared rows); records submitted after the purge stay.
+
+        Compaction may have trimmed some of the pair's records into its count since
+        the purge was prepared (the purge commits in between): those the purge
+        reports are dropped from the count, the others (submitted after the purge,
+        then evicted) stay counted for the next purge of the pair.
+        """
+        lst = self.index.get((user, cohort))
+        if lst is None:
+            return
+        folded_since = _I64.unpack_from(lst)[0] - prepared.folded
+        reported = int(np.count_nonzero(np.array(prepared.accounted, dtype=np.int64) < self.base))
+        self._keep_live(user, cohort, prepared.live_from, max(0, folded_since - reported))
 
     def _keep_live(self, user: int, cohort: str, live_from: int, carried: int) -> None:
         lst = self.index.get((user, cohort))

@@ -45,7 +45,7 @@ from .._behaviours import Behaviour, LedgerShard, MembershipShard, Persistence
 from .._clock import ManualClock
 from .._codec import Tag, decode_key
 from .._config import Config
-from .._contrib_log import LogRecord, Prepared
+from .._contrib_log import EMPTY, LogRecord, Prepared
 from .._core import Call, Core, build_states, check_meta
 from .._errors import ActorFailure, DatabaseClosed, InvalidArgument, StorageError
 from .._host import HostContext
@@ -113,8 +113,7 @@ _VOLATILE_FIELDS = frozenset({"seconds", "lock", "counts", "done_ledgers"})
 
 def _empty_prepared() -> Prepared:
     """A preparation that retracts nothing (list fields empty, numbers 0)."""
-    fields: list[Any] = [0 if f in ("evicted", "live_from", "upto") else [] for f in Prepared._fields]
-    return Prepared(*fields)
+    return EMPTY
 
 
 def _addr(a: M.Address) -> str:
