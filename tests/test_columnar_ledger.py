@@ -282,18 +282,75 @@ def test_records_evicted_between_prepare_and_apply_stay_counted(monkeypatch) -> 
         log.append_columns([user] * len(recs), ["c"] * len(recs), agg.add_many(recs))
 
     add(1, range(0, 3))  # rseq 0-2: user 1, before the purge
+    log.hold(1, "c", 3)  # the purge's marker: bound 3
     first = log.prepare(1, "c", live_from=0, bound=3)
     assert len(first.records) == 3 and first.evicted == 0
     add(1, range(3, 5))  # rseq 3-4: user 1, after the purge's bound
     add(2, range(5, 10))
-    log.set_floor(0, 8)  # rseq 0-7 evicted: the column is compacted, user 1's positions folded
-    assert log.base > 0 and pair_positions(log.index[(1, "c")])[0] == 5
+    log.set_floor(0, 8)  # rseq 0-7 evicted: the column is compacted, user 1's rows held
+    assert log.base == 8 and log.held_rows[(1, "c")].size == 5
     agg.retract_rows(first.rows)
     log.apply(1, "c", first)
     # rseq 0-2 were in the first manifest; rseq 3-4 were evicted and reported by no one
     assert pair_positions(log.index[(1, "c")])[0] == 2
+    log.hold(1, "c", 10)
     second = log.prepare(1, "c", live_from=8, bound=10)
     assert second.records == [] and second.evicted == 2
     agg.retract_rows(second.rows)
     log.apply(1, "c", second)
-    assert (1, "c") not in log.index
+    assert (1, "c") not in log.index and log.holds == {} and log.held_rows == {}
+
+
+def test_records_evicted_before_a_late_preparation_are_not_its_own(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The purge's preparation can reach the ledger after records the user submitted
+    after the purge, and after they were evicted and compacted: its manifest counts
+    only the evicted records below its bound; the later ones go to the next purge."""
+    from tidal_actors import _contrib_log
+    from tidal_actors._contrib_log import ContributionLog, pair_positions
+
+    monkeypatch.setattr(_contrib_log, "_COMPACT_MIN", 1)
+    agg = _agg()
+    log = ContributionLog(agg)
+
+    def add(user: int, rseqs: range) -> None:
+        recs = [(0, r, user, "c", 1, 1, 1.0, 10 * r) for r in rseqs]
+        log.append_columns([user] * len(recs), ["c"] * len(recs), agg.add_many(recs))
+
+    add(1, range(0, 2))  # rseq 0-1, before the purge
+    log.hold(1, "c", 2)  # its marker; the log's watermark was 1 when it was taken
+    add(1, range(2, 6))  # rseq 2-5, after it
+    add(2, range(6, 10))
+    log.set_floor(0, 5)  # rseq 0-4 evicted: user 1's 0-1 (before) and 2-4 (after)
+    assert log.base == 5 and log.held_rows[(1, "c")].size == 5
+    first = log.prepare(1, "c", live_from=1, bound=2)
+    # rseq 0 was evicted when the purge was taken, rseq 1 was live: an entry
+    assert first.evicted == 1 and [r.timestamp_ns for r in first.records] == [10]
+    agg.retract_rows(first.rows)
+    log.apply(1, "c", first)
+    assert pair_positions(log.index[(1, "c")])[0] == 3  # rseq 2-4, reported by no one yet
+    assert log.holds == {} and log.held_rows == {}
+    log.hold(1, "c", 12)
+    second = log.prepare(1, "c", live_from=5, bound=12)
+    assert second.evicted == 3 and [r.timestamp_ns for r in second.records] == [50]  # rseq 5, live
+
+
+def test_a_failed_purge_releases_its_hold(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Rows held for a purge that then failed are folded into the pair's count of
+    evicted records (and a snapshot stores them so while the purge is in flight)."""
+    from tidal_actors import _contrib_log
+    from tidal_actors._contrib_log import ContributionLog, pair_positions
+
+    monkeypatch.setattr(_contrib_log, "_COMPACT_MIN", 1)
+    agg = _agg()
+    log = ContributionLog(agg)
+    recs = [(0, r, 1 if r < 3 else 2, "c", 1, 1, 1.0, 10 * r) for r in range(8)]
+    log.append_columns([r[2] for r in recs], ["c"] * 8, agg.add_many(recs))
+    log.hold(1, "c", 3)
+    log.set_floor(0, 4)  # rseq 0-3 evicted: user 1's three records held, not counted
+    assert log.held_rows[(1, "c")].size == 3 and pair_positions(log.index[(1, "c")])[0] == 0
+    assert dict(log.snapshot_index())[(1, "c")] == _contrib_log._I64.pack(3)
+    log.release(1, "c", 99)  # not its bound: nothing changes
+    assert log.holds == {(1, "c"): [3]}
+    log.release(1, "c", 3)
+    assert log.holds == {} and log.held_rows == {} and pair_positions(log.index[(1, "c")])[0] == 3
+    assert log.prepare(1, "c", live_from=4, bound=8).evicted == 3

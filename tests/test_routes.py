@@ -117,3 +117,17 @@ def test_routes_follow_assign_leave_and_rejoin() -> None:
 def test_attribute_of_records_round_trips() -> None:
     recs = [LogRecord(1, 5, 2**64 - 1, "a", 3, 2**63, 0.5, 2**63 - 1), LogRecord(1, 6, 0, "b", 0, 0, 0.0, 0)]
     assert M.Attribute.of_records(recs, {1: {"k": 1}}).records == recs
+
+
+def test_route_table_is_rebuilt_when_most_routes_are_unused() -> None:
+    ctx = _Ctx(Config(ledger_shards=2, membership_shards=1))
+    shard = MembershipShard(ctx, 0)
+    shard._set_cohorts(8, ("keep", "me"))
+    for i in range(500):  # user 7 goes through 500 cohort lists, each used once
+        shard._set_cohorts(7, (f"c{i}", "x"))
+        assert len(shard.routes) <= 4 * 2 + 64 + 1
+    shard.receive(M.SignalBatch([(7, 1, 1, 1.0, 5, None), (8, 1, 1, 1.0, 5, None), (9, 1, 1, 1.0, 5, None)]))
+    recs = sorted(r for _, m in ctx.sent for r in m.records)  # type: ignore[attr-defined]
+    assert [(r.user, r.cohort) for r in recs] == [
+        (7, "c499"), (7, "x"), (7, COMMUNITY), (8, "keep"), (8, "me"), (8, COMMUNITY), (9, COMMUNITY)]
+    assert [r.rseq for r in recs] == list(range(7))

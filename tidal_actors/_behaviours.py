@@ -181,12 +181,21 @@ class MembershipShard(Behaviour):
         return li
 
     def _update_route(self, user: int) -> None:
-        """Re-derive the user's route after a change of status or cohorts."""
+        """Re-derive the user's route after a change of status or cohorts.
+
+        Routes are interned once and kept; when the table holds four times more routes
+        than users with a route of their own (cohort lists assigned and left behind),
+        it is built afresh from the users' current routes (amortized O(1) a change).
+        """
         rid = GATED if user in self.left else self.routes.route_of(self.state.cohorts.get(user, ()))
         if rid == COMMUNITY_ONLY:
             self._rid.pop(user, None)
         else:
             self._rid[user] = rid
+        if len(self.routes) > 4 * len(self._rid) + 64:
+            self.routes = RouteTable(self._ledger)
+            for u, r in self._rid.items():
+                self._rid[u] = GATED if r == GATED else self.routes.route_of(self.state.cohorts.get(u, ()))
 
     def receive(self, message: object) -> None:
         if self._pending is not None and type(message) is not M.Committed:
@@ -358,10 +367,11 @@ class MembershipShard(Behaviour):
     def _on_purge(self, msg: M.PurgeRequest) -> None:
         self._token += 1
         marker = (self.index, self._token)
-        self.ctx.tell((M.LEDGER, self._ledger(msg.cohort)), M.PurgeMarker(marker))
+        bound = self.state.next_rseq
+        self.ctx.tell((M.LEDGER, self._ledger(msg.cohort)), M.PurgeMarker(marker, msg.user, msg.cohort, bound))
         self.ctx.tell(
             M.COORD_ADDR,
-            M.Purge(msg.user, msg.cohort, self.index, self.state.next_rseq, msg.now_ns, msg.reply, marker),
+            M.Purge(msg.user, msg.cohort, self.index, bound, msg.now_ns, msg.reply, marker),
         )
 
     def _on_barrier(self, msg: M.Barrier) -> None:
@@ -409,6 +419,7 @@ class LedgerShard(Behaviour):
             (M.RematStart, self._on_remat_start),
             (M.RematStep, self._on_remat_step),
             (M.PurgeMarker, self._on_marker),
+            (M.ReleaseHold, self._on_release),
         ):
             self.on(kind, fn)
         self._markers: set[Any] = set()
@@ -496,6 +507,7 @@ class LedgerShard(Behaviour):
         r.reply.set_result(value)
 
     def _on_marker(self, msg: M.PurgeMarker) -> None:
+        self.state.log.hold(msg.user, msg.cohort, msg.bound)
         self._markers.add(msg.marker)
         parked = self._parked.pop(msg.marker, None)
         if parked is not None:
@@ -511,8 +523,12 @@ class LedgerShard(Behaviour):
             prepared = self.state.log.prepare(msg.user, msg.cohort, msg.live_from, msg.bound)
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, prepared))
         except Exception as exc:
+            self.state.log.release(msg.user, msg.cohort, msg.bound)  # the purge fails whole
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, EMPTY, exc))
             raise
+
+    def _on_release(self, msg: M.ReleaseHold) -> None:
+        self.state.log.release(msg.user, msg.cohort, msg.bound)
 
     def _on_apply(self, msg: M.ApplyPurge) -> None:
         self.state.aggregates.retract_rows(msg.prepared.rows)
@@ -725,7 +741,11 @@ class PurgeCoordinator(Behaviour):
     def _fail_pending(self, exc: BaseException) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending["msg"].reply.set_exception(exc)
+            req: M.Purge = pending["msg"]
+            if "prepared" in pending:  # the commit failed: the ledger still holds the pair
+                li = ledger_shard_of(req.cohort, self.ctx.config.ledger_shards)
+                self.ctx.tell((M.LEDGER, li), M.ReleaseHold(req.user, req.cohort, req.next_rseq))
+            req.reply.set_exception(exc)
         self._start_remat()
         while self._pending is None and self._stash:
             self.receive(self._stash.popleft())

@@ -67,10 +67,8 @@ class Prepared(NamedTuple):
     """What a purge would retract: positions, detail rows and records (in log order;
     the manifest's entries as they are), how many of the pair's records had already
     been evicted, the watermark used, and the records' membership shards and rseqs
-    (their tombstones). ``folded`` is the pair's count of trimmed records when it was
-    prepared and ``accounted`` the positions whose records it reports (retracted,
-    evicted, or retracted before): `ContributionLog.apply` uses them to keep counting
-    the records trimmed since that it does not report."""
+    (their tombstones), and the purge's bound (its membership shard's record count
+    when it was taken)."""
 
     positions: list[int]
     rows: list[int]
@@ -79,8 +77,7 @@ class Prepared(NamedTuple):
     live_from: int
     mshards: list[int]
     rseqs: list[int]
-    folded: int = 0
-    accounted: tuple[int, ...] = ()
+    bound: int = 0
 
 
 EMPTY = Prepared([], [], [], 0, 0, [], [])
@@ -96,6 +93,10 @@ class ContributionLog:
         self.d = array("q")
         self.index: dict[tuple[int, str], bytearray] = {}
         self.floor: dict[int, int] = {}
+        # purges announced (their marker came) and not yet applied: pair -> their
+        # bounds; and the detail rows of those pairs' records trimmed meanwhile
+        self.holds: dict[tuple[int, str], list[int]] = {}
+        self.held_rows: dict[tuple[int, str], np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.d)
@@ -200,7 +201,82 @@ class ContributionLog:
         if dead and ((dead >= _COMPACT_MIN and dead * 2 >= len(d)) or dead == len(d)):
             self._compact(dead)
 
+    def hold(self, user: int, cohort: str, bound: int) -> None:
+        """A purge of (user, cohort) with this bound is on its way: its marker came,
+        after the pair's records below the bound and before any other.
+
+        Until the purge is applied or released, compaction does not fold the pair's
+        trimmed records into its count: it keeps their detail rows (`held_rows`), so
+        the purge still reads each one's rseq, lists it if it was live when the purge
+        was taken or counts it as evicted if it is below the bound, and leaves those
+        after the bound to the pair's next purge.
+        """
+        self.holds.setdefault((user, cohort), []).append(bound)
+
+    def release(self, user: int, cohort: str, bound: int) -> None:
+        """Drop the hold of a purge that failed (`hold`); once a pair has no hold left,
+        its held rows are folded into its count (trimmed records are evicted)."""
+        pair = (user, cohort)
+        bounds = self.holds.get(pair)
+        if bounds is None or bound not in bounds:
+            return
+        bounds.remove(bound)
+        if not bounds:
+            del self.holds[pair]
+            self._fold_held(pair, 0)
+
+    def _fold_held(self, pair: tuple[int, str], bound: int) -> int:
+        """Fold the pair's held rows at or above ``bound`` that are not retracted into
+        its count of trimmed records and forget its held rows; returns how many."""
+        rows = self.held_rows.pop(pair, None)
+        if rows is None:
+            return 0
+        agg = self.agg
+        n = int(np.count_nonzero((np.frombuffer(agg.dk, dtype=np.uint32)[rows] != DEAD)
+                                 & (np.frombuffer(agg.dr, dtype=np.int64)[rows] >= bound)))
+        lst = self.index.get(pair)
+        if lst is not None:
+            _I64.pack_into(lst, 0, _I64.unpack_from(lst)[0] + n)
+        elif n:
+            self.index[pair] = bytearray(_I64.pack(n))
+        return n
+
+    def snapshot_index(self) -> list[tuple[tuple[int, str], bytes | bytearray]]:
+        """The (user, cohort) index as a snapshot stores it: held rows (a purge in
+        flight, `hold`) are folded into their pair's count, as if it had failed."""
+        if not self.held_rows:
+            return list(self.index.items())
+        dk = np.frombuffer(self.agg.dk, dtype=np.uint32)
+        extra = {pair: int(np.count_nonzero(dk[rows] != DEAD)) for pair, rows in self.held_rows.items()}
+        del dk
+        out: list[tuple[tuple[int, str], bytes | bytearray]] = []
+        for pair, lst in self.index.items():
+            n = extra.pop(pair, 0)
+            out.append((pair, _I64.pack(_I64.unpack_from(lst)[0] + n) + bytes(lst[8:]) if n else lst))
+        out.extend((pair, _I64.pack(n)) for pair, n in extra.items() if n)
+        return out
+
+    def _keep_held_rows(self, head: int) -> None:
+        """Before the column's first ``head`` records are dropped: move the held
+        pairs' positions among them to their held rows."""
+        d = np.frombuffer(self.d, dtype=np.int64)
+        upto = self.base + head
+        for pair in self.holds:
+            lst = self.index.get(pair)
+            if lst is None or len(lst) < 16 or _PAIR.unpack_from(lst)[1] >= upto:
+                continue
+            items = np.frombuffer(bytes(lst), dtype=np.int64)
+            pos = items[1:]
+            cut = int(np.searchsorted(pos, upto))
+            rows = d[pos[:cut] - self.base]
+            old = self.held_rows.get(pair)
+            self.held_rows[pair] = rows if old is None else np.concatenate([old, rows])
+            self.index[pair] = bytearray(items[:1].tobytes() + pos[cut:].tobytes())
+        del d  # no view may outlive this: the column is resized next
+
     def _compact(self, head: int) -> None:
+        if self.holds:
+            self._keep_held_rows(head)
         del self.d[:head]
         self.base += head
         base = self.base
@@ -224,10 +300,11 @@ class ContributionLog:
         the purge and are left alone.
         """
         lst = self.index.get((user, cohort))
-        if lst is None:
+        held = self.held_rows.get((user, cohort))
+        if lst is None and held is None:
             return EMPTY
-        items = np.frombuffer(bytes(lst), dtype=np.int64)
-        folded = evicted = int(items[0])
+        items = np.frombuffer(bytes(lst), dtype=np.int64) if lst is not None else np.zeros(1, dtype=np.int64)
+        evicted = int(items[0])  # folded before the purge's marker: all below its bound
         pos = items[1:]
         base = self.base
         gone = pos < base  # trimmed away: evicted
@@ -235,13 +312,13 @@ class ContributionLog:
         pos = pos[~gone]
         agg = self.agg
         rows = np.frombuffer(self.d, dtype=np.int64)[pos - base]
+        if held is not None:  # trimmed since the marker: older than the rest, no position
+            pos = np.concatenate([np.full(len(held), -1, dtype=np.int64), pos])
+            rows = np.concatenate([held, rows])
         k = np.frombuffer(agg.dk, dtype=np.uint32)[rows]
         alive = k != DEAD
-        rseq_all = np.frombuffer(agg.dr, dtype=np.int64)[rows]
-        # every position but the live records submitted after the purge: what this purge
-        # reports (or what was retracted before, which no purge counts as evicted)
-        accounted = pos[~(alive & (rseq_all >= max(live_from, bound)))]
-        pos, rows, k, rseq = pos[alive], rows[alive], k[alive], rseq_all[alive]
+        pos, rows, k = pos[alive], rows[alive], k[alive]
+        rseq = np.frombuffer(agg.dr, dtype=np.int64)[rows]
         old = rseq < live_from
         evicted += int(np.count_nonzero(old))
         take = ~old & (rseq < bound)
@@ -255,24 +332,33 @@ class ContributionLog:
             np.frombuffer(agg.dt, dtype=np.int64)[rows].tolist(),
         ))
         return Prepared(pos.tolist(), rows.tolist(), records, evicted, live_from,
-                        np.frombuffer(agg.dm, dtype=np.uint8)[rows].tolist(), rseq[take].tolist(),
-                        folded, tuple(accounted.tolist()))
+                        np.frombuffer(agg.dm, dtype=np.uint8)[rows].tolist(), rseq[take].tolist(), bound)
 
     def apply(self, user: int, cohort: str, prepared: Prepared) -> None:
         """Forget the pair's drained and evicted records from the index (the caller
         has retracted the prepared rows); records submitted after the purge stay.
 
-        Compaction may have trimmed some of the pair's records into its count since
-        the purge was prepared (the purge commits in between): those the purge
-        reports are dropped from the count, the others (submitted after the purge,
-        then evicted) stay counted for the next purge of the pair.
+        Every record of the pair below the purge's bound is in its manifest (as an
+        entry or counted as evicted); the pair's trimmed records at or above the
+        bound (submitted after the purge, then evicted, before or after it was
+        prepared) stay counted for its next purge.
         """
-        lst = self.index.get((user, cohort))
-        if lst is None:
-            return
-        folded_since = _I64.unpack_from(lst)[0] - prepared.folded
-        reported = int(np.count_nonzero(np.array(prepared.accounted, dtype=np.int64) < self.base))
-        self._keep_live(user, cohort, prepared.live_from, max(0, folded_since - reported))
+        pair = (user, cohort)
+        later = [b for b in self.holds.pop(pair, ()) if b > prepared.bound]
+        rows = self.held_rows.get(pair)
+        if later:
+            self.holds[pair] = later
+            if rows is not None:  # the next purge reads those at or after this one's bound
+                keep = rows[np.frombuffer(self.agg.dr, dtype=np.int64)[rows] >= prepared.bound]
+                if keep.size:
+                    self.held_rows[pair] = keep
+                else:
+                    del self.held_rows[pair]
+            carried = 0
+        else:  # trimmed records after this purge's bound: evicted, not reported yet
+            carried = self._fold_held(pair, prepared.bound)
+        if pair in self.index:
+            self._keep_live(user, cohort, prepared.live_from, carried)
 
     def _keep_live(self, user: int, cohort: str, live_from: int, carried: int) -> None:
         lst = self.index.get((user, cohort))

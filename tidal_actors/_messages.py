@@ -315,9 +315,24 @@ class Drain:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseHold:
+    """Coordinator -> ledger: the purge of (user, cohort) with this bound failed after
+    its preparation; the ledger drops its hold (`ContributionLog.release`)."""
+
+    user: int
+    cohort: str
+    bound: int
+
+
+@dataclass(frozen=True, slots=True)
 class PurgeMarker:
     """Membership -> ledger, right after the user's earlier records: the purge's
     preparation waits for it, so it never overtakes them even where only per-pair
-    FIFO holds (the coordinator's path to the ledger is another pair)."""
+    FIFO holds (the coordinator's path to the ledger is another pair). It names the
+    pair and the purge's bound, so the ledger can tell the pair's records that come
+    after it (`ContributionLog.hold`)."""
 
     marker: tuple[int, int]
+    user: int
+    cohort: str
+    bound: int

@@ -38,8 +38,8 @@ class RouteTable:
         ledger_of: cohort name -> its ledger shard (``_codec.ledger_shard_of``).
 
     Route ``GATED`` (0) is empty; route ``COMMUNITY_ONLY`` (1) is ``(@community,)``.
-    Routes are never removed: there are at most as many as distinct cohort lists
-    ever assigned in the shard.
+    Routes are not removed one by one; the membership shard builds a fresh table
+    when most of them are no longer any user's (`MembershipShard._update_route`).
     """
 
     def __init__(self, ledger_of: Callable[[str], int]) -> None:
@@ -55,6 +55,10 @@ class RouteTable:
         self._routes = 0
         self._entries = 0
         assert self._intern(()) == GATED and self._intern((COMMUNITY,)) == COMMUNITY_ONLY
+
+    def __len__(self) -> int:
+        """The number of routes interned."""
+        return self._routes
 
     def route_of(self, cohorts: tuple[str, ...]) -> int:
         """The id of the route of a user in ``cohorts`` (assignment order), who has not left."""

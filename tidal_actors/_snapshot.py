@@ -34,7 +34,7 @@ def encode_ledger(ls: LedgerState) -> list[bytes]:
     index_cohorts: list[str] = []
     index_lens = array("q")
     index_data = bytearray()
-    for (u, c), lst in log.index.items():
+    for (u, c), lst in log.snapshot_index():
         index_users.append(u)
         index_cohorts.append(c)
         index_lens.append(len(lst) // 8)
