@@ -509,6 +509,25 @@ def test_inspect_purge_id_must_be_32_hex_digits(tmp_path: Path, bad: str) -> Non
     assert res.code == 2 and "must be 32 hex digits" in res.err, res
 
 
+def test_inspect_unknown_purge_id_is_bad_input(tmp_path: Path) -> None:
+    from tidal_actors import TidalDb
+
+    with TidalDb.open(str(tmp_path / "s")):
+        pass
+    res = _subprocess_run("inspect", "--data-dir", tmp_path / "s", "purge", "0" * 31 + "1")
+    assert res.code == 2 and "UnknownPurge" in res.err and "0" * 31 + "1" in res.err, res
+
+
+def test_simulate_on_a_data_dir_times_the_reopen(tmp_path: Path) -> None:
+    import json
+
+    res = _subprocess_run("simulate", "--scenario", "small", "--scale", "0.2", "--data-dir", tmp_path / "d",
+                          "--report-out", tmp_path / "r.json", "-q")
+    assert res.code == 0, res
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["restore_s"] is not None and report["restore_s"] > 0, report
+
+
 def test_inspect_negative_user_id_is_named(tmp_path: Path) -> None:
     from tidal_actors import TidalDb
 

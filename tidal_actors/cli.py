@@ -35,7 +35,7 @@ from tqdm import tqdm
 from ._clock import ManualClock
 from ._config import Config
 from ._durations import parse_duration
-from ._errors import InvalidArgument, TidalError
+from ._errors import InvalidArgument, TidalError, UnknownCohort, UnknownPurge
 from ._eventlog import (
     ApplyCounts,
     EventLogError,
@@ -406,6 +406,8 @@ def _inspected(data_dir: Path | None) -> Iterator[tuple[Any, int]]:
             yield db, default_at
     except InvalidArgument as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
+    except (UnknownPurge, UnknownCohort) as exc:  # asked for what the store does not hold
+        _fail(f"{type(exc).__name__}: {exc}", EXIT_BAD_INPUT)
     except TidalError as exc:
         _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
 
@@ -570,6 +572,9 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
     if data_dir is not None and data_dir.exists() and any(data_dir.iterdir()):
         _fail(f"--data-dir {data_dir} is not empty: the check compares with a model that "
               "starts empty", EXIT_BAD_INPUT)
+    if data_dir is not None and not scenario.persistent:
+        # a run on a store ends, like any persistent one, with a close and a timed reopen
+        scenario = dataclasses.replace(scenario, persistent=True)
     config = scenario.build_config()
 
     started = time.perf_counter()
