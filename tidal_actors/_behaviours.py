@@ -368,7 +368,9 @@ class MembershipShard(Behaviour):
         self._token += 1
         marker = (self.index, self._token)
         bound = self.state.next_rseq
-        self.ctx.tell((M.LEDGER, self._ledger(msg.cohort)), M.PurgeMarker(marker, msg.user, msg.cohort, bound))
+        note = M.PurgeMarker(marker, self.index, msg.user, msg.cohort, bound)
+        for li in range(self.ctx.config.ledger_shards):
+            self.ctx.tell((M.LEDGER, li), note)
         self.ctx.tell(
             M.COORD_ADDR,
             M.Purge(msg.user, msg.cohort, self.index, bound, msg.now_ns, msg.reply, marker),
@@ -419,11 +421,15 @@ class LedgerShard(Behaviour):
             (M.RematStart, self._on_remat_start),
             (M.RematStep, self._on_remat_step),
             (M.PurgeMarker, self._on_marker),
-            (M.ReleaseHold, self._on_release),
+            (M.PurgeAbandoned, self._on_abandoned),
         ):
             self.on(kind, fn)
         self._markers: set[Any] = set()
         self._parked: dict[Any, M.PreparePurge] = {}
+        # purges in flight by membership shard (their marker came, their eviction
+        # update or abandonment not yet), and those whose end came before their marker
+        self._in_flight: dict[int, set[Any]] = {}
+        self._ended_early: set[Any] = set()
         self._jobs: dict[Any, Any] = {}
 
     def _on_attribute(self, msg: M.Attribute) -> None:
@@ -446,6 +452,8 @@ class LedgerShard(Behaviour):
         if top >= seen.get(m, -1):
             seen[m] = top
         for m, top in seen.items():
+            if m in self._in_flight:
+                continue  # a purge in flight will drain records: its room is not known yet
             live_from, drained = st.live_from.get(m, (0, 0))
             floor = max(live_from, top + 1 - self._caps[m] - drained)
             if floor > log.floor.get(m, 0):
@@ -507,6 +515,12 @@ class LedgerShard(Behaviour):
         r.reply.set_result(value)
 
     def _on_marker(self, msg: M.PurgeMarker) -> None:
+        if msg.marker in self._ended_early:
+            self._ended_early.discard(msg.marker)
+        else:
+            self._in_flight.setdefault(msg.mshard, set()).add(msg.marker)
+        if ledger_shard_of(msg.cohort, self.ctx.config.ledger_shards) != self.index:
+            return
         self.state.log.hold(msg.user, msg.cohort, msg.bound)
         self._markers.add(msg.marker)
         parked = self._parked.pop(msg.marker, None)
@@ -523,12 +537,23 @@ class LedgerShard(Behaviour):
             prepared = self.state.log.prepare(msg.user, msg.cohort, msg.live_from, msg.bound)
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, prepared))
         except Exception as exc:
-            self.state.log.release(msg.user, msg.cohort, msg.bound)  # the purge fails whole
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, EMPTY, exc))
             raise
 
-    def _on_release(self, msg: M.ReleaseHold) -> None:
-        self.state.log.release(msg.user, msg.cohort, msg.bound)
+    def _end_purge(self, mshard: int, marker: Any) -> None:
+        """The purge of ``marker`` committed or failed: trimming ``mshard`` may resume."""
+        open_ = self._in_flight.get(mshard)
+        if open_ is not None and marker in open_:
+            open_.discard(marker)
+            if not open_:
+                del self._in_flight[mshard]
+        else:
+            self._ended_early.add(marker)
+
+    def _on_abandoned(self, msg: M.PurgeAbandoned) -> None:
+        if ledger_shard_of(msg.cohort, self.ctx.config.ledger_shards) == self.index:
+            self.state.log.release(msg.user, msg.cohort, msg.bound)
+        self._end_purge(msg.mshard, msg.marker)
 
     def _on_apply(self, msg: M.ApplyPurge) -> None:
         self.state.aggregates.retract_rows(msg.prepared.rows)
@@ -571,6 +596,8 @@ class LedgerShard(Behaviour):
     def _on_eviction(self, msg: M.EvictionUpdate) -> None:
         self.state.live_from[msg.mshard] = (msg.live_from, msg.drained_pending)
         self.state.log.set_floor(msg.mshard, msg.live_from)
+        if msg.marker is not None:
+            self._end_purge(msg.mshard, msg.marker)
 
 
 # -- purge coordinator ----------------------------------------------------------------
@@ -742,9 +769,9 @@ class PurgeCoordinator(Behaviour):
         pending, self._pending = self._pending, None
         if pending is not None:
             req: M.Purge = pending["msg"]
-            if "prepared" in pending:  # the commit failed: the ledger still holds the pair
-                li = ledger_shard_of(req.cohort, self.ctx.config.ledger_shards)
-                self.ctx.tell((M.LEDGER, li), M.ReleaseHold(req.user, req.cohort, req.next_rseq))
+            gone = M.PurgeAbandoned(req.marker, req.mshard, req.user, req.cohort, req.next_rseq)
+            for li in range(self.ctx.config.ledger_shards):
+                self.ctx.tell((M.LEDGER, li), gone)
             req.reply.set_exception(exc)
         self._start_remat()
         while self._pending is None and self._stash:
@@ -810,7 +837,7 @@ class PurgeCoordinator(Behaviour):
         self.purges += 1
         li = ledger_shard_of(req.cohort, self.ctx.config.ledger_shards)
         self.ctx.tell((M.LEDGER, li), M.ApplyPurge(int(p["pid"]), req.user, req.cohort, p["prepared"]))
-        update = M.EvictionUpdate(req.mshard, p["live_from"], len(p["drained"]))
+        update = M.EvictionUpdate(req.mshard, p["live_from"], len(p["drained"]), req.marker)
         for i in range(self.ctx.config.ledger_shards):
             self.ctx.tell((M.LEDGER, i), update)
         self._pending = None

@@ -302,7 +302,7 @@ class ContributionLog:
         lst = self.index.get((user, cohort))
         held = self.held_rows.get((user, cohort))
         if lst is None and held is None:
-            return EMPTY
+            return EMPTY._replace(live_from=live_from, bound=bound)
         items = np.frombuffer(bytes(lst), dtype=np.int64) if lst is not None else np.zeros(1, dtype=np.int64)
         evicted = int(items[0])  # folded before the purge's marker: all below its bound
         pos = items[1:]
@@ -344,7 +344,11 @@ class ContributionLog:
         prepared) stay counted for its next purge.
         """
         pair = (user, cohort)
-        later = [b for b in self.holds.pop(pair, ()) if b > prepared.bound]
+        bounds = self.holds.pop(pair, [])
+        if prepared.bound in bounds:
+            bounds.remove(prepared.bound)  # this purge's; another with the same bound stays
+        # purges run one at a time: those with a lower bound are over (a leftover hold)
+        later = [b for b in bounds if b >= prepared.bound]
         rows = self.held_rows.get(pair)
         if later:
             self.holds[pair] = later

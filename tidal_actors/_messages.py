@@ -163,11 +163,13 @@ class ApplyPurge:
 
 @dataclass(frozen=True, slots=True)
 class EvictionUpdate:
-    """Coordinator -> ledgers: membership shard ``mshard``'s watermark and drained count."""
+    """Coordinator -> ledgers: membership shard ``mshard``'s watermark and drained count,
+    after the purge of ``marker`` committed."""
 
     mshard: int
     live_from: int
     drained_pending: int
+    marker: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,10 +317,13 @@ class Drain:
 
 
 @dataclass(frozen=True, slots=True)
-class ReleaseHold:
-    """Coordinator -> ledger: the purge of (user, cohort) with this bound failed after
-    its preparation; the ledger drops its hold (`ContributionLog.release`)."""
+class PurgeAbandoned:
+    """Coordinator -> every ledger: the purge of ``marker`` failed. Each ledger stops
+    waiting for its eviction update; the cohort's ledger drops its hold
+    (`ContributionLog.release`)."""
 
+    marker: tuple[int, int]
+    mshard: int
     user: int
     cohort: str
     bound: int
@@ -326,13 +331,19 @@ class ReleaseHold:
 
 @dataclass(frozen=True, slots=True)
 class PurgeMarker:
-    """Membership -> ledger, right after the user's earlier records: the purge's
-    preparation waits for it, so it never overtakes them even where only per-pair
-    FIFO holds (the coordinator's path to the ledger is another pair). It names the
-    pair and the purge's bound, so the ledger can tell the pair's records that come
-    after it (`ContributionLog.hold`)."""
+    """Membership -> every ledger, right after the user's earlier records.
+
+    At the cohort's ledger the purge's preparation waits for it, so it never overtakes
+    them even where only per-pair FIFO holds (the coordinator's path to the ledger is
+    another pair); it names the pair and the purge's bound, so that ledger can tell the
+    pair's records that come after it (`ContributionLog.hold`). At every ledger it
+    says a purge of membership shard ``mshard`` is in flight: the purge will drain
+    records, which leaves the log more room than the ledger can know of, so the ledger
+    trims nothing more of that shard until the purge's eviction update (or
+    `PurgeAbandoned`) comes."""
 
     marker: tuple[int, int]
+    mshard: int
     user: int
     cohort: str
     bound: int
