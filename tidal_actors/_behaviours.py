@@ -426,9 +426,9 @@ class LedgerShard(Behaviour):
             self.on(kind, fn)
         self._markers: set[Any] = set()
         self._parked: dict[Any, M.PreparePurge] = {}
-        # purges in flight by membership shard (their marker came, their eviction
-        # update or abandonment not yet), and those whose end came before their marker
-        self._in_flight: dict[int, set[Any]] = {}
+        # purges in flight by membership shard, marker -> bound (their marker came,
+        # their eviction update or abandonment not yet); those whose end came first
+        self._in_flight: dict[int, dict[Any, int]] = {}
         self._ended_early: set[Any] = set()
         self._jobs: dict[Any, Any] = {}
 
@@ -452,8 +452,12 @@ class LedgerShard(Behaviour):
         if top >= seen.get(m, -1):
             seen[m] = top
         for m, top in seen.items():
-            if m in self._in_flight:
-                continue  # a purge in flight will drain records: its room is not known yet
+            in_flight = self._in_flight.get(m)
+            if in_flight:
+                # a purge in flight drains records, room no ledger can count yet: trim
+                # only what was evicted when the first of them was taken (the
+                # watermark never goes back; the purges before it have committed)
+                top = min(top, min(in_flight.values()) - 1)
             live_from, drained = st.live_from.get(m, (0, 0))
             floor = max(live_from, top + 1 - self._caps[m] - drained)
             if floor > log.floor.get(m, 0):
@@ -518,7 +522,7 @@ class LedgerShard(Behaviour):
         if msg.marker in self._ended_early:
             self._ended_early.discard(msg.marker)
         else:
-            self._in_flight.setdefault(msg.mshard, set()).add(msg.marker)
+            self._in_flight.setdefault(msg.mshard, {})[msg.marker] = msg.bound
         if ledger_shard_of(msg.cohort, self.ctx.config.ledger_shards) != self.index:
             return
         self.state.log.hold(msg.user, msg.cohort, msg.bound)
@@ -544,7 +548,7 @@ class LedgerShard(Behaviour):
         """The purge of ``marker`` committed or failed: trimming ``mshard`` may resume."""
         open_ = self._in_flight.get(mshard)
         if open_ is not None and marker in open_:
-            open_.discard(marker)
+            del open_[marker]
             if not open_:
                 del self._in_flight[mshard]
         else:

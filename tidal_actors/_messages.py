@@ -338,9 +338,9 @@ class PurgeMarker:
     another pair); it names the pair and the purge's bound, so that ledger can tell the
     pair's records that come after it (`ContributionLog.hold`). At every ledger it
     says a purge of membership shard ``mshard`` is in flight: the purge will drain
-    records, which leaves the log more room than the ledger can know of, so the ledger
-    trims nothing more of that shard until the purge's eviction update (or
-    `PurgeAbandoned`) comes."""
+    records, which leaves the log more room than the ledger can know of, so until the
+    purge's eviction update (or `PurgeAbandoned`) comes the ledger trims that shard's
+    records only as far as the watermark when the purge was taken (at ``bound``)."""
 
     marker: tuple[int, int]
     mshard: int
