@@ -259,3 +259,61 @@ def test_a_call_sent_just_before_close_is_never_left_waiting(pdb_path):
     assert not t.is_alive(), "the call was left waiting after close()"
     assert result and (result[0] == "ok" or isinstance(result[0], DatabaseClosed))
 
+
+
+@pytest.mark.parametrize("call", ["purge", "signal", "signal_batch"])
+def test_a_call_that_found_the_database_open_is_refused_once_close_has_begun(tmp_path, call) -> None:  # type: ignore[no-untyped-def]
+    """A call that passed the open check and was then preempted while close() got past
+    its barriers must not be sent after them: it would be committed behind the
+    snapshot's back (a purge: manifest and tombstones stored, retraction missing) or
+    lost (a signal queued in a buffer nobody flushes). It raises DatabaseClosed and
+    nothing of it is stored."""
+    path = str(tmp_path / "s")
+    clock = ManualClock(T0)
+    db = TidalDb.open(path, config=Config(rematerialize_after_ms=None), clock=clock)
+    db.assign_cohort(1, "c")
+    db.signal_with_context(1, 5, 0, 1.0, T0)
+    db.flush()
+    core = db._core
+    real = core._shard if call == "purge" else core.now
+    real_stop = core.host.stop
+    stopping = threading.Event()
+
+    def stop(*args):  # type: ignore[no-untyped-def]
+        stopping.set()  # close() is past its barriers: the actors are about to stop
+        time.sleep(0.1)
+        return real_stop(*args)
+
+    def stalled(*args):  # type: ignore[no-untyped-def]
+        stopping.wait(10)
+        return real(*args)
+
+    core.host.stop = stop
+
+    if call == "purge":
+        core._shard = stalled
+        run = lambda: db.request_community_purge(1, "c")  # noqa: E731
+    elif call == "signal":
+        core.now = stalled
+        run = lambda: db.signal_with_context(1, 6, 0, 1.0)  # noqa: E731  (no timestamp: reads the clock)
+    else:
+        core.now = stalled
+        run = lambda: db.signal_batch([Signal(1, 6, 0, 1.0, None)])  # noqa: E731
+    out: list[object] = []
+
+    def caller() -> None:
+        try:
+            out.append(run())
+        except Exception as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=caller)
+    t.start()
+    time.sleep(0.05)  # the caller is past the open check, stalled
+    db.close()
+    t.join(10)
+    assert len(out) == 1 and isinstance(out[0], DatabaseClosed), out
+    with TidalDb.open(path, config=Config(rematerialize_after_ms=None), clock=clock) as again:
+        assert again.list_purge_manifests(1) == []
+        assert again.read_decay_score("c", 5, 0, T0) == 1.0
+        assert again.read_window(COMMUNITY, 6, 0, T0).count == 0

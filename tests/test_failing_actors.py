@@ -279,7 +279,7 @@ def test_a_coordinator_failure_mid_purge_reaches_the_caller_and_later_purges_run
         # unstick the coordinator by hand, or close() waits 60 s for the purge to drain
         coordinator = db._core.coordinator
         coordinator._pending = None
-        coordinator._stash.clear()
+        coordinator._waiting.clear()
         db.close()
 
 

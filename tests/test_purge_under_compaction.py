@@ -142,3 +142,46 @@ def test_purges_that_find_nothing_leave_no_hold() -> None:
     h.run_until_idle()
     for ledger in _ledgers(h):
         assert ledger.state.log.holds == {} and ledger._in_flight == {} and ledger._ended_early == set()
+
+
+def test_a_purge_waiting_for_a_rebuild_keeps_its_place_in_its_shard(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A purge of a cohort being re-materialized waits for the rebuild; a later purge
+    from the same membership shard must not commit before it (it would move the
+    watermark past the waiting purge's bound, and the waiting purge would count its
+    live records as evicted)."""
+    from tidal_actors import _messages as M
+    from tidal_actors import _remat
+
+    monkeypatch.setattr(_remat, "CHUNK_ROWS", 1)  # a rebuild in many steps, as a big cohort's
+    cfg = Config(membership_shards=1, ledger_shards=1, max_contribution_log_entries=4, rematerialize_after_ms=None)
+    h = Harness(seed=0, config=cfg)
+    model = ReferenceModel(cfg, h.clock)
+    db = Blocking(h)
+
+    def both(name: str, *args: object) -> object:
+        getattr(model, name)(*args)
+        return getattr(h, name)(*args)
+
+    db.assign_cohort(2, "b")
+    model.assign_cohort(2, "b")
+    for i in range(50):
+        both("signal_with_context", 9, 100 + i, 0)  # older records, evicted by what follows
+    both("signal_with_context", 1, 1, 0)  # user 1: rseq 50 (@community)
+    both("signal_with_context", 1, 2, 0)  # rseq 51
+    both("signal_with_context", 2, 3, 0)  # user 2: rseq 52 (b), 53 (@community): the log is full
+    h.run_until_idle()
+    rebuild = h.rematerialize(COMMUNITY)
+    coordinator = h.behaviour(M.COORD_ADDR)
+    while coordinator._remat is None:
+        assert h.step()
+    first = both("request_community_purge", 1, COMMUNITY)
+    both("signal_with_context", 2, 4, 0)
+    both("signal_with_context", 2, 5, 0)
+    second = both("request_community_purge", 2, "b")
+    h.run_until_idle()
+    assert rebuild.done and first.done and second.done  # type: ignore[attr-defined]
+    (pid1, m1), (pid2, _) = first.result(), second.result()  # type: ignore[attr-defined]
+    assert pid1 < pid2
+    assert [e.entity_id for e in m1.entries] == [1, 2] and m1.evicted == 0  # both live when called
+    assert h.run(h.read_decay_score(COMMUNITY, 1, 0)) == 0.0
+    assert_matches(db, model, [1, 2, 9], exact_ids=False)

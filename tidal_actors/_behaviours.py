@@ -411,6 +411,7 @@ class LedgerShard(Behaviour):
         ]
         self.records_in = 0
         self.retracted = 0
+        self.purges_applied = 0  # purges applied here since the open (one ApplyPurge each)
         self.history_batches = 0
         for kind, fn in (
             (M.Attribute, self._on_attribute),
@@ -563,6 +564,7 @@ class LedgerShard(Behaviour):
         self.state.aggregates.retract_rows(msg.prepared.rows)
         self.state.log.apply(msg.user, msg.cohort, msg.prepared)
         self.retracted += len(msg.prepared.records)
+        self.purges_applied += 1
 
     def _on_remat_start(self, msg: M.RematStart) -> None:
         from ._remat import RematJob
@@ -719,13 +721,13 @@ class PurgeCoordinator(Behaviour):
         super().__init__(ctx)
         self.state = state or CoordinatorState(ctx.config.membership_shards)
         self._pending: dict[str, Any] | None = None
-        self._stash: collections.deque[object] = collections.deque()
+        # purges not started yet, in arrival order (`_next_purge`)
+        self._waiting: list[M.Purge] = []
         self._remat: dict[str, Any] | None = None
         self._remat_queue: list[str] = []
         self._remat_waiters: dict[str, list[Reply]] = {}
         self._remat_due: dict[str, float] = {}
         self._drains: list[Reply] = []
-        self._deferred: list[M.Purge] = []
         self._remat_seq = 0
         self.purges = 0
         cfg = ctx.config
@@ -749,15 +751,34 @@ class PurgeCoordinator(Behaviour):
 
     def receive(self, message: object) -> None:
         if type(message) is M.Purge:
-            if self._remat is not None and message.cohort == self._remat["cohort"]:
-                self._deferred.append(message)
-                return
-            if self._pending is not None:
-                self._stash.append(message)
-                return
-        super().receive(message)
+            self._waiting.append(message)
+            self._next_purge()
+        else:
+            super().receive(message)
         if self._drains:
             self._check_drained()
+
+    def _next_purge(self) -> None:
+        """Start the first waiting purge that may run, if none is in progress.
+
+        A purge of the cohort being re-materialized waits for the rebuild, and so do
+        the later purges of its membership shard: each purge's watermark is the
+        shard's as of its bound, so one shard's purges commit in the order they were
+        taken. Purges of other shards go ahead."""
+        while self._pending is None and self._waiting:
+            remat = self._remat["cohort"] if self._remat is not None else None
+            blocked: set[int] = set()
+            for i, p in enumerate(self._waiting):
+                if p.mshard in blocked:
+                    continue
+                if p.cohort == remat:
+                    blocked.add(p.mshard)
+                    continue
+                del self._waiting[i]
+                super().receive(p)
+                break
+            else:
+                return
 
     def _on_purge(self, msg: M.Purge) -> None:
         st = self.state
@@ -778,8 +799,7 @@ class PurgeCoordinator(Behaviour):
                 self.ctx.tell((M.LEDGER, li), gone)
             req.reply.set_exception(exc)
         self._start_remat()
-        while self._pending is None and self._stash:
-            self.receive(self._stash.popleft())
+        self._next_purge()
 
     def _on_prepared(self, msg: M.PurgePrepared) -> None:
         p = self._pending
@@ -848,8 +868,7 @@ class PurgeCoordinator(Behaviour):
         req.reply.set_result((p["pid"], p["manifest"]))
         self._schedule_remat(req.cohort)
         self._start_remat()  # one held back while this purge was in progress
-        while self._pending is None and self._stash:
-            self.receive(self._stash.popleft())
+        self._next_purge()
 
     # -- re-materialization (issue 7): one cohort at a time, purges of it wait ------
 
@@ -966,9 +985,7 @@ class PurgeCoordinator(Behaviour):
                 w.set_result(report)
             else:
                 w.set_exception(error)
-        deferred, self._deferred = self._deferred, []
-        for m in deferred:
-            self.receive(m)
+        self._next_purge()
         self._start_remat()
 
     def on_error(self, message: object, err: BaseException) -> None:
@@ -986,7 +1003,7 @@ class PurgeCoordinator(Behaviour):
 
     def _check_drained(self) -> None:
         """Answer drains once nothing purge-related is in flight or waiting."""
-        if self._drains and self._pending is None and self._remat is None and not self._stash and not self._deferred:
+        if self._drains and self._pending is None and self._remat is None and not self._waiting:
             drains, self._drains = self._drains, []
             for r in drains:
                 r.set_result(None)

@@ -345,6 +345,11 @@ class Core:
             if self.closed:
                 return
             self.closed = True
+        # a fence: a call that found the database open and is about to send waits
+        # here; one that comes after sees it closed (`_send` checks under the lock)
+        for buf in self._buffers:
+            with buf.lock:
+                pass
         self._flusher_stop.set()
         if self._flusher is not None:
             self._flusher.join()
@@ -354,13 +359,13 @@ class Core:
             # (purge requests are at the coordinator); 2: purges in flight finish;
             # 3: everything is committed.
             r = Reply("close-sync")
-            self._barrier(tuple(range(self._nl)), r)
+            self._barrier(tuple(range(self._nl)), r, closing=True)
             self.host.settle(r, 60.0)
             r = Reply("close-drain")
             self.host.tell(M.COORD_ADDR, M.Drain(r))
             self.host.settle(r, 60.0)
             r = Reply("close-flush")
-            self._barrier(tuple(range(self._nl)), r, durable=True)
+            self._barrier(tuple(range(self._nl)), r, durable=True, closing=True)
             self.host.settle(r, 60.0)
         except TidalError:
             pass
@@ -371,8 +376,13 @@ class Core:
                 # every actor has stopped: the closing thread owns the store now. A
                 # snapshot that cannot be written (full map) is only a speed-up lost:
                 # the next open replays the history instead.
-                with contextlib.suppress(StorageError):
-                    self.store.commit(snapshot_write_ops(self.config, [b.state for b in self.ledgers]))
+                # A purge committed but not applied (which the fence above rules out)
+                # would be missing from a snapshot: then none is written, and the next
+                # open replays the history, which honours every tombstone.
+                applied = sum(b.purges_applied for b in self.ledgers)
+                if applied == self.coordinator.purges:
+                    with contextlib.suppress(StorageError):
+                        self.store.commit(snapshot_write_ops(self.config, [b.state for b in self.ledgers]))
         finally:
             self.store.close()
 
@@ -421,10 +431,20 @@ class Core:
                         items, buf.items = buf.items, []
                         self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
 
-    def _send(self, m: int, message: object) -> None:
-        """Send to membership shard ``m`` after whatever it has buffered, in order."""
+    def _send(self, m: int, message: object, closing: bool = False) -> None:
+        """Send to membership shard ``m`` after whatever it has buffered, in order.
+
+        ``closing``: one of close()'s own messages. Any other is refused once the
+        database is closed, checked under the buffer's lock, so none slips in behind
+        close()'s barriers (see `close`).
+
+        Raises:
+            DatabaseClosed: the database is closed (nothing was sent).
+        """
         buf = self._buffers[m]
         with buf.lock:
+            if self.closed and not closing:
+                raise DatabaseClosed("the database is closed")
             if buf.items:
                 items, buf.items = buf.items, []
                 self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
@@ -441,11 +461,11 @@ class Core:
 
     def _barrier(
         self, ledgers: tuple[int, ...], reply: Reply, action: M.Read | None = None, durable: bool = False,
-        then: tuple[M.Address, object] | None = None,
+        then: tuple[M.Address, object] | None = None, closing: bool = False,
     ) -> None:
         barrier = M.Barrier(ledgers, self._nm, reply, action, durable, then)
         for m in range(self._nm):
-            self._send(m, barrier)
+            self._send(m, barrier, closing)
 
     def _read_reply(self, ledger: int, kind: str, args: tuple[Any, ...]) -> Reply:
         self.check_open()
@@ -486,6 +506,8 @@ class Core:
         m = 0 if self._nm == 1 else membership_shard_of(item[0], self._nm)
         buf = self._buffers[m]
         with buf.lock:
+            if self.closed:  # checked again under the lock (`close`)
+                raise DatabaseClosed("the database is closed")
             buf.items.append(item)
             if len(buf.items) >= self._batch:
                 items, buf.items = buf.items, []
@@ -523,11 +545,14 @@ class Core:
                     item = (item[0], item[1], item[2], item[3], now, item[5])
                 per_shard[0 if nm == 1 else membership_shard_of(item[0], nm)].append(item)
         step = self._batch
-        for m, items in enumerate(per_shard):
-            if not items:
-                continue
-            buf = self._buffers[m]
-            with buf.lock:
+        shards = [m for m, items in enumerate(per_shard) if items]
+        with contextlib.ExitStack() as held:
+            for m in shards:  # in shard order, as every other taker of several
+                held.enter_context(self._buffers[m].lock)
+            if self.closed:  # checked under the locks: all of the batch or none (`close`)
+                raise DatabaseClosed("the database is closed")
+            for m in shards:
+                buf, items = self._buffers[m], per_shard[m]
                 if buf.items:
                     items = buf.items + items
                     buf.items = []

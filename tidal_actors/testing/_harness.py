@@ -43,7 +43,7 @@ from typing import Any, Literal
 from .. import _messages as M
 from .._behaviours import Behaviour, LedgerShard, MembershipShard, Persistence
 from .._clock import ManualClock
-from .._codec import Tag, decode_key
+from .._codec import Tag, decode_key, ledger_shard_of
 from .._config import Config
 from .._contrib_log import EMPTY, LogRecord, Prepared
 from .._core import Call, Core, build_states, check_meta
@@ -253,12 +253,13 @@ class Schedule:
 class _Down:
     """A crashed shard waiting for its restart."""
 
-    __slots__ = ("markers", "old", "orphans")
+    __slots__ = ("lost_markers", "markers", "old", "orphans")
 
     def __init__(self, old: Behaviour) -> None:
         self.old = old
         self.orphans: dict[Any, tuple[Reply, str]] = {}
         self.markers: set[Any] = set()
+        self.lost_markers: list[M.PurgeMarker] = []
 
 
 class DeterministicHost:
@@ -519,7 +520,8 @@ class DeterministicHost:
             # a marker lost with the mailbox counts as arrived at the restart (the
             # records sent before it are lost with it, and reported as such)
             lost = list(getattr(old, "_parked", {}).values()) + lost
-            down.markers = {m.marker for m in lost if isinstance(m, M.PurgeMarker)}
+            down.lost_markers = [m for m in lost if isinstance(m, M.PurgeMarker)]
+            down.markers = {m.marker for m in down.lost_markers}
         for msg in lost:
             self._drop(address, msg, report)
         for token, job in list(getattr(old, "_jobs", {}).items()):
@@ -560,9 +562,19 @@ class DeterministicHost:
                 self.schedule.event(f"{label} in doubt at the crash: outcome unknown")
         else:
             new = LedgerShard(self.ctx, i, lstates[i])
-            carry = ("records_in", "retracted", "history_batches", "handler_errors")
+            carry = ("records_in", "retracted", "purges_applied", "history_batches", "handler_errors")
             # markers that arrived stay facts: the records sent before them were delivered
             new._markers = set(old._markers) | down.markers  # type: ignore[attr-defined]
+            # so do purges in flight: the restarted shard trims no further than before
+            in_flight = {m: dict(v) for m, v in old._in_flight.items()}  # type: ignore[attr-defined]
+            for msg in down.lost_markers:
+                in_flight.setdefault(msg.mshard, {})[msg.marker] = msg.bound
+            new._in_flight = in_flight
+            new._ended_early = set(old._ended_early)  # type: ignore[attr-defined]
+            new.state.log.holds = {k: list(v) for k, v in old.state.log.holds.items()}  # type: ignore[attr-defined]
+            for msg in down.lost_markers:
+                if ledger_shard_of(msg.cohort, self.config.ledger_shards) == i:
+                    new.state.log.hold(msg.user, msg.cohort, msg.bound)
         for name in carry:
             setattr(new, name, getattr(old, name))
         self.behaviours[address] = new
