@@ -317,3 +317,65 @@ def test_a_call_that_found_the_database_open_is_refused_once_close_has_begun(tmp
         assert again.list_purge_manifests(1) == []
         assert again.read_decay_score("c", 5, 0, T0) == 1.0
         assert again.read_window(COMMUNITY, 6, 0, T0).count == 0
+
+
+def test_a_second_close_from_another_thread_returns_once_the_first_is_done(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = str(tmp_path / "s")
+    db = TidalDb.open(path, clock=ManualClock(T0))
+    db.signal_batch([Signal(u % 100, u % 7, 0, 1.0, T0) for u in range(20_000)])
+    core = db._core
+    real_stop = core.host.stop
+
+    def slow_stop(*args):  # type: ignore[no-untyped-def]
+        time.sleep(0.3)  # the first close is still at work when the second is called
+        return real_stop(*args)
+
+    core.host.stop = slow_stop
+    first = threading.Thread(target=db.close)
+    first.start()
+    while not core.closed:
+        time.sleep(0.0005)
+    db.close()  # returns only once the first close has closed the store
+    assert not first.is_alive()
+    with TidalDb.open(path, clock=ManualClock(T0)) as again:  # not DatabaseLocked
+        assert sum(again.read_window(COMMUNITY, e, 0, T0).count for e in range(7)) == 20_000
+
+
+def test_signals_stashed_behind_a_control_write_count_against_the_mailbox(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """While a control operation commits, its membership shard sets later messages
+    aside; the signal batches among them count against ``mailbox_capacity``, so
+    producers wait instead of piling signals up there."""
+    cap = 2
+    cfg = Config(mailbox_capacity=cap, signal_batch_size=1, ledger_shards=4)
+    with TidalDb.open(str(tmp_path / "s"), config=cfg, clock=ManualClock(T0)) as db:
+        shard = db._core.host.behaviours[("membership", 0)]
+        stop = threading.Event()
+        peak = [0]
+
+        def produce(k: int) -> None:
+            i = 0
+            while not stop.is_set():
+                db.signal_with_context(k, i % 5, 0, 1.0, T0)
+                i += 1
+
+        def watch() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], shard._stashed_batches)
+
+        threads = [threading.Thread(target=produce, args=(k,)) for k in range(4)] + [threading.Thread(target=watch)]
+        for t in threads:
+            t.start()
+        for _ in range(40):  # control writes, each committed with fsync: the shard stashes meanwhile
+            db.leave_community_layer(9)
+            db.rejoin_community_layer(9)
+        stop.set()
+        for t in threads:
+            t.join(10)
+        assert 0 < peak[0] <= cap, peak[0]
+
+
+def test_lmdb_flags_after_close_raises_database_closed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    db = TidalDb.open(str(tmp_path / "s"))
+    db.close()
+    with pytest.raises(DatabaseClosed):
+        db.lmdb_flags()

@@ -123,6 +123,14 @@ class Behaviour:
     def on_idle(self) -> None:
         """Called by the host when the mailbox is empty after a message."""
 
+    def held(self) -> int:
+        """How many received messages this behaviour holds aside for later; a bounded
+        mailbox counts them against its capacity (called from other threads)."""
+        return 0
+
+    def room_made(self) -> None:
+        """Set by a host with bounded mailboxes: call it after releasing held messages."""
+
 
 # -- membership -------------------------------------------------------------------
 
@@ -160,6 +168,7 @@ class MembershipShard(Behaviour):
         self.signals = self.forwarded = self.gated = self.records = 0
         self._pending: tuple[int, Callable[[], Any], Reply] | None = None
         self._stash: collections.deque[object] = collections.deque()
+        self._stashed_batches = 0
         self._token = 0
         for kind, fn in (
             (M.SignalBatch, self._on_signals),
@@ -200,10 +209,23 @@ class MembershipShard(Behaviour):
     def receive(self, message: object) -> None:
         if self._pending is not None and type(message) is not M.Committed:
             self._stash.append(message)
+            if type(message) is M.SignalBatch:
+                self._stashed_batches += 1
             return
         super().receive(message)
-        while self._pending is None and self._stash:
-            super().receive(self._stash.popleft())
+        if self._stash and self._pending is None:
+            while self._pending is None and self._stash:
+                message = self._stash.popleft()
+                if type(message) is M.SignalBatch:
+                    self._stashed_batches -= 1
+                super().receive(message)
+            self.room_made()
+
+    def held(self) -> int:
+        # signal batches stashed while a control write commits count as still queued,
+        # so the mailbox capacity bounds the signals in flight here too (control
+        # messages are not bounded in the mailbox either)
+        return self._stashed_batches
 
     # signals: the hot path
     def _on_signals(self, msg: M.SignalBatch) -> None:

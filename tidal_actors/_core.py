@@ -305,6 +305,8 @@ class Core:
         self.host = host
         self.closed = False
         self._close_lock = threading.Lock()
+        self._close_done = threading.Event()
+        self._closer: int | None = None
         self._inflight: weakref.WeakSet[Reply] = weakref.WeakSet()
         self._inflight_lock = threading.Lock()
         self._inflight_failed = False
@@ -342,9 +344,21 @@ class Core:
         """Flush, stop the actors (membership, ledgers, coordinator, persistence last),
         close the store, and fail calls still waiting with DatabaseClosed. Idempotent."""
         with self._close_lock:
-            if self.closed:
-                return
+            first = not self.closed
             self.closed = True
+            if first:
+                self._closer = threading.get_ident()
+        if not first:
+            # closed, or being closed by another thread: return once that is done
+            if self._closer != threading.get_ident():
+                self._close_done.wait()
+            return
+        try:
+            self._close()
+        finally:
+            self._close_done.set()
+
+    def _close(self) -> None:
         # a fence: a call that found the database open and is about to send waits
         # here; one that comes after sees it closed (`_send` checks under the lock)
         for buf in self._buffers:
@@ -702,6 +716,7 @@ class Core:
         return Call("compact", [flush, reply], lambda v: v[1])
 
     def lmdb_flags(self) -> dict[str, Any]:
+        self.check_open()
         if not isinstance(self.store, LmdbStore):
             raise InvalidArgument("path", None, "an ephemeral database has no LMDB environment")
         return self.store.flags()

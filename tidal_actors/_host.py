@@ -37,13 +37,21 @@ class _Mailbox(queue.Queue):  # type: ignore[type-arg]
         super().__init__()
         self._cap = capacity
         self.stopped: threading.Event | None = None  # the owning actor's, set once it runs
+        # messages the behaviour has taken out but holds aside (`Behaviour.held`): they
+        # count against the capacity, so holding them back does not let producers run on
+        self.held: Callable[[], int] = lambda: 0
+
+    def room_made(self) -> None:
+        """Wake producers waiting for room (the behaviour released what it held)."""
+        with self.not_full:
+            self.not_full.notify_all()
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
         msg = getattr(item, "message", None)
         if type(msg) in _BOUNDED or (type(msg) is M.Write and msg.reply is None):
             stopped = self.stopped
             with self.not_full:
-                while self._qsize() >= self._cap and not (stopped and stopped.is_set()):
+                while self._qsize() + self.held() >= self._cap and not (stopped and stopped.is_set()):
                     self.not_full.wait(0.05)
                 if stopped is not None and stopped.is_set():
                     # the actor stopped while the producer waited for room: what is put
@@ -64,6 +72,8 @@ def _actor_class(capacity: int, started: list[Any]) -> type[pykka.ThreadingActor
             super().__init__()
             self.behaviour = behaviour
             self.actor_inbox.stopped = self.actor_stopped  # type: ignore[attr-defined]
+            self.actor_inbox.held = behaviour.held  # type: ignore[attr-defined]
+            behaviour.room_made = self.actor_inbox.room_made  # type: ignore[attr-defined,method-assign]
             self.thread: threading.Thread | None = None
             started.append(self)
 
