@@ -231,9 +231,7 @@ class ContributionLog:
         rows = self.held_rows.pop(pair, None)
         if rows is None:
             return 0
-        agg = self.agg
-        n = int(np.count_nonzero((np.frombuffer(agg.dk, dtype=np.uint32)[rows] != DEAD)
-                                 & (np.frombuffer(agg.dr, dtype=np.int64)[rows] >= bound)))
+        n = self._unretracted(rows, bound)
         lst = self.index.get(pair)
         if lst is not None:
             _I64.pack_into(lst, 0, _I64.unpack_from(lst)[0] + n)
@@ -241,14 +239,18 @@ class ContributionLog:
             self.index[pair] = bytearray(_I64.pack(n))
         return n
 
+    def _unretracted(self, rows: np.ndarray, bound: int = 0) -> int:
+        """How many of detail ``rows`` are not retracted and have an rseq >= ``bound``."""
+        agg = self.agg
+        return int(np.count_nonzero((np.frombuffer(agg.dk, dtype=np.uint32)[rows] != DEAD)
+                                    & (np.frombuffer(agg.dr, dtype=np.int64)[rows] >= bound)))
+
     def snapshot_index(self) -> list[tuple[tuple[int, str], bytes | bytearray]]:
         """The (user, cohort) index as a snapshot stores it: held rows (a purge in
         flight, `hold`) are folded into their pair's count, as if it had failed."""
         if not self.held_rows:
             return list(self.index.items())
-        dk = np.frombuffer(self.agg.dk, dtype=np.uint32)
-        extra = {pair: int(np.count_nonzero(dk[rows] != DEAD)) for pair, rows in self.held_rows.items()}
-        del dk
+        extra = {pair: self._unretracted(rows) for pair, rows in self.held_rows.items()}
         out: list[tuple[tuple[int, str], bytes | bytearray]] = []
         for pair, lst in self.index.items():
             n = extra.pop(pair, 0)
