@@ -256,10 +256,10 @@ class MembershipShard(Behaviour):
         W = np.array(ws, dtype=np.float64)
         TS = np.array(tss, dtype=np.int64)
         has_cx = None if cxs.count(None) == n else np.array([cx is not None for cx in cxs])
-        ledger = table.entry_ledger[entry]
         shards = self.ctx.config.ledger_shards
+        ledger = table.entry_ledger[entry] if shards > 1 else None
         for li in range(shards):
-            if shards == 1:
+            if ledger is None:
                 pos, s, ent = np.arange(total, dtype=np.int64), sig, entry
             else:
                 pos = np.flatnonzero(ledger == li)
@@ -546,7 +546,7 @@ class LedgerShard(Behaviour):
             self._ended_early.discard(msg.marker)
         else:
             self._in_flight.setdefault(msg.mshard, {})[msg.marker] = msg.bound
-        if ledger_shard_of(msg.cohort, self.ctx.config.ledger_shards) != self.index:
+        if not self._owns(msg.cohort):
             return
         self.state.log.hold(msg.user, msg.cohort, msg.bound)
         self._markers.add(msg.marker)
@@ -567,6 +567,10 @@ class LedgerShard(Behaviour):
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, EMPTY, exc))
             raise
 
+    def _owns(self, cohort: str) -> bool:
+        """Whether ``cohort``'s aggregates and log live on this ledger shard."""
+        return ledger_shard_of(cohort, self.ctx.config.ledger_shards) == self.index
+
     def _end_purge(self, mshard: int, marker: Any) -> None:
         """The purge of ``marker`` committed or failed: trimming ``mshard`` may resume."""
         open_ = self._in_flight.get(mshard)
@@ -578,7 +582,7 @@ class LedgerShard(Behaviour):
             self._ended_early.add(marker)
 
     def _on_abandoned(self, msg: M.PurgeAbandoned) -> None:
-        if ledger_shard_of(msg.cohort, self.ctx.config.ledger_shards) == self.index:
+        if self._owns(msg.cohort):
             self.state.log.release(msg.user, msg.cohort, msg.bound)
         self._end_purge(msg.mshard, msg.marker)
 

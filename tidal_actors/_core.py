@@ -457,8 +457,8 @@ class Core:
         """
         buf = self._buffers[m]
         with buf.lock:
-            if self.closed and not closing:
-                raise DatabaseClosed("the database is closed")
+            if not closing:
+                self.check_open()  # under the lock (`close`)
             if buf.items:
                 items, buf.items = buf.items, []
                 self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
@@ -520,8 +520,7 @@ class Core:
         m = 0 if self._nm == 1 else membership_shard_of(item[0], self._nm)
         buf = self._buffers[m]
         with buf.lock:
-            if self.closed:  # checked again under the lock (`close`)
-                raise DatabaseClosed("the database is closed")
+            self.check_open()  # again, under the lock (`close`)
             buf.items.append(item)
             if len(buf.items) >= self._batch:
                 items, buf.items = buf.items, []
@@ -563,8 +562,7 @@ class Core:
         with contextlib.ExitStack() as held:
             for m in shards:  # in shard order, as every other taker of several
                 held.enter_context(self._buffers[m].lock)
-            if self.closed:  # checked under the locks: all of the batch or none (`close`)
-                raise DatabaseClosed("the database is closed")
+            self.check_open()  # under the locks: all of the batch or none (`close`)
             for m in shards:
                 buf, items = self._buffers[m], per_shard[m]
                 if buf.items:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ._types import COMMUNITY
 
-__all__ = ["GATED", "RouteTable"]
+__all__ = ["COMMUNITY_ONLY", "GATED", "RouteTable"]
 
 GATED = 0  # the empty route: the user left
 COMMUNITY_ONLY = 1  # a user in no cohort: @community alone
