@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import struct
 import threading
 import time
@@ -280,10 +281,29 @@ def _close_at_exit() -> None:
     """A program that ends without closing its database still loses nothing it was
     acknowledged: the open databases are flushed and closed at interpreter exit
     (actor threads are daemons, alive until then). A crash skips this: call
-    ``flush()`` for signals that must survive one."""
+    ``flush()`` for signals that must survive one. Only the process that opened a
+    database closes it (see `_forget_in_child`)."""
+    pid = os.getpid()
     for core in list(_OPEN_CORES):
-        with contextlib.suppress(Exception):
-            core.close()
+        if core.pid == pid:
+            with contextlib.suppress(Exception):
+                core.close()
+
+
+def _forget_in_child() -> None:
+    """After ``os.fork()``, in the child: every database the parent had open is
+    disowned, never flushed, snapshotted, unlocked or closed here. The child has none
+    of the parent's actor threads, and its copy of the LMDB environment and of the
+    directory lock belong to the parent (an ``flock`` is shared with the parent's
+    open file, so releasing it would release the parent's). Using such a database in
+    the child raises `DatabaseClosed`; the child may open the directory itself once
+    the parent has closed it."""
+    for core in list(_OPEN_CORES):
+        core.disown()
+    _OPEN_CORES.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class Core:
@@ -304,6 +324,7 @@ class Core:
         self.store = store
         self.host = host
         self.closed = False
+        self.pid = os.getpid()  # the process that opened it: the only one that may use it
         self._close_lock = threading.Lock()
         self._close_done = threading.Event()
         self._closer: int | None = None
@@ -409,7 +430,22 @@ class Core:
 
     def check_open(self) -> None:
         if self.closed:
+            if self.pid != os.getpid():
+                raise DatabaseClosed(
+                    f"this database was opened by process {self.pid} and this process "
+                    f"({os.getpid()}) is a fork of it: a forked child cannot use it; open "
+                    "the store in the child (after the parent has closed it) instead"
+                )
             raise DatabaseClosed("the database is closed")
+
+    def disown(self) -> None:
+        """In a forked child: mark this database closed without touching the store, the
+        actors or the lock (they are the parent's). See `_forget_in_child`."""
+        self.closed = True
+        self._close_done.set()
+        disown = getattr(self.store, "disown", None)
+        if disown is not None:
+            disown()
 
     def track(self, reply: Reply) -> None:
         with self._inflight_lock:
@@ -500,7 +536,7 @@ class Core:
         timestamp_ns: int | None = None, context: Mapping[str, Any] | None = None,
     ) -> None:
         if self.closed:
-            raise DatabaseClosed("the database is closed")
+            self.check_open()
         if (  # the common case checked inline (`_fast_signal`, without its call)
             type(user_id) is int and 0 <= user_id < _U64 and type(entity_id) is int
             and 0 <= entity_id < _U64 and type(signal_type) is int and 0 <= signal_type < _U64

@@ -37,6 +37,7 @@ SNAPSHOT_FORMAT = 4
 STORE_MARKER = "tidal.store"  # written once a store's format record is committed
 _open_paths: set[str] = set()
 _open_lock = threading.Lock()
+_DISOWNED: list[Any] = []  # environments and lock files a forked child inherited
 
 Op = tuple[str, bytes, "bytes | None"]
 
@@ -430,6 +431,18 @@ class LmdbStore:
         with self._resize_lock, self.env.begin() as txn:
             v = txn.get(key, db=self.dbs[keyspace.value])
             return bytes(v) if v is not None else None
+
+    def disown(self) -> None:
+        """In a forked child: forget the environment and the directory lock without
+        closing or unlocking either (both are the parent's; an ``flock`` is shared
+        through the inherited open file). Later calls see a closed store."""
+        _DISOWNED.append(getattr(self, "env", None))  # never closed from the child
+        self.env = None  # type: ignore[assignment]
+        if self._lockfile is not None:
+            _DISOWNED.append(self._lockfile)  # no LOCK_UN: that would free the parent's lock
+            self._lockfile = None
+        with _open_lock:
+            _open_paths.discard(self._key)
 
     def close(self) -> None:
         """Close the environment and release the directory; a second call is a no-op."""

@@ -1,0 +1,94 @@
+"""A forked child never touches a database its parent opened.
+
+A parent process opens a store, makes 200 signals durable, forks a child that tries
+to use the inherited database and then exits normally (so its ``atexit`` hooks run),
+and is then killed with SIGKILL. Before the fix the child's exit hook flushed and
+closed the inherited database: it released the parent's directory lock and wrote a
+snapshot of the state at fork time, which the next open preferred (10 of 200 signals
+were left). Now the child's calls raise ``DatabaseClosed``, the lock stays the
+parent's, and a reopen after the parent's crash holds all 200 signals.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tidal_actors import Config, DatabaseLocked, ManualClock, TidalDb
+
+T0 = 10**18
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from tidal_actors import Config, DatabaseClosed, ManualClock, TidalDb
+
+    path, out = sys.argv[1], sys.argv[2]
+    db = TidalDb.open(path, config=Config(rematerialize_after_ms=None), clock=ManualClock({t0}))
+    db.assign_cohort(1, "c")
+    for i in range(10):
+        db.signal_with_context(1, 7, 1, 1.0)
+    db.flush()
+    pid = os.fork()
+    if pid == 0:
+        report = {{}}
+        t = time.perf_counter()
+        try:
+            db.signal_with_context(1, 7, 1, 1.0)
+        except DatabaseClosed as exc:
+            report["signal"] = str(exc)
+        try:
+            db.flush()
+        except DatabaseClosed as exc:
+            report["flush"] = str(exc)
+        report["seconds"] = time.perf_counter() - t
+        with open(out, "w") as f:
+            json.dump(report, f)
+        sys.exit(0)  # a normal exit: the interpreter's atexit hooks run in the child
+    _, status = os.waitpid(pid, 0)
+    for i in range(190):
+        db.signal_with_context(1, 7, 1, 1.0)
+    db.flush()
+    print("ready", os.waitstatus_to_exitcode(status), flush=True)
+    time.sleep(60)  # killed by the test
+    """
+)
+
+
+@pytest.mark.parametrize("ledger_shards", [1, 2])
+def test_forked_child_leaves_the_parents_database_alone(tmp_path, ledger_shards):
+    path = tmp_path / "store"
+    out = tmp_path / "child.json"
+    script = _SCRIPT.format(t0=T0)
+    if ledger_shards != 1:
+        script = script.replace("Config(", f"Config(ledger_shards={ledger_shards}, ")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(path), str(out)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        # before the fix the child's exit took minutes (it waited for actor threads
+        # that a fork does not copy): give it 30 s
+        ready, _, _ = select.select([proc.stdout], [], [], 30.0)
+        assert ready, "the forked child did not exit within 30 s"
+        line = proc.stdout.readline()
+        assert line.split() == ["ready", "0"], line
+        report = json.loads(out.read_text())
+        assert "forked child cannot use it" in report["signal"]
+        assert "forked child cannot use it" in report["flush"]
+        assert report["seconds"] < 5.0
+        # the parent still holds the directory lock: a second opener is refused
+        with pytest.raises(DatabaseLocked):
+            TidalDb.open(str(path))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    # the parent crashed: every flushed signal is there (no stale snapshot from the child)
+    with TidalDb.open(str(path), config=Config(ledger_shards=ledger_shards), clock=ManualClock(T0)) as db:
+        assert db.read_window("c", 7, 1).count == 200
+        assert db.read_decay_score("c", 7, 1) == pytest.approx(200.0)
