@@ -471,11 +471,13 @@ def test_a_context_with_a_tuple_key_does_not_poison_the_restore(mp, tmp_path):
     assert p.exitcode == -9
     with TidalDb.open(path, clock=ManualClock(T0)) as db:
         assert db.read_window(COMMUNITY, 7, 1, T0) == (2, 3.0)
-    from tidal_actors._store import LmdbStore
+    from tidal_actors._store import LmdbStore, decode_context
 
     store = LmdbStore(path, Config())
     try:
         [batch] = [b for b in store.load().batches if b.contexts]
-        assert list(batch.contexts.values()) == [{(1, 2): "a tuple key", "n": {(3,): [4]}}]
+        assert [decode_context(c) for c in batch.contexts.values()] == [
+            {(1, 2): "a tuple key", "n": {(3,): [4]}}
+        ]
     finally:
         store.close()

@@ -88,6 +88,10 @@ class Behaviour:
         self.handler_errors = 0
         self.last_error: BaseException | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {}
+        # acknowledged signals this shard lost (a handler failed on their batch) that
+        # no flush has reported yet: the next durable barrier carries it to its caller
+        self._loss: BaseException | None = None
+        self._lost_batches = 0
 
     def on(self, kind: type, fn: Callable[[Any], None]) -> None:
         self._handlers[kind] = fn
@@ -119,6 +123,22 @@ class Behaviour:
 
     def on_error(self, message: object, err: BaseException) -> None:
         """Hook: a handler failed on ``message`` (already counted and replied)."""
+
+    def note_loss(self, err: BaseException) -> None:
+        """Signals acknowledged to their callers were lost here (``err`` says why)."""
+        self._loss = err
+        self._lost_batches += 1
+
+    def report_loss(self, barrier: M.Barrier) -> None:
+        """Hand what `note_loss` recorded to a durable barrier (the flush reports it)."""
+        if barrier.durable and self._loss is not None:
+            err = StorageError(
+                f"{self.address[0]}[{self.address[1]}] lost {self._lost_batches} signal "
+                f"batch(es) since the last flush; last: {self._loss}"
+            )
+            err.__cause__ = self._loss
+            barrier.lost.append(err)
+            self._loss, self._lost_batches = None, 0
 
     def on_idle(self) -> None:
         """Called by the host when the mailbox is empty after a message."""
@@ -398,7 +418,12 @@ class MembershipShard(Behaviour):
             M.Purge(msg.user, msg.cohort, self.index, bound, msg.now_ns, msg.reply, marker),
         )
 
+    def on_error(self, message: object, err: BaseException) -> None:
+        if isinstance(message, M.SignalBatch):
+            self.note_loss(err)
+
     def _on_barrier(self, msg: M.Barrier) -> None:
+        self.report_loss(msg)
         part = M.BarrierPart(msg)
         for li in msg.ledgers:
             self.ctx.tell((M.LEDGER, li), part)
@@ -494,8 +519,13 @@ class LedgerShard(Behaviour):
         value = encode_history_columns(cols, contexts)  # the bytes encode_batch(records) gives
         self.ctx.tell(M.PERSIST_ADDR, M.Write([(Keyspace.HISTORY.value, key, value)]))
 
+    def on_error(self, message: object, err: BaseException) -> None:
+        if isinstance(message, M.Attribute):
+            self.note_loss(err)
+
     def _on_barrier_part(self, msg: M.BarrierPart) -> None:
         b = msg.barrier
+        self.report_loss(b)
         n = b.counts.get(self.index, 0) + 1
         b.counts[self.index] = n
         if n < b.parts:
@@ -642,7 +672,9 @@ def encode_batch(
 
     Columns are little-endian arrays: ``m`` u8, ``r`` i64, ``u``/``e``/``t`` u64, ``w``
     f32, ``ts`` i64, ``ci`` u8 (or u32 when a batch has 256+ cohorts) indexing ``c``,
-    the batch's cohort names; ``x`` maps record index to its signal context.
+    the batch's cohort names; ``x`` maps record index to its signal context's msgpack
+    bytes (a msgpack bin; stores written before contexts were packed at the call hold
+    the mapping itself there).
     """
     names = sorted({rec[3] for rec in records})
     pos = {c: i for i, c in enumerate(names)}
@@ -1170,9 +1202,11 @@ class Persistence(Behaviour):
             self.store.commit(retention_ops(self.store.history_items(), cutoff))
         msg.reply.set_result(self.store.compact())
 
-    def _report(self, reply: Reply) -> None:
+    def _report(self, reply: Reply, lost: list[BaseException] | None = None) -> None:
         err, self._unreported = self._unreported, None
-        if err is None:
+        if err is None and lost:
+            reply.set_exception(lost[0])  # a shard lost signals before they reached a write
+        elif err is None:
             reply.set_result(None)
         else:
             # the class of the last failure (StorageFull stays StorageFull), cause attached
@@ -1194,7 +1228,7 @@ class Persistence(Behaviour):
             return
         self._barriers.pop(key, None)
         self.commit()
-        self._report(b.reply)
+        self._report(b.reply, b.lost)
         if b.then is not None:
             self.ctx.tell(*b.then)
 

@@ -84,8 +84,29 @@ KEY_COLUMNS: dict[str, Any] = {
     "KE": np.uint64,  # entity id
     "KT": np.uint64,  # signal type
     "LIVE": np.uint8,  # 1 while the key has a contribution
+    "AMP": np.float32,  # log2 bound on how much retractions amplified rounding (`retract_rows`)
 }
+# a key whose retractions may have amplified its rounding error 2**REFOLD_AT-fold is
+# summed again from its detail rows (`Aggregates._refold`)
+REFOLD_AT = 16.0
 _DETAIL = (("dk", "I"), ("dt", "q"), ("dw", "f"), ("du", "Q"), ("dm", "B"), ("dr", "q"))
+
+
+def _gain(before: npt.NDArray[np.float64], after: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """log2(before / after) of subtractions on non-negative sums: how much each
+    amplified the relative rounding error; inf when ``after`` is 0 or less and
+    ``before`` was not (total cancellation), 0 when nothing was there."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g = np.log2(before / after)
+    g = np.where(after > 0.0, g, np.inf)
+    return np.where(before > 0.0, np.maximum(g, 0.0), 0.0)
+
+
+def _gain1(before: float, after: float) -> float:
+    """`_gain` of one subtraction."""
+    if before <= 0.0:
+        return 0.0
+    return math.log2(before / after) if after > 0.0 else math.inf
 
 
 def _pow2(xs: Sequence[float]) -> list[float]:
@@ -121,6 +142,7 @@ class Aggregates:
     KE: npt.NDArray[np.uint64]
     KT: npt.NDArray[np.uint64]
     LIVE: npt.NDArray[np.uint8]
+    AMP: npt.NDArray[np.float32]
 
     def __init__(
         self, half_life_for: Callable[[int], int], window_width_ns: int, window_buckets: int
@@ -475,7 +497,13 @@ class Aggregates:
         self.dr[row] = -1
 
     def _drop_key(self, k: int) -> None:
-        """Forget a key's state (no contribution left); its id is not reused."""
+        """Forget a key's state (no contribution left); its id is not reused.
+
+        Every column but the cohort id is zeroed: the entity id, the timestamps and the
+        sums of a key whose contributions a purge removed must not outlive it in a
+        snapshot (erasure)."""
+        if not self.LIVE[k]:
+            return
         key = self.key(k)
         if self.index.pop(key, None) is None:
             return
@@ -484,18 +512,30 @@ class Aggregates:
             self.cohorts[key[0]] = n
         else:
             del self.cohorts[key[0]]
-        for name in ("S", "CN", "CW", "CFD", "LIVE"):
-            getattr(self, name)[k] = 0
+        for name in KEY_COLUMNS:
+            if name != "KC":
+                getattr(self, name)[k] = 0
         self.older.pop(k, None)
 
     def retract_rows(self, rows: Sequence[int]) -> int:
-        """`retract_row` of each row, in order, done column-wise (a purge's apply).
+        """Retract the contributions of detail rows (each once), column-wise: a purge's
+        apply. Returns the number of rows retracted (not already retracted).
 
-        The same state as retracting the rows one by one: the latest buckets' counts
-        and sums are decremented with ``np.subtract.at`` (sequential, in row order),
-        an earlier bucket one by one, and each touched key's ``S`` is re-derived once
-        from its remaining buckets (``math.fsum``, as `retract_row` does after its
-        last row). Returns the number of rows retracted (not already retracted).
+        The latest buckets' counts and sums are decremented with ``np.subtract.at``
+        (sequential, in row order), an earlier bucket one by one; a bucket whose count
+        reaches 0 is emptied, a key with none left is dropped, and each touched key's
+        ``S`` is re-derived from its remaining buckets (``math.fsum``), so retracting
+        everything leaves exactly nothing. The rows are erased.
+
+        Exactness (a purge leaves what a fresh fold of the remaining contributions
+        gives, to 1e-9 relative, for any float32 weights): a subtraction that leaves
+        ``after`` of ``before`` multiplies the bucket's rounding error (at most a few
+        ulps of the largest value it held) by ``before / after``. ``AMP[k]`` sums the
+        log2 of the largest such factor of each retraction on the key; past
+        ``REFOLD_AT`` (or when a bucket with contributions left reads 0 or less,
+        total cancellation) the key is summed again from its detail rows
+        (`_refold`), which resets it. Sums of non-negative terms amplify nothing, so
+        signals never trigger it; a purge of a contribution that dwarfs the rest does.
         """
         if not len(rows):
             return 0
@@ -525,81 +565,105 @@ class Aggregates:
         k, ts, w = k[live], ts[live], w[live]
         if not len(k):
             return done
-        # Python int division, as retract_row (exact below 2**53, then correctly rounded)
+        # Python int division, as _add_one (exact below 2**53, then correctly rounded)
         x = list(map(truediv, map(sub, ts.tolist(), self.L[k].tolist()), self.HL[k].tolist()))
         wf = w * np.array(_pow2(x), dtype=np.float64)
         b = ts // self._width
         cur = (b == self.CB[k]) & (self.CN[k] > 0)
         kc = k[cur]
+        uk = np.unique(kc)
+        before_w, before_fd = self.CW[uk], self.CFD[uk]  # fancy indexing: copies
         np.subtract.at(self.CN, kc, 1)
         np.subtract.at(self.CW, kc, w[cur])
         np.subtract.at(self.CFD, kc, wf[cur])
         emptied = kc[self.CN[kc] == 0]
         self.CW[emptied] = 0.0
         self.CFD[emptied] = 0.0
-        touched = dict.fromkeys(kc.tolist())
+        left = self.CN[uk] > 0
+        gain = np.maximum(_gain(before_w, self.CW[uk]), _gain(before_fd, self.CFD[uk]))
+        worst = dict(zip(uk.tolist(), np.where(left, gain, 0.0).tolist()))
         old = ~cur
         if old.any():
             for kk, bb, ww, ff in zip(k[old].tolist(), b[old].tolist(), w[old].tolist(), wf[old].tolist()):
                 older = self.older.get(kk)
                 bk = older.get(bb) if older else None
                 if bk is None:
-                    continue  # as retract_row: nothing to take the row from
+                    continue  # nothing to take the row from
                 if bk[0] == 1:
                     del older[bb]  # type: ignore[union-attr]
+                    g = 0.0
                 else:
-                    older[bb] = (bk[0] - 1, bk[1] - ww, bk[2] - ff, bk[3])  # type: ignore[index]
-                touched[kk] = None
-        for kk in touched:
+                    nb = older[bb] = (bk[0] - 1, bk[1] - ww, bk[2] - ff, bk[3])  # type: ignore[index]
+                    g = max(_gain1(bk[1], nb[1]), _gain1(bk[2], nb[2]))
+                worst[kk] = max(worst.get(kk, 0.0), g)
+        refold = []
+        for kk, g in worst.items():
             older = self.older.get(kk)
             if not self.CN[kk] and not older:
                 self._drop_key(kk)
                 continue
             if older is not None and not older:
                 del self.older[kk]
-            self.S[kk] = math.fsum(bk[3] for bk in self._buckets(kk))
+            amp = float(self.AMP[kk]) + g
+            if amp > REFOLD_AT:
+                refold.append(kk)
+            else:
+                self.AMP[kk] = amp
+                self.S[kk] = math.fsum(bk[3] for bk in self._buckets(kk))
+        if refold:
+            self._refold(refold)
         return done
 
     def retract_row(self, row: int) -> bool:
-        """Retract the contribution of a detail row (once); False if already retracted.
+        """`retract_rows` of one row; False if it was retracted already."""
+        return self.retract_rows([row]) == 1
 
-        A bucket whose count reaches 0 is emptied, a key with no contribution left
-        is dropped, and ``S`` is re-derived from the remaining buckets, so
-        retracting everything leaves exactly nothing (never a negative residue).
-        The row is erased.
-        """
-        k = self.dk[row]
-        if k == DEAD:
-            return False
-        w, ts = float(self.dw[row]), self.dt[row]
-        self.erase_row(row)
-        if not self.LIVE[k]:
-            return False
-        wf = w * 2.0 ** ((ts - int(self.L[k])) / int(self.HL[k]))
-        b = ts // self._width
-        older = self.older.get(k)
-        if b == self.CB[k] and self.CN[k]:
-            self.CN[k] -= 1
-            if self.CN[k] == 0:
-                self.CW[k] = self.CFD[k] = 0.0
+    def _refold(self, ks: list[int]) -> None:
+        """Sum keys ``ks`` again from their live detail rows: each bucket's count,
+        weight and forward-decayed sums with ``math.fsum`` (correctly rounded), ``S``
+        the same over every row, ``TM`` their latest timestamp; ``AMP`` reset. The
+        landmark stays. A scan of every detail row, so only for the rare key whose
+        retractions cancelled (`retract_rows`)."""
+        dk = np.frombuffer(self.dk, dtype=np.uint32)
+        rows = np.flatnonzero(np.isin(dk, np.array(ks, dtype=np.uint32)))
+        kr = dk[rows].astype(np.int64)
+        ts_all = np.frombuffer(self.dt, dtype=np.int64)[rows].tolist()
+        w_all = np.frombuffer(self.dw, dtype=np.float32)[rows].astype(np.float64).tolist()
+        del dk
+        by_key: dict[int, list[int]] = {kk: [] for kk in ks}
+        for i, kk in enumerate(kr.tolist()):
+            by_key[kk].append(i)
+        width = self._width
+        for kk, idx in by_key.items():
+            if not idx:
+                self._drop_key(kk)
+                continue
+            h, landmark = int(self.HL[kk]), int(self.L[kk])
+            buckets: dict[int, tuple[list[float], list[float], int]] = {}
+            every: list[float] = []
+            for i in idx:
+                t, w = ts_all[i], w_all[i]
+                wf = w * 2.0 ** ((t - landmark) / h)
+                every.append(wf)
+                ws, fs, tm = buckets.get(t // width, ([], [], t))
+                ws.append(w)
+                fs.append(wf)
+                buckets[t // width] = (ws, fs, max(tm, t))
+            latest = max(buckets)
+            older: dict[int, tuple[int, float, float, int]] = {}
+            for bb, (ws, fs, tm) in sorted(buckets.items()):
+                if bb != latest:
+                    older[bb] = (len(ws), math.fsum(ws), math.fsum(fs), tm)
+            ws, fs, tm = buckets[latest]
+            self.CB[kk], self.CN[kk], self.CW[kk], self.CFD[kk], self.CTM[kk] = (
+                latest, len(ws), math.fsum(ws), math.fsum(fs), tm)
+            self.S[kk] = math.fsum(every)
+            self.TM[kk] = max(ts_all[i] for i in idx)
+            self.AMP[kk] = 0.0
+            if older:
+                self.older[kk] = older
             else:
-                self.CW[k] -= w
-                self.CFD[k] -= wf
-        else:
-            bk = older.get(b) if older else None
-            if bk is None:
-                return False
-            if bk[0] == 1:
-                del older[b]  # type: ignore[union-attr]
-            else:
-                older[b] = (bk[0] - 1, bk[1] - w, bk[2] - wf, bk[3])  # type: ignore[index]
-        if not self.CN[k] and not older:
-            self._drop_key(k)
-            return True
-        if older is not None and not older:
-            del self.older[k]
-        self.S[k] = math.fsum(bk[3] for bk in self._buckets(k))
-        return True
+                self.older.pop(kk, None)
 
     def _detail(self, key_id: int, t_lo: int, t_hi: int) -> list[tuple[int, float]]:
         """``(ts, w)`` of live rows of a key with ``t_lo <= ts <= t_hi``."""
@@ -821,7 +885,9 @@ class Aggregates:
         self._cap = 0
         self._reserve(n)
         for name, dtype in KEY_COLUMNS.items():
-            getattr(self, name)[:n] = np.frombuffer(state["cols"][name], dtype=dtype)
+            raw = state["cols"].get(name)
+            if raw is not None:  # AMP is 0 in a snapshot taken before it existed
+                getattr(self, name)[:n] = np.frombuffer(raw, dtype=dtype)
         for name, _ in _DETAIL:
             getattr(self, name).frombytes(state["detail"][name])
         names = self.cohort_names

@@ -22,7 +22,7 @@ MEMBERSHIP, LEDGER, COORDINATOR, PERSISTENCE = "membership", "ledger", "coordina
 COORD_ADDR: Address = (COORDINATOR, 0)
 PERSIST_ADDR: Address = (PERSISTENCE, 0)
 
-# one signal on the wire: (user, entity, signal_type, weight_f32, ts_ns, context|None)
+# one signal on the wire: (user, entity, signal_type, weight_f32, ts_ns, context msgpack bytes|None)
 SignalTuple = tuple[int, int, int, float, int, Any]
 
 
@@ -96,7 +96,8 @@ class Attribute:
 
     ``rseqs`` (int64) increase; ``users``, ``entities``, ``types`` are uint64;
     ``weights`` float64 holding float32 values; ``timestamps`` int64 ns; ``cohorts``
-    a list of names. ``contexts`` maps a record's index in the batch to its context.
+    a list of names. ``contexts`` maps a record's index in the batch to its context's
+    msgpack bytes (packed at the call, `_validate.check_context`).
     """
 
     mshard: int
@@ -107,7 +108,7 @@ class Attribute:
     types: np.ndarray
     weights: np.ndarray
     timestamps: np.ndarray
-    contexts: dict[int, Any] | None = None
+    contexts: dict[int, bytes] | None = None
 
     def __len__(self) -> int:
         return len(self.cohorts)
@@ -201,6 +202,9 @@ class Barrier:
     then: tuple[Address, object] | None = None
     counts: dict[int, int] = field(default_factory=dict)
     done_ledgers: int = 0
+    # signals lost on their way (a handler failed on their batch), reported by a
+    # durable barrier's reply: each shard it passes adds its unreported loss
+    lost: list[BaseException] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __repr__(self) -> str:

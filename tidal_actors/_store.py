@@ -57,7 +57,17 @@ class HistoryBatch:
     t: np.ndarray
     w: np.ndarray
     ts: np.ndarray
+    # record index -> its signal context's msgpack bytes (`decode_context` reads one)
     contexts: dict[int, Any] | None = None
+
+
+def decode_context(raw: Any) -> Any:
+    """A stored signal context as the mapping it was: msgpack bytes (a context is
+    packed at the call), or the mapping itself in stores written before that. A
+    tuple key comes back as a tuple (msgpack stores it as an array)."""
+    if not isinstance(raw, bytes):
+        return raw
+    return msgpack.unpackb(raw, strict_map_key=False, object_pairs_hook=_pairs, use_list=True)
 
 
 def _hashable(key: Any) -> Any:

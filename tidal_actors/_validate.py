@@ -128,17 +128,25 @@ def check_cohort(value: object, *, allow_community: bool = False, field: str = "
     return value
 
 
-def check_context(value: object) -> Mapping[str, Any] | None:
-    """A signal context: None or a msgpack-encodable mapping (stored, not interpreted)."""
+def check_context(value: object) -> bytes | None:
+    """A signal context: None or a msgpack-encodable mapping (stored, not interpreted).
+
+    Returns the context's msgpack bytes, packed here, at the call: what was accepted
+    is what is stored, whatever the caller does to the mapping afterwards.
+
+    Raises:
+        InvalidArgument: ``context`` is not a mapping, or msgpack cannot encode it
+            (a type it has no encoding for, an int out of range, nesting deeper
+            than msgpack's limit).
+    """
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise InvalidArgument("context", value, "must be a mapping or None")
     try:
-        msgpack.packb(value)
+        return msgpack.packb(value)  # type: ignore[no-any-return]
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidArgument("context", value, f"must be msgpack-encodable: {exc}") from None
-    return value
 
 
 def check_k(value: object) -> int:

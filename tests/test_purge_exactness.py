@@ -1,0 +1,92 @@
+"""A purge leaves every key as a fresh fold of its remaining contributions.
+
+Before the fix, a purge subtracted the purged user's contributions from float sums:
+user 2's 1.0 added beside user 1's 1e17 in the same bucket was lost to rounding at
+the add, and purging user 1 left ``read_window == (1, 0.0)`` and a score of 0.0
+(the reference model, which sums what remains, reads ``(1, 1.0)`` and 1.0). The
+ledger now bounds how much its retractions amplified rounding and sums a key again
+from its detail rows when the bound passes ``REFOLD_AT`` (``Aggregates.retract_rows``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tidal_actors import COMMUNITY, Config, ManualClock, TidalDb
+from tidal_actors.testing import ReferenceModel
+
+T0 = 10**18
+HOUR = 3600 * 10**9
+CFG = Config(rematerialize_after_ms=None, half_life_ns=HOUR, window_width_ns=HOUR, window_buckets=4)
+
+
+def _both(clock: ManualClock):
+    return TidalDb.open(config=CFG, clock=clock), ReferenceModel(CFG, clock)
+
+
+def test_purging_a_huge_contribution_leaves_the_small_one():
+    clock = ManualClock(T0)
+    db, ref = _both(clock)
+    with db:
+        for m in (db, ref):
+            m.assign_cohort(1, "c")
+            m.assign_cohort(2, "c")
+            m.signal_with_context(2, 7, 1, 1.0, timestamp_ns=T0)
+            m.signal_with_context(1, 7, 1, 1e17, timestamp_ns=T0 + 1)
+        db.request_community_purge(1, "c")
+        ref.request_community_purge(1, "c")
+        clock.advance(10)
+        assert tuple(db.read_window("c", 7, 1)) == (1, 1.0) == tuple(ref.read_window("c", 7, 1))
+        expected = 2.0 ** (-(T0 + 10 - T0) / HOUR)
+        assert db.read_decay_score("c", 7, 1) == pytest.approx(expected, rel=1e-12)
+        assert ref.read_decay_score("c", 7, 1) == pytest.approx(expected, rel=1e-12)
+
+
+def _f32(x: float) -> float:
+    return float(np.float32(x))
+
+
+# weights spread over float32's whole range: a mantissa and a power of ten
+weights = st.builds(
+    lambda m, e: _f32(min(m * 10.0**e, 3.4e38)),
+    st.floats(1.0, 9.99), st.integers(-38, 38),
+) | st.sampled_from([0.0, 1.0, _f32(3.4e38), _f32(1.2e-38)])
+
+events = st.lists(
+    st.tuples(st.integers(1, 4), st.integers(0, 2), weights, st.integers(0, 3 * HOUR)),
+    min_size=1, max_size=30,
+)
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events, st.lists(st.integers(1, 4), min_size=1, max_size=4), st.integers(0, 4 * HOUR))
+def test_every_key_after_purges_reads_a_fresh_fold(evs, purged, read_after) -> None:
+    clock = ManualClock(T0)
+    db, ref = _both(clock)
+    with db:
+        for m in (db, ref):
+            for u in (1, 2, 3, 4):
+                m.assign_cohort(u, "c")
+        for u, e, w, dt in evs:
+            for m in (db, ref):
+                m.signal_with_context(u, e, 1, w, timestamp_ns=T0 + dt)
+        for u in purged:
+            db.request_community_purge(u, "c")
+            ref.request_community_purge(u, "c")
+            at = T0 + read_after
+            for cohort in ("c", COMMUNITY):
+                for e in (0, 1, 2):
+                    got, want = db.read_window(cohort, e, 1, at), ref.read_window(cohort, e, 1, at)
+                    assert got.count == want.count, (cohort, e)
+                    assert _close(got.weight, want.weight), (cohort, e, got, want)
+                    s, r = db.read_decay_score(cohort, e, 1, at), ref.read_decay_score(cohort, e, 1, at)
+                    assert _close(s, r), (cohort, e, s, r)
