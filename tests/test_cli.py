@@ -486,7 +486,8 @@ def test_inspect_writes_nothing_and_runs_no_pending_rebuild(tmp_path: Path) -> N
 
 def test_replay_finishes_the_purges_rebuilds_before_closing(tmp_path: Path) -> None:
     """A replay's store and scores do not depend on how fast it ran: the purged
-    cohorts are re-materialized before the replay closes (stamped at the last event)."""
+    cohorts are re-materialized before the replay closes (each at its purge's ts_ns +
+    rematerialize_after_ms, in event time; see tests/test_cli_safety.py)."""
     log, data = tmp_path / "hand.csv", tmp_path / "data"
     log.write_text(HAND_LOG)
     res = _subprocess_run("replay", log, *HAND_FLAGS, "--data-dir", data, "--quiet")

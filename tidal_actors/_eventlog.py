@@ -464,6 +464,7 @@ def apply_events(
     counts: ApplyCounts | None = None,
     manifests: list[PurgeManifest] | None = None,
     on_call: Callable[..., None] | None = None,
+    rebuilds: Any = None,
 ) -> ApplyCounts:
     """Apply ``rows`` to ``db`` in order, each at its own event time.
 
@@ -485,6 +486,10 @@ def apply_events(
             seconds)`` (``op``: ``"assign"``, ``"leave"``, ``"rejoin"``, ``"purge"``),
             or ``on_call("signal", seconds, n)`` for a run of ``n`` signals; wall
             seconds from ``time.perf_counter``.
+        rebuilds: if given, a :class:`~tidal_actors._rebuilds.EventTimeRebuilds`:
+            told of every purge applied, and run (pending signals sent first) before
+            the first row whose ``ts_ns`` reaches its ``next_due_ns``, so purged
+            cohorts are re-materialized at event times the log alone determines.
 
     Returns:
         ``counts``.
@@ -511,6 +516,10 @@ def apply_events(
     try:
         for row in rows:
             ts = row.ts_ns
+            if rebuilds is not None and ts >= rebuilds.next_due_ns:
+                if pending:
+                    send()
+                rebuilds.run_due(db, clock, ts)
             if counts.first_ts_ns is None:
                 counts.first_ts_ns = ts
             if counts.max_ts_ns is None or ts > counts.max_ts_ns:
@@ -547,6 +556,8 @@ def apply_events(
                 counts.manifest_entries += len(manifest.entries)
                 if manifests is not None:
                     manifests.append(manifest)
+                if rebuilds is not None:
+                    rebuilds.purged(row.cohort, ts)
             if on_call is not None:
                 on_call(op, now() - t)
             counts.rows += 1

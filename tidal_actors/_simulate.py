@@ -46,6 +46,7 @@ from ._eventlog import (
     apply_events,
     settle_rematerializations,
 )
+from ._interrupt import Interrupted, until_stopped
 from ._types import COMMUNITY, CommunityMembership, LeaveEpoch, PurgeManifest
 
 __all__ = [
@@ -776,8 +777,13 @@ def _set_up(db: _Db, events: list[EventRow], clock: ManualClock, counts: ApplyCo
     if not n:
         return 0
     per_user: dict[int, list[str]] = {}
+    taken = 0  # fewer than n if ``rows`` stops early (a stop asked for)
     for row in itertools.islice(rows, n):
         per_user.setdefault(row.user_id, []).append(row.cohort)  # type: ignore[union-attr]
+        taken += 1
+    if not taken:
+        return 0
+    n = taken
     clock.set(events[0].ts_ns)
 
     def join(item: tuple[int, list[str]]) -> None:
@@ -919,6 +925,7 @@ def run_simulation(
     events: list[EventRow] | None = None,
     progress: Callable[[Iterable[EventRow]], Iterator[EventRow]] | None = None,
     interval_s: float = 0.5,
+    stop: Callable[[], bool] | None = None,
 ) -> SimulationResult:
     """Run ``scenario`` through the runtime, measuring it, then through the reference
     model, and compare them.
@@ -937,12 +944,17 @@ def run_simulation(
         events: the rows to apply, if already generated (default: generate them).
         progress: wraps the row iterable of the runtime's run (for a progress bar).
         interval_s: the timeline's interval (wall seconds).
+        stop: checked before each row (of both passes): once it returns True the run
+            stops at that row boundary and raises :class:`Interrupted`.
 
     Returns:
         A :class:`SimulationResult`; ``result.ok`` tells whether everything agreed.
 
     Raises:
         TidalError: from the runtime (an InvalidArgument would mean a generator bug).
+        Interrupted: ``stop()`` became true; the runtime's database is flushed and
+            closed first (``.rows`` rows applied to it; ``.phase`` ``"check"`` if
+            they all were and the comparison did not run).
     """
     from .testing._reference import ReferenceModel
 
@@ -965,8 +977,9 @@ def run_simulation(
     split = len(events) if scenario.restart_at is None else int(len(events) * scenario.restart_at)
     # the cohort of each purge row (None for other rows), by row index
     purged = [r.cohort if isinstance(r, PurgeRow) else None for r in events]
+    halt = stop if stop is not None else (lambda: False)
     rows: Iterable[EventRow] = progress(events) if progress is not None else events
-    parts = iter(rows)
+    parts = until_stopped(rows, halt)
     db: _Db = open_db(config, clock)
     try:
         setup_s = 0.0
@@ -980,6 +993,8 @@ def run_simulation(
         paused = 0.0
         _apply_measured(db, itertools.islice(parts, max(0, split - done)), clock,
                         scenario.batch_size, counts, latency)
+        if counts.rows < split:  # only a stop cuts the rows short
+            raise Interrupted(counts.rows, "runtime", counts)
         if scenario.restart_at is not None:
             pause = time.perf_counter()
             db.flush()
@@ -998,6 +1013,8 @@ def run_simulation(
             del before, after
             paused = time.perf_counter() - pause
             _apply_measured(db, parts, clock, scenario.batch_size, counts, latency)
+            if counts.rows < len(events):
+                raise Interrupted(counts.rows, "runtime", counts)
         db.flush()
         runtime_s = time.perf_counter() - started - paused
         latency.close_window()
@@ -1024,7 +1041,10 @@ def run_simulation(
         ref_clock = ManualClock(scenario.start_ns)
         ref = ReferenceModel(config=config, clock=ref_clock)
         t = time.perf_counter()
-        apply_events(ref, events, ref_clock, batch_size=scenario.batch_size)
+        ref_rows = apply_events(ref, until_stopped(events, halt), ref_clock,
+                                batch_size=scenario.batch_size).rows
+        if ref_rows < len(events):
+            raise Interrupted(counts.rows, "check", counts)
         reference_s = time.perf_counter() - t
         settle_rematerializations(db, purged)
         settle_rematerializations(ref, purged)

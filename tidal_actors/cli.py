@@ -3,14 +3,18 @@
 Owns argument parsing (click), progress bars (tqdm, on standard error), the printed
 summaries, the ``--scores-out`` / ``--report-out`` files and the exit codes: 0 ok,
 2 bad input (a bad row, argument, config or scenario), 1 the run failed (the check
-of ``simulate`` found a difference, or the runtime raised). It holds no semantics:
-rows are read and applied by ``_eventlog``, scenarios by ``_simulate``, and every
-database is opened by :func:`_open_db`.
+of ``simulate`` found a difference, or the runtime raised), 130 stopped by Ctrl-C
+(SIGINT) at a row boundary. It holds no semantics: rows are read and applied by
+``_eventlog``, scenarios by ``_simulate``, purged cohorts rebuilt in event time by
+``_rebuilds``, every database is opened by :func:`_open_db`; ``_cli_replay`` holds
+the rules that keep a store safe across runs (``--append``, ``--skip-rows``).
 
 A data directory written by ``replay`` or ``simulate`` also holds
-``tidal-actors-cli.json``: the settings it was written with and the last event time,
-so that ``inspect`` reads scores with the right half-lives at the right time and a
-later ``replay`` into the same directory keeps its settings unless told otherwise.
+``tidal-actors-cli.json`` (written before the first row): the settings it was
+written with and the last event time, so that ``inspect`` reads scores with the
+right half-lives at the right time and a later ``replay --append`` into the same
+directory keeps its settings unless told otherwise; and, after a stopped run, where
+it stopped and (replay) the purged cohorts still waiting for their rebuild.
 """
 
 from __future__ import annotations
@@ -32,6 +36,17 @@ from typing import Any, NoReturn
 import click
 from tqdm import tqdm
 
+from ._cli_replay import (
+    PENDING_KEY,
+    STATE_FILE,
+    RowFeed,
+    check_replay_target,
+    go_on_command,
+    holds_store,
+    rebuilds_from_state,
+    report_interrupted_simulation,
+    simulate_target_refusal,
+)
 from ._clock import ManualClock
 from ._config import Config
 from ._durations import parse_duration
@@ -41,10 +56,9 @@ from ._eventlog import (
     EventLogError,
     EventLogReader,
     EventRow,
-    PurgeRow,
     apply_events,
-    settle_rematerializations,
 )
+from ._interrupt import EXIT_INTERRUPTED, STOP_NOTICE, Interrupted, StopOnSigint
 from ._types import MembershipStatus
 from ._validate import check_cohort
 
@@ -53,7 +67,6 @@ __all__ = ["cli", "main"]
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
-STATE_FILE = "tidal-actors-cli.json"
 SCORES_HEADER = ("cohort", "entity_id", "signal_type", "decay_score", "window_count",
                  "window_weight")
 _PROGRESS_EVERY = 1024  # rows between progress-bar updates
@@ -120,13 +133,21 @@ def _read_state(data_dir: Path) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
-def _write_state(data_dir: Path, config: Config, last_event_ns: int | None, source: str) -> None:
+def _write_state(data_dir: Path, config: Config, last_event_ns: int | None, source: str,
+                 **extra: Any) -> None:
+    """Write the settings file (atomically): ``config``, the last event time (int ns,
+    never moved back), what wrote it, and ``extra`` keys (a None value removes one)."""
     state = _read_state(data_dir)
     previous = state.get("last_event_ns")
     if isinstance(previous, int) and (last_event_ns is None or previous > last_event_ns):
         last_event_ns = previous
     state.update(format=1, config=dataclasses.asdict(config), last_event_ns=last_event_ns,
                  source=source)
+    for key, value in extra.items():
+        if value is None:
+            state.pop(key, None)
+        else:
+            state[key] = value
     tmp = data_dir / (STATE_FILE + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(state, fh, indent=2, sort_keys=True)
@@ -225,7 +246,9 @@ def cli() -> None:
     """tidal-actors: replay engagement logs, inspect a store, run simulations.
 
     Exit status: 0 ok, 2 bad input (a bad row, argument, config or scenario),
-    1 the run failed (simulate's check found a difference, or the runtime failed).
+    1 the run failed (simulate's check found a difference, or the runtime failed),
+    130 stopped by Ctrl-C (replay and simulate stop at a row boundary, the store
+    flushed and closed).
     """
 
 
@@ -233,7 +256,16 @@ def cli() -> None:
 @click.argument("events", metavar="EVENTS.csv",
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Store the state here (created if absent) instead of an ephemeral store.")
+              help="Store the state here (created if absent) instead of an ephemeral store. "
+                   "A directory that is not empty is refused unless --append is given.")
+@click.option("--append", is_flag=True,
+              help="Add the log to the store already in --data-dir (its settings are kept). "
+                   "Without it such a directory is refused: replaying a log into a store "
+                   "that holds it applies every row again.")
+@click.option("--skip-rows", type=click.IntRange(min=0), default=0, show_default=True,
+              metavar="N",
+              help="Skip the first N rows of the log (rows as the summary counts them), e.g. "
+                   "to go on after a stopped replay with --append.")
 @click.option("--config", "config_file",
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Settings file (as config/default.toml). Default: the data directory's "
@@ -257,6 +289,8 @@ def cli() -> None:
 def replay(
     events: Path,
     data_dir: Path | None,
+    append: bool,
+    skip_rows: int,
     config_file: Path | None,
     half_life: int | None,
     window_width: int | None,
@@ -273,56 +307,75 @@ def replay(
     The format is ts_ns,op,user_id,cohort,entity_id,signal_type,weight with ops
     assign, signal, leave, rejoin, purge (see the README). A bad row stops the replay
     with exit status 2; every row before it stays applied (and durable with
-    --data-dir). Durations: 90d, 12h, 30m, 15s, 250ms or integer nanoseconds.
+    --data-dir). Ctrl-C stops it at a row boundary with exit status 130, the store
+    flushed and closed, and prints how to go on (--skip-rows N --append).
+    Durations: 90d, 12h, 30m, 15s, 250ms or integer nanoseconds.
     """
+    check_replay_target(data_dir, append)
     config = _build_config(data_dir, config_file, half_life, window_width, window_buckets)
+    state = _read_state(data_dir) if data_dir is not None and data_dir.is_dir() else {}
+    try:
+        # purged cohorts are rebuilt in event time (see _rebuilds), not by the
+        # runtime's wall-clock timer, which the replay's database has off
+        rebuilds = rebuilds_from_state(config.rematerialize_after_ms, state)
+    except InvalidArgument as exc:
+        _fail(f"{data_dir / STATE_FILE if data_dir else STATE_FILE}: {exc}", EXIT_BAD_INPUT)
     clock = ManualClock(0)
     reader = EventLogReader(events, skip_invalid=skip_invalid)
     counts = ApplyCounts()
     error: EventLogError | None = None
     scores_written: int | None = None
-    try:
-        size = events.stat().st_size
-        with _open_db(data_dir, config, clock) as db:
-            before = dict(db.stats())
-            started = time.perf_counter()
-            purged: set[str] = set()
-
-            def noting_purges(rows: Iterable[EventRow]) -> Iterator[EventRow]:
-                for row in rows:
-                    if isinstance(row, PurgeRow):
-                        purged.add(row.cohort)
-                    yield row
-
-            with _bar(size, "B", quiet, events.name) as bar:
-                try:
-                    apply_events(db, noting_purges(_with_progress(reader, bar, lambda: reader.bytes_read)),
-                                 clock, batch_size=batch_size, counts=counts)
-                except EventLogError as exc:
-                    error = exc
-            db.flush()
-            # the purged cohorts' re-materializations run now, not whenever their
-            # timer fires (or at a later open): the scores written and the store left
-            # behind do not depend on how fast the replay ran
-            settle_rematerializations(db, purged)
-            elapsed = time.perf_counter() - started
-            after = dict(db.stats())
-            at = at_ns if at_ns is not None else (counts.max_ts_ns or 0)
-            if scores_out is not None and error is None:
-                scores_written = _write_scores(scores_out, db.aggregate_rows(at))
-        if data_dir is not None:
-            _write_state(data_dir, config, counts.max_ts_ns, f"replay {events}")
-    except OSError as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
-    except InvalidArgument as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
-    except TidalError as exc:
-        _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
+    source = f"replay {events}"
+    stop = StopOnSigint(STOP_NOTICE)
+    with stop:
+        try:
+            size = events.stat().st_size
+            with _open_db(data_dir, config.replace(rematerialize_after_ms=None), clock) as db:
+                if data_dir is not None:  # before the first row: it survives a kill
+                    _write_state(data_dir, config, None, source)
+                before = dict(db.stats())
+                started = time.perf_counter()
+                with _bar(size, "B", quiet, events.name) as bar:
+                    feed = RowFeed(_with_progress(reader, bar, lambda: reader.bytes_read),
+                                   skip_rows, stop.requested)
+                    try:
+                        apply_events(db, feed, clock, batch_size=batch_size, counts=counts,
+                                     rebuilds=rebuilds)
+                    except EventLogError as exc:
+                        error = exc
+                db.flush()
+                complete = error is None and not feed.cut and not feed.short
+                if complete:
+                    # the rebuilds still due run now, each at its due event time: the
+                    # scores written and the store left do not depend on the replay's speed
+                    last = state.get("last_event_ns")
+                    end = counts.max_ts_ns if counts.max_ts_ns is not None else \
+                        last if isinstance(last, int) else clock.now_ns()
+                    rebuilds.finish(db, clock, end)
+                elapsed = time.perf_counter() - started
+                after = dict(db.stats())
+                at = at_ns if at_ns is not None else (counts.max_ts_ns or 0)
+                if scores_out is not None and complete:
+                    scores_written = _write_scores(scores_out, db.aggregate_rows(at))
+            next_skip = skip_rows + counts.rows
+            if data_dir is not None:
+                stopped = None if complete else {
+                    "after_rows": next_skip, "why": "bad row" if error else
+                    "interrupted" if feed.cut else "short log"}
+                _write_state(data_dir, config, counts.max_ts_ns, source,
+                             **{PENDING_KEY: rebuilds.pending(), "stopped": stopped})
+        except OSError as exc:
+            _fail(str(exc), EXIT_BAD_INPUT)
+        except InvalidArgument as exc:
+            _fail(str(exc), EXIT_BAD_INPUT)
+        except TidalError as exc:
+            _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
 
     report = {
         "events": str(events),
         "data_dir": None if data_dir is None else str(data_dir),
         "rows": counts.rows,
+        "skipped_first_rows": feed.skipped,
         "signals": counts.signals,
         "forwarded": _delta(after, before, "forwarded"),
         "gated": _delta(after, before, "gated"),
@@ -340,13 +393,18 @@ def replay(
         "elapsed_s": elapsed,
         "signals_per_s": counts.signals / elapsed if elapsed > 0 else 0.0,
         "error": None if error is None else str(error),
+        "interrupted": feed.cut,
+        "next_skip_rows": None if complete else next_skip,
+        "rematerializations": [[c, t] for c, t in rebuilds.done],
     }
     if report_out is not None:
         _write_json(report_out, report)
 
     out = click.echo
-    verb = "stopped at a bad row after" if error else "replayed"
+    verb = "stopped at a bad row after" if error else "interrupted after" if feed.cut \
+        else "replayed"
     out(f"{verb} {report['rows']:,} rows of {events} in {elapsed:.3f} s"
+        + (f" (after skipping the first {feed.skipped:,})" if feed.skipped else "")
         + (f" ({reader.skipped:,} invalid rows skipped)" if reader.skipped else ""))
     out(f"  signals    {counts.signals:>10,}   forwarded {report['forwarded']:,}, "
         f"gated {report['gated']:,}   ({report['signals_per_s']:,.0f} signals/s)")
@@ -363,7 +421,15 @@ def replay(
         out(f"  scores     {scores_written:,} aggregate rows at {_stamp(at)} -> {scores_out}")
     if report_out is not None:
         out(f"  report     {report_out}")
-    out(f"  store      {data_dir if data_dir is not None else 'ephemeral'}")
+    out(f"  store      {data_dir if data_dir is not None else 'ephemeral'}"
+        + ("" if complete or data_dir is None else
+           f" (flushed and closed; {len(rebuilds.pending())} purged cohort(s) wait for "
+           "their re-materialization)"))
+    if not complete and not feed.short:
+        what = f"fix {error.path}:{error.line}, then: " if error is not None else ""
+        out("  to go on   " + (what + go_on_command(events, data_dir, next_skip)
+                               if data_dir is not None else
+                               "nothing was kept (no --data-dir): replay the whole log again"))
     accepted = _delta(after, before, "signals")
     if accepted != counts.signals:
         click.echo(f"tidal-actors: warning: sent {counts.signals} signals, the database "
@@ -371,6 +437,12 @@ def replay(
     if error is not None:
         click.echo(f"tidal-actors: error: {error}", err=True)
         sys.exit(EXIT_BAD_INPUT)
+    if feed.short:
+        _fail(f"invalid --skip-rows={skip_rows}: the log has only {feed.skipped:,} rows",
+              EXIT_BAD_INPUT)
+    if feed.cut:
+        click.echo(f"tidal-actors: interrupted after {next_skip:,} rows of {events}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 # ---------------------------------------------------------------- inspect
@@ -570,8 +642,8 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
         except ImportError:
             _fail("--plot needs matplotlib: pip install 'tidal_actors[plot]'", EXIT_BAD_INPUT)
     if data_dir is not None and data_dir.exists() and any(data_dir.iterdir()):
-        _fail(f"--data-dir {data_dir} is not empty: the check compares with a model that "
-              "starts empty", EXIT_BAD_INPUT)
+        state = _read_state(data_dir) if holds_store(data_dir) else {}
+        _fail(simulate_target_refusal(data_dir, state), EXIT_BAD_INPUT)
     if data_dir is not None and not scenario.persistent:
         # a run on a store ends, like any persistent one, with a close and a timed reopen
         scenario = dataclasses.replace(scenario, persistent=True)
@@ -590,21 +662,36 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
         with _bar(len(events), "row", quiet, f"simulate {scenario.name}") as bar:
             yield from _with_progress(rows, bar)
 
-    with contextlib.ExitStack() as stack:
+    source = f"simulate {scenario.name} seed {scenario.seed}"
+
+    def open_store(cfg: Config, clk: ManualClock) -> Any:
+        db = _open_db(store, cfg, clk)
+        if data_dir is not None and not (data_dir / STATE_FILE).exists():
+            _write_state(data_dir, config, None, source)  # before the first row
+        return db
+
+    stop = StopOnSigint(STOP_NOTICE)
+    with stop, contextlib.ExitStack() as stack:
         store = data_dir
         if store is None and scenario.durable:
             store = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tidal-simulate-")))
             store = store / "store"
         try:
-            result = run_simulation(scenario, lambda cfg, clk: _open_db(store, cfg, clk),
-                                    events=events, progress=progress)
+            result = run_simulation(scenario, open_store, events=events, progress=progress,
+                                    stop=stop.requested)
+        except Interrupted as exc:  # the store is flushed and closed
+            if data_dir is not None:
+                _write_state(data_dir, config, exc.counts.max_ts_ns, source, stopped={
+                    "after_rows": exc.rows, "of_rows": len(events), "why": "interrupted",
+                    "phase": exc.phase})
+            report_interrupted_simulation(exc, len(events), data_dir, store)
+            sys.exit(EXIT_INTERRUPTED)
         except InvalidArgument as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
         except TidalError as exc:
             _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
     if data_dir is not None:
-        _write_state(data_dir, config, result.at_ns,
-                     f"simulate {scenario.name} seed {scenario.seed}")
+        _write_state(data_dir, config, result.at_ns, source, stopped=None)
 
     c, s, check, mem = result.counts, result.stats, result.check, result.memory
     out = click.echo
