@@ -1,10 +1,23 @@
-"""The store's safety around the LMDB files (an outside review's findings).
+"""The store's safety around the LMDB files (an outside review's findings 1, 7, 8).
 
+1. ``compact()`` beside another process that has the environment open (a backup
+   tool, ``mdb_stat``, a monitor: anything that opens the LMDB files without our
+   ``tidal.lock``) refuses, naming that process, and changes nothing; a process
+   attaching during a compaction waits; no acknowledged operation is ever lost.
+7. ``lmdb_flags()`` and the store's reads racing ``compact()`` wait for it.
 8. ``Config`` refuses an LMDB map too small to open; the smallest allowed one opens.
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import lmdb
 import pytest
 
 from tidal_actors import (
@@ -12,9 +25,14 @@ from tidal_actors import (
     Config,
     InvalidArgument,
     ManualClock,
+    StorageError,
     TidalDb,
+    TidalError,
 )
+from tidal_actors._codec import Keyspace, Tag, encode_key
 from tidal_actors._config import MIN_MAP_SIZE_BYTES
+from tidal_actors._lmdb_lock import LockProbe
+from tidal_actors._store import LmdbStore
 
 from .conftest import HOUR, SEC, T0
 
@@ -55,6 +73,234 @@ def _reopened(path, clock, users=USERS):
         return _export(db, users)
 
 
+def _build(path: Path, crashed: bool) -> Path:
+    """A small store closed cleanly (a snapshot), or the files of one that was not
+    (no snapshot: the history is replayed)."""
+    clock = ManualClock(T0)
+    db = TidalDb.open(path, config=CFG, clock=clock)
+    _populate(db, clock)
+    if crashed:
+        db.flush()
+        out = path.parent / (path.name + "-crashed")
+        out.mkdir()
+        for name in ("data.mdb", "tidal.store"):
+            shutil.copy(path / name, out / name)
+        db.close()
+        return out
+    db.close()
+    return path
+
+
+# -- 1. compaction beside an outside reader ------------------------------------------------------
+
+_READER = """
+import sys, time, lmdb
+env = lmdb.open(sys.argv[1], readonly=True, lock=True, max_dbs=8)
+txn = env.begin() if sys.argv[2] == "txn" else None
+if txn is not None:
+    sum(1 for _ in txn.cursor(db=env.open_db(b"users", txn=txn, create=False)))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _outside_reader(path, with_txn: bool) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _READER, str(path), "txn" if with_txn else "none"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@pytest.mark.parametrize("with_txn", [False, True], ids=["attached", "reading"])
+def test_compact_refuses_while_another_process_has_the_environment_open(tmp_path, with_txn):
+    path, clock = tmp_path / "s", ManualClock(T0)
+    with TidalDb.open(path, config=CFG, clock=clock) as db:
+        _populate(db, clock)
+    db = TidalDb.open(path, config=CFG, clock=clock)
+    extra = range(100, 106)
+    try:
+        _populate(db, clock, extra)  # acknowledged writes of this generation too
+        data = path / "data.mdb"
+        inode, size = data.stat().st_ino, data.stat().st_size
+        reader = _outside_reader(path, with_txn)
+        try:
+            with pytest.raises(StorageError, match=f"process {reader.pid} has the LMDB environment"):
+                db.compact()
+            assert data.stat().st_ino == inode and data.stat().st_size == size  # not replaced
+            assert not (path / "compact.tmp").exists()
+            db.assign_cohort(200, "after")  # still usable
+            assert db.cohorts_of(200) == {"after"}
+            want = _export(db, [*USERS, *extra, 200])
+            db.close()
+            assert _reopened(path, clock, [*USERS, *extra, 200]) == want
+        finally:
+            reader.kill()
+            reader.wait()
+        # the reader gone, the same store compacts, and keeps everything
+        with TidalDb.open(path, config=CFG, clock=clock) as db2:
+            sizes = db2.compact()
+            assert sizes["bytes_after"] <= sizes["bytes_before"]
+            db2.assign_cohort(201, "later")
+            assert _export(db2, [*USERS, *extra, 200]) == want
+        assert _reopened(path, clock, [*USERS, *extra, 200]) == want
+    finally:
+        db.close()
+
+
+def test_compact_refuses_a_reader_that_attaches_between_the_check_and_the_close(tmp_path, monkeypatch):
+    """The probe's first look sees nobody; the reader is there when the lock is
+    taken: refused all the same (named), and nothing changed."""
+    path, clock = tmp_path / "s", ManualClock(T0)
+    real = LockProbe.holder
+    calls: list[int] = []
+
+    def late(self):
+        calls.append(1)
+        return None if len(calls) == 1 else real(self)
+
+    with TidalDb.open(path, config=CFG, clock=clock) as db:
+        _populate(db, clock)
+        want = _export(db)
+        reader = _outside_reader(path, False)
+        try:
+            monkeypatch.setattr(LockProbe, "holder", late)
+            with pytest.raises(StorageError, match=f"process {reader.pid} has"):
+                db.compact()
+            monkeypatch.undo()
+            assert len(calls) >= 2  # the first look saw nobody; a later one named the reader
+            db.assign_cohort(300, "x")
+            assert _export(db) == want
+        finally:
+            reader.kill()
+            reader.wait()
+    assert _reopened(path, clock) == want
+
+
+_ATTACHER = """
+import sys, time, lmdb
+deadline, opened, errors = time.monotonic() + float(sys.argv[2]), 0, []
+while time.monotonic() < deadline:
+    env = None
+    try:
+        env = lmdb.open(sys.argv[1], readonly=True, lock=True, max_dbs=8)
+        with env.begin() as txn:
+            for name in (b"users", b"items", b"history", b"meta"):
+                sum(1 for _ in txn.cursor(db=env.open_db(name, txn=txn, create=False)))
+        opened += 1
+    except Exception as exc:
+        errors.append(repr(exc))
+    finally:
+        if env is not None:
+            env.close()
+print(opened, len(errors), errors[:3], flush=True)
+"""
+
+
+def test_readers_attaching_during_compactions_wait_or_refuse_it_and_nothing_is_lost(tmp_path):
+    path, clock = tmp_path / "s", ManualClock(T0)
+    with TidalDb.open(path, config=CFG, clock=clock) as db:
+        _populate(db, clock)
+        child = subprocess.Popen(
+            [sys.executable, "-c", _ATTACHER, str(path), "4"], stdout=subprocess.PIPE, text=True,
+        )
+        done = refused = 0
+        u = 1000
+        deadline = time.monotonic() + 3.5
+        while time.monotonic() < deadline:
+            db.assign_cohort(u, "during")  # acknowledged between compactions
+            u += 1
+            try:
+                db.compact()
+                done += 1
+            except StorageError as exc:
+                assert "compaction refused: " in str(exc)
+                refused += 1
+        out, _ = child.communicate(timeout=30)
+        opened, n_errors, errors = out.split(" ", 2)
+        assert int(n_errors) == 0, errors
+        assert int(opened) > 0
+        assert done + refused > 5
+        want = _export(db, [*USERS, *range(1000, u)])
+    assert _reopened(path, clock, [*USERS, *range(1000, u)]) == want
+    assert want[1][-1][2] == {"during"}
+
+
+# -- 7. lmdb_flags and reads racing compact --------------------------------------------------
+
+
+def test_lmdb_flags_and_reads_racing_compact_wait_for_it(tmp_path):
+    path, clock = tmp_path / "s", ManualClock(T0)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    with TidalDb.open(path, config=CFG, clock=clock) as db:
+        _populate(db, clock)
+        store = db._core.store
+        key = encode_key(USERS[0], Tag.COHORT_ASSIGNMENT)
+        want = store.raw_get(Keyspace.USERS, key)
+        counts = [0, 0]
+
+        def flags():
+            while not stop.is_set():
+                try:
+                    f = db.lmdb_flags()
+                    assert f["sync"] and f["metasync"] and not f["writemap"]
+                    counts[0] += 1
+                    time.sleep(0.0002)  # hammer, but leave the actors the interpreter lock
+                except BaseException as exc:  # noqa: BLE001
+                    errors.append(exc)
+                    return
+
+        def reads():
+            while not stop.is_set():
+                try:
+                    assert store.raw_get(Keyspace.USERS, key) == want
+                    assert sum(1 for _ in store.history_items()) > 0
+                    assert db.cohorts_of(USERS[0]) == {f"c{USERS[0] % 3}"}
+                    counts[1] += 1
+                except BaseException as exc:  # noqa: BLE001
+                    errors.append(exc)
+                    return
+
+        threads = [threading.Thread(target=flags) for _ in range(2)] + [threading.Thread(target=reads)]
+        for t in threads:
+            t.start()
+        try:
+            for i in range(25):
+                db.assign_cohort(500 + i, "c")
+                db.compact()
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert errors == []
+        assert counts[0] > 25 and counts[1] > 0
+        exported = _export(db)
+    assert _reopened(path, clock) == exported
+
+
+def test_store_calls_after_close_raise_tidal_errors(tmp_path):
+    store = LmdbStore(tmp_path / "s", CFG)
+    store.close()
+    for call in (store.flags, lambda: store.raw_get(Keyspace.USERS, b"k" * 10), store.load,
+                 lambda: list(store.history_items()), store.compact):
+        with pytest.raises(TidalError, match="closed"):
+            call()
+
+
+def test_a_read_only_store_refuses_to_compact(tmp_path):
+    path = _build(tmp_path / "s", crashed=False)
+    before = (path / "data.mdb").read_bytes()
+    store = LmdbStore(path, CFG, read_only=True)
+    try:
+        with pytest.raises(StorageError, match="open read-only: compaction refused"):
+            store.compact()
+    finally:
+        store.close()
+    assert (path / "data.mdb").read_bytes() == before
+
+
 # -- 8. the smallest LMDB map ------------------------------------------------------------------
 
 
@@ -83,3 +329,35 @@ def test_the_smallest_map_opens_and_holds_a_store(tmp_path):
         assert want[0] and want[1][0][3][0].entries
     with TidalDb.open(path, config=cfg, clock=clock) as db:
         assert _export(db, users) == want
+
+
+def test_the_map_grows_at_open_when_lmdb_needs_more(tmp_path):
+    """A map smaller than LMDB's own records (what 64 KiB is on a system with larger
+    pages; forced here past Config's check) grows at open like any full map."""
+    cfg = Config()
+    object.__setattr__(cfg, "map_size_bytes", 4096)
+    path, clock = tmp_path / "s", ManualClock(T0)
+    with TidalDb.open(path, config=cfg, clock=clock) as db:
+        assert db._core.store.map_size > 4096
+        db.assign_cohort(1, "c")
+    with TidalDb.open(path, config=cfg, clock=clock) as db:
+        assert db.cohorts_of(1) == {"c"}
+
+
+def test_an_lmdb_error_while_a_keyspace_is_read_back_names_it(tmp_path):
+    """LMDB reports a corrupt page it meets while reading (MDB_CORRUPTED): a
+    StorageError naming the keyspace."""
+    path = _build(tmp_path / "s", crashed=True)
+    store = LmdbStore(path, CFG)
+    try:
+        class Broken:
+            def __init__(self, txn):
+                self.txn = txn
+
+            def cursor(self, db):
+                raise lmdb.CorruptedError("simulated")
+
+        with pytest.raises(StorageError, match="cannot read the users keyspace"):
+            list(store._read(Broken(None), Keyspace.USERS))
+    finally:
+        store.close()

@@ -1,42 +1,28 @@
-"""Storage: the one LMDB environment, its keyspaces, group commits and restore.
+"""Storage: the keyspaces' layouts read back (restore), and the stores without LMDB.
 
-Owns every LMDB call. Only the persistence actor commits; restore runs once at open,
-before any actor starts. Layouts are in `_codec.py`.
-
-* Durability: ``sync=True, metasync=True``, no ``writemap``/``map_async``, so a
-  committed transaction survives a crash (issue 2, "Control operations").
-* Map full: the transaction is aborted whole (LMDB rolls it back), the map doubles
-  with no transaction of ours open, and the same batch is retried, up to
-  ``Config.max_map_size_bytes``; past that, `StorageFull` and nothing written.
-* One opener per directory: a process-wide registry refuses a second open in this
-  process (py-lmdb refuses it too, less clearly) and an exclusive ``flock`` on
-  ``tidal.lock`` refuses a second process.
+`parse_store` decodes what any store holds into a `Restored`; the LMDB environment
+itself (durability, growth, locking, compaction) is `_lmdb_env.LmdbStore`, exported
+here too. Layouts are in `_codec.py`.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import lmdb
 import msgpack
 import numpy as np
 
 from ._codec import Keyspace, Tag, decode_key, decode_membership
 from ._config import Config
-from ._errors import DatabaseLocked, StorageError, StorageFull
+from ._lmdb_env import STORE_MARKER, LmdbStore
 
-__all__ = ["HistoryBatch", "LmdbStore", "MemoryStore", "NullStore", "Restored", "parse_store"]
+__all__ = [
+    "STORE_MARKER", "HistoryBatch", "LmdbStore", "MemoryStore", "NullStore", "Restored", "parse_store",
+]
 
 SNAPSHOT_FORMAT = 4
-STORE_MARKER = "tidal.store"  # written once a store's format record is committed
-_open_paths: set[str] = set()
-_open_lock = threading.Lock()
 
 Op = tuple[str, bytes, "bytes | None"]
 
@@ -234,207 +220,3 @@ class NullStore:
 
     def close(self) -> None:
         pass
-
-
-class LmdbStore:
-    """An LMDB environment with the keyspaces of `Keyspace`.
-
-    Args:
-        path: directory (created if missing).
-        config: sizes (``map_size_bytes``, ``max_map_size_bytes``).
-
-    Raises:
-        DatabaseLocked: the directory is open already (this or another process).
-        StorageError: LMDB could not open it.
-    """
-
-    durable = True
-
-    def __init__(self, path: str | os.PathLike[str], config: Config, *, read_only: bool = False) -> None:
-        self.path = Path(path)
-        self.config = config
-        # read_only: `commit` refuses any op (data.mdb is never written); the open
-        # itself writes nothing either (`Core` skips its snapshot and meta writes)
-        self.read_only = read_only
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            # a store was made here before: it must still hold its format record
-            self.existed = (self.path / STORE_MARKER).exists()
-        except (OSError, ValueError) as exc:
-            raise StorageError(f"cannot create the directory {self.path}: {exc}") from exc
-        self._key = os.path.realpath(self.path)
-        with _open_lock:
-            if self._key in _open_paths:
-                raise DatabaseLocked(f"{self.path} is already open in this process; close it first")
-            _open_paths.add(self._key)
-        self._lockfile: Any = None
-        try:
-            self._lockfile = open(self.path / "tidal.lock", "a+b")
-            try:
-                fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                raise DatabaseLocked(f"{self.path} is open in another process") from None
-            map_size = config.map_size_bytes
-            data = self.path / "data.mdb"
-            if data.exists():
-                map_size = max(map_size, data.stat().st_size)
-            self.env = lmdb.open(
-                str(self.path), map_size=map_size, max_dbs=8, subdir=True,
-                sync=True, metasync=True, writemap=False, map_async=False,
-                lock=True, readahead=False, max_readers=126,
-            )
-            # reader slots left by killed processes (a read transaction open at the kill)
-            # stay taken while any other process has the environment open: free them
-            self.stale_readers = self.env.reader_check()
-            # a data file cut short would fault (SIGBUS) on the first page read past
-            # its end: compare its size with the last page the meta page names
-            needed = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
-            if data.exists() and data.stat().st_size < needed:
-                raise StorageError(
-                    f"{data} is truncated: {data.stat().st_size} bytes, its pages need {needed}"
-                )
-            self.dbs = {k.value: self.env.open_db(k.value.encode()) for k in Keyspace}
-        except BaseException as exc:
-            # whatever failed, the directory must not stay registered as open here
-            env = getattr(self, "env", None)
-            if env is not None:
-                env.close()
-                self.env = None  # type: ignore[assignment]
-            self._release()
-            if isinstance(exc, (lmdb.Error, OSError)):
-                raise StorageError(f"cannot open LMDB at {self.path}: {exc}") from exc
-            raise
-        self.map_size = self.env.info()["map_size"]
-        # set_mapsize invalidates read transactions open at that moment: growth and the
-        # reads made outside the persistence thread (raw_get) never overlap
-        self._resize_lock = threading.Lock()
-        self.fault: Any = None  # test hook: callable(ops) raising to inject a failure
-
-    def _release(self) -> None:
-        if self._lockfile is not None:
-            try:
-                fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_UN)
-            finally:
-                self._lockfile.close()
-                self._lockfile = None
-        with _open_lock:
-            _open_paths.discard(self._key)
-
-    def flags(self) -> dict[str, Any]:
-        """The environment's flags (``sync``, ``metasync``, ``writemap``, ``map_async``, ...)."""
-        return dict(self.env.flags())
-
-    def commit(self, ops: Iterable[Op]) -> None:
-        """Apply ``ops`` in one durable transaction (value None deletes the key).
-
-        Raises:
-            StorageFull: the map would exceed ``max_map_size_bytes``; nothing written.
-            StorageError: any other LMDB failure; nothing written.
-        """
-        ops = list(ops)
-        if self.read_only:
-            if ops:
-                raise StorageError(f"{self.path} is open read-only: {len(ops)} write(s) refused")
-            return
-        if self.fault is not None:
-            self.fault(ops)
-        while True:
-            try:
-                with self.env.begin(write=True) as txn:
-                    for ks, key, value in ops:
-                        db = self.dbs[ks]
-                        if value is None:
-                            txn.delete(key, db=db)
-                        else:
-                            txn.put(key, value, db=db)
-                return
-            except lmdb.MapFullError:
-                self._grow()
-            except lmdb.Error as exc:
-                raise StorageError(f"LMDB commit failed: {exc}") from exc
-
-    def _grow(self) -> None:
-        new = self.map_size * 2
-        if new > self.config.max_map_size_bytes:
-            if self.map_size >= self.config.max_map_size_bytes:
-                raise StorageFull(
-                    f"LMDB map is full at {self.map_size} bytes (max_map_size_bytes="
-                    f"{self.config.max_map_size_bytes})"
-                )
-            new = self.config.max_map_size_bytes
-        with self._resize_lock:
-            self.env.set_mapsize(new)
-        self.map_size = new
-
-    def load(self, snapshot_ledgers: list[Any] | None = None) -> Restored:
-        """Read the whole store back (membership, manifests, tombstones, history or
-        the snapshot that replaces it); see :func:`parse_store`."""
-        with self.env.begin(buffers=False) as txn:
-            return parse_store(
-                {k.value: txn.cursor(db=self.dbs[k.value]) for k in Keyspace}, snapshot_ledgers
-            )
-
-    def history_items(self) -> Iterator[tuple[bytes, bytes]]:
-        """Every durable history batch ``(key, value)``, in key order, one at a time
-        (a read transaction held until the iterator is exhausted or closed; consume
-        it before committing from the same thread)."""
-        with self.env.begin(buffers=False) as txn:
-            yield from txn.cursor(db=self.dbs[Keyspace.HISTORY.value])
-
-    def compact(self) -> dict[str, int]:
-        """Rewrite the environment without free pages (``mdb_env_copy2`` with
-        ``MDB_CP_COMPACT``), so bytes of deleted records are gone from the file.
-
-        Returns ``{"bytes_before": ..., "bytes_after": ...}`` (data file sizes).
-
-        Raises:
-            StorageError: the copy or the swap failed (the old file stays in use).
-        """
-        data = self.path / "data.mdb"
-        before = data.stat().st_size
-        tmp = self.path / "compact.tmp"
-        try:
-            if tmp.exists():
-                for f in tmp.iterdir():
-                    f.unlink()
-            else:
-                tmp.mkdir()
-            self.env.copy(str(tmp), compact=True)
-            self.env.close()
-            os.replace(tmp / "data.mdb", data)
-            tmp.rmdir()
-        except (OSError, lmdb.Error) as exc:
-            raise StorageError(f"compaction failed: {exc}") from exc
-        finally:
-            if not self._env_open():
-                self._reopen()
-        return {"bytes_before": before, "bytes_after": data.stat().st_size}
-
-    def _env_open(self) -> bool:
-        try:
-            self.env.info()
-            return True
-        except lmdb.Error:
-            return False
-
-    def _reopen(self) -> None:
-        self.env = lmdb.open(
-            str(self.path), map_size=self.map_size, max_dbs=8, subdir=True,
-            sync=True, metasync=True, writemap=False, map_async=False,
-            lock=True, readahead=False, max_readers=126,
-        )
-        self.dbs = {k.value: self.env.open_db(k.value.encode()) for k in Keyspace}
-
-    def raw_get(self, keyspace: Keyspace, key: bytes) -> bytes | None:
-        """Read one value (tests and `inspect`)."""
-        with self._resize_lock, self.env.begin() as txn:
-            v = txn.get(key, db=self.dbs[keyspace.value])
-            return bytes(v) if v is not None else None
-
-    def close(self) -> None:
-        """Close the environment and release the directory; a second call is a no-op."""
-        env = getattr(self, "env", None)
-        if env is not None:
-            env.close()
-            self.env = None  # type: ignore[assignment]
-            self._release()
