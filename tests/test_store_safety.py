@@ -1,15 +1,20 @@
-"""The store's safety around the LMDB files (an outside review's findings 1, 7, 8).
+"""The store's safety around the LMDB files (an outside review's findings 1, 6, 7, 8).
 
 1. ``compact()`` beside another process that has the environment open (a backup
    tool, ``mdb_stat``, a monitor: anything that opens the LMDB files without our
    ``tidal.lock``) refuses, naming that process, and changes nothing; a process
    attaching during a compaction waits; no acknowledged operation is ever lost.
+6. A corrupt store (a zeroed page, flipped bits) either opens or raises a
+   `StorageError`; a value that does not decode is named by keyspace and key (hex).
+   History batches and snapshot chunks carry a CRC-32 (`_codec.seal`); stores written
+   before that still open.
 7. ``lmdb_flags()`` and the store's reads racing ``compact()`` wait for it.
 8. ``Config`` refuses an LMDB map too small to open; the smallest allowed one opens.
 """
 
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 import sys
@@ -18,6 +23,7 @@ import time
 from pathlib import Path
 
 import lmdb
+import msgpack
 import pytest
 
 from tidal_actors import (
@@ -29,7 +35,7 @@ from tidal_actors import (
     TidalDb,
     TidalError,
 )
-from tidal_actors._codec import Keyspace, Tag, encode_key
+from tidal_actors._codec import Keyspace, Tag, encode_key, seal, unseal
 from tidal_actors._config import MIN_MAP_SIZE_BYTES
 from tidal_actors._lmdb_lock import LockProbe
 from tidal_actors._store import LmdbStore
@@ -361,3 +367,179 @@ def test_an_lmdb_error_while_a_keyspace_is_read_back_names_it(tmp_path):
             list(store._read(Broken(None), Keyspace.USERS))
     finally:
         store.close()
+
+
+# -- 6. corrupt values and pages -----------------------------------------------------------------
+
+
+def test_seal_frames_a_payload_with_its_crc():
+    raw = seal(b"\x81\xa1a\x01")
+    assert raw[:2] == b"\xc1\x01" and len(raw) == 6 + 4
+    assert bytes(unseal(raw, "history", b"\x01\x02")) == b"\x81\xa1a\x01"
+    assert unseal(b"\x81\xa1a\x01", "history", b"k") == b"\x81\xa1a\x01"  # written before seals
+    bad = raw[:-1] + b"\x02"
+    with pytest.raises(StorageError, match="cannot decode history key 0102: CRC-32 mismatch"):
+        unseal(bad, "history", b"\x01\x02")
+    with pytest.raises(StorageError, match="cannot decode meta key ff: sealed value cut short"):
+        unseal(raw[:4], "meta", b"\xff")
+    with pytest.raises(StorageError, match="unknown seal version 9"):
+        unseal(b"\xc1\x09" + raw[2:], "meta", b"\xff")
+    for zeroed in (b"\x00" * 10, b""):  # a zeroed frame is not taken for an old value
+        with pytest.raises(StorageError, match="cannot decode meta key ff: neither sealed nor a msgpack map"):
+            unseal(zeroed, "meta", b"\xff")
+
+
+def _entries(path: Path) -> dict[str, dict[bytes, bytes]]:
+    env = lmdb.open(str(path), max_dbs=8, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            return {k.value: dict(txn.cursor(db=env.open_db(k.value.encode(), txn=txn, create=False)))
+                    for k in Keyspace}
+    finally:
+        env.close()
+
+
+def _rewrite(path: Path, changes: list[tuple[str, bytes, bytes]]) -> None:
+    env = lmdb.open(str(path), max_dbs=8)
+    try:
+        with env.begin(write=True) as txn:
+            for ks, key, value in changes:
+                txn.put(key, value, db=env.open_db(ks.encode(), txn=txn))
+    finally:
+        env.close()
+
+
+def _is_sealed_kind(key: bytes) -> bool:
+    return key[9] in (Tag.CONTRIBUTION_BATCH, Tag.SNAPSHOT_CHUNK)
+
+
+@pytest.mark.parametrize("crashed", [False, True], ids=["clean", "crashed"])
+def test_values_are_sealed_and_stores_written_before_seals_still_open(tmp_path, crashed):
+    path = _build(tmp_path / "s", crashed)
+    entries = _entries(path)
+    sealed = [(ks, k, v) for ks, kv in entries.items() for k, v in kv.items() if _is_sealed_kind(k)]
+    assert any(k[9] == Tag.CONTRIBUTION_BATCH for _, k, _ in sealed)
+    assert any(k[9] == Tag.SNAPSHOT_CHUNK for _, k, _ in sealed) != crashed
+    assert all(v[:2] == b"\xc1\x01" for _, _, v in sealed)
+    clock = ManualClock(T0)
+    original = tmp_path / "original"
+    shutil.copytree(path, original)
+    with TidalDb.open(original, config=CFG, clock=clock) as db:
+        want = _export(db)
+    # the layout before seals: the bare msgpack payload
+    _rewrite(path, [(ks, k, v[6:]) for ks, k, v in sealed])
+    assert all(isinstance(msgpack.unpackb(v[6:], strict_map_key=False), dict) for _, _, v in sealed)
+    with TidalDb.open(path, config=CFG, clock=clock) as db:
+        assert _export(db) == want
+
+
+@pytest.mark.parametrize("tag", [Tag.CONTRIBUTION_BATCH, Tag.SNAPSHOT_CHUNK])
+def test_a_flipped_byte_inside_a_sealed_value_is_named(tmp_path, tag):
+    path = _build(tmp_path / "s", crashed=tag == Tag.CONTRIBUTION_BATCH)
+    entries = _entries(path)
+    ks = "history" if tag == Tag.CONTRIBUTION_BATCH else "meta"
+    key, value = next((k, v) for k, v in entries[ks].items() if k[9] == tag)
+    flipped = bytearray(value)
+    flipped[len(value) // 2] ^= 0x10  # msgpack would still decode most such flips
+    _rewrite(path, [(ks, key, bytes(flipped))])
+    with pytest.raises(StorageError, match=f"cannot decode {ks} key {key.hex()}: CRC-32 mismatch"):
+        TidalDb.open(path, config=CFG, clock=ManualClock(T0))
+
+
+@pytest.mark.parametrize("ks,tag,value", [
+    ("users", Tag.COMMUNITY_LEAVE, b"\x07" * 9),
+    ("users", Tag.LEAVE_HISTORY, msgpack.packb("nope")),
+    ("users", Tag.COHORT_ASSIGNMENT, msgpack.packb([1, 2])),
+    ("items", Tag.PURGE_TOMBSTONE, msgpack.packb([[1]])),
+    ("meta", Tag.EVICTION_STATE, msgpack.packb(["a", [], 0])),
+    ("history", Tag.CONTRIBUTION_BATCH, msgpack.packb({"r": b"\x00" * 8, "ci": b"\x00", "c": []})),
+    ("history", Tag.CONTRIBUTION_BATCH, b"\x81"),
+])
+def test_a_value_that_does_not_decode_is_named_by_keyspace_and_key(tmp_path, ks, tag, value):
+    path = _build(tmp_path / "s", crashed=True)
+    key = encode_key(USERS[0], tag, (7).to_bytes(8, "big") if tag == Tag.CONTRIBUTION_BATCH else b"")
+    _rewrite(path, [(ks, key, value)])
+    with pytest.raises(StorageError, match=f"cannot decode {ks} key {key.hex()}: "):
+        TidalDb.open(path, config=CFG, clock=ManualClock(T0))
+
+
+def _try_open(path: Path, keys: set[str]) -> str:
+    """"opened" (and closed), "refused" (a StorageError), "undecodable" (one naming
+    a keyspace and a stored key in hex), or what else went wrong."""
+    try:
+        with TidalDb.open(path, config=CFG, clock=ManualClock(T0)) as db:
+            db.aggregate_rows(T0)
+        return "opened"
+    except StorageError as exc:
+        msg = str(exc)
+        if msg.startswith("cannot decode "):
+            ks, _, key = msg.split(" ", 5)[2:5]
+            if ks not in {k.value for k in Keyspace} or key.rstrip(":") not in keys:
+                return f"a decode error naming no stored key: {msg}"
+            return "undecodable"
+        return "refused"
+    except Exception as exc:  # noqa: BLE001 - what the test looks for
+        return f"{type(exc).__name__}: {exc}"
+
+
+@pytest.mark.parametrize("crashed", [False, True], ids=["clean", "crashed"])
+def test_every_zeroed_page_opens_or_raises_a_storage_error(tmp_path, crashed):
+    src = _build(tmp_path / "s", crashed)
+    keys = {k.hex() for kv in _entries(src).values() for k in kv}
+    data = (src / "data.mdb").read_bytes()
+    pages = len(data) // PSIZE
+    assert 5 < pages < 200
+    outcomes: dict[str, int] = {}
+    failures = []
+    for page in range(pages):
+        copy = tmp_path / f"p{page}"
+        copy.mkdir()
+        shutil.copy(src / "tidal.store", copy / "tidal.store")
+        (copy / "data.mdb").write_bytes(data[: page * PSIZE] + bytes(PSIZE) + data[(page + 1) * PSIZE :])
+        outcome = _try_open(copy, keys)
+        if outcome not in ("opened", "refused", "undecodable"):
+            failures.append((page, outcome))
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        shutil.rmtree(copy)
+    assert failures == []
+    # free pages open; LMDB's own pages are refused; a value's pages fail its CRC-32
+    assert outcomes["opened"] > 0 and outcomes["refused"] > 0 and outcomes["undecodable"] > 0, outcomes
+
+
+def test_random_bit_flips_open_or_raise_a_storage_error(tmp_path):
+    src = _build(tmp_path / "s", crashed=False)
+    keys = {k.hex() for kv in _entries(src).values() for k in kv}
+    data = (src / "data.mdb").read_bytes()
+    rng = random.Random(6)
+    failures = []
+    for i in range(24):
+        flipped = bytearray(data)
+        for _ in range(rng.choice((1, 4, 16))):
+            bit = rng.randrange(2 * PSIZE * 8, len(data) * 8)  # the meta pages have their own test above
+            flipped[bit // 8] ^= 1 << (bit % 8)
+        copy = tmp_path / f"f{i}"
+        copy.mkdir()
+        shutil.copy(src / "tidal.store", copy / "tidal.store")
+        (copy / "data.mdb").write_bytes(bytes(flipped))
+        outcome = _try_open(copy, keys)
+        if outcome not in ("opened", "refused", "undecodable"):
+            failures.append((i, outcome))
+        shutil.rmtree(copy)
+    assert failures == []
+
+
+def test_restored_values_that_do_not_fit_together_are_a_storage_error(tmp_path, monkeypatch):
+    """The last line: whatever restoring decoded values raises is a StorageError."""
+    from tidal_actors import _core
+
+    path = _build(tmp_path / "s", crashed=True)
+
+    def broken(*args):
+        raise IndexError("index 7 is out of bounds")
+
+    monkeypatch.setattr(_core, "_replay_history", broken)
+    with pytest.raises(StorageError, match=f"cannot restore from {path}: IndexError: index 7"):
+        TidalDb.open(path, config=CFG, clock=ManualClock(T0))
+    monkeypatch.undo()
+    with TidalDb.open(path, config=CFG, clock=ManualClock(T0)) as db:  # nothing was changed
+        assert db.cohorts_of(USERS[0]) == {f"c{USERS[0] % 3}"}

@@ -14,8 +14,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ._codec import Keyspace, Tag, decode_key, decode_membership
+from ._codec import Keyspace, Tag, decode_key, decode_membership, encode_key, unseal
 from ._config import Config
+from ._errors import StorageError
 from ._lmdb_env import STORE_MARKER, LmdbStore
 
 __all__ = [
@@ -53,7 +54,31 @@ def _pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
     return {_hashable(k): v for k, v in pairs}
 
 
-def decode_batch(shard: int, seq: int, raw: bytes) -> HistoryBatch:
+def decode_batch(shard: int, seq: int, raw: bytes, key: bytes | None = None) -> HistoryBatch:
+    """A history batch's columns from its stored (sealed) value.
+
+    ``key`` (default: the key of ``shard`` and ``seq``) names the batch in errors.
+
+    Raises:
+        StorageError: the value is corrupt (its CRC-32, its msgpack, or columns whose
+            lengths disagree), naming the keyspace and the key in hex.
+    """
+    if key is None:
+        key = encode_key(shard, Tag.CONTRIBUTION_BATCH, seq.to_bytes(8, "big"))
+    try:
+        return _decode_batch(shard, seq, unseal(raw, Keyspace.HISTORY.value, key))
+    except StorageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever a corrupt value makes msgpack or numpy raise
+        raise undecodable(Keyspace.HISTORY, key, exc) from exc
+
+
+def undecodable(keyspace: Keyspace, key: bytes, exc: BaseException) -> StorageError:
+    """The error for a stored value (or key) that does not decode."""
+    return StorageError(f"cannot decode {keyspace.value} key {bytes(key).hex()}: {type(exc).__name__}: {exc}")
+
+
+def _decode_batch(shard: int, seq: int, raw: Any) -> HistoryBatch:
     try:
         d = msgpack.unpackb(raw, strict_map_key=False)
     except TypeError:
@@ -65,13 +90,23 @@ def decode_batch(shard: int, seq: int, raw: bytes) -> HistoryBatch:
     ci_raw = d["ci"]
     ci = (np.frombuffer(ci_raw, dtype=np.uint8) if len(ci_raw) == n
           else np.frombuffer(ci_raw, dtype="<u4"))
-    return HistoryBatch(
+    b = HistoryBatch(
         shard, seq, d["c"], ci,
         np.frombuffer(d["m"], dtype=np.uint8), np.frombuffer(d["r"], dtype=np.int64),
         np.frombuffer(d["u"], dtype=np.uint64), np.frombuffer(d["e"], dtype=np.uint64),
         np.frombuffer(d["t"], dtype=np.uint64), np.frombuffer(d["w"], dtype=np.float32),
         np.frombuffer(d["ts"], dtype=np.int64), d.get("x"),
     )
+    # a legacy (unsealed) value can be corrupt and still decode: check its shape
+    if not (isinstance(b.cohorts, list) and all(isinstance(c, str) for c in b.cohorts)):
+        raise ValueError("the cohort names are not a list of strings")
+    if any(len(col) != n for col in (ci, b.m, b.u, b.e, b.t, b.w, b.ts)):
+        raise ValueError(f"columns of unequal lengths for {n} records")
+    if n and int(ci.max()) >= len(b.cohorts):
+        raise ValueError(f"a cohort index past the batch's {len(b.cohorts)} cohort names")
+    if b.contexts is not None and not isinstance(b.contexts, dict):
+        raise ValueError("the signal contexts are not a map")
+    return b
 
 
 @dataclass
@@ -95,7 +130,7 @@ class Restored:
     meta: dict[str, Any] = field(default_factory=dict)
     statuses: dict[int, tuple[Any, int]] = field(default_factory=dict)
     snapshot_mark: dict[str, Any] | None = None
-    snapshot_chunks: dict[int, list[bytes]] = field(default_factory=dict)
+    snapshot_chunks: dict[int, list[bytes | memoryview]] = field(default_factory=dict)  # unsealed
 
 
 def snapshot_key(config: Config) -> list[Any]:
@@ -115,20 +150,32 @@ def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_le
     With ``snapshot_ledgers`` (a :func:`snapshot_key`) set and a snapshot taken under
     that key present, the contribution history is not decoded (the snapshot replaces
     its replay).
+
+    Raises:
+        StorageError: a key or value does not decode (naming its keyspace and the key
+            in hex), or a sealed value fails its CRC-32.
     """
     from ._behaviours import decode_manifest
     from ._remat import decode_status
 
     out = Restored()
-    for key, value in keyspaces.get(Keyspace.USERS.value, ()):
+
+    def users(key: bytes, value: bytes) -> None:
         user, tag, _ = decode_key(key)
         if tag == Tag.COMMUNITY_LEAVE:
             out.memberships[user] = decode_membership(value)
         elif tag == Tag.LEAVE_HISTORY:
-            out.histories[user] = [list(e) for e in msgpack.unpackb(value)]
+            epochs = [list(e) for e in msgpack.unpackb(value)]
+            if not all(len(e) == 2 and _int(e[0]) and (e[1] is None or _int(e[1])) for e in epochs):
+                raise ValueError("not a list of [left_at_ns, rejoined_at_ns or nil]")
+            out.histories[user] = epochs
         elif tag == Tag.COHORT_ASSIGNMENT:
-            out.cohorts[user] = tuple(msgpack.unpackb(value))
-    for key, value in keyspaces.get(Keyspace.ITEMS.value, ()):
+            cohorts = tuple(msgpack.unpackb(value))
+            if not all(isinstance(c, str) for c in cohorts):
+                raise ValueError("not a list of cohort names")
+            out.cohorts[user] = cohorts
+
+    def items(key: bytes, value: bytes) -> None:
         user, tag, suffix = decode_key(key)
         if tag == Tag.PURGE_MANIFEST:
             decode_manifest(value)  # a corrupt manifest fails the open, as before
@@ -136,31 +183,68 @@ def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_le
             out.manifests.setdefault(user, []).append((pid, bytes(value)))
             out.last_purge_id = max(out.last_purge_id, pid)
         elif tag == Tag.PURGE_TOMBSTONE:
-            out.tombstones.update((m, r) for m, r in msgpack.unpackb(value))
+            pairs = [(m, r) for m, r in msgpack.unpackb(value)]
+            if not all(_int(m) and _int(r) for m, r in pairs):
+                raise ValueError("not a list of [membership shard, rseq]")
+            out.tombstones.update(pairs)
         elif tag == Tag.PURGE_STATUS:
             status, bound = decode_status(value)
             out.statuses[int(status.purge_id)] = (status, bound)
-    for key, value in keyspaces.get(Keyspace.META.value, ()):
+
+    def meta(key: bytes, value: bytes) -> None:
         ident, tag, _ = decode_key(key)
         if tag == Tag.EVICTION_STATE:
             live_from, drained, next_rseq = msgpack.unpackb(value)
+            if not (_int(live_from) and _int(next_rseq) and all(map(_int, drained))):
+                raise ValueError("not [watermark, [drained rseqs], next rseq]")
             out.eviction[ident] = (live_from, list(drained), next_rseq)
         elif tag == Tag.STORE_META:
-            out.meta = msgpack.unpackb(value, strict_map_key=False)
+            out.meta = _map(msgpack.unpackb(value, strict_map_key=False))
         elif tag == Tag.SNAPSHOT_MARK:
-            out.snapshot_mark = msgpack.unpackb(value, strict_map_key=False)
+            out.snapshot_mark = _map(msgpack.unpackb(value, strict_map_key=False))
         elif tag == Tag.SNAPSHOT_CHUNK:
-            out.snapshot_chunks.setdefault(ident, []).append(bytes(value))
+            out.snapshot_chunks.setdefault(ident, []).append(unseal(value, Keyspace.META.value, key))
+
+    def history(key: bytes, value: bytes) -> None:
+        shard, tag, suffix = decode_key(key)
+        if tag == Tag.CONTRIBUTION_BATCH:
+            out.batches.append(decode_batch(shard, int.from_bytes(suffix, "big"), value, key))
+
+    _decode_each(keyspaces, Keyspace.USERS, users)
+    _decode_each(keyspaces, Keyspace.ITEMS, items)
+    _decode_each(keyspaces, Keyspace.META, meta)
     mark = out.snapshot_mark
     if mark is not None and mark.get("format") != SNAPSHOT_FORMAT:
         out.snapshot_mark = mark = {}  # another build's snapshot: replay the history instead
     if mark and snapshot_ledgers is not None and mark.get("key") == snapshot_ledgers:
         return out
-    for key, value in keyspaces.get(Keyspace.HISTORY.value, ()):
-        shard, tag, suffix = decode_key(key)
-        if tag == Tag.CONTRIBUTION_BATCH:
-            out.batches.append(decode_batch(shard, int.from_bytes(suffix, "big"), value))
+    _decode_each(keyspaces, Keyspace.HISTORY, history)
     return out
+
+
+def _decode_each(
+    keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], keyspace: Keyspace, decode: Any
+) -> None:
+    """``decode(key, value)`` for each pair of ``keyspace``; whatever a corrupt pair
+    makes it raise becomes a StorageError naming the keyspace and the key."""
+    key = b""
+    try:
+        for key, value in keyspaces.get(keyspace.value, ()):
+            decode(key, value)
+    except StorageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - msgpack, numpy and the decoders raise many kinds
+        raise undecodable(keyspace, key, exc) from exc
+
+
+def _int(x: Any) -> bool:
+    return type(x) is int
+
+
+def _map(x: Any) -> dict[Any, Any]:
+    if not isinstance(x, dict):
+        raise ValueError(f"not a map: {type(x).__name__}")
+    return x
 
 
 class MemoryStore:
