@@ -121,6 +121,7 @@ class LmdbStore:
                 raise StorageError(
                     f"{data} is truncated: {data.stat().st_size} bytes, its pages need {needed}"
                 )
+            self._open_dbs()
         except BaseException as exc:
             # whatever failed, the directory must not stay registered as open here
             self._close_env()
@@ -130,14 +131,16 @@ class LmdbStore:
             raise
 
     def _open_env(self) -> None:
-        """Open the environment and its named databases, growing the map while LMDB's
-        own records do not fit (a map below the minimum, or pages larger than 4 KiB)."""
         self.env = lmdb.open(
             str(self.path), map_size=self.map_size, max_dbs=8, subdir=True,
             sync=True, metasync=True, writemap=False, map_async=False,
             lock=True, readahead=False, max_readers=126,
         )
         self._flags = dict(self.env.flags())
+
+    def _open_dbs(self) -> None:
+        """Open (create) the named databases, growing the map while LMDB's own records
+        do not fit (a map below the minimum, or pages larger than 4 KiB)."""
         while True:
             try:
                 self.dbs = {k.value: self.env.open_db(k.value.encode()) for k in Keyspace}
@@ -361,6 +364,7 @@ class LmdbStore:
         assert self._probe is not None
         try:
             self._open_env()
+            self._open_dbs()
         except (lmdb.Error, StorageError) as exc:
             self._close_env()
             self._probe.unlock()
