@@ -594,7 +594,8 @@ class AsyncTidalDb:
         Cancellation: applied completely (sent when the call begins).
 
         Raises:
-            StorageError: the rewrite failed (the old file stays in use).
+            StorageError: another process has the environment open (its pid named), or
+                the rewrite failed; the old file stays in use, unchanged.
         """
         self._check()
         return await self._run(self._core.compact())  # type: ignore[no-any-return]

@@ -36,6 +36,7 @@ from ._codec import (
     encode_membership,
     ledger_shard_of,
     membership_capacity,
+    seal,
 )
 from ._config import Config
 from ._contrib_log import EMPTY, ContributionLog, Prepared, encode_history_columns
@@ -668,7 +669,8 @@ class LedgerShard(Behaviour):
 def encode_batch(
     records: list[tuple[int, int, int, str, int, int, float, int]], contexts: dict[int, Any] | None
 ) -> bytes:
-    """One durable history batch: msgpack of columns (``_store.decode_batch`` reads it).
+    """One durable history batch: msgpack of columns, sealed (``_codec.seal``: magic
+    byte, version, CRC-32; ``_store.decode_batch`` reads it).
 
     Columns are little-endian arrays: ``m`` u8, ``r`` i64, ``u``/``e``/``t`` u64, ``w``
     f32, ``ts`` i64, ``ci`` u8 (or u32 when a batch has 256+ cohorts) indexing ``c``,
@@ -692,7 +694,7 @@ def encode_batch(
     }
     if contexts:
         payload["x"] = contexts
-    return msgpack.packb(payload)  # type: ignore[no-any-return]
+    return seal(msgpack.packb(payload))
 
 
 def advance_watermark(live_from: int, drained: np.ndarray, next_rseq: int, cap: int) -> int:

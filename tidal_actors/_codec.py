@@ -12,7 +12,14 @@ Membership value (spec: leave-stop-forward "Serialization"): exactly 9 bytes,
 an Active record stores 0 as ``left_at_ns`` and reads back as None.
 
 Other values are msgpack (integer map keys need ``strict_map_key=False``; tuples come
-back as lists, so decoders rebuild the public types explicitly).
+back as lists, so decoders rebuild the public types explicitly). History batches and
+snapshot chunks, the large values, are sealed (LMDB checksums nothing)::
+
+    seal(payload) = b"\xc1" + bytes([SEAL_VERSION]) + crc32(payload).to_bytes(4, "little") + payload
+
+``0xC1`` is the one byte msgpack never uses, so a value written before seals (a bare
+msgpack map, first byte ``0x80``-``0x8F``, ``0xDE`` or ``0xDF``) is told apart by its
+first byte and read as it is; any other first byte is corruption.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import enum
 import struct
 import zlib
 
+from ._errors import StorageError
 from ._types import MembershipStatus
 
 __all__ = [
@@ -33,6 +41,8 @@ __all__ = [
     "ledger_shard_of",
     "membership_capacity",
     "membership_shard_of",
+    "seal",
+    "unseal",
 ]
 
 
@@ -46,12 +56,12 @@ class Tag(enum.IntEnum):
     COMMUNITY_LEAVE      0x11   users       user / empty / 9 bytes (see module doc)
     LEAVE_HISTORY        0x12   users       user / empty / msgpack [[left, rejoined|nil]]
     COHORT_ASSIGNMENT    0x13   users       user / empty / msgpack [cohort names]
-    CONTRIBUTION_BATCH   0x14   history     ledger shard / batch seq 8B BE / msgpack
+    CONTRIBUTION_BATCH   0x14   history     ledger shard / batch seq 8B BE / sealed msgpack
     PURGE_TOMBSTONE      0x15   items       user / purge_id 16B BE / msgpack rseq list
     EVICTION_STATE       0x16   meta        membership shard / empty / msgpack [E, D]
     PURGE_STATUS         0x17   items       user / purge_id 16B BE / msgpack status
     STORE_META           0x18   meta        0 / empty / msgpack {format, shards}
-    SNAPSHOT_CHUNK       0x19   meta        ledger shard / chunk 4B BE / msgpack
+    SNAPSHOT_CHUNK       0x19   meta        ledger shard / chunk 4B BE / sealed msgpack
     SNAPSHOT_MARK        0x1A   meta        0 / empty / msgpack {ledgers, chunks}
     ===================  =====  ==========  =========================================
     """
@@ -88,6 +98,43 @@ def decode_key(key: bytes) -> tuple[int, int, bytes]:
     if len(key) < 10 or key[8] != 0:
         raise ValueError(f"not an encoded key: {key!r}")
     return int.from_bytes(key[:8], "big"), key[9], bytes(key[10:])
+
+
+SEAL_MAGIC = 0xC1
+SEAL_VERSION = 1
+_SEAL = struct.Struct("<BBI")
+
+
+def seal(payload: bytes) -> bytes:
+    """``payload`` framed with a magic byte, a version and its CRC-32 (see module doc)."""
+    return _SEAL.pack(SEAL_MAGIC, SEAL_VERSION, zlib.crc32(payload)) + payload
+
+
+def unseal(raw: bytes, keyspace: str, key: bytes) -> bytes | memoryview:
+    """The payload of a :func:`seal` ed value (without copying it); a msgpack map
+    without the magic byte (written before values were sealed) is returned as it is.
+
+    Raises:
+        StorageError: neither sealed nor a msgpack map, the frame is cut short, of an
+            unknown version, or its CRC-32 does not match (naming ``keyspace`` and
+            ``key`` in hex).
+    """
+    if not raw or raw[0] != SEAL_MAGIC:
+        if raw and (0x80 <= raw[0] <= 0x8F or raw[0] in (0xDE, 0xDF)):
+            return raw  # a msgpack map: written before values were sealed
+        first = f"0x{raw[0]:02x}" if raw else "nothing"
+        raise StorageError(
+            f"cannot decode {keyspace} key {key.hex()}: neither sealed nor a msgpack map (first byte {first})"
+        )
+    if len(raw) < _SEAL.size:
+        raise StorageError(f"cannot decode {keyspace} key {key.hex()}: sealed value cut short ({len(raw)} bytes)")
+    _, version, crc = _SEAL.unpack_from(raw)
+    if version != SEAL_VERSION:
+        raise StorageError(f"cannot decode {keyspace} key {key.hex()}: unknown seal version {version}")
+    payload = memoryview(raw)[_SEAL.size :]
+    if zlib.crc32(payload) != crc:
+        raise StorageError(f"cannot decode {keyspace} key {key.hex()}: CRC-32 mismatch (corrupt value)")
+    return payload
 
 
 _MEMBERSHIP = struct.Struct("<BQ")

@@ -15,11 +15,14 @@ from typing import Any
 
 from ._errors import InvalidArgument
 
-__all__ = ["Config"]
+__all__ = ["MIN_MAP_SIZE_BYTES", "Config"]
 
 NS_PER_S = 1_000_000_000
 HOUR_NS = 3600 * NS_PER_S
 DAY_NS = 24 * HOUR_NS
+MIN_MAP_SIZE_BYTES = 64 * 1024
+"""The smallest LMDB map a store opens in (4 KiB pages: LMDB's two meta pages, its
+named databases and the format record; 32 KiB fails, 64 KiB works)."""
 
 
 SECTIONS: dict[str, frozenset[str]] = {
@@ -98,6 +101,11 @@ class Config:
             )
         positive("mailbox_capacity", self.mailbox_capacity)
         positive("map_size_bytes", self.map_size_bytes)
+        if self.map_size_bytes < MIN_MAP_SIZE_BYTES:
+            raise InvalidArgument(
+                "map_size_bytes", self.map_size_bytes,
+                f"must be at least {MIN_MAP_SIZE_BYTES} bytes (the smallest LMDB map a store opens in)",
+            )
         positive("max_map_size_bytes", self.max_map_size_bytes)
         if self.max_map_size_bytes < self.map_size_bytes:
             raise InvalidArgument(

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
+from ._codec import seal
 from ._ledger import DEAD, Aggregates
 from ._types import ContributionRecord
 
@@ -432,4 +433,4 @@ def encode_history_columns(cols: Sequence[Any], contexts: dict[int, Any] | None)
     }
     if contexts:
         payload["x"] = contexts
-    return msgpack.packb(payload)  # type: ignore[no-any-return]
+    return seal(msgpack.packb(payload))

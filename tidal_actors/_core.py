@@ -38,11 +38,11 @@ from ._behaviours import (
     PurgeCoordinator,
 )
 from ._clock import Clock
-from ._codec import Keyspace, Tag, encode_key, ledger_shard_of, membership_shard_of
+from ._codec import Keyspace, Tag, encode_key, ledger_shard_of, membership_shard_of, seal
 from ._config import Config
 from ._errors import DatabaseClosed, InvalidArgument, StorageError, TidalError
 from ._reply import Reply
-from ._store import SNAPSHOT_FORMAT, STORE_MARKER, LmdbStore, Restored, snapshot_key
+from ._store import SNAPSHOT_FORMAT, STORE_MARKER, LmdbStore, Restored, snapshot_key, undecodable
 from ._types import Signal, WindowCount
 from ._validate import (
     check_cohort,
@@ -108,9 +108,7 @@ def build_states(
             mstates[m].next_rseq = max(mstates[m].next_rseq, r + 1)
     mark = restored.snapshot_mark
     if mark and mark.get("key") == snapshot_key(config):
-        from ._snapshot import decode_ledger
-
-        lstates = [decode_ledger(restored.snapshot_chunks[i], config) for i in range(nl)]
+        lstates = [_decode_snapshot(restored, i, config) for i in range(nl)]
         for ls in lstates:
             for m, top in ls.rseq_seen.items():
                 if m < nm:
@@ -123,6 +121,23 @@ def build_states(
             ls.live_from[m] = (coord.live_from[m], len(coord.drained[m]))
             ls.log.set_floor(m, coord.live_from[m])
     return mstates, lstates, coord
+
+
+def _decode_snapshot(restored: Restored, shard: int, config: Config) -> LedgerState:
+    """Ledger shard ``shard``'s state from its snapshot chunks.
+
+    Raises:
+        StorageError: a chunk is missing or does not decode (naming the first chunk's
+            key; each chunk passed its CRC-32 already, so only a store written before
+            chunks were sealed, or a bug, gets here).
+    """
+    from ._snapshot import decode_ledger
+
+    key = encode_key(shard, Tag.SNAPSHOT_CHUNK, (0).to_bytes(4, "big"))
+    try:
+        return decode_ledger(restored.snapshot_chunks[shard], config)
+    except Exception as exc:  # noqa: BLE001 - msgpack, numpy and the decoders raise many kinds
+        raise undecodable(Keyspace.META, key, exc) from exc
 
 
 def _replay_history(
@@ -336,7 +351,13 @@ class Core:
         self._batch = config.signal_batch_size if buffered else 1
         self._buffered = buffered
         self._buffers = [_Buffer() for _ in range(self._nm)]
-        mstates, lstates, coord = build_states(config, restored)
+        try:
+            mstates, lstates, coord = build_states(config, restored)
+        except TidalError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - decoded values that still do not fit together
+            path = getattr(store, "path", "the store")
+            raise StorageError(f"cannot restore from {path}: {type(exc).__name__}: {exc}") from exc
         self._read_only = bool(getattr(store, "read_only", False))
         if restored.snapshot_mark is not None and not self._read_only:
             # a snapshot is valid until the first write after the open that reads it
@@ -772,7 +793,7 @@ def snapshot_write_ops(config: Config, states: list[LedgerState]) -> list[tuple[
     ops: list[tuple[str, bytes, bytes | None]] = []
     for li, ls in enumerate(states):
         for k, chunk in enumerate(encode_ledger(ls)):
-            ops.append((Keyspace.META.value, encode_key(li, Tag.SNAPSHOT_CHUNK, k.to_bytes(4, "big")), chunk))
+            ops.append((Keyspace.META.value, encode_key(li, Tag.SNAPSHOT_CHUNK, k.to_bytes(4, "big")), seal(chunk)))
     mark = {"format": SNAPSHOT_FORMAT, "key": snapshot_key(config)}
     ops.append((Keyspace.META.value, encode_key(0, Tag.SNAPSHOT_MARK), msgpack.packb(mark)))
     return ops

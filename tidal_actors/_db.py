@@ -92,7 +92,10 @@ class TidalDb:
 
         Raises:
             DatabaseLocked: ``path`` is already open, in this or another process.
-            StorageError: the store cannot be opened or read.
+            StorageError: the store cannot be opened or read (a damaged page, or a
+                value that does not decode: its keyspace and key in hex are named).
+            StorageFull: LMDB's own records at open do not fit in
+                ``Config.max_map_size_bytes``.
             InvalidArgument: bad ``path``/``config``/``clock``, or a config that does
                 not fit the store (``membership_shards``).
         """
@@ -366,16 +369,22 @@ class TidalDb:
         records are gone from disk. Returns the data file size before and after
         (``{"bytes_before": int, "bytes_after": int}``; zeros when ephemeral).
 
+        Another process with the LMDB environment open (a backup tool, ``mdb_stat``:
+        see README, Guarantees) makes it refuse: replacing the file under it would lose
+        the store.
+
         Raises:
-            StorageError: the rewrite failed (the old file stays in use).
+            StorageError: another process has the environment open (its pid named), or
+                the rewrite failed; the old file stays in use, unchanged.
         """
         return self._run(self._core.compact())  # type: ignore[no-any-return]
 
     def lmdb_flags(self) -> dict[str, Any]:
-        """The LMDB environment's flags (``sync``, ``metasync``, ``writemap``, ``map_async``...).
+        """The LMDB environment's flags (``sync``, ``metasync``, ``writemap``, ``map_async``...),
+        as read at open (also during a :meth:`compact`).
 
         Raises:
-            InvalidArgument: the database is ephemeral.
+            InvalidArgument: the database is ephemeral. DatabaseClosed: it is closed.
         """
         return self._core.lmdb_flags()
 

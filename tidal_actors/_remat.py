@@ -152,7 +152,7 @@ def erase_history_ops(
     for key, raw in batches:
         if not any(p in raw for p in patterns):
             continue
-        b = decode_batch(0, 0, raw)
+        b = decode_batch(0, 0, raw, key)
         if cohort not in b.cohorts:
             continue
         ci = b.cohorts.index(cohort)
@@ -215,7 +215,7 @@ def retention_ops(batches: Iterable[tuple[bytes, bytes]], cutoff_ns: int) -> lis
 
     ops: list[tuple[str, bytes, bytes | None]] = []
     for key, raw in batches:
-        b = decode_batch(0, 0, raw)
+        b = decode_batch(0, 0, raw, key)
         old = b.ts < cutoff_ns
         if not old.any():
             continue

@@ -15,6 +15,7 @@ buckets); both msgpack.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 
 import msgpack
 
@@ -51,7 +52,7 @@ def encode_ledger(ls: LedgerState) -> list[bytes]:
     return [msgpack.packb(head), msgpack.packb(agg.dump())]
 
 
-def decode_ledger(chunks: list[bytes], config: Config) -> LedgerState:
+def decode_ledger(chunks: Sequence[bytes | memoryview], config: Config) -> LedgerState:
     """Inverse of :func:`encode_ledger`."""
     ls = LedgerState(config)
     head = msgpack.unpackb(chunks[0], strict_map_key=False)

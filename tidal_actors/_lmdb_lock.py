@@ -1,0 +1,83 @@
+"""LMDB's lock file as seen from outside LMDB: who else has the environment open.
+
+LMDB (mdb.c) takes a POSIX ``fcntl`` lock on byte 0 of ``lock.mdb``: a read lock for
+every process that has the environment open, a write lock while the first opener
+initializes the file (``mdb_env_excl_lock``, ``mdb_env_setup_locks``,
+``mdb_env_share_locks``). `LockProbe` tests and takes that byte; `_lmdb_env` uses it
+to compact safely. POSIX only (Linux and the BSDs, whose ``struct flock`` differs).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import struct
+import sys
+from pathlib import Path
+
+__all__ = ["LockProbe", "fsync_path"]
+
+# struct flock: Linux puts the type first, the BSDs (macOS) last
+if sys.platform.startswith("linux"):
+    _FLOCK = struct.Struct("hhqqi4x")
+
+    def _flock(kind: int) -> bytes:
+        return _FLOCK.pack(kind, os.SEEK_SET, 0, 1, 0)
+
+    def _unflock(raw: bytes) -> tuple[int, int]:
+        kind, _, _, _, pid = _FLOCK.unpack(raw)
+        return kind, pid
+else:
+    _FLOCK = struct.Struct("qqihh")
+
+    def _flock(kind: int) -> bytes:
+        return _FLOCK.pack(0, 1, 0, kind, os.SEEK_SET)
+
+    def _unflock(raw: bytes) -> tuple[int, int]:
+        _, _, pid, kind, _ = _FLOCK.unpack(raw)
+        return kind, pid
+
+
+class LockProbe:
+    """A descriptor of ``lock.mdb`` on which this process takes LMDB's first-opener
+    lock (byte 0, length 1) itself.
+
+    POSIX drops every ``fcntl`` lock a process holds on a file when it closes any
+    descriptor of that file, LMDB's shared lock included: `close` only after the
+    environment is closed.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path / "lock.mdb", os.O_RDWR | os.O_CLOEXEC)
+
+    def holder(self) -> int | None:
+        """The pid of another process holding a lock on byte 0, or None (``F_GETLK``
+        never reports this process's own locks)."""
+        kind, pid = _unflock(fcntl.fcntl(self.fd, fcntl.F_GETLK, _flock(fcntl.F_WRLCK)))
+        return None if kind == fcntl.F_UNLCK else pid
+
+    def try_exclusive(self) -> bool:
+        """Take the write lock on byte 0 without waiting; False if another process
+        holds a lock there."""
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EAGAIN):
+                return False
+            raise
+
+    def unlock(self) -> None:
+        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 0, os.SEEK_SET)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def fsync_path(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
