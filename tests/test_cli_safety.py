@@ -484,3 +484,15 @@ def test_two_replays_at_different_speeds_record_the_same_purge_statuses(tmp_path
     _assert_statuses(a["statuses"], rows, _expected_rebuild_times(rows, S, True))
     lines = _purge_lines(fast, users)
     assert len(lines) == len(a["statuses"]) and lines == _purge_lines(slow, users)
+
+
+def test_the_go_on_command_keeps_skip_invalid():
+    """``--skip-rows N`` counts valid rows when invalid ones were skipped: the command
+    printed to go on must skip them the same way, or it stops at a row already passed."""
+    from tidal_actors._cli_replay import go_on_command
+
+    cmd = go_on_command(Path("log.csv"), Path("db dir"), 551, skip_invalid=True)
+    assert cmd == "tidal-actors replay log.csv --data-dir 'db dir' --skip-rows 551 --append --skip-invalid"
+    assert go_on_command(Path("log.csv"), Path("d"), 3).endswith("--skip-rows 3 --append")
+    outputs = {"--scores-out": Path("s.csv"), "--report-out": None}
+    assert go_on_command(Path("l"), Path("d"), 3, outputs=outputs).endswith("--append --scores-out s.csv")

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tidal_actors import _messages as M
 from tidal_actors._behaviours import encode_batch
+from tidal_actors._codec import seal
 from tidal_actors._contrib_log import LogRecord, encode_history_columns
 from tidal_actors._ledger import Aggregates
 
@@ -263,7 +264,7 @@ def test_erasure_rewrite_encodes_like_records(data) -> None:  # type: ignore[no-
     b = decode_batch(0, 0, encode_batch(recs, ctx))
     keep = sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1)))
     want_ctx = {new: ctx[old] for new, old in enumerate(keep) if ctx and old in ctx} or None
-    assert _rewrite(b"k", b, np.array(keep))[2] == encode_batch([recs[i] for i in keep], want_ctx)
+    assert _rewrite(b"k", b, np.array(keep))[2] == seal(b"k", encode_batch([recs[i] for i in keep], want_ctx))
 
 
 def test_records_evicted_between_prepare_and_apply_stay_counted(monkeypatch) -> None:  # type: ignore[no-untyped-def]

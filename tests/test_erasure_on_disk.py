@@ -61,3 +61,29 @@ def test_evicted_purged_records_leave_no_byte_after_any_number_of_closes(tmp_pat
             assert db.read_window("c", SECRET_ENTITY, 1).count == 0
             assert db.read_window("c", 1000, 1).count == 8
         assert _found(path) == []
+
+
+def test_a_purged_latest_contribution_leaves_no_timestamp_in_the_key_columns(tmp_path):
+    """User 1's record is the latest of a key user 2 keeps alive: the purge retracts it
+    (the manifest lists it: msgpack writes its timestamp big-endian), and the rebuild
+    must replace the key's latest-timestamp columns, which the retraction leaves as
+    they were; the snapshot's little-endian columns must not carry it."""
+    path = str(tmp_path / "s")
+    secret = SECRET_TS[0]
+    cfg = Config(rematerialize_after_ms=None, ledger_shards=1)
+    clock = ManualClock(T0 + 10**12)
+    with TidalDb.open(path, config=cfg, clock=clock) as db:
+        for u in (1, 2):
+            db.assign_cohort(u, "c")
+        db.signal_with_context(2, 77, 1, 1.0, timestamp_ns=T0 + 5)
+        db.signal_with_context(1, 77, 1, 1.0, timestamp_ns=secret)
+        for cohort in ("c", "@community"):
+            _, manifest = db.request_community_purge(1, cohort)
+            assert [e.timestamp_ns for e in manifest.entries] == [secret]
+            db.rematerialize(cohort)
+        assert db.read_window("c", 77, 1) == (1, 1.0)
+        db.compact()
+    for _ in range(3):
+        assert secret.to_bytes(8, "little") not in (Path(path) / "data.mdb").read_bytes()
+        with TidalDb.open(path, config=cfg, clock=clock) as db:
+            assert db.read_window("c", 77, 1) == (1, 1.0)

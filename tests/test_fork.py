@@ -12,6 +12,7 @@ parent's, and a reopen after the parent's crash holds all 200 signals.
 from __future__ import annotations
 
 import json
+import os
 import select
 import signal
 import subprocess
@@ -27,7 +28,7 @@ T0 = 10**18
 _SCRIPT = textwrap.dedent(
     """
     import json, os, sys, time
-    from tidal_actors import Config, DatabaseClosed, ManualClock, TidalDb
+    from tidal_actors import Config, DatabaseClosed, DatabaseLocked, ManualClock, TidalDb
 
     path, out = sys.argv[1], sys.argv[2]
     db = TidalDb.open(path, config=Config(rematerialize_after_ms=None), clock=ManualClock({t0}))
@@ -48,39 +49,61 @@ _SCRIPT = textwrap.dedent(
         except DatabaseClosed as exc:
             report["flush"] = str(exc)
         report["seconds"] = time.perf_counter() - t
-        with open(out, "w") as f:
+        try:
+            TidalDb.open(path)
+        except DatabaseLocked as exc:
+            report["open"] = str(exc)
+        if sys.argv[3] == "exit":
+            with open(out, "w") as f:
+                json.dump(report, f)
+            sys.exit(0)  # a normal exit: the interpreter's atexit hooks run in the child
+        with open(out + ".tmp", "w") as f:
             json.dump(report, f)
-        sys.exit(0)  # a normal exit: the interpreter's atexit hooks run in the child
-    _, status = os.waitpid(pid, 0)
+        os.rename(out + ".tmp", out)
+        time.sleep(60)  # outlives its parent, killed by the test
+        os._exit(0)
+    if sys.argv[3] == "exit":
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+    else:
+        while not os.path.exists(out):
+            time.sleep(0.01)
+        code = pid
     for i in range(190):
         db.signal_with_context(1, 7, 1, 1.0)
     db.flush()
-    print("ready", os.waitstatus_to_exitcode(status), flush=True)
+    print("ready", code, flush=True)
     time.sleep(60)  # killed by the test
     """
 )
 
 
-@pytest.mark.parametrize("ledger_shards", [1, 2])
-def test_forked_child_leaves_the_parents_database_alone(tmp_path, ledger_shards):
+@pytest.mark.parametrize("ledger_shards,child", [(1, "exit"), (2, "exit"), (1, "outlive")])
+def test_forked_child_leaves_the_parents_database_alone(tmp_path, ledger_shards, child):
     path = tmp_path / "store"
     out = tmp_path / "child.json"
     script = _SCRIPT.format(t0=T0)
     if ledger_shards != 1:
         script = script.replace("Config(", f"Config(ledger_shards={ledger_shards}, ")
     proc = subprocess.Popen(
-        [sys.executable, "-c", script, str(path), str(out)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, str(path), str(out), child], stdout=subprocess.PIPE, text=True
     )
+    child_pid = None
     try:
         # before the fix the child's exit took minutes (it waited for actor threads
         # that a fork does not copy): give it 30 s
         ready, _, _ = select.select([proc.stdout], [], [], 30.0)
         assert ready, "the forked child did not exit within 30 s"
-        line = proc.stdout.readline()
-        assert line.split() == ["ready", "0"], line
+        line = proc.stdout.readline().split()
+        assert line[0] == "ready", line
+        if child == "exit":
+            assert line[1] == "0", line
+        else:
+            child_pid = int(line[1])
         report = json.loads(out.read_text())
         assert "forked child cannot use it" in report["signal"]
         assert "forked child cannot use it" in report["flush"]
+        assert "'spawn' or 'forkserver'" in report["open"]  # not a py-lmdb error
         assert report["seconds"] < 5.0
         # the parent still holds the directory lock: a second opener is refused
         with pytest.raises(DatabaseLocked):
@@ -88,7 +111,12 @@ def test_forked_child_leaves_the_parents_database_alone(tmp_path, ledger_shards)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    # the parent crashed: every flushed signal is there (no stale snapshot from the child)
-    with TidalDb.open(str(path), config=Config(ledger_shards=ledger_shards), clock=ManualClock(T0)) as db:
-        assert db.read_window("c", 7, 1).count == 200
-        assert db.read_decay_score("c", 7, 1) == pytest.approx(200.0)
+    try:
+        # the parent crashed: every flushed signal is there (no stale snapshot from the
+        # child), and a child that outlives its parent does not keep the store locked
+        with TidalDb.open(str(path), config=Config(ledger_shards=ledger_shards), clock=ManualClock(T0)) as db:
+            assert db.read_window("c", 7, 1).count == 200
+            assert db.read_decay_score("c", 7, 1) == pytest.approx(200.0)
+    finally:
+        if child_pid is not None:
+            os.kill(child_pid, signal.SIGKILL)

@@ -90,3 +90,25 @@ def test_every_key_after_purges_reads_a_fresh_fold(evs, purged, read_after) -> N
                     assert _close(got.weight, want.weight), (cohort, e, got, want)
                     s, r = db.read_decay_score(cohort, e, 1, at), ref.read_decay_score(cohort, e, 1, at)
                     assert _close(s, r), (cohort, e, s, r)
+
+
+def test_many_small_adds_beside_a_huge_one_then_its_purge():
+    """Each of 40,000 weights 1024 + 2**-13 loses its 2**-13 when added beside 2**41:
+    rounding error grows with the number of adds, not only with the cancellation
+    (40,000 * 2**-13 = 4.88 short of 40,960,004.88 after the purge, 1.2e-7 relative)."""
+    from tidal_actors import Signal
+
+    n, big, small = 40_000, float(2**41), 1024 + 2**-13
+    clock = ManualClock(T0)
+    db, ref = _both(clock)
+    with db:
+        for m in (db, ref):
+            m.assign_cohort(1, "c")
+            m.assign_cohort(2, "c")
+            m.signal_with_context(1, 7, 1, big, timestamp_ns=T0)
+            m.signal_batch([Signal(2, 7, 1, small, T0) for _ in range(n)])
+        db.request_community_purge(1, "c")
+        ref.request_community_purge(1, "c")
+        exact = n * small  # exact in float64: 40,960,004.8828125
+        assert db.read_window("c", 7, 1, T0) == (n, exact) == ref.read_window("c", 7, 1, T0)
+        assert db.read_decay_score("c", 7, 1, T0) == pytest.approx(exact, rel=1e-12)

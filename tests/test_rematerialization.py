@@ -189,8 +189,8 @@ def _history_records(path: str, user: int, cohort: str) -> int:
     try:
         with env.begin() as txn:
             n = 0
-            for _, raw in txn.cursor(db=env.open_db(b"history", txn=txn, create=False)):
-                b = decode_batch(0, 0, bytes(raw))
+            for key, raw in txn.cursor(db=env.open_db(b"history", txn=txn, create=False)):
+                b = decode_batch(0, 0, bytes(raw), bytes(key))
                 if cohort in b.cohorts:
                     n += int(((b.u == user) & (b.ci == b.cohorts.index(cohort))).sum())
             return n

@@ -14,6 +14,7 @@ import pytest
 
 from tidal_actors import Config, InvalidArgument, ManualClock, StorageError, TidalDb
 from tidal_actors._behaviours import LedgerShard
+from tidal_actors._codec import ledger_shard_of
 from tidal_actors._store import decode_batch
 
 T0 = 10**18
@@ -33,8 +34,8 @@ def _stored_contexts(path: str) -> list[object]:
     store = LmdbStore(path, Config(), read_only=True)
     try:
         out: list[object] = []
-        for _key, raw in store.history_items():
-            b = decode_batch(0, 0, raw)
+        for key, raw in store.history_items():
+            b = decode_batch(0, 0, raw, key)
             out.extend((b.contexts or {}).values())
         return out
     finally:
@@ -106,3 +107,66 @@ def test_a_lost_signal_batch_is_reported_by_the_next_flush(tmp_path, monkeypatch
         db.signal_with_context(1, 7, 1, 1.0)
         db.flush()  # reported once: what came after is durable
         assert db.read_window("c1", 7, 1).count == 1
+
+
+def _fail_attribute(monkeypatch, nth: int = 1) -> None:
+    real = LedgerShard._on_attribute
+    calls = {"n": 0}
+
+    def failing_once(self, msg):
+        calls["n"] += 1
+        if calls["n"] == nth:
+            raise RuntimeError("injected ledger failure")
+        return real(self, msg)
+
+    monkeypatch.setattr(LedgerShard, "_on_attribute", failing_once)
+
+
+def test_only_flush_reports_a_loss_not_rematerialize_or_compact(tmp_path, monkeypatch):
+    _fail_attribute(monkeypatch, nth=2)
+    cfg = Config(ledger_shards=1, rematerialize_after_ms=None)
+    with TidalDb.open(str(tmp_path / "s"), config=cfg, clock=ManualClock(T0)) as db:
+        db.assign_cohort(1, "c1")
+        db.signal_with_context(1, 7, 1, 1.0)
+        db.flush()
+        db.signal_with_context(1, 7, 1, 1.0)  # lost
+        db.rematerialize("c1")  # its sync barrier passes the loss on, untaken
+        db.compact()
+        with pytest.raises(StorageError, match="lost 1 signal batch"):
+            db.flush()
+
+
+def test_close_raises_a_loss_no_flush_reported(tmp_path, monkeypatch):
+    _fail_attribute(monkeypatch)
+    path = str(tmp_path / "s")
+    db = TidalDb.open(path, config=Config(rematerialize_after_ms=None), clock=ManualClock(T0))
+    db.assign_cohort(1, "c1")
+    db.signal_with_context(1, 7, 1, 1.0)
+    db.signal_with_context(1, 8, 1, 1.0)
+    with pytest.raises(StorageError, match="lost 1 signal batch"):
+        db.close()
+    assert db.closed
+    with TidalDb.open(path, clock=ManualClock(T0)) as again:  # closed for good: reopens
+        assert again.cohorts_of(1) == frozenset({"c1"})
+
+
+def test_losses_on_two_ledger_shards_are_both_reported(monkeypatch):
+    real = LedgerShard._on_attribute
+    failed: set[int] = set()
+
+    def failing_once_per_shard(self, msg):
+        if self.index not in failed:
+            failed.add(self.index)
+            raise RuntimeError(f"injected failure on ledger {self.index}")
+        return real(self, msg)
+
+    monkeypatch.setattr(LedgerShard, "_on_attribute", failing_once_per_shard)
+    with TidalDb.open(config=Config(ledger_shards=2, rematerialize_after_ms=None), clock=ManualClock(T0)) as db:
+        db.signal_with_context(1, 7, 1, 1.0)  # @community: one shard
+        cohort = next(c for c in (f"c{i}" for i in range(50))
+                      if ledger_shard_of(c, 2) != ledger_shard_of("@community", 2))
+        db.assign_cohort(2, cohort)
+        db.signal_with_context(2, 7, 1, 1.0)
+        with pytest.raises(StorageError) as info:
+            db.flush()
+        assert str(info.value).count("lost 1 signal batch") == 2

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import lmdb
@@ -117,6 +118,77 @@ def _outside_reader(path, with_txn: bool) -> subprocess.Popen:
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
+
+
+_SWAP_THEN_WAIT = """
+import os, sys, time
+sys.path.insert(0, sys.argv[2])
+from tidal_actors import ManualClock, TidalDb
+from tidal_actors import _lmdb_env
+from tests.test_store_safety import CFG, T0, _populate
+
+clock = ManualClock(T0)
+db = TidalDb.open(sys.argv[1], config=CFG, clock=clock)
+_populate(db, clock, users=list(range(100, 100 + int(sys.argv[3]))))
+real_replace = os.replace
+
+def replace_then_wait(src, dst):
+    real_replace(src, dst)
+    print("swapped", flush=True)
+    time.sleep(600)  # the window between the swap and the reopen: killed here
+
+_lmdb_env.os.replace = replace_then_wait
+db.compact()
+"""
+
+_WAITING_READER = """
+import sys, time, lmdb
+try:
+    env = lmdb.open(sys.argv[1], readonly=True, lock=True, max_dbs=8)  # waits for the lock
+except lmdb.Error as exc:
+    print("refused", exc, flush=True)
+    sys.exit(0)
+print("attached", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("extra", [5, 6])  # both parities of the old lock file's transaction id
+def test_a_compaction_killed_after_the_swap_loses_nothing_with_a_reader_waiting(tmp_path, extra):
+    """Killed between the swap and its reopen while an outside reader waits to attach:
+    the reader used to find lock.mdb describing the old file, and an open beside it
+    could read the new file through the old state (an empty meta page) and wipe the
+    store. Now the lock file is voided before the swap: the reader is refused."""
+    path = _build(tmp_path / "s", crashed=False)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SWAP_THEN_WAIT, str(path), str(Path(__file__).parent.parent), str(extra)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    reader = None
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "swapped"
+        reader = subprocess.Popen([sys.executable, "-c", _WAITING_READER, str(path)],
+                                  stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)  # the reader waits in LMDB for the compacting process's lock
+        child.kill()
+        child.wait()
+        assert reader.stdout is not None
+        assert reader.stdout.readline().startswith("refused")
+        with TidalDb.open(path, config=CFG, clock=ManualClock(T0)) as db:
+            got = _export(db, users=[*USERS, *range(100, 100 + extra)])
+    finally:
+        child.kill()
+        if reader is not None:
+            reader.kill()
+    want_path = _build(tmp_path / "want", crashed=False)  # the same steps, no compaction
+    want_clock = ManualClock(T0)
+    with TidalDb.open(want_path, config=CFG, clock=want_clock) as db:
+        _populate(db, want_clock, users=list(range(100, 100 + extra)))
+        want = _export(db, users=[*USERS, *range(100, 100 + extra)])
+    assert got[1] == want[1]  # users, leave histories, cohorts, manifests: exact
+    assert [r[:3] + r[4:5] for r in got[0]] == [r[:3] + r[4:5] for r in want[0]]
+    for g, w in zip(got[0], want[0]):  # sums replayed from the history: to the rounding
+        assert g[3] == pytest.approx(w[3], rel=1e-12) and g[5] == pytest.approx(w[5], rel=1e-12)
 
 
 @pytest.mark.parametrize("with_txn", [False, True], ids=["attached", "reading"])
@@ -307,6 +379,52 @@ def test_a_read_only_store_refuses_to_compact(tmp_path):
     assert (path / "data.mdb").read_bytes() == before
 
 
+def test_compaction_refuses_when_lock_mdb_was_replaced_under_the_store(tmp_path):
+    """Deleting lock.mdb under an open store (an operator's error) hides who else has
+    it open: an outside reader attached after it would see no lock on the file the
+    store holds. Compaction refuses instead of swapping data.mdb under that reader."""
+    path, clock = tmp_path / "s", ManualClock(T0)
+    with TidalDb.open(path, config=CFG, clock=clock) as db:
+        _populate(db, clock)
+        want = _export(db)
+        (path / "lock.mdb").unlink()
+        reader = _outside_reader(path, with_txn=True)
+        try:
+            before = (path / "data.mdb").read_bytes()
+            with pytest.raises(StorageError, match=r"lock\.mdb was removed or replaced"):
+                db.compact()
+            assert (path / "data.mdb").read_bytes() == before
+            assert _export(db) == want
+        finally:
+            reader.kill()
+            reader.wait()
+    assert _reopened(path, clock) == want
+
+
+def test_a_read_only_open_writes_nothing_and_a_missing_keyspace_is_damage(tmp_path):
+    path = _build(tmp_path / "s", crashed=False)
+    env = lmdb.open(str(path), max_dbs=8)
+    with env.begin(write=True) as txn:
+        txn.drop(env.open_db(b"history", txn=txn), delete=True)
+    env.close()
+    before = (path / "data.mdb").read_bytes()
+    for read_only in (True, False):
+        with pytest.raises(StorageError, match="has no history keyspace: it is damaged"):
+            LmdbStore(path, CFG, read_only=read_only)
+        assert (path / "data.mdb").read_bytes() == before  # no keyspace made anew
+    with pytest.raises(StorageError, match="has no history keyspace"):
+        TidalDb.open(path, config=CFG)
+    assert (path / "data.mdb").read_bytes() == before
+
+
+@pytest.mark.parametrize("field", ["map_size_bytes", "max_map_size_bytes"])
+def test_a_map_larger_than_the_address_space_is_refused_by_config(field):
+    with pytest.raises(InvalidArgument) as err:
+        Config(**{field: 2**64, "max_map_size_bytes": 2**64} if field == "map_size_bytes" else {field: 2**64})
+    assert err.value.field == field and err.value.value == 2**64
+    Config(map_size_bytes=2**30, max_map_size_bytes=2**47)  # the largest accepted
+
+
 # -- 8. the smallest LMDB map ------------------------------------------------------------------
 
 
@@ -373,9 +491,12 @@ def test_an_lmdb_error_while_a_keyspace_is_read_back_names_it(tmp_path):
 
 
 def test_seal_frames_a_payload_with_its_crc():
-    raw = seal(b"\x81\xa1a\x01")
+    raw = seal(b"\x01\x02", b"\x81\xa1a\x01")
     assert raw[:2] == b"\xc1\x01" and len(raw) == 6 + 4
+    assert raw[2:6] == zlib.crc32(b"\x01\x02\x81\xa1a\x01").to_bytes(4, "little")
     assert bytes(unseal(raw, "history", b"\x01\x02")) == b"\x81\xa1a\x01"
+    with pytest.raises(StorageError, match="cannot decode history key 0103: CRC-32 mismatch"):
+        unseal(raw, "history", b"\x01\x03")  # the same value under another key
     assert unseal(b"\x81\xa1a\x01", "history", b"k") == b"\x81\xa1a\x01"  # written before seals
     bad = raw[:-1] + b"\x02"
     with pytest.raises(StorageError, match="cannot decode history key 0102: CRC-32 mismatch"):
@@ -443,6 +564,24 @@ def test_a_flipped_byte_inside_a_sealed_value_is_named(tmp_path, tag):
     flipped[len(value) // 2] ^= 0x10  # msgpack would still decode most such flips
     _rewrite(path, [(ks, key, bytes(flipped))])
     with pytest.raises(StorageError, match=f"cannot decode {ks} key {key.hex()}: CRC-32 mismatch"):
+        TidalDb.open(path, config=CFG, clock=ManualClock(T0))
+
+
+@pytest.mark.parametrize("tag", [Tag.CONTRIBUTION_BATCH, Tag.SNAPSHOT_CHUNK])
+def test_a_sealed_value_under_another_key_is_named(tmp_path, tag):
+    """The CRC covers the key: a history batch copied under a new sequence number
+    (its records counted twice after a crash) or shard 0's snapshot chunk stored as
+    shard 1's (every read of shard 1's cohorts wrong, then snapshotted again) is
+    refused like a corrupt value."""
+    path = _build(tmp_path / "s", crashed=tag == Tag.CONTRIBUTION_BATCH)
+    entries = _entries(path)
+    ks = "history" if tag == Tag.CONTRIBUTION_BATCH else "meta"
+    key, value = next((k, v) for k, v in entries[ks].items() if k[9] == tag)
+    moved = encode_key(int.from_bytes(key[:8], "big") + 1, tag, key[10:])
+    if tag == Tag.CONTRIBUTION_BATCH:  # a new sequence number in the same shard
+        moved = key[:10] + (int.from_bytes(key[10:], "big") + 1000).to_bytes(8, "big")
+    _rewrite(path, [(ks, moved, value)])
+    with pytest.raises(StorageError, match=f"cannot decode {ks} key {moved.hex()}: CRC-32 mismatch"):
         TidalDb.open(path, config=CFG, clock=ManualClock(T0))
 
 

@@ -220,6 +220,8 @@ class AsyncTidalDb:
             WrongThread: awaited outside the trio run and thread that opened it.
             StorageError: the store failed to close.
         """
+        if self._core.pid != os.getpid():
+            return  # a forked child: the database is its parent's (`Core.disown`)
         self._check_thread()
         if self._close_done is not None:
             with trio.CancelScope(shield=True):

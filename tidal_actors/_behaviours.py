@@ -131,8 +131,9 @@ class Behaviour:
         self._lost_batches += 1
 
     def report_loss(self, barrier: M.Barrier) -> None:
-        """Hand what `note_loss` recorded to a durable barrier (the flush reports it)."""
-        if barrier.durable and self._loss is not None:
+        """Hand what `note_loss` recorded to a barrier that reports losses (a flush's
+        or close's: their caller is told)."""
+        if barrier.reports_loss and self._loss is not None:
             err = StorageError(
                 f"{self.address[0]}[{self.address[1]}] lost {self._lost_batches} signal "
                 f"batch(es) since the last flush; last: {self._loss}"
@@ -517,7 +518,7 @@ class LedgerShard(Behaviour):
         self.state.batch_seq += 1
         self.history_batches += 1
         key = encode_key(self.index, Tag.CONTRIBUTION_BATCH, seq.to_bytes(8, "big"))
-        value = encode_history_columns(cols, contexts)  # the bytes encode_batch(records) gives
+        value = seal(key, encode_history_columns(cols, contexts))  # the bytes encode_batch(records) gives
         self.ctx.tell(M.PERSIST_ADDR, M.Write([(Keyspace.HISTORY.value, key, value)]))
 
     def on_error(self, message: object, err: BaseException) -> None:
@@ -669,8 +670,8 @@ class LedgerShard(Behaviour):
 def encode_batch(
     records: list[tuple[int, int, int, str, int, int, float, int]], contexts: dict[int, Any] | None
 ) -> bytes:
-    """One durable history batch: msgpack of columns, sealed (``_codec.seal``: magic
-    byte, version, CRC-32; ``_store.decode_batch`` reads it).
+    """One durable history batch's payload: msgpack of columns (stored sealed with its
+    key, ``_codec.seal``; ``_store.decode_batch`` reads it).
 
     Columns are little-endian arrays: ``m`` u8, ``r`` i64, ``u``/``e``/``t`` u64, ``w``
     f32, ``ts`` i64, ``ci`` u8 (or u32 when a batch has 256+ cohorts) indexing ``c``,
@@ -694,7 +695,7 @@ def encode_batch(
     }
     if contexts:
         payload["x"] = contexts
-    return seal(msgpack.packb(payload))
+    return msgpack.packb(payload)  # type: ignore[no-any-return]
 
 
 def advance_watermark(live_from: int, drained: np.ndarray, next_rseq: int, cap: int) -> int:
@@ -1205,17 +1206,21 @@ class Persistence(Behaviour):
         msg.reply.set_result(self.store.compact())
 
     def _report(self, reply: Reply, lost: list[BaseException] | None = None) -> None:
+        """Answer a flush: None, or every loss since the last one in one StorageError
+        (history writes that failed here, signal batches shards lost on the way)."""
         err, self._unreported = self._unreported, None
-        if err is None and lost:
-            reply.set_exception(lost[0])  # a shard lost signals before they reached a write
-        elif err is None:
+        lost = list(lost or ())
+        if err is None and not lost:
             reply.set_result(None)
-        else:
-            # the class of the last failure (StorageFull stays StorageFull), cause attached
-            kind = type(err) if isinstance(err, StorageError) else StorageError
-            e = kind(f"{self.failed_writes} history write(s) failed since open; last: {err}")
-            e.__cause__ = err
-            reply.set_exception(e)
+            return
+        parts = [str(x) for x in lost]
+        if err is not None:
+            parts.insert(0, f"{self.failed_writes} history write(s) failed since open; last: {err}")
+        # the class of the last write failure (StorageFull stays StorageFull), cause attached
+        kind = type(err) if isinstance(err, StorageError) else StorageError
+        e = kind("; ".join(parts))
+        e.__cause__ = err if err is not None else lost[0]
+        reply.set_exception(e)
 
     def _on_flush(self, msg: M.FlushStore) -> None:
         self.commit()

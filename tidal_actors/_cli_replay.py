@@ -124,11 +124,17 @@ class RowFeed:
         return not self.cut and self.skipped < self.skip
 
 
-def go_on_command(events: Path, data_dir: Path, next_skip: int) -> str:
+def go_on_command(events: Path, data_dir: Path, next_skip: int, skip_invalid: bool = False,
+                  outputs: Mapping[str, Path | None] | None = None) -> str:
     """The command that applies the rest of ``events`` to ``data_dir`` after a replay
-    stopped with ``next_skip`` rows (int) applied to it in all."""
+    stopped with ``next_skip`` rows (int) applied to it in all. ``skip_invalid``: the
+    replay skipped invalid rows, so ``next_skip`` counts valid rows only, and the rest
+    must be read the same way. ``outputs``: option -> path (``--scores-out``,
+    ``--report-out``) the stopped replay was asked to write, which the rest writes."""
+    extra = "".join(f" {opt} {shlex.quote(str(p))}" for opt, p in (outputs or {}).items() if p is not None)
     return (f"tidal-actors replay {shlex.quote(str(events))} --data-dir "
-            f"{shlex.quote(str(data_dir))} --skip-rows {next_skip} --append")
+            f"{shlex.quote(str(data_dir))} --skip-rows {next_skip} --append"
+            + (" --skip-invalid" if skip_invalid else "") + extra)
 
 
 def simulate_target_refusal(data_dir: Path, state: Mapping[str, Any]) -> str:

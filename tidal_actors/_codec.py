@@ -15,7 +15,11 @@ Other values are msgpack (integer map keys need ``strict_map_key=False``; tuples
 back as lists, so decoders rebuild the public types explicitly). History batches and
 snapshot chunks, the large values, are sealed (LMDB checksums nothing)::
 
-    seal(payload) = b"\xc1" + bytes([SEAL_VERSION]) + crc32(payload).to_bytes(4, "little") + payload
+    seal(key, payload) = b"\xc1" + bytes([SEAL_VERSION]) + crc32(key + payload).to_bytes(4, "little") + payload
+
+The CRC covers the value's key too, so a value copied or moved under another key (a
+history batch counted twice, two shards' snapshot chunks swapped) fails like a
+corrupt one.
 
 ``0xC1`` is the one byte msgpack never uses, so a value written before seals (a bare
 msgpack map, first byte ``0x80``-``0x8F``, ``0xDE`` or ``0xDF``) is told apart by its
@@ -105,9 +109,10 @@ SEAL_VERSION = 1
 _SEAL = struct.Struct("<BBI")
 
 
-def seal(payload: bytes) -> bytes:
-    """``payload`` framed with a magic byte, a version and its CRC-32 (see module doc)."""
-    return _SEAL.pack(SEAL_MAGIC, SEAL_VERSION, zlib.crc32(payload)) + payload
+def seal(key: bytes, payload: bytes) -> bytes:
+    """``payload``, the value stored under ``key``, framed with a magic byte, a version
+    and the CRC-32 of key and payload (see module doc)."""
+    return _SEAL.pack(SEAL_MAGIC, SEAL_VERSION, zlib.crc32(payload, zlib.crc32(key))) + payload
 
 
 def unseal(raw: bytes, keyspace: str, key: bytes) -> bytes | memoryview:
@@ -132,8 +137,11 @@ def unseal(raw: bytes, keyspace: str, key: bytes) -> bytes | memoryview:
     if version != SEAL_VERSION:
         raise StorageError(f"cannot decode {keyspace} key {key.hex()}: unknown seal version {version}")
     payload = memoryview(raw)[_SEAL.size :]
-    if zlib.crc32(payload) != crc:
-        raise StorageError(f"cannot decode {keyspace} key {key.hex()}: CRC-32 mismatch (corrupt value)")
+    if zlib.crc32(payload, zlib.crc32(key)) != crc:
+        raise StorageError(
+            f"cannot decode {keyspace} key {key.hex()}: CRC-32 mismatch (a corrupt value, "
+            "or one stored under another key)"
+        )
     return payload
 
 

@@ -15,12 +15,13 @@ from typing import Any
 
 from ._errors import InvalidArgument
 
-__all__ = ["MIN_MAP_SIZE_BYTES", "Config"]
+__all__ = ["MAX_MAP_SIZE_BYTES", "MIN_MAP_SIZE_BYTES", "Config"]
 
 NS_PER_S = 1_000_000_000
 HOUR_NS = 3600 * NS_PER_S
 DAY_NS = 24 * HOUR_NS
 MIN_MAP_SIZE_BYTES = 64 * 1024
+MAX_MAP_SIZE_BYTES = 2**47
 """The smallest LMDB map a store opens in (4 KiB pages: LMDB's two meta pages, its
 named databases and the format record; 32 KiB fails, 64 KiB works)."""
 
@@ -107,6 +108,13 @@ class Config:
                 f"must be at least {MIN_MAP_SIZE_BYTES} bytes (the smallest LMDB map a store opens in)",
             )
         positive("max_map_size_bytes", self.max_map_size_bytes)
+        for name in ("map_size_bytes", "max_map_size_bytes"):
+            if getattr(self, name) > MAX_MAP_SIZE_BYTES:
+                raise InvalidArgument(
+                    name, getattr(self, name),
+                    f"must be at most {MAX_MAP_SIZE_BYTES} bytes (2**47: an LMDB map is "
+                    "reserved address space, and a 64-bit process has 2**47 bytes of it)",
+                )
         if self.max_map_size_bytes < self.map_size_bytes:
             raise InvalidArgument(
                 "max_map_size_bytes", self.max_map_size_bytes, "must be >= map_size_bytes"

@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import os
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -284,6 +285,18 @@ class Call:
         return f"Call({self.name}, done={self.done})"
 
 
+def _error_of(reply: Reply) -> StorageError | None:
+    """The StorageError ``reply`` settled with (a flush's report of lost signals or
+    failed history writes), if any."""
+    try:
+        reply.result()
+    except StorageError as exc:
+        return exc
+    except (TidalError, RuntimeError):  # closing, or not settled in time
+        pass
+    return None
+
+
 def _first(values: list[Any]) -> Any:
     return values[0]
 
@@ -301,8 +314,12 @@ def _close_at_exit() -> None:
     pid = os.getpid()
     for core in list(_OPEN_CORES):
         if core.pid == pid:
-            with contextlib.suppress(Exception):
+            try:
                 core.close()
+            except StorageError as exc:  # nobody to raise it to: say it
+                print(f"tidal_actors: closing at exit: {exc}", file=sys.stderr)
+            except Exception:  # noqa: BLE001, S110 - the interpreter is exiting
+                pass
 
 
 def _forget_in_child() -> None:
@@ -311,8 +328,10 @@ def _forget_in_child() -> None:
     of the parent's actor threads, and its copy of the LMDB environment and of the
     directory lock belong to the parent (an ``flock`` is shared with the parent's
     open file, so releasing it would release the parent's). Using such a database in
-    the child raises `DatabaseClosed`; the child may open the directory itself once
-    the parent has closed it."""
+    the child raises `DatabaseClosed`. The child cannot open that store again (py-lmdb
+    keeps one environment per file in a process): a process started with
+    multiprocessing's "spawn" or "forkserver" method can, once the parent has closed
+    it."""
     for core in list(_OPEN_CORES):
         core.disown()
     _OPEN_CORES.clear()
@@ -401,6 +420,7 @@ class Core:
             self._close_done.set()
 
     def _close(self) -> None:
+        lost: StorageError | None = None
         # a fence: a call that found the database open and is about to send waits
         # here; one that comes after sees it closed (`_send` checks under the lock)
         for buf in self._buffers:
@@ -421,8 +441,9 @@ class Core:
             self.host.tell(M.COORD_ADDR, M.Drain(r))
             self.host.settle(r, 60.0)
             r = Reply("close-flush")
-            self._barrier(tuple(range(self._nl)), r, durable=True, closing=True)
+            self._barrier(tuple(range(self._nl)), r, durable=True, closing=True, reports_loss=True)
             self.host.settle(r, 60.0)
+            lost = _error_of(r)
         except TidalError:
             pass
         self.host.stop(STOP_ORDER)
@@ -441,6 +462,10 @@ class Core:
                         self.store.commit(snapshot_write_ops(self.config, [b.state for b in self.ledgers]))
         finally:
             self.store.close()
+        if lost is not None:
+            # closed, but signals acknowledged since the last flush are not durable:
+            # never silently (close() returning means they are)
+            raise lost
 
     def fail_inflight(self) -> None:
         with self._inflight_lock:
@@ -463,7 +488,9 @@ class Core:
         """In a forked child: mark this database closed without touching the store, the
         actors or the lock (they are the parent's). See `_forget_in_child`."""
         self.closed = True
-        self._close_done.set()
+        done = threading.Event()  # not the parent's: a thread may have held its lock
+        done.set()
+        self._close_done = done
         disown = getattr(self.store, "disown", None)
         if disown is not None:
             disown()
@@ -532,9 +559,9 @@ class Core:
 
     def _barrier(
         self, ledgers: tuple[int, ...], reply: Reply, action: M.Read | None = None, durable: bool = False,
-        then: tuple[M.Address, object] | None = None, closing: bool = False,
+        then: tuple[M.Address, object] | None = None, closing: bool = False, reports_loss: bool = False,
     ) -> None:
-        barrier = M.Barrier(ledgers, self._nm, reply, action, durable, then)
+        barrier = M.Barrier(ledgers, self._nm, reply, action, durable, then, reports_loss)
         for m in range(self._nm):
             self._send(m, barrier, closing)
 
@@ -743,7 +770,7 @@ class Core:
     def flush(self) -> Call:
         self.check_open()
         reply = Reply("flush")
-        self._barrier(tuple(range(self._nl)), reply, durable=True)
+        self._barrier(tuple(range(self._nl)), reply, durable=True, reports_loss=True)
         return Call("flush", [reply])
 
     def rematerialize(self, cohort: str) -> Call:
@@ -793,7 +820,8 @@ def snapshot_write_ops(config: Config, states: list[LedgerState]) -> list[tuple[
     ops: list[tuple[str, bytes, bytes | None]] = []
     for li, ls in enumerate(states):
         for k, chunk in enumerate(encode_ledger(ls)):
-            ops.append((Keyspace.META.value, encode_key(li, Tag.SNAPSHOT_CHUNK, k.to_bytes(4, "big")), seal(chunk)))
+            key = encode_key(li, Tag.SNAPSHOT_CHUNK, k.to_bytes(4, "big"))
+            ops.append((Keyspace.META.value, key, seal(key, chunk)))
     mark = {"format": SNAPSHOT_FORMAT, "key": snapshot_key(config)}
     ops.append((Keyspace.META.value, encode_key(0, Tag.SNAPSHOT_MARK), msgpack.packb(mark)))
     return ops

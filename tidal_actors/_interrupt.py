@@ -70,6 +70,8 @@ class StopOnSigint:
     def __enter__(self) -> StopOnSigint:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.getsignal(signal.SIGINT)
+            if self._previous is signal.SIG_IGN:
+                return self  # started with SIGINT ignored (nohup, a background job): keep it
             signal.signal(signal.SIGINT, self._handle)
             self._installed = True
         return self

@@ -86,9 +86,9 @@ KEY_COLUMNS: dict[str, Any] = {
     "LIVE": np.uint8,  # 1 while the key has a contribution
     "AMP": np.float32,  # log2 bound on how much retractions amplified rounding (`retract_rows`)
 }
-# a key whose retractions may have amplified its rounding error 2**REFOLD_AT-fold is
-# summed again from its detail rows (`Aggregates._refold`)
-REFOLD_AT = 16.0
+# a key whose worst bucket's rounding error may exceed 2**(REFOLD_AT - 53) of its value
+# (4.7e-10 at 22) is summed again from its detail rows (`Aggregates.retract_rows`)
+REFOLD_AT = 22.0
 _DETAIL = (("dk", "I"), ("dt", "q"), ("dw", "f"), ("du", "Q"), ("dm", "B"), ("dr", "q"))
 
 
@@ -528,14 +528,17 @@ class Aggregates:
         everything leaves exactly nothing. The rows are erased.
 
         Exactness (a purge leaves what a fresh fold of the remaining contributions
-        gives, to 1e-9 relative, for any float32 weights): a subtraction that leaves
-        ``after`` of ``before`` multiplies the bucket's rounding error (at most a few
-        ulps of the largest value it held) by ``before / after``. ``AMP[k]`` sums the
-        log2 of the largest such factor of each retraction on the key; past
-        ``REFOLD_AT`` (or when a bucket with contributions left reads 0 or less,
-        total cancellation) the key is summed again from its detail rows
-        (`_refold`), which resets it. Sums of non-negative terms amplify nothing, so
-        signals never trigger it; a purge of a contribution that dwarfs the rest does.
+        gives, to 1e-9 relative, for any float32 weights). A bucket summed from ``n``
+        non-negative terms is within ``n * u`` (``u = 2**-53``) of exact, relative to
+        the largest value it held (Higham, "Accuracy and Stability of Numerical
+        Algorithms", 2nd ed., section 4.2). A subtraction that leaves ``after`` of
+        ``before`` multiplies that relative error by ``before / after``; ``AMP[k]``
+        sums the log2 of the largest such factor of each retraction on the key. When
+        ``AMP[k] + log2(n)`` of a touched bucket passes ``REFOLD_AT`` (the error could
+        pass ``2**(REFOLD_AT - 53)``), or a bucket with contributions left reads 0 or
+        less (total cancellation), the key is summed again from its detail rows
+        (`_refold`, which resets ``AMP``). Adds amplify nothing, so signals never
+        trigger it; a purge of contributions that dwarf the rest does.
         """
         if not len(rows):
             return 0
@@ -572,7 +575,7 @@ class Aggregates:
         cur = (b == self.CB[k]) & (self.CN[k] > 0)
         kc = k[cur]
         uk = np.unique(kc)
-        before_w, before_fd = self.CW[uk], self.CFD[uk]  # fancy indexing: copies
+        before_w, before_fd, before_n = self.CW[uk], self.CFD[uk], self.CN[uk]  # copies
         np.subtract.at(self.CN, kc, 1)
         np.subtract.at(self.CW, kc, w[cur])
         np.subtract.at(self.CFD, kc, wf[cur])
@@ -581,7 +584,9 @@ class Aggregates:
         self.CFD[emptied] = 0.0
         left = self.CN[uk] > 0
         gain = np.maximum(_gain(before_w, self.CW[uk]), _gain(before_fd, self.CFD[uk]))
-        worst = dict(zip(uk.tolist(), np.where(left, gain, 0.0).tolist()))
+        # per key: (largest amplification, and log2 of the most terms, of its buckets)
+        worst: dict[int, tuple[float, float]] = dict(zip(uk.tolist(), zip(
+            np.where(left, gain, 0.0).tolist(), np.log2(np.maximum(before_n, 1)).tolist())))
         old = ~cur
         if old.any():
             for kk, bb, ww, ff in zip(k[old].tolist(), b[old].tolist(), w[old].tolist(), wf[old].tolist()):
@@ -595,9 +600,10 @@ class Aggregates:
                 else:
                     nb = older[bb] = (bk[0] - 1, bk[1] - ww, bk[2] - ff, bk[3])  # type: ignore[index]
                     g = max(_gain1(bk[1], nb[1]), _gain1(bk[2], nb[2]))
-                worst[kk] = max(worst.get(kk, 0.0), g)
+                g0, n0 = worst.get(kk, (0.0, 0.0))
+                worst[kk] = (max(g0, g), max(n0, math.log2(bk[0])))
         refold = []
-        for kk, g in worst.items():
+        for kk, (g, logn) in worst.items():
             older = self.older.get(kk)
             if not self.CN[kk] and not older:
                 self._drop_key(kk)
@@ -605,7 +611,7 @@ class Aggregates:
             if older is not None and not older:
                 del self.older[kk]
             amp = float(self.AMP[kk]) + g
-            if amp > REFOLD_AT:
+            if amp + logn > REFOLD_AT:
                 refold.append(kk)
             else:
                 self.AMP[kk] = amp
@@ -818,23 +824,29 @@ class Aggregates:
     def same_cohort(self, cohort: str, other: Aggregates) -> bool:
         """Whether ``other`` holds the same keys of ``cohort`` with the same scores (at
         each key's later latest timestamp) and windows (every bucket's count and
-        weight), floats to relative 1e-9."""
+        weight), floats to relative 1e-9, and the same timestamps (landmark, latest
+        contribution, latest bucket and each bucket's latest contribution), exactly: a
+        timestamp left by a purged record (a retraction does not move them) makes the
+        rebuild be installed, so the record's time is erased too."""
         mine = {self.key(k)[1:]: k for k in self.cohort_key_ids(cohort)}
         theirs = {other.key(k)[1:]: k for k in other.cohort_key_ids(cohort)}
         if mine.keys() != theirs.keys():
             return False
         for key, a in mine.items():
             b = theirs[key]
+            for name in ("L", "TM", "CB", "CTM"):
+                if getattr(self, name)[a] != getattr(other, name)[b]:
+                    return False
             at = max(int(self.TM[a]), int(other.TM[b]))
             if not math.isclose(self._score(a, at), other._score(b, at), rel_tol=1e-9, abs_tol=1e-300):
                 return False
-            wa = {x[0]: (x[1], x[2]) for x in self._buckets(a)}
-            wb = {x[0]: (x[1], x[2]) for x in other._buckets(b)}
+            wa = {x[0]: (x[1], x[2], x[4]) for x in self._buckets(a)}
+            wb = {x[0]: (x[1], x[2], x[4]) for x in other._buckets(b)}
             if wa.keys() != wb.keys():
                 return False
-            for bk, (n, w) in wa.items():
-                n2, w2 = wb[bk]
-                if n != n2 or not math.isclose(w, w2, rel_tol=1e-9, abs_tol=1e-300):
+            for bk, (n, w, tm) in wa.items():
+                n2, w2, tm2 = wb[bk]
+                if n != n2 or tm != tm2 or not math.isclose(w, w2, rel_tol=1e-9, abs_tol=1e-300):
                     return False
         return True
 

@@ -57,6 +57,7 @@ __all__ = ["STORE_MARKER", "LmdbStore"]
 STORE_MARKER = "tidal.store"  # written once a store's format record is committed
 _open_paths: set[str] = set()
 _DISOWNED: list[Any] = []  # what a forked child inherited: kept, never closed (`disown`)
+_inherited_paths: set[str] = set()  # stores a forked child's parent had open
 
 
 def _reset_after_fork() -> None:
@@ -105,6 +106,12 @@ class LmdbStore:
         except (OSError, ValueError) as exc:
             raise StorageError(f"cannot create the directory {self.path}: {exc}") from exc
         self._key = os.path.realpath(self.path)
+        if self._key in _inherited_paths:
+            raise DatabaseLocked(
+                f"{self.path} was open in the parent of this forked process: py-lmdb keeps "
+                "one environment per file in a process, so it cannot be opened here; open "
+                "it in a process started with multiprocessing's 'spawn' or 'forkserver' method"
+            )
         with _open_lock:
             if self._key in _open_paths:
                 raise DatabaseLocked(f"{self.path} is already open in this process; close it first")
@@ -146,19 +153,35 @@ class LmdbStore:
         self.env = lmdb.open(
             str(self.path), map_size=self.map_size, max_dbs=8, subdir=True,
             sync=True, metasync=True, writemap=False, map_async=False,
-            lock=True, readahead=False, max_readers=126,
+            lock=True, readahead=False, max_readers=126, readonly=self.read_only,
         )
         self._flags = dict(self.env.flags())
 
     def _open_dbs(self) -> None:
-        """Open (create) the named databases, growing the map while LMDB's own records
-        do not fit (a map below the minimum, or pages larger than 4 KiB)."""
+        """Open the named databases: create them in a new store (growing the map while
+        LMDB's own records do not fit: a map below the minimum, or pages larger than
+        4 KiB); in a store made before, or a read-only open, write nothing: a missing
+        one is damage, a `StorageError`, never silently made anew."""
+        create = not (self.existed or self.read_only)
         while True:
             try:
-                self.dbs = {k.value: self.env.open_db(k.value.encode()) for k in Keyspace}
+                self.dbs = {k.value: self.env.open_db(k.value.encode(), create=create) for k in Keyspace}
                 return
+            except lmdb.NotFoundError:
+                missing = [k.value for k in Keyspace if not self._has_db(k.value)]
+                raise StorageError(
+                    f"the store at {self.path} has no {', '.join(missing)} keyspace: it is "
+                    "damaged (or not a tidal_actors store); nothing was written"
+                ) from None
             except lmdb.MapFullError:
                 self._grow()
+
+    def _has_db(self, name: str) -> bool:
+        try:
+            self.env.open_db(name.encode(), create=False)
+            return True
+        except lmdb.NotFoundError:
+            return False
 
     def _close_env(self) -> None:
         env, self.env = self.env, None
@@ -309,6 +332,13 @@ class LmdbStore:
             self._live()
             if self.read_only:
                 raise StorageError(f"{self.path} is open read-only: compaction refused")
+            assert self._probe is not None
+            if not self._probe.current():
+                raise StorageError(
+                    f"compaction refused: {self.path / 'lock.mdb'} was removed or replaced "
+                    "while the store was open, so who else has it open cannot be told; "
+                    "nothing was changed: close the store and open it again"
+                )
             data = self.path / "data.mdb"
             before = data.stat().st_size
             tmp = self.path / "compact.tmp"
@@ -332,6 +362,11 @@ class LmdbStore:
                 self._reopen()
                 raise self._refusal(pid)
             try:
+                # lock.mdb still describes the old file (its last transaction id picks
+                # the meta page): void it first, so a process that attaches before this
+                # one reopens (or after it dies here) fails with MDB_INVALID instead of
+                # reading the new file through the old state; the first opener rebuilds it
+                self._probe.invalidate()
                 os.replace(tmp / "data.mdb", data)
                 fsync_path(self.path, directory=True)
             except OSError as exc:
@@ -404,16 +439,23 @@ class LmdbStore:
             return bytes(v) if v is not None else None
 
     def disown(self) -> None:
-        """In a forked child: forget the environment and the directory lock without
-        closing or unlocking either (both are the parent's; an ``flock`` is shared
-        through the inherited open file, so ``LOCK_UN`` here would free the parent's).
-        Takes no lock (another thread of the parent may have held one at the fork).
-        Later calls see a closed store."""
-        _DISOWNED.extend((self.env, self._lockfile, self._probe))  # never closed in the child
+        """In a forked child: forget the environment without closing it (closing would
+        end transactions a parent's thread had open at the fork, in the shared reader
+        table) and close the child's copy of the directory lock's descriptor without
+        ``LOCK_UN`` (the ``flock`` belongs to the open file the parent shares: unlocking
+        would free the parent's; closing only lets it go with the parent). Takes no
+        lock (another thread of the parent may have held one at the fork). Later calls
+        see a closed store; opening the same store again in the child is refused."""
+        _DISOWNED.append(self.env)  # py-lmdb keeps its files registered: no reopen here
         self.env = None
-        self._lockfile = None
-        self._probe = None
+        if self._lockfile is not None:
+            self._lockfile.close()
+            self._lockfile = None
+        if self._probe is not None:
+            self._probe.close()  # fcntl locks are not inherited: the child holds none
+            self._probe = None
         _open_paths.discard(self._key)  # the child has one thread; `_open_lock` is reset
+        _inherited_paths.add(self._key)
 
     def close(self) -> None:
         """Close the environment and release the directory; a second call is a no-op."""

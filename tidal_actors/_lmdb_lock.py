@@ -49,6 +49,7 @@ class LockProbe:
     """
 
     def __init__(self, path: Path) -> None:
+        self.path = path
         self.fd = os.open(path / "lock.mdb", os.O_RDWR | os.O_CLOEXEC)
 
     def holder(self) -> int | None:
@@ -67,6 +68,24 @@ class LockProbe:
             if exc.errno in (errno.EACCES, errno.EAGAIN):
                 return False
             raise
+
+    def current(self) -> bool:
+        """Whether the descriptor still names the file at ``lock.mdb`` (it was not
+        removed or replaced since the open)."""
+        try:
+            now = os.stat(self.path / "lock.mdb")
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(self.fd)
+        return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def invalidate(self) -> None:
+        """Zero the lock file's magic number (``MDB_txninfo.mti_magic``, its first 4
+        bytes): an opener that finds the file already initialized then fails with
+        ``MDB_INVALID``; the first opener (which holds the write lock on byte 0)
+        initializes it anew. Call with the write lock held."""
+        os.pwrite(self.fd, b"\0\0\0\0", 0)
+        os.fsync(self.fd)
 
     def unlock(self) -> None:
         fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 0, os.SEEK_SET)

@@ -200,10 +200,12 @@ class Barrier:
     action: Read | None = None
     durable: bool = False
     then: tuple[Address, object] | None = None
+    # a flush's (and close's) barrier: the shards hand it the signals they lost
+    reports_loss: bool = False
     counts: dict[int, int] = field(default_factory=dict)
     done_ledgers: int = 0
-    # signals lost on their way (a handler failed on their batch), reported by a
-    # durable barrier's reply: each shard it passes adds its unreported loss
+    # signals lost on their way (a handler failed on their batch), reported by the
+    # reply of a barrier that ``reports_loss``: each shard it passes adds its loss
     lost: list[BaseException] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -26,7 +26,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ._codec import Keyspace, Tag, encode_key
+from ._codec import Keyspace, Tag, encode_key, seal
 from ._ledger import DEAD, Aggregates
 from ._types import PurgeId, PurgeStatus
 
@@ -186,7 +186,7 @@ def _rewrite(key: bytes, b: Any, keep: np.ndarray) -> tuple[str, bytes, bytes | 
     ctx = None
     if b.contexts:
         ctx = {new: b.contexts[old] for new, old in enumerate(keep.tolist()) if old in b.contexts} or None
-    return (Keyspace.HISTORY.value, key, encode_history_columns(cols, ctx))
+    return (Keyspace.HISTORY.value, key, seal(key, encode_history_columns(cols, ctx)))
 
 
 def encode_status(s: PurgeStatus, bound: int) -> tuple[bytes, bytes]:

@@ -427,7 +427,8 @@ def replay(
            "their re-materialization)"))
     if not complete and not feed.short:
         what = f"fix {error.path}:{error.line}, then: " if error is not None else ""
-        out("  to go on   " + (what + go_on_command(events, data_dir, next_skip)
+        out("  to go on   " + (what + go_on_command(
+            events, data_dir, next_skip, skip_invalid, {"--scores-out": scores_out, "--report-out": report_out})
                                if data_dir is not None else
                                "nothing was kept (no --data-dir): replay the whole log again"))
     accepted = _delta(after, before, "signals")
@@ -766,8 +767,22 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``tidal-actors`` console script (exits with the status above)."""
-    cli.main(args=argv, prog_name="tidal-actors")
+    """Entry point of the ``tidal-actors`` console script (exits with the status above).
+
+    A second Ctrl-C (the first asks ``replay`` and ``simulate`` to stop at a row
+    boundary) aborts at once, exit status 130: the store was not closed, and its next
+    open restores it as after a crash (every flushed row is there)."""
+    try:
+        rv = cli.main(args=argv, prog_name="tidal-actors", standalone_mode=False)
+    except (KeyboardInterrupt, click.exceptions.Abort):  # click turns the first into the second
+        click.echo("tidal-actors: aborted (Ctrl-C again): the store, if any, was not closed; "
+                   "its next open restores everything flushed, as after a crash", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    if isinstance(rv, int) and rv:  # ctx.exit(code) returns it when not standalone
+        sys.exit(rv)
 
 
 if __name__ == "__main__":
