@@ -170,3 +170,25 @@ def test_losses_on_two_ledger_shards_are_both_reported(monkeypatch):
         with pytest.raises(StorageError) as info:
             db.flush()
         assert str(info.value).count("lost 1 signal batch") == 2
+
+
+def test_a_failed_history_write_waits_for_the_flush_past_a_rebuild_and_a_compaction(tmp_path):
+    with TidalDb.open(str(tmp_path / "s"), config=Config(rematerialize_after_ms=None),
+                      clock=ManualClock(T0)) as db:
+        db.assign_cohort(1, "c1")
+        db.signal_with_context(1, 7, 1, 1.0)
+        db.flush()
+        store = db._core.store
+
+        def fault(ops):
+            if any(ks == "history" for ks, _, _ in ops):
+                raise StorageError("history write refused")
+
+        store.fault = fault
+        db.signal_with_context(1, 7, 1, 1.0)
+        db.rematerialize("c1")  # its sync commits first, and passes the failure on
+        store.fault = None
+        db.compact()
+        with pytest.raises(StorageError, match="1 history write"):
+            db.flush()
+        db.flush()

@@ -90,7 +90,7 @@ class Behaviour:
         self.last_error: BaseException | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {}
         # acknowledged signals this shard lost (a handler failed on their batch) that
-        # no flush has reported yet: the next durable barrier carries it to its caller
+        # no flush has reported yet: the next flush's barrier carries it to its caller
         self._loss: BaseException | None = None
         self._lost_batches = 0
 
@@ -1235,7 +1235,10 @@ class Persistence(Behaviour):
             return
         self._barriers.pop(key, None)
         self.commit()
-        self._report(b.reply, b.lost)
+        if b.reports_loss:  # a flush (or close): its caller hears of every loss
+            self._report(b.reply, b.lost)
+        else:  # a sync before a rebuild or a compaction: losses wait for the flush
+            b.reply.set_result(None)
         if b.then is not None:
             self.ctx.tell(*b.then)
 
