@@ -574,7 +574,8 @@ class Aggregates:
         b = ts // self._width
         cur = (b == self.CB[k]) & (self.CN[k] > 0)
         kc = k[cur]
-        uk = np.unique(kc)
+        uk = np.sort(kc)  # the distinct keys (np.unique would import numpy.ma on first use)
+        uk = uk[np.r_[True, uk[1:] != uk[:-1]]] if len(uk) else uk
         before_w, before_fd, before_n = self.CW[uk], self.CFD[uk], self.CN[uk]  # copies
         np.subtract.at(self.CN, kc, 1)
         np.subtract.at(self.CW, kc, w[cur])
