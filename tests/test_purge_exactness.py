@@ -112,3 +112,51 @@ def test_many_small_adds_beside_a_huge_one_then_its_purge():
         exact = n * small  # exact in float64: 40,960,004.8828125
         assert db.read_window("c", 7, 1, T0) == (n, exact) == ref.read_window("c", 7, 1, T0)
         assert db.read_decay_score("c", 7, 1, T0) == pytest.approx(exact, rel=1e-12)
+
+
+@pytest.mark.parametrize("gap_s,read_after_s", [(2000, 500), (1060, 100)])
+def test_a_refold_brings_the_landmark_back_before_the_remaining_contributions(gap_s, read_after_s):
+    """The purged 1e30 moved the key's landmark ``gap_s`` half-lives on; the refold
+    used to keep it, so a read between the kept contribution and that landmark scaled
+    a sum far after every row: an OverflowError (ActorFailure) or a subnormal."""
+    s = 10**9
+    t0 = (10**18 // (3600 * s)) * 3600 * s  # an hour boundary: both in one bucket
+    cfg = Config(rematerialize_after_ms=None, half_life_ns=s, window_width_ns=3600 * s, window_buckets=4)
+    clock = ManualClock(t0)
+    db, ref = TidalDb.open(config=cfg, clock=clock), ReferenceModel(cfg, clock)
+    with db:
+        for m in (db, ref):
+            m.assign_cohort(1, "c")
+            m.assign_cohort(2, "c")
+            m.signal_with_context(2, 7, 1, 1.1, timestamp_ns=t0)
+            m.signal_with_context(1, 7, 1, 1e30, timestamp_ns=t0 + gap_s * s)
+            m.request_community_purge(1, "c")
+        at = t0 + read_after_s * s
+        want = float(np.float32(1.1)) * 2.0 ** -read_after_s  # by hand: the kept one, decayed
+        assert ref.read_decay_score("c", 7, 1, at_ns=at) == pytest.approx(want, rel=1e-12)
+        assert db.read_decay_score("c", 7, 1, at_ns=at) == pytest.approx(want, rel=1e-12)
+
+
+def test_a_purge_after_a_landmark_move_counts_the_exponents_rounding():
+    """A retraction after the landmark moved recomputes the purged term against the new
+    landmark, while the bucket holds it rescaled from the old one: the two differ by
+    up to |d| ln 2 ulps (d up to 256 half-lives), which the refold rule must count."""
+    h, w = 10**9, 100 * 10**9
+    worst = 0.0
+    for trial in range(40):
+        t0 = (10**18 // w) * w
+        cfg = Config(rematerialize_after_ms=None, half_life_ns=h, window_width_ns=w, window_buckets=8)
+        clock = ManualClock(t0 + 400 * h)
+        db, ref = TidalDb.open(config=cfg, clock=clock), ReferenceModel(cfg, clock)
+        with db:
+            for m in (db, ref):
+                for u in (1, 2, 3):
+                    m.assign_cohort(u, "c")
+                m.signal_with_context(2, 7, 1, 1.0, timestamp_ns=t0 + 12_345 + trial * 7_919)
+                m.signal_with_context(1, 7, 1, float(2**20), timestamp_ns=t0 + 67_891_013 + trial * 104_729)
+                m.signal_with_context(3, 7, 1, 1.0, timestamp_ns=t0 + 300 * h + 370_000_017 + trial)
+                m.request_community_purge(1, "c")
+            at = t0 + 150 * h
+            a, b = db.read_decay_score("c", 7, 1, at_ns=at), ref.read_decay_score("c", 7, 1, at_ns=at)
+            worst = max(worst, abs(a - b) / b)
+    assert worst <= 1e-9

@@ -192,3 +192,59 @@ def test_a_failed_history_write_waits_for_the_flush_past_a_rebuild_and_a_compact
         with pytest.raises(StorageError, match="1 history write"):
             db.flush()
         db.flush()
+
+
+def test_a_cancelled_trio_flush_hands_its_loss_to_the_next_flush(monkeypatch):
+    import trio
+
+    from tidal_actors import open_tidal
+
+    _fail_attribute(monkeypatch)
+
+    async def main() -> None:
+        async with open_tidal(None, config=Config(ledger_shards=1, rematerialize_after_ms=None),
+                              clock=ManualClock(T0)) as db:
+            await db.assign_cohort(1, "c1")
+            await db.signal_with_context(1, 7, 1, 1.0)  # lost
+            with trio.move_on_after(0):
+                await db.flush()  # sent, its answer abandoned
+            await trio.sleep(0.2)
+            with pytest.raises(StorageError, match="lost 1 signal batch"):
+                await db.flush()
+            await db.flush()
+
+    trio.run(main)
+
+
+def test_close_waits_for_a_final_flush_slower_than_its_step_wait(tmp_path, monkeypatch):
+    """A final flush that outlasts close()'s wait for it is looked at again once the
+    actors have stopped (their mailboxes drained): it finished, so close() returns
+    and the signal is durable. (One that still had not finished would make close()
+    raise StorageError "did not finish within ..."; that needs a stall longer than
+    stopping the actors allows, 30 s, too long for a test.)"""
+    import time
+
+    from tidal_actors import _core
+    from tidal_actors._lmdb_env import LmdbStore
+
+    monkeypatch.setattr(_core, "CLOSE_WAIT_S", 0.3)
+    real_commit = LmdbStore.commit
+    stalled = {"n": 0}
+
+    def slow_commit(self, ops):
+        ops = list(ops)
+        if any(ks == "history" for ks, _, _ in ops) and not stalled["n"]:
+            stalled["n"] += 1
+            time.sleep(1.5)  # a slow disk: longer than close() waits for its flush
+        return real_commit(self, ops)
+
+    monkeypatch.setattr(LmdbStore, "commit", slow_commit)
+    path = str(tmp_path / "s")
+    db = TidalDb.open(path, config=Config(rematerialize_after_ms=None), clock=ManualClock(T0))
+    db.assign_cohort(1, "c1")
+    db.signal_with_context(1, 7, 1, 1.0)
+    db.close()
+    assert stalled["n"] == 1
+    monkeypatch.setattr(LmdbStore, "commit", real_commit)
+    with TidalDb.open(path, config=Config(half_life_ns=3_600 * 10**9 + 1), clock=ManualClock(T0)) as again:
+        assert again.read_window("c1", 7, 1).count == 1  # from the history, not a snapshot

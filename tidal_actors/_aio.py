@@ -294,6 +294,7 @@ class AsyncTidalDb:
                 self._unsettled.add(r)
                 r.add_done_callback(functools.partial(self._settled, w))
                 waiters.append((r, w))
+        delivered = False
         try:
             parked = False
             for r, w in waiters:
@@ -308,8 +309,11 @@ class AsyncTidalDb:
                     self._guard.exit()
             if not parked:
                 await trio.lowlevel.cancel_shielded_checkpoint()
+            delivered = True
             return call.result()
         finally:
+            if not delivered:
+                call.abandon()  # cancelled: what only this caller would hear goes on
             for r in replies:
                 core.untrack(r)
 

@@ -59,6 +59,7 @@ from ._validate import (
 __all__ = ["STOP_ORDER", "Call", "Core", "build_states", "check_meta"]
 
 STOP_ORDER = [M.MEMBERSHIP, M.LEDGER, M.COORDINATOR, M.PERSISTENCE]
+CLOSE_WAIT_S = 60.0  # how long close() waits for each of its steps (seconds)
 FORMAT_VERSION = 1
 
 
@@ -281,8 +282,46 @@ class Call:
             return self.finish(values)
         return values[0] if values else None
 
+    def abandon(self) -> None:
+        """The caller will not read the result (a cancelled await): nothing to do for
+        most operations (see `_FlushCall`)."""
+
     def __repr__(self) -> str:
         return f"Call({self.name}, done={self.done})"
+
+
+class _FlushCall(Call):
+    """A flush: its error (history writes that failed, signal batches lost) is said
+    once, to a caller. One whose caller went away (`abandon`) hands it to the next
+    flush or to ``close()``, so no loss goes unreported."""
+
+    __slots__ = ("core",)
+
+    def __init__(self, core: Core, reply: Reply) -> None:
+        super().__init__("flush", [reply])
+        self.core = core
+
+    def result(self) -> Any:
+        errors = self.core.take_carried()
+        try:
+            super().result()
+        except StorageError as exc:
+            errors.append(exc)
+        if errors:
+            raise _combined(errors)
+        return None
+
+    def abandon(self) -> None:
+        self.replies[0].add_done_callback(self.core.carry_error_of)
+
+
+def _combined(errors: list[StorageError]) -> StorageError:
+    """One StorageError saying every one of ``errors`` (the first as the cause)."""
+    if len(errors) == 1:
+        return errors[0]
+    err = StorageError("; ".join(map(str, errors)))
+    err.__cause__ = errors[0]
+    return err
 
 
 def _error_of(reply: Reply) -> StorageError | None:
@@ -359,6 +398,8 @@ class Core:
         self.host = host
         self.closed = False
         self.pid = os.getpid()  # the process that opened it: the only one that may use it
+        self._carried: list[StorageError] = []  # errors of flushes nobody read (`_FlushCall`)
+        self._carry_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._close_done = threading.Event()
         self._closer: int | None = None
@@ -421,6 +462,7 @@ class Core:
 
     def _close(self) -> None:
         lost: StorageError | None = None
+        final_flush: Reply | None = None
         # a fence: a call that found the database open and is about to send waits
         # here; one that comes after sees it closed (`_send` checks under the lock)
         for buf in self._buffers:
@@ -436,13 +478,14 @@ class Core:
             # 3: everything is committed.
             r = Reply("close-sync")
             self._barrier(tuple(range(self._nl)), r, closing=True)
-            self.host.settle(r, 60.0)
+            self.host.settle(r, CLOSE_WAIT_S)
             r = Reply("close-drain")
             self.host.tell(M.COORD_ADDR, M.Drain(r))
-            self.host.settle(r, 60.0)
+            self.host.settle(r, CLOSE_WAIT_S)
             r = Reply("close-flush")
             self._barrier(tuple(range(self._nl)), r, durable=True, closing=True, reports_loss=True)
-            self.host.settle(r, 60.0)
+            if not self.host.settle(r, CLOSE_WAIT_S):
+                final_flush = r  # not confirmed yet: looked at again once the actors stopped
             lost = _error_of(r)
         except TidalError:
             pass
@@ -462,10 +505,18 @@ class Core:
                         self.store.commit(snapshot_write_ops(self.config, [b.state for b in self.ledgers]))
         finally:
             self.store.close()
-        if lost is not None:
+        if final_flush is not None:  # stopping the actors drained their mailboxes
+            lost = _error_of(final_flush)
+            if lost is None and not final_flush.done:
+                lost = StorageError(
+                    f"closed, but the final flush did not finish within {CLOSE_WAIT_S:g} s: the signals "
+                    "sent since the last flush may not be durable"
+                )
+        errors = self.take_carried() + ([lost] if lost is not None else [])
+        if errors:
             # closed, but signals acknowledged since the last flush are not durable:
             # never silently (close() returning means they are)
-            raise lost
+            raise _combined(errors)
 
     def fail_inflight(self) -> None:
         with self._inflight_lock:
@@ -483,6 +534,20 @@ class Core:
                     "the store in the child (after the parent has closed it) instead"
                 )
             raise DatabaseClosed("the database is closed")
+
+    def carry_error_of(self, reply: Reply) -> None:
+        """Keep the StorageError ``reply`` (an abandoned flush's) settled with, for the
+        next flush or ``close()`` to raise."""
+        err = _error_of(reply)
+        if err is not None:
+            with self._carry_lock:
+                self._carried.append(err)
+
+    def take_carried(self) -> list[StorageError]:
+        """The errors abandoned flushes left (see `_FlushCall`), now taken."""
+        with self._carry_lock:
+            out, self._carried = self._carried, []
+        return out
 
     def disown(self) -> None:
         """In a forked child: mark this database closed without touching the store, the
@@ -771,7 +836,7 @@ class Core:
         self.check_open()
         reply = Reply("flush")
         self._barrier(tuple(range(self._nl)), reply, durable=True, reports_loss=True)
-        return Call("flush", [reply])
+        return _FlushCall(self, reply)
 
     def rematerialize(self, cohort: str) -> Call:
         c = check_cohort(cohort, allow_community=True)

@@ -479,7 +479,15 @@ class Aggregates:
                 older[b] = (bk[0] + 1, bk[1] + w, bk[2] + wf, ts if ts > bk[3] else bk[3])
 
     def _renormalize(self, k: int, new_landmark: int, h: int) -> None:
-        factor = 2.0 ** ((int(self.L[k]) - new_landmark) / h)
+        """Move key ``k``'s landmark to ``new_landmark`` (ns), rescaling its sums.
+
+        The rescaled sums carry the rounding of the exponent, ``d = (L - new) / h``:
+        a contribution retracted later, computed against the new landmark, differs
+        from its rescaled self by up to ``|d| * ln 2`` units in the last place, so
+        ``AMP`` grows by ``log2(1 + |d| ln 2)`` (see `retract_rows`)."""
+        d = (int(self.L[k]) - new_landmark) / h
+        self.AMP[k] += math.log2(1.0 + abs(d) * math.log(2.0))
+        factor = 2.0 ** d
         self.S[k] *= factor
         self.CFD[k] *= factor
         older = self.older.get(k)
@@ -645,7 +653,13 @@ class Aggregates:
             if not idx:
                 self._drop_key(kk)
                 continue
-            h, landmark = int(self.HL[kk]), int(self.L[kk])
+            h = int(self.HL[kk])
+            # a purged contribution may have moved the landmark past every remaining
+            # one: bring it back to the latest remaining (reads at or after the key's
+            # latest contribution scale from the landmark, which must not lie after it)
+            latest_ts = max(ts_all[i] for i in idx)
+            landmark = min(int(self.L[kk]), latest_ts)
+            self.L[kk] = landmark
             buckets: dict[int, tuple[list[float], list[float], int]] = {}
             every: list[float] = []
             for i in idx:
@@ -665,7 +679,7 @@ class Aggregates:
             self.CB[kk], self.CN[kk], self.CW[kk], self.CFD[kk], self.CTM[kk] = (
                 latest, len(ws), math.fsum(ws), math.fsum(fs), tm)
             self.S[kk] = math.fsum(every)
-            self.TM[kk] = max(ts_all[i] for i in idx)
+            self.TM[kk] = latest_ts
             self.AMP[kk] = 0.0
             if older:
                 self.older[kk] = older
