@@ -1,7 +1,10 @@
 """Configuration: one immutable `Config`, loadable from TOML (`config/default.toml`).
 
-Owns setting names, defaults and their validation. Durations are int nanoseconds,
-sizes int bytes. Every field is documented in `config/default.toml`.
+Owns setting names, defaults and their validation. Every duration setting is named
+with its unit (``_ns``: int nanoseconds, ``_ms``: float milliseconds); a bare number
+is in that unit, and a string such as ``"7d"`` or ``"250ms"`` (the command line's
+syntax, :func:`._durations.parse_duration`) is accepted too. Sizes are int bytes.
+Every field is documented in `config/default.toml`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._durations import parse_duration
 from ._errors import InvalidArgument
 
 __all__ = ["MAX_MAP_SIZE_BYTES", "MIN_MAP_SIZE_BYTES", "Config"]
@@ -37,13 +41,39 @@ SECTIONS: dict[str, frozenset[str]] = {
 }
 """The TOML sections of ``config/default.toml`` and the settings each holds."""
 
+NS_DURATIONS = ("half_life_ns", "window_width_ns", "history_retention_ns")
+"""Settings in int nanoseconds (besides ``half_life_ns_by_type``'s values)."""
+MS_DURATIONS = ("signal_flush_interval_ms", "rematerialize_after_ms")
+"""Settings in float milliseconds."""
+
+
+def _duration_ns(name: str, value: Any) -> Any:
+    """``value`` in int ns if it is a duration string, else ``value`` unchanged."""
+    return parse_duration(value, name) if isinstance(value, str) else value
+
+
+def _duration_ms(name: str, value: Any) -> Any:
+    """``value`` in float ms if it is a duration string, else ``value`` unchanged."""
+    if isinstance(value, str):
+        return parse_duration(value, name, bare_unit="ms") / 1_000_000
+    return value
+
 
 @dataclass(frozen=True, slots=True)
 class Config:
     """Runtime settings (see ``config/default.toml`` for each one's meaning).
 
+    Each duration's name says its unit: ``..._ns`` settings (and
+    ``half_life_ns_by_type``'s values) are int nanoseconds, ``..._ms`` settings float
+    milliseconds. Each also takes a duration string, ``"<int><unit>"`` with unit
+    ``d``, ``h``, ``m``, ``s``, ``ms``, ``us`` or ``ns`` (``"7d"``, ``"250ms"``;
+    a string without a unit is in the setting's unit), converted at construction:
+    ``Config(half_life_ns="7d").half_life_ns == 604800000000000`` and
+    ``Config(signal_flush_interval_ms="500us").signal_flush_interval_ms == 0.5``.
+
     Raises:
-        InvalidArgument: a setting is out of range (named in the error).
+        InvalidArgument: a setting is out of range or a duration string is malformed
+            (the error names the setting and the value).
     """
 
     half_life_ns: int = 7 * DAY_NS
@@ -62,6 +92,16 @@ class Config:
     rematerialize_after_ms: float | None = 1000.0
 
     def __post_init__(self) -> None:
+        for name in NS_DURATIONS:
+            object.__setattr__(self, name, _duration_ns(name, getattr(self, name)))
+        for name in MS_DURATIONS:
+            object.__setattr__(self, name, _duration_ms(name, getattr(self, name)))
+        if isinstance(self.half_life_ns_by_type, Mapping):
+            object.__setattr__(self, "half_life_ns_by_type", {
+                k: _duration_ns(f"half_life_ns_by_type[{k}]", v)
+                for k, v in self.half_life_ns_by_type.items()
+            })
+
         def positive(name: str, value: Any, kind: type = int) -> None:
             if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:  # type: ignore[operator]
                 raise InvalidArgument(name, value, f"must be a positive {kind.__name__}")
@@ -148,8 +188,9 @@ class Config:
         Settings sit in their sections (``SECTIONS``: ``[decay]``, ``[window]``,
         ``[contribution_log]``, ``[shards]``, ``[ingest]``, ``[storage]``,
         ``[purge]``) or at the top level; ``[decay.half_life_ns_by_type]`` maps type
-        ids (as strings) to ns. An unknown key, a key in another section, or one set
-        twice raises InvalidArgument.
+        ids (as strings) to half-lives. Durations are numbers in the setting's unit
+        or strings such as ``"7d"`` (see :class:`Config`). An unknown key, a key in
+        another section, one set twice, or a bad value raises InvalidArgument.
         """
         known = {f.name for f in dataclasses.fields(cls)}
         flat: dict[str, Any] = {}

@@ -1,8 +1,10 @@
 """Human-readable durations for the command line and scenario files.
 
-Owns the one duration syntax the edges accept: an integer followed by ``d``, ``h``,
-``m``, ``s``, ``ms``, ``us`` or ``ns``, or a plain integer meaning nanoseconds. The
-library itself only ever sees integer nanoseconds; this module must not read clocks.
+Owns the one duration syntax the edges accept (command-line flags, scenario files and
+``Config``/``config/default.toml``): an integer followed by ``d``, ``h``, ``m``, ``s``,
+``ms``, ``us`` or ``ns``, or a plain integer in the caller's unit (nanoseconds unless
+said otherwise). The library itself only ever sees integer nanoseconds; this module
+must not read clocks.
 """
 
 from __future__ import annotations
@@ -27,14 +29,16 @@ UNIT_NS: dict[str, int] = {
 _DURATION = re.compile(r"([0-9]+)(d|h|ms|m|s|us|ns)?")
 
 
-def parse_duration(text: str | int, field: str = "duration") -> int:
+def parse_duration(text: str | int, field: str = "duration", bare_unit: str = "ns") -> int:
     """Parse a duration into integer nanoseconds.
 
     Args:
         text: ``"90d"``, ``"12h"``, ``"30m"``, ``"15s"``, ``"250ms"``, ``"10us"``,
-            ``"5ns"``, or a plain integer (``"123"`` or ``123``) meaning nanoseconds.
+            ``"5ns"``, or a plain integer (``"123"`` or ``123``) in ``bare_unit``.
             Surrounding whitespace is ignored; no sign, fraction or separator.
         field: the argument's name, used in the error.
+        bare_unit: the unit of a plain integer, one of :data:`UNIT_NS`'s keys
+            (``"ns"`` by default; ``"ms"`` for a setting named ``..._ms``).
 
     Returns:
         The duration in nanoseconds, an int ``>= 0``.
@@ -44,20 +48,22 @@ def parse_duration(text: str | int, field: str = "duration") -> int:
     """
     if isinstance(text, bool):
         raise InvalidArgument(field, text, "must be a duration such as 90d, 12h, 250ms or 123")
+    if bare_unit not in UNIT_NS:
+        raise InvalidArgument("bare_unit", bare_unit, f"must be one of {', '.join(UNIT_NS)}")
     if isinstance(text, int):
         if text < 0:
             raise InvalidArgument(field, text, "must not be negative")
-        return text
+        return text * UNIT_NS[bare_unit]
     if not isinstance(text, str):
         raise InvalidArgument(field, text, "must be a duration such as 90d, 12h, 250ms or 123")
     match = _DURATION.fullmatch(text.strip())
     if match is None or not text.isascii():
         raise InvalidArgument(
             field, text, "must be an integer with unit d, h, m, s, ms, us or ns (e.g. 90d, 250ms), "
-            "or plain integer nanoseconds"
+            f"or a plain integer in {bare_unit}"
         )
     number, unit = match.groups()
-    return int(number) * UNIT_NS[unit or "ns"]
+    return int(number) * UNIT_NS[unit or bare_unit]
 
 
 def format_duration(ns: int) -> str:
