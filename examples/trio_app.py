@@ -11,12 +11,16 @@ wake the waiting tasks, so the event loop is never blocked. At the end the progr
 prints a short summary. Run:
 
     python examples/trio_app.py [--path DIR] [--producers N] [--users N] [--signals N]
+
+Ctrl-C stops it: trio cancels every task, the database is closed, and one line says
+so (exit status 130).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import dataclass, field
 
 import trio
@@ -123,4 +127,11 @@ if __name__ == "__main__":
     ap.add_argument("--users", type=int, default=25, help="users per producer")
     ap.add_argument("--signals", type=int, default=20, help="signals per user")
     args = ap.parse_args()
-    trio.run(main, args.path, args.producers, args.users, args.signals)
+    interrupted = False
+    try:
+        trio.run(main, args.path, args.producers, args.users, args.signals)
+    except* KeyboardInterrupt:  # Ctrl-C: trio cancels every task; the database is closed
+        interrupted = True
+    if interrupted:
+        print("interrupted (Ctrl-C): stopped, database closed", file=sys.stderr)
+        sys.exit(130)

@@ -199,7 +199,7 @@ def test_inspect_reads_the_data_dir_a_replay_left(run: Run, tmp_path: Path) -> N
     res = run("inspect", "--data-dir", data, "user", 2)
     assert res.code == 0, res
     assert "cohorts        a, b" in res.out and "manifests      1" in res.out
-    assert f"cohort b  created {T + 3 * H} " in res.out and "1 entries, 0 evicted" in res.out
+    assert f"cohort b  created {T + 3 * H} " in res.out and "1 entry, 0 evicted" in res.out
 
     # default read time: the last replayed event, with the replay's half-life
     res = run("inspect", "--data-dir", data, "top", "a")
@@ -219,11 +219,11 @@ def test_inspect_reads_the_data_dir_a_replay_left(run: Run, tmp_path: Path) -> N
 
     res = run("inspect", "--data-dir", data, "manifests", 2)
     assert res.code == 0, res
-    assert "user 2: 1 manifest(s)" in res.out and "cohort      b" in res.out
+    assert "user 2: 1 manifest" in res.out and "cohort      b" in res.out
     assert f"entity 10  type 1  weight 2.0  ts {T + H} " in res.out
 
     res = run("inspect", "--data-dir", data, "manifests", 1)
-    assert res.code == 0 and "user 1: 0 manifest(s)" in res.out
+    assert res.code == 0 and "user 1: 0 manifests" in res.out
 
 
 def test_a_bad_row_stops_the_replay_and_the_rows_before_it_stay(run: Run, tmp_path: Path) -> None:
@@ -250,7 +250,7 @@ def test_skip_invalid_skips_and_counts_bad_rows(run: Run, tmp_path: Path) -> Non
     assert res.code == 0, res
     got = json.loads(report.read_text())
     assert (got["rows"], got["skipped_rows"], got["signals"], got["gated"]) == (5, 1, 2, 0)
-    assert "1 invalid rows skipped" in res.out and f"{log}:5:" in res.out
+    assert "1 invalid row skipped" in res.out and f"{log}:5:" in res.out
 
     res = run("inspect", "--data-dir", data, "user", 1)
     assert "status         Active" in res.out

@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from ._cli_text import plural
 from ._errors import InvalidArgument
 from ._eventlog import EventRow
 from ._rebuilds import EventTimeRebuilds, delay_ns_of
@@ -147,7 +148,8 @@ def simulate_target_refusal(data_dir: Path, state: Mapping[str, Any]) -> str:
         if isinstance(stopped, dict) and isinstance(stopped.get("after_rows"), int):
             of = stopped.get("of_rows")
             held += (f", interrupted after {stopped['after_rows']:,}"
-                     + (f" of {of:,}" if isinstance(of, int) else "") + " rows")
+                     + (f" of {of:,}" if isinstance(of, int) else "")
+                     + (" row" if (of if isinstance(of, int) else stopped["after_rows"]) == 1 else " rows"))
     return (f"--data-dir {data_dir} is not empty{held}. simulate needs a new or empty "
             "directory (its check compares the store with a reference model that starts "
             "empty, and a simulation cannot be resumed): choose another directory or "
@@ -161,13 +163,13 @@ def report_interrupted_simulation(exc: Any, total_rows: int, data_dir: Path | No
     c = exc.counts
     out = click.echo
     if exc.phase == "check":
-        out(f"interrupted before the check: all {exc.rows:,} rows applied, not compared "
+        out(f"interrupted before the check: all {plural(exc.rows, 'row')} applied, not compared "
             "with the reference model")
     else:
-        out(f"interrupted after {exc.rows:,} of {total_rows:,} rows")
+        out(f"interrupted after {exc.rows:,} of {plural(total_rows, 'row')}")
     if c is not None:
-        out(f"  applied    {c.signals:,} signals, {c.assigns:,} assigns, {c.leaves:,} leaves, "
-            f"{c.rejoins:,} rejoins, {c.purges:,} purges")
+        out(f"  applied    {plural(c.signals, 'signal')}, {plural(c.assigns, 'assign')}, "
+            f"{plural(c.leaves, 'leave')}, {plural(c.rejoins, 'rejoin')}, {plural(c.purges, 'purge')}")
     if data_dir is not None:
         out(f"  store      {data_dir} (flushed and closed; `tidal-actors inspect --data-dir "
             f"{shlex.quote(str(data_dir))} ...` reads it)")
@@ -176,4 +178,4 @@ def report_interrupted_simulation(exc: Any, total_rows: int, data_dir: Path | No
     else:
         out(f"  store      {'temporary, deleted' if store is not None else 'ephemeral'}: "
             "nothing was kept")
-    click.echo(f"tidal-actors: interrupted after {exc.rows:,} rows", err=True)
+    click.echo(f"tidal-actors: interrupted after {plural(exc.rows, 'row')}", err=True)

@@ -440,7 +440,9 @@ class ApplyCounts:
 
     ``manifest_entries`` is the number of contribution records listed in the
     manifests returned; ``first_ts_ns`` / ``max_ts_ns`` bound the event times seen
-    (int ns, None before the first row).
+    (int ns, None before the first row); ``last_ts_ns`` is the last row's time and
+    ``back_in_time`` counts the rows earlier than the row before them (legal: each
+    row is applied at its own ``ts_ns``; an equal time is not earlier).
     """
 
     rows: int = 0
@@ -453,6 +455,8 @@ class ApplyCounts:
     manifest_entries: int = 0
     first_ts_ns: int | None = None
     max_ts_ns: int | None = None
+    last_ts_ns: int | None = None
+    back_in_time: int = 0
 
 
 def apply_events(
@@ -524,6 +528,9 @@ def apply_events(
                 counts.first_ts_ns = ts
             if counts.max_ts_ns is None or ts > counts.max_ts_ns:
                 counts.max_ts_ns = ts
+            if counts.last_ts_ns is not None and ts < counts.last_ts_ns:
+                counts.back_in_time += 1
+            counts.last_ts_ns = ts
             if isinstance(row, SignalRow):
                 clock.set(ts)
                 pending.append(Signal(row.user_id, row.entity_id, row.signal_type, row.weight, ts))

@@ -438,6 +438,15 @@ class LmdbStore:
                 raise StorageError(f"cannot read {keyspace.value} key {key.hex()} of {self.path}: {exc}") from exc
             return bytes(v) if v is not None else None
 
+    def raw_keys(self, keyspace: Keyspace) -> list[bytes]:
+        """Every key of ``keyspace``, in key order, values not read (`inspect`).
+
+        Raises:
+            DatabaseClosed: the store is closed. StorageError: LMDB failed to read it.
+        """
+        with self._env_lock, self._begin() as txn:
+            return [bytes(k) for k, _ in self._read(txn, keyspace)]
+
     def disown(self) -> None:
         """In a forked child: forget the environment without closing it (closing would
         end transactions a parent's thread had open at the fork, in the shared reader

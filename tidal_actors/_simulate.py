@@ -1084,7 +1084,7 @@ def plot_timeline(result: SimulationResult, path: str | Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise InvalidArgument("--plot", str(path),
-                              "needs matplotlib: pip install 'tidal_actors[plot]'") from None
+                              "needs matplotlib: pip install -e '.[plot]' (from the repository's folder)") from None
     rows = result.timeline
     t = [r["t_s"] for r in rows]
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))

@@ -25,17 +25,16 @@ import dataclasses
 import datetime as _dt
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 from tqdm import tqdm
 
+from ._cli_inspect import inspect
 from ._cli_replay import (
     PENDING_KEY,
     STATE_FILE,
@@ -47,10 +46,11 @@ from ._cli_replay import (
     report_interrupted_simulation,
     simulate_target_refusal,
 )
+from ._cli_text import plural
 from ._clock import ManualClock
 from ._config import Config
 from ._durations import parse_duration
-from ._errors import InvalidArgument, TidalError, UnknownCohort, UnknownPurge
+from ._errors import InvalidArgument, TidalError
 from ._eventlog import (
     ApplyCounts,
     EventLogError,
@@ -59,8 +59,6 @@ from ._eventlog import (
     apply_events,
 )
 from ._interrupt import EXIT_INTERRUPTED, STOP_NOTICE, Interrupted, StopOnSigint
-from ._types import MembershipStatus
-from ._validate import check_cohort
 
 __all__ = ["cli", "main"]
 
@@ -237,10 +235,36 @@ def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
     return int(after.get(name, 0)) - int(before.get(name, 0))
 
 
+EXIT_CLOSED_PIPE = 141
+"""Exit status when standard output's reader went away (``... | head -1``): 128 +
+SIGPIPE, what a shell reports for a Unix tool killed by it."""
+
+
+def _closed_pipe() -> NoReturn:
+    """Standard output's reader is gone: exit quietly, as Unix tools do. Standard
+    output is pointed at /dev/null first, so that the interpreter's last flush of
+    what is still buffered does not fail again (and print "Exception ignored")."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(EXIT_CLOSED_PIPE)
+
+
+class _Group(click.Group):
+    """The command group; a closed standard output ends a command quietly (click
+    alone would exit 1 without a word)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            _closed_pipe()
+
+
 # ---------------------------------------------------------------- commands
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tidal_actors", prog_name="tidal-actors")
 def cli() -> None:
     """tidal-actors: replay engagement logs, inspect a store, run simulations.
@@ -389,6 +413,7 @@ def replay(
         "skipped_rows": reader.skipped,
         "first_ts_ns": counts.first_ts_ns,
         "last_ts_ns": counts.max_ts_ns,
+        "rows_back_in_time": counts.back_in_time,
         "at_ns": at,
         "elapsed_s": elapsed,
         "signals_per_s": counts.signals / elapsed if elapsed > 0 else 0.0,
@@ -403,28 +428,30 @@ def replay(
     out = click.echo
     verb = "stopped at a bad row after" if error else "interrupted after" if feed.cut \
         else "replayed"
-    out(f"{verb} {report['rows']:,} rows of {events} in {elapsed:.3f} s"
+    out(f"{verb} {plural(counts.rows, 'row')} of {events} in {elapsed:.3f} s"
         + (f" (after skipping the first {feed.skipped:,})" if feed.skipped else "")
-        + (f" ({reader.skipped:,} invalid rows skipped)" if reader.skipped else ""))
+        + (f" ({plural(reader.skipped, 'invalid row')} skipped)" if reader.skipped else ""))
     out(f"  signals    {counts.signals:>10,}   forwarded {report['forwarded']:,}, "
         f"gated {report['gated']:,}   ({report['signals_per_s']:,.0f} signals/s)")
     out(f"  control    assigns {counts.assigns:,}, leaves {counts.leaves:,}, "
         f"rejoins {counts.rejoins:,}, purges {counts.purges:,}")
-    out(f"  records    {report['contribution_records']:,} contribution records, "
-        f"{report['retracted_records']:,} retracted in {counts.manifests:,} manifests")
-    out(f"  event time {_iso(counts.first_ts_ns)} .. {_iso(counts.max_ts_ns)}")
+    out(f"  records    {plural(_delta(after, before, 'records'), 'contribution record')}, "
+        f"{report['retracted_records']:,} retracted in {plural(counts.manifests, 'manifest')}")
+    out(f"  event time {_iso(counts.first_ts_ns)} .. {_iso(counts.max_ts_ns)}"
+        + (f"; {plural(counts.back_in_time, 'row')} earlier than the row before "
+           "(applied at their own ts_ns)" if counts.back_in_time else ""))
     for err in reader.skip_errors:
         out(f"  skipped    {err}")
     if reader.skipped > len(reader.skip_errors):
         out(f"  skipped    ... and {reader.skipped - len(reader.skip_errors):,} more")
     if scores_written is not None:
-        out(f"  scores     {scores_written:,} aggregate rows at {_stamp(at)} -> {scores_out}")
+        out(f"  scores     {plural(scores_written, 'aggregate row')} at {_stamp(at)} -> {scores_out}")
     if report_out is not None:
         out(f"  report     {report_out}")
     out(f"  store      {data_dir if data_dir is not None else 'ephemeral'}"
         + ("" if complete or data_dir is None else
-           f" (flushed and closed; {len(rebuilds.pending())} purged cohort(s) wait for "
-           "their re-materialization)"))
+           f" (flushed and closed; {plural(len(rebuilds.pending()), 'purged cohort')} "
+           "waiting for re-materialization)"))
     if not complete and not feed.short:
         what = f"fix {error.path}:{error.line}, then: " if error is not None else ""
         out("  to go on   " + (what + go_on_command(
@@ -442,154 +469,13 @@ def replay(
         _fail(f"invalid --skip-rows={skip_rows}: the log has only {feed.skipped:,} rows",
               EXIT_BAD_INPUT)
     if feed.cut:
-        click.echo(f"tidal-actors: interrupted after {next_skip:,} rows of {events}", err=True)
+        click.echo(f"tidal-actors: interrupted after {plural(next_skip, 'row')} of {events}", err=True)
         sys.exit(EXIT_INTERRUPTED)
 
 
 # ---------------------------------------------------------------- inspect
 
-
-@cli.group()
-@click.option("--data-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="A data directory written by replay or simulate (required).")
-@click.pass_context
-def inspect(ctx: click.Context, data_dir: Path | None) -> None:
-    """Read a data directory: a user, a cohort's top entities, a user's manifests."""
-    ctx.obj = data_dir
-
-
-@contextmanager
-def _inspected(data_dir: Path | None) -> Iterator[tuple[Any, int]]:
-    """The database in ``data_dir`` and the default read time (int ns)."""
-    if data_dir is None:  # checked here, not by click, so that `inspect top --help` works
-        raise click.UsageError("Missing option '--data-dir'.")
-    if not any(data_dir.iterdir()):
-        _fail(f"{data_dir}: empty directory, not a tidal_actors data directory", EXIT_BAD_INPUT)
-    if not (data_dir / "tidal.lock").exists() and not (data_dir / STATE_FILE).exists():
-        # inspecting must not create a store where there was none
-        _fail(f"{data_dir}: not a tidal_actors data directory (no tidal.lock)", EXIT_BAD_INPUT)
-    state = _read_state(data_dir)
-    config = _stored_config(data_dir) or Config()
-    last = state.get("last_event_ns")
-    # scores decay: read at the last replayed event by default, not at the wall clock
-    default_at = last if isinstance(last, int) else time.time_ns()
-    try:
-        # read-only: inspecting writes nothing (no snapshot, no resumed rebuild)
-        with _open_db(data_dir, config, ManualClock(default_at), read_only=True) as db:
-            yield db, default_at
-    except InvalidArgument as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
-    except (UnknownPurge, UnknownCohort) as exc:  # asked for what the store does not hold
-        _fail(f"{type(exc).__name__}: {exc}", EXIT_BAD_INPUT)
-    except TidalError as exc:
-        _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
-
-
-@inspect.command("user", context_settings={"ignore_unknown_options": True})
-@click.argument("user_id", type=ID)
-@click.pass_obj
-def inspect_user(data_dir: Path | None, user_id: int) -> None:
-    """USER_ID's status, leave history, cohorts and purge manifests."""
-    with _inspected(data_dir) as (db, _):
-        membership = db.community_layer_status(user_id)
-        history = db.community_leave_history(user_id)
-        cohorts = sorted(db.cohorts_of(user_id))
-        manifests = db.list_purge_manifests(user_id)
-    out = click.echo
-    out(f"user {user_id}")
-    out(f"  status         {membership.status.name}")
-    left = membership.left_at_ns if membership.status is MembershipStatus.Left else None
-    out(f"  left_at_ns     {_stamp(left)}")
-    out(f"  leave history  {len(history)} epoch(s)")
-    for epoch in history:
-        rejoined = "still left" if epoch.rejoined_at_ns is None else \
-            f"rejoined {_stamp(epoch.rejoined_at_ns)}"
-        out(f"    left {_stamp(epoch.left_at_ns)}  {rejoined}")
-    out(f"  cohorts        {', '.join(cohorts) if cohorts else '(none)'}")
-    out(f"  manifests      {len(manifests)}")
-    for m in manifests:
-        out(f"    {m.purge_id}  cohort {m.cohort}  created {_stamp(m.created_at_ns)}  "
-            f"{len(m.entries)} entries, {m.evicted} evicted")
-
-
-@inspect.command("top")
-@click.argument("cohort")
-@click.option("--type", "signal_type", type=ID, metavar="N",
-              help="Signal type id. Default: every type present in the cohort.")
-@click.option("-k", "k", type=click.IntRange(1, 2**31 - 1), default=10, show_default=True,
-              metavar="K",
-              help="How many entities.")
-@click.option("--at", "at_ns", type=TIMESTAMP, metavar="TS_NS",
-              help="Read time (int ns). Default: the last event replayed into the directory.")
-@click.pass_obj
-def inspect_top(data_dir: Path | None, cohort: str, signal_type: int | None, k: int,
-                at_ns: int | None) -> None:
-    """The k highest entities of COHORT (a name or @community) by decay score."""
-    try:
-        check_cohort(cohort, allow_community=True)
-    except InvalidArgument as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
-    with _inspected(data_dir) as (db, default_at):
-        at = default_at if at_ns is None else at_ns
-        if signal_type is not None:
-            types = [signal_type]
-        else:
-            types = sorted({r[2] for r in db.aggregate_rows(at) if r[0] == cohort})
-        tops = [(t, db.top_entities(cohort, t, k, at)) for t in types]
-    out = click.echo
-    out(f"cohort {cohort} at {_stamp(at)}")
-    if not types:
-        out("  no contributions")
-    for t, top in tops:
-        out(f"  signal type {t}: top {len(top)}")
-        for rank, (entity_id, score) in enumerate(top, 1):
-            out(f"    {rank:>4}  entity {entity_id:<20}  score {score!r}")
-
-
-@inspect.command("manifests", context_settings={"ignore_unknown_options": True})
-@click.argument("user_id", type=ID)
-@click.pass_obj
-def inspect_manifests(data_dir: Path | None, user_id: int) -> None:
-    """Each purge manifest of USER_ID with its entries, oldest first."""
-    with _inspected(data_dir) as (db, _):
-        manifests = db.list_purge_manifests(user_id)
-        statuses = {m.purge_id: db.purge_status(m.purge_id) for m in manifests} \
-            if hasattr(db, "purge_status") else {}
-    out = click.echo
-    out(f"user {user_id}: {len(manifests)} manifest(s)")
-    for m in manifests:
-        out(f"manifest {m.purge_id}")
-        out(f"  cohort      {m.cohort}")
-        out(f"  created_at  {_stamp(m.created_at_ns)}")
-        out(f"  entries     {len(m.entries)}   evicted before the purge: {m.evicted}")
-        if m.purge_id in statuses:
-            out(f"  status      {_purge_state(statuses[m.purge_id])}")
-        for e in m.entries:
-            out(f"    entity {e.entity_id}  type {e.signal_type_id}  weight {e.weight!r}  "
-                f"ts {_stamp(e.timestamp_ns)}")
-
-
-def _purge_state(st: Any) -> str:
-    if st.rematerialized:
-        return (f"retracted live {st.retracted_live}, re-materialized at "
-                f"{_stamp(st.rematerialized_at_ns)} ({st.excluded_by_rematerialization} more left out)")
-    return f"retracted live {st.retracted_live}, re-materialization pending"
-
-
-@inspect.command("purge", context_settings={"ignore_unknown_options": True})
-@click.argument("purge_id")
-@click.pass_obj
-def inspect_purge(data_dir: Path | None, purge_id: str) -> None:
-    """Where purge PURGE_ID (32 hex digits, as listed by `manifests`) stands."""
-    if not re.fullmatch(r"[0-9a-fA-F]{32}", purge_id):
-        _fail(f"invalid purge_id={purge_id!r}: must be 32 hex digits", EXIT_BAD_INPUT)
-    pid = int(purge_id, 16)
-    with _inspected(data_dir) as (db, _):
-        st = db.purge_status(pid)
-    click.echo(f"purge {st.purge_id}")
-    click.echo(f"  user        {st.user_id}")
-    click.echo(f"  cohort      {st.cohort}")
-    click.echo(f"  state       {_purge_state(st)}")
+cli.add_command(inspect)  # tidal_actors/_cli_inspect.py
 
 
 # ---------------------------------------------------------------- simulate
@@ -641,7 +527,8 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
         try:  # checked before the run, which can take many minutes
             import matplotlib  # noqa: F401
         except ImportError:
-            _fail("--plot needs matplotlib: pip install 'tidal_actors[plot]'", EXIT_BAD_INPUT)
+            _fail("--plot needs matplotlib: pip install -e '.[plot]' "
+                  "(from the repository's folder)", EXIT_BAD_INPUT)
     if data_dir is not None and data_dir.exists() and any(data_dir.iterdir()):
         state = _read_state(data_dir) if holds_store(data_dir) else {}
         _fail(simulate_target_refusal(data_dir, state), EXIT_BAD_INPUT)
@@ -696,12 +583,15 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
 
     c, s, check, mem = result.counts, result.stats, result.check, result.memory
     out = click.echo
-    out(f"scenario {scenario.name} (seed {scenario.seed}): {scenario.users:,} users, "
-        f"{scenario.cohorts:,} cohorts, {scenario.entities:,} entities, "
-        f"{len(scenario.signal_types)} signal types")
-    out(f"  events     {result.events:,} rows generated in {generated_s:.2f} s: "
-        f"{c.signals:,} signals, {c.assigns:,} assigns, {c.leaves:,} leaves, "
-        f"{c.rejoins:,} rejoins, {c.purges:,} purges")
+    with_events = len({r.user_id for r in events})
+    idle = scenario.users - with_events
+    out(f"scenario {scenario.name} (seed {scenario.seed}): {plural(scenario.users, 'user')}"
+        + (f" ({idle:,} of them without any event)" if idle > 0 else "")
+        + f", {plural(scenario.cohorts, 'cohort')}, {plural(scenario.entities, 'entity', 'entities')}, "
+        f"{plural(len(scenario.signal_types), 'signal type')}")
+    out(f"  events     {plural(result.events, 'row')} generated in {generated_s:.2f} s: "
+        f"{plural(c.signals, 'signal')}, {plural(c.assigns, 'assign')}, "
+        f"{plural(c.leaves, 'leave')}, {plural(c.rejoins, 'rejoin')}, {plural(c.purges, 'purge')}")
     if result.setup_s:
         out(f"  set-up     every user joined its cohorts up front in {result.setup_s:.2f} s "
             "(16 callers; not part of the measured load)")
@@ -715,16 +605,19 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
         "signals/s (single-threaded model)")
     out(f"  counters   forwarded {s.get('forwarded', 0):,}, gated {s.get('gated', 0):,}, "
         f"records {s.get('records', 0):,}, retracted {s.get('retracted', 0):,}")
-    out("  latency    ms:        p50      p99    p99.9      max    count")
+    out(f"  latency    {'ms:':<12}{'p50':>10}{'p99':>10}{'p99.9':>10}{'max':>10}{'count':>13}")
     for op, q in result.latency.items():
         name = "signal ack" if op == "signal" else op
-        out(f"    {name:<16}{q['p50_ms']:>9.3f}{q['p99_ms']:>9.3f}{q['p99_9_ms']:>9.3f}"
-            f"{q['max_ms']:>9.1f}{int(q['count']):>9,}")
+        out(f"    {name:<19}{q['p50_ms']:>10.3f}{q['p99_ms']:>10.3f}{q['p99_9_ms']:>10.3f}"
+            f"{q['max_ms']:>10.3f}{int(q['count']):>13,}")
+    if "signal" in result.latency:
+        out("    (signal ack: one time per signal_batch call, weighted by its signals, so "
+            "one slow batch can set p99, p99.9 and max; count: signals)")
     if mem:
         per = mem.get("bytes_per_retained_record")
         line = (f"  memory     peak {mem['peak_bytes'] / 2**20:,.1f} MiB, end "
                 f"{mem['end_bytes'] / 2**20:,.1f} MiB above the start (RSS); "
-                f"{mem['retained_records']:,} contribution records retained")
+                f"{plural(mem['retained_records'], 'contribution record')} retained")
         out(line)
         if per is not None:
             out(f"             {per:,.1f} B per retained record (RSS)"
@@ -736,22 +629,24 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
     if result.restart is not None:
         r = result.restart
         verdict = "every figure equal" if not r["differences"] else \
-            f"{len(r['differences'])} figure(s) changed"
+            f"{plural(len(r['differences']), 'figure')} changed"
         out(f"  restart    after {r['after_rows']:,} rows: reopened in {r['restore_s']:.3f} s, {verdict}")
         for line in r["differences"]:
             out(f"    {line}")
     if result.restore_s is not None:
         verdict = "every figure equal" if not result.reopen_differences else \
-            f"{len(result.reopen_differences)} figure(s) changed"
+            f"{plural(len(result.reopen_differences), 'figure')} changed"
         out(f"  restore    {result.restore_s:.3f} s to reopen the store at the end, {verdict}")
         for line in result.reopen_differences:
             out(f"    {line}")
     if check.ok:
-        out(f"  check      OK: {check.aggregate_rows:,} aggregate rows, {check.users:,} users, "
-            f"{check.manifests:,} manifests agree with the reference model "
-            f"at {_stamp(result.at_ns)}")
+        which = "every user with an event" if check.users == with_events else \
+            f"a sample of the {with_events:,} users with an event"
+        out(f"  check      OK: {plural(check.aggregate_rows, 'aggregate row')}, "
+            f"{plural(check.users, 'user')} ({which}), {plural(check.manifests, 'manifest')} "
+            f"agree with the reference model at {_stamp(result.at_ns)}")
     else:
-        out(f"  check      FAILED: {check.mismatches:,} difference(s) from the reference model")
+        out(f"  check      FAILED: {plural(check.mismatches, 'difference')} from the reference model")
         for line in check.details:
             out(f"    {line}")
     if report_out is not None:
@@ -774,6 +669,9 @@ def main(argv: list[str] | None = None) -> None:
     open restores it as after a crash (every flushed row is there)."""
     try:
         rv = cli.main(args=argv, prog_name="tidal-actors", standalone_mode=False)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
+    except BrokenPipeError:
+        _closed_pipe()
     except (KeyboardInterrupt, click.exceptions.Abort):  # click turns the first into the second
         click.echo("tidal-actors: aborted (Ctrl-C again): the store, if any, was not closed; "
                    "its next open restores everything flushed, as after a crash", err=True)

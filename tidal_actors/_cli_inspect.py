@@ -1,0 +1,290 @@
+"""``tidal-actors inspect``: read a data directory, read-only.
+
+Owns the ``inspect`` group and its subcommands (``users``, ``user``, ``cohorts``,
+``top``, ``manifests``, ``purge``). ``--data-dir`` is taken before the subcommand
+(``inspect --data-dir D user 1``) or after it (``inspect user 1 --data-dir D``).
+The store is opened read-only (nothing is written, not even at close; a pending
+re-materialization stays pending) through ``cli._open_db``, looked up at call time
+so that the tests can swap the database for the reference model. An unknown cohort
+is bad input (exit 2), named on standard error with the closest known names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from ._cli_text import plural
+from ._clock import ManualClock
+from ._codec import Keyspace, Tag, decode_key
+from ._config import Config
+from ._errors import InvalidArgument, TidalError, UnknownCohort, UnknownPurge
+from ._types import COMMUNITY, MembershipStatus
+from ._validate import check_cohort
+
+__all__ = ["inspect"]
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+TIMESTAMP = click.IntRange(0, 2**63 - 1)
+ID = click.IntRange(0, 2**64 - 1)
+_DATA_DIR_HELP = ("A data directory written by replay or simulate (required; before or "
+                  "after the subcommand).")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _cli() -> Any:
+    from . import cli  # at call time: cli imports this module
+
+    return cli
+
+
+def _data_dir_option(f: F) -> F:
+    """``--data-dir`` on a subcommand (it is also accepted before the subcommand)."""
+    return click.option(
+        "--data-dir", "data_dir",
+        type=click.Path(exists=True, file_okay=False, path_type=Path), help=_DATA_DIR_HELP,
+    )(f)
+
+
+@click.group()
+@click.option("--data-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help=_DATA_DIR_HELP)
+@click.pass_context
+def inspect(ctx: click.Context, data_dir: Path | None) -> None:
+    """Read a data directory: its users and cohorts, a user, a cohort's top entities,
+    a user's manifests, a purge. Read-only: nothing is written to the store."""
+    ctx.obj = data_dir
+
+
+@contextmanager
+def _inspected(data_dir: Path | None) -> Iterator[tuple[Any, int]]:
+    """The database in ``data_dir`` (read-only) and the default read time (int ns)."""
+    cli = _cli()
+    if data_dir is None:  # checked here, not by click, so that `inspect top --help` works
+        raise click.UsageError("Missing option '--data-dir'.")
+    if not any(data_dir.iterdir()):
+        cli._fail(f"{data_dir}: empty directory, not a tidal_actors data directory",
+                  EXIT_BAD_INPUT)
+    if not (data_dir / "tidal.lock").exists() and not (data_dir / cli.STATE_FILE).exists():
+        # inspecting must not create a store where there was none
+        cli._fail(f"{data_dir}: not a tidal_actors data directory (no tidal.lock)", EXIT_BAD_INPUT)
+    state = cli._read_state(data_dir)
+    config = cli._stored_config(data_dir) or Config()
+    last = state.get("last_event_ns")
+    # scores decay: read at the last replayed event by default, not at the wall clock
+    default_at = last if isinstance(last, int) else time.time_ns()
+    try:
+        # read-only: inspecting writes nothing (no snapshot, no resumed rebuild)
+        with cli._open_db(data_dir, config, ManualClock(default_at), read_only=True) as db:
+            yield db, default_at
+    except InvalidArgument as exc:
+        cli._fail(str(exc), EXIT_BAD_INPUT)
+    except (UnknownPurge, UnknownCohort) as exc:  # asked for what the store does not hold
+        cli._fail(f"{type(exc).__name__}: {exc}", EXIT_BAD_INPUT)
+    except TidalError as exc:
+        cli._fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
+
+
+def user_ids(db: Any) -> list[int]:
+    """The users ``db`` holds a record of (a cohort assignment, a leave, a manifest),
+    ascending. A user who only ever signalled to @community has none and is not
+    listed. Reads the store's keys (no value decoded beyond what the open did)."""
+    store = getattr(getattr(db, "_core", None), "store", None)
+    if store is not None and hasattr(store, "raw_keys"):
+        ids = {decode_key(k)[0] for k in store.raw_keys(Keyspace.USERS)}
+        ids.update(user for user, tag, _ in map(decode_key, store.raw_keys(Keyspace.ITEMS))
+                   if tag == Tag.PURGE_MANIFEST)
+        return sorted(ids)
+    # the reference model (the tests' stand-in): the users it holds state of
+    held: set[int] = set()
+    for name in ("_cohorts", "_status", "_history", "_manifests"):
+        held.update(getattr(db, name, {}))
+    return sorted(held)
+
+
+def _known_cohorts(db: Any, at: int) -> tuple[Counter[str], Counter[str]]:
+    """Per cohort: the aggregate keys with a contribution at ``at``, and the members
+    (users assigned to it now). ``@community`` is among the keys' cohorts only."""
+    keys = Counter(r[0] for r in db.aggregate_rows(at))
+    members: Counter[str] = Counter()
+    for user in user_ids(db):
+        members.update(db.cohorts_of(user))
+    return keys, members
+
+
+# ---------------------------------------------------------------- subcommands
+
+
+@inspect.command("users")
+@_data_dir_option
+@click.pass_context
+def inspect_users(ctx: click.Context, data_dir: Path | None) -> None:
+    """Every user the store holds a record of, with status and cohort count."""
+    with _inspected(data_dir or ctx.obj) as (db, _):
+        rows = [(u, db.community_layer_status(u).status, len(db.cohorts_of(u)))
+                for u in user_ids(db)]
+    left = sum(1 for _, status, _ in rows if status is MembershipStatus.Left)
+    out = click.echo
+    out(f"{plural(len(rows), 'user')}: {len(rows) - left:,} active, {left:,} left "
+        "(users with a cohort, a leave or a manifest)")
+    out(f"  {'user_id':>20}  {'status':<8}{'cohorts':>8}")
+    for user, status, n in rows:
+        out(f"  {user:>20}  {status.name:<8}{n:>8,}")
+
+
+@inspect.command("user", context_settings={"ignore_unknown_options": True})
+@click.argument("user_id", type=ID)
+@_data_dir_option
+@click.pass_context
+def inspect_user(ctx: click.Context, user_id: int, data_dir: Path | None) -> None:
+    """USER_ID's status, leave history, cohorts and purge manifests."""
+    stamp = _cli()._stamp
+    with _inspected(data_dir or ctx.obj) as (db, _):
+        membership = db.community_layer_status(user_id)
+        history = db.community_leave_history(user_id)
+        cohorts = sorted(db.cohorts_of(user_id))
+        manifests = db.list_purge_manifests(user_id)
+    out = click.echo
+    out(f"user {user_id}")
+    out(f"  status         {membership.status.name}")
+    left = membership.left_at_ns if membership.status is MembershipStatus.Left else None
+    out(f"  left_at_ns     {stamp(left)}")
+    out(f"  leave history  {plural(len(history), 'epoch')}")
+    for epoch in history:
+        rejoined = "still left" if epoch.rejoined_at_ns is None else \
+            f"rejoined {stamp(epoch.rejoined_at_ns)}"
+        out(f"    left {stamp(epoch.left_at_ns)}  {rejoined}")
+    out(f"  cohorts        {', '.join(cohorts) if cohorts else '(none)'}")
+    out(f"  manifests      {len(manifests)}")
+    for m in manifests:
+        out(f"    {m.purge_id}  cohort {m.cohort}  created {stamp(m.created_at_ns)}  "
+            f"{plural(len(m.entries), 'entry', 'entries')}, {m.evicted} evicted")
+
+
+@inspect.command("cohorts")
+@click.option("--at", "at_ns", type=TIMESTAMP, metavar="TS_NS",
+              help="Read time (int ns). Default: the last event replayed into the directory.")
+@_data_dir_option
+@click.pass_context
+def inspect_cohorts(ctx: click.Context, at_ns: int | None, data_dir: Path | None) -> None:
+    """Every cohort (and @community) with its members and its aggregate keys."""
+    with _inspected(data_dir or ctx.obj) as (db, default_at):
+        at = default_at if at_ns is None else at_ns
+        keys, members = _known_cohorts(db, at)
+    names = sorted(set(keys) | set(members) | {COMMUNITY})
+    out = click.echo
+    out(f"{plural(len(names) - 1, 'cohort')} and {COMMUNITY} at {_cli()._stamp(at)} "
+        "(keys: (entity, signal type) pairs with a contribution)")
+    out(f"  {'cohort':<32}{'members':>10}{'keys':>10}")
+    for name in names:
+        shown = "-" if name == COMMUNITY else f"{members[name]:,}"
+        out(f"  {name:<32}{shown:>10}{keys[name]:>10,}")
+
+
+@inspect.command("top")
+@click.argument("cohort")
+@click.option("--type", "signal_type", type=ID, metavar="N",
+              help="Signal type id. Default: every type present in the cohort.")
+@click.option("-k", "k", type=click.IntRange(1, 2**31 - 1), default=10, show_default=True,
+              metavar="K", help="How many entities.")
+@click.option("--at", "at_ns", type=TIMESTAMP, metavar="TS_NS",
+              help="Read time (int ns). Default: the last event replayed into the directory.")
+@_data_dir_option
+@click.pass_context
+def inspect_top(ctx: click.Context, cohort: str, signal_type: int | None, k: int,
+                at_ns: int | None, data_dir: Path | None) -> None:
+    """The k highest entities of COHORT (a name or @community) by decay score.
+
+    A cohort the store does not know (no member, no contribution) is an error
+    (exit 2) naming the closest known names; `inspect cohorts` lists them."""
+    cli = _cli()
+    try:
+        check_cohort(cohort, allow_community=True)
+    except InvalidArgument as exc:
+        cli._fail(str(exc), EXIT_BAD_INPUT)
+    unknown: list[str] | None = None
+    with _inspected(data_dir or ctx.obj) as (db, default_at):
+        at = default_at if at_ns is None else at_ns
+        rows = db.aggregate_rows(at)
+        present = sorted({r[2] for r in rows if r[0] == cohort})
+        if not present and cohort != COMMUNITY:
+            keys, members = _known_cohorts(db, at)
+            if cohort not in keys and cohort not in members:
+                unknown = sorted(set(keys) | set(members) | {COMMUNITY})
+        types = [signal_type] if signal_type is not None else present
+        tops = [] if unknown is not None else \
+            [(t, db.top_entities(cohort, t, k, at)) for t in types]
+    if unknown is not None:
+        close = difflib.get_close_matches(cohort, unknown, n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else \
+            "; `tidal-actors inspect cohorts` lists them"
+        cli._fail(f"invalid cohort={cohort!r}: no such cohort in {data_dir or ctx.obj} "
+                  f"(no member, no contribution){hint}", EXIT_BAD_INPUT)
+    out = click.echo
+    out(f"cohort {cohort} at {cli._stamp(at)}")
+    if not types:
+        out("  no contributions")
+    for t, top in tops:
+        out(f"  signal type {t}: top {len(top)}")
+        for rank, (entity_id, score) in enumerate(top, 1):
+            out(f"    {rank:>4}  entity {entity_id:<20}  score {score!r}")
+
+
+@inspect.command("manifests", context_settings={"ignore_unknown_options": True})
+@click.argument("user_id", type=ID)
+@_data_dir_option
+@click.pass_context
+def inspect_manifests(ctx: click.Context, user_id: int, data_dir: Path | None) -> None:
+    """Each purge manifest of USER_ID with its entries, oldest first."""
+    stamp = _cli()._stamp
+    with _inspected(data_dir or ctx.obj) as (db, _):
+        manifests = db.list_purge_manifests(user_id)
+        statuses = {m.purge_id: db.purge_status(m.purge_id) for m in manifests} \
+            if hasattr(db, "purge_status") else {}
+    out = click.echo
+    out(f"user {user_id}: {plural(len(manifests), 'manifest')}")
+    for m in manifests:
+        out(f"manifest {m.purge_id}")
+        out(f"  cohort      {m.cohort}")
+        out(f"  created_at  {stamp(m.created_at_ns)}")
+        out(f"  entries     {len(m.entries)}   evicted before the purge: {m.evicted}")
+        if m.purge_id in statuses:
+            out(f"  status      {_purge_state(statuses[m.purge_id])}")
+        for e in m.entries:
+            out(f"    entity {e.entity_id}  type {e.signal_type_id}  weight {e.weight!r}  "
+                f"ts {stamp(e.timestamp_ns)}")
+
+
+def _purge_state(st: Any) -> str:
+    stamp = _cli()._stamp
+    if st.rematerialized:
+        return (f"retracted live {st.retracted_live}, re-materialized at "
+                f"{stamp(st.rematerialized_at_ns)} ({st.excluded_by_rematerialization} more left out)")
+    return f"retracted live {st.retracted_live}, re-materialization pending"
+
+
+@inspect.command("purge", context_settings={"ignore_unknown_options": True})
+@click.argument("purge_id")
+@_data_dir_option
+@click.pass_context
+def inspect_purge(ctx: click.Context, purge_id: str, data_dir: Path | None) -> None:
+    """Where purge PURGE_ID (32 hex digits, as listed by `manifests`) stands."""
+    if not re.fullmatch(r"[0-9a-fA-F]{32}", purge_id):
+        _cli()._fail(f"invalid purge_id={purge_id!r}: must be 32 hex digits", EXIT_BAD_INPUT)
+    pid = int(purge_id, 16)
+    with _inspected(data_dir or ctx.obj) as (db, _):
+        st = db.purge_status(pid)
+    click.echo(f"purge {st.purge_id}")
+    click.echo(f"  user        {st.user_id}")
+    click.echo(f"  cohort      {st.cohort}")
+    click.echo(f"  state       {_purge_state(st)}")
