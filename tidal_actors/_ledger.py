@@ -504,26 +504,31 @@ class Aggregates:
         self.du[row] = 0
         self.dr[row] = -1
 
-    def _drop_key(self, k: int) -> None:
-        """Forget a key's state (no contribution left); its id is not reused.
+    def _drop_keys(self, ks: Sequence[int]) -> None:
+        """Forget keys' state (no contribution left); their ids are not reused.
 
-        Every column but the cohort id is zeroed: the entity id, the timestamps and the
-        sums of a key whose contributions a purge removed must not outlive it in a
-        snapshot (erasure)."""
-        if not self.LIVE[k]:
-            return
-        key = self.key(k)
-        if self.index.pop(key, None) is None:
-            return
-        n = self.cohorts[key[0]] - 1
-        if n:
-            self.cohorts[key[0]] = n
-        else:
-            del self.cohorts[key[0]]
-        for name in KEY_COLUMNS:
-            if name != "KC":
-                getattr(self, name)[k] = 0
-        self.older.pop(k, None)
+        Every column but the cohort id is zeroed (one vectorized assignment per column
+        for all of ``ks``): the entity id, the timestamps and the sums of a key whose
+        contributions a purge removed must not outlive it in a snapshot (erasure)."""
+        gone = []
+        for k in ks:
+            if not self.LIVE[k]:
+                continue
+            key = self.key(k)
+            if self.index.pop(key, None) is None:
+                continue
+            n = self.cohorts[key[0]] - 1
+            if n:
+                self.cohorts[key[0]] = n
+            else:
+                del self.cohorts[key[0]]
+            self.older.pop(k, None)
+            gone.append(k)
+        if gone:
+            at = np.array(gone, dtype=np.int64)
+            for name in KEY_COLUMNS:
+                if name != "KC":
+                    getattr(self, name)[at] = 0
 
     def retract_rows(self, rows: Sequence[int]) -> int:
         """Retract the contributions of detail rows (each once), column-wise: a purge's
@@ -611,11 +616,11 @@ class Aggregates:
                     g = max(_gain1(bk[1], nb[1]), _gain1(bk[2], nb[2]))
                 g0, n0 = worst.get(kk, (0.0, 0.0))
                 worst[kk] = (max(g0, g), max(n0, math.log2(bk[0])))
-        refold = []
+        refold, empty = [], []
         for kk, (g, logn) in worst.items():
             older = self.older.get(kk)
             if not self.CN[kk] and not older:
-                self._drop_key(kk)
+                empty.append(kk)
                 continue
             if older is not None and not older:
                 del self.older[kk]
@@ -625,6 +630,7 @@ class Aggregates:
             else:
                 self.AMP[kk] = amp
                 self.S[kk] = math.fsum(bk[3] for bk in self._buckets(kk))
+        self._drop_keys(empty)
         if refold:
             self._refold(refold)
         return done
@@ -637,7 +643,8 @@ class Aggregates:
         """Sum keys ``ks`` again from their live detail rows: each bucket's count,
         weight and forward-decayed sums with ``math.fsum`` (correctly rounded), ``S``
         the same over every row, ``TM`` their latest timestamp; ``AMP`` reset. The
-        landmark stays. A scan of every detail row, so only for the rare key whose
+        landmark stays, unless a purged contribution had moved it past every
+        remaining one: then it comes back to the latest remaining. A scan of every detail row, so only for the rare key whose
         retractions cancelled (`retract_rows`)."""
         dk = np.frombuffer(self.dk, dtype=np.uint32)
         rows = np.flatnonzero(np.isin(dk, np.array(ks, dtype=np.uint32)))
@@ -651,7 +658,7 @@ class Aggregates:
         width = self._width
         for kk, idx in by_key.items():
             if not idx:
-                self._drop_key(kk)
+                self._drop_keys([kk])
                 continue
             h = int(self.HL[kk])
             # a purged contribution may have moved the landmark past every remaining
@@ -871,8 +878,7 @@ class Aggregates:
         ``key_ids`` maps ``(entity, type)`` to the key id this shard's detail rows
         use for it; the state installed for that key takes that id.
         """
-        for k in self.cohort_key_ids(cohort):
-            self._drop_key(k)
+        self._drop_keys(self.cohort_key_ids(cohort))
         for ok in other.cohort_key_ids(cohort):
             key = other.key(ok)
             k = key_ids[key[1:]]
