@@ -879,14 +879,18 @@ class Aggregates:
         use for it; the state installed for that key takes that id.
         """
         self._drop_keys(self.cohort_key_ids(cohort))
-        for ok in other.cohort_key_ids(cohort):
-            key = other.key(ok)
-            k = key_ids[key[1:]]
-            for name in KEY_COLUMNS:
-                if name != "KC":
-                    getattr(self, name)[k] = getattr(other, name)[ok]
-            self.index[self.key(k)] = k
-            self.cohorts[cohort] = self.cohorts.get(cohort, 0) + 1
+        oks = other.cohort_key_ids(cohort)
+        if not oks:
+            return
+        pairs = list(zip(other.KE[oks].tolist(), other.KT[oks].tolist()))
+        ks = list(map(key_ids.__getitem__, pairs))
+        at, src = np.array(ks, dtype=np.int64), np.array(oks, dtype=np.int64)
+        for name in KEY_COLUMNS:  # one vectorized copy per column
+            if name != "KC":
+                getattr(self, name)[at] = getattr(other, name)[src]
+        self.index.update(zip(((cohort, e, t) for e, t in pairs), ks))
+        self.cohorts[cohort] = self.cohorts.get(cohort, 0) + len(ks)
+        for ok, k in zip(oks, ks):
             if ok in other.older:
                 self.older[k] = dict(other.older[ok])
 
