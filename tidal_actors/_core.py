@@ -302,11 +302,12 @@ class _FlushCall(Call):
         self.core = core
 
     def result(self) -> Any:
-        errors = self.core.take_carried()
+        own: list[StorageError] = []
         try:
-            super().result()
+            super().result()  # anything but a StorageError leaves the carried ones be
         except StorageError as exc:
-            errors.append(exc)
+            own.append(exc)
+        errors = self.core.take_carried() + own
         if errors:
             raise _combined(errors)
         return None
