@@ -22,6 +22,7 @@ BENCHES = [  # (name, script, how it hands over its figures: a --json FILE or JS
     ("core", "bench_core.py", "file"),  # issue 2: ingestion, leave, purge at a full log, memory
     ("scaling", "bench_scaling.py", "file"),  # issue 6: how ingestion, purge and restore grow
     ("aio", "bench_aio.py", "stdout"),  # issue 4: the trio facade
+    ("memory", "bench_memory.py", "file"),  # issue 13 item 9: memory bounded by the log cap
 ]
 
 

@@ -30,8 +30,8 @@ def test_random_workload_matches_reference(seed, shards, tmp_path):
                  max_contribution_log_entries=cap, membership_shards=shards[0], ledger_shards=shards[1],
                  rematerialize_after_ms=None)
     clock, rclock = ManualClock(T0), ManualClock(T0)
-    ref = ReferenceModel(cfg, rclock)
     path = str(tmp_path / "s") if seed % 2 else None
+    ref = ReferenceModel(cfg, rclock, history=path is not None)
     db = TidalDb.open(path, config=cfg, clock=clock)
     cohorts = ["a", "b", "c"]
     try:

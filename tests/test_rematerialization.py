@@ -46,11 +46,11 @@ def _rows(x, at):
     return [(r[0], r[1], r[2], round(r[3], 9), r[4], round(r[5], 9)) for r in x.aggregate_rows(at)]
 
 
-def test_purge_then_rematerialize_equals_never_attributed(clock):
+def test_purge_then_rematerialize_equals_never_attributed(pdb_path, clock):
     # reference: a run in which user 1's signals were never attributed to "c"
     never = ReferenceModel(CFG, ManualClock(T0))
     _workload(never, with_user_1_in_c=False)
-    with TidalDb.open(config=CFG, clock=clock) as db:
+    with TidalDb.open(pdb_path, config=CFG, clock=clock) as db:
         _workload(db, with_user_1_in_c=True)
         pid, manifest = db.request_community_purge(1, "c")
         # the log (cap 6) only held the newest records: most of user 1's were evicted
@@ -73,8 +73,25 @@ def test_purge_then_rematerialize_equals_never_attributed(clock):
         assert (again.records_excluded, again.matched_live) == (0, True)
 
 
-def test_signals_after_the_purge_stay(clock):
+def test_ephemeral_rebuild_leaves_the_evicted_records(clock):
+    """No history to rebuild from: the log's records were retracted by the purge,
+    the evicted ones stay (as the reference model with ``history=False``)."""
+    ref = ReferenceModel(CFG, ManualClock(T0), history=False)
+    _workload(ref, with_user_1_in_c=True)
     with TidalDb.open(config=CFG, clock=clock) as db:
+        _workload(db, with_user_1_in_c=True)
+        _, manifest = db.request_community_purge(1, "c")
+        ref.request_community_purge(1, "c")
+        assert manifest.evicted > 0
+        before = _rows(db, T0)
+        report = db.rematerialize("c")
+        assert (report.records_excluded, report.matched_live) == (0, True)
+        assert ref.rematerialize("c") == 0
+        assert _rows(db, T0) == before == _rows(ref, T0)
+
+
+def test_signals_after_the_purge_stay(pdb_path, clock):
+    with TidalDb.open(pdb_path, config=CFG, clock=clock) as db:
         db.assign_cohort(1, "c")
         for i in range(10):
             db.signal_with_context(1, 0, 1, 1.0, T0)
@@ -85,9 +102,9 @@ def test_signals_after_the_purge_stay(clock):
         assert db.read_window("c", 0, 1, T0) == (1, 8.0)
 
 
-def test_background_rematerialization_after_purge(clock):
+def test_background_rematerialization_after_purge(pdb_path, clock):
     cfg = CFG.replace(rematerialize_after_ms=0.0)
-    with TidalDb.open(config=cfg, clock=clock) as db:
+    with TidalDb.open(pdb_path, config=cfg, clock=clock) as db:
         _workload(db, with_user_1_in_c=True)
         pid, _ = db.request_community_purge(1, "c")
         deadline = time.monotonic() + 10
@@ -99,12 +116,14 @@ def test_background_rematerialization_after_purge(clock):
         assert _rows(db, T0) == _rows(never, T0)
 
 
-def test_rematerialization_runs_in_chunks_and_loses_no_concurrent_signal(clock, monkeypatch):
+def test_rematerialization_runs_in_chunks_and_loses_no_concurrent_signal(pdb_path, clock, monkeypatch):
     from tidal_actors import _remat
 
     monkeypatch.setattr(_remat, "CHUNK_ROWS", 500)
+    monkeypatch.setattr(_remat, "HISTORY_BATCHES", 3)
     cfg = Config(max_contribution_log_entries=2_000, rematerialize_after_ms=None)
-    with TidalDb.open(config=cfg, clock=clock) as db:
+    # durable: the rebuild reads the evicted (and settled) records back from the history
+    with TidalDb.open(pdb_path, config=cfg, clock=clock) as db:
         for u in range(20):
             db.assign_cohort(u, "big")
         for k in range(20):

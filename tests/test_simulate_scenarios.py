@@ -133,7 +133,8 @@ def test_latency_percentiles_and_timeline() -> None:
 @pytest.mark.parametrize("restart", [False, True])
 def test_check_settles_rematerializations_first(restart: bool, tmp_path: Path) -> None:
     """With the log evicting most records, a purge's re-materialization changes the
-    aggregates (it also leaves out the evicted records). Here the runtime runs them at
+    aggregates (with a history, it also leaves out the evicted records; the ephemeral
+    run checks against ``ReferenceModel(history=False)``). Here the runtime runs them at
     once (rematerialize_after_ms = 0) while the reference model runs them only on
     request: the check (and the figures before a mid-run close and reopen) must first
     settle both, or the two disagree. This failed at the full-size steady scenario

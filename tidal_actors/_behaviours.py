@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import time
 from array import array
+from collections import deque
 from collections.abc import Callable
 from itertools import repeat
 from typing import Any, Protocol
@@ -41,6 +42,7 @@ from ._codec import (
 from ._config import Config
 from ._contrib_log import EMPTY, ContributionLog, Prepared, encode_history_columns
 from ._errors import ActorFailure, StorageError, TidalError, UnknownCohort, UnknownPurge
+from ._history import HistoryReader
 from ._ledger import Aggregates
 from ._remat import encode_status
 from ._reply import Reply
@@ -434,6 +436,10 @@ class MembershipShard(Behaviour):
 # -- ledger -------------------------------------------------------------------------
 
 
+# settle detail rows once at least this many can go (`LedgerState.settle`)
+SETTLE_MIN = 16_384
+
+
 class LedgerState:
     """Restorable state of one ledger shard."""
 
@@ -443,6 +449,66 @@ class LedgerState:
         self.batch_seq = 0
         self.rseq_seen: dict[int, int] = {}
         self.live_from: dict[int, tuple[int, int]] = {}
+        # the durable history, read back by re-materialization and by reads inside
+        # settled buckets (None: an ephemeral database, or not wired yet)
+        self.history: HistoryReader | None = None
+        # (batch seq, first detail row) of the history batches written since the
+        # open and not yet known committed: their rows are not settled
+        self.unconfirmed: deque[tuple[int, int]] = deque()
+
+    def raise_floors(self, caps: list[int], in_flight: dict[int, dict[Any, int]]) -> None:
+        """Trim from the log what is surely evicted: a lower bound of each membership
+        shard's watermark from the records seen and its share of the log cap.
+
+        Args:
+            caps: each membership shard's share of ``max_contribution_log_entries``.
+            in_flight: membership shard -> {marker: bound} of purges in flight.
+        """
+        log = self.log
+        for m, top in self.rseq_seen.items():
+            open_ = in_flight.get(m)
+            if open_:
+                # a purge in flight drains records, room no ledger can count yet: trim
+                # only what was evicted when the first of them was taken (the
+                # watermark never goes back; the purges before it have committed)
+                top = min(top, min(open_.values()) - 1)
+            live_from, drained = self.live_from.get(m, (0, 0))
+            floor = max(live_from, top + 1 - caps[m] - drained)
+            if floor > log.floor.get(m, 0):
+                log.set_floor(m, floor)
+
+    def wire_history(self, reader: HistoryReader) -> None:
+        """Read settled records back from ``reader`` (a durable store's history)."""
+        self.history = reader
+        agg = self.aggregates
+        agg.settled_detail = lambda k, lo, hi: reader.settled_detail(agg.key(k), lo, hi, agg.trimmed_upto)
+
+    def settle(self, durable: bool, force: bool = False) -> int:
+        """Drop the detail rows no purge can name any more (`Aggregates.settle`):
+        before the contribution log's first row (its head, once compacted, and the
+        rows held for purges in flight) and, in a durable database, before the first row of a
+        history batch not yet committed (a row is dropped only once the history
+        holds it). Amortized: only once at least ``SETTLE_MIN`` rows, and a quarter
+        of those held, can go, unless ``force``. Returns the rows dropped."""
+        agg = self.aggregates
+        if durable and self.history is None:
+            return 0  # nothing to read them back from: keep them
+        limit = agg.row_end
+        if durable:
+            assert self.history is not None
+            top = self.history.committed()
+            pending = self.unconfirmed
+            while pending and pending[0][0] < top:
+                pending.popleft()
+            if pending:
+                limit = pending[0][1]
+        low = self.log.first_row()
+        cut = min(limit, agg.row_end if low is None else low) - agg.row_base
+        if cut <= 0 or (not force and (cut < SETTLE_MIN or cut * 4 < len(agg.dk))):
+            return 0
+        self.log.compact_head()  # may move held pairs' rows to held_rows: ask again
+        low = self.log.first_row()
+        return agg.settle(min(limit, agg.row_end if low is None else low))
 
 
 class LedgerShard(Behaviour):
@@ -494,28 +560,27 @@ class LedgerShard(Behaviour):
         self.records_in += len(rows)
         if self.ctx.durable:
             self._persist(
-                (m, rs, us, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps), msg.contexts
+                (m, rs, us, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps), msg.contexts,
+                rows.start,
             )
-        # lower bound of each membership shard's watermark: trim what is surely evicted
         seen = st.rseq_seen
         top = int(rs[-1])  # rseqs increase within a message
         if top >= seen.get(m, -1):
             seen[m] = top
-        for m, top in seen.items():
-            in_flight = self._in_flight.get(m)
-            if in_flight:
-                # a purge in flight drains records, room no ledger can count yet: trim
-                # only what was evicted when the first of them was taken (the
-                # watermark never goes back; the purges before it have committed)
-                top = min(top, min(in_flight.values()) - 1)
-            live_from, drained = st.live_from.get(m, (0, 0))
-            floor = max(live_from, top + 1 - self._caps[m] - drained)
-            if floor > log.floor.get(m, 0):
-                log.set_floor(m, floor)
+        st.raise_floors(self._caps, self._in_flight)
+        self._settle()
 
-    def _persist(self, cols: tuple[Any, ...], contexts: dict[int, Any] | None) -> None:
+    def _settle(self) -> None:
+        """Drop detail rows no purge can name (`LedgerState.settle`); not while a
+        re-materialization runs here (it reads the held rows and the history by the
+        boundary between them, which must stay put)."""
+        if not self._jobs:
+            self.state.settle(self.ctx.durable)
+
+    def _persist(self, cols: tuple[Any, ...], contexts: dict[int, Any] | None, first_row: int) -> None:
         seq = self.state.batch_seq
         self.state.batch_seq += 1
+        self.state.unconfirmed.append((seq, first_row))
         self.history_batches += 1
         key = encode_key(self.index, Tag.CONTRIBUTION_BATCH, seq.to_bytes(8, "big"))
         value = seal(key, encode_history_columns(cols, contexts))  # the bytes encode_batch(records) gives
@@ -544,7 +609,12 @@ class LedgerShard(Behaviour):
         if last:
             b.reply.set_result(None)
 
+    def on_idle(self) -> None:
+        # history batches committed since the last message may let rows settle
+        self._settle()
+
     def _read(self, r: M.Read) -> None:
+        self._settle()  # so that stats() after a flush shows what is settled
         try:
             agg = self.state.aggregates
             if r.kind == "score":
@@ -563,6 +633,8 @@ class LedgerShard(Behaviour):
                     "keys": agg.key_count(),
                     "handler_errors": self.handler_errors,
                     "log_bytes": self.state.log.nbytes(),
+                    "detail_rows": len(agg.dk),
+                    "settled_buckets": len(agg.settled),
                 }
             elif r.kind == "cohorts":
                 value = sorted(agg.cohorts)
@@ -623,6 +695,7 @@ class LedgerShard(Behaviour):
         self.state.log.apply(msg.user, msg.cohort, msg.prepared)
         self.retracted += len(msg.prepared.records)
         self.purges_applied += 1
+        self._settle()
 
     def _on_remat_start(self, msg: M.RematStart) -> None:
         from ._remat import RematJob
@@ -662,6 +735,7 @@ class LedgerShard(Behaviour):
         self.state.log.set_floor(msg.mshard, msg.live_from)
         if msg.marker is not None:
             self._end_purge(msg.mshard, msg.marker)
+        self._settle()
 
 
 # -- purge coordinator ----------------------------------------------------------------

@@ -187,7 +187,8 @@ class ContributionLog:
 
     def _gone(self, row: int) -> bool:
         agg = self.agg
-        return agg.dk[row] == DEAD or agg.dr[row] < self.floor.get(agg.dm[row], 0)
+        i = row - agg.row_base
+        return agg.dk[i] == DEAD or agg.dr[i] < self.floor.get(agg.dm[i], 0)
 
     def trim(self) -> None:
         """Drop surely-evicted or drained records from the head; compact when worth it."""
@@ -242,8 +243,8 @@ class ContributionLog:
     def _unretracted(self, rows: np.ndarray, bound: int = 0) -> int:
         """How many of detail ``rows`` are not retracted and have an rseq >= ``bound``."""
         agg = self.agg
-        return int(np.count_nonzero((np.frombuffer(agg.dk, dtype=np.uint32)[rows] != DEAD)
-                                    & (np.frombuffer(agg.dr, dtype=np.int64)[rows] >= bound)))
+        rows = rows - agg.row_base
+        return int(np.count_nonzero((agg.view("dk")[rows] != DEAD) & (agg.view("dr")[rows] >= bound)))
 
     def snapshot_index(self) -> list[tuple[tuple[int, str], bytes | bytearray]]:
         """The (user, cohort) index as a snapshot stores it: held rows (a purge in
@@ -317,24 +318,24 @@ class ContributionLog:
         if held is not None:  # trimmed since the marker: older than the rest, no position
             pos = np.concatenate([np.full(len(held), -1, dtype=np.int64), pos])
             rows = np.concatenate([held, rows])
-        k = np.frombuffer(agg.dk, dtype=np.uint32)[rows]
+        rel = rows - agg.row_base
+        k = agg.view("dk")[rel]
         alive = k != DEAD
-        pos, rows, k = pos[alive], rows[alive], k[alive]
-        rseq = np.frombuffer(agg.dr, dtype=np.int64)[rows]
+        pos, rows, rel, k = pos[alive], rows[alive], rel[alive], k[alive]
+        rseq = agg.view("dr")[rel]
         old = rseq < live_from
         evicted += int(np.count_nonzero(old))
         take = ~old & (rseq < bound)
-        pos, rows, k = pos[take], rows[take], k[take]
+        pos, rows, rel, k = pos[take], rows[take], rel[take], k[take]
         # one object per record (the manifest's entry): each GC-tracked allocation
         # brings the next cyclic-GC pass nearer
         records = list(map(
-            ContributionRecord, np.frombuffer(agg.du, dtype=np.uint64)[rows].tolist(),
+            ContributionRecord, agg.view("du")[rel].tolist(),
             repeat(cohort, len(rows)), agg.KE[k].tolist(), agg.KT[k].tolist(),
-            np.frombuffer(agg.dw, dtype=np.float32)[rows].tolist(),
-            np.frombuffer(agg.dt, dtype=np.int64)[rows].tolist(),
+            agg.view("dw")[rel].tolist(), agg.view("dt")[rel].tolist(),
         ))
         return Prepared(pos.tolist(), rows.tolist(), records, evicted, live_from,
-                        np.frombuffer(agg.dm, dtype=np.uint8)[rows].tolist(), rseq[take].tolist(), bound)
+                        agg.view("dm")[rel].tolist(), rseq[take].tolist(), bound)
 
     def apply(self, user: int, cohort: str, prepared: Prepared) -> None:
         """Forget the pair's drained and evicted records from the index (the caller
@@ -355,7 +356,7 @@ class ContributionLog:
         if later:
             self.holds[pair] = later
             if rows is not None:  # the next purge reads those at or after this one's bound
-                keep = rows[np.frombuffer(self.agg.dr, dtype=np.int64)[rows] >= prepared.bound]
+                keep = rows[self.agg.view("dr")[rows - self.agg.row_base] >= prepared.bound]
                 if keep.size:
                     self.held_rows[pair] = keep
                 else:
@@ -373,9 +374,8 @@ class ContributionLog:
         agg, base = self.agg, self.base
         pos = np.frombuffer(bytes(lst), dtype=np.int64)[1:]
         pos = pos[pos >= base]
-        rows = np.frombuffer(self.d, dtype=np.int64)[pos - base]
-        ok = (np.frombuffer(agg.dk, dtype=np.uint32)[rows] != DEAD) & (
-            np.frombuffer(agg.dr, dtype=np.int64)[rows] >= live_from)
+        rows = np.frombuffer(self.d, dtype=np.int64)[pos - base] - agg.row_base
+        ok = (agg.view("dk")[rows] != DEAD) & (agg.view("dr")[rows] >= live_from)
         keep = pos[ok]
         if len(keep) or carried:
             self.index[(user, cohort)] = bytearray(_I64.pack(carried) + keep.tobytes())
@@ -393,8 +393,24 @@ class ContributionLog:
         """Records in the column whose row is not retracted (evicted ones included until trimmed)."""
         if not len(self.d):
             return 0
-        rows = np.frombuffer(self.d, dtype=np.int64)[self.head - self.base :]
-        return int(np.count_nonzero(np.frombuffer(self.agg.dk, dtype=np.uint32)[rows] != DEAD))
+        rows = np.frombuffer(self.d, dtype=np.int64)[self.head - self.base :] - self.agg.row_base
+        return int(np.count_nonzero(self.agg.view("dk")[rows] != DEAD))
+
+    def first_row(self) -> int | None:
+        """The lowest detail row the log will still read once its head is compacted
+        (`compact_head`): the head's, or one held for a purge in flight; None if
+        none. Rows before it may be settled (`Aggregates.settle`)."""
+        low = [int(r.min()) for r in self.held_rows.values() if len(r)]
+        if self.head < self.base + len(self.d):
+            low.append(self.d[self.head - self.base])  # rows enter in ascending order
+        return min(low) if low else None
+
+    def compact_head(self) -> None:
+        """Drop the column's trimmed records now (their positions become their
+        pairs' evicted counts, held pairs' rows move to `held_rows`), so that no
+        position names a row before `first_row`."""
+        if self.head > self.base:
+            self._compact(self.head - self.base)
 
     def memory(self) -> dict[str, int]:
         """Bytes held, by part: ``log_column`` and ``pair_index`` (the dict, each

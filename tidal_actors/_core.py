@@ -39,9 +39,18 @@ from ._behaviours import (
     PurgeCoordinator,
 )
 from ._clock import Clock
-from ._codec import Keyspace, Tag, encode_key, ledger_shard_of, membership_shard_of, seal
+from ._codec import (
+    Keyspace,
+    Tag,
+    encode_key,
+    ledger_shard_of,
+    membership_capacity,
+    membership_shard_of,
+    seal,
+)
 from ._config import Config
 from ._errors import DatabaseClosed, InvalidArgument, StorageError, TidalError
+from ._history import HistoryReader
 from ._reply import Reply
 from ._store import SNAPSHOT_FORMAT, STORE_MARKER, LmdbStore, Restored, snapshot_key, undecodable
 from ._types import Signal, WindowCount
@@ -72,13 +81,30 @@ class _Buffer:
 
 
 def build_states(
-    config: Config, restored: Restored
+    config: Config, restored: Restored, store: Any = None
 ) -> tuple[list[MembershipState], list[LedgerState], CoordinatorState]:
     """Rebuild every behaviour's state from what the store holds (restore on open).
 
     Records tombstoned by a committed purge are left out; records below their
     membership shard's eviction watermark go to the aggregates but not to the log.
+    With a durable ``store``, each ledger reads its history back through it
+    (`LedgerState.wire_history`) and the detail of records out of the log is
+    settled at once (a restore reads every record; memory stays bounded by the log).
     """
+    mstates, lstates, coord = _build_states(config, restored)
+    if store is not None and getattr(store, "durable", False):
+        nm = config.membership_shards
+        caps = [membership_capacity(config.max_contribution_log_entries, m, nm) for m in range(nm)]
+        for i, ls in enumerate(lstates):
+            ls.wire_history(HistoryReader(store, i))
+            ls.raise_floors(caps, {})
+            ls.settle(True, force=True)
+    return mstates, lstates, coord
+
+
+def _build_states(
+    config: Config, restored: Restored
+) -> tuple[list[MembershipState], list[LedgerState], CoordinatorState]:
     nm, nl = config.membership_shards, config.ledger_shards
     mstates = [MembershipState() for _ in range(nm)]
     for user, st in restored.memberships.items():
@@ -413,7 +439,7 @@ class Core:
         self._buffered = buffered
         self._buffers = [_Buffer() for _ in range(self._nm)]
         try:
-            mstates, lstates, coord = build_states(config, restored)
+            mstates, lstates, coord = build_states(config, restored, store)
         except TidalError:
             raise
         except Exception as exc:  # noqa: BLE001 - decoded values that still do not fit together
@@ -885,6 +911,7 @@ def snapshot_write_ops(config: Config, states: list[LedgerState]) -> list[tuple[
 
     ops: list[tuple[str, bytes, bytes | None]] = []
     for li, ls in enumerate(states):
+        ls.settle(True, force=True)  # the snapshot holds the log's rows, not every row
         for k, chunk in enumerate(encode_ledger(ls)):
             key = encode_key(li, Tag.SNAPSHOT_CHUNK, k.to_bytes(4, "big"))
             ops.append((Keyspace.META.value, key, seal(key, chunk)))

@@ -318,7 +318,10 @@ class TidalDb:
         """Counters since open: ``signals``, ``forwarded``, ``gated``, ``records``
         (contribution records made), ``records_in`` (records the ledgers received),
         ``purges``, ``retracted``, ``log_records``, ``keys``, ``log_bytes``,
-        ``handler_errors``, ``commits``, ``failed_writes``.
+        ``detail_rows`` (contribution records whose detail is held in memory: the
+        log's and those not yet settled), ``settled_buckets`` ((key, bucket) sums of
+        the records whose detail was dropped), ``handler_errors``, ``commits``,
+        ``failed_writes``.
 
         Raises:
             DatabaseClosed: the database is closed (as every method).

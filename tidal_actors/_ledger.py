@@ -61,6 +61,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._settled import SettledBuckets
+
 __all__ = ["DEAD", "KEY_COLUMNS", "Aggregates"]
 
 RENORMALIZE_AT = 256.0
@@ -90,6 +92,7 @@ KEY_COLUMNS: dict[str, Any] = {
 # (4.7e-10 at 22) is summed again from its detail rows (`Aggregates.retract_rows`)
 REFOLD_AT = 22.0
 _DETAIL = (("dk", "I"), ("dt", "q"), ("dw", "f"), ("du", "Q"), ("dm", "B"), ("dr", "q"))
+_DETAIL_DTYPES = {"dk": np.uint32, "dt": np.int64, "dw": np.float32, "du": np.uint64, "dm": np.uint8, "dr": np.int64}
 
 
 def _gain(before: npt.NDArray[np.float64], after: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -125,7 +128,8 @@ class Aggregates:
 
     __slots__ = (
         "_cap", "_cid", "_hl", "_hl_cache", "_n", "_nkeys", "_width", "cohort_names", "cohorts",
-        "index", "older", *KEY_COLUMNS, *(name for name, _ in _DETAIL),
+        "index", "older", "row_base", "settled", "settled_detail", "trimmed_upto",
+        *KEY_COLUMNS, *(name for name, _ in _DETAIL),
     )
 
     # the per-key columns (`KEY_COLUMNS`), set in __init__ and grown by _reserve
@@ -171,6 +175,26 @@ class Aggregates:
         self.du = array("Q")  # user id
         self.dm = array("B")  # membership shard
         self.dr = array("q")  # rseq (record sequence number in its membership shard)
+        # detail rows ``row_base ..`` are held (row ids stay absolute); the ones before
+        # were settled (`settle`) into per-(key, bucket) sums
+        self.row_base = 0
+        self.settled = SettledBuckets()
+        # membership shard -> 1 + the highest rseq settled: a shard's rows reach a
+        # ledger in rseq order, so its settled records are exactly those below
+        self.trimmed_upto: dict[int, int] = {}
+        # (key id, t_lo, t_hi) -> [(ts, w)] of the settled records in that range, read
+        # from the durable history; None in an ephemeral database (`_past_terms`)
+        self.settled_detail: Callable[[int, int, int], list[tuple[int, float]]] | None = None
+
+    @property
+    def row_end(self) -> int:
+        """One past the last detail row (rows are numbered from 0, forever)."""
+        return self.row_base + len(self.dk)
+
+    def view(self, name: str) -> npt.NDArray[Any]:
+        """A numpy view of detail column ``name`` (``dk`` .. ``dr``): index it with
+        ``row - row_base``. No view may outlive a call that adds or settles rows."""
+        return np.frombuffer(getattr(self, name), dtype=_DETAIL_DTYPES[name])
 
     def half_life(self, stype: int) -> int:
         h = self._hl_cache.get(stype)
@@ -228,7 +252,7 @@ class Aggregates:
         """Add contributions (``LogRecord``-shaped tuples; weights already float32;
         ts in ns); returns their detail rows."""
         if not records:
-            return range(len(self.dk), len(self.dk))
+            return range(self.row_end, self.row_end)
         return self.add_columns(*zip(*records))
 
     def add_columns(
@@ -248,7 +272,7 @@ class Aggregates:
         Returns the new records' detail rows.
         """
         n = len(cs)
-        first = len(self.dk)
+        first = self.row_end
         if not n:
             return range(first, first)
         index = self.index
@@ -442,6 +466,13 @@ class Aggregates:
         self.CB[first:last] = nt // self._width
         self.LIVE[first:last] = 1
 
+    def new_key(self, cohort: str, entity: int, stype: int, ts: int) -> int:
+        """Give ``(cohort, entity, stype)`` a key id with no contribution yet, its
+        landmark at ``ts`` (ns); returns the id."""
+        kids: list[Any] = [None]
+        self._new_keys(kids, [cohort], [entity], [stype], [ts])
+        return int(kids[0])
+
     def _add_one(self, k: int, ts: int, w: float) -> None:
         """Add one contribution to key ``k`` (a newer or older bucket, or a landmark move)."""
         h = int(self.HL[k])
@@ -497,12 +528,64 @@ class Aggregates:
         self.L[k] = new_landmark
 
     def erase_row(self, row: int) -> None:
-        """Mark a row retracted and zero its fields (the aggregates are not touched)."""
-        self.dk[row] = DEAD
-        self.dt[row] = 0
-        self.dw[row] = 0.0
-        self.du[row] = 0
-        self.dr[row] = -1
+        """Mark a held row retracted and zero its fields (the aggregates are not touched)."""
+        i = row - self.row_base
+        self.dk[i] = DEAD
+        self.dt[i] = 0
+        self.dw[i] = 0.0
+        self.du[i] = 0
+        self.dr[i] = -1
+
+    def settle(self, upto: int, keep: npt.NDArray[np.bool_] | None = None) -> int:
+        """Drop the detail rows before row ``upto``, keeping their sums (bounded memory).
+
+        Their contributions stay in the keys' state; what a later exact re-sum
+        (`_refold`) or a read inside one of their buckets (`_past_terms`) needs of
+        them is kept per (key, bucket) in `settled`: count, weight sum,
+        forward-decayed sum against the bucket's start, first and last timestamp.
+        The caller settles only rows no purge can name any more (out of the
+        contribution log, not held, durable in the history when there is one).
+        ``keep`` (one bool per row dropped) says whose sums to keep, default every
+        unretracted row's (a re-materialization's scratch keeps those its shard has
+        settled). Returns how many rows were dropped.
+        """
+        cut = min(upto, self.row_end) - self.row_base
+        if cut <= 0:
+            return 0
+        dk = self.view("dk")[:cut].astype(np.int64)
+        dm = self.view("dm")[:cut]
+        dr = self.view("dr")[:cut]
+        alive = dk != DEAD
+        upto_m = self.trimmed_upto
+        for m in np.unique(dm[alive]).tolist():
+            top = int(dr[alive & (dm == m)].max()) + 1
+            if top > upto_m.get(m, 0):
+                upto_m[m] = top
+        if keep is not None:
+            alive &= keep[:cut]
+        k = dk[alive]
+        live = self.LIVE[k] != 0
+        k = k[live]
+        if len(k):
+            t = self.view("dt")[:cut][alive][live]
+            w = self.view("dw")[:cut][alive][live].astype(np.float64)
+            width = self._width
+            b = t // width
+            fd = w * np.exp2((t - b * width) / self.HL[k])
+            order = np.lexsort((b, k))
+            k, b, t, w, fd = k[order], b[order], t[order], w[order], fd[order]
+            starts = np.flatnonzero(np.r_[True, (k[1:] != k[:-1]) | (b[1:] != b[:-1])])
+            counts = np.diff(np.r_[starts, len(k)])
+            self.settled.add(
+                k[starts].tolist(), b[starts].tolist(), counts.tolist(), np.add.reduceat(w, starts).tolist(),
+                np.add.reduceat(fd, starts).tolist(), np.minimum.reduceat(t, starts).tolist(),
+                np.maximum.reduceat(t, starts).tolist(),
+            )
+        del dk, dm, dr
+        for name, _ in _DETAIL:
+            del getattr(self, name)[:cut]
+        self.row_base += cut
+        return cut
 
     def _drop_keys(self, ks: Sequence[int]) -> None:
         """Forget keys' state (no contribution left); their ids are not reused.
@@ -555,8 +638,10 @@ class Aggregates:
         """
         if not len(rows):
             return 0
-        r = np.asarray(rows, dtype=np.int64)
-        dk = np.frombuffer(self.dk, dtype=np.uint32)
+        r = np.asarray(rows, dtype=np.int64) - self.row_base
+        if len(r) and int(r.min()) < 0:
+            raise ValueError(f"detail row {int(r.min()) + self.row_base} was settled (held from {self.row_base})")
+        dk = self.view("dk")
         k = dk[r].astype(np.int64)
         r, k = r[k != DEAD], k[k != DEAD]
         if not len(r):
@@ -566,8 +651,8 @@ class Aggregates:
         k = k[first]
         order = np.argsort(first, kind="stable")  # back to the rows' order
         r, k = r[order], k[order]
-        dt = np.frombuffer(self.dt, dtype=np.int64)
-        dw = np.frombuffer(self.dw, dtype=np.float32)
+        dt = self.view("dt")
+        dw = self.view("dw")
         ts = dt[r].copy()
         w = dw[r].astype(np.float64)
         dk[r] = DEAD  # erase the rows (as erase_row)
@@ -640,51 +725,60 @@ class Aggregates:
         return self.retract_rows([row]) == 1
 
     def _refold(self, ks: list[int]) -> None:
-        """Sum keys ``ks`` again from their live detail rows: each bucket's count,
-        weight and forward-decayed sums with ``math.fsum`` (correctly rounded), ``S``
-        the same over every row, ``TM`` their latest timestamp; ``AMP`` reset. The
+        """Sum keys ``ks`` again from their held detail rows and settled buckets: each
+        bucket's count, weight and forward-decayed sums with ``math.fsum``
+        (correctly rounded over the rows; a settled bucket enters as its sums), ``S``
+        the same over every term, ``TM`` their latest timestamp; ``AMP`` reset. The
         landmark stays, unless a purged contribution had moved it past every
-        remaining one: then it comes back to the latest remaining. A scan of every detail row, so only for the rare key whose
-        retractions cancelled (`retract_rows`)."""
-        dk = np.frombuffer(self.dk, dtype=np.uint32)
+        remaining one: then it comes back to the latest remaining. A scan of the held
+        detail rows, so only for the rare key whose retractions cancelled
+        (`retract_rows`)."""
+        dk = self.view("dk")
         rows = np.flatnonzero(np.isin(dk, np.array(ks, dtype=np.uint32)))
         kr = dk[rows].astype(np.int64)
-        ts_all = np.frombuffer(self.dt, dtype=np.int64)[rows].tolist()
-        w_all = np.frombuffer(self.dw, dtype=np.float32)[rows].astype(np.float64).tolist()
+        ts_all = self.view("dt")[rows].tolist()
+        w_all = self.view("dw")[rows].astype(np.float64).tolist()
         del dk
         by_key: dict[int, list[int]] = {kk: [] for kk in ks}
         for i, kk in enumerate(kr.tolist()):
             by_key[kk].append(i)
         width = self._width
+        settled = self.settled.of_keys(ks)
         for kk, idx in by_key.items():
-            if not idx:
+            st = settled.get(kk, [])
+            if not idx and not st:
                 self._drop_keys([kk])
                 continue
             h = int(self.HL[kk])
             # a purged contribution may have moved the landmark past every remaining
             # one: bring it back to the latest remaining (reads at or after the key's
             # latest contribution scale from the landmark, which must not lie after it)
-            latest_ts = max(ts_all[i] for i in idx)
+            latest_ts = max([ts_all[i] for i in idx] + [e[5] for e in st])
             landmark = min(int(self.L[kk]), latest_ts)
             self.L[kk] = landmark
-            buckets: dict[int, tuple[list[float], list[float], int]] = {}
+            # bucket -> (count, weights, forward-decayed terms, latest timestamp)
+            buckets: dict[int, tuple[int, list[float], list[float], int]] = {}
             every: list[float] = []
+            for bb, n, sw, sf, _lo, hi in st:
+                f = sf * 2.0 ** ((bb * width - landmark) / h)
+                every.append(f)
+                buckets[bb] = (n, [sw], [f], hi)
             for i in idx:
                 t, w = ts_all[i], w_all[i]
                 wf = w * 2.0 ** ((t - landmark) / h)
                 every.append(wf)
-                ws, fs, tm = buckets.get(t // width, ([], [], t))
+                n, ws, fs, tm = buckets.get(t // width, (0, [], [], t))
                 ws.append(w)
                 fs.append(wf)
-                buckets[t // width] = (ws, fs, max(tm, t))
+                buckets[t // width] = (n + 1, ws, fs, max(tm, t))
             latest = max(buckets)
             older: dict[int, tuple[int, float, float, int]] = {}
-            for bb, (ws, fs, tm) in sorted(buckets.items()):
+            for bb, (n, ws, fs, tm) in sorted(buckets.items()):
                 if bb != latest:
-                    older[bb] = (len(ws), math.fsum(ws), math.fsum(fs), tm)
-            ws, fs, tm = buckets[latest]
+                    older[bb] = (n, math.fsum(ws), math.fsum(fs), tm)
+            n, ws, fs, tm = buckets[latest]
             self.CB[kk], self.CN[kk], self.CW[kk], self.CFD[kk], self.CTM[kk] = (
-                latest, len(ws), math.fsum(ws), math.fsum(fs), tm)
+                latest, n, math.fsum(ws), math.fsum(fs), tm)
             self.S[kk] = math.fsum(every)
             self.TM[kk] = latest_ts
             self.AMP[kk] = 0.0
@@ -693,12 +787,34 @@ class Aggregates:
             else:
                 self.older.pop(kk, None)
 
-    def _detail(self, key_id: int, t_lo: int, t_hi: int) -> list[tuple[int, float]]:
-        """``(ts, w)`` of live rows of a key with ``t_lo <= ts <= t_hi``."""
-        dk = np.frombuffer(self.dk, dtype=np.uint32)
-        dt = np.frombuffer(self.dt, dtype=np.int64)
-        idx = np.nonzero((dk == key_id) & (dt >= t_lo) & (dt <= t_hi))[0]
-        return [(int(dt[i]), float(self.dw[i])) for i in idx]
+    def _past_terms(self, k: int, t_lo: int, at: int, h: int) -> list[float]:
+        """``w * 2 ** (-(at - t) / h)`` of key ``k``'s contributions with
+        ``t_lo <= t <= at`` (``t_lo`` a bucket's start): held rows one by one; a
+        settled bucket inside the range as its sum; a settled bucket the read time
+        falls inside, from the durable history (`settled_detail`) or, in an
+        ephemeral database, which keeps no detail of settled records, not at all
+        (a contribution stamped after the read time is never counted; the settled
+        ones of that bucket stamped before it are then left out too)."""
+        dk = self.view("dk")
+        dt = self.view("dt")
+        idx = np.flatnonzero((dk == k) & (dt >= t_lo) & (dt <= at))
+        terms = [w * 2.0 ** (-(at - t) / h) for t, w in zip(dt[idx].tolist(), self.view("dw")[idx].tolist())]
+        del dk, dt
+        width = self._width
+        if t_lo > 0:  # one bucket: the read time's
+            e = self.settled.get(k, t_lo // width)
+            entries = [e] if e is not None else []
+        else:
+            entries = self.settled.of_keys([k]).get(k, [])
+        for bb, _n, _sw, sf, lo, hi in entries:
+            start = bb * width
+            if start < t_lo or lo > at:
+                continue
+            if hi <= at:
+                terms.append(sf * 2.0 ** (-(at - start) / h))
+            elif self.settled_detail is not None:
+                terms.extend(w * 2.0 ** (-(at - t) / h) for t, w in self.settled_detail(k, start, at))
+        return terms
 
     # -- reads ----------------------------------------------------------------------
 
@@ -723,7 +839,7 @@ class Aggregates:
             # read far before a landmark that has moved on: the sums scaled to it have
             # lost the old contributions' precision (and 2 ** x would overflow), so
             # sum them row by row
-            s = math.fsum(w * 2.0 ** (-(at - t) / h) for t, w in self._detail(k, 0, at))
+            s = math.fsum(self._past_terms(k, 0, at, h))
             return s if s > 0.0 else 0.0
         bat = at // self._width
         parts = []
@@ -735,8 +851,7 @@ class Aggregates:
                 partial = True
         s = math.fsum(parts) * 2.0 ** (-(at - landmark) / h) if parts else 0.0
         if partial:
-            recs = self._detail(k, bat * self._width, at)
-            s += math.fsum(w * 2.0 ** (-(at - t) / h) for t, w in recs)
+            s += math.fsum(self._past_terms(k, bat * self._width, at, h))
         return s if s > 0.0 else 0.0
 
     def _window(self, k: int, at: int) -> tuple[int, float]:
@@ -814,7 +929,8 @@ class Aggregates:
             yield names[c_id], entity, stype, scores[i], c, w
 
     def memory(self) -> dict[str, int]:
-        """Bytes held, by part: ``detail_rows`` (per contribution ever attributed),
+        """Bytes held, by part: ``detail_rows`` (per held contribution),
+        ``settled_buckets`` (per key and bucket with settled contributions),
         ``key_columns``, ``key_index`` (the dict, the key table, each key's tuple and
         ints) and ``older_buckets`` (per key with earlier buckets)."""
         detail = sum(getattr(self, name).buffer_info()[1] * getattr(self, name).itemsize for name, _ in _DETAIL)
@@ -827,7 +943,9 @@ class Aggregates:
         for k, buckets in self.older.items():
             older += size(buckets) + (size(k) if k > 256 else 0)
             older += sum(size(b) + size(bk) + size(bk[1]) + size(bk[2]) + size(bk[3]) for b, bk in buckets.items())
-        return {"detail_rows": detail, "key_columns": columns, "key_index": index, "older_buckets": older}
+        settled = self.settled.nbytes()
+        return {"detail_rows": detail, "key_columns": columns, "key_index": index, "older_buckets": older,
+                "settled_buckets": settled}
 
     def key_count(self) -> int:
         """Number of live keys over all cohorts."""
@@ -912,6 +1030,9 @@ class Aggregates:
             "detail": {name: getattr(self, name).tobytes() for name, _ in _DETAIL},
             "older_keys": array("q", ob).tobytes(),
             "older": oflat,
+            "row_base": self.row_base,
+            "settled": self.settled.dump(),
+            "trimmed_upto": self.trimmed_upto,
         }
 
     def load(self, state: dict[str, Any]) -> None:
@@ -927,6 +1048,10 @@ class Aggregates:
                 getattr(self, name)[:n] = np.frombuffer(raw, dtype=dtype)
         for name, _ in _DETAIL:
             getattr(self, name).frombytes(state["detail"][name])
+        self.row_base = state.get("row_base", 0)  # older snapshots hold every row
+        self.trimmed_upto = dict(state.get("trimmed_upto", {}))
+        if "settled" in state:
+            self.settled.load(state["settled"])
         names = self.cohort_names
         self._nkeys = n
         live = np.flatnonzero(self.LIVE[:n])

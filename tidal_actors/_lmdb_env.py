@@ -47,6 +47,7 @@ import lmdb
 from ._codec import Keyspace
 from ._config import Config
 from ._errors import DatabaseClosed, DatabaseLocked, StorageError, StorageFull
+from ._history import HistoryMarks
 from ._lmdb_lock import LockProbe, fsync_path
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ class LmdbStore:
         self._broken: str | None = None  # why the environment is not open, if not closed
         self._env_lock = threading.RLock()
         self.fault: Any = None  # test hook: callable(ops) raising to inject a failure
+        self.history_marks = HistoryMarks()  # what the ledgers may read back (`_history`)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             # a store was made here before: it must still hold its format record
@@ -254,6 +256,7 @@ class LmdbStore:
                                 txn.delete(key, db=db)
                             else:
                                 txn.put(key, value, db=db)
+                    self.history_marks.committed(ops)
                     return
                 except lmdb.MapFullError:
                     self._grow()
@@ -437,6 +440,32 @@ class LmdbStore:
             except lmdb.Error as exc:
                 raise StorageError(f"cannot read {keyspace.value} key {key.hex()} of {self.path}: {exc}") from exc
             return bytes(v) if v is not None else None
+
+    def get_many(self, keyspace: Keyspace, keys: list[bytes]) -> list[tuple[bytes, bytes | None]]:
+        """``(key, value or None)`` of each key, in one read transaction.
+
+        Raises:
+            DatabaseClosed: the store is closed. StorageError: LMDB failed to read.
+        """
+        with self._env_lock, self._begin() as txn:
+            db = self.dbs[keyspace.value]
+            try:
+                out = []
+                for key in keys:
+                    v = txn.get(key, db=db)
+                    out.append((key, bytes(v) if v is not None else None))
+                return out
+            except lmdb.Error as exc:
+                raise StorageError(f"cannot read the {keyspace.value} keyspace of {self.path}: {exc}") from exc
+
+    def scan(self, keyspace: Keyspace) -> list[tuple[bytes, bytes]]:
+        """Every ``(key, value)`` of ``keyspace``, in key order, in one read transaction.
+
+        Raises:
+            DatabaseClosed: the store is closed. StorageError: LMDB failed to read it.
+        """
+        with self._env_lock, self._begin() as txn:
+            return [(bytes(k), bytes(v)) for k, v in self._read(txn, keyspace)]
 
     def raw_keys(self, keyspace: Keyspace) -> list[bytes]:
         """Every key of ``keyspace``, in key order, values not read (`inspect`).

@@ -32,11 +32,29 @@ from ._types import PurgeId, PurgeStatus
 
 __all__ = ["CHUNK_ROWS", "RematJob", "decode_status", "encode_status", "erase_history_ops"]
 
-CHUNK_ROWS = 100_000
+CHUNK_ROWS = 100_000  # held detail rows folded a step
+HISTORY_BATCHES = 32  # history batches folded a step
 
 
 class RematJob:
     """One re-materialization of ``cohort`` on a ledger shard's state.
+
+    With a durable history (``state.history``) the cohort is rebuilt into a scratch
+    `Aggregates`: from the history for every record in a batch committed when the
+    job started (read ``HISTORY_BATCHES`` batches a step), and from the held detail
+    rows for the rest (batches not yet committed, then signals that arrive while it
+    runs), leaving out the covered records. The rebuilt state replaces the live
+    one (unless equal), with the settled sums of its keys, so records the shard had
+    settled (`Aggregates.settle`) and that a purge covers are gone too. Records
+    that ``history_retention_ns`` has dropped from the history are not reached:
+    the rebuilt cohort no longer holds them, as after a restore from the history.
+
+    Without one (an ephemeral database) there is no history to rebuild from: a
+    purge retracted the covered records the log held (exactly: `retract_rows`), and
+    those the log had evicted stay in the aggregates, as the spec says of evicted
+    entries ("unretractable"; retroactive-purge FR-1), whether or not their detail
+    rows happen to be held still (`Aggregates.settle` is lazy): the rule does not
+    depend on timing. The job then only counts the cohort's records.
 
     Args:
         state: the shard's ``LedgerState``.
@@ -50,19 +68,84 @@ class RematJob:
         self.cohort = cohort
         self.covered = covered
         self.scratch = Aggregates(config.half_life_for, config.window_width_ns, config.window_buckets)
-        self.key_ids: dict[tuple[int, int], int] = {}
         # covered users (sorted) and their bounds, for a vectorized lookup
         cu = sorted(covered)
         self._cu = np.array(cu, dtype=np.uint64) if cu else None
         self._cb = np.array([covered[u] for u in cu], dtype=np.int64)
-        self.excluded_rows: list[int] = []
+        self.excluded_rows: list[int] = []  # held rows to erase
+        self.per_user: dict[int, int] = {}  # excluded records not retracted before
         self.read = 0
-        self.cursor = 0
-        self.cut = len(state.aggregates.dk)
+        agg: Aggregates = state.aggregates
+        self.cut = agg.row_end
+        self.history = state.history
+        self._keys: list[bytes] = []
+        self._tombs: dict[int, np.ndarray] = {}
+        if self.history is not None:
+            top = self.history.committed()
+            pending = [(seq, row) for seq, row in state.unconfirmed if seq >= top]
+            # the first batch not known committed, and every later one, is read from
+            # the held rows (they are all held: `LedgerState.settle`)
+            first_seq: int | None = None
+            self.mem_from: int = self.cut
+            if pending:
+                first_seq, self.mem_from = pending[0]
+            shard = self.history.shard
+            self._keys = [k for k in self.history.batch_keys()
+                          if _before(self.history.key_shard_seq(k), shard, first_seq)]
+            self._tombs = self.history.tombstones()
+        else:
+            self.mem_from = agg.row_base
+        self.cursor = agg.row_base
         self.t0 = time.perf_counter()
 
-    def _fold(self, lo: int, hi: int) -> None:
+    def _covered(self, users: np.ndarray, rseqs: np.ndarray) -> np.ndarray:
+        """Which of the records a purge covers (rseq below its user's bound)."""
+        if self._cu is None:
+            return np.zeros(len(users), dtype=bool)
+        at = np.minimum(np.searchsorted(self._cu, users), len(self._cu) - 1)
+        out: np.ndarray = (self._cu[at] == users) & (rseqs < self._cb[at])
+        return out
+
+    def _count(self, users: np.ndarray) -> None:
+        for u in users.tolist():
+            self.per_user[u] = self.per_user.get(u, 0) + 1
+
+    def _fold_history(self, keys: list[bytes]) -> None:
+        assert self.history is not None
+        upto = self.state.aggregates.trimmed_upto
+        for b in self.history.batches(keys):
+            if self.cohort not in b.cohorts:
+                continue
+            sel = b.ci == b.cohorts.index(self.cohort)
+            if not sel.any():
+                continue
+            # records a purge retracted live (tombstoned) are gone already: not read,
+            # not counted as excluded (as their held rows, retracted, were not)
+            sel &= self.history.untombstoned(b, self._tombs)
+            self.read += int(sel.sum())
+            out = sel & self._covered(b.u, b.r)
+            if out.any():
+                self._count(b.u[out])
+            sel &= ~out
+            if not sel.any():
+                continue
+            rows = np.flatnonzero(sel)
+            self._add(b.m[rows], b.r[rows], b.u[rows], b.e[rows], b.t[rows], b.w[rows], b.ts[rows],
+                      settled=b.r[rows] < np.array([upto.get(m, 0) for m in b.m[rows].tolist()], dtype=np.int64))
+
+    def _add(self, ms: Any, rs: Any, us: Any, es: Any, ts_: Any, ws: Any, tss: Any, settled: np.ndarray) -> None:
+        """Fold records into the scratch, keep the sums of those the shard has
+        settled, and drop the scratch's rows (only its sums are installed)."""
+        sc = self.scratch
+        sc.add_columns(np.asarray(ms, dtype=np.uint8).tolist(), rs.tolist(), us.tolist(), [self.cohort] * len(rs),
+                       es.tolist(), ts_.tolist(), np.asarray(ws, dtype=np.float32).tolist(), tss.tolist())
+        sc.settle(sc.row_end, keep=settled)
+
+    def _fold_held(self, lo: int, hi: int) -> None:
+        """Held rows ``lo .. hi`` of the cohort: covered ones to erase; from
+        ``mem_from`` on, the others into the scratch (durable only)."""
         agg: Aggregates = self.state.aggregates
+        lo = max(lo, agg.row_base)
         if hi <= lo:
             return
         cid = agg.cohort_id(self.cohort)
@@ -71,39 +154,38 @@ class RematJob:
         nk = agg.key_total
         is_c = np.zeros(nk + 1, dtype=bool)  # the cohort's key ids (from the KC column)
         is_c[:nk] = agg.KC[:nk] == cid
-        dk = np.frombuffer(agg.dk, dtype=np.uint32)[lo:hi].astype(np.int64)
+        base = agg.row_base
+        dk = agg.view("dk")[lo - base : hi - base].astype(np.int64)
         dk[dk == DEAD] = nk  # retracted rows point at the False slot
         sel = np.flatnonzero(is_c[dk])
         if not len(sel):
             return
-        rows = sel + lo
-        k = dk[sel]
-        users = np.frombuffer(agg.du, dtype=np.uint64)[rows]
-        rseqs = np.frombuffer(agg.dr, dtype=np.int64)[rows]
-        self.read += len(rows)
-        if self._cu is not None:  # leave out the covered records: rseq below their user's bound
-            at = np.minimum(np.searchsorted(self._cu, users), len(self._cu) - 1)
-            out = (self._cu[at] == users) & (rseqs < self._cb[at])
-            if out.any():
-                self.excluded_rows.extend(rows[out].tolist())
-                keep = ~out
-                rows, k, users, rseqs = rows[keep], k[keep], users[keep], rseqs[keep]
-        if not len(rows):
+        rel = sel + (lo - base)
+        users = agg.view("du")[rel]
+        rseqs = agg.view("dr")[rel]
+        if self.history is None:  # ephemeral: nothing to rebuild from (see the class)
+            self.read += len(rel)
             return
-        uk = np.unique(k)  # the rebuilt keys keep their live key ids
-        for kk, e, t in zip(uk.tolist(), agg.KE[uk].tolist(), agg.KT[uk].tolist()):
-            self.key_ids[(e, t)] = kk
-        self.scratch.add_columns(
-            np.frombuffer(agg.dm, dtype=np.uint8)[rows].tolist(), rseqs.tolist(), users.tolist(),
-            [self.cohort] * len(rows), agg.KE[k].tolist(), agg.KT[k].tolist(),
-            np.frombuffer(agg.dw, dtype=np.float32)[rows].tolist(),
-            np.frombuffer(agg.dt, dtype=np.int64)[rows].tolist(),
-        )
+        out = self._covered(users, rseqs)
+        if out.any():  # counted in the history; their held rows are erased
+            self.excluded_rows.extend((rel[out] + base).tolist())
+        mine = ~out & (rel + base >= self.mem_from)
+        if not mine.any():
+            return
+        self.read += int(mine.sum())
+        r = rel[mine]
+        k = dk[sel][mine]
+        self._add(agg.view("dm")[r], rseqs[mine], users[mine], agg.KE[k], agg.KT[k], agg.view("dw")[r],
+                  agg.view("dt")[r], settled=np.zeros(len(r), dtype=bool))
 
     def step(self) -> bool:
-        """Fold the next chunk of the rows that existed at the start; True when all are."""
+        """Fold the next chunk of what existed at the start; True when all is."""
+        if self._keys:
+            chunk, self._keys = self._keys[:HISTORY_BATCHES], self._keys[HISTORY_BATCHES:]
+            self._fold_history(chunk)
+            return False
         hi = min(self.cursor + CHUNK_ROWS, self.cut)
-        self._fold(self.cursor, hi)
+        self._fold_held(self.cursor, hi)
         self.cursor = hi
         return self.cursor >= self.cut
 
@@ -113,18 +195,52 @@ class RematJob:
         Returns ``(records_read, records_excluded, matched_live, excluded_per_user)``.
         """
         agg: Aggregates = self.state.aggregates
-        self._fold(self.cut, len(agg.dk))
-        matched = agg.same_cohort(self.cohort, self.scratch)
-        if not matched:  # an equal rebuild is not swapped in: the live bits stay as they were
-            agg.install_cohort(self.cohort, self.scratch, self.key_ids)
-        per_user: dict[int, int] = {}
-        for row in self.excluded_rows:
-            per_user[agg.du[row]] = per_user.get(agg.du[row], 0) + 1
-            agg.erase_row(row)
+        self._fold_held(self.cut, agg.row_end)
+        rows = sorted(set(self.excluded_rows))
+        users = set(self.per_user) | set(agg.view("du")[np.array(rows, dtype=np.int64) - agg.row_base].tolist())
+        if self.history is None:
+            matched = True
+        else:
+            matched = self._install()
+            for row in rows:
+                agg.erase_row(row)
         log = self.state.log
-        for user in per_user:
+        for user in users:
             log.drop_retracted(user, self.cohort)
-        return self.read, len(self.excluded_rows), matched, per_user
+        excluded = sum(self.per_user.values())
+        return self.read, excluded, matched, dict(self.per_user)
+
+    def _install(self) -> bool:
+        """Swap the scratch in (unless equal) with its settled sums; True if equal."""
+        agg: Aggregates = self.state.aggregates
+        sc = self.scratch
+        oks = sc.cohort_key_ids(self.cohort)
+        key_ids: dict[tuple[int, int], int] = {}
+        for ok in oks:
+            e, t = int(sc.KE[ok]), int(sc.KT[ok])
+            k = agg.index.get((self.cohort, e, t))
+            if k is None:  # a key whose live state had gone (cannot happen unless a bug)
+                k = agg.new_key(self.cohort, e, t, int(sc.L[ok]))
+            key_ids[(e, t)] = k
+        matched = agg.same_cohort(self.cohort, sc)
+        if not matched:
+            agg.install_cohort(self.cohort, sc, key_ids)
+        # the settled sums of the cohort's keys become the rebuild's (without the
+        # covered records)
+        n = agg.key_total
+        agg.settled.drop_keys(np.flatnonzero(agg.KC[:n] == agg.cohort_id(self.cohort)).tolist())
+        for ok, entries in sc.settled.of_keys(oks).items():
+            k = key_ids[(int(sc.KE[ok]), int(sc.KT[ok]))]
+            bs, ns, ws, fs, los, his = zip(*entries)
+            agg.settled.add([k] * len(bs), bs, ns, ws, fs, los, his)
+        return matched
+
+
+def _before(shard_seq: tuple[int, int], shard: int, first_pending: int | None) -> bool:
+    """Whether a history batch is read from the history: another shard's (a store
+    reopened under another shard count), or this shard's before the first batch
+    not known committed."""
+    return shard_seq[0] != shard or first_pending is None or shard_seq[1] < first_pending
 
 
 def erase_history_ops(

@@ -1039,7 +1039,9 @@ def run_simulation(
                 sum(parts_bytes.values()) / retained if retained else None)
 
         ref_clock = ManualClock(scenario.start_ns)
-        ref = ReferenceModel(config=config, clock=ref_clock)
+        # an ephemeral runtime has no history to re-materialize from: nor has the model
+        durable = bool(getattr(getattr(getattr(db, "_core", None), "store", None), "durable", True))
+        ref = ReferenceModel(config=config, clock=ref_clock, history=durable)
         t = time.perf_counter()
         ref_rows = apply_events(ref, until_stopped(events, halt), ref_clock,
                                 batch_size=scenario.batch_size).rows

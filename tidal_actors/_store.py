@@ -17,6 +17,7 @@ import numpy as np
 from ._codec import Keyspace, Tag, decode_key, decode_membership, encode_key, unseal
 from ._config import Config
 from ._errors import StorageError
+from ._history import HistoryMarks
 from ._lmdb_env import STORE_MARKER, LmdbStore
 
 __all__ = [
@@ -270,6 +271,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self.data: dict[str, dict[bytes, bytes]] = {k.value: {} for k in Keyspace}
         self.fault: Any = None
+        self.history_marks = HistoryMarks()
 
     def commit(self, ops: Iterable[Op]) -> None:
         ops = list(ops)
@@ -280,6 +282,17 @@ class MemoryStore:
                 self.data[ks].pop(key, None)
             else:
                 self.data[ks][key] = value
+        self.history_marks.committed(ops)
+
+    def raw_keys(self, keyspace: Keyspace) -> list[bytes]:
+        return sorted(self.data[keyspace.value])
+
+    def get_many(self, keyspace: Keyspace, keys: list[bytes]) -> list[tuple[bytes, bytes | None]]:
+        d = self.data[keyspace.value]
+        return [(k, d.get(k)) for k in keys]
+
+    def scan(self, keyspace: Keyspace) -> list[tuple[bytes, bytes]]:
+        return sorted(self.data[keyspace.value].items())
 
     def load(self, snapshot_ledgers: list[Any] | None = None) -> Restored:
         return parse_store({ks: sorted(d.items()) for ks, d in self.data.items()}, snapshot_ledgers)

@@ -538,7 +538,7 @@ class DeterministicHost:
     def _restart(self, address: M.Address) -> None:
         down = self._down.pop(address)
         old = down.old
-        mstates, lstates, _ = build_states(self.config, self.store.load())
+        mstates, lstates, _ = build_states(self.config, self.store.load(), self.store)
         kind, i = address
         new: Behaviour
         carry: tuple[str, ...]

@@ -65,11 +65,17 @@ class ReferenceModel:
         config: settings (half-lives, window, log cap, membership shard count);
             default ``Config()``.
         clock: where "now" comes from (int ns); default ``ManualClock(0)``.
+        history: model a database with a durable history (True, the default: a
+            re-materialization rebuilds from every record and leaves out all that a
+            purge covered, evicted ones included) or an ephemeral one (False: there
+            is no history to rebuild from, so the records the log had evicted when
+            their purge came stay in the aggregates; `_remat.RematJob`).
     """
 
-    def __init__(self, config: Config | None = None, clock: Clock | None = None) -> None:
+    def __init__(self, config: Config | None = None, clock: Clock | None = None, *, history: bool = True) -> None:
         self.config = config if config is not None else Config()
         self.clock: Clock = clock if clock is not None else ManualClock(0)
+        self.history = history
         # membership
         self._cohorts: dict[int, list[str]] = {}  # user -> cohorts in assignment order
         self._status: dict[int, CommunityMembership] = {}
@@ -346,10 +352,12 @@ class ReferenceModel:
         attributed before that pair's latest purge, whether it was retracted live or
         had been evicted first. Records of the pair attributed after the purge are
         kept, as they are in the live state. Afterwards the cohort equals a run in
-        which the purged signals were never attributed to it.
+        which the purged signals were never attributed to it. Modelling an ephemeral
+        database (``history=False``) it changes nothing: the purges retracted what
+        the log held, and there is nothing to rebuild the rest from.
 
         Returns:
-            The number of history records left out.
+            The number of history records left out (0 with ``history=False``).
 
         Raises:
             InvalidArgument: bad cohort name.
@@ -358,6 +366,8 @@ class ReferenceModel:
         cohort = check_cohort(cohort, allow_community=True)
         if cohort not in self._durable:
             raise UnknownCohort(f"no contribution was ever attributed to {cohort!r}")
+        if not self.history:
+            return 0
         rebuilt: _CohortState = {}
         excluded = 0
         for seq, r in self._durable[cohort]:

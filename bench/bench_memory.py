@@ -1,0 +1,130 @@
+"""Memory bounded by the contribution log's cap (issue 13, item 9).
+
+A ledger keeps the detail of a contribution (33 bytes) only while a purge may name
+it (in the log, not yet committed to the history); older records live on as sums
+per (key, bucket) (`Aggregates.settle`). This benchmark signals ten times the cap
+and prints, at 1x, 2x, 5x and 10x the cap in signals:
+
+* settled RSS (after a full collection and ``malloc_trim``) above the RSS before
+  the database was opened, the detail rows held and the settled buckets;
+* the baseline beside it: what the detail rows alone would take had every record
+  kept its row, as before the fix (33 bytes x records attributed), and the
+  growth of RSS per record attributed between 1x and 10x and between 5x and 10x
+  (the keys' settled sums still fill up until about 5x; 0 would be flat);
+* persistent, with ``history_retention_ns`` set: the data file after ``compact()``
+  at each step (the snapshot holds the held rows and the settled sums, the history
+  only what the retention keeps).
+
+Workload: 20,000 users, each in one or two of 20 cohorts plus ``@community`` (so
+2.5 records a signal), 200 Zipf-popular entities, 4 signal types (at most 16,800
+keys), batches of 1,000, the 10x signals evenly over 2,000 seconds (inside one
+bucket of the default hour) and a history retention of 5 minutes: by 1x the keys
+and their buckets are there, so what grows after it is what a record costs.
+Memory grows with the keys and their buckets (kept for window reads at any
+time), not with the records; the history (and so the file) with the records
+inside the retention.
+
+Run: ``python bench/bench_memory.py`` (``--quick``: cap 20,000 instead of 100,000;
+``--json FILE`` writes the figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_core import HOUR, T0, settled_rss, structure_bytes, zipf_entities  # noqa: E402
+
+from tidal_actors import Config, ManualClock, Signal, TidalDb  # noqa: E402
+
+DETAIL_ROW_BYTES = 33
+SEC = 10**9
+USERS = 20_000
+
+
+def signals(n: int, seed: int = 1) -> list[Signal]:
+    rng = random.Random(seed)
+    ents = zipf_entities(n, n_entities=200, seed=seed)
+    span = 2_000 * SEC
+    start = T0 - T0 % HOUR  # the start of an hour: every signal in one bucket
+    return [Signal(rng.randrange(USERS), ents[i], rng.randrange(4), 1.0, start + i * span // n) for i in range(n)]
+
+
+def run(cap: int, path: str | None) -> dict[str, float]:
+    n = 10 * cap
+    sigs = signals(n)
+    cfg = Config(max_contribution_log_entries=cap, rematerialize_after_ms=None,
+                 history_retention_ns=300 * SEC if path else None)
+    clock = ManualClock(sigs[0].timestamp_ns)
+    out: dict[str, float] = {}
+    rss0 = settled_rss()
+    db = TidalDb.open(path, config=cfg, clock=clock)
+    try:
+        for u in range(USERS):
+            for j in range(1 + u % 2):
+                db.assign_cohort(u, f"c{(u * 7 + j) % 20}")
+        done = 0
+        records = 0
+        for mult in (1, 2, 5, 10):
+            upto = mult * cap
+            for lo in range(done, upto, 1_000):
+                db.signal_batch(sigs[lo : min(lo + 1_000, upto)])
+            done = upto
+            clock.set(sigs[upto - 1].timestamp_ns)
+            db.flush()
+            st = db.stats()
+            # counted since the open: the persistent store is reopened below
+            records = records + st["records_in"] if path else st["records_in"]
+            tag = "persistent" if path else "ephemeral"
+            out[f"{tag}_{mult}x_records"] = records
+            out[f"{tag}_{mult}x_rss_mib"] = (settled_rss() - rss0) / 2**20
+            out[f"{tag}_{mult}x_detail_rows_held"] = st["detail_rows"]
+            out[f"{tag}_{mult}x_settled_buckets"] = st["settled_buckets"]
+            for part, nb in structure_bytes(db).items():
+                out[f"{tag}_{mult}x_{part}_mib"] = nb / 2**20
+            out[f"{tag}_{mult}x_baseline_all_rows_mib"] = DETAIL_ROW_BYTES * records / 2**20
+            if path:
+                db.close()
+                db = TidalDb.open(path, config=cfg, clock=clock)
+                db.compact()
+                out[f"{tag}_{mult}x_data_file_mib"] = os.path.getsize(os.path.join(path, "data.mdb")) / 2**20
+        for a, b in ((1, 10), (5, 10)):
+            grown = out[f"{tag}_{b}x_rss_mib"] - out[f"{tag}_{a}x_rss_mib"]
+            added = out[f"{tag}_{b}x_records"] - out[f"{tag}_{a}x_records"]
+            out[f"{tag}_rss_bytes_per_record_{a}x_to_{b}x"] = grown * 2**20 / added
+        out[f"{tag}_baseline_bytes_per_record"] = DETAIL_ROW_BYTES
+    finally:
+        db.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="cap 20,000 (about a minute)")
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args()
+    cap = 20_000 if args.quick else 100_000
+    out: dict[str, float] = {"log_cap": cap}
+    tmp = tempfile.mkdtemp(prefix="tidal-bench-mem-")
+    try:
+        out.update(run(cap, None))
+        out.update(run(cap, os.path.join(tmp, "store")))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    width = max(len(k) for k in out)
+    for k, v in out.items():
+        print(f"{k:<{width}}  {v:,.2f}" if isinstance(v, float) else f"{k:<{width}}  {v:,}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()

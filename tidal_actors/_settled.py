@@ -1,0 +1,148 @@
+"""Domain core: the settled sums of contributions whose detail rows were dropped.
+
+Owns the layer `Aggregates.settle` fills: per (key id, bucket) the count, weight
+sum, forward-decayed sum against the bucket's start (``fd_b = sum(w * 2 ** ((t -
+b * width) / h))``), and the first and last timestamp of the contributions whose
+33-byte detail rows left memory. Only adds reach it (no retraction: a purge names
+held rows only), so its sums carry no cancellation, and `Aggregates._refold` can
+sum a key again exactly from its held rows plus these.
+
+Layout: seven numpy columns (``k b n w f lo hi``, 56 bytes an entry) and a dict
+from ``(k << 64) | (b mod 2**64)`` (one int) to the entry's row; about 130 bytes an
+entry in all, against ~500 for a dict of tuples. An entry dropped (`drop_keys`)
+leaves a hole (``k = -1``) until `compact`. No threads, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["SettledBuckets"]
+
+_MASK = (1 << 64) - 1
+_COLS = {"k": np.int64, "b": np.int64, "n": np.int64, "w": np.float64, "f": np.float64,
+         "lo": np.int64, "hi": np.int64}
+Entry = tuple[int, int, float, float, int, int]  # (b, n, w, fd_b, lo, hi)
+
+
+class SettledBuckets:
+    """Settled sums per (key id, bucket); see the module docstring."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.holes = 0
+        self.index: dict[int, int] = {}
+        self.cols: dict[str, npt.NDArray[Any]] = {c: np.zeros(0, dtype=t) for c, t in _COLS.items()}
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _reserve(self, n: int) -> None:
+        cap = len(self.cols["k"])
+        if n <= cap:
+            return
+        cap = max(1024, cap)
+        while cap < n:
+            cap += cap // 2
+        for c, col in self.cols.items():
+            new = np.zeros(cap, dtype=col.dtype)
+            new[: self.size] = col[: self.size]
+            self.cols[c] = new
+
+    def add(self, k: Iterable[int], b: Iterable[int], n: Iterable[int], w: Iterable[float],
+            f: Iterable[float], lo: Iterable[int], hi: Iterable[int]) -> None:
+        """Merge one sum per (key, bucket) (each pair at most once in a call)."""
+        index, cols = self.index, self.cols
+        kk, bb, nn, ll, hh = list(k), list(b), list(n), list(lo), list(hi)
+        ww, ff = list(w), list(f)
+        self._reserve(self.size + len(kk))
+        ck, cb, cn, cw, cf, cl, ch = (cols[c] for c in _COLS)
+        for i, (ki, bi) in enumerate(zip(kk, bb)):
+            key = (ki << 64) | (bi & _MASK)
+            row = index.get(key)
+            if row is None:
+                row = index[key] = self.size
+                self.size += 1
+                ck[row], cb[row], cn[row], cw[row], cf[row], cl[row], ch[row] = (
+                    ki, bi, nn[i], ww[i], ff[i], ll[i], hh[i])
+            else:
+                cn[row] += nn[i]
+                cw[row] += ww[i]
+                cf[row] += ff[i]
+                if ll[i] < cl[row]:
+                    cl[row] = ll[i]
+                if hh[i] > ch[row]:
+                    ch[row] = hh[i]
+
+    def get(self, k: int, b: int) -> Entry | None:
+        """The entry of key ``k``'s bucket ``b``, or None."""
+        row = self.index.get((k << 64) | (b & _MASK))
+        if row is None:
+            return None
+        c = self.cols
+        return (b, int(c["n"][row]), float(c["w"][row]), float(c["f"][row]), int(c["lo"][row]), int(c["hi"][row]))
+
+    def of_keys(self, ks: Iterable[int]) -> dict[int, list[Entry]]:
+        """Every entry of the keys ``ks`` (one scan of the columns)."""
+        want = np.fromiter(ks, dtype=np.int64)
+        out: dict[int, list[Entry]] = {}
+        if not len(want) or not self.index:
+            return out
+        c = {name: col[: self.size] for name, col in self.cols.items()}
+        rows = np.flatnonzero(np.isin(c["k"], want))
+        for row in rows.tolist():
+            out.setdefault(int(c["k"][row]), []).append(
+                (int(c["b"][row]), int(c["n"][row]), float(c["w"][row]), float(c["f"][row]),
+                 int(c["lo"][row]), int(c["hi"][row])))
+        return out
+
+    def has_key(self, k: int) -> bool:
+        """Whether key ``k`` has any entry (a scan: for rare calls)."""
+        return bool(self.index) and bool(np.any(self.cols["k"][: self.size] == k))
+
+    def drop_keys(self, ks: Iterable[int]) -> None:
+        """Forget every entry of the keys ``ks`` (their values are zeroed: erasure)."""
+        want = np.fromiter(ks, dtype=np.int64)
+        if not len(want) or not self.index:
+            return
+        ck = self.cols["k"][: self.size]
+        rows = np.flatnonzero(np.isin(ck, want))
+        if not len(rows):
+            return
+        for k, b in zip(ck[rows].tolist(), self.cols["b"][rows].tolist()):
+            del self.index[(k << 64) | (b & _MASK)]
+        for name, col in self.cols.items():
+            col[rows] = -1 if name == "k" else 0
+        self.holes += len(rows)
+        if self.holes * 2 > self.size:
+            self.compact()
+
+    def compact(self) -> None:
+        """Close the holes `drop_keys` left."""
+        keep = np.flatnonzero(self.cols["k"][: self.size] >= 0)
+        for name, col in self.cols.items():
+            self.cols[name] = col[keep].copy()
+        self.size = len(keep)
+        self.holes = 0
+        ck, cb = self.cols["k"].tolist(), self.cols["b"].tolist()
+        self.index = {(k << 64) | (b & _MASK): i for i, (k, b) in enumerate(zip(ck, cb))}
+
+    def nbytes(self) -> int:
+        """Approximate bytes held (columns, and ~72 bytes a dict entry with its int)."""
+        return sum(col.nbytes for col in self.cols.values()) + 72 * len(self.index)
+
+    def dump(self) -> dict[str, bytes]:
+        """The live entries' columns as bytes (a snapshot)."""
+        keep = np.flatnonzero(self.cols["k"][: self.size] >= 0)
+        return {name: col[keep].tobytes() for name, col in self.cols.items()}
+
+    def load(self, state: dict[str, bytes]) -> None:
+        """Inverse of `dump` (on an empty instance)."""
+        for name, dtype in _COLS.items():
+            self.cols[name] = np.frombuffer(state[name], dtype=dtype).copy()
+        self.size = len(self.cols["k"])
+        self.compact()
