@@ -6,14 +6,17 @@ per (key, bucket) (`Aggregates.settle`). This benchmark signals ten times the ca
 and prints, at 1x, 2x, 5x and 10x the cap in signals:
 
 * settled RSS (after a full collection and ``malloc_trim``) above the RSS before
-  the database was opened, the detail rows held and the settled buckets;
+  the database was opened, the bytes of the ledgers' structures by part
+  (``Aggregates.memory``, ``ContributionLog.memory``: RSS adds the allocator's
+  arenas, which vary by a few MiB from run to run), the detail rows held and the
+  settled buckets;
 * the baseline beside it: what the detail rows alone would take had every record
   kept its row, as before the fix (33 bytes x records attributed), and the
   growth of RSS per record attributed between 1x and 10x and between 5x and 10x
   (the keys' settled sums still fill up until about 5x; 0 would be flat);
-* persistent, with ``history_retention_ns`` set: the data file after ``compact()``
-  at each step (the snapshot holds the held rows and the settled sums, the history
-  only what the retention keeps).
+* persistent, with ``history_retention_ns`` set (5 minutes): the data file after a
+  close and ``compact()`` at 1x and at 10x (the snapshot holds the held rows and
+  the settled sums, the history only what the retention keeps).
 
 Workload: 20,000 users, each in one or two of 20 cohorts plus ``@community`` (so
 2.5 records a signal), 200 Zipf-popular entities, 4 signal types (at most 16,800
@@ -60,8 +63,7 @@ def signals(n: int, seed: int = 1) -> list[Signal]:
 def run(cap: int, path: str | None) -> dict[str, float]:
     n = 10 * cap
     sigs = signals(n)
-    cfg = Config(max_contribution_log_entries=cap, rematerialize_after_ms=None,
-                 history_retention_ns=300 * SEC if path else None)
+    cfg = Config(max_contribution_log_entries=cap, rematerialize_after_ms=None)
     clock = ManualClock(sigs[0].timestamp_ns)
     out: dict[str, float] = {}
     rss0 = settled_rss()
@@ -80,29 +82,44 @@ def run(cap: int, path: str | None) -> dict[str, float]:
             clock.set(sigs[upto - 1].timestamp_ns)
             db.flush()
             st = db.stats()
-            # counted since the open: the persistent store is reopened below
-            records = records + st["records_in"] if path else st["records_in"]
+            records = st["records_in"]
             tag = "persistent" if path else "ephemeral"
             out[f"{tag}_{mult}x_records"] = records
             out[f"{tag}_{mult}x_rss_mib"] = (settled_rss() - rss0) / 2**20
             out[f"{tag}_{mult}x_detail_rows_held"] = st["detail_rows"]
             out[f"{tag}_{mult}x_settled_buckets"] = st["settled_buckets"]
-            for part, nb in structure_bytes(db).items():
+            parts = structure_bytes(db)
+            for part, nb in parts.items():
                 out[f"{tag}_{mult}x_{part}_mib"] = nb / 2**20
+            out[f"{tag}_{mult}x_structures_mib"] = sum(parts.values()) / 2**20
             out[f"{tag}_{mult}x_baseline_all_rows_mib"] = DETAIL_ROW_BYTES * records / 2**20
-            if path:
-                db.close()
-                db = TidalDb.open(path, config=cfg, clock=clock)
-                db.compact()
-                out[f"{tag}_{mult}x_data_file_mib"] = os.path.getsize(os.path.join(path, "data.mdb")) / 2**20
+
         for a, b in ((1, 10), (5, 10)):
-            grown = out[f"{tag}_{b}x_rss_mib"] - out[f"{tag}_{a}x_rss_mib"]
             added = out[f"{tag}_{b}x_records"] - out[f"{tag}_{a}x_records"]
-            out[f"{tag}_rss_bytes_per_record_{a}x_to_{b}x"] = grown * 2**20 / added
+            for what in ("rss", "structures"):
+                grown = out[f"{tag}_{b}x_{what}_mib"] - out[f"{tag}_{a}x_{what}_mib"]
+                out[f"{tag}_{what}_bytes_per_record_{a}x_to_{b}x"] = grown * 2**20 / added
         out[f"{tag}_baseline_bytes_per_record"] = DETAIL_ROW_BYTES
     finally:
         db.close()
     return out
+
+
+def data_file(cap: int, mult: int, path: str) -> float:
+    """MiB of data.mdb after ``mult`` x the cap in signals, a close, and ``compact()``
+    (retention 5 minutes: the history keeps only the last 5 minutes of signals)."""
+    sigs = signals(10 * cap)[: mult * cap]
+    cfg = Config(max_contribution_log_entries=cap, rematerialize_after_ms=None, history_retention_ns=300 * SEC)
+    clock = ManualClock(sigs[-1].timestamp_ns)
+    with TidalDb.open(path, config=cfg, clock=clock) as db:
+        for u in range(USERS):
+            for j in range(1 + u % 2):
+                db.assign_cohort(u, f"c{(u * 7 + j) % 20}")
+        for lo in range(0, len(sigs), 1_000):
+            db.signal_batch(sigs[lo : lo + 1_000])
+    with TidalDb.open(path, config=cfg, clock=clock) as db:
+        db.compact()
+    return os.path.getsize(os.path.join(path, "data.mdb")) / 2**20
 
 
 def main() -> None:
@@ -116,6 +133,8 @@ def main() -> None:
     try:
         out.update(run(cap, None))
         out.update(run(cap, os.path.join(tmp, "store")))
+        for mult in (1, 10):
+            out[f"persistent_{mult}x_data_file_after_compact_mib"] = data_file(cap, mult, os.path.join(tmp, f"f{mult}"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     width = max(len(k) for k in out)

@@ -436,8 +436,10 @@ class MembershipShard(Behaviour):
 # -- ledger -------------------------------------------------------------------------
 
 
-# settle detail rows once at least this many can go (`LedgerState.settle`)
+# settle detail rows once at least this many can go, at most SETTLE_STEP a
+# message (`LedgerState.settle`)
 SETTLE_MIN = 16_384
+SETTLE_STEP = 32_768
 
 
 class LedgerState:
@@ -488,8 +490,8 @@ class LedgerState:
         before the contribution log's first row (its head, once compacted, and the
         rows held for purges in flight) and, in a durable database, before the first row of a
         history batch not yet committed (a row is dropped only once the history
-        holds it). Amortized: only once at least ``SETTLE_MIN`` rows, and a quarter
-        of those held, can go, unless ``force``. Returns the rows dropped."""
+        holds it). Only once at least ``SETTLE_MIN`` rows can go, and at most
+        ``SETTLE_STEP`` a call, unless ``force``. Returns the rows dropped."""
         agg = self.aggregates
         if durable and self.history is None:
             return 0  # nothing to read them back from: keep them
@@ -504,11 +506,14 @@ class LedgerState:
                 limit = pending[0][1]
         low = self.log.first_row()
         cut = min(limit, agg.row_end if low is None else low) - agg.row_base
-        if cut <= 0 or (not force and (cut < SETTLE_MIN or cut * 4 < len(agg.dk))):
+        if cut <= 0 or (not force and cut < SETTLE_MIN):
             return 0
         self.log.compact_head()  # may move held pairs' rows to held_rows: ask again
         low = self.log.first_row()
-        return agg.settle(min(limit, agg.row_end if low is None else low))
+        upto = min(limit, agg.row_end if low is None else low)
+        if not force:  # a bounded step per message, so no handler stalls on it
+            upto = min(upto, agg.row_base + SETTLE_STEP)
+        return agg.settle(upto)
 
 
 class LedgerShard(Behaviour):
@@ -633,7 +638,7 @@ class LedgerShard(Behaviour):
                     "keys": agg.key_count(),
                     "handler_errors": self.handler_errors,
                     "log_bytes": self.state.log.nbytes(),
-                    "detail_rows": len(agg.dk),
+                    "detail_rows": agg.held,
                     "settled_buckets": len(agg.settled),
                 }
             elif r.kind == "cohorts":

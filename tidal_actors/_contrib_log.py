@@ -187,7 +187,7 @@ class ContributionLog:
 
     def _gone(self, row: int) -> bool:
         agg = self.agg
-        i = row - agg.row_base
+        i = row - agg.phys_base
         return agg.dk[i] == DEAD or agg.dr[i] < self.floor.get(agg.dm[i], 0)
 
     def trim(self) -> None:

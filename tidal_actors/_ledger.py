@@ -128,7 +128,7 @@ class Aggregates:
 
     __slots__ = (
         "_cap", "_cid", "_hl", "_hl_cache", "_n", "_nkeys", "_width", "cohort_names", "cohorts",
-        "index", "older", "row_base", "settled", "settled_detail", "trimmed_upto",
+        "index", "older", "phys_base", "row_base", "settled", "settled_detail", "trimmed_upto",
         *KEY_COLUMNS, *(name for name, _ in _DETAIL),
     )
 
@@ -176,8 +176,11 @@ class Aggregates:
         self.dm = array("B")  # membership shard
         self.dr = array("q")  # rseq (record sequence number in its membership shard)
         # detail rows ``row_base ..`` are held (row ids stay absolute); the ones before
-        # were settled (`settle`) into per-(key, bucket) sums
+        # were settled (`settle`) into per-(key, bucket) sums. The arrays start at
+        # row ``phys_base``: settled rows are cut from their front only once they are
+        # half of them (one memmove per half, not one per settle)
         self.row_base = 0
+        self.phys_base = 0
         self.settled = SettledBuckets()
         # membership shard -> 1 + the highest rseq settled: a shard's rows reach a
         # ledger in rseq order, so its settled records are exactly those below
@@ -189,12 +192,18 @@ class Aggregates:
     @property
     def row_end(self) -> int:
         """One past the last detail row (rows are numbered from 0, forever)."""
-        return self.row_base + len(self.dk)
+        return self.phys_base + len(self.dk)
+
+    @property
+    def held(self) -> int:
+        """Detail rows held (not settled)."""
+        return self.row_end - self.row_base
 
     def view(self, name: str) -> npt.NDArray[Any]:
-        """A numpy view of detail column ``name`` (``dk`` .. ``dr``): index it with
-        ``row - row_base``. No view may outlive a call that adds or settles rows."""
-        return np.frombuffer(getattr(self, name), dtype=_DETAIL_DTYPES[name])
+        """A numpy view of the held rows of detail column ``name`` (``dk`` .. ``dr``):
+        index it with ``row - row_base``. No view may outlive a call that adds or
+        settles rows."""
+        return np.frombuffer(getattr(self, name), dtype=_DETAIL_DTYPES[name])[self.row_base - self.phys_base :]
 
     def half_life(self, stype: int) -> int:
         h = self._hl_cache.get(stype)
@@ -529,7 +538,7 @@ class Aggregates:
 
     def erase_row(self, row: int) -> None:
         """Mark a held row retracted and zero its fields (the aggregates are not touched)."""
-        i = row - self.row_base
+        i = row - self.phys_base
         self.dk[i] = DEAD
         self.dt[i] = 0
         self.dw[i] = 0.0
@@ -582,9 +591,12 @@ class Aggregates:
                 np.maximum.reduceat(t, starts).tolist(),
             )
         del dk, dm, dr
-        for name, _ in _DETAIL:
-            del getattr(self, name)[:cut]
         self.row_base += cut
+        dead = self.row_base - self.phys_base
+        if dead * 2 >= len(self.dk):  # cut the settled front once it is half
+            for name, _ in _DETAIL:
+                del getattr(self, name)[:dead]
+            self.phys_base = self.row_base
         return cut
 
     def _drop_keys(self, ks: Sequence[int]) -> None:
@@ -1027,7 +1039,7 @@ class Aggregates:
             "names": self.cohort_names,
             "n": n,
             "cols": {name: getattr(self, name)[:n].tobytes() for name in KEY_COLUMNS},
-            "detail": {name: getattr(self, name).tobytes() for name, _ in _DETAIL},
+            "detail": {name: getattr(self, name)[self.row_base - self.phys_base :].tobytes() for name, _ in _DETAIL},
             "older_keys": array("q", ob).tobytes(),
             "older": oflat,
             "row_base": self.row_base,
@@ -1048,7 +1060,7 @@ class Aggregates:
                 getattr(self, name)[:n] = np.frombuffer(raw, dtype=dtype)
         for name, _ in _DETAIL:
             getattr(self, name).frombytes(state["detail"][name])
-        self.row_base = state.get("row_base", 0)  # older snapshots hold every row
+        self.row_base = self.phys_base = state.get("row_base", 0)  # older snapshots hold every row
         self.trimmed_upto = dict(state.get("trimmed_upto", {}))
         if "settled" in state:
             self.settled.load(state["settled"])

@@ -55,28 +55,39 @@ class SettledBuckets:
 
     def add(self, k: Iterable[int], b: Iterable[int], n: Iterable[int], w: Iterable[float],
             f: Iterable[float], lo: Iterable[int], hi: Iterable[int]) -> None:
-        """Merge one sum per (key, bucket) (each pair at most once in a call)."""
-        index, cols = self.index, self.cols
-        kk, bb, nn, ll, hh = list(k), list(b), list(n), list(lo), list(hi)
-        ww, ff = list(w), list(f)
-        self._reserve(self.size + len(kk))
-        ck, cb, cn, cw, cf, cl, ch = (cols[c] for c in _COLS)
-        for i, (ki, bi) in enumerate(zip(kk, bb)):
-            key = (ki << 64) | (bi & _MASK)
-            row = index.get(key)
-            if row is None:
-                row = index[key] = self.size
-                self.size += 1
-                ck[row], cb[row], cn[row], cw[row], cf[row], cl[row], ch[row] = (
-                    ki, bi, nn[i], ww[i], ff[i], ll[i], hh[i])
-            else:
-                cn[row] += nn[i]
-                cw[row] += ww[i]
-                cf[row] += ff[i]
-                if ll[i] < cl[row]:
-                    cl[row] = ll[i]
-                if hh[i] > ch[row]:
-                    ch[row] = hh[i]
+        """Merge one sum per (key, bucket) (each pair at most once in a call):
+        existing entries in one vectorized step per column, new ones appended."""
+        kk = np.fromiter(k, dtype=np.int64)
+        bb = np.fromiter(b, dtype=np.int64)
+        nn = np.fromiter(n, dtype=np.int64)
+        ww = np.fromiter(w, dtype=np.float64)
+        ff = np.fromiter(f, dtype=np.float64)
+        ll = np.fromiter(lo, dtype=np.int64)
+        hh = np.fromiter(hi, dtype=np.int64)
+        if not len(kk):
+            return
+        keys = [(ki << 64) | (bi & _MASK) for ki, bi in zip(kk.tolist(), bb.tolist())]
+        found = list(map(self.index.get, keys))
+        old = np.array([r is not None for r in found], dtype=bool)
+        c = self.cols
+        if old.any():
+            rows = np.array([r for r in found if r is not None], dtype=np.int64)
+            c["n"][rows] += nn[old]
+            c["w"][rows] += ww[old]
+            c["f"][rows] += ff[old]
+            c["lo"][rows] = np.minimum(c["lo"][rows], ll[old])
+            c["hi"][rows] = np.maximum(c["hi"][rows], hh[old])
+        new = ~old
+        m = int(new.sum())
+        if not m:
+            return
+        first = self.size
+        self._reserve(first + m)
+        c = self.cols
+        for name, col in (("k", kk), ("b", bb), ("n", nn), ("w", ww), ("f", ff), ("lo", ll), ("hi", hh)):
+            c[name][first : first + m] = col[new]
+        self.index.update(zip((key for key, is_new in zip(keys, new.tolist()) if is_new), range(first, first + m)))
+        self.size = first + m
 
     def get(self, k: int, b: int) -> Entry | None:
         """The entry of key ``k``'s bucket ``b``, or None."""
