@@ -59,6 +59,7 @@ from ._eventlog import (
     apply_events,
 )
 from ._interrupt import EXIT_INTERRUPTED, STOP_NOTICE, Interrupted, StopOnSigint
+from ._timepoints import FORMS, parse_time
 
 __all__ = ["cli", "main"]
 
@@ -75,11 +76,12 @@ _PROGRESS_EVERY = 1024  # rows between progress-bar updates
 
 def _open_db(data_dir: Path | None, config: Config, clock: ManualClock, read_only: bool = False) -> Any:
     """Open the runtime: ``TidalDb`` on ``data_dir`` (None: ephemeral, nothing on disk);
-    ``read_only`` (inspect): nothing is written to the store, not even at close."""
-    from ._db import TidalDb, open_core
+    ``read_only`` (inspect): one read of the store, beside a writer if there is one,
+    with the settings the store records; nothing is written (`_readonly`)."""
+    from ._db import TidalDb
 
     if read_only and data_dir is not None:
-        return TidalDb(open_core(os.fspath(data_dir), config, clock, read_only=True))
+        return TidalDb.open(os.fspath(data_dir), config=config, clock=clock, read_only=True)
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
     return TidalDb.open(os.fspath(data_dir) if data_dir is not None else None,
@@ -102,6 +104,16 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     if ns <= 0:
         raise click.BadParameter(f"{value!r}: must be positive", ctx, param)
     return ns
+
+
+def _time_point(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Option callback: check a `_timepoints` form early (an offset is resolved later)."""
+    if value is not None:
+        try:
+            parse_time(value, "--at", 2**62)
+        except InvalidArgument as exc:
+            raise click.BadParameter(f"{value!r}: {exc.reason}", ctx, param) from None
+    return value
 
 
 TIMESTAMP = click.IntRange(0, 2**63 - 1)
@@ -300,8 +312,9 @@ def cli() -> None:
               help="Window bucket width, e.g. 1h.")
 @click.option("--window-buckets", type=click.IntRange(min=1), metavar="N",
               help="Buckets per window read.")
-@click.option("--at", "at_ns", type=TIMESTAMP, metavar="TS_NS",
-              help="Read --scores-out at this time (int ns). Default: the log's last ts_ns.")
+@click.option("--at", "at_text", metavar="TIME", callback=_time_point,
+              help=f"Read --scores-out at this time: {FORMS}. Default: the log's last ts_ns "
+                   "(an offset is from it).")
 @click.option("--scores-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write every aggregate row (cohort, entity, type) as CSV here.")
 @click.option("--report-out", type=click.Path(dir_okay=False, path_type=Path),
@@ -319,7 +332,7 @@ def replay(
     half_life: int | None,
     window_width: int | None,
     window_buckets: int | None,
-    at_ns: int | None,
+    at_text: str | None,
     scores_out: Path | None,
     report_out: Path | None,
     skip_invalid: bool,
@@ -378,7 +391,8 @@ def replay(
                     rebuilds.finish(db, clock, end)
                 elapsed = time.perf_counter() - started
                 after = dict(db.stats())
-                at = at_ns if at_ns is not None else (counts.max_ts_ns or 0)
+                last_ts = counts.max_ts_ns or 0
+                at = last_ts if at_text is None else parse_time(at_text, "--at", last_ts)
                 if scores_out is not None and complete:
                     scores_written = _write_scores(scores_out, db.aggregate_rows(at))
             next_skip = skip_rows + counts.rows
