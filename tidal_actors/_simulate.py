@@ -47,6 +47,7 @@ from ._eventlog import (
     settle_rematerializations,
 )
 from ._interrupt import Interrupted, until_stopped
+from ._phases import PhaseFn, no_phase, ticking
 from ._types import COMMUNITY, CommunityMembership, LeaveEpoch, PurgeManifest
 
 __all__ = [
@@ -564,7 +565,7 @@ def _close(a: float, b: float) -> bool:
 
 def compare_states(
     db: _Readable, ref: _Readable, at_ns: int, users: Iterable[int],
-    stats: Mapping[str, int] | None = None,
+    stats: Mapping[str, int] | None = None, tick: Callable[[int], None] | None = None,
 ) -> CheckResult:
     """Compare everything observable of ``db`` with ``ref`` at ``at_ns`` (int ns).
 
@@ -574,7 +575,7 @@ def compare_states(
     entries, ``evicted``, and the entries themselves as multisets), and the counters
     ``signals``, ``forwarded``, ``gated``, ``records``, ``purges``, ``retracted``
     (``stats``, if given, stands for ``db.stats()``: counters summed over the runs of a
-    store that was closed and reopened).
+    store that was closed and reopened). ``tick(1)`` is called after each user.
 
     Returns:
         A :class:`CheckResult`.
@@ -609,6 +610,8 @@ def compare_states(
             if got != want or sorted(m.entries) != sorted(r.entries):
                 result.fail(f"user {user} manifest {m.purge_id}: runtime (cohort, created_at_ns, "
                             f"entries, evicted) {got}, reference {want}")
+        if tick is not None:
+            tick(1)
     s1, s2 = (db.stats() if stats is None else stats), ref.stats()
     for name in ("signals", "forwarded", "gated", "records", "purges", "retracted"):
         if s1.get(name) != s2.get(name):
@@ -765,10 +768,11 @@ def _apply_measured(
 
 
 def _set_up(db: _Db, events: list[EventRow], clock: ManualClock, counts: ApplyCounts,
-            rows: Iterator[EventRow]) -> int:
+            rows: Iterator[EventRow], phase: PhaseFn = no_phase) -> int:
     """Apply the leading ``assign`` rows (``assign_upfront``), taking them from
     ``rows``; returns how many. On the runtime, 16 callers at once (one user's rows
-    stay in order), so the persistence actor commits them in groups."""
+    stay in order), so the persistence actor commits them in groups. ``phase``
+    sees the assignments done."""
     from concurrent.futures import ThreadPoolExecutor
 
     n = 0
@@ -790,13 +794,15 @@ def _set_up(db: _Db, events: list[EventRow], clock: ManualClock, counts: ApplyCo
         for cohort in item[1]:
             db.assign_cohort(item[0], cohort)
 
-    if getattr(db, "_core", None) is None:  # not the threaded runtime: in order
-        for item in per_user.items():
-            join(item)
-    else:
-        with ThreadPoolExecutor(16, thread_name_prefix="tidal-simulate-setup") as pool:
-            for _ in pool.map(join, per_user.items()):
-                pass
+    with phase("set-up: users join their cohorts", n, "assign") as tick:
+        if getattr(db, "_core", None) is None:  # not the threaded runtime: in order
+            for item in per_user.items():
+                join(item)
+                tick(len(item[1]))
+        else:
+            with ThreadPoolExecutor(16, thread_name_prefix="tidal-simulate-setup") as pool:
+                for item, _ in zip(per_user.items(), pool.map(join, per_user.items())):
+                    tick(len(item[1]))
     counts.assigns += n
     counts.rows += n
     counts.first_ts_ns = events[0].ts_ns
@@ -926,6 +932,7 @@ def run_simulation(
     progress: Callable[[Iterable[EventRow]], Iterator[EventRow]] | None = None,
     interval_s: float = 0.5,
     stop: Callable[[], bool] | None = None,
+    phase: PhaseFn | None = None,
 ) -> SimulationResult:
     """Run ``scenario`` through the runtime, measuring it, then through the reference
     model, and compare them.
@@ -942,10 +949,14 @@ def run_simulation(
             opened with that config and clock). Called again to reopen the same
             store; the last one opened is flushed and closed here.
         events: the rows to apply, if already generated (default: generate them).
-        progress: wraps the row iterable of the runtime's run (for a progress bar).
+        progress: wraps the row iterable of the runtime's run (for a progress bar);
+            with ``phase``, unused.
         interval_s: the timeline's interval (wall seconds).
         stop: checked before each row (of both passes): once it returns True the run
             stops at that row boundary and raises :class:`Interrupted`.
+        phase: told of each phase (set-up, the run, flushing and measuring, the
+            reference model, the check, closing and reopening the store) with its
+            size, and of the units done (`_phases.PhaseFn`), for a progress display.
 
     Returns:
         A :class:`SimulationResult`; ``result.ok`` tells whether everything agreed.
@@ -978,20 +989,24 @@ def run_simulation(
     # the cohort of each purge row (None for other rows), by row index
     purged = [r.cohort if isinstance(r, PurgeRow) else None for r in events]
     halt = stop if stop is not None else (lambda: False)
-    rows: Iterable[EventRow] = progress(events) if progress is not None else events
+    watch: PhaseFn = phase if phase is not None else no_phase
+    rows: Iterable[EventRow] = progress(events) if progress is not None and phase is None else events
     parts = until_stopped(rows, halt)
-    db: _Db = open_db(config, clock)
+    with watch("open the store" if scenario.durable else "open", None, ""):
+        db: _Db = open_db(config, clock)
+    run_bar = contextlib.ExitStack()
     try:
         setup_s = 0.0
         done = 0
         if scenario.assign_upfront:
             t = time.perf_counter()
-            done = _set_up(db, events, clock, counts, parts)
+            done = _set_up(db, events, clock, counts, parts, watch)
             setup_s = time.perf_counter() - t
             latency = Latency(interval_s)  # the measured load starts now
+        tick = run_bar.enter_context(watch("run (measured)", len(events) - done, "row"))
         started = time.perf_counter()
         paused = 0.0
-        _apply_measured(db, itertools.islice(parts, max(0, split - done)), clock,
+        _apply_measured(db, ticking(itertools.islice(parts, max(0, split - done)), tick), clock,
                         scenario.batch_size, counts, latency)
         if counts.rows < split:  # only a stop cuts the rows short
             raise Interrupted(counts.rows, "runtime", counts)
@@ -1003,21 +1018,24 @@ def run_simulation(
             before = _figures(db, now, users)
             earlier = dict(db.stats())
             latency.mark("restart")
-            db.close()
-            t = time.perf_counter()
-            db = open_db(config, clock)
-            restore = time.perf_counter() - t
+            with watch("restart: close and reopen the store", None, ""):
+                db.close()
+                t = time.perf_counter()
+                db = open_db(config, clock)
+                restore = time.perf_counter() - t
             after = _figures(db, now, users)
             restart = {"after_rows": counts.rows, "restore_s": restore,
                        "differences": _differences(before, after)}
             del before, after
             paused = time.perf_counter() - pause
-            _apply_measured(db, parts, clock, scenario.batch_size, counts, latency)
+            _apply_measured(db, ticking(parts, tick), clock, scenario.batch_size, counts, latency)
             if counts.rows < len(events):
                 raise Interrupted(counts.rows, "runtime", counts)
         db.flush()
         runtime_s = time.perf_counter() - started - paused
+        run_bar.close()
         latency.close_window()
+        run_bar.enter_context(watch("measure memory", None, ""))
         peak = sampler.stop()
         stats = dict(db.stats())
         for name in _COUNTERS:
@@ -1037,33 +1055,40 @@ def run_simulation(
             memory["structures"] = parts_bytes
             memory["structure_bytes_per_retained_record"] = (
                 sum(parts_bytes.values()) / retained if retained else None)
+        run_bar.close()
 
         ref_clock = ManualClock(scenario.start_ns)
         ref = ReferenceModel(config=config, clock=ref_clock)
-        t = time.perf_counter()
-        ref_rows = apply_events(ref, until_stopped(events, halt), ref_clock,
-                                batch_size=scenario.batch_size).rows
-        if ref_rows < len(events):
-            raise Interrupted(counts.rows, "check", counts)
-        reference_s = time.perf_counter() - t
-        settle_rematerializations(db, purged)
-        settle_rematerializations(ref, purged)
-        check = compare_states(db, ref, at_ns, users, stats)
+        with watch("reference model (single-threaded)", len(events), "row") as tick:
+            t = time.perf_counter()
+            ref_rows = apply_events(ref, ticking(until_stopped(events, halt), tick), ref_clock,
+                                    batch_size=scenario.batch_size).rows
+            if ref_rows < len(events):
+                raise Interrupted(counts.rows, "check", counts)
+            reference_s = time.perf_counter() - t
+        with watch("check: rebuild purged cohorts", None, ""):
+            settle_rematerializations(db, purged)
+            settle_rematerializations(ref, purged)
+        with watch("check: compare with the reference model", len(users), "user") as tick:
+            check = compare_states(db, ref, at_ns, users, stats, tick)
         del ref
 
         restore_s: float | None = None
         reopen_differences: list[str] = []
         if scenario.durable:
-            before = _figures(db, at_ns, users)
-            db.close()
-            t = time.perf_counter()
-            db = open_db(config, clock)
-            restore_s = time.perf_counter() - t
-            reopen_differences = _differences(before, _figures(db, at_ns, users))
+            with watch("close and reopen the store (restore time)", None, ""):
+                before = _figures(db, at_ns, users)
+                db.close()
+                t = time.perf_counter()
+                db = open_db(config, clock)
+                restore_s = time.perf_counter() - t
+                reopen_differences = _differences(before, _figures(db, at_ns, users))
     finally:
+        run_bar.close()
         if sampler.is_alive():
             sampler.stop()
-        db.close()
+        with watch("close", None, ""):
+            db.close()
     return SimulationResult(
         scenario, len(events), counts, runtime_s, reference_s, stats, at_ns, check,
         latency.summary(), latency.timeline, latency.marks, memory, restore_s, restart,
