@@ -48,6 +48,8 @@ from ._eventlog import (
 )
 from ._interrupt import Interrupted, until_stopped
 from ._phases import PhaseFn, no_phase, ticking
+from ._simulate_plot import plot_timeline
+from ._timeline import CallLog
 from ._types import COMMUNITY, CommunityMembership, LeaveEpoch, PurgeManifest
 
 __all__ = [
@@ -642,50 +644,48 @@ def _histogram() -> Any:
 
 class Latency:
     """Latency of every call of a run, per operation (HdrHistograms of microseconds, 3
-    significant figures), and a timeline: every ``interval_s`` seconds of wall time,
-    the signals per second and the p50/p99 of ``signal``, ``leave`` and ``purge`` in
-    that interval."""
+    significant figures), and every call kept (`_timeline.CallLog`) for the
+    timeline: per interval, the signals per second and the p50/p99 of ``signal``,
+    ``leave`` and ``purge``. The interval is ``interval_s`` or, when that is None or
+    0, chosen from the run's length once it is known (`_timeline.resolution`)."""
 
-    def __init__(self, interval_s: float = 0.5) -> None:
+    def __init__(self, interval_s: float | None = None) -> None:
         self.total = {op: _histogram() for op in LATENCY_OPS}
-        self._window = {op: _histogram() for op in LATENCY_OPS}
-        self.timeline: list[dict[str, Any]] = []
+        self.calls = CallLog(LATENCY_OPS)
         self.marks: list[tuple[float, str]] = []
         self.interval_s = interval_s
-        self.t0 = self._start = time.perf_counter()
-        self._next = self.t0 + interval_s
-        self._signals = 0
+        self.t0 = time.perf_counter()
+        self.end_s: float | None = None
 
     def record(self, op: str, seconds: float, count: int = 1) -> None:
         """One call of ``op`` that took ``seconds`` (on behalf of ``count`` signals)."""
         us = min(max(1, round(seconds * 1e6)), _HIGHEST_US)
         self.total[op].record_value(us, count)
-        self._window[op].record_value(us, count)
-        if op == "signal":
-            self._signals += count
-        now = time.perf_counter()
-        if now >= self._next:
-            self.close_window(now)
+        self.calls.add(time.perf_counter() - self.t0, op, seconds, count)
+
+    def start(self) -> None:
+        """The measured run starts now: the timeline's 0."""
+        self.t0 = time.perf_counter()
 
     def mark(self, label: str) -> None:
         """Note an event (a restart) at the current time of the timeline."""
         self.marks.append((time.perf_counter() - self.t0, label))
 
     def close_window(self, now: float | None = None) -> None:
-        """End the current timeline interval (also called once at the end of a run)."""
-        now = time.perf_counter() if now is None else now
-        span = now - self._start
-        if span <= 0:
-            return
-        row: dict[str, Any] = {"t_s": round(now - self.t0, 3), "signals_per_s": self._signals / span}
-        for op, h in self._window.items():
-            if op in ("signal", "leave", "purge"):
-                n = h.get_total_count()
-                row[f"{op}_p50_ms"] = h.get_value_at_percentile(50) / 1000 if n else None
-                row[f"{op}_p99_ms"] = h.get_value_at_percentile(99) / 1000 if n else None
-            h.reset()
-        self.timeline.append(row)
-        self._start, self._next, self._signals = now, now + self.interval_s, 0
+        """End the run's timeline (at ``now``, a ``perf_counter`` time; default now)."""
+        self.end_s = (time.perf_counter() if now is None else now) - self.t0
+
+    @property
+    def timeline(self) -> list[dict[str, Any]]:
+        """Throughput and latency per interval, from the start to the end of the run
+        (or its last call); see `_timeline.CallLog.timeline`."""
+        end = self.end_s if self.end_s is not None else time.perf_counter() - self.t0
+        return self.calls.timeline(end, self.interval_s, LATENCY_OPS)
+
+    def points(self, most: int = 5_000) -> dict[str, tuple[list[float], list[float]]]:
+        """Each call's ``(t_s, latency_ms)`` per operation with at most ``most`` calls
+        (sparse ones, shown call by call in a plot)."""
+        return {op: self.calls.points(op) for op in LATENCY_OPS if 0 < self.calls.calls(op) <= most}
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per operation: ``count`` and ``p50_ms``, ``p99_ms``, ``p99_9_ms``, ``max_ms``,
@@ -855,7 +855,8 @@ class SimulationResult:
         check: the comparison with the reference model.
         latency: :meth:`Latency.summary` of the run.
         timeline: :attr:`Latency.timeline` (throughput and latency over the run).
-        marks: ``(seconds into the run, label)`` of restarts.
+        marks: ``(seconds into the run, label)``: ``"restart"`` where a restart's
+            pause (not counted in ``runtime_s``) began, ``"resumed"`` where it ended.
         memory: ``baseline_rss``, ``peak_rss``, ``end_rss`` (bytes), ``peak_bytes`` and
             ``end_bytes`` (RSS above the baseline taken before the open),
             ``retained_records`` (contribution records in the logs at the end),
@@ -867,6 +868,8 @@ class SimulationResult:
             ``differences`` (figures that changed across it; empty when all equal).
         reopen_differences: figures that changed across the final reopen.
         setup_s: seconds of the ``assign_upfront`` set-up (not in ``runtime_s``).
+        points: per sparse operation (at most 5,000 calls), each call's
+            ``(seconds into the run, latency ms)`` (:meth:`Latency.points`).
     """
 
     scenario: Scenario
@@ -885,6 +888,7 @@ class SimulationResult:
     restart: dict[str, Any] | None = None
     reopen_differences: list[str] = field(default_factory=list)
     setup_s: float = 0.0
+    points: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
 
     @property
     def signals_per_s(self) -> float:
@@ -930,7 +934,7 @@ def run_simulation(
     *,
     events: list[EventRow] | None = None,
     progress: Callable[[Iterable[EventRow]], Iterator[EventRow]] | None = None,
-    interval_s: float = 0.5,
+    interval_s: float | None = None,
     stop: Callable[[], bool] | None = None,
     phase: PhaseFn | None = None,
 ) -> SimulationResult:
@@ -951,7 +955,8 @@ def run_simulation(
         events: the rows to apply, if already generated (default: generate them).
         progress: wraps the row iterable of the runtime's run (for a progress bar);
             with ``phase``, unused.
-        interval_s: the timeline's interval (wall seconds).
+        interval_s: the timeline's interval (wall seconds; None: chosen from the
+            run's length, see `_timeline.resolution`).
         stop: checked before each row (of both passes): once it returns True the run
             stops at that row boundary and raises :class:`Interrupted`.
         phase: told of each phase (set-up, the run, flushing and measuring, the
@@ -1004,6 +1009,7 @@ def run_simulation(
             setup_s = time.perf_counter() - t
             latency = Latency(interval_s)  # the measured load starts now
         tick = run_bar.enter_context(watch("run (measured)", len(events) - done, "row"))
+        latency.start()
         started = time.perf_counter()
         paused = 0.0
         _apply_measured(db, ticking(itertools.islice(parts, max(0, split - done)), tick), clock,
@@ -1012,12 +1018,12 @@ def run_simulation(
             raise Interrupted(counts.rows, "runtime", counts)
         if scenario.restart_at is not None:
             pause = time.perf_counter()
+            latency.mark("restart")  # the pause: flush, settle, compare, close, reopen
             db.flush()
             settle_rematerializations(db, purged[:split])
             now = counts.max_ts_ns if counts.max_ts_ns is not None else scenario.start_ns
             before = _figures(db, now, users)
             earlier = dict(db.stats())
-            latency.mark("restart")
             with watch("restart: close and reopen the store", None, ""):
                 db.close()
                 t = time.perf_counter()
@@ -1028,6 +1034,7 @@ def run_simulation(
                        "differences": _differences(before, after)}
             del before, after
             paused = time.perf_counter() - pause
+            latency.mark("resumed")
             _apply_measured(db, ticking(parts, tick), clock, scenario.batch_size, counts, latency)
             if counts.rows < len(events):
                 raise Interrupted(counts.rows, "runtime", counts)
@@ -1092,50 +1099,4 @@ def run_simulation(
     return SimulationResult(
         scenario, len(events), counts, runtime_s, reference_s, stats, at_ns, check,
         latency.summary(), latency.timeline, latency.marks, memory, restore_s, restart,
-        reopen_differences, setup_s)
-
-
-def plot_timeline(result: SimulationResult, path: str | Path) -> None:
-    """Draw throughput (signals/s) and latency (p50, p99 of signal acknowledgement,
-    leave and purge) over the run into a PNG at ``path``.
-
-    Raises:
-        InvalidArgument: matplotlib is not installed (the ``plot`` extra).
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise InvalidArgument("--plot", str(path),
-                              "needs matplotlib: pip install -e '.[plot]' (from the repository's folder)") from None
-    rows = result.timeline
-    t = [r["t_s"] for r in rows]
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
-    top.plot(t, [r["signals_per_s"] for r in rows], color="tab:blue", lw=1.2)
-    top.set_ylabel("signals / s")
-    top.set_title(f"tidal-actors simulate {result.scenario.name} (seed {result.scenario.seed}): "
-                  f"{result.signals_per_s:,.0f} signals/s overall")
-    top.grid(alpha=0.3)
-    colours = {"signal": "tab:blue", "leave": "tab:orange", "purge": "tab:red"}
-    for op, colour in colours.items():
-        for q, style in (("p50", ":"), ("p99", "-")):
-            pts = [(x, r[f"{op}_{q}_ms"]) for x, r in zip(t, rows) if r.get(f"{op}_{q}_ms") is not None]
-            if pts:
-                label = "signal ack" if op == "signal" else op
-                bottom.plot(*zip(*pts), style, color=colour, lw=1.0, marker=".", ms=3,
-                            label=f"{label} {q}")
-    bottom.set_yscale("log")
-    bottom.set_ylabel("latency per interval (ms)")
-    bottom.set_xlabel("seconds into the run")
-    bottom.grid(alpha=0.3, which="both")
-    if bottom.get_legend_handles_labels()[0]:
-        bottom.legend(fontsize=8, ncol=3)
-    for x, label in result.marks:
-        for ax in (top, bottom):
-            ax.axvline(x, color="grey", ls="--", lw=1)
-        top.annotate(label, (x, 0), textcoords="offset points", xytext=(3, 3), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        reopen_differences, setup_s, latency.points())
