@@ -20,6 +20,7 @@ import msgpack
 import pytest
 
 from tidal_actors import COMMUNITY, Config, InvalidArgument, ManualClock, StorageError, TidalDb
+from tidal_actors import cli as cli_module
 from tidal_actors._codec import Tag, encode_key
 from tidal_actors._timepoints import parse_time
 
@@ -153,6 +154,19 @@ def test_inspect_reads_a_live_store_and_says_it_is_a_snapshot(writer) -> None:
     assert f"process {w.proc.pid} has {path} open" in res.err
     assert "consistent snapshot of the store as of its read" in res.err
     assert w("signal", 1, 7, 1.0, 1) == "ok"  # the writer goes on
+
+
+def test_inspect_of_a_replay_still_running_reads_at_its_latest_event(writer) -> None:
+    """A replay writes its settings file before its first row, without a last event
+    time; inspect then reads at the latest event in the store, not at the wall clock
+    (years after the log's events, where every score has decayed to nothing)."""
+    _, path = writer
+    cli_module._write_state(path, SETTINGS, None, "replay log.csv")
+    res = _subprocess_run("inspect", "top", "readers", "--data-dir", path)
+    assert res.code == 0, res
+    assert f"at {T0} " in res.out and "score 6.0" in res.out, res  # 3 x 2.0 at T0
+    res = _subprocess_run("inspect", "top", "readers", "--data-dir", path, "--at", "+1h")
+    assert "score 3.0" in res.out, res
 
 
 # ---------------------------------------------------------------- settings

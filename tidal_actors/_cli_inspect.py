@@ -47,7 +47,8 @@ _DATA_DIR_HELP = ("A data directory written by replay or simulate (required; bef
                   "after the subcommand).")
 
 _AT_HELP = (f"Read time: {FORMS}. Default: the last event replayed into the "
-            "directory (the wall clock if none).")
+            "directory (while a replay runs, the latest one it has written; the wall "
+            "clock for a store no replay wrote).")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -97,16 +98,23 @@ def _inspected(data_dir: Path | None, at: str | None = None) -> Iterator[tuple[A
     state = cli._read_state(data_dir)
     from_file = cli._stored_config(data_dir)
     last = state.get("last_event_ns")
+    if at is not None:
+        try:  # the form, before anything is opened; an offset is resolved below
+            parse_time(at, "--at", 2**62)
+        except InvalidArgument as exc:
+            cli._fail(str(exc), EXIT_BAD_INPUT)
     # scores decay: read at the last replayed event by default, not at the wall clock
-    default_at = last if isinstance(last, int) else time.time_ns()
-    try:
-        read_at = default_at if at is None else parse_time(at, "--at", default_at)
-    except InvalidArgument as exc:
-        cli._fail(str(exc), EXIT_BAD_INPUT)
+    clock = ManualClock(last if isinstance(last, int) else time.time_ns())
     writer = attached_process(data_dir)
     try:
-        with cli._open_db(data_dir, from_file or Config(), ManualClock(read_at),
-                          read_only=True) as db:
+        with cli._open_db(data_dir, from_file or Config(), clock, read_only=True) as db:
+            default_at = clock.now_ns()
+            latest = getattr(db, "latest_event_ns", None)
+            if not isinstance(last, int) and latest is not None and \
+                    str(state.get("source", "")).startswith(("replay ", "simulate ")):
+                default_at = latest  # a replay still running: the event time it has reached
+            read_at = default_at if at is None else parse_time(at, "--at", default_at)
+            clock.set(read_at)
             _notes(data_dir, db, writer, from_file is not None)
             yield db, read_at
     except InvalidArgument as exc:

@@ -45,6 +45,7 @@ class SnapshotStore(LmdbStore):
         self._kept: dict[str, dict[bytes, bytes]] | None = None
         self.read_at_ns: int | None = None  # wall time of the read (int ns)
         self.recorded_settings = False  # whether the store records its settings (`_readonly`)
+        self.latest_event_ns: int | None = None  # the latest contribution's time, if replayed
 
     def load(self, snapshot_ledgers: SnapshotKey = None) -> Restored:
         """Read everything in one read transaction (see `LmdbStore.load`), then detach.
@@ -74,6 +75,8 @@ class SnapshotStore(LmdbStore):
                     )
                 self._kept = kept
                 self._detach()
+                stamps = [int(b.ts.max()) for b in restored.batches if len(b.ts)]
+                self.latest_event_ns = max(stamps) if stamps else None
                 return restored
         raise AssertionError("unreachable")
 

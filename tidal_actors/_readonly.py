@@ -88,6 +88,13 @@ class ReadOnlyTidalDb(TidalDb):
         """The wall-clock time (int ns) of the one read this view holds."""
         return int(self._core.store.read_at_ns)
 
+    @property
+    def latest_event_ns(self) -> int | None:
+        """The time (int ns) of the latest contribution in the durable history, when
+        the open replayed it (None when it restored a clean-close snapshot instead, or
+        the history is empty): where a log being replayed into the store has got to."""
+        return self._core.store.latest_event_ns  # type: ignore[no-any-return]
+
     def _refuse(self, what: str) -> TidalError:
         if self._core.closed:
             return DatabaseClosed(f"the database at {self._core.store.path} is closed")
