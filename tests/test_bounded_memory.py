@@ -215,3 +215,16 @@ def test_held_detail_and_data_file_stay_bounded(tmp_path):
     # 50 keys in one bucket: the settled sums do not grow with the records
     assert sizes[200_000] <= 1.25 * sizes[20_000], sizes
     assert sizes[200_000] < 1_000_000, sizes
+
+
+def test_read_only_open_reads_settled_buckets_back(pdb_path, settle_at_once):
+    """A read-only open (one read transaction, then detached) keeps the history it
+    read, so reads inside settled buckets are exact there too."""
+    ref = ReferenceModel(CFG, ManualClock(T0))
+    _workload(ref)
+    with TidalDb.open(pdb_path, config=CFG, clock=ManualClock(T0)) as db:
+        _workload(db)
+    with TidalDb.open(pdb_path, config=CFG, clock=ManualClock(T0), read_only=True) as db:
+        assert _held(db) <= 6
+        for at in READ_TIMES:
+            assert _rows(db, at) == _rows(ref, at), at

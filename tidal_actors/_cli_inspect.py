@@ -3,10 +3,15 @@
 Owns the ``inspect`` group and its subcommands (``users``, ``user``, ``cohorts``,
 ``top``, ``manifests``, ``purge``). ``--data-dir`` is taken before the subcommand
 (``inspect --data-dir D user 1``) or after it (``inspect user 1 --data-dir D``).
-The store is opened read-only (nothing is written, not even at close; a pending
-re-materialization stays pending) through ``cli._open_db``, looked up at call time
-so that the tests can swap the database for the reference model. An unknown cohort
-is bad input (exit 2), named on standard error with the closest known names.
+The store is opened read-only through ``cli._open_db`` (looked up at call time so
+that the tests can swap the database for the reference model): read once, in one
+LMDB read transaction, beside a writer in another process if there is one (a note
+on standard error then says that the output is a consistent snapshot as of that
+read), with the settings the store records; nothing is written (a pending
+re-materialization stays pending). A store that records no settings is read with
+those of the directory's ``tidal-actors-cli.json``, else the defaults, and a note
+says which. An unknown cohort is bad input (exit 2), named on standard error with
+the closest known names.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from ._clock import ManualClock
 from ._codec import Keyspace, Tag, decode_key
 from ._config import Config
 from ._errors import InvalidArgument, TidalError, UnknownCohort, UnknownPurge
+from ._lmdb_lock import attached_process
+from ._settings import describe
+from ._timepoints import FORMS, parse_time
 from ._types import COMMUNITY, MembershipStatus
 from ._validate import check_cohort
 
@@ -34,10 +42,13 @@ __all__ = ["inspect"]
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
-TIMESTAMP = click.IntRange(0, 2**63 - 1)
 ID = click.IntRange(0, 2**64 - 1)
 _DATA_DIR_HELP = ("A data directory written by replay or simulate (required; before or "
                   "after the subcommand).")
+
+_AT_HELP = (f"Read time: {FORMS}. Default: the last event replayed into the "
+            "directory (while a replay runs, the latest one it has written; the wall "
+            "clock for a store no replay wrote).")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,13 +73,19 @@ def _data_dir_option(f: F) -> F:
 @click.pass_context
 def inspect(ctx: click.Context, data_dir: Path | None) -> None:
     """Read a data directory: its users and cohorts, a user, a cohort's top entities,
-    a user's manifests, a purge. Read-only: nothing is written to the store."""
+    a user's manifests, a purge.
+
+    Read-only, also beside a running writer (a replay, an application): the store is
+    read once, and what is shown is a consistent snapshot as of that read. Scores are
+    read with the settings the store records. Nothing is written to the store."""
     ctx.obj = data_dir
 
 
 @contextmanager
-def _inspected(data_dir: Path | None) -> Iterator[tuple[Any, int]]:
-    """The database in ``data_dir`` (read-only) and the default read time (int ns)."""
+def _inspected(data_dir: Path | None, at: str | None = None) -> Iterator[tuple[Any, int]]:
+    """The database in ``data_dir`` (read-only) and the read time (int ns): ``at``
+    (`_timepoints` forms) or the default, the last event replayed into the directory
+    (the wall clock if none is recorded)."""
     cli = _cli()
     if data_dir is None:  # checked here, not by click, so that `inspect top --help` works
         raise click.UsageError("Missing option '--data-dir'.")
@@ -79,20 +96,50 @@ def _inspected(data_dir: Path | None) -> Iterator[tuple[Any, int]]:
         # inspecting must not create a store where there was none
         cli._fail(f"{data_dir}: not a tidal_actors data directory (no tidal.lock)", EXIT_BAD_INPUT)
     state = cli._read_state(data_dir)
-    config = cli._stored_config(data_dir) or Config()
+    from_file = cli._stored_config(data_dir)
     last = state.get("last_event_ns")
+    if at is not None:
+        try:  # the form, before anything is opened; an offset is resolved below
+            parse_time(at, "--at", 2**62)
+        except InvalidArgument as exc:
+            cli._fail(str(exc), EXIT_BAD_INPUT)
     # scores decay: read at the last replayed event by default, not at the wall clock
-    default_at = last if isinstance(last, int) else time.time_ns()
+    clock = ManualClock(last if isinstance(last, int) else time.time_ns())
+    writer = attached_process(data_dir)
     try:
-        # read-only: inspecting writes nothing (no snapshot, no resumed rebuild)
-        with cli._open_db(data_dir, config, ManualClock(default_at), read_only=True) as db:
-            yield db, default_at
+        with cli._open_db(data_dir, from_file or Config(), clock, read_only=True) as db:
+            default_at = clock.now_ns()
+            latest = getattr(db, "latest_event_ns", None)
+            if not isinstance(last, int) and latest is not None and \
+                    str(state.get("source", "")).startswith(("replay ", "simulate ")):
+                default_at = latest  # a replay still running: the event time it has reached
+            read_at = default_at if at is None else parse_time(at, "--at", default_at)
+            clock.set(read_at)
+            _notes(data_dir, db, writer, from_file is not None)
+            yield db, read_at
     except InvalidArgument as exc:
         cli._fail(str(exc), EXIT_BAD_INPUT)
     except (UnknownPurge, UnknownCohort) as exc:  # asked for what the store does not hold
         cli._fail(f"{type(exc).__name__}: {exc}", EXIT_BAD_INPUT)
     except TidalError as exc:
         cli._fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
+
+
+def _notes(data_dir: Path, db: Any, writer: int | None, from_file: bool) -> None:
+    """On standard error: a writer beside the read, settings the store does not record."""
+    note = _cli_note
+    if writer is not None and hasattr(db, "read_at_ns"):
+        note(f"process {writer} has {data_dir} open: what follows is a consistent snapshot "
+             f"of the store as of its read at {_cli()._iso(db.read_at_ns)}; later writes "
+             "are not shown")
+    if not getattr(db, "recorded_settings", True):
+        source = f"those of {data_dir / _cli().STATE_FILE}" if from_file else "the default settings"
+        note(f"{data_dir} records no settings (written before stores recorded them): "
+             f"read with {source}, {describe(db.config)}")
+
+
+def _cli_note(message: str) -> None:
+    click.echo(f"tidal-actors: note: {message}", err=True)
 
 
 def user_ids(db: Any) -> list[int]:
@@ -172,14 +219,12 @@ def inspect_user(ctx: click.Context, user_id: int, data_dir: Path | None) -> Non
 
 
 @inspect.command("cohorts")
-@click.option("--at", "at_ns", type=TIMESTAMP, metavar="TS_NS",
-              help="Read time (int ns). Default: the last event replayed into the directory.")
+@click.option("--at", "at_text", metavar="TIME", help=_AT_HELP)
 @_data_dir_option
 @click.pass_context
-def inspect_cohorts(ctx: click.Context, at_ns: int | None, data_dir: Path | None) -> None:
+def inspect_cohorts(ctx: click.Context, at_text: str | None, data_dir: Path | None) -> None:
     """Every cohort (and @community) with its members and its aggregate keys."""
-    with _inspected(data_dir or ctx.obj) as (db, default_at):
-        at = default_at if at_ns is None else at_ns
+    with _inspected(data_dir or ctx.obj, at_text) as (db, at):
         keys, members = _known_cohorts(db, at)
     names = sorted(set(keys) | set(members) | {COMMUNITY})
     out = click.echo
@@ -197,12 +242,11 @@ def inspect_cohorts(ctx: click.Context, at_ns: int | None, data_dir: Path | None
               help="Signal type id. Default: every type present in the cohort.")
 @click.option("-k", "k", type=click.IntRange(1, 2**31 - 1), default=10, show_default=True,
               metavar="K", help="How many entities.")
-@click.option("--at", "at_ns", type=TIMESTAMP, metavar="TS_NS",
-              help="Read time (int ns). Default: the last event replayed into the directory.")
+@click.option("--at", "at_text", metavar="TIME", help=_AT_HELP)
 @_data_dir_option
 @click.pass_context
 def inspect_top(ctx: click.Context, cohort: str, signal_type: int | None, k: int,
-                at_ns: int | None, data_dir: Path | None) -> None:
+                at_text: str | None, data_dir: Path | None) -> None:
     """The k highest entities of COHORT (a name or @community) by decay score.
 
     A cohort the store does not know (no member, no contribution) is an error
@@ -213,8 +257,7 @@ def inspect_top(ctx: click.Context, cohort: str, signal_type: int | None, k: int
     except InvalidArgument as exc:
         cli._fail(str(exc), EXIT_BAD_INPUT)
     unknown: list[str] | None = None
-    with _inspected(data_dir or ctx.obj) as (db, default_at):
-        at = default_at if at_ns is None else at_ns
+    with _inspected(data_dir or ctx.obj, at_text) as (db, at):
         rows = db.aggregate_rows(at)
         present = sorted({r[2] for r in rows if r[0] == cohort})
         if not present and cohort != COMMUNITY:

@@ -67,6 +67,7 @@ class Tag(enum.IntEnum):
     STORE_META           0x18   meta        0 / empty / msgpack {format, shards}
     SNAPSHOT_CHUNK       0x19   meta        ledger shard / chunk 4B BE / sealed msgpack
     SNAPSHOT_MARK        0x1A   meta        0 / empty / msgpack {ledgers, chunks}
+    STORE_SETTINGS       0x1B   meta        0 / empty / msgpack {setting: value}
     ===================  =====  ==========  =========================================
     """
 
@@ -81,6 +82,7 @@ class Tag(enum.IntEnum):
     STORE_META = 0x18
     SNAPSHOT_CHUNK = 0x19
     SNAPSHOT_MARK = 0x1A
+    STORE_SETTINGS = 0x1B
 
 
 class Keyspace(str, enum.Enum):

@@ -87,12 +87,14 @@ def build_states(
 
     Records tombstoned by a committed purge are left out; records below their
     membership shard's eviction watermark go to the aggregates but not to the log.
-    With a durable ``store``, each ledger reads its history back through it
-    (`LedgerState.wire_history`) and the detail of records out of the log is
-    settled at once (a restore reads every record; memory stays bounded by the log).
+    With a durable ``store`` that can read its history back while open
+    (``reads_history``: not a read-only snapshot, which keeps every detail row), each
+    ledger reads its history through it (`LedgerState.wire_history`) and the detail
+    of records out of the log is settled at once (a restore reads every record;
+    memory stays bounded by the log).
     """
     mstates, lstates, coord = _build_states(config, restored)
-    if store is not None and getattr(store, "durable", False):
+    if store is not None and getattr(store, "durable", False) and getattr(store, "reads_history", False):
         nm = config.membership_shards
         caps = [membership_capacity(config.max_contribution_log_entries, m, nm) for m in range(nm)]
         for i, ls in enumerate(lstates):

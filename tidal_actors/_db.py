@@ -15,6 +15,7 @@ from ._config import Config
 from ._core import Call, Core, check_meta
 from ._errors import InvalidArgument
 from ._host import PykkaHost
+from ._settings import settings_ops
 from ._store import LmdbStore, NullStore, snapshot_key
 from ._types import (
     CommunityMembership,
@@ -36,9 +37,9 @@ def open_core(
 ) -> Core:
     """Validate the arguments, open the store, restore, and start a `Core` on a host.
 
-    ``read_only`` (for ``tidal-actors inspect``): nothing is written to the store: no
-    format record, no snapshot deletion at open or snapshot at close, no resumed
-    re-materialization; a write the caller attempts fails with StorageError."""
+    ``read_only``: `_readonly.open_snapshot` (one read, nothing written, the store's
+    recorded settings). Otherwise a writer's open stamps its settings in the store
+    (`_settings`) when they differ from the record."""
     config = config if config is not None else Config()
     if not isinstance(config, Config):
         raise InvalidArgument("config", config, "must be a Config")
@@ -49,10 +50,20 @@ def open_core(
         raise InvalidArgument("path", path, "must be a str, a path, or None")
     if path is not None and not os.fspath(path):
         raise InvalidArgument("path", path, "must not be empty (None opens an ephemeral database)")
-    store: Any = NullStore() if path is None else LmdbStore(path, config, read_only=read_only)
+    if read_only:
+        if path is None:
+            raise InvalidArgument("read_only", read_only, "needs a path: an ephemeral database holds nothing to read")
+        from ._readonly import open_snapshot
+
+        return open_snapshot(path, config, clock, host_factory)  # type: ignore[no-any-return]
+    store: Any = NullStore() if path is None else LmdbStore(path, config)
     try:
         restored = store.load(snapshot_key(config))
         check_meta(store, config, restored)
+        if store.durable:
+            ops = settings_ops(config, restored.settings)
+            if ops:
+                store.commit(ops)
         factory = host_factory or PykkaHost
         host = factory(config, clock, store.durable)
         return Core(config, clock, store, restored, host, buffered=buffered)
@@ -81,17 +92,28 @@ class TidalDb:
         *,
         config: Config | None = None,
         clock: Clock | None = None,
+        read_only: bool = False,
     ) -> TidalDb:
         """Open (and restore) a database.
 
         Args:
             path: LMDB directory (created if missing), or None for an ephemeral
                 database that writes nothing to disk.
-            config: settings (default: :class:`Config` defaults).
+            config: settings (default: :class:`Config` defaults). A store records the
+                settings its reads depend on (half-lives, window, shard counts, log
+                cap) at each writer's open.
             clock: source of "now", int ns since the epoch (default :class:`SystemClock`).
+            read_only: read the store at ``path`` beside its writer (another process
+                may have it open): it is read once, in one LMDB read transaction, so
+                the database holds a consistent snapshot as of that read (open again
+                to see later writes), restored as after a crash from what was durable,
+                with the settings the store records (``config`` for the rest, and for
+                a store that records none). Nothing is written; every write method
+                raises StorageError. No lock is held after the open.
 
         Raises:
-            DatabaseLocked: ``path`` is already open, in this or another process.
+            DatabaseLocked: ``path`` is already open, in this or another process
+                (read-only: in this process).
             StorageError: the store cannot be opened or read (a damaged page, or a
                 value that does not decode: its keyspace and key in hex are named).
             StorageFull: LMDB's own records at open do not fit in
@@ -99,6 +121,10 @@ class TidalDb:
             InvalidArgument: bad ``path``/``config``/``clock``, or a config that does
                 not fit the store (``membership_shards``).
         """
+        if read_only:
+            from ._readonly import ReadOnlyTidalDb
+
+            return ReadOnlyTidalDb(open_core(path, config, clock, read_only=True))
         return cls(open_core(path, config, clock))
 
     def __enter__(self) -> TidalDb:

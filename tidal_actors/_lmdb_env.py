@@ -10,9 +10,11 @@ actor starts.
   with no transaction of ours open, and the same batch is retried, up to
   ``Config.max_map_size_bytes``; past that, `StorageFull` and nothing written. The
   same holds for the named databases LMDB creates at open.
-* One opener per directory: a process-wide registry refuses a second open in this
+* One writer per directory: a process-wide registry refuses a second open in this
   process (py-lmdb refuses it too, less clearly) and an exclusive ``flock`` on
-  ``tidal.lock`` refuses a second process.
+  ``tidal.lock`` refuses a second process. A read-only opener takes no lock of
+  ours: LMDB serves it a reader slot beside the writer of another process
+  (``_lmdb_reader.SnapshotStore`` reads everything in one transaction, then lets go).
 * Threads: ``env`` is used from the persistence thread (commits, compaction) and from
   callers' threads (`raw_get`, `load`, `history_items`). One lock, ``_env_lock``, is
   held by every use of it, so none meets an environment that compaction closed or a
@@ -78,7 +80,9 @@ class LmdbStore:
     Args:
         path: directory (created if missing).
         config: sizes (``map_size_bytes``, ``max_map_size_bytes``).
-        read_only: `commit` refuses any op (``data.mdb`` is never written).
+        read_only: `commit` refuses any op (``data.mdb`` is never written), and no
+            lock of ours is taken (``tidal.lock`` is not even opened): it reads beside
+            a writer in another process; the directory must hold a store.
 
     Raises:
         DatabaseLocked: the directory is open already (this or another process).
@@ -101,8 +105,13 @@ class LmdbStore:
         self._env_lock = threading.RLock()
         self.fault: Any = None  # test hook: callable(ops) raising to inject a failure
         self.history_marks = HistoryMarks()  # what the ledgers may read back (`_history`)
+        self.reads_history = True  # the history can be read back while open
+        self._closed = False
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            if read_only and not (self.path / "data.mdb").is_file():
+                raise StorageError(f"{self.path} holds no store (no data.mdb); nothing was read")
+            if not read_only:
+                self.path.mkdir(parents=True, exist_ok=True)
             # a store was made here before: it must still hold its format record
             self.existed = (self.path / STORE_MARKER).exists()
         except (OSError, ValueError) as exc:
@@ -120,21 +129,23 @@ class LmdbStore:
             _open_paths.add(self._key)
         self._lockfile: Any = None
         try:
-            self._lockfile = open(self.path / "tidal.lock", "a+b")
-            try:
-                fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                raise DatabaseLocked(f"{self.path} is open in another process") from None
+            if not read_only:  # a reader takes no lock of ours: it reads beside a writer
+                self._lockfile = open(self.path / "tidal.lock", "a+b")
+                try:
+                    fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    raise DatabaseLocked(f"{self.path} is open in another process") from None
             map_size = config.map_size_bytes
             data = self.path / "data.mdb"
             if data.exists():
                 map_size = max(map_size, data.stat().st_size)
             self.map_size = map_size
             self._open_env()
-            self._probe = LockProbe(self.path)
-            # reader slots left by killed processes (a read transaction open at the kill)
-            # stay taken while any other process has the environment open: free them
-            self.stale_readers = self.env.reader_check()
+            if not read_only:
+                self._probe = LockProbe(self.path)
+                # reader slots left by killed processes (a read transaction open at the
+                # kill) stay taken while any other process has the environment open: free them
+                self.stale_readers = self.env.reader_check()
             # a data file cut short would fault (SIGBUS) on the first page read past
             # its end: compare its size with the last page the meta page names
             needed = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
@@ -200,6 +211,7 @@ class LmdbStore:
             finally:
                 self._lockfile.close()
                 self._lockfile = None
+        self._closed = True
         with _open_lock:
             _open_paths.discard(self._key)
 
@@ -225,7 +237,7 @@ class LmdbStore:
             DatabaseClosed: the store is closed. StorageError: a failed compaction
                 left it closed.
         """
-        if self._lockfile is None:
+        if self._closed:
             raise DatabaseClosed(f"the store at {self.path} is closed")
         if self._broken is not None:
             raise StorageError(self._broken)
@@ -494,11 +506,12 @@ class LmdbStore:
             self._probe = None
         _open_paths.discard(self._key)  # the child has one thread; `_open_lock` is reset
         _inherited_paths.add(self._key)
+        self._closed = True
 
     def close(self) -> None:
         """Close the environment and release the directory; a second call is a no-op."""
         with self._env_lock:
-            if self._lockfile is None:
+            if self._closed:
                 return
             try:
                 self._close_env()

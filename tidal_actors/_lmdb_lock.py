@@ -16,7 +16,7 @@ import struct
 import sys
 from pathlib import Path
 
-__all__ = ["LockProbe", "fsync_path"]
+__all__ = ["LockProbe", "attached_process", "fsync_path"]
 
 # struct flock: Linux puts the type first, the BSDs (macOS) last
 if sys.platform.startswith("linux"):
@@ -92,6 +92,24 @@ class LockProbe:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def attached_process(path: Path) -> int | None:
+    """The pid of a process that has the LMDB environment in ``path`` open (a writer,
+    or another reader), or None; takes and writes nothing. Call it before this process
+    opens the environment: closing the descriptor it uses would drop this process's
+    own LMDB lock (see `LockProbe`)."""
+    try:
+        fd = os.open(path / "lock.mdb", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        kind, pid = _unflock(fcntl.fcntl(fd, fcntl.F_GETLK, _flock(fcntl.F_WRLCK)))
+        return None if kind == fcntl.F_UNLCK else pid
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def fsync_path(path: Path, directory: bool = False) -> None:

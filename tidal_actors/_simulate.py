@@ -47,6 +47,9 @@ from ._eventlog import (
     settle_rematerializations,
 )
 from ._interrupt import Interrupted, until_stopped
+from ._phases import PhaseFn, no_phase, ticking
+from ._simulate_plot import plot_timeline
+from ._timeline import CallLog
 from ._types import COMMUNITY, CommunityMembership, LeaveEpoch, PurgeManifest
 
 __all__ = [
@@ -564,7 +567,7 @@ def _close(a: float, b: float) -> bool:
 
 def compare_states(
     db: _Readable, ref: _Readable, at_ns: int, users: Iterable[int],
-    stats: Mapping[str, int] | None = None,
+    stats: Mapping[str, int] | None = None, tick: Callable[[int], None] | None = None,
 ) -> CheckResult:
     """Compare everything observable of ``db`` with ``ref`` at ``at_ns`` (int ns).
 
@@ -574,7 +577,7 @@ def compare_states(
     entries, ``evicted``, and the entries themselves as multisets), and the counters
     ``signals``, ``forwarded``, ``gated``, ``records``, ``purges``, ``retracted``
     (``stats``, if given, stands for ``db.stats()``: counters summed over the runs of a
-    store that was closed and reopened).
+    store that was closed and reopened). ``tick(1)`` is called after each user.
 
     Returns:
         A :class:`CheckResult`.
@@ -609,6 +612,8 @@ def compare_states(
             if got != want or sorted(m.entries) != sorted(r.entries):
                 result.fail(f"user {user} manifest {m.purge_id}: runtime (cohort, created_at_ns, "
                             f"entries, evicted) {got}, reference {want}")
+        if tick is not None:
+            tick(1)
     s1, s2 = (db.stats() if stats is None else stats), ref.stats()
     for name in ("signals", "forwarded", "gated", "records", "purges", "retracted"):
         if s1.get(name) != s2.get(name):
@@ -639,50 +644,48 @@ def _histogram() -> Any:
 
 class Latency:
     """Latency of every call of a run, per operation (HdrHistograms of microseconds, 3
-    significant figures), and a timeline: every ``interval_s`` seconds of wall time,
-    the signals per second and the p50/p99 of ``signal``, ``leave`` and ``purge`` in
-    that interval."""
+    significant figures), and every call kept (`_timeline.CallLog`) for the
+    timeline: per interval, the signals per second and the p50/p99 of ``signal``,
+    ``leave`` and ``purge``. The interval is ``interval_s`` or, when that is None or
+    0, chosen from the run's length once it is known (`_timeline.resolution`)."""
 
-    def __init__(self, interval_s: float = 0.5) -> None:
+    def __init__(self, interval_s: float | None = None) -> None:
         self.total = {op: _histogram() for op in LATENCY_OPS}
-        self._window = {op: _histogram() for op in LATENCY_OPS}
-        self.timeline: list[dict[str, Any]] = []
+        self.calls = CallLog(LATENCY_OPS)
         self.marks: list[tuple[float, str]] = []
         self.interval_s = interval_s
-        self.t0 = self._start = time.perf_counter()
-        self._next = self.t0 + interval_s
-        self._signals = 0
+        self.t0 = time.perf_counter()
+        self.end_s: float | None = None
 
     def record(self, op: str, seconds: float, count: int = 1) -> None:
         """One call of ``op`` that took ``seconds`` (on behalf of ``count`` signals)."""
         us = min(max(1, round(seconds * 1e6)), _HIGHEST_US)
         self.total[op].record_value(us, count)
-        self._window[op].record_value(us, count)
-        if op == "signal":
-            self._signals += count
-        now = time.perf_counter()
-        if now >= self._next:
-            self.close_window(now)
+        self.calls.add(time.perf_counter() - self.t0, op, seconds, count)
+
+    def start(self) -> None:
+        """The measured run starts now: the timeline's 0."""
+        self.t0 = time.perf_counter()
 
     def mark(self, label: str) -> None:
         """Note an event (a restart) at the current time of the timeline."""
         self.marks.append((time.perf_counter() - self.t0, label))
 
     def close_window(self, now: float | None = None) -> None:
-        """End the current timeline interval (also called once at the end of a run)."""
-        now = time.perf_counter() if now is None else now
-        span = now - self._start
-        if span <= 0:
-            return
-        row: dict[str, Any] = {"t_s": round(now - self.t0, 3), "signals_per_s": self._signals / span}
-        for op, h in self._window.items():
-            if op in ("signal", "leave", "purge"):
-                n = h.get_total_count()
-                row[f"{op}_p50_ms"] = h.get_value_at_percentile(50) / 1000 if n else None
-                row[f"{op}_p99_ms"] = h.get_value_at_percentile(99) / 1000 if n else None
-            h.reset()
-        self.timeline.append(row)
-        self._start, self._next, self._signals = now, now + self.interval_s, 0
+        """End the run's timeline (at ``now``, a ``perf_counter`` time; default now)."""
+        self.end_s = (time.perf_counter() if now is None else now) - self.t0
+
+    @property
+    def timeline(self) -> list[dict[str, Any]]:
+        """Throughput and latency per interval, from the start to the end of the run
+        (or its last call); see `_timeline.CallLog.timeline`."""
+        end = self.end_s if self.end_s is not None else time.perf_counter() - self.t0
+        return self.calls.timeline(end, self.interval_s, LATENCY_OPS)
+
+    def points(self, most: int = 5_000) -> dict[str, tuple[list[float], list[float]]]:
+        """Each call's ``(t_s, latency_ms)`` per operation with at most ``most`` calls
+        (sparse ones, shown call by call in a plot)."""
+        return {op: self.calls.points(op) for op in LATENCY_OPS if 0 < self.calls.calls(op) <= most}
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per operation: ``count`` and ``p50_ms``, ``p99_ms``, ``p99_9_ms``, ``max_ms``,
@@ -765,10 +768,11 @@ def _apply_measured(
 
 
 def _set_up(db: _Db, events: list[EventRow], clock: ManualClock, counts: ApplyCounts,
-            rows: Iterator[EventRow]) -> int:
+            rows: Iterator[EventRow], phase: PhaseFn = no_phase) -> int:
     """Apply the leading ``assign`` rows (``assign_upfront``), taking them from
     ``rows``; returns how many. On the runtime, 16 callers at once (one user's rows
-    stay in order), so the persistence actor commits them in groups."""
+    stay in order), so the persistence actor commits them in groups. ``phase``
+    sees the assignments done."""
     from concurrent.futures import ThreadPoolExecutor
 
     n = 0
@@ -790,13 +794,15 @@ def _set_up(db: _Db, events: list[EventRow], clock: ManualClock, counts: ApplyCo
         for cohort in item[1]:
             db.assign_cohort(item[0], cohort)
 
-    if getattr(db, "_core", None) is None:  # not the threaded runtime: in order
-        for item in per_user.items():
-            join(item)
-    else:
-        with ThreadPoolExecutor(16, thread_name_prefix="tidal-simulate-setup") as pool:
-            for _ in pool.map(join, per_user.items()):
-                pass
+    with phase("set-up: users join their cohorts", n, "assign") as tick:
+        if getattr(db, "_core", None) is None:  # not the threaded runtime: in order
+            for item in per_user.items():
+                join(item)
+                tick(len(item[1]))
+        else:
+            with ThreadPoolExecutor(16, thread_name_prefix="tidal-simulate-setup") as pool:
+                for item, _ in zip(per_user.items(), pool.map(join, per_user.items())):
+                    tick(len(item[1]))
     counts.assigns += n
     counts.rows += n
     counts.first_ts_ns = events[0].ts_ns
@@ -849,7 +855,8 @@ class SimulationResult:
         check: the comparison with the reference model.
         latency: :meth:`Latency.summary` of the run.
         timeline: :attr:`Latency.timeline` (throughput and latency over the run).
-        marks: ``(seconds into the run, label)`` of restarts.
+        marks: ``(seconds into the run, label)``: ``"restart"`` where a restart's
+            pause (not counted in ``runtime_s``) began, ``"resumed"`` where it ended.
         memory: ``baseline_rss``, ``peak_rss``, ``end_rss`` (bytes), ``peak_bytes`` and
             ``end_bytes`` (RSS above the baseline taken before the open),
             ``retained_records`` (contribution records in the logs at the end),
@@ -861,6 +868,8 @@ class SimulationResult:
             ``differences`` (figures that changed across it; empty when all equal).
         reopen_differences: figures that changed across the final reopen.
         setup_s: seconds of the ``assign_upfront`` set-up (not in ``runtime_s``).
+        points: per sparse operation (at most 5,000 calls), each call's
+            ``(seconds into the run, latency ms)`` (:meth:`Latency.points`).
     """
 
     scenario: Scenario
@@ -879,6 +888,7 @@ class SimulationResult:
     restart: dict[str, Any] | None = None
     reopen_differences: list[str] = field(default_factory=list)
     setup_s: float = 0.0
+    points: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
 
     @property
     def signals_per_s(self) -> float:
@@ -924,8 +934,9 @@ def run_simulation(
     *,
     events: list[EventRow] | None = None,
     progress: Callable[[Iterable[EventRow]], Iterator[EventRow]] | None = None,
-    interval_s: float = 0.5,
+    interval_s: float | None = None,
     stop: Callable[[], bool] | None = None,
+    phase: PhaseFn | None = None,
 ) -> SimulationResult:
     """Run ``scenario`` through the runtime, measuring it, then through the reference
     model, and compare them.
@@ -942,10 +953,15 @@ def run_simulation(
             opened with that config and clock). Called again to reopen the same
             store; the last one opened is flushed and closed here.
         events: the rows to apply, if already generated (default: generate them).
-        progress: wraps the row iterable of the runtime's run (for a progress bar).
-        interval_s: the timeline's interval (wall seconds).
+        progress: wraps the row iterable of the runtime's run (for a progress bar);
+            with ``phase``, unused.
+        interval_s: the timeline's interval (wall seconds; None: chosen from the
+            run's length, see `_timeline.resolution`).
         stop: checked before each row (of both passes): once it returns True the run
             stops at that row boundary and raises :class:`Interrupted`.
+        phase: told of each phase (set-up, the run, flushing and measuring, the
+            reference model, the check, closing and reopening the store) with its
+            size, and of the units done (`_phases.PhaseFn`), for a progress display.
 
     Returns:
         A :class:`SimulationResult`; ``result.ok`` tells whether everything agreed.
@@ -978,46 +994,55 @@ def run_simulation(
     # the cohort of each purge row (None for other rows), by row index
     purged = [r.cohort if isinstance(r, PurgeRow) else None for r in events]
     halt = stop if stop is not None else (lambda: False)
-    rows: Iterable[EventRow] = progress(events) if progress is not None else events
+    watch: PhaseFn = phase if phase is not None else no_phase
+    rows: Iterable[EventRow] = progress(events) if progress is not None and phase is None else events
     parts = until_stopped(rows, halt)
-    db: _Db = open_db(config, clock)
+    with watch("open the store" if scenario.durable else "open", None, ""):
+        db: _Db = open_db(config, clock)
+    run_bar = contextlib.ExitStack()
     try:
         setup_s = 0.0
         done = 0
         if scenario.assign_upfront:
             t = time.perf_counter()
-            done = _set_up(db, events, clock, counts, parts)
+            done = _set_up(db, events, clock, counts, parts, watch)
             setup_s = time.perf_counter() - t
             latency = Latency(interval_s)  # the measured load starts now
+        tick = run_bar.enter_context(watch("run (measured)", len(events) - done, "row"))
+        latency.start()
         started = time.perf_counter()
         paused = 0.0
-        _apply_measured(db, itertools.islice(parts, max(0, split - done)), clock,
+        _apply_measured(db, ticking(itertools.islice(parts, max(0, split - done)), tick), clock,
                         scenario.batch_size, counts, latency)
         if counts.rows < split:  # only a stop cuts the rows short
             raise Interrupted(counts.rows, "runtime", counts)
         if scenario.restart_at is not None:
             pause = time.perf_counter()
+            latency.mark("restart")  # the pause: flush, settle, compare, close, reopen
             db.flush()
             settle_rematerializations(db, purged[:split])
             now = counts.max_ts_ns if counts.max_ts_ns is not None else scenario.start_ns
             before = _figures(db, now, users)
             earlier = dict(db.stats())
-            latency.mark("restart")
-            db.close()
-            t = time.perf_counter()
-            db = open_db(config, clock)
-            restore = time.perf_counter() - t
+            with watch("restart: close and reopen the store", None, ""):
+                db.close()
+                t = time.perf_counter()
+                db = open_db(config, clock)
+                restore = time.perf_counter() - t
             after = _figures(db, now, users)
             restart = {"after_rows": counts.rows, "restore_s": restore,
                        "differences": _differences(before, after)}
             del before, after
             paused = time.perf_counter() - pause
-            _apply_measured(db, parts, clock, scenario.batch_size, counts, latency)
+            latency.mark("resumed")
+            _apply_measured(db, ticking(parts, tick), clock, scenario.batch_size, counts, latency)
             if counts.rows < len(events):
                 raise Interrupted(counts.rows, "runtime", counts)
         db.flush()
         runtime_s = time.perf_counter() - started - paused
+        run_bar.close()
         latency.close_window()
+        run_bar.enter_context(watch("measure memory", None, ""))
         peak = sampler.stop()
         stats = dict(db.stats())
         for name in _COUNTERS:
@@ -1037,82 +1062,43 @@ def run_simulation(
             memory["structures"] = parts_bytes
             memory["structure_bytes_per_retained_record"] = (
                 sum(parts_bytes.values()) / retained if retained else None)
+        run_bar.close()
 
         ref_clock = ManualClock(scenario.start_ns)
         # an ephemeral runtime has no history to re-materialize from: nor has the model
         durable = bool(getattr(getattr(getattr(db, "_core", None), "store", None), "durable", True))
         ref = ReferenceModel(config=config, clock=ref_clock, history=durable)
-        t = time.perf_counter()
-        ref_rows = apply_events(ref, until_stopped(events, halt), ref_clock,
-                                batch_size=scenario.batch_size).rows
-        if ref_rows < len(events):
-            raise Interrupted(counts.rows, "check", counts)
-        reference_s = time.perf_counter() - t
-        settle_rematerializations(db, purged)
-        settle_rematerializations(ref, purged)
-        check = compare_states(db, ref, at_ns, users, stats)
+        with watch("reference model (single-threaded)", len(events), "row") as tick:
+            t = time.perf_counter()
+            ref_rows = apply_events(ref, ticking(until_stopped(events, halt), tick), ref_clock,
+                                    batch_size=scenario.batch_size).rows
+            if ref_rows < len(events):
+                raise Interrupted(counts.rows, "check", counts)
+            reference_s = time.perf_counter() - t
+        with watch("check: rebuild purged cohorts", None, ""):
+            settle_rematerializations(db, purged)
+            settle_rematerializations(ref, purged)
+        with watch("check: compare with the reference model", len(users), "user") as tick:
+            check = compare_states(db, ref, at_ns, users, stats, tick)
         del ref
 
         restore_s: float | None = None
         reopen_differences: list[str] = []
         if scenario.durable:
-            before = _figures(db, at_ns, users)
-            db.close()
-            t = time.perf_counter()
-            db = open_db(config, clock)
-            restore_s = time.perf_counter() - t
-            reopen_differences = _differences(before, _figures(db, at_ns, users))
+            with watch("close and reopen the store (restore time)", None, ""):
+                before = _figures(db, at_ns, users)
+                db.close()
+                t = time.perf_counter()
+                db = open_db(config, clock)
+                restore_s = time.perf_counter() - t
+                reopen_differences = _differences(before, _figures(db, at_ns, users))
     finally:
+        run_bar.close()
         if sampler.is_alive():
             sampler.stop()
-        db.close()
+        with watch("close", None, ""):
+            db.close()
     return SimulationResult(
         scenario, len(events), counts, runtime_s, reference_s, stats, at_ns, check,
         latency.summary(), latency.timeline, latency.marks, memory, restore_s, restart,
-        reopen_differences, setup_s)
-
-
-def plot_timeline(result: SimulationResult, path: str | Path) -> None:
-    """Draw throughput (signals/s) and latency (p50, p99 of signal acknowledgement,
-    leave and purge) over the run into a PNG at ``path``.
-
-    Raises:
-        InvalidArgument: matplotlib is not installed (the ``plot`` extra).
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise InvalidArgument("--plot", str(path),
-                              "needs matplotlib: pip install -e '.[plot]' (from the repository's folder)") from None
-    rows = result.timeline
-    t = [r["t_s"] for r in rows]
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
-    top.plot(t, [r["signals_per_s"] for r in rows], color="tab:blue", lw=1.2)
-    top.set_ylabel("signals / s")
-    top.set_title(f"tidal-actors simulate {result.scenario.name} (seed {result.scenario.seed}): "
-                  f"{result.signals_per_s:,.0f} signals/s overall")
-    top.grid(alpha=0.3)
-    colours = {"signal": "tab:blue", "leave": "tab:orange", "purge": "tab:red"}
-    for op, colour in colours.items():
-        for q, style in (("p50", ":"), ("p99", "-")):
-            pts = [(x, r[f"{op}_{q}_ms"]) for x, r in zip(t, rows) if r.get(f"{op}_{q}_ms") is not None]
-            if pts:
-                label = "signal ack" if op == "signal" else op
-                bottom.plot(*zip(*pts), style, color=colour, lw=1.0, marker=".", ms=3,
-                            label=f"{label} {q}")
-    bottom.set_yscale("log")
-    bottom.set_ylabel("latency per interval (ms)")
-    bottom.set_xlabel("seconds into the run")
-    bottom.grid(alpha=0.3, which="both")
-    if bottom.get_legend_handles_labels()[0]:
-        bottom.legend(fontsize=8, ncol=3)
-    for x, label in result.marks:
-        for ax in (top, bottom):
-            ax.axvline(x, color="grey", ls="--", lw=1)
-        top.annotate(label, (x, 0), textcoords="offset points", xytext=(3, 3), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        reopen_differences, setup_s, latency.points())

@@ -7,7 +7,7 @@ here too. Layouts are in `_codec.py`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +141,7 @@ class Restored:
     meta: dict[str, Any] = field(default_factory=dict)
     statuses: dict[int, tuple[Any, int]] = field(default_factory=dict)
     snapshot_mark: dict[str, Any] | None = None
+    settings: dict[str, Any] | None = None  # the STORE_SETTINGS record (`_settings`), if any
     snapshot_chunks: dict[int, list[bytes | memoryview]] = field(default_factory=dict)  # unsealed
 
 
@@ -154,13 +155,17 @@ def snapshot_key(config: Config) -> list[Any]:
     ]
 
 
-def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_ledgers: list[Any] | None = None) -> Restored:
+SnapshotKey = list[Any] | Callable[[Restored], list[Any]] | None
+
+
+def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_ledgers: SnapshotKey = None) -> Restored:
     """Decode every keyspace's ``(key, value)`` pairs (in key order) into a `Restored`.
 
     Shared by every store kind, so a restore reads the same layout wherever it lives.
     With ``snapshot_ledgers`` (a :func:`snapshot_key`) set and a snapshot taken under
     that key present, the contribution history is not decoded (the snapshot replaces
-    its replay).
+    its replay). A callable is asked for the key once the users, items and meta are
+    decoded (a read-only open takes its settings from the store's own record).
 
     Raises:
         StorageError: a key or value does not decode (naming its keyspace and the key
@@ -168,6 +173,7 @@ def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_le
     """
     from ._behaviours import decode_manifest
     from ._remat import decode_status
+    from ._settings import decode_settings
 
     out = Restored()
 
@@ -213,6 +219,8 @@ def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_le
             out.meta = _map(msgpack.unpackb(value, strict_map_key=False))
         elif tag == Tag.SNAPSHOT_MARK:
             out.snapshot_mark = _map(msgpack.unpackb(value, strict_map_key=False))
+        elif tag == Tag.STORE_SETTINGS:
+            out.settings = decode_settings(value)
         elif tag == Tag.SNAPSHOT_CHUNK:
             out.snapshot_chunks.setdefault(ident, []).append(unseal(value, Keyspace.META.value, key))
 
@@ -224,6 +232,8 @@ def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_le
     _decode_each(keyspaces, Keyspace.USERS, users)
     _decode_each(keyspaces, Keyspace.ITEMS, items)
     _decode_each(keyspaces, Keyspace.META, meta)
+    if callable(snapshot_ledgers):
+        snapshot_ledgers = snapshot_ledgers(out)
     mark = out.snapshot_mark
     if mark is not None and mark.get("format") != SNAPSHOT_FORMAT:
         out.snapshot_mark = mark = {}  # another build's snapshot: replay the history instead
@@ -272,6 +282,7 @@ class MemoryStore:
         self.data: dict[str, dict[bytes, bytes]] = {k.value: {} for k in Keyspace}
         self.fault: Any = None
         self.history_marks = HistoryMarks()
+        self.reads_history = True
 
     def commit(self, ops: Iterable[Op]) -> None:
         ops = list(ops)
@@ -294,7 +305,7 @@ class MemoryStore:
     def scan(self, keyspace: Keyspace) -> list[tuple[bytes, bytes]]:
         return sorted(self.data[keyspace.value].items())
 
-    def load(self, snapshot_ledgers: list[Any] | None = None) -> Restored:
+    def load(self, snapshot_ledgers: SnapshotKey = None) -> Restored:
         return parse_store({ks: sorted(d.items()) for ks, d in self.data.items()}, snapshot_ledgers)
 
     def history_items(self) -> list[tuple[bytes, bytes]]:
@@ -316,7 +327,7 @@ class NullStore:
         for _ in ops:
             pass
 
-    def load(self, snapshot_ledgers: list[Any] | None = None) -> Restored:
+    def load(self, snapshot_ledgers: SnapshotKey = None) -> Restored:
         return Restored()
 
     def history_items(self) -> list[tuple[bytes, bytes]]:

@@ -35,6 +35,7 @@ import click
 from tqdm import tqdm
 
 from ._cli_inspect import inspect
+from ._cli_progress import phase_bars
 from ._cli_replay import (
     PENDING_KEY,
     STATE_FILE,
@@ -46,6 +47,7 @@ from ._cli_replay import (
     report_interrupted_simulation,
     simulate_target_refusal,
 )
+from ._cli_simulate import print_summary
 from ._cli_text import plural
 from ._clock import ManualClock
 from ._config import Config
@@ -59,6 +61,8 @@ from ._eventlog import (
     apply_events,
 )
 from ._interrupt import EXIT_INTERRUPTED, STOP_NOTICE, Interrupted, StopOnSigint
+from ._phases import PhaseFn
+from ._timepoints import FORMS, parse_time
 
 __all__ = ["cli", "main"]
 
@@ -75,15 +79,29 @@ _PROGRESS_EVERY = 1024  # rows between progress-bar updates
 
 def _open_db(data_dir: Path | None, config: Config, clock: ManualClock, read_only: bool = False) -> Any:
     """Open the runtime: ``TidalDb`` on ``data_dir`` (None: ephemeral, nothing on disk);
-    ``read_only`` (inspect): nothing is written to the store, not even at close."""
-    from ._db import TidalDb, open_core
+    ``read_only`` (inspect): one read of the store, beside a writer if there is one,
+    with the settings the store records; nothing is written (`_readonly`)."""
+    from ._db import TidalDb
 
     if read_only and data_dir is not None:
-        return TidalDb(open_core(os.fspath(data_dir), config, clock, read_only=True))
+        return TidalDb.open(os.fspath(data_dir), config=config, clock=clock, read_only=True)
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
     return TidalDb.open(os.fspath(data_dir) if data_dir is not None else None,
                         config=config, clock=clock)
+
+
+@contextlib.contextmanager
+def _opened(data_dir: Path | None, config: Config, clock: ManualClock,
+            phase: PhaseFn) -> Iterator[Any]:
+    """:func:`_open_db`, its open and its close (a restore, a snapshot) shown as phases."""
+    with phase("open the store" if data_dir is not None else "open", None, ""):
+        db = _open_db(data_dir, config, clock)
+    try:
+        yield db
+    finally:
+        with phase("close the store" if data_dir is not None else "close", None, ""):
+            db.close()
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -102,6 +120,16 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     if ns <= 0:
         raise click.BadParameter(f"{value!r}: must be positive", ctx, param)
     return ns
+
+
+def _time_point(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Option callback: check a `_timepoints` form early (an offset is resolved later)."""
+    if value is not None:
+        try:
+            parse_time(value, "--at", 2**62)
+        except InvalidArgument as exc:
+            raise click.BadParameter(f"{value!r}: {exc.reason}", ctx, param) from None
+    return value
 
 
 TIMESTAMP = click.IntRange(0, 2**63 - 1)
@@ -300,8 +328,9 @@ def cli() -> None:
               help="Window bucket width, e.g. 1h.")
 @click.option("--window-buckets", type=click.IntRange(min=1), metavar="N",
               help="Buckets per window read.")
-@click.option("--at", "at_ns", type=TIMESTAMP, metavar="TS_NS",
-              help="Read --scores-out at this time (int ns). Default: the log's last ts_ns.")
+@click.option("--at", "at_text", metavar="TIME", callback=_time_point,
+              help=f"Read --scores-out at this time: {FORMS}. Default: the log's last ts_ns "
+                   "(an offset is from it).")
 @click.option("--scores-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write every aggregate row (cohort, entity, type) as CSV here.")
 @click.option("--report-out", type=click.Path(dir_okay=False, path_type=Path),
@@ -319,7 +348,7 @@ def replay(
     half_life: int | None,
     window_width: int | None,
     window_buckets: int | None,
-    at_ns: int | None,
+    at_text: str | None,
     scores_out: Path | None,
     report_out: Path | None,
     skip_invalid: bool,
@@ -354,7 +383,8 @@ def replay(
     with stop:
         try:
             size = events.stat().st_size
-            with _open_db(data_dir, config.replace(rematerialize_after_ms=None), clock) as db:
+            phase = phase_bars(quiet, f"replay {events.name}: ")
+            with _opened(data_dir, config.replace(rematerialize_after_ms=None), clock, phase) as db:
                 if data_dir is not None:  # before the first row: it survives a kill
                     _write_state(data_dir, config, None, source)
                 before = dict(db.stats())
@@ -367,20 +397,23 @@ def replay(
                                      rebuilds=rebuilds)
                     except EventLogError as exc:
                         error = exc
-                db.flush()
                 complete = error is None and not feed.cut and not feed.short
-                if complete:
-                    # the rebuilds still due run now, each at its due event time: the
-                    # scores written and the store left do not depend on the replay's speed
-                    last = state.get("last_event_ns")
-                    end = counts.max_ts_ns if counts.max_ts_ns is not None else \
-                        last if isinstance(last, int) else clock.now_ns()
-                    rebuilds.finish(db, clock, end)
+                with phase("flush, and the rebuilds still due", None, ""):
+                    db.flush()
+                    if complete:
+                        # the rebuilds still due run now, each at its due event time: the
+                        # scores written and the store left do not depend on the replay's speed
+                        last = state.get("last_event_ns")
+                        end = counts.max_ts_ns if counts.max_ts_ns is not None else \
+                            last if isinstance(last, int) else clock.now_ns()
+                        rebuilds.finish(db, clock, end)
                 elapsed = time.perf_counter() - started
                 after = dict(db.stats())
-                at = at_ns if at_ns is not None else (counts.max_ts_ns or 0)
+                last_ts = counts.max_ts_ns or 0
+                at = last_ts if at_text is None else parse_time(at_text, "--at", last_ts)
                 if scores_out is not None and complete:
-                    scores_written = _write_scores(scores_out, db.aggregate_rows(at))
+                    with phase("write the scores", None, ""):
+                        scores_written = _write_scores(scores_out, db.aggregate_rows(at))
             next_skip = skip_rows + counts.rows
             if data_dir is not None:
                 stopped = None if complete else {
@@ -499,10 +532,12 @@ cli.add_command(inspect)  # tidal_actors/_cli_inspect.py
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path),
               metavar="FILE.png",
               help="Draw throughput and latency over the run (needs the 'plot' extra).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Also print timings, counters and memory (--report-out has them all).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, seed: int | None,
              events_out: Path | None, report_out: Path | None, plot_out: Path | None,
-             quiet: bool) -> None:
+             verbose: bool, quiet: bool) -> None:
     """Generate a seeded scenario, run it measured, and check it against the reference model.
 
     The rows go through the runtime (every call timed: p50/p99/p99.9 of signal
@@ -537,18 +572,16 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
         scenario = dataclasses.replace(scenario, persistent=True)
     config = scenario.build_config()
 
+    phase = phase_bars(quiet, f"simulate {scenario.name}: ")
     started = time.perf_counter()
-    events = generate_events(scenario)
+    with phase("generate the events", None, ""):
+        events = generate_events(scenario)
     generated_s = time.perf_counter() - started
     if events_out is not None:
         try:
             write_events(events_out, events)
         except OSError as exc:
             _fail(f"cannot write {events_out}: {exc}", EXIT_BAD_INPUT)
-
-    def progress(rows: Iterable[EventRow]) -> Iterator[EventRow]:
-        with _bar(len(events), "row", quiet, f"simulate {scenario.name}") as bar:
-            yield from _with_progress(rows, bar)
 
     source = f"simulate {scenario.name} seed {scenario.seed}"
 
@@ -565,7 +598,7 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
             store = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tidal-simulate-")))
             store = store / "store"
         try:
-            result = run_simulation(scenario, open_store, events=events, progress=progress,
+            result = run_simulation(scenario, open_store, events=events, phase=phase,
                                     stop=stop.requested)
         except Interrupted as exc:  # the store is flushed and closed
             if data_dir is not None:
@@ -581,74 +614,7 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
     if data_dir is not None:
         _write_state(data_dir, config, result.at_ns, source, stopped=None)
 
-    c, s, check, mem = result.counts, result.stats, result.check, result.memory
-    out = click.echo
-    with_events = len({r.user_id for r in events})
-    idle = scenario.users - with_events
-    out(f"scenario {scenario.name} (seed {scenario.seed}): {plural(scenario.users, 'user')}"
-        + (f" ({idle:,} of them without any event)" if idle > 0 else "")
-        + f", {plural(scenario.cohorts, 'cohort')}, {plural(scenario.entities, 'entity', 'entities')}, "
-        f"{plural(len(scenario.signal_types), 'signal type')}")
-    out(f"  events     {plural(result.events, 'row')} generated in {generated_s:.2f} s: "
-        f"{plural(c.signals, 'signal')}, {plural(c.assigns, 'assign')}, "
-        f"{plural(c.leaves, 'leave')}, {plural(c.rejoins, 'rejoin')}, {plural(c.purges, 'purge')}")
-    if result.setup_s:
-        out(f"  set-up     every user joined its cohorts up front in {result.setup_s:.2f} s "
-            "(16 callers; not part of the measured load)")
-    rows_per_s = result.events / result.runtime_s if result.runtime_s > 0 else 0.0
-    where = ("store " + str(data_dir) if data_dir is not None
-             else "temporary store" if scenario.durable else "ephemeral")
-    out(f"  runtime    {result.runtime_s:.3f} s, {result.signals_per_s:,.0f} signals/s, "
-        f"{rows_per_s:,.0f} rows/s ({where}, "
-        f"{config.membership_shards} membership / {config.ledger_shards} ledger shards)")
-    out(f"  reference  {result.reference_s:.3f} s, {result.reference_signals_per_s:,.0f} "
-        "signals/s (single-threaded model)")
-    out(f"  counters   forwarded {s.get('forwarded', 0):,}, gated {s.get('gated', 0):,}, "
-        f"records {s.get('records', 0):,}, retracted {s.get('retracted', 0):,}")
-    out(f"  latency    {'ms:':<12}{'p50':>10}{'p99':>10}{'p99.9':>10}{'max':>10}{'count':>13}")
-    for op, q in result.latency.items():
-        name = "signal ack" if op == "signal" else op
-        out(f"    {name:<19}{q['p50_ms']:>10.3f}{q['p99_ms']:>10.3f}{q['p99_9_ms']:>10.3f}"
-            f"{q['max_ms']:>10.3f}{int(q['count']):>13,}")
-    if "signal" in result.latency:
-        out("    (signal ack: one time per signal_batch call, weighted by its signals, so "
-            "one slow batch can set p99, p99.9 and max; count: signals)")
-    if mem:
-        per = mem.get("bytes_per_retained_record")
-        line = (f"  memory     peak {mem['peak_bytes'] / 2**20:,.1f} MiB, end "
-                f"{mem['end_bytes'] / 2**20:,.1f} MiB above the start (RSS); "
-                f"{plural(mem['retained_records'], 'contribution record')} retained")
-        out(line)
-        if per is not None:
-            out(f"             {per:,.1f} B per retained record (RSS)"
-                + (f", {mem['structure_bytes_per_retained_record']:,.1f} B in the ledgers' "
-                   "structures" if mem.get("structure_bytes_per_retained_record") else ""))
-        if mem.get("structures"):
-            out("             " + ", ".join(f"{k} {v / 2**20:,.1f} MiB"
-                                             for k, v in mem["structures"].items()))
-    if result.restart is not None:
-        r = result.restart
-        verdict = "every figure equal" if not r["differences"] else \
-            f"{plural(len(r['differences']), 'figure')} changed"
-        out(f"  restart    after {r['after_rows']:,} rows: reopened in {r['restore_s']:.3f} s, {verdict}")
-        for line in r["differences"]:
-            out(f"    {line}")
-    if result.restore_s is not None:
-        verdict = "every figure equal" if not result.reopen_differences else \
-            f"{plural(len(result.reopen_differences), 'figure')} changed"
-        out(f"  restore    {result.restore_s:.3f} s to reopen the store at the end, {verdict}")
-        for line in result.reopen_differences:
-            out(f"    {line}")
-    if check.ok:
-        which = "every user with an event" if check.users == with_events else \
-            f"a sample of the {with_events:,} users with an event"
-        out(f"  check      OK: {plural(check.aggregate_rows, 'aggregate row')}, "
-            f"{plural(check.users, 'user')} ({which}), {plural(check.manifests, 'manifest')} "
-            f"agree with the reference model at {_stamp(result.at_ns)}")
-    else:
-        out(f"  check      FAILED: {plural(check.mismatches, 'difference')} from the reference model")
-        for line in check.details:
-            out(f"    {line}")
+    print_summary(click.echo, result, events, generated_s, data_dir, verbose, _stamp)
     if report_out is not None:
         _write_json(report_out, result.report())
     if plot_out is not None:
@@ -656,7 +622,7 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
             plot_timeline(result, plot_out)
         except InvalidArgument as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
-        out(f"  plot       {plot_out}")
+        click.echo(f"  plot       {plot_out}")
     if not result.ok:
         sys.exit(EXIT_FAILED)
 
