@@ -98,6 +98,7 @@ async def topk_reader(db: AsyncTidalDb, stop: trio.Event, tally: Tally, every_s:
 async def main(path: str | None, producers: int, users: int, signals: int) -> Tally:
     tally = Tally()
     async with open_tidal(path) as db:
+        print(f"running: {producers} producers x {users} users (Ctrl-C stops it)", flush=True)
         send, receive = trio.open_memory_channel[Request](100)
         stop = trio.Event()
         async with trio.open_nursery() as outer:

@@ -253,7 +253,9 @@ def test_ctrl_c_ends_the_trio_example_with_one_line() -> None:
         [sys.executable, str(ROOT / "examples" / "trio_app.py"), "--signals", "100000000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored
-    time.sleep(3)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("running:")  # the database is open
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (out, err)
