@@ -868,6 +868,7 @@ def test_trio_app_example_runs(tmp_path: Path) -> None:
     )
     assert time.monotonic() - started < 60
     lines = proc.stdout.splitlines()
+    assert lines.pop(0) == "running: 4 producers x 25 users (Ctrl-C stops it)"
     # 4 producers x 25 users; users i % 10 == 3 leave (3 per producer) and then send 5
     # gated signals; users i % 5 == 0 purge their 20 signals (5 per producer)
     assert lines[0] == "producers: 4, users: 100"
