@@ -228,3 +228,70 @@ def test_read_only_open_reads_settled_buckets_back(pdb_path, settle_at_once):
         assert _held(db) <= 6
         for at in READ_TIMES:
             assert _rows(db, at) == _rows(ref, at), at
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_purge_after_settling_retracts_the_right_rows(tmp_path, settle_at_once, durable):
+    """Found by review: with settled rows still in front of the held ones,
+    retract_rows zeroed the user and rseq of other rows; user 2's live records then
+    read as evicted and stayed in the aggregates."""
+    cfg = Config(half_life_ns=50 * SEC, window_width_ns=10 * SEC, max_contribution_log_entries=4,
+                 ledger_shards=1, rematerialize_after_ms=None)
+    ref = ReferenceModel(cfg, ManualClock(T0), history=durable)
+    with TidalDb.open(str(tmp_path / "s") if durable else None, config=cfg, clock=ManualClock(T0)) as db:
+        for u, e in ((1, 10), (1, 11), (2, 20), (2, 21), (3, 30), (3, 31)):
+            for m in (db, ref):
+                m.signal_with_context(u, e, 1, 1.0, T0 + e)  # cap 4: user 1's two are evicted
+            db.flush()
+        for u in (3, 2):
+            _, got = db.request_community_purge(u, COMMUNITY)
+            _, want = ref.request_community_purge(u, COMMUNITY)
+            assert (len(got.entries), got.evicted) == (len(want.entries), want.evicted) == (2, 0)
+        for e in (20, 21, 30, 31):
+            assert db.read_decay_score(COMMUNITY, e, 1, T0 + 100) == 0.0
+        assert db.read_decay_score(COMMUNITY, 10, 1, T0 + 100) == ref.read_decay_score(COMMUNITY, 10, 1, T0 + 100)
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_settled_sums_do_not_overflow_with_buckets_of_many_half_lives(tmp_path, settle_at_once, durable):
+    """Found by review: a settled sum decayed against its bucket's start reached
+    inf once the bucket spanned ~1,024 half-lives (1 s half-life, 1 h buckets); a
+    cancelling purge then read inf. Sums are now decayed to their latest timestamp."""
+    hour = 3600 * SEC
+    t0 = (T0 // hour) * hour
+    cfg = Config(half_life_ns=SEC, window_width_ns=hour, max_contribution_log_entries=2, rematerialize_after_ms=None)
+    now = t0 + 1040 * SEC
+    ref = ReferenceModel(cfg, ManualClock(now), history=durable)
+    with TidalDb.open(str(tmp_path / "s") if durable else None, config=cfg, clock=ManualClock(now)) as db:
+        for m in (ref, db):
+            m.assign_cohort(1, "c")
+            m.assign_cohort(2, "c")
+            m.signal_with_context(2, 7, 1, 1.0, t0 + 1030 * SEC)  # 1,030 half-lives into its bucket
+            m.signal_with_context(1, 9, 1, 1.0, t0)  # evicts user 2's records: settled
+            m.signal_with_context(1, 7, 1, 1e17, t0 + 1030 * SEC + 1)
+            m.request_community_purge(1, "c")  # cancels: refold from the settled sum
+        want = 2.0 ** -10  # 1.0, 10 half-lives before now
+        assert db.read_decay_score("c", 7, 1) == pytest.approx(want, rel=1e-12)
+        assert ref.read_decay_score("c", 7, 1) == pytest.approx(want, rel=1e-12)
+        got, wanted = db.top_entities("c", 1, 3), ref.top_entities("c", 1, 3)
+        assert [e for e, _ in got] == [e for e, _ in wanted] == [7, 9]
+        assert got[0][1] == pytest.approx(wanted[0][1], rel=1e-12)
+        # a past read at or after the bucket's latest settled record is exact too
+        at = t0 + 1035 * SEC
+        assert db.read_decay_score("c", 7, 1, at) == pytest.approx(2.0 ** -5, rel=1e-12)
+
+
+def test_a_failure_inside_a_rematerialization_reaches_the_caller_as_a_tidal_error(monkeypatch):
+    from tidal_actors import ActorFailure, _remat
+
+    def boom(self):
+        raise ValueError("simulated failure inside RematJob.step")
+
+    monkeypatch.setattr(_remat.RematJob, "step", boom)
+    with TidalDb.open(config=Config(rematerialize_after_ms=None), clock=ManualClock(T0)) as db:
+        db.assign_cohort(1, "c")
+        db.signal_with_context(1, 1, 1, 1.0)
+        db.flush()
+        with pytest.raises(ActorFailure, match="simulated failure") as info:
+            db.rematerialize("c")
+        assert isinstance(info.value.__cause__, ValueError)

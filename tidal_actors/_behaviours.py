@@ -705,7 +705,11 @@ class LedgerShard(Behaviour):
     def _on_remat_start(self, msg: M.RematStart) -> None:
         from ._remat import RematJob
 
-        self._jobs[msg.token] = RematJob(self.state, msg.cohort, msg.covered, self.ctx.config)
+        try:
+            self._jobs[msg.token] = RematJob(self.state, msg.cohort, msg.covered, self.ctx.config)
+        except Exception as exc:  # answer the coordinator (and its caller), then count it
+            self.ctx.tell(M.COORD_ADDR, M.RematDone(msg.token, msg.cohort, error=self.failure(msg, exc)))
+            raise
         self.ctx.tell(self.address, M.RematStep(msg.token))
 
     def _on_remat_step(self, msg: M.RematStep) -> None:
@@ -731,7 +735,8 @@ class LedgerShard(Behaviour):
                 None if known else UnknownCohort(f"nothing was ever attributed to cohort {job.cohort!r}")))
         except Exception as exc:
             self._jobs.pop(token, None)
-            self.ctx.tell(M.COORD_ADDR, M.RematDone(token, job.cohort, error=exc))
+            # a TidalError as is, anything else as ActorFailure (the caller's error)
+            self.ctx.tell(M.COORD_ADDR, M.RematDone(token, job.cohort, error=self.failure(M.RematStep(token), exc)))
             raise
         return True
 
@@ -1269,6 +1274,8 @@ class Persistence(Behaviour):
                 if close is not None:
                     close()  # the read transaction ends before the write begins
             self.store.commit(ops + msg.ops)
+            if ops:
+                self.store.history_marks.rewritten()
             error: BaseException | None = None
         except Exception as exc:  # noqa: BLE001 - the coordinator must hear back
             error = _write_error(exc)
@@ -1281,7 +1288,10 @@ class Persistence(Behaviour):
             from ._remat import retention_ops
 
             cutoff = self.ctx.clock.now_ns() - cfg.history_retention_ns
-            self.store.commit(retention_ops(self.store.history_items(), cutoff))
+            dropped = retention_ops(self.store.history_items(), cutoff)
+            self.store.commit(dropped)
+            if dropped:
+                self.store.history_marks.rewritten()
         msg.reply.set_result(self.store.compact())
 
     def _report(self, reply: Reply, lost: list[BaseException] | None = None) -> None:

@@ -32,7 +32,9 @@ import numpy as np
 
 from ._codec import Keyspace, Tag
 
-__all__ = ["HistoryMarks", "HistoryReader"]
+__all__ = ["RANGES_KEPT", "HistoryMarks", "HistoryReader"]
+
+RANGES_KEPT = 4  # time ranges of settled records a reader keeps indexed
 
 _BATCH_TAG = int(Tag.CONTRIBUTION_BATCH)
 _TOMB_TAG = int(Tag.PURGE_TOMBSTONE)
@@ -46,6 +48,12 @@ class HistoryMarks:
     def __init__(self) -> None:
         self.top: dict[int, int] = {}
         self.generation = 0
+        self.rewrites = 0  # batches rewritten or deleted (erasure, retention)
+
+    def rewritten(self) -> None:
+        """Records left the history (a purge's erasure, retention): what a ledger
+        read of it before may have changed (called by persistence after the commit)."""
+        self.rewrites += 1
 
     def committed(self, ops: Iterable[tuple[str, bytes, bytes | None]]) -> None:
         """Note a committed transaction's ops (called by the store after the commit)."""
@@ -76,7 +84,8 @@ class HistoryReader:
     def __init__(self, store: Any, shard: int) -> None:
         self.store = store
         self.shard = shard
-        self._cache: tuple[Any, dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]] | None = None
+        self._mark: Any = None
+        self._ranges: dict[tuple[int, int], dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]] = {}
 
     def committed(self) -> int:
         """One past the highest batch sequence of this shard committed since the open."""
@@ -134,18 +143,26 @@ class HistoryReader:
         ``t_lo <= ts <= t_hi`` whose detail the ledger no longer holds: rseq below
         ``settled_upto[membership shard]``; tombstoned ones left out.
 
-        One pass over the history per distinct ``(t_lo, t_hi)`` and history
-        generation: the records in that time range are indexed by key and kept
-        until the next (a read of many keys at one time, such as ``top``, reads
-        the history once).
+        One pass over the history's settled part per time range: the records in the
+        range are indexed by key and kept (the last ``RANGES_KEPT`` ranges) until
+        more records settle or the history is rewritten (erasure, retention): new
+        batches hold no settled record, so other commits change nothing. A read of
+        many keys at one time (``top``, ``aggregate_rows``) reads the history once.
+        Each shard's batches are read only as far as the settled rseqs go.
 
         Raises:
             StorageError: a batch does not decode.
         """
-        mark = (self.store.history_marks.generation, t_lo, t_hi, tuple(sorted(settled_upto.items())))
-        if self._cache is None or self._cache[0] != mark:
-            self._cache = (mark, self._index_range(t_lo, t_hi, settled_upto))
-        hit = self._cache[1].get(key)
+        mark = (self.store.history_marks.rewrites, tuple(sorted(settled_upto.items())))
+        if self._mark != mark:
+            self._mark, self._ranges = mark, {}
+        index = self._ranges.pop((t_lo, t_hi), None)
+        if index is None:
+            index = self._index_range(t_lo, t_hi, settled_upto)
+            while len(self._ranges) >= RANGES_KEPT:
+                self._ranges.pop(next(iter(self._ranges)))
+        self._ranges[(t_lo, t_hi)] = index  # most recent last
+        hit = index.get(key)
         if hit is None:
             return []
         return list(zip(hit[0].tolist(), hit[1].tolist()))
@@ -155,15 +172,38 @@ class HistoryReader:
     ) -> dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]:
         tombs = self.tombstones()
         index: dict[tuple[str, int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
-        for b in self.batches(self.batch_keys()):
-            sel = (b.ts >= t_lo) & (b.ts <= t_hi)
-            if not sel.any():
-                continue
-            bound = np.zeros(len(b.r), dtype=np.int64)
-            for m, top in settled_upto.items():
-                bound[b.m == m] = top
-            sel &= (b.r < bound) & self.untombstoned(b, tombs)
-            for i in np.flatnonzero(sel).tolist():
-                k = (b.cohorts[int(b.ci[i])], int(b.e[i]), int(b.t[i]))
-                index.setdefault(k, []).append((b.ts[i : i + 1], b.w[i : i + 1].astype(np.float64)))
+        by_shard: dict[int, list[bytes]] = {}
+        for k in self.batch_keys():  # in key order: by shard, then by sequence
+            by_shard.setdefault(self.key_shard_seq(k)[0], []).append(k)
+        for keys in by_shard.values():
+            for i in range(0, len(keys), 64):
+                past = True  # no record of these batches is below its shard's bound
+                for b in self.batches(keys[i : i + 64]):
+                    bound = np.zeros(len(b.r), dtype=np.int64)
+                    for m, top in settled_upto.items():
+                        bound[b.m == m] = top
+                    settled = b.r < bound
+                    past = past and not settled.any()
+                    sel = settled & (b.ts >= t_lo) & (b.ts <= t_hi)
+                    if sel.any():
+                        self._index_into(index, b, sel & self.untombstoned(b, tombs))
+                if past:
+                    break  # a shard's batches hold growing rseqs: none later is below
         return {k: (np.concatenate([p[0] for p in v]), np.concatenate([p[1] for p in v])) for k, v in index.items()}
+
+    @staticmethod
+    def _index_into(index: dict[tuple[str, int, int], list[tuple[np.ndarray, np.ndarray]]], b: Any,
+                    sel: np.ndarray) -> None:
+        """Add batch ``b``'s selected records to ``index`` by key, one group per key."""
+        rows = np.flatnonzero(sel)
+        if not len(rows):
+            return
+        order = np.lexsort((b.t[rows], b.e[rows], b.ci[rows]))
+        rows = rows[order]
+        ci, e, t = b.ci[rows], b.e[rows], b.t[rows]
+        starts = np.flatnonzero(np.r_[True, (ci[1:] != ci[:-1]) | (e[1:] != e[:-1]) | (t[1:] != t[:-1])])
+        ends = np.r_[starts[1:], len(rows)]
+        for a, z in zip(starts.tolist(), ends.tolist()):
+            r = rows[a:z]
+            k = (b.cohorts[int(ci[a])], int(e[a]), int(t[a]))
+            index.setdefault(k, []).append((b.ts[r], b.w[r].astype(np.float64)))

@@ -551,7 +551,7 @@ class Aggregates:
         Their contributions stay in the keys' state; what a later exact re-sum
         (`_refold`) or a read inside one of their buckets (`_past_terms`) needs of
         them is kept per (key, bucket) in `settled`: count, weight sum,
-        forward-decayed sum against the bucket's start, first and last timestamp.
+        sum decayed to its latest timestamp, first and last timestamp.
         The caller settles only rows no purge can name any more (out of the
         contribution log, not held, durable in the history when there is one).
         ``keep`` (one bool per row dropped) says whose sums to keep, default every
@@ -578,17 +578,19 @@ class Aggregates:
         if len(k):
             t = self.view("dt")[:cut][alive][live]
             w = self.view("dw")[:cut][alive][live].astype(np.float64)
-            width = self._width
-            b = t // width
-            fd = w * np.exp2((t - b * width) / self.HL[k])
+            b = t // self._width
             order = np.lexsort((b, k))
-            k, b, t, w, fd = k[order], b[order], t[order], w[order], fd[order]
+            k, b, t, w = k[order], b[order], t[order], w[order]
             starts = np.flatnonzero(np.r_[True, (k[1:] != k[:-1]) | (b[1:] != b[:-1])])
             counts = np.diff(np.r_[starts, len(k)])
+            hi = np.maximum.reduceat(t, starts)
+            h = self.HL[k[starts]]
+            # decayed to the group's latest timestamp: every factor <= 1, no overflow
+            fd = w * np.exp2((t - np.repeat(hi, counts)) / np.repeat(h, counts))
             self.settled.add(
                 k[starts].tolist(), b[starts].tolist(), counts.tolist(), np.add.reduceat(w, starts).tolist(),
-                np.add.reduceat(fd, starts).tolist(), np.minimum.reduceat(t, starts).tolist(),
-                np.maximum.reduceat(t, starts).tolist(),
+                np.add.reduceat(fd, starts).tolist(), np.minimum.reduceat(t, starts).tolist(), hi.tolist(),
+                h.tolist(),
             )
         del dk, dm, dr
         self.row_base += cut
@@ -670,8 +672,8 @@ class Aggregates:
         dk[r] = DEAD  # erase the rows (as erase_row)
         dt[r] = 0
         dw[r] = 0.0
-        np.frombuffer(self.du, dtype=np.uint64)[r] = 0
-        np.frombuffer(self.dr, dtype=np.int64)[r] = -1
+        self.view("du")[r] = 0  # views: ``r`` counts from row_base, not phys_base
+        self.view("dr")[r] = -1
         del dk, dt, dw  # no buffer export may outlive the call (the arrays grow)
         done = len(r)
         live = self.LIVE[k] != 0
@@ -772,7 +774,7 @@ class Aggregates:
             buckets: dict[int, tuple[int, list[float], list[float], int]] = {}
             every: list[float] = []
             for bb, n, sw, sf, _lo, hi in st:
-                f = sf * 2.0 ** ((bb * width - landmark) / h)
+                f = sf * 2.0 ** ((hi - landmark) / h)
                 every.append(f)
                 buckets[bb] = (n, [sw], [f], hi)
             for i in idx:
@@ -823,7 +825,7 @@ class Aggregates:
             if start < t_lo or lo > at:
                 continue
             if hi <= at:
-                terms.append(sf * 2.0 ** (-(at - start) / h))
+                terms.append(sf * 2.0 ** (-(at - hi) / h))
             elif self.settled_detail is not None:
                 terms.extend(w * 2.0 ** (-(at - t) / h) for t, w in self.settled_detail(k, start, at))
         return terms

@@ -40,14 +40,16 @@ class RematJob:
     """One re-materialization of ``cohort`` on a ledger shard's state.
 
     With a durable history (``state.history``) the cohort is rebuilt into a scratch
-    `Aggregates`: from the history for every record in a batch committed when the
-    job started (read ``HISTORY_BATCHES`` batches a step), and from the held detail
-    rows for the rest (batches not yet committed, then signals that arrive while it
-    runs), leaving out the covered records. The rebuilt state replaces the live
-    one (unless equal), with the settled sums of its keys, so records the shard had
-    settled (`Aggregates.settle`) and that a purge covers are gone too. Records
-    that ``history_retention_ns`` has dropped from the history are not reached:
-    the rebuilt cohort no longer holds them, as after a restore from the history.
+    `Aggregates` from two disjoint parts, leaving out the covered records: the
+    records the shard has settled (`Aggregates.settle`: rseq below its membership
+    shard's ``trimmed_upto``; committed to the history before they were settled),
+    read back from the history ``HISTORY_BATCHES`` batches a step, and the held
+    detail rows (``CHUNK_ROWS`` a step, then the signals that arrive while it runs).
+    The rebuilt state replaces the live one (unless equal), with the settled sums
+    of its keys, so settled records that a purge covers are gone too. Nothing
+    settled: the history is not read at all. Settled records that
+    ``history_retention_ns`` has dropped from the history are not reached: the
+    rebuilt cohort no longer holds them, as after a restore from the history.
 
     Without one (an ephemeral database) there is no history to rebuild from: a
     purge retracted the covered records the log held (exactly: `retract_rows`), and
@@ -80,21 +82,11 @@ class RematJob:
         self.history = state.history
         self._keys: list[bytes] = []
         self._tombs: dict[int, np.ndarray] = {}
-        if self.history is not None:
-            top = self.history.committed()
-            pending = [(seq, row) for seq, row in state.unconfirmed if seq >= top]
-            # the first batch not known committed, and every later one, is read from
-            # the held rows (they are all held: `LedgerState.settle`)
-            first_seq: int | None = None
-            self.mem_from: int = self.cut
-            if pending:
-                first_seq, self.mem_from = pending[0]
-            shard = self.history.shard
-            self._keys = [k for k in self.history.batch_keys()
-                          if _before(self.history.key_shard_seq(k), shard, first_seq)]
+        # settling waits while a job runs (`LedgerShard._settle`): this stays put
+        self._settled_upto = dict(agg.trimmed_upto)
+        if self.history is not None and self._settled_upto:
+            self._keys = self.history.batch_keys()
             self._tombs = self.history.tombstones()
-        else:
-            self.mem_from = agg.row_base
         self.cursor = agg.row_base
         self.t0 = time.perf_counter()
 
@@ -110,28 +102,37 @@ class RematJob:
         for u in users.tolist():
             self.per_user[u] = self.per_user.get(u, 0) + 1
 
-    def _fold_history(self, keys: list[bytes]) -> None:
+    def _fold_history(self, keys: list[bytes]) -> bool:
+        """Fold the settled records of the batches at ``keys``; False once this
+        shard's batches have passed every settled record (rseqs grow batch by batch
+        within a membership shard, so no later batch of this shard holds one)."""
         assert self.history is not None
-        upto = self.state.aggregates.trimmed_upto
+        upto = self._settled_upto
+        shard = self.history.shard
+        go_on = False
         for b in self.history.batches(keys):
+            bound = np.zeros(len(b.r), dtype=np.int64)
+            for m, top in upto.items():
+                bound[b.m == m] = top
+            settled = b.r < bound
+            if b.shard != shard or settled.any():
+                go_on = True
             if self.cohort not in b.cohorts:
-                continue
-            sel = b.ci == b.cohorts.index(self.cohort)
-            if not sel.any():
                 continue
             # records a purge retracted live (tombstoned) are gone already: not read,
             # not counted as excluded (as their held rows, retracted, were not)
-            sel &= self.history.untombstoned(b, self._tombs)
+            sel = settled & (b.ci == b.cohorts.index(self.cohort)) & self.history.untombstoned(b, self._tombs)
+            if not sel.any():
+                continue
             self.read += int(sel.sum())
             out = sel & self._covered(b.u, b.r)
             if out.any():
                 self._count(b.u[out])
-            sel &= ~out
-            if not sel.any():
-                continue
-            rows = np.flatnonzero(sel)
-            self._add(b.m[rows], b.r[rows], b.u[rows], b.e[rows], b.t[rows], b.w[rows], b.ts[rows],
-                      settled=b.r[rows] < np.array([upto.get(m, 0) for m in b.m[rows].tolist()], dtype=np.int64))
+            rows = np.flatnonzero(sel & ~out)
+            if len(rows):
+                self._add(b.m[rows], b.r[rows], b.u[rows], b.e[rows], b.t[rows], b.w[rows], b.ts[rows],
+                          settled=np.ones(len(rows), dtype=bool))
+        return go_on
 
     def _add(self, ms: Any, rs: Any, us: Any, es: Any, ts_: Any, ws: Any, tss: Any, settled: np.ndarray) -> None:
         """Fold records into the scratch, keep the sums of those the shard has
@@ -142,8 +143,8 @@ class RematJob:
         sc.settle(sc.row_end, keep=settled)
 
     def _fold_held(self, lo: int, hi: int) -> None:
-        """Held rows ``lo .. hi`` of the cohort: covered ones to erase; from
-        ``mem_from`` on, the others into the scratch (durable only)."""
+        """Held rows ``lo .. hi`` of the cohort (durable only): covered ones to
+        erase, the others into the scratch."""
         agg: Aggregates = self.state.aggregates
         lo = max(lo, agg.row_base)
         if hi <= lo:
@@ -160,34 +161,40 @@ class RematJob:
         sel = np.flatnonzero(is_c[dk])
         if not len(sel):
             return
+        self.read += len(sel)
+        if self.history is None:  # ephemeral: nothing to rebuild from (see the class)
+            return
         rel = sel + (lo - base)
         users = agg.view("du")[rel]
         rseqs = agg.view("dr")[rel]
-        if self.history is None:  # ephemeral: nothing to rebuild from (see the class)
-            self.read += len(rel)
-            return
         out = self._covered(users, rseqs)
-        if out.any():  # counted in the history; their held rows are erased
+        if out.any():
             self.excluded_rows.extend((rel[out] + base).tolist())
-        mine = ~out & (rel + base >= self.mem_from)
-        if not mine.any():
+            self._count(users[out])
+        keep = ~out
+        if not keep.any():
             return
-        self.read += int(mine.sum())
-        r = rel[mine]
-        k = dk[sel][mine]
-        self._add(agg.view("dm")[r], rseqs[mine], users[mine], agg.KE[k], agg.KT[k], agg.view("dw")[r],
+        r = rel[keep]
+        k = dk[sel][keep]
+        self._add(agg.view("dm")[r], rseqs[keep], users[keep], agg.KE[k], agg.KT[k], agg.view("dw")[r],
                   agg.view("dt")[r], settled=np.zeros(len(r), dtype=bool))
 
     def step(self) -> bool:
         """Fold the next chunk of what existed at the start; True when all is."""
         if self._keys:
             chunk, self._keys = self._keys[:HISTORY_BATCHES], self._keys[HISTORY_BATCHES:]
-            self._fold_history(chunk)
+            if not self._fold_history(chunk):
+                self._keys = [k for k in self._keys if self._other_shard(k)]
             return False
         hi = min(self.cursor + CHUNK_ROWS, self.cut)
         self._fold_held(self.cursor, hi)
         self.cursor = hi
         return self.cursor >= self.cut
+
+    def _other_shard(self, key: bytes) -> bool:
+        assert self.history is not None
+        shard: int = self.history.key_shard_seq(key)[0]
+        return bool(shard != self.history.shard)
 
     def finish(self) -> tuple[int, int, bool, dict[int, int]]:
         """Fold rows that arrived meanwhile, compare, swap in, erase the left-out rows.
@@ -232,15 +239,8 @@ class RematJob:
         for ok, entries in sc.settled.of_keys(oks).items():
             k = key_ids[(int(sc.KE[ok]), int(sc.KT[ok]))]
             bs, ns, ws, fs, los, his = zip(*entries)
-            agg.settled.add([k] * len(bs), bs, ns, ws, fs, los, his)
+            agg.settled.add([k] * len(bs), bs, ns, ws, fs, los, his, [int(agg.HL[k])] * len(bs))
         return matched
-
-
-def _before(shard_seq: tuple[int, int], shard: int, first_pending: int | None) -> bool:
-    """Whether a history batch is read from the history: another shard's (a store
-    reopened under another shard count), or this shard's before the first batch
-    not known committed."""
-    return shard_seq[0] != shard or first_pending is None or shard_seq[1] < first_pending
 
 
 def erase_history_ops(

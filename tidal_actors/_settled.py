@@ -1,9 +1,10 @@
 """Domain core: the settled sums of contributions whose detail rows were dropped.
 
 Owns the layer `Aggregates.settle` fills: per (key id, bucket) the count, weight
-sum, forward-decayed sum against the bucket's start (``fd_b = sum(w * 2 ** ((t -
-b * width) / h))``), and the first and last timestamp of the contributions whose
-33-byte detail rows left memory. Only adds reach it (no retraction: a purge names
+sum, decayed sum at the bucket's latest settled timestamp ``hi`` (``fd = sum(w * 2
+** ((t - hi) / h))``: every factor at most 1, so it never overflows, whatever the
+bucket width in half-lives), and the first and last timestamp of the contributions
+whose 33-byte detail rows left memory. Only adds reach it (no retraction: a purge names
 held rows only), so its sums carry no cancellation, and `Aggregates._refold` can
 sum a key again exactly from its held rows plus these.
 
@@ -54,9 +55,11 @@ class SettledBuckets:
             self.cols[c] = new
 
     def add(self, k: Iterable[int], b: Iterable[int], n: Iterable[int], w: Iterable[float],
-            f: Iterable[float], lo: Iterable[int], hi: Iterable[int]) -> None:
+            f: Iterable[float], lo: Iterable[int], hi: Iterable[int], h: Iterable[int]) -> None:
         """Merge one sum per (key, bucket) (each pair at most once in a call):
-        existing entries in one vectorized step per column, new ones appended."""
+        existing entries in one vectorized step per column, new ones appended.
+        ``h`` is each key's half-life (ns): merging two decayed sums brings both to
+        the later latest timestamp first."""
         kk = np.fromiter(k, dtype=np.int64)
         bb = np.fromiter(b, dtype=np.int64)
         nn = np.fromiter(n, dtype=np.int64)
@@ -64,6 +67,7 @@ class SettledBuckets:
         ff = np.fromiter(f, dtype=np.float64)
         ll = np.fromiter(lo, dtype=np.int64)
         hh = np.fromiter(hi, dtype=np.int64)
+        hl = np.fromiter(h, dtype=np.int64)
         if not len(kk):
             return
         keys = [(ki << 64) | (bi & _MASK) for ki, bi in zip(kk.tolist(), bb.tolist())]
@@ -72,11 +76,14 @@ class SettledBuckets:
         c = self.cols
         if old.any():
             rows = np.array([r for r in found if r is not None], dtype=np.int64)
+            was, now = c["hi"][rows], hh[old]
+            top = np.maximum(was, now)
             c["n"][rows] += nn[old]
             c["w"][rows] += ww[old]
-            c["f"][rows] += ff[old]
+            c["f"][rows] = (c["f"][rows] * np.exp2((was - top) / hl[old])
+                            + ff[old] * np.exp2((now - top) / hl[old]))
             c["lo"][rows] = np.minimum(c["lo"][rows], ll[old])
-            c["hi"][rows] = np.maximum(c["hi"][rows], hh[old])
+            c["hi"][rows] = top
         new = ~old
         m = int(new.sum())
         if not m:
