@@ -76,7 +76,7 @@ def test_purge_then_rematerialize_equals_never_attributed(clock):
 def test_signals_after_the_purge_stay(clock):
     with TidalDb.open(config=CFG, clock=clock) as db:
         db.assign_cohort(1, "c")
-        for i in range(10):
+        for _i in range(10):
             db.signal_with_context(1, 0, 1, 1.0, T0)
         db.request_community_purge(1, "c")
         db.signal_with_context(1, 0, 1, 8.0, T0)
@@ -107,7 +107,7 @@ def test_rematerialization_runs_in_chunks_and_loses_no_concurrent_signal(clock, 
     with TidalDb.open(config=cfg, clock=clock) as db:
         for u in range(20):
             db.assign_cohort(u, "big")
-        for k in range(20):
+        for _k in range(20):
             db.signal_batch([_sig(u, e) for u in range(20) for e in range(50)])
         db.request_community_purge(0, "big")
         stop = threading.Event()

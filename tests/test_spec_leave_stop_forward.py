@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import lmdb
 
-from tidal_actors import COMMUNITY, CommunityMembership, LeaveEpoch, MembershipStatus, TidalDb, encode_key
+from tidal_actors import (
+    COMMUNITY,
+    CommunityMembership,
+    LeaveEpoch,
+    MembershipStatus,
+    TidalDb,
+    encode_key,
+)
 
 from .conftest import HOUR, SEC, T0
 

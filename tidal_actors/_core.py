@@ -10,6 +10,13 @@ Signals are buffered per membership shard (``Config.signal_batch_size``, at most
 lock, so the per-shard order of everything a caller submits is kept. A control
 operation or a read first sends what its shard has buffered, so "submitted before"
 always means "processed before".
+
+Backpressure: a blocking caller (``TidalDb``) that fills a batch waits for room in
+the membership mailbox. A ``nonblocking`` core (an async facade's) never waits: a full
+batch is offered and stays buffered if there is no room (the facade parks its task
+until there is, before queueing more: `room_needed`, `when_room`), and the signals a
+control operation sends ahead of itself go past the capacity. The flusher thread only
+offers, so it never waits while it holds a buffer's lock.
 """
 
 from __future__ import annotations
@@ -412,6 +419,7 @@ class Core:
         self._batch = config.signal_batch_size if buffered else 1
         self._buffered = buffered
         self._buffers = [_Buffer() for _ in range(self._nm)]
+        self.nonblocking = False  # set by an async facade: no call ever waits for room
         try:
             mstates, lstates, coord = build_states(config, restored)
         except TidalError:
@@ -579,7 +587,7 @@ class Core:
         next_tick = 0.0
         while not self._flusher_stop.wait(interval):
             try:
-                self._send_all_buffers()
+                self._send_all_buffers(offer=True)
                 now = time.monotonic()
                 if now >= next_tick and self.coordinator.remat_due:
                     next_tick = now + 0.05
@@ -587,13 +595,50 @@ class Core:
             except TidalError:
                 return
 
-    def _send_all_buffers(self) -> None:
+    def _send_all_buffers(self, offer: bool = False) -> None:
+        """Send every shard's buffered signals; with ``offer`` (the flusher) only to a
+        mailbox with room, never waiting (what finds none stays buffered)."""
         for m, buf in enumerate(self._buffers):
             if buf.items:
                 with buf.lock:
                     if buf.items:
+                        if offer:
+                            if self.host.offer((M.MEMBERSHIP, m), M.SignalBatch(buf.items)):
+                                buf.items = []
+                            continue
                         items, buf.items = buf.items, []
                         self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
+
+    def _tell_signals(self, m: int, items: list[M.SignalTuple]) -> None:
+        """Send a batch under its buffer's lock: a blocking core waits for room, a
+        nonblocking one goes past the capacity (its caller waited for room first)."""
+        if self.nonblocking:
+            self.host.force((M.MEMBERSHIP, m), M.SignalBatch(items))
+        else:
+            self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
+
+    def room_needed(self, user_id: Any) -> int | None:
+        """The membership shard a signal of ``user_id`` would have to wait for: its
+        buffer would fill a batch and its mailbox is full; None if no wait is needed
+        (or ``user_id`` is invalid: the signal call says so)."""
+        if type(user_id) is not int or not 0 <= user_id < _U64:
+            return None
+        m = 0 if self._nm == 1 else membership_shard_of(user_id, self._nm)
+        if len(self._buffers[m].items) + 1 < self._batch:
+            return None
+        return None if self.host.has_room((M.MEMBERSHIP, m)) else m
+
+    def full_shards(self) -> list[int]:
+        """The membership shards whose mailboxes are full now."""
+        return [m for m in range(self._nm) if not self.host.has_room((M.MEMBERSHIP, m))]
+
+    def when_room(self, m: int, fn: Callable[[], None]) -> bool:
+        """True if membership shard ``m`` has room; else ``fn()`` runs once it has (in
+        an actor thread) and False is returned. Closed: True (the caller finds out)."""
+        try:
+            return bool(self.host.when_room((M.MEMBERSHIP, m), fn))
+        except DatabaseClosed:
+            return True
 
     def _send(self, m: int, message: object, closing: bool = False) -> None:
         """Send to membership shard ``m`` after whatever it has buffered, in order.
@@ -611,7 +656,7 @@ class Core:
                 self.check_open()  # under the lock (`close`)
             if buf.items:
                 items, buf.items = buf.items, []
-                self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
+                self._tell_signals(m, items)
             self.host.tell((M.MEMBERSHIP, m), message)
 
     def _shard(self, user: int) -> int:
@@ -673,8 +718,12 @@ class Core:
             self.check_open()  # again, under the lock (`close`)
             buf.items.append(item)
             if len(buf.items) >= self._batch:
-                items, buf.items = buf.items, []
-                self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
+                if self.nonblocking:  # never waits: a full mailbox leaves it buffered
+                    if self.host.offer((M.MEMBERSHIP, m), M.SignalBatch(buf.items)):
+                        buf.items = []
+                else:
+                    items, buf.items = buf.items, []
+                    self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
 
     def signal_batch(self, signals: Iterable[Signal]) -> None:
         self.check_open()
@@ -719,7 +768,7 @@ class Core:
                     items = buf.items + items
                     buf.items = []
                 for k in range(0, len(items), step):
-                    self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items[k : k + step]))
+                    self._tell_signals(m, items[k : k + step])
 
     # -- operations with a reply ----------------------------------------------------
 

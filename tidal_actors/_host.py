@@ -6,6 +6,12 @@ Owns threads and mailboxes. Mailboxes are FIFO; messages that carry load
 senders that never wait on the receiver are held this way (facade -> membership ->
 ledger -> persistence), so no cycle of waits can form; replies and control traffic
 always go through.
+
+A producer that must not wait (the flusher thread, an event loop) uses ``offer``
+(put only if there is room, atomically) or ``force`` (put past the capacity: a
+control operation's buffered signals, bounded by what one buffer holds), and
+``when_room`` to be called back, from the receiving actor's thread, once there is
+room again.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pykka
+from pykka._envelope import Envelope  # what ActorRef.tell puts; offer/force bypass tell
 
 from . import _messages as M
 from ._behaviours import Behaviour
@@ -40,18 +47,71 @@ class _Mailbox(queue.Queue):  # type: ignore[type-arg]
         # messages the behaviour has taken out but holds aside (`Behaviour.held`): they
         # count against the capacity, so holding them back does not let producers run on
         self.held: Callable[[], int] = lambda: 0
+        self._room_waiters: list[Callable[[], None]] = []
+
+    def _full(self) -> bool:  # under self.mutex
+        return self._qsize() + self.held() >= self._cap
 
     def room_made(self) -> None:
         """Wake producers waiting for room (the behaviour released what it held)."""
         with self.not_full:
             self.not_full.notify_all()
+        self._call_room_waiters()
+
+    def _call_room_waiters(self) -> None:
+        if not self._room_waiters:
+            return
+        stopped = self.stopped
+        with self.mutex:
+            if self._full() and not (stopped is not None and stopped.is_set()):
+                return
+            waiters, self._room_waiters = self._room_waiters, []
+        for fn in waiters:
+            with contextlib.suppress(Exception):  # a waiter gone must not hurt the actor
+                fn()
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        item = super().get(block, timeout)
+        if self._room_waiters:
+            self._call_room_waiters()
+        return item
+
+    def has_room(self) -> bool:
+        with self.mutex:
+            return not self._full()
+
+    def when_room(self, fn: Callable[[], None]) -> bool:
+        """True if there is room now; else ``fn`` is called (once, from the actor's
+        thread, or at stop) when there is, and False is returned."""
+        with self.mutex:
+            if not self._full():
+                return True
+            self._room_waiters.append(fn)
+        stopped = self.stopped
+        if stopped is not None and stopped.is_set():
+            self._call_room_waiters()
+        return False
+
+    def offer(self, item: Any) -> bool:
+        """Put ``item`` if there is room (never waits); False if there was none."""
+        with self.not_full:
+            if self._full():
+                return False
+            self._put(item)
+            self.unfinished_tasks += 1
+            self.not_empty.notify()
+        return True
+
+    def force(self, item: Any) -> None:
+        """Put ``item`` past the capacity (never waits)."""
+        super().put(item)
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
         msg = getattr(item, "message", None)
         if type(msg) in _BOUNDED or (type(msg) is M.Write and msg.reply is None):
             stopped = self.stopped
             with self.not_full:
-                while self._qsize() + self.held() >= self._cap and not (stopped and stopped.is_set()):
+                while self._full() and not (stopped and stopped.is_set()):
                     self.not_full.wait(0.05)
                 if stopped is not None and stopped.is_set():
                     # the actor stopped while the producer waited for room: what is put
@@ -138,6 +198,28 @@ class PykkaHost:
         except pykka.ActorDeadError:
             raise DatabaseClosed(f"actor {address} has stopped") from None
 
+    def _inbox(self, address: M.Address) -> _Mailbox:
+        ref = self._refs.get(address)
+        if ref is None or not ref.is_alive():
+            raise DatabaseClosed(f"no actor at {address}")
+        return ref.actor_inbox  # type: ignore[return-value]
+
+    def offer(self, address: M.Address, message: object) -> bool:
+        """Send ``message`` if the mailbox has room; False (nothing sent) if not."""
+        return self._inbox(address).offer(Envelope(message))
+
+    def force(self, address: M.Address, message: object) -> None:
+        """Send ``message`` past the mailbox's capacity, without waiting."""
+        self._inbox(address).force(Envelope(message))
+
+    def has_room(self, address: M.Address) -> bool:
+        return self._inbox(address).has_room()
+
+    def when_room(self, address: M.Address, fn: Callable[[], None]) -> bool:
+        """True if ``address`` has room now; else ``fn()`` runs once it has (from the
+        actor's thread, or when it stops) and False is returned."""
+        return self._inbox(address).when_room(fn)
+
     def settle(self, reply: Any, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for ``reply`` (threads do the work)."""
         return bool(reply.wait(timeout))
@@ -150,6 +232,7 @@ class PykkaHost:
                 if address[0] == kind:
                     with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
                         ref.stop(block=True, timeout=30)
+                    ref.actor_inbox._call_room_waiters()  # type: ignore[attr-defined]  # nobody waits on a stopped actor
         self._refs.clear()
         for actor in self._actors:
             if actor.thread is not None and actor.thread is not threading.current_thread():

@@ -314,6 +314,20 @@ class DeterministicHost:
             q = self._queues[key] = collections.deque()
         q.append((self._sender, message))
 
+    def offer(self, address: M.Address, message: object) -> bool:
+        """Mailboxes here are unbounded: always sent."""
+        self.tell(address, message)
+        return True
+
+    def force(self, address: M.Address, message: object) -> None:
+        self.tell(address, message)
+
+    def has_room(self, address: M.Address) -> bool:
+        return True
+
+    def when_room(self, address: M.Address, fn: Callable[[], None]) -> bool:
+        return True
+
     def settle(self, reply: Any, timeout: float) -> bool:
         """Deliver messages until ``reply`` is done or nothing is left; ``timeout`` is ignored."""
         while not reply.done and self.step():
