@@ -13,6 +13,19 @@ deterministic test host). Rules every behaviour keeps:
   membership shard, and mailboxes are FIFO per sender/receiver pair, so a signal sent
   after a leave is processed after it, and a purge reaches a ledger after every signal
   that shard was sent for the user before the purge.
+* Latency under load comes from how much waits ahead, never from reordering: no
+  message overtakes another on the same sender/receiver pair (there is no priority
+  lane), so the argument above holds as it is. What a control operation waits behind
+  is bounded instead: a host bounds each load-carrying mailbox by time
+  (``Config.inflight_budget_ms`` of the receiver's measured work, `_host`), and the
+  facade sizes each shard's signal batches to the same budget, so a leave waits for
+  the batch in hand plus at most a budget's worth of queued signals at its membership
+  shard, and each hop of a purge (membership, ledger, persistence) likewise. A leave
+  is therefore still ordered after every signal submitted before it was called
+  (those are ahead of it in the FIFO) and before every signal submitted after it
+  returned (the gate is closed when it returns); a purge still covers every record
+  its user submitted before the call (its bound is taken at the membership shard
+  after them, and its marker follows them to every ledger).
 """
 
 from __future__ import annotations
@@ -150,6 +163,10 @@ class Behaviour:
         mailbox counts them against its capacity (called from other threads)."""
         return 0
 
+    def held_units(self) -> int:
+        """The load (signals) in the messages `held` counts (called from other threads)."""
+        return 0
+
     def room_made(self) -> None:
         """Set by a host with bounded mailboxes: call it after releasing held messages."""
 
@@ -191,6 +208,7 @@ class MembershipShard(Behaviour):
         self._pending: tuple[int, Callable[[], Any], Reply] | None = None
         self._stash: collections.deque[object] = collections.deque()
         self._stashed_batches = 0
+        self._stashed_signals = 0
         self._token = 0
         for kind, fn in (
             (M.SignalBatch, self._on_signals),
@@ -233,6 +251,7 @@ class MembershipShard(Behaviour):
             self._stash.append(message)
             if type(message) is M.SignalBatch:
                 self._stashed_batches += 1
+                self._stashed_signals += len(message.signals)
             return
         super().receive(message)
         if self._stash and self._pending is None:
@@ -240,6 +259,7 @@ class MembershipShard(Behaviour):
                 message = self._stash.popleft()
                 if type(message) is M.SignalBatch:
                     self._stashed_batches -= 1
+                    self._stashed_signals -= len(message.signals)
                 super().receive(message)
             self.room_made()
 
@@ -248,6 +268,9 @@ class MembershipShard(Behaviour):
         # so the mailbox capacity bounds the signals in flight here too (control
         # messages are not bounded in the mailbox either)
         return self._stashed_batches
+
+    def held_units(self) -> int:
+        return self._stashed_signals
 
     # signals: the hot path
     def _on_signals(self, msg: M.SignalBatch) -> None:

@@ -417,6 +417,9 @@ class Core:
         self._nm = config.membership_shards
         self._nl = config.ledger_shards
         self._batch = config.signal_batch_size if buffered else 1
+        # the batch each shard gets: at most ``inflight_budget_ms`` of its work, so that
+        # the batch in hand (which nothing overtakes) is short too (`_tune_batches`)
+        self._steps = [self._batch] * self._nm
         self._buffered = buffered
         self._buffers = [_Buffer() for _ in range(self._nm)]
         self.nonblocking = False  # set by an async facade: no call ever waits for room
@@ -588,6 +591,7 @@ class Core:
         while not self._flusher_stop.wait(interval):
             try:
                 self._send_all_buffers(offer=True)
+                self._tune_batches()
                 now = time.monotonic()
                 if now >= next_tick and self.coordinator.remat_due:
                     next_tick = now + 0.05
@@ -609,6 +613,18 @@ class Core:
                         items, buf.items = buf.items, []
                         self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
 
+    def _tune_batches(self) -> None:
+        """Size each shard's batches to ``Config.inflight_budget_ms`` of its measured
+        work per signal (at least 64 signals, at most ``signal_batch_size``)."""
+        budget = self.config.inflight_budget_ms
+        unit_s = getattr(self.host, "unit_s", None)
+        if budget is None or unit_s is None:
+            return
+        for m in range(self._nm):
+            per = unit_s((M.MEMBERSHIP, m))
+            if per > 0:
+                self._steps[m] = max(64, min(self._batch, int(budget / 1000.0 / per)))
+
     def _tell_signals(self, m: int, items: list[M.SignalTuple]) -> None:
         """Send a batch under its buffer's lock: a blocking core waits for room, a
         nonblocking one goes past the capacity (its caller waited for room first)."""
@@ -624,7 +640,7 @@ class Core:
         if type(user_id) is not int or not 0 <= user_id < _U64:
             return None
         m = 0 if self._nm == 1 else membership_shard_of(user_id, self._nm)
-        if len(self._buffers[m].items) + 1 < self._batch:
+        if len(self._buffers[m].items) + 1 < self._steps[m]:
             return None
         return None if self.host.has_room((M.MEMBERSHIP, m)) else m
 
@@ -717,7 +733,7 @@ class Core:
         with buf.lock:
             self.check_open()  # again, under the lock (`close`)
             buf.items.append(item)
-            if len(buf.items) >= self._batch:
+            if len(buf.items) >= self._steps[m]:
                 if self.nonblocking:  # never waits: a full mailbox leaves it buffered
                     if self.host.offer((M.MEMBERSHIP, m), M.SignalBatch(buf.items)):
                         buf.items = []
@@ -756,7 +772,7 @@ class Core:
                         now = self.now()
                     item = (item[0], item[1], item[2], item[3], now, item[5])
                 per_shard[0 if nm == 1 else membership_shard_of(item[0], nm)].append(item)
-        step = self._batch
+        steps = self._steps
         shards = [m for m, items in enumerate(per_shard) if items]
         with contextlib.ExitStack() as held:
             for m in shards:  # in shard order, as every other taker of several
@@ -767,6 +783,7 @@ class Core:
                 if buf.items:
                     items = buf.items + items
                     buf.items = []
+                step = steps[m]
                 for k in range(0, len(items), step):
                     self._tell_signals(m, items[k : k + step])
 

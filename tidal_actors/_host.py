@@ -2,7 +2,12 @@
 
 Owns threads and mailboxes. Mailboxes are FIFO; messages that carry load
 (signal batches, attributions, history writes) wait for room once a mailbox holds
-``Config.mailbox_capacity`` messages, so a fast producer is slowed, never dropped. Only
+``Config.mailbox_capacity`` messages, or, sooner, once the load it holds would take
+its actor more than ``Config.inflight_budget_ms`` to work through (queued units --
+signals, records, writes -- times the actor's measured seconds per unit, a moving
+average of its own handling times). So a fast producer is slowed, never dropped, and
+whatever queues behind the load (a leave, a purge's steps, a read) waits for a few
+milliseconds of work, not for a mailbox of it. Only
 senders that never wait on the receiver are held this way (facade -> membership ->
 ledger -> persistence), so no cycle of waits can form; replies and control traffic
 always go through.
@@ -37,20 +42,55 @@ __all__ = ["PykkaHost"]
 _BOUNDED = (M.SignalBatch, M.Attribute)
 
 
+def units(msg: object) -> int:
+    """The work a load message carries (0: not load): signals, records, or one write."""
+    kind = type(msg)
+    if kind is M.SignalBatch:
+        return len(msg.signals)  # type: ignore[attr-defined]
+    if kind is M.Attribute:
+        return len(msg.rseqs)  # type: ignore[attr-defined]
+    if kind is M.Write and msg.reply is None:  # type: ignore[attr-defined]
+        return 1
+    return 0
+
+
 class _Mailbox(queue.Queue):  # type: ignore[type-arg]
     """Unbounded queue that holds back load-carrying messages past a capacity."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, budget_s: float | None = None) -> None:
         super().__init__()
         self._cap = capacity
+        self._budget_s = budget_s
+        self._units = 0  # the load queued, in units (`units`)
+        self.unit_s = 0.0  # the actor's seconds per unit (moving average; 0: not measured)
         self.stopped: threading.Event | None = None  # the owning actor's, set once it runs
         # messages the behaviour has taken out but holds aside (`Behaviour.held`): they
         # count against the capacity, so holding them back does not let producers run on
         self.held: Callable[[], int] = lambda: 0
+        self.held_units: Callable[[], int] = lambda: 0
         self._room_waiters: list[Callable[[], None]] = []
 
     def _full(self) -> bool:  # under self.mutex
-        return self._qsize() + self.held() >= self._cap
+        if self._qsize() + self.held() >= self._cap:
+            return True
+        if self._budget_s is None:
+            return False
+        load = self._units + self.held_units()
+        return load > 0 and load * self.unit_s >= self._budget_s
+
+    def _put(self, item: Any) -> None:
+        super()._put(item)
+        self._units += units(getattr(item, "message", None))
+
+    def _get(self) -> Any:
+        item = super()._get()
+        self._units -= units(getattr(item, "message", None))
+        return item
+
+    def handled(self, n: int, seconds: float) -> None:
+        """The actor took ``seconds`` over a message of ``n`` units (n > 0)."""
+        per = seconds / n
+        self.unit_s = per if self.unit_s == 0.0 else 0.8 * self.unit_s + 0.2 * per
 
     def room_made(self) -> None:
         """Wake producers waiting for room (the behaviour released what it held)."""
@@ -124,7 +164,7 @@ class _Mailbox(queue.Queue):  # type: ignore[type-arg]
         super().put(item, block, timeout)
 
 
-def _actor_class(capacity: int, started: list[Any]) -> type[pykka.ThreadingActor]:
+def _actor_class(capacity: int, budget_s: float | None, started: list[Any]) -> type[pykka.ThreadingActor]:
     class _Actor(pykka.ThreadingActor):
         use_daemon_thread = True
 
@@ -133,8 +173,11 @@ def _actor_class(capacity: int, started: list[Any]) -> type[pykka.ThreadingActor
             self.behaviour = behaviour
             self.actor_inbox.stopped = self.actor_stopped  # type: ignore[attr-defined]
             self.actor_inbox.held = behaviour.held  # type: ignore[attr-defined]
+            self.actor_inbox.held_units = behaviour.held_units  # type: ignore[attr-defined]
             behaviour.room_made = self.actor_inbox.room_made  # type: ignore[attr-defined,method-assign]
             self.thread: threading.Thread | None = None
+            self.load_units = self.load_msgs = 0
+            self.load_s = 0.0
             started.append(self)
 
         def _start_actor_loop(self) -> None:
@@ -145,16 +188,35 @@ def _actor_class(capacity: int, started: list[Any]) -> type[pykka.ThreadingActor
 
         @staticmethod
         def _create_actor_inbox() -> Any:
-            return _Mailbox(capacity)
+            return _Mailbox(capacity, budget_s)
 
         def on_receive(self, message: Any) -> None:
+            # time the load: handling it, and the idle work it causes (persistence
+            # commits there), so the mailbox's seconds per unit say what a unit costs
+            n = units(message)
+            started = time.perf_counter()
             self.behaviour.receive(message)
+            if n:
+                self.load_units += n
+                self.load_msgs += 1
+                self.load_s += time.perf_counter() - started
             if self.actor_inbox.empty():
+                idle = time.perf_counter()
                 try:
                     self.behaviour.on_idle()
                 except Exception as exc:  # noqa: BLE001 - never let the actor die
                     self.behaviour.handler_errors += 1
                     self.behaviour.last_error = exc
+                if self.load_units:
+                    self.load_s += time.perf_counter() - idle
+                    self._sample()
+            elif self.load_msgs >= 4:
+                self._sample()
+
+        def _sample(self) -> None:
+            self.actor_inbox.handled(self.load_units, self.load_s)  # type: ignore[attr-defined]
+            self.load_units = self.load_msgs = 0
+            self.load_s = 0.0
 
     return _Actor
 
@@ -179,7 +241,8 @@ class PykkaHost:
         self._refs: dict[M.Address, pykka.ActorRef[Any]] = {}
         self.behaviours: dict[M.Address, Behaviour] = {}
         self._actors: list[Any] = []
-        self._actor_cls = _actor_class(config.mailbox_capacity, self._actors)
+        budget = config.inflight_budget_ms
+        self._actor_cls = _actor_class(config.mailbox_capacity, None if budget is None else budget / 1000.0, self._actors)
         self._stopped = threading.Event()
 
     def start(self, behaviours: list[Behaviour]) -> None:
@@ -214,6 +277,11 @@ class PykkaHost:
 
     def has_room(self, address: M.Address) -> bool:
         return self._inbox(address).has_room()
+
+    def unit_s(self, address: M.Address) -> float:
+        """The actor's measured seconds per unit of load (0.0 until measured)."""
+        ref = self._refs.get(address)
+        return 0.0 if ref is None else float(ref.actor_inbox.unit_s)  # type: ignore[attr-defined]
 
     def when_room(self, address: M.Address, fn: Callable[[], None]) -> bool:
         """True if ``address`` has room now; else ``fn()`` runs once it has (from the
