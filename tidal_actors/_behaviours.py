@@ -26,6 +26,13 @@ deterministic test host). Rules every behaviour keeps:
   returned (the gate is closed when it returns); a purge still covers every record
   its user submitted before the call (its bound is taken at the membership shard
   after them, and its marker follows them to every ledger).
+* Control writes group-commit: a membership shard writing a control operation stashes
+  what arrives meanwhile; when the commit is in, the run of control writes at the
+  head of the stash, on distinct users, goes to persistence back to back, which
+  commits writes waiting together in one transaction; each is applied and answered
+  only after its own commit, and the shard takes the next message once all are in.
+  Users being distinct, each operation computes its ops from the state it would have
+  seen one by one: the order of effects is the order of the messages.
 """
 
 from __future__ import annotations
@@ -184,6 +191,9 @@ class MembershipState:
         self.next_rseq = 0
 
 
+_CONTROL_WRITES = (M.Assign, M.Unassign, M.Leave, M.Rejoin)
+
+
 class MembershipShard(Behaviour):
     """Gate and fan-out for the users hashed to this shard (spec: leave-stop-forward).
 
@@ -205,7 +215,9 @@ class MembershipShard(Behaviour):
         for u in {*self.left, *self.state.cohorts}:
             self._update_route(u)
         self.signals = self.forwarded = self.gated = self.records = 0
-        self._pending: tuple[int, Callable[[], Any], Reply] | None = None
+        # the control writes committing now, by token: (apply, reply)
+        self._pending: dict[int, tuple[Callable[[], Any], Reply]] = {}
+        self._group: list[M.Write] | None = None
         self._stash: collections.deque[object] = collections.deque()
         self._stashed_batches = 0
         self._stashed_signals = 0
@@ -247,21 +259,46 @@ class MembershipShard(Behaviour):
                 self._rid[u] = GATED if r == GATED else self.routes.route_of(self.state.cohorts.get(u, ()))
 
     def receive(self, message: object) -> None:
-        if self._pending is not None and type(message) is not M.Committed:
+        if self._pending and type(message) is not M.Committed:
             self._stash.append(message)
             if type(message) is M.SignalBatch:
                 self._stashed_batches += 1
                 self._stashed_signals += len(message.signals)
             return
         super().receive(message)
-        if self._stash and self._pending is None:
-            while self._pending is None and self._stash:
-                message = self._stash.popleft()
-                if type(message) is M.SignalBatch:
-                    self._stashed_batches -= 1
-                    self._stashed_signals -= len(message.signals)
-                super().receive(message)
+        if self._stash and not self._pending:
+            while not self._pending and self._stash:
+                message = self._take_stashed()
+                if type(message) in _CONTROL_WRITES:
+                    self._receive_group(message)
+                else:
+                    super().receive(message)
             self.room_made()
+
+    def _take_stashed(self) -> object:
+        message = self._stash.popleft()
+        if type(message) is M.SignalBatch:
+            self._stashed_batches -= 1
+            self._stashed_signals -= len(message.signals)
+        return message
+
+    def _receive_group(self, first: Any) -> None:
+        """Handle ``first`` and the control writes on distinct users right behind it in
+        the stash as one group: their writes go to persistence back to back, which
+        commits writes waiting together in one transaction (and, should it fail, each
+        on its own, so an error fails only its own writer)."""
+        self._group = []
+        users = {first.user}
+        try:
+            super().receive(first)
+            while self._stash and type(self._stash[0]) in _CONTROL_WRITES and self._stash[0].user not in users:  # type: ignore[attr-defined]
+                message: Any = self._take_stashed()
+                users.add(message.user)
+                super().receive(message)
+        finally:
+            group, self._group = self._group, None
+        for write in group:
+            self.ctx.tell(M.PERSIST_ADDR, write)
 
     def held(self) -> int:
         # signal batches stashed while a control write commits count as still queued,
@@ -324,14 +361,18 @@ class MembershipShard(Behaviour):
     # control operations: applied only once committed
     def _write(self, ops: list[tuple[str, bytes, bytes | None]], apply: Callable[[], Any], reply: Reply) -> None:
         self._token += 1
-        self._pending = (self._token, apply, reply)
-        self.ctx.tell(M.PERSIST_ADDR, M.Write(ops, (self.address, self._token)))
+        self._pending[self._token] = (apply, reply)
+        write = M.Write(ops, (self.address, self._token))
+        if self._group is not None:  # joins the group being formed (`_receive_group`)
+            self._group.append(write)
+        else:
+            self.ctx.tell(M.PERSIST_ADDR, write)
 
     def _on_committed(self, msg: M.Committed) -> None:
-        pending, self._pending = self._pending, None
-        if pending is None or pending[0] != msg.token:
+        pending = self._pending.pop(msg.token, None)
+        if pending is None:
             return
-        _, apply, reply = pending
+        apply, reply = pending
         if msg.error is not None:
             reply.set_exception(msg.error)
             return

@@ -522,9 +522,7 @@ class DeterministicHost:
         if isinstance(old, MembershipShard):
             # a control operation whose write is on its way: its outcome is decided by
             # persistence; the caller is answered with it at the restart
-            pending = old._pending
-            if pending is not None:
-                token, _apply, reply = pending
+            for token, (_apply, reply) in old._pending.items():
                 label = self.schedule.label(reply)
                 down.orphans[token] = (reply, label)
                 report.in_doubt.append(label)
