@@ -11,12 +11,16 @@ lock, so the per-shard order of everything a caller submits is kept. A control
 operation or a read first sends what its shard has buffered, so "submitted before"
 always means "processed before".
 
-Backpressure: a blocking caller (``TidalDb``) that fills a batch waits for room in
-the membership mailbox. A ``nonblocking`` core (an async facade's) never waits: a full
-batch is offered and stays buffered if there is no room (the facade parks its task
-until there is, before queueing more: `room_needed`, `when_room`), and the signals a
-control operation sends ahead of itself go past the capacity. The flusher thread only
-offers, so it never waits while it holds a buffer's lock.
+Backpressure, and no waiting under a lock: a buffer's lock is held only for list
+work and puts that never wait, so whoever takes it (a control operation, the
+flusher, an event loop) waits for microseconds, never behind a producer that waits
+for room. A blocking caller (``TidalDb``) that is about to fill a batch first waits
+for room in the membership mailbox and reserves it (`_Mailbox.reserve`), then takes
+the lock and puts into the reserved room. A ``nonblocking`` core (an async facade's)
+never waits: a full batch is offered and stays buffered if there is no room (the
+facade parks its task until there is, before queueing more: `room_needed`,
+`when_room`). The signals a control operation or a read sends ahead of itself go past
+the capacity (at most a buffer's worth). The flusher thread only offers.
 """
 
 from __future__ import annotations
@@ -423,6 +427,9 @@ class Core:
         self._buffered = buffered
         self._buffers = [_Buffer() for _ in range(self._nm)]
         self.nonblocking = False  # set by an async facade: no call ever waits for room
+        # blocking signal_batch calls sending chunk by chunk: close() waits for them
+        self._batch_calls = 0
+        self._batch_calls_done = threading.Condition(self._close_lock)
         try:
             mstates, lstates, coord = build_states(config, restored)
         except TidalError:
@@ -480,6 +487,8 @@ class Core:
         for buf in self._buffers:
             with buf.lock:
                 pass
+        with self._batch_calls_done:  # blocking signal_batch calls under way finish
+            self._batch_calls_done.wait_for(lambda: self._batch_calls == 0, CLOSE_WAIT_S)
         self._flusher_stop.set()
         if self._flusher is not None:
             self._flusher.join()
@@ -625,13 +634,14 @@ class Core:
             if per > 0:
                 self._steps[m] = max(64, min(self._batch, int(budget / 1000.0 / per)))
 
-    def _tell_signals(self, m: int, items: list[M.SignalTuple]) -> None:
-        """Send a batch under its buffer's lock: a blocking core waits for room, a
-        nonblocking one goes past the capacity (its caller waited for room first)."""
-        if self.nonblocking:
-            self.host.force((M.MEMBERSHIP, m), M.SignalBatch(items))
+    def _tell_signals(self, m: int, items: list[M.SignalTuple], reserved: bool = False) -> None:
+        """Send a batch under its buffer's lock, never waiting: into room reserved
+        before the lock was taken, or past the capacity (a control operation's
+        buffered signals, or a batch beyond the caller's one reservation)."""
+        if reserved:
+            self.host.put_reserved((M.MEMBERSHIP, m), M.SignalBatch(items))
         else:
-            self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
+            self.host.force((M.MEMBERSHIP, m), M.SignalBatch(items))
 
     def room_needed(self, user_id: Any) -> int | None:
         """The membership shard a signal of ``user_id`` would have to wait for: its
@@ -730,16 +740,25 @@ class Core:
                 item = (item[0], item[1], item[2], item[3], self.now(), item[5])
         m = 0 if self._nm == 1 else membership_shard_of(item[0], self._nm)
         buf = self._buffers[m]
-        with buf.lock:
-            self.check_open()  # again, under the lock (`close`)
-            buf.items.append(item)
-            if len(buf.items) >= self._steps[m]:
-                if self.nonblocking:  # never waits: a full mailbox leaves it buffered
-                    if self.host.offer((M.MEMBERSHIP, m), M.SignalBatch(buf.items)):
-                        buf.items = []
-                else:
-                    items, buf.items = buf.items, []
-                    self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
+        reserved = False
+        if not self.nonblocking and len(buf.items) + 1 >= self._steps[m]:
+            self.host.reserve((M.MEMBERSHIP, m))  # wait for room before taking the lock
+            reserved = True
+        try:
+            with buf.lock:
+                self.check_open()  # again, under the lock (`close`)
+                buf.items.append(item)
+                if len(buf.items) >= self._steps[m]:
+                    if self.nonblocking:  # never waits: a full mailbox leaves it buffered
+                        if self.host.offer((M.MEMBERSHIP, m), M.SignalBatch(buf.items)):
+                            buf.items = []
+                    else:  # a producer that raced ahead took the room: one past it
+                        items, buf.items = buf.items, []
+                        self._tell_signals(m, items, reserved)
+                        reserved = False
+        finally:
+            if reserved:
+                self.host.release((M.MEMBERSHIP, m))
 
     def signal_batch(self, signals: Iterable[Signal]) -> None:
         self.check_open()
@@ -774,6 +793,9 @@ class Core:
                 per_shard[0 if nm == 1 else membership_shard_of(item[0], nm)].append(item)
         steps = self._steps
         shards = [m for m, items in enumerate(per_shard) if items]
+        if not self.nonblocking:
+            self._send_chunks(shards, per_shard)
+            return
         with contextlib.ExitStack() as held:
             for m in shards:  # in shard order, as every other taker of several
                 held.enter_context(self._buffers[m].lock)
@@ -786,6 +808,35 @@ class Core:
                 step = steps[m]
                 for k in range(0, len(items), step):
                     self._tell_signals(m, items[k : k + step])
+
+    def _send_chunks(self, shards: list[int], per_shard: list[list[M.SignalTuple]]) -> None:
+        """A blocking caller's batch: chunk by chunk, each into room reserved before
+        the buffer's lock is taken, so a batch larger than a mailbox's budget queues
+        no more than the budget allows. All of it or none: ``close()`` waits for a
+        call that found the database open."""
+        with self._close_lock:
+            self.check_open()
+            self._batch_calls += 1
+        try:
+            for m in shards:
+                buf, items, step = self._buffers[m], per_shard[m], self._steps[m]
+                for k in range(0, len(items), step):
+                    self.host.reserve((M.MEMBERSHIP, m))  # no lock held while waiting
+                    try:
+                        with buf.lock:
+                            chunk = items[k : k + step]
+                            if buf.items:  # signals buffered before this call go first
+                                chunk = buf.items + chunk
+                                buf.items = []
+                            self._tell_signals(m, chunk, reserved=True)
+                    except BaseException:
+                        self.host.release((M.MEMBERSHIP, m))
+                        raise
+        finally:
+            with self._close_lock:
+                self._batch_calls -= 1
+                if not self._batch_calls:
+                    self._batch_calls_done.notify_all()
 
     # -- operations with a reply ----------------------------------------------------
 

@@ -62,6 +62,7 @@ class _Mailbox(queue.Queue):  # type: ignore[type-arg]
         self._cap = capacity
         self._budget_s = budget_s
         self._units = 0  # the load queued, in units (`units`)
+        self._reserved = 0  # room promised to producers about to put (`reserve`)
         self.unit_s = 0.0  # the actor's seconds per unit (moving average; 0: not measured)
         self.stopped: threading.Event | None = None  # the owning actor's, set once it runs
         # messages the behaviour has taken out but holds aside (`Behaviour.held`): they
@@ -71,7 +72,7 @@ class _Mailbox(queue.Queue):  # type: ignore[type-arg]
         self._room_waiters: list[Callable[[], None]] = []
 
     def _full(self) -> bool:  # under self.mutex
-        if self._qsize() + self.held() >= self._cap:
+        if self._qsize() + self.held() + self._reserved >= self._cap:
             return True
         if self._budget_s is None:
             return False
@@ -131,6 +132,37 @@ class _Mailbox(queue.Queue):  # type: ignore[type-arg]
         if stopped is not None and stopped.is_set():
             self._call_room_waiters()
         return False
+
+    def reserve(self) -> None:
+        """Wait for room, then hold it for a `put_reserved` (or give it back with
+        `release`): a producer waits here before it takes a lock of its own, so it
+        never waits for room while holding one.
+
+        Raises:
+            DatabaseClosed: the actor stopped meanwhile.
+        """
+        stopped = self.stopped
+        with self.not_full:
+            while self._full() and not (stopped and stopped.is_set()):
+                self.not_full.wait(0.05)
+            if stopped is not None and stopped.is_set():
+                raise DatabaseClosed("the actor stopped before taking this message")
+            self._reserved += 1
+
+    def release(self) -> None:
+        """Give back a reservation that was not used."""
+        with self.not_full:
+            self._reserved -= 1
+            self.not_full.notify()
+        self._call_room_waiters()
+
+    def put_reserved(self, item: Any) -> None:
+        """Put ``item`` in the room `reserve` held for it (never waits)."""
+        with self.not_full:
+            self._reserved -= 1
+            self._put(item)
+            self.unfinished_tasks += 1
+            self.not_empty.notify()
 
     def offer(self, item: Any) -> bool:
         """Put ``item`` if there is room (never waits); False if there was none."""
@@ -193,11 +225,14 @@ def _actor_class(capacity: int, budget_s: float | None, started: list[Any]) -> t
         def on_receive(self, message: Any) -> None:
             # time the load: handling it, and the idle work it causes (persistence
             # commits there), so the mailbox's seconds per unit say what a unit costs
-            n = units(message)
+            # (what the behaviour set aside is not work done yet; what it took back is)
+            behaviour = self.behaviour
+            held = behaviour.held_units()
             started = time.perf_counter()
-            self.behaviour.receive(message)
-            if n:
-                self.load_units += n
+            behaviour.receive(message)
+            done = units(message) + held - behaviour.held_units()
+            if done > 0:
+                self.load_units += done
                 self.load_msgs += 1
                 self.load_s += time.perf_counter() - started
             if self.actor_inbox.empty():
@@ -277,6 +312,19 @@ class PykkaHost:
 
     def has_room(self, address: M.Address) -> bool:
         return self._inbox(address).has_room()
+
+    def reserve(self, address: M.Address) -> None:
+        """Wait for room at ``address`` and hold it (see `_Mailbox.reserve`)."""
+        self._inbox(address).reserve()
+
+    def release(self, address: M.Address) -> None:
+        ref = self._refs.get(address)
+        if ref is not None:
+            ref.actor_inbox.release()  # type: ignore[attr-defined]
+
+    def put_reserved(self, address: M.Address, message: object) -> None:
+        """Send ``message`` into the room reserved for it."""
+        self._inbox(address).put_reserved(Envelope(message))
 
     def unit_s(self, address: M.Address) -> float:
         """The actor's measured seconds per unit of load (0.0 until measured)."""

@@ -325,6 +325,15 @@ class DeterministicHost:
     def has_room(self, address: M.Address) -> bool:
         return True
 
+    def reserve(self, address: M.Address) -> None:
+        """Mailboxes here are unbounded: there is always room."""
+
+    def release(self, address: M.Address) -> None:
+        pass
+
+    def put_reserved(self, address: M.Address, message: object) -> None:
+        self.tell(address, message)
+
     def when_room(self, address: M.Address, fn: Callable[[], None]) -> bool:
         return True
 
