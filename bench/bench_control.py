@@ -10,7 +10,8 @@ and purges the user's first cohort (timed), pausing 2 ms between users. Each fig
 of one run sits beside its baseline from the same run (idle beside loaded, ingestion
 without beside with control traffic); the machine is shared, so figures are noisy.
 
-Run: ``python bench/bench_control.py [--users 20000] [--ops 200] [--seconds 4] [--json FILE]``.
+Run: ``python bench/bench_control.py [--users 20000] [--ops 200] [--seconds 4] [--json FILE]``
+(``--quick``: 5,000 users, 60 operations).
 """
 
 from __future__ import annotations
@@ -140,7 +141,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--assign-users", type=int, default=1_000, help="users for the 1-vs-16 callers assign rate")
     ap.add_argument("--json", help="write the figures to this file")
+    ap.add_argument("--quick", action="store_true", help="5,000 users, 60 operations, 2 s")
     args = ap.parse_args()
+    if args.quick:
+        args.users, args.ops, args.seconds, args.assign_users = 5_000, 60, 2.0, 300
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tidal-control-") as tmp:
         out["ephemeral"] = measure(None, args.users, args.ops, args.seconds)

@@ -154,8 +154,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=2000)
     ap.add_argument("--seconds", type=float, default=2.0)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--quick", action="store_true", help="1 s per row")
     args = ap.parse_args()
+    if args.quick:
+        args.seconds = 1.0
     res = measure(args.tasks, args.seconds)
     if args.json:
         print(json.dumps(res, indent=2))
