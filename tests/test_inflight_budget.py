@@ -100,3 +100,13 @@ def test_the_setting_forms(tmp_path: Path) -> None:
         with pytest.raises(InvalidArgument) as info:
             Config(inflight_budget_ms=bad)
         assert info.value.field == "inflight_budget_ms"
+
+
+def test_persistence_is_bounded_by_count_only() -> None:
+    """A control write joins the history writes queued at persistence in the next
+    transaction instead of waiting behind them, so only the other mailboxes are
+    bounded by time."""
+    with TidalDb.open(None, config=Config(inflight_budget_ms=3.0), clock=ManualClock(T0)) as db:
+        refs = db._core.host._refs
+        budgets = {address[0]: ref.actor_inbox._budget_s for address, ref in refs.items()}
+    assert budgets == {"persistence": None, "coordinator": 0.003, "ledger": 0.003, "membership": 0.003}

@@ -103,6 +103,9 @@ class Behaviour:
     """Base: type-dispatched ``receive`` that never raises, and an ``on_idle`` hook."""
 
     address: M.Address = ("", 0)
+    # whether a host bounds this behaviour's mailbox by time (``inflight_budget_ms``)
+    # as well as by message count
+    time_bounded = True
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -1171,6 +1174,10 @@ class Persistence(Behaviour):
 
     address = M.PERSIST_ADDR
     GROUP_LIMIT = 50_000
+    # its mailbox is bounded by count only: a control write does not wait behind the
+    # history writes queued here, it joins them in the next transaction, and a deep
+    # queue is what makes a transaction carry many writes (one fsync for all)
+    time_bounded = False
 
     def __init__(self, ctx: Context, store: Any) -> None:
         super().__init__(ctx)

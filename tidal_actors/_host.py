@@ -206,6 +206,8 @@ def _actor_class(capacity: int, budget_s: float | None, started: list[Any]) -> t
             self.actor_inbox.stopped = self.actor_stopped  # type: ignore[attr-defined]
             self.actor_inbox.held = behaviour.held  # type: ignore[attr-defined]
             self.actor_inbox.held_units = behaviour.held_units  # type: ignore[attr-defined]
+            if not behaviour.time_bounded:
+                self.actor_inbox._budget_s = None  # type: ignore[attr-defined]
             behaviour.room_made = self.actor_inbox.room_made  # type: ignore[attr-defined,method-assign]
             self.thread: threading.Thread | None = None
             self.load_units = self.load_msgs = 0
