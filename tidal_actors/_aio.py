@@ -12,8 +12,8 @@ fire-and-forget wake-up from a foreign (actor) thread. anyio's ``from_thread.run
 waits in the calling thread for the loop to run the function, so an actor would wait
 on the event loop (an ask cycle through the loop), and a ``BlockingPortal`` adds a
 task and a queue per database; trio's ``TrioToken.run_sync_soon`` and asyncio's
-``loop.call_soon_threadsafe`` are exactly the primitive, so each loop gets some 60
-lines of its own over one shared operation table and waiting logic, and no new
+``loop.call_soon_threadsafe`` are exactly the primitive, so each loop gets a small
+module of its own over one shared operation table and waiting logic, and no new
 dependency.
 
 Cancellation (per method below)
