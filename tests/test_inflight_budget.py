@@ -86,6 +86,12 @@ def test_batches_are_sized_to_the_budget() -> None:
         inbox.unit_s = 1e-7
         core._tune_batches()
         assert core._steps == [1024]  # the ceiling: signal_batch_size
+    small = Config(inflight_budget_ms=2.0, signal_batch_size=8, rematerialize_after_ms=None)
+    with TidalDb.open(None, config=small, clock=ManualClock(T0)) as db:
+        core = db._core
+        core.host._refs[(M.MEMBERSHIP, 0)].actor_inbox.unit_s = 1e-3
+        core._tune_batches()
+        assert core._steps == [8]  # never above signal_batch_size, even at the floor
 
 
 def test_the_setting_forms(tmp_path: Path) -> None:
