@@ -23,6 +23,8 @@ BENCHES = [  # (name, script, how it hands over its figures: a --json FILE or JS
     ("scaling", "bench_scaling.py", "file"),  # issue 6: how ingestion, purge and restore grow
     ("aio", "bench_aio.py", "stdout"),  # issue 4: the trio facade
     ("memory", "bench_memory.py", "file"),  # issue 13 item 9: memory bounded by the log cap
+    ("control", "bench_control.py", "file"),  # leave and purge under full ingestion, group commit
+    ("lateness", "bench_loop_lateness.py", "stdout"),  # the event loop with 2,000 tasks sending signals
 ]
 
 

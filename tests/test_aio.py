@@ -46,14 +46,12 @@ from tidal_actors import (
     UnknownPurge,
     WindowCount,
     WrongThread,
-    _aio,
+    _aio_trio,
     open_tidal,
 )
 from tidal_actors._db import open_core
 
 from .conftest import SEC, T0
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "trio_app.py"
 
 
 def new_threads(baseline: set[threading.Thread]) -> list[threading.Thread]:
@@ -777,8 +775,8 @@ async def test_autojump_trap_is_real_without_the_guard(
 ) -> None:
     # Shows the test above can fail: without the guard trio jumps while we wait.
     async with open_tidal(clock=ManualClock(T0)) as db:
-        monkeypatch.setattr(_aio._AutojumpGuard, "enter", lambda self: None)
-        monkeypatch.setattr(_aio._AutojumpGuard, "exit", lambda self: None)
+        monkeypatch.setattr(_aio_trio._AutojumpGuard, "enter", lambda self: None)
+        monkeypatch.setattr(_aio_trio._AutojumpGuard, "exit", lambda self: None)
         while db._guard._running:  # the open's guard ends after 1 ms of real idleness
             await trio.to_thread.run_sync(time.sleep, 0.002)
         with pytest.raises(trio.TooSlowError):
@@ -857,28 +855,7 @@ async def test_endless_producers_cancelled_mid_stream_count_exactly(
     assert (await db.read_window(COMMUNITY, 1, 1)).count == sum(sent)
 
 
-# ---------------------------------------------------------------- the example
-
-
-def test_trio_app_example_runs(tmp_path: Path) -> None:
-    started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--path", str(tmp_path / "ex")],
-        capture_output=True, text=True, timeout=120, check=True,
-    )
-    assert time.monotonic() - started < 60
-    lines = proc.stdout.splitlines()
-    assert lines.pop(0) == "running: 4 producers x 25 users (Ctrl-C stops it)"
-    # 4 producers x 25 users; users i % 10 == 3 leave (3 per producer) and then send 5
-    # gated signals; users i % 5 == 0 purge their 20 signals (5 per producer)
-    assert lines[0] == "producers: 4, users: 100"
-    assert lines[1] == "signals sent: 2060 applied: 2060 forwarded: 2000 gated: 60"
-    assert lines[2] == "leaves: 12 purges: 20 records retracted: 400"
-    assert lines[3].startswith("top-k reads: ") and int(lines[3].split(": ")[1]) >= 1
-    # per user, signal j goes to entity isqrt(j): j in 0..19 gives entity 3 seven times
-    # (j 9..15), entity 2 five times (4..8), entity 4 four times (16..19); x 100 users
-    assert lines[4] == "top 3 @community: 3=700.00 2=500.00 4=400.00"
-    assert proc.stderr == ""
+# ---------------------------------------------------------------- the README
 
 
 def test_readme_example_test_passes(tmp_path: Path) -> None:

@@ -93,7 +93,7 @@ def test_ephemeral_rebuild_leaves_the_evicted_records(clock):
 def test_signals_after_the_purge_stay(pdb_path, clock):
     with TidalDb.open(pdb_path, config=CFG, clock=clock) as db:
         db.assign_cohort(1, "c")
-        for i in range(10):
+        for _i in range(10):
             db.signal_with_context(1, 0, 1, 1.0, T0)
         db.request_community_purge(1, "c")
         db.signal_with_context(1, 0, 1, 8.0, T0)
@@ -126,7 +126,7 @@ def test_rematerialization_runs_in_chunks_and_loses_no_concurrent_signal(pdb_pat
     with TidalDb.open(pdb_path, config=cfg, clock=clock) as db:
         for u in range(20):
             db.assign_cohort(u, "big")
-        for k in range(20):
+        for _k in range(20):
             db.signal_batch([_sig(u, e) for u in range(20) for e in range(50)])
         db.request_community_purge(0, "big")
         stop = threading.Event()

@@ -93,7 +93,7 @@ def test_ac5_purging_a_does_not_affect_b(db):
 
 def test_ac6_purge_of_non_member_returns_empty_manifest(db):
     db.signal_with_context(4, 1, 1, 1.0)
-    pid, m = db.request_community_purge(4, "never")
+    _pid, m = db.request_community_purge(4, "never")
     assert m.entries == () and m.user_id == 4 and m.cohort == "never"
     assert db.read_decay_score(COMMUNITY, 1, 1) == 1.0
 

@@ -1,35 +1,26 @@
-"""`AsyncTidalDb` and `open_tidal`: the trio facade.
+"""`AsyncTidalDb` and `open_tidal`: the async facade, under trio and under asyncio.
 
-Owns awaiting replies under trio. Each method validates and sends through the shared
-`Core`, exactly as `TidalDb` does, then parks the calling task; the actor thread that
-settles the reply wakes it with ``TrioToken.run_sync_soon``. It must not await a pykka
-future (pykka's ``Future.__await__`` yields a bare ``None``, which trio rejects) nor
-spend a thread per waiting call: the only threads are the actors' own and one trio
-worker, for a moment, to open and to close the store.
+Owns the async operation surface, declared once for both loops: each method validates
+and sends through the shared `Core`, exactly as `TidalDb` does, then parks the calling
+task until the reply is in (`_aio_base.LoopFacade`). What differs between the loops
+(parking, the thread-safe wake-up, checkpoints, closing) is in `_aio_trio` and
+`_aio_asyncio`; ``AsyncTidalDb(core)`` and `open_tidal` pick the running loop's with
+sniffio.
 
-Theory of operation
--------------------
-* A call registers a done-callback on each of its replies, then parks the task with
-  ``wait_task_rescheduled``. The callback runs in the settling actor thread and only
-  posts a wake-up to the run (``run_sync_soon``); the task is rescheduled in the trio
-  thread unless it was cancelled meanwhile. A run that has ended raises
-  ``RunFinishedError`` at the actor; the callback swallows it, so a late reply never
-  hurts the actor that sends it and logs nothing.
-* Every reply sent and not yet settled is remembered (``_unsettled``), including
-  those whose caller was cancelled, so that leaving ``open_tidal`` lets each of them
-  finish before it flushes, stops the actors and closes the store.
-* Domain time comes from the database's clock only, never from
-  ``trio.current_time()``. Under a ``MockClock`` with autojump (pytest-trio's
-  ``autojump_clock``) a task waiting for an actor looks idle to trio, which would
-  jump the clock and fire timeouts spuriously; while any call is in flight a system
-  task sits in ``trio.testing.wait_all_tasks_blocked``, which trio treats as
-  activity, so the clock does not jump until the reply is in.
+Why two thin facades and not anyio: the facade's one loop-specific need is a
+fire-and-forget wake-up from a foreign (actor) thread. anyio's ``from_thread.run_sync``
+waits in the calling thread for the loop to run the function, so an actor would wait
+on the event loop (an ask cycle through the loop), and a ``BlockingPortal`` adds a
+task and a queue per database; trio's ``TrioToken.run_sync_soon`` and asyncio's
+``loop.call_soon_threadsafe`` are exactly the primitive, so each loop gets a small
+module of its own over one shared operation table and waiting logic, and no new
+dependency.
 
 Cancellation (per method below)
 -------------------------------
-* Operations with a reply are sent when the call begins, before its first checkpoint.
-  Once sent, an operation runs to completion in the actors; a cancelled caller only
-  stops waiting. So a cancelled ``assign_cohort``, ``unassign_cohort``,
+* Operations with a reply are sent when the call begins, before its first
+  checkpoint. Once sent, an operation runs to completion in the actors; a cancelled
+  caller only stops waiting. So a cancelled ``assign_cohort``, ``unassign_cohort``,
   ``leave_community_layer``, ``rejoin_community_layer``, ``request_community_purge``,
   ``flush``, ``rematerialize`` or ``compact`` is **applied completely**, never in
   part: a membership change (assign, unassign, leave, rejoin) is seen by every later
@@ -39,31 +30,27 @@ Cancellation (per method below)
   (A leave's flag, history and gate change in one step after one commit; a purge's
   manifest and tombstones are one commit, then the retraction.)
 * Reads change nothing, so a cancelled read has nothing to undo.
-* ``signal_with_context`` and ``signal_batch`` check for cancellation *before*
-  queueing and cannot be cancelled after: if they raise ``trio.Cancelled`` the
-  signal(s) were **not applied at all**; if they return, they are queued.
+* ``signal_with_context`` and ``signal_batch`` can be cancelled only *before*
+  queueing (while waiting for room, and at one checkpoint): if they raise
+  ``trio.Cancelled`` / ``asyncio.CancelledError`` the signal(s) were **not applied at
+  all**; if they return, they are queued.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 import os
 import threading
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-import trio
-import trio.testing
+import sniffio
 
+from ._aio_base import LoopFacade
 from ._clock import Clock
 from ._config import Config
-from ._core import Call, Core
-from ._db import open_core
-from ._errors import DatabaseClosed, WrongThread
-from ._reply import Reply
+from ._core import Core
+from ._errors import WrongThread
 from ._types import (
     CommunityMembership,
     LeaveEpoch,
@@ -77,120 +64,50 @@ from ._types import (
 
 __all__ = ["AsyncTidalDb", "open_tidal"]
 
-# Real-time budgets of the closing worker thread (seconds): replies still in flight
-# get this long to settle before the store is closed under them, and the actor threads
-# this long to end once stopped.
-_SETTLE_BUDGET_S = 60.0
-_JOIN_BUDGET_S = 5.0
-# How often (real seconds) the autojump guard re-arms while a call is in flight.
-_GUARD_CUSHION_S = 0.001
 
-# Opens are serialized so that the threads an open starts can be told apart from the
-# threads another open starts at the same time (see _open_blocking).
-_OPEN_LOCK = threading.Lock()
+def _loop_name() -> str:
+    try:
+        name = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        name = ""
+    if name not in ("trio", "asyncio"):
+        raise WrongThread("an AsyncTidalDb must be created inside a trio run or an asyncio event loop")
+    return name
 
 
-class _AutojumpGuard:
-    """Keeps a MockClock with autojump from jumping while tidal work is in flight."""
+class AsyncTidalDb(LoopFacade):
+    """The community personalization layer under trio or asyncio: :class:`TidalDb`'s
+    methods, awaitable, with the same names, arguments, results and errors.
 
-    __slots__ = ("_busy", "_running")
-
-    def __init__(self) -> None:
-        self._busy = 0
-        self._running = False
-
-    def enter(self) -> None:
-        self._busy += 1
-        if self._running:
-            return
-        clock = trio.lowlevel.current_clock()
-        if isinstance(clock, trio.testing.MockClock) and clock.autojump_threshold != math.inf:
-            self._running = True
-            trio.lowlevel.spawn_system_task(self._hold, name="tidal-autojump-guard")
-
-    def exit(self) -> None:
-        self._busy -= 1
-
-    async def _hold(self) -> None:
-        try:
-            while self._busy:
-                # trio never autojumps while a task waits here (MockClock docs).
-                await trio.testing.wait_all_tasks_blocked(_GUARD_CUSHION_S)
-        finally:
-            self._running = False
-
-
-class _Waiter:
-    """One parked task waiting for one reply; touched only in the trio thread."""
-
-    __slots__ = ("task",)
-
-    def __init__(self) -> None:
-        self.task: trio.lowlevel.Task | None = None
-
-    def wake(self) -> None:
-        task, self.task = self.task, None
-        if task is not None:
-            trio.lowlevel.reschedule(task)
-
-    def abort(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
-        self.task = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-
-def _open_blocking(
-    path: str | os.PathLike[str] | None, config: Config | None, clock: Clock | None
-) -> tuple[Core, list[threading.Thread]]:
-    with _OPEN_LOCK:
-        before = set(threading.enumerate())
-        core = open_core(path, config, clock)
-        started = [t for t in threading.enumerate() if t not in before]
-    return core, started
-
-
-class AsyncTidalDb:
-    """The community personalization layer under trio: :class:`TidalDb`'s methods,
-    awaitable, with the same names, arguments, results and errors.
-
-    Get one from :func:`open_tidal`. Await its methods from tasks of the trio run
-    (and thread) that opened it; awaiting never blocks the event loop on an actor.
-    The one wait in the trio thread is backpressure: when a membership mailbox
-    already holds ``Config.mailbox_capacity`` signal batches, handing it more signals
-    (a signal call, or the buffered signals any call sends ahead of itself) waits for
-    room (see :meth:`signal_with_context`). Cancellation is documented per method; in short,
-    an operation with a reply is applied completely once the call has begun, and a
-    signal is not applied at all if its call raises ``trio.Cancelled``.
+    Get one from :func:`open_tidal`. Await its methods from tasks of the run or loop
+    (and thread) that opened it; awaiting never blocks the event loop: a task waiting
+    for a reply, or for room in a full mailbox (backpressure), is parked and woken
+    through the loop's thread-safe wake-up. Cancellation is documented per method; in
+    short, an operation with a reply is applied completely once the call has begun,
+    and a signal is not applied at all if its call raises the loop's cancellation.
 
     Every method raises :class:`DatabaseClosed` once the ``async with`` has begun to
     exit (or :meth:`close` was called), :class:`WrongThread` when awaited outside the
-    trio run and thread that opened it, and :class:`InvalidArgument` (naming the
+    run or loop (and thread) that opened it, and :class:`InvalidArgument` (naming the
     argument and value) for bad input, in which case nothing was sent.
 
-    ``AsyncTidalDb(core)`` wraps an open core for the current trio run without
-    owning its lifetime; applications use :func:`open_tidal`.
+    ``AsyncTidalDb(core)`` wraps an open core for the current trio run or asyncio
+    loop without owning its lifetime; applications use :func:`open_tidal`.
 
-    Added in 0.1.0.
+    Added in 0.1.0 (trio); asyncio after 0.1.0.
     """
 
-    def __init__(
-        self,
-        core: Core,
-        *,
-        _started_threads: list[threading.Thread] | None = None,
-        _guard: _AutojumpGuard | None = None,
-    ) -> None:
-        try:
-            self._token = trio.lowlevel.current_trio_token()
-        except RuntimeError:
-            raise WrongThread("an AsyncTidalDb must be created inside a trio run") from None
-        self._core = core
-        self._thread_id = threading.get_ident()
-        self._closed = False
-        self._close_done: trio.Event | None = None
-        self._unsettled: set[Reply] = set()
-        self._started_threads = list(_started_threads or ())
-        self._guard = _guard if _guard is not None else _AutojumpGuard()
-        self._late_wakeups = 0
+    def __new__(cls, core: Core, **kwargs: Any) -> AsyncTidalDb:
+        if cls is AsyncTidalDb:
+            if _loop_name() == "trio":
+                from ._aio_trio import TrioTidalDb as impl
+            else:
+                from ._aio_asyncio import AsyncioTidalDb as impl  # type: ignore[assignment]
+            return object.__new__(impl)
+        return object.__new__(cls)
+
+    def __init__(self, core: Core, *, _started_threads: list[threading.Thread] | None = None) -> None:
+        super().__init__(core, _started_threads)
 
     # -- properties and lifetime --------------------------------------------------
 
@@ -201,7 +118,7 @@ class AsyncTidalDb:
 
     @property
     def clock(self) -> Clock:
-        """The clock "now" comes from (int ns since the epoch); never trio's clock."""
+        """The clock "now" comes from (int ns since the epoch); never the loop's clock."""
         return self._core.clock
 
     @property
@@ -212,110 +129,18 @@ class AsyncTidalDb:
     async def close(self) -> None:
         """Let every operation already sent finish, flush, stop every actor and close
         the store; returns when all of it is done and every thread the database
-        started has ended. Shielded from cancellation. A second call waits for the
-        first and is otherwise a no-op. ``open_tidal`` calls it on exit; calling it
-        earlier is allowed.
+        started has ended. Shielded from cancellation (under asyncio a cancellation
+        meanwhile is raised once it is done). A second call waits for the first and is
+        otherwise a no-op. ``open_tidal`` calls it on exit; calling it earlier is
+        allowed.
 
         Raises:
-            WrongThread: awaited outside the trio run and thread that opened it.
+            WrongThread: awaited outside the run or loop (and thread) that opened it.
             StorageError: the store failed to close.
         """
-        if self._core.pid != os.getpid():
-            return  # a forked child: the database is its parent's (`Core.disown`)
-        self._check_thread()
-        if self._close_done is not None:
-            with trio.CancelScope(shield=True):
-                await self._close_done.wait()
-            return
-        self._closed = True
-        self._close_done = trio.Event()
-        try:
-            with trio.CancelScope(shield=True):
-                self._guard.enter()
-                try:
-                    await trio.to_thread.run_sync(self._close_blocking, thread_name="tidal-close")
-                finally:
-                    self._guard.exit()
-        finally:
-            self._close_done.set()
+        raise NotImplementedError
 
     aclose = close
-
-    def _close_blocking(self) -> None:
-        deadline = time.monotonic() + _SETTLE_BUDGET_S
-        pending = list(self._unsettled)
-        for reply in pending:
-            reply.wait(max(0.0, deadline - time.monotonic()))
-        self._core.close()
-        deadline = time.monotonic() + _JOIN_BUDGET_S
-        for t in self._started_threads:
-            if t is not threading.current_thread():
-                t.join(max(0.0, deadline - time.monotonic()))
-
-    # -- plumbing -------------------------------------------------------------------
-
-    def _check_thread(self) -> None:
-        if threading.get_ident() != self._thread_id:
-            raise WrongThread(
-                "this AsyncTidalDb belongs to the trio run of another thread; "
-                "use trio.from_thread.run(db.method, ...) or a TidalDb"
-            )
-        try:
-            token = trio.lowlevel.current_trio_token()
-        except RuntimeError:
-            token = None
-        if token is not self._token:
-            raise WrongThread("this AsyncTidalDb belongs to another trio run")
-
-    def _check(self) -> None:
-        if self._closed:
-            raise DatabaseClosed("the database is closed (its `async with open_tidal()` has exited)")
-        self._check_thread()
-
-    def _settled(self, waiter: _Waiter, reply: Reply) -> None:
-        # Runs in the actor thread that settled ``reply``: forget it, post the wake-up.
-        # No lock: set.add/discard/copy of identity-hashed objects are atomic under the
-        # GIL, and a lock shared with the trio thread would make it wait on actors.
-        self._unsettled.discard(reply)
-        try:
-            self._token.run_sync_soon(waiter.wake)
-        except trio.RunFinishedError:
-            # The run has ended and nobody waits any more: nothing to do, nothing to log.
-            self._late_wakeups += 1
-
-    async def _run(self, call: Call) -> Any:
-        core = self._core
-        replies = call.replies
-        waiters: list[tuple[Reply, _Waiter]] = []
-        for r in replies:
-            core.track(r)
-            if not r.done:
-                w = _Waiter()
-                self._unsettled.add(r)
-                r.add_done_callback(functools.partial(self._settled, w))
-                waiters.append((r, w))
-        delivered = False
-        try:
-            parked = False
-            for r, w in waiters:
-                if r.done:
-                    continue
-                parked = True
-                w.task = trio.lowlevel.current_task()
-                self._guard.enter()
-                try:
-                    await trio.lowlevel.wait_task_rescheduled(w.abort)
-                finally:
-                    self._guard.exit()
-            if not parked:
-                await trio.lowlevel.cancel_shielded_checkpoint()
-            delivered = True
-            return call.result()
-        finally:
-            if not delivered:
-                call.abandon()  # cancelled: what only this caller would hear goes on
-            for r in replies:
-                core.untrack(r)
 
     # -- signals ------------------------------------------------------------------
 
@@ -331,42 +156,44 @@ class AsyncTidalDb:
         """Submit one engagement signal (see :meth:`TidalDb.signal_with_context`).
 
         Returns once queued; applied within ``Config.signal_flush_interval_ms``,
-        durable after :meth:`flush`. Queueing is a plain call in the trio thread (a few
-        µs): it waits only under backpressure, when the user's membership mailbox
-        already holds ``Config.mailbox_capacity`` unprocessed signal batches (the
-        actors are far behind), and then the event loop waits too -- the slowdown
-        backpressure exists to apply; a thread hop per signal would cost more than
-        the signal.
+        durable after :meth:`flush`. Queueing is a plain call in the loop's thread (a
+        few µs) that never waits on an actor or a lock held for long. Backpressure is
+        an await: when the user's membership mailbox already holds
+        ``Config.mailbox_capacity`` unprocessed signal batches and this signal would
+        fill a batch, the task parks until the shard takes one, and other tasks run.
 
-        Cancellation: checked before queueing only; ``trio.Cancelled`` means the
+        Cancellation: checked before queueing only (while waiting for room, then at
+        one checkpoint); ``trio.Cancelled`` / ``asyncio.CancelledError`` means the
         signal was not applied at all.
 
         Raises:
             InvalidArgument: a bad argument (nothing queued).
         """
-        self._check()
-        await trio.lowlevel.checkpoint_if_cancelled()
-        self._core.signal_with_context(user_id, entity_id, signal_type, weight, timestamp_ns, context)
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        core = self._check()
+        m = core.room_needed(user_id)
+        await self._queue(
+            [] if m is None else [m],
+            lambda: core.signal_with_context(user_id, entity_id, signal_type, weight, timestamp_ns, context),
+        )
 
     async def signal_batch(self, signals: Iterable[Signal]) -> None:
         """Submit many :class:`Signal` s; all are validated first, none is queued if
         any is bad.
 
-        Validation and queueing run in the trio thread, about 1-3 µs per signal: split
-        inputs of many thousands of signals into several calls to keep the event loop
-        responsive. Backpressure as for :meth:`signal_with_context`.
+        Validation and queueing run in the loop's thread, about 1-3 µs per signal:
+        split inputs of many thousands of signals into several calls to keep the
+        event loop responsive. Backpressure as for :meth:`signal_with_context`: the
+        task first waits until every full membership mailbox has room; a batch larger
+        than ``Config.signal_batch_size`` then goes in one step.
 
-        Cancellation: checked before queueing only; ``trio.Cancelled`` means none of
-        the signals was applied.
+        Cancellation: checked before queueing only; ``trio.Cancelled`` /
+        ``asyncio.CancelledError`` means none of the signals was applied.
 
         Raises:
             InvalidArgument: naming ``signals[i].field`` and the value.
         """
-        self._check()
-        await trio.lowlevel.checkpoint_if_cancelled()
-        self._core.signal_batch(signals)
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        core = self._check()
+        await self._queue(core.full_shards(), lambda: core.signal_batch(signals))
 
     # -- membership ---------------------------------------------------------------
 
@@ -379,8 +206,7 @@ class AsyncTidalDb:
             InvalidArgument: bad id; cohort empty, over 200 UTF-8 bytes, or ``@...``.
             StorageError: the commit failed (nothing changed).
         """
-        self._check()
-        await self._run(self._core.assign_cohort(user_id, cohort))
+        await self._run(self._check().assign_cohort(user_id, cohort))
 
     async def unassign_cohort(self, user_id: int, cohort: str) -> None:
         """Take the user out of ``cohort`` (no-op if not in it); returns once committed.
@@ -390,8 +216,7 @@ class AsyncTidalDb:
         Raises:
             InvalidArgument: bad id or cohort. StorageError: commit failed (nothing changed).
         """
-        self._check()
-        await self._run(self._core.unassign_cohort(user_id, cohort))
+        await self._run(self._check().unassign_cohort(user_id, cohort))
 
     async def cohorts_of(self, user_id: int) -> frozenset[str]:
         """The user's cohorts (``@community`` is implicit and not listed).
@@ -401,8 +226,7 @@ class AsyncTidalDb:
         Raises:
             InvalidArgument: bad ``user_id``.
         """
-        self._check()
-        return await self._run(self._core.cohorts_of(user_id))  # type: ignore[no-any-return]
+        return await self._run(self._check().cohorts_of(user_id))  # type: ignore[no-any-return]
 
     async def leave_community_layer(self, user_id: int) -> None:
         """Stop forwarding the user's signals (spec: leave-stop-forward).
@@ -418,8 +242,7 @@ class AsyncTidalDb:
         Raises:
             InvalidArgument: bad ``user_id``. StorageError: commit failed (nothing changed).
         """
-        self._check()
-        await self._run(self._core.leave_community_layer(user_id))
+        await self._run(self._check().leave_community_layer(user_id))
 
     async def rejoin_community_layer(self, user_id: int) -> None:
         """Resume forwarding: status Active, the open epoch closed at the clock's now.
@@ -431,8 +254,7 @@ class AsyncTidalDb:
         Raises:
             InvalidArgument: bad ``user_id``. StorageError: commit failed (nothing changed).
         """
-        self._check()
-        await self._run(self._core.rejoin_community_layer(user_id))
+        await self._run(self._check().rejoin_community_layer(user_id))
 
     async def community_layer_status(self, user_id: int) -> CommunityMembership:
         """The user's :class:`CommunityMembership`; a user with no entry is Active.
@@ -442,8 +264,7 @@ class AsyncTidalDb:
         Raises:
             InvalidArgument: bad ``user_id``.
         """
-        self._check()
-        return await self._run(self._core.community_layer_status(user_id))  # type: ignore[no-any-return]
+        return await self._run(self._check().community_layer_status(user_id))  # type: ignore[no-any-return]
 
     async def community_leave_history(self, user_id: int) -> list[LeaveEpoch]:
         """Every :class:`LeaveEpoch` ``(left_at_ns, rejoined_at_ns or None)``, oldest first.
@@ -453,8 +274,7 @@ class AsyncTidalDb:
         Raises:
             InvalidArgument: bad ``user_id``.
         """
-        self._check()
-        return await self._run(self._core.community_leave_history(user_id))  # type: ignore[no-any-return]
+        return await self._run(self._check().community_leave_history(user_id))  # type: ignore[no-any-return]
 
     # -- purge --------------------------------------------------------------------
 
@@ -471,8 +291,7 @@ class AsyncTidalDb:
             InvalidArgument: bad id or cohort name.
             StorageError: the manifest could not be committed (nothing was retracted).
         """
-        self._check()
-        return await self._run(self._core.request_community_purge(user_id, cohort_name))  # type: ignore[no-any-return]
+        return await self._run(self._check().request_community_purge(user_id, cohort_name))  # type: ignore[no-any-return]
 
     async def list_purge_manifests(self, user_id: int) -> list[PurgeManifest]:
         """The user's :class:`PurgeManifest` s, oldest first.
@@ -482,8 +301,7 @@ class AsyncTidalDb:
         Raises:
             InvalidArgument: bad ``user_id``.
         """
-        self._check()
-        return await self._run(self._core.list_purge_manifests(user_id))  # type: ignore[no-any-return]
+        return await self._run(self._check().list_purge_manifests(user_id))  # type: ignore[no-any-return]
 
     # -- reads --------------------------------------------------------------------
 
@@ -500,8 +318,7 @@ class AsyncTidalDb:
         Raises:
             InvalidArgument: bad cohort, id or ``at_ns``.
         """
-        self._check()
-        return await self._run(self._core.read_decay_score(cohort, entity_id, signal_type, at_ns))  # type: ignore[no-any-return]
+        return await self._run(self._check().read_decay_score(cohort, entity_id, signal_type, at_ns))  # type: ignore[no-any-return]
 
     async def read_window(
         self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
@@ -515,8 +332,7 @@ class AsyncTidalDb:
         Raises:
             InvalidArgument: bad cohort, id or ``at_ns``.
         """
-        self._check()
-        return await self._run(self._core.read_window(cohort, entity_id, signal_type, at_ns))  # type: ignore[no-any-return]
+        return await self._run(self._check().read_window(cohort, entity_id, signal_type, at_ns))  # type: ignore[no-any-return]
 
     async def top_entities(
         self, cohort: str, signal_type: int, k: int, at_ns: int | None = None
@@ -529,8 +345,7 @@ class AsyncTidalDb:
         Raises:
             InvalidArgument: bad cohort, type, ``k`` or ``at_ns``.
         """
-        self._check()
-        return await self._run(self._core.top_entities(cohort, signal_type, k, at_ns))  # type: ignore[no-any-return]
+        return await self._run(self._check().top_entities(cohort, signal_type, k, at_ns))  # type: ignore[no-any-return]
 
     async def aggregate_rows(self, at_ns: int | None = None) -> list[tuple[str, int, int, float, int, float]]:
         """Every key with an unretracted contribution, as ``(cohort, entity_id,
@@ -541,8 +356,7 @@ class AsyncTidalDb:
         Raises:
             InvalidArgument: bad ``at_ns``.
         """
-        self._check()
-        return await self._run(self._core.aggregate_rows(at_ns))  # type: ignore[no-any-return]
+        return await self._run(self._check().aggregate_rows(at_ns))  # type: ignore[no-any-return]
 
     async def stats(self) -> dict[str, int]:
         """Counters, as :meth:`TidalDb.stats` (``signals``, ``forwarded``, ``gated``,
@@ -550,8 +364,7 @@ class AsyncTidalDb:
 
         Cancellation: a read; nothing to undo.
         """
-        self._check()
-        return await self._run(self._core.stats())  # type: ignore[no-any-return]
+        return await self._run(self._check().stats())  # type: ignore[no-any-return]
 
     async def flush(self) -> None:
         """Apply every signal submitted before the call and commit all pending writes.
@@ -562,8 +375,7 @@ class AsyncTidalDb:
         Raises:
             StorageError: a history write failed since the last flush.
         """
-        self._check()
-        await self._run(self._core.flush())
+        await self._run(self._check().flush())
 
     # -- re-materialization and erasure ----------------------------------------------
 
@@ -578,8 +390,7 @@ class AsyncTidalDb:
             InvalidArgument: bad cohort name. UnknownCohort: the cohort has no state
                 and was never purged. StorageError: the erasure could not be committed.
         """
-        self._check()
-        return await self._run(self._core.rematerialize(cohort))  # type: ignore[no-any-return]
+        return await self._run(self._check().rematerialize(cohort))  # type: ignore[no-any-return]
 
     async def purge_status(self, purge_id: int) -> PurgeStatus:
         """Where a purge stands: retracted live (count), re-materialized (and when, ns).
@@ -589,8 +400,7 @@ class AsyncTidalDb:
         Raises:
             InvalidArgument: not an int in ``[0, 2**128)``. UnknownPurge: no such purge.
         """
-        self._check()
-        return await self._run(self._core.purge_status(purge_id))  # type: ignore[no-any-return]
+        return await self._run(self._check().purge_status(purge_id))  # type: ignore[no-any-return]
 
     async def compact(self) -> dict[str, int]:
         """Commit everything, drop history past ``Config.history_retention_ns`` (if
@@ -603,21 +413,20 @@ class AsyncTidalDb:
             StorageError: another process has the environment open (its pid named), or
                 the rewrite failed; the old file stays in use, unchanged.
         """
-        self._check()
-        return await self._run(self._core.compact())  # type: ignore[no-any-return]
+        return await self._run(self._check().compact())  # type: ignore[no-any-return]
 
     async def lmdb_flags(self) -> dict[str, Any]:
         """The LMDB environment's flags (``sync``, ``metasync``, ``writemap``, ``map_async``...).
 
-        Cancellation: a read; checked before reading (``trio.Cancelled`` or the flags).
+        Cancellation: a read; checked before reading (cancelled, or the flags).
 
         Raises:
             InvalidArgument: the database is ephemeral.
         """
-        self._check()
-        await trio.lowlevel.checkpoint_if_cancelled()
-        flags = self._core.lmdb_flags()
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        core = self._check()
+        await self._checkpoint_before()
+        flags = core.lmdb_flags()
+        await self._checkpoint_after()
         return flags
 
 
@@ -628,10 +437,10 @@ async def open_tidal(
     config: Config | None = None,
     clock: Clock | None = None,
 ) -> AsyncIterator[AsyncTidalDb]:
-    """Open (and restore) a database for the current trio run: ``async with
-    open_tidal(path) as db:``. The trio twin of :meth:`TidalDb.open`.
+    """Open (and restore) a database for the current trio run or asyncio loop:
+    ``async with open_tidal(path) as db:``. The async twin of :meth:`TidalDb.open`.
 
-    Opening and closing run in one trio worker thread, briefly. Leaving the block --
+    Opening and closing run in one worker thread, briefly. Leaving the block --
     normally, by an exception, or by cancellation -- lets every operation already
     sent finish, flushes pending writes, stops every actor, closes the store and
     waits for the threads the database started to end; this cleanup is shielded
@@ -641,33 +450,20 @@ async def open_tidal(
         path: LMDB directory (created if missing), or None for an ephemeral database.
         config: settings (default: :class:`Config` defaults).
         clock: source of "now", int ns since the epoch (default :class:`SystemClock`);
-            trio's clock is never used for domain time.
+            the loop's clock is never used for domain time.
 
     Raises:
+        WrongThread: not in a trio run or an asyncio event loop.
         DatabaseLocked: ``path`` is already open, in this or another process.
         StorageError: the store cannot be opened or read.
         InvalidArgument: bad ``path``/``config``/``clock``, or a config that does not
             fit the store.
 
-    Added in 0.1.0.
+    Added in 0.1.0 (trio); asyncio after 0.1.0.
     """
-    await trio.lowlevel.checkpoint_if_cancelled()
-    guard = _AutojumpGuard()
-    # Shielded: once the store is open it must reach the ``finally`` that closes it.
-    with trio.CancelScope(shield=True):
-        guard.enter()
-        try:
-            core, started = await trio.to_thread.run_sync(
-                _open_blocking, path, config, clock, thread_name="tidal-open"
-            )
-        finally:
-            guard.exit()
-    try:
-        db = AsyncTidalDb(core, _started_threads=started, _guard=guard)
-    except BaseException:
-        core.close()
-        raise
-    try:
+    if _loop_name() == "trio":
+        from ._aio_trio import open_trio as opener
+    else:
+        from ._aio_asyncio import open_asyncio as opener
+    async with opener(path, config, clock) as db:
         yield db
-    finally:
-        await db.close()

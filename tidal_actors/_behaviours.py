@@ -13,6 +13,26 @@ deterministic test host). Rules every behaviour keeps:
   membership shard, and mailboxes are FIFO per sender/receiver pair, so a signal sent
   after a leave is processed after it, and a purge reaches a ledger after every signal
   that shard was sent for the user before the purge.
+* Latency under load comes from how much waits ahead, never from reordering: no
+  message overtakes another on the same sender/receiver pair (there is no priority
+  lane), so the argument above holds as it is. What a control operation waits behind
+  is bounded instead: a host bounds each load-carrying mailbox by time
+  (``Config.inflight_budget_ms`` of the receiver's measured work, `_host`), and the
+  facade sizes each shard's signal batches to the same budget, so a leave waits for
+  the batch in hand plus at most a budget's worth of queued signals at its membership
+  shard, and each hop of a purge (membership, ledger, persistence) likewise. A leave
+  is therefore still ordered after every signal submitted before it was called
+  (those are ahead of it in the FIFO) and before every signal submitted after it
+  returned (the gate is closed when it returns); a purge still covers every record
+  its user submitted before the call (its bound is taken at the membership shard
+  after them, and its marker follows them to every ledger).
+* Control writes group-commit: a membership shard writing a control operation stashes
+  what arrives meanwhile; when the commit is in, the run of control writes at the
+  head of the stash, on distinct users, goes to persistence back to back, which
+  commits writes waiting together in one transaction; each is applied and answered
+  only after its own commit, and the shard takes the next message once all are in.
+  Users being distinct, each operation computes its ops from the state it would have
+  seen one by one: the order of effects is the order of the messages.
 """
 
 from __future__ import annotations
@@ -85,6 +105,9 @@ class Behaviour:
     """Base: type-dispatched ``receive`` that never raises, and an ``on_idle`` hook."""
 
     address: M.Address = ("", 0)
+    # whether a host bounds this behaviour's mailbox by time (``inflight_budget_ms``)
+    # as well as by message count
+    time_bounded = True
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -152,6 +175,10 @@ class Behaviour:
         mailbox counts them against its capacity (called from other threads)."""
         return 0
 
+    def held_units(self) -> int:
+        """The load (signals) in the messages `held` counts (called from other threads)."""
+        return 0
+
     def room_made(self) -> None:
         """Set by a host with bounded mailboxes: call it after releasing held messages."""
 
@@ -167,6 +194,9 @@ class MembershipState:
         self.history: dict[int, list[list[int | None]]] = {}
         self.cohorts: dict[int, tuple[str, ...]] = {}
         self.next_rseq = 0
+
+
+_CONTROL_WRITES = (M.Assign, M.Unassign, M.Leave, M.Rejoin)
 
 
 class MembershipShard(Behaviour):
@@ -190,9 +220,12 @@ class MembershipShard(Behaviour):
         for u in {*self.left, *self.state.cohorts}:
             self._update_route(u)
         self.signals = self.forwarded = self.gated = self.records = 0
-        self._pending: tuple[int, Callable[[], Any], Reply] | None = None
+        # the control writes committing now, by token: (apply, reply)
+        self._pending: dict[int, tuple[Callable[[], Any], Reply]] = {}
+        self._group: list[M.Write] | None = None
         self._stash: collections.deque[object] = collections.deque()
         self._stashed_batches = 0
+        self._stashed_signals = 0
         self._token = 0
         for kind, fn in (
             (M.SignalBatch, self._on_signals),
@@ -231,25 +264,55 @@ class MembershipShard(Behaviour):
                 self._rid[u] = GATED if r == GATED else self.routes.route_of(self.state.cohorts.get(u, ()))
 
     def receive(self, message: object) -> None:
-        if self._pending is not None and type(message) is not M.Committed:
+        if self._pending and type(message) is not M.Committed:
             self._stash.append(message)
             if type(message) is M.SignalBatch:
                 self._stashed_batches += 1
+                self._stashed_signals += len(message.signals)
             return
         super().receive(message)
-        if self._stash and self._pending is None:
-            while self._pending is None and self._stash:
-                message = self._stash.popleft()
-                if type(message) is M.SignalBatch:
-                    self._stashed_batches -= 1
-                super().receive(message)
+        if self._stash and not self._pending:
+            while not self._pending and self._stash:
+                message = self._take_stashed()
+                if type(message) in _CONTROL_WRITES:
+                    self._receive_group(message)
+                else:
+                    super().receive(message)
             self.room_made()
+
+    def _take_stashed(self) -> object:
+        message = self._stash.popleft()
+        if type(message) is M.SignalBatch:
+            self._stashed_batches -= 1
+            self._stashed_signals -= len(message.signals)
+        return message
+
+    def _receive_group(self, first: Any) -> None:
+        """Handle ``first`` and the control writes on distinct users right behind it in
+        the stash as one group: their writes go to persistence back to back, which
+        commits writes waiting together in one transaction (and, should it fail, each
+        on its own, so an error fails only its own writer)."""
+        self._group = []
+        users = {first.user}
+        try:
+            super().receive(first)
+            while self._stash and type(self._stash[0]) in _CONTROL_WRITES and self._stash[0].user not in users:  # type: ignore[attr-defined]
+                message: Any = self._take_stashed()
+                users.add(message.user)
+                super().receive(message)
+        finally:
+            group, self._group = self._group, None
+        for write in group:
+            self.ctx.tell(M.PERSIST_ADDR, write)
 
     def held(self) -> int:
         # signal batches stashed while a control write commits count as still queued,
         # so the mailbox capacity bounds the signals in flight here too (control
         # messages are not bounded in the mailbox either)
         return self._stashed_batches
+
+    def held_units(self) -> int:
+        return self._stashed_signals
 
     # signals: the hot path
     def _on_signals(self, msg: M.SignalBatch) -> None:
@@ -303,14 +366,18 @@ class MembershipShard(Behaviour):
     # control operations: applied only once committed
     def _write(self, ops: list[tuple[str, bytes, bytes | None]], apply: Callable[[], Any], reply: Reply) -> None:
         self._token += 1
-        self._pending = (self._token, apply, reply)
-        self.ctx.tell(M.PERSIST_ADDR, M.Write(ops, (self.address, self._token)))
+        self._pending[self._token] = (apply, reply)
+        write = M.Write(ops, (self.address, self._token))
+        if self._group is not None:  # joins the group being formed (`_receive_group`)
+            self._group.append(write)
+        else:
+            self.ctx.tell(M.PERSIST_ADDR, write)
 
     def _on_committed(self, msg: M.Committed) -> None:
-        pending, self._pending = self._pending, None
-        if pending is None or pending[0] != msg.token:
+        pending = self._pending.pop(msg.token, None)
+        if pending is None:
             return
-        _, apply, reply = pending
+        apply, reply = pending
         if msg.error is not None:
             reply.set_exception(msg.error)
             return
@@ -1191,6 +1258,10 @@ class Persistence(Behaviour):
 
     address = M.PERSIST_ADDR
     GROUP_LIMIT = 50_000
+    # its mailbox is bounded by count only: a control write does not wait behind the
+    # history writes queued here, it joins them in the next transaction, and a deep
+    # queue is what makes a transaction carry many writes (one fsync for all)
+    time_bounded = False
 
     def __init__(self, ctx: Context, store: Any) -> None:
         super().__init__(ctx)

@@ -35,7 +35,7 @@ SECTIONS: dict[str, frozenset[str]] = {
     "window": frozenset({"window_width_ns", "window_buckets"}),
     "contribution_log": frozenset({"max_contribution_log_entries", "history_retention_ns"}),
     "shards": frozenset({"membership_shards", "ledger_shards"}),
-    "ingest": frozenset({"signal_batch_size", "signal_flush_interval_ms", "mailbox_capacity"}),
+    "ingest": frozenset({"signal_batch_size", "signal_flush_interval_ms", "mailbox_capacity", "inflight_budget_ms"}),
     "storage": frozenset({"map_size_bytes", "max_map_size_bytes"}),
     "purge": frozenset({"rematerialize_after_ms"}),
 }
@@ -43,7 +43,7 @@ SECTIONS: dict[str, frozenset[str]] = {
 
 NS_DURATIONS = ("half_life_ns", "window_width_ns", "history_retention_ns")
 """Settings in int nanoseconds (besides ``half_life_ns_by_type``'s values)."""
-MS_DURATIONS = ("signal_flush_interval_ms", "rematerialize_after_ms")
+MS_DURATIONS = ("signal_flush_interval_ms", "rematerialize_after_ms", "inflight_budget_ms")
 """Settings in float milliseconds."""
 
 
@@ -86,6 +86,7 @@ class Config:
     signal_batch_size: int = 1024
     signal_flush_interval_ms: float = 2.0
     mailbox_capacity: int = 64
+    inflight_budget_ms: float | None = 2.0
     map_size_bytes: int = 64 * 1024 * 1024
     max_map_size_bytes: int = 64 * 1024**3
     history_retention_ns: int | None = None
@@ -141,6 +142,11 @@ class Config:
                 "signal_flush_interval_ms", self.signal_flush_interval_ms, "must be in (0, 10000]"
             )
         positive("mailbox_capacity", self.mailbox_capacity)
+        if self.inflight_budget_ms is not None and (
+            isinstance(self.inflight_budget_ms, bool) or not isinstance(self.inflight_budget_ms, (int, float))
+            or not 0 < self.inflight_budget_ms <= 60_000
+        ):
+            raise InvalidArgument("inflight_budget_ms", self.inflight_budget_ms, "must be None or in (0, 60000]")
         positive("map_size_bytes", self.map_size_bytes)
         if self.map_size_bytes < MIN_MAP_SIZE_BYTES:
             raise InvalidArgument(
@@ -203,8 +209,8 @@ class Config:
                     flat[key] = {int(k): v for k, v in dict(value).items()}
                 except (TypeError, ValueError) as exc:
                     raise InvalidArgument(key, value, "keys must be integer type ids") from exc
-            elif key == "rematerialize_after_ms" and value is False:
-                flat[key] = None  # TOML has no null: false turns automatic rebuilds off
+            elif key in ("rematerialize_after_ms", "inflight_budget_ms") and value is False:
+                flat[key] = None  # TOML has no null: false turns the setting off
             elif key in known:
                 flat[key] = value
             else:

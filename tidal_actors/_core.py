@@ -5,11 +5,8 @@ never waits (the facades decide how to wait: block, await, or step a harness).
 Validation happens here, before any message is sent, so bad input never reaches an
 actor, storage or an aggregate.
 
-Signals are buffered per membership shard (``Config.signal_batch_size``, at most
-``Config.signal_flush_interval_ms``) and sent as one message, under the buffer's
-lock, so the per-shard order of everything a caller submits is kept. A control
-operation or a read first sends what its shard has buffered, so "submitted before"
-always means "processed before".
+Signal intake (buffering, batching, backpressure) is `_intake.Intake`, which `Core`
+extends.
 """
 
 from __future__ import annotations
@@ -17,12 +14,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import struct
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -51,18 +47,15 @@ from ._codec import (
 from ._config import Config
 from ._errors import DatabaseClosed, InvalidArgument, StorageError, TidalError
 from ._history import HistoryReader
+from ._intake import Buffer, Intake
 from ._reply import Reply
 from ._store import SNAPSHOT_FORMAT, STORE_MARKER, LmdbStore, Restored, snapshot_key, undecodable
-from ._types import Signal, WindowCount
+from ._types import WindowCount
 from ._validate import (
     check_cohort,
-    check_context,
     check_id,
     check_k,
     check_timestamp,
-    check_weight,
-    shard_split,
-    signal_columns,
 )
 
 __all__ = ["STOP_ORDER", "Call", "Core", "build_states", "check_meta"]
@@ -70,14 +63,6 @@ __all__ = ["STOP_ORDER", "Call", "Core", "build_states", "check_meta"]
 STOP_ORDER = [M.MEMBERSHIP, M.LEDGER, M.COORDINATOR, M.PERSISTENCE]
 CLOSE_WAIT_S = 60.0  # how long close() waits for each of its steps (seconds)
 FORMAT_VERSION = 1
-
-
-class _Buffer:
-    __slots__ = ("items", "lock")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.items: list[M.SignalTuple] = []
 
 
 def build_states(
@@ -260,30 +245,6 @@ def _replay_history(
                 seen[m] = top
 
 
-_U64 = 2**64
-_I63 = 2**63
-_F32 = struct.Struct("<f")
-_F32_MAX = 3.4028234663852886e38
-
-
-def _fast_signal(u: Any, e: Any, t: Any, w: Any, ts: Any = None, cx: Any = None) -> tuple[Any, ...] | None:
-    """The common case (plain ints, a finite float weight, no context) checked inline;
-    None sends the signal through the full checks of `_checked_signal`."""
-    if (
-        type(u) is int and 0 <= u < _U64 and type(e) is int and 0 <= e < _U64
-        and type(t) is int and 0 <= t < _U64 and type(w) is float and 0.0 <= w <= _F32_MAX
-        and cx is None and (ts is None or (type(ts) is int and 0 <= ts < _I63))
-    ):
-        return (u, e, t, _F32.unpack(_F32.pack(w))[0], ts, None)
-    return None
-
-
-def _checked_signal(u: Any, e: Any, t: Any, w: Any = 1.0, ts: Any = None, cx: Any = None) -> tuple[Any, ...]:
-    return (
-        check_id("user_id", u), check_id("entity_id", e), check_id("signal_type", t), check_weight(w),
-        None if ts is None else check_timestamp("timestamp_ns", ts),
-        None if cx is None else check_context(cx),
-    )
 
 
 class Call:
@@ -408,7 +369,7 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-class Core:
+class Core(Intake):
     """Validation, buffering and message building on top of a host.
 
     Args:
@@ -438,8 +399,15 @@ class Core:
         self._nm = config.membership_shards
         self._nl = config.ledger_shards
         self._batch = config.signal_batch_size if buffered else 1
+        # the batch each shard gets: at most ``inflight_budget_ms`` of its work, so that
+        # the batch in hand (which nothing overtakes) is short too (`_tune_batches`)
+        self._steps = [self._batch] * self._nm
         self._buffered = buffered
-        self._buffers = [_Buffer() for _ in range(self._nm)]
+        self._buffers = [Buffer() for _ in range(self._nm)]
+        self.nonblocking = False  # set by an async facade: no call ever waits for room
+        # blocking signal_batch calls sending chunk by chunk: close() waits for them
+        self._batch_calls = 0
+        self._batch_calls_done = threading.Condition(self._close_lock)
         try:
             mstates, lstates, coord = build_states(config, restored, store)
         except TidalError:
@@ -497,6 +465,8 @@ class Core:
         for buf in self._buffers:
             with buf.lock:
                 pass
+        with self._batch_calls_done:  # blocking signal_batch calls under way finish
+            self._batch_calls_done.wait_for(lambda: self._batch_calls == 0, CLOSE_WAIT_S)
         self._flusher_stop.set()
         if self._flusher is not None:
             self._flusher.join()
@@ -607,21 +577,14 @@ class Core:
         next_tick = 0.0
         while not self._flusher_stop.wait(interval):
             try:
-                self._send_all_buffers()
+                self._send_all_buffers(offer=True)
+                self._tune_batches()
                 now = time.monotonic()
                 if now >= next_tick and self.coordinator.remat_due:
                     next_tick = now + 0.05
                     self.host.tell(M.COORD_ADDR, M.Tick())
             except TidalError:
                 return
-
-    def _send_all_buffers(self) -> None:
-        for m, buf in enumerate(self._buffers):
-            if buf.items:
-                with buf.lock:
-                    if buf.items:
-                        items, buf.items = buf.items, []
-                        self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
 
     def _send(self, m: int, message: object, closing: bool = False) -> None:
         """Send to membership shard ``m`` after whatever it has buffered, in order.
@@ -639,7 +602,7 @@ class Core:
                 self.check_open()  # under the lock (`close`)
             if buf.items:
                 items, buf.items = buf.items, []
-                self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
+                self._tell_signals(m, items)
             self.host.tell((M.MEMBERSHIP, m), message)
 
     def _shard(self, user: int) -> int:
@@ -670,84 +633,6 @@ class Core:
 
     def _at(self, at_ns: int | None) -> int:
         return self.now() if at_ns is None else check_timestamp("at_ns", at_ns)
-
-    # -- signals (no reply: they return once queued) ------------------------------
-
-    def signal_with_context(
-        self, user_id: int, entity_id: int, signal_type: int, weight: float = 1.0,
-        timestamp_ns: int | None = None, context: Mapping[str, Any] | None = None,
-    ) -> None:
-        if self.closed:
-            self.check_open()
-        if (  # the common case checked inline (`_fast_signal`, without its call)
-            type(user_id) is int and 0 <= user_id < _U64 and type(entity_id) is int
-            and 0 <= entity_id < _U64 and type(signal_type) is int and 0 <= signal_type < _U64
-            and type(weight) is float and 0.0 <= weight <= _F32_MAX and context is None
-        ):
-            if timestamp_ns is None:
-                timestamp_ns = self.now()
-            elif type(timestamp_ns) is not int or not 0 <= timestamp_ns < _I63:
-                timestamp_ns = check_timestamp("timestamp_ns", timestamp_ns)
-            item: tuple[Any, ...] = (
-                user_id, entity_id, signal_type, _F32.unpack(_F32.pack(weight))[0], timestamp_ns, None
-            )
-        else:
-            item = _checked_signal(user_id, entity_id, signal_type, weight, timestamp_ns, context)
-            if item[4] is None:
-                item = (item[0], item[1], item[2], item[3], self.now(), item[5])
-        m = 0 if self._nm == 1 else membership_shard_of(item[0], self._nm)
-        buf = self._buffers[m]
-        with buf.lock:
-            self.check_open()  # again, under the lock (`close`)
-            buf.items.append(item)
-            if len(buf.items) >= self._batch:
-                items, buf.items = buf.items, []
-                self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
-
-    def signal_batch(self, signals: Iterable[Signal]) -> None:
-        self.check_open()
-        if isinstance(signals, (str, bytes, Mapping)) or not hasattr(signals, "__iter__"):
-            raise InvalidArgument("signals", signals, "must be an iterable of Signal")
-        nm = self._nm
-        sigs = signals if type(signals) is list else list(signals)
-        checked = signal_columns(sigs, Signal)
-        per_shard: list[list[M.SignalTuple]]
-        now: int | None = None
-        if checked is not None:  # the common case, checked column by column
-            (us, es, ts_, ws, tss, cxs), has_none = checked
-            if has_none:
-                now = self.now()
-                tss = tuple([now if t is None else t for t in tss])
-            per_shard = shard_split(list(zip(us, es, ts_, ws, tss, cxs)), us, nm)
-        else:
-            per_shard = [[] for _ in range(nm)]
-            for i, s in enumerate(sigs):
-                if not isinstance(s, Signal):
-                    raise InvalidArgument(f"signals[{i}]", s, "must be a Signal")
-                item = _fast_signal(*s)
-                if item is None:
-                    try:
-                        item = _checked_signal(*s)
-                    except InvalidArgument as exc:
-                        raise InvalidArgument(f"signals[{i}].{exc.field}", exc.value, exc.reason) from None
-                if item[4] is None:
-                    if now is None:
-                        now = self.now()
-                    item = (item[0], item[1], item[2], item[3], now, item[5])
-                per_shard[0 if nm == 1 else membership_shard_of(item[0], nm)].append(item)
-        step = self._batch
-        shards = [m for m, items in enumerate(per_shard) if items]
-        with contextlib.ExitStack() as held:
-            for m in shards:  # in shard order, as every other taker of several
-                held.enter_context(self._buffers[m].lock)
-            self.check_open()  # under the locks: all of the batch or none (`close`)
-            for m in shards:
-                buf, items = self._buffers[m], per_shard[m]
-                if buf.items:
-                    items = buf.items + items
-                    buf.items = []
-                for k in range(0, len(items), step):
-                    self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items[k : k + step]))
 
     # -- operations with a reply ----------------------------------------------------
 

@@ -314,6 +314,29 @@ class DeterministicHost:
             q = self._queues[key] = collections.deque()
         q.append((self._sender, message))
 
+    def offer(self, address: M.Address, message: object) -> bool:
+        """Mailboxes here are unbounded: always sent."""
+        self.tell(address, message)
+        return True
+
+    def force(self, address: M.Address, message: object) -> None:
+        self.tell(address, message)
+
+    def has_room(self, address: M.Address) -> bool:
+        return True
+
+    def reserve(self, address: M.Address) -> None:
+        """Mailboxes here are unbounded: there is always room."""
+
+    def release(self, address: M.Address) -> None:
+        pass
+
+    def put_reserved(self, address: M.Address, message: object) -> None:
+        self.tell(address, message)
+
+    def when_room(self, address: M.Address, fn: Callable[[], None]) -> bool:
+        return True
+
     def settle(self, reply: Any, timeout: float) -> bool:
         """Deliver messages until ``reply`` is done or nothing is left; ``timeout`` is ignored."""
         while not reply.done and self.step():
@@ -508,9 +531,7 @@ class DeterministicHost:
         if isinstance(old, MembershipShard):
             # a control operation whose write is on its way: its outcome is decided by
             # persistence; the caller is answered with it at the restart
-            pending = old._pending
-            if pending is not None:
-                token, _apply, reply = pending
+            for token, (_apply, reply) in old._pending.items():
                 label = self.schedule.label(reply)
                 down.orphans[token] = (reply, label)
                 report.in_doubt.append(label)

@@ -12,6 +12,8 @@ tidal_actors.
 * ``async_tidal_db``: an :class:`~tidal_actors.AsyncTidalDb` (trio) on a temporary
   directory, likewise; for tests marked ``@pytest.mark.trio`` (needs pytest-trio);
   closed -- flushed, actors stopped, store closed -- after the test.
+* ``asyncio_tidal_db``: the same under asyncio, for tests marked
+  ``@pytest.mark.asyncio`` (needs pytest-asyncio; defined only when it is installed).
 
 A ``tidal_config`` marker applies on top of the ``tidal_config`` fixture, whether
 the plugin's or the user's; markers nearer the test (function over class over
@@ -20,8 +22,10 @@ module) win.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -138,3 +142,23 @@ async def async_tidal_db(
     config = _marked_config(request, tidal_config)
     async with open_tidal(str(tmp_path) + "/tidal-async", config=config, clock=tidal_clock) as db:
         yield db
+
+
+_asyncio_fixture: Callable[..., Any] | None = None
+with contextlib.suppress(ImportError):
+    import pytest_asyncio
+
+    _asyncio_fixture = pytest_asyncio.fixture
+
+if _asyncio_fixture is not None:
+
+    @_asyncio_fixture
+    async def asyncio_tidal_db(
+        request: pytest.FixtureRequest, tmp_path: object, tidal_config: Config, tidal_clock: ManualClock
+    ) -> AsyncIterator[AsyncTidalDb]:
+        """A persistent AsyncTidalDb in a temporary directory (asyncio tests, with
+        pytest-asyncio) with ``tidal_config`` (and the test's ``tidal_config``
+        markers), closed after the test; its clock is ``tidal_clock``."""
+        config = _marked_config(request, tidal_config)
+        async with open_tidal(str(tmp_path) + "/tidal-asyncio", config=config, clock=tidal_clock) as db:
+            yield db

@@ -1,0 +1,163 @@
+"""Control operations under full ingestion: leave and purge latency, idle and while one
+thread ingests as fast as it can, ephemeral and persistent; ingestion throughput with
+and without the control traffic; persistent assigns per second from 16 callers
+against one (group commit).
+
+Set-up: ``--users`` users (20,000) in 1-3 of 100 cohorts, assigned from 16 threads.
+Ingestion: one thread calls ``signal_batch`` with batches of 1,000 signals of random
+users. Control: another thread, for ``--ops`` users in turn, leaves (timed), rejoins,
+and purges the user's first cohort (timed), pausing 2 ms between users. Each figure
+of one run sits beside its baseline from the same run (idle beside loaded, ingestion
+without beside with control traffic); the machine is shared, so figures are noisy.
+
+Run: ``python bench/bench_control.py [--users 20000] [--ops 200] [--seconds 4] [--json FILE]``
+(``--quick``: 5,000 users, 60 operations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import threading
+import time
+from typing import Any
+
+from tidal_actors import Config, Signal, TidalDb
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3 if xs else float("nan")
+
+
+def cohorts_of(u: int) -> list[str]:
+    r = random.Random(u)
+    return [f"c{k}" for k in r.sample(range(100), 1 + u % 3)]
+
+
+def assign_all(db: TidalDb, users: int, callers: int) -> float:
+    """Assign every user its cohorts from ``callers`` threads; assigns per second."""
+    n = sum(len(cohorts_of(u)) for u in range(users))
+
+    def work(k: int) -> None:
+        for u in range(k, users, callers):
+            for c in cohorts_of(u):
+                db.assign_cohort(u, c)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(callers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return n / (time.perf_counter() - start)
+
+
+def control_round(db: TidalDb, users: int, ops: int, seed: int) -> tuple[list[float], list[float]]:
+    rng = random.Random(seed)
+    leaves: list[float] = []
+    purges: list[float] = []
+    for _ in range(ops):
+        u = rng.randrange(users)
+        t = time.perf_counter()
+        db.leave_community_layer(u)
+        leaves.append(time.perf_counter() - t)
+        db.rejoin_community_layer(u)
+        t = time.perf_counter()
+        db.request_community_purge(u, cohorts_of(u)[0])
+        purges.append(time.perf_counter() - t)
+        time.sleep(0.002)
+    return leaves, purges
+
+
+def ingest(db: TidalDb, users: int, stop: threading.Event, seed: int) -> tuple[int, float]:
+    rng = random.Random(seed)
+    batches = [[Signal(rng.randrange(users), rng.randrange(5000), 1, 1.0) for _ in range(1000)] for _ in range(20)]
+    n = 0
+    start = time.perf_counter()
+    while not stop.is_set():
+        db.signal_batch(batches[n % 20])
+        n += 1
+    return n * 1000, time.perf_counter() - start
+
+
+def loaded(db: TidalDb, users: int, ops: int, seconds: float, with_control: bool) -> dict[str, Any]:
+    stop = threading.Event()
+    out: dict[str, Any] = {}
+
+    def run_ingest() -> None:
+        out["signals"], out["seconds"] = ingest(db, users, stop, 7)
+
+    t = threading.Thread(target=run_ingest)
+    t.start()
+    time.sleep(0.5)  # the mailboxes fill
+    if with_control:
+        out["leaves"], out["purges"] = control_round(db, users, ops, 3)
+    else:
+        time.sleep(seconds)
+    stop.set()
+    t.join()
+    db.flush()
+    out["rate"] = out["signals"] / out["seconds"]
+    return out
+
+
+def measure(path: str | None, users: int, ops: int, seconds: float) -> dict[str, float]:
+    res: dict[str, float] = {}
+    config = Config(rematerialize_after_ms=None)
+    with TidalDb.open(path, config=config) as db:
+        res["assigns_per_s_16_callers"] = assign_all(db, users, 16)
+        leaves, purges = control_round(db, users, ops, 1)
+        res["leave_idle_p50_ms"], res["leave_idle_p99_ms"] = pct(leaves, 0.5), pct(leaves, 0.99)
+        res["purge_idle_p50_ms"], res["purge_idle_p99_ms"] = pct(purges, 0.5), pct(purges, 0.99)
+        plain = loaded(db, users, ops, seconds, False)
+        busy = loaded(db, users, ops, seconds, True)
+        res["leave_loaded_p50_ms"], res["leave_loaded_p99_ms"] = pct(busy["leaves"], 0.5), pct(busy["leaves"], 0.99)
+        res["purge_loaded_p50_ms"], res["purge_loaded_p99_ms"] = pct(busy["purges"], 0.5), pct(busy["purges"], 0.99)
+        res["ingest_signals_per_s"] = plain["rate"]
+        res["ingest_with_control_signals_per_s"] = busy["rate"]
+    res["leave_p99_loaded_vs_idle"] = res["leave_loaded_p99_ms"] / res["leave_idle_p99_ms"]
+    res["purge_p99_loaded_vs_idle"] = res["purge_loaded_p99_ms"] / res["purge_idle_p99_ms"]
+    res["ingest_with_vs_without_control"] = res["ingest_with_control_signals_per_s"] / res["ingest_signals_per_s"]
+    return res
+
+
+def assigns_one_vs_16(path: str, users: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for callers in (1, 16):
+        with TidalDb.open(os.path.join(path, f"assign-{callers}")) as db:
+            out[f"assigns_per_s_{callers}_callers"] = assign_all(db, users, callers)
+    out["assigns_16_vs_1"] = out["assigns_per_s_16_callers"] / out["assigns_per_s_1_callers"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--users", type=int, default=20_000)
+    ap.add_argument("--ops", type=int, default=200)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--assign-users", type=int, default=1_000, help="users for the 1-vs-16 callers assign rate")
+    ap.add_argument("--json", help="write the figures to this file")
+    ap.add_argument("--quick", action="store_true", help="5,000 users, 60 operations, 2 s")
+    args = ap.parse_args()
+    if args.quick:
+        args.users, args.ops, args.seconds, args.assign_users = 5_000, 60, 2.0, 300
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="tidal-control-") as tmp:
+        out["ephemeral"] = measure(None, args.users, args.ops, args.seconds)
+        out["persistent"] = measure(os.path.join(tmp, "p"), args.users, args.ops, args.seconds)
+        out["group_commit"] = assigns_one_vs_16(tmp, args.assign_users)
+    for kind, figures in out.items():
+        print(kind)
+        for k, v in figures.items():
+            print(f"  {k:36} {v:12.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
