@@ -678,9 +678,13 @@ class Latency:
     @property
     def timeline(self) -> list[dict[str, Any]]:
         """Throughput and latency per interval, from the start to the end of the run
-        (or its last call); see `_timeline.CallLog.timeline`."""
+        (or its last call), a restart's pause left out; see
+        `_timeline.CallLog.timeline`."""
         end = self.end_s if self.end_s is not None else time.perf_counter() - self.t0
-        return self.calls.timeline(end, self.interval_s, LATENCY_OPS)
+        starts = [t for t, label in self.marks if label == "restart"]
+        ends = [t for t, label in self.marks if label == "resumed"]
+        return self.calls.timeline(end, self.interval_s, LATENCY_OPS,
+                                   tuple(zip(starts, ends, strict=False)))
 
     def points(self, most: int = 5_000) -> dict[str, tuple[list[float], list[float]]]:
         """Each call's ``(t_s, latency_ms)`` per operation with at most ``most`` calls
