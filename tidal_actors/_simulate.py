@@ -919,6 +919,7 @@ class SimulationResult:
             "entities": self.scenario.entities,
             "signals": c.signals, "assigns": c.assigns, "leaves": c.leaves,
             "rejoins": c.rejoins, "purges": c.purges, "manifests": c.manifests,
+            "manifest_entries": c.manifest_entries, "manifest_evicted": c.manifest_evicted,
             "stats": self.stats, "runtime_s": self.runtime_s, "signals_per_s": self.signals_per_s,
             "reference_s": self.reference_s,
             "reference_signals_per_s": self.reference_signals_per_s,
@@ -927,6 +928,7 @@ class SimulationResult:
             "setup_s": self.setup_s,
             "check_ok": check.ok, "ok": self.ok, "aggregate_rows": check.aggregate_rows,
             "users_compared": check.users, "manifests_compared": check.manifests,
+            "at_ns": self.at_ns,
             "mismatches": check.mismatches, "details": check.details,
             "timeline": self.timeline, "marks": self.marks,
         }

@@ -614,7 +614,7 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
     if data_dir is not None:
         _write_state(data_dir, config, result.at_ns, source, stopped=None)
 
-    print_summary(click.echo, result, events, generated_s, data_dir, verbose, _stamp)
+    print_summary(click.echo, result, events, generated_s, data_dir, verbose, _iso)
     if report_out is not None:
         _write_json(report_out, result.report())
     if plot_out is not None:
