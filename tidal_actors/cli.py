@@ -226,13 +226,16 @@ def _bar(total: int, unit: str, quiet: bool, desc: str) -> tqdm[Any]:
 
 def _with_progress(rows: Iterable[EventRow], bar: tqdm[Any],
                    position: Any = None) -> Iterator[EventRow]:
-    """Yield ``rows``, moving ``bar`` every few rows (to ``position()`` or by count)."""
+    """Yield ``rows``, moving ``bar`` every few rows (to ``position()``, the bytes of
+    the file read, or by count) and showing the rows so far beside it."""
     n = 0
     for row in rows:
         yield row
         n += 1
         if n % _PROGRESS_EVERY == 0:
+            bar.set_postfix_str(f"{n:,} rows", refresh=False)
             bar.update((position() if position else n) - bar.n)
+    bar.set_postfix_str(f"{n:,} rows", refresh=False)
     bar.update((position() if position else n) - bar.n)
 
 
@@ -369,7 +372,8 @@ def replay(
                     _write_state(data_dir, config, None, source)
                 before = dict(db.stats())
                 started = time.perf_counter()
-                with _bar(size, "B", quiet, events.name) as bar:
+                # rows are not known before the end: the bar is the file's bytes read
+                with _bar(size, "B", quiet, f"{events.name}: bytes of the file read") as bar:
                     feed = RowFeed(_with_progress(reader, bar, lambda: reader.bytes_read),
                                    skip_rows, stop.requested)
                     try:
