@@ -95,6 +95,15 @@ def test_a_short_runs_plot_spans_the_run_and_labels_every_line(
         assert any(lbl.startswith("restart pause") for lbl in top.get_legend_handles_labels()[1])
 
 
+def test_a_sliver_at_the_end_joins_the_interval_before_it() -> None:
+    log = CallLog(LATENCY_OPS)
+    log.add(0.005, "signal", 0.001, 10)
+    log.add(0.015, "signal", 0.001, 30)  # the run ends at 22 ms, after a 2 ms flush
+    rows = log.timeline(0.022, 0.01)
+    assert [(r["start_s"], r["t_s"]) for r in rows] == [(0.0, 0.01), (0.01, 0.022)]
+    assert [r["signals_per_s"] for r in rows] == pytest.approx([10 / 0.01, 30 / 0.012])
+
+
 def test_a_pause_is_left_out_and_each_stretch_ends_where_it_ends() -> None:
     log = CallLog(LATENCY_OPS)
     log.add(0.004, "signal", 0.001, 10)
@@ -136,11 +145,11 @@ def test_the_plot_ends_with_the_run_without_a_drop_to_zero(
     steps = [p for p in top.patches if type(p).__name__ == "StepPatch"]
     edges = [list(p.get_data().edges) for p in steps]
     # two stretches, split by the pause (300-500 ms); none drawn down to 0 at its ends
-    assert edges == [pytest.approx([0, 100, 200, 300]),
-                     pytest.approx([500, 600, 700, 800, 813])]
+    # (the 13 ms sliver at the end joins the interval before it: 700-813 ms)
+    assert edges == [pytest.approx([0, 100, 200, 300]), pytest.approx([500, 600, 700, 813])]
     assert all(p.get_data().baseline is None for p in steps)
     # 500-600 ms holds the 10 calls of 100 signals returning at 505-595 ms, in 0.1 s
-    assert list(steps[1].get_data().values) == pytest.approx([10_000, 0, 0, 0])
+    assert list(steps[1].get_data().values) == pytest.approx([10_000, 0, 0])
     pause = next(t for t in top.get_legend_handles_labels()[1] if t.startswith("restart pause"))
     assert "0.2 s" in pause and "reopening the store 0.05 s" in pause and "the rest:" in pause
 

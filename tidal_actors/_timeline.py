@@ -81,7 +81,8 @@ class CallLog:
         not the run's: the intervals stop where a pause starts and start again where
         it ends, so none straddles one. The last interval of each stretch ends with
         the stretch (the run's end, a pause's start): its rate is over the time it
-        covers, never over a full interval's width."""
+        covers, never over a full interval's width; one shorter than half an
+        interval is joined to the interval before it."""
         if not len(self.t):
             return []
         t = np.frombuffer(self.t, dtype=np.float64)
@@ -100,7 +101,12 @@ class CallLog:
         edges: list[tuple[float, float]] = []
         for a, b in stretches:
             n = max(1, math.ceil((b - a) / width_s - 1e-9))
-            edges.extend((a + i * width_s, min(a + (i + 1) * width_s, b)) for i in range(n))
+            part = [(a + i * width_s, min(a + (i + 1) * width_s, b)) for i in range(n)]
+            if n > 1 and part[-1][1] - part[-1][0] < width_s * (0.5 - 1e-9):
+                # a sliver (often the final flush, with no call in it) joins the interval
+                # before it, rather than showing as a drop at the stretch's end
+                part[-2:] = [(part[-2][0], b)]
+            edges.extend(part)
         ends = np.array([hi for _, hi in edges])
         # a call belongs to the interval its return time falls in, (start, end]
         idx = np.minimum(np.searchsorted(ends, t, side="left"), len(edges) - 1)
