@@ -199,7 +199,10 @@ def inspect_users(ctx: click.Context, data_dir: Path | None) -> None:
 @_data_dir_option
 @click.pass_context
 def inspect_user(ctx: click.Context, user_id: int, data_dir: Path | None) -> None:
-    """USER_ID's status, leave history, cohorts and purge manifests."""
+    """USER_ID's status, leave history, cohorts and purge manifests.
+
+    A user the store has no record of (no cohort, leave or manifest) is said to be
+    so, exit status 0: a user who only signalled to @community leaves none."""
     stamp = _cli()._stamp
     with _inspected(data_dir_of(ctx, data_dir)) as (db, _):
         known = user_id in user_ids(db)
