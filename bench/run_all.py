@@ -50,17 +50,26 @@ def main() -> None:
             cmd += ["--quick"] if args.quick else []
             print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
             t = time.perf_counter()
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-            printed = proc.stdout
-            if hand_over == "stdout":  # the figures are the JSON object printed last
-                start = printed.rfind("\n{")
-                start = 0 if printed.startswith("{") and start < 0 else start + 1
+            # lines are shown as they come (progress on standard error passes straight
+            # through); the JSON object a benchmark hands over on standard output, last,
+            # is kept back
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+            assert proc.stdout is not None
+            lines: list[str] = []
+            json_from: int | None = None
+            for line in proc.stdout:
+                lines.append(line)
+                if hand_over == "stdout" and json_from is None and line.startswith("{"):
+                    json_from = len(lines) - 1
+                if json_from is None:
+                    print(line, end="", flush=True)
+            proc.wait()
+            if json_from is not None:
+                tail = "".join(lines[json_from:])
                 try:
-                    results[name] = json.loads(printed[start:])
-                    printed = printed[:start]
+                    results[name] = json.loads(tail)
                 except ValueError:
-                    pass
-            print(printed, end="")
+                    print(tail, end="")
             print(f"== {name}: {time.perf_counter() - t:.0f} s, exit {proc.returncode}\n", flush=True)
             if proc.returncode != 0:
                 failed.append(name)

@@ -275,9 +275,17 @@ def test_replay_into_a_new_or_empty_dir_needs_no_append(tmp_path: Path) -> None:
         res = runner.invoke(cli_module.cli, ["replay", str(log), "-q", "--data-dir",
                                              str(tmp_path / target)])
         assert res.exit_code == 0, res.output
+    # a directory of other files: a new or empty one is the way, --append is not
     res = runner.invoke(cli_module.cli, ["replay", str(log), "--data-dir", str(tmp_path / "other")])
-    assert res.exit_code == 2 and "not empty" in res.stderr and "--append" in res.stderr
-    assert not (tmp_path / "other" / "data.mdb").exists()
+    err = " ".join(res.stderr.split())
+    assert res.exit_code == 2 and "holds no tidal_actors store" in err, res.stderr
+    assert "new or empty directory" in err and "--append" not in err
+    # and --append does not make a store among them
+    res = runner.invoke(cli_module.cli, ["replay", str(log), "--append", "--data-dir",
+                                         str(tmp_path / "other")])
+    err = " ".join(res.stderr.split())
+    assert res.exit_code == 2 and "no store to --append to" in err and "new or empty" in err
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["notes.txt"]
 
 
 # ---------------------------------------------------------------- 11: Ctrl-C

@@ -7,6 +7,7 @@ Expected counts come from the generated events, not from the code under test.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import json
 import os
@@ -42,11 +43,17 @@ def test_the_summary_is_short_and_the_internals_are_behind_verbose(tmp_path: Pat
     assert not [word for word in INTERNALS if word in out], out
     lines = out.splitlines()
     ops = len(got["latency_ms"])
-    assert len(lines) == 1 + 3 + 1 + ops + 1 + 1 + 1, out  # what, ran, 2 x throughput, table, note, check, hint
+    # what, ran, purges, 2 x throughput and the model's note, table, note, check, hint
+    assert len(lines) == 1 + 1 + 1 + 3 + 1 + ops + 1 + 1 + 1, out
     assert f"{got['signals_per_s']:,.0f} signals/s through the runtime" in out
     assert f"{got['reference_signals_per_s']:,.0f} signals/s through the reference model" in out
     assert f"ran        {got['events']:,} rows in memory (no store)" in out
     assert "check      OK" in out
+    # the check's read time in UTC (event time), its ns in the report
+    stamp = datetime.datetime.fromtimestamp(got["at_ns"] // 10**9, tz=datetime.UTC)
+    assert lines[-2].endswith(f"read at {stamp:%Y-%m-%d %H:%M:%S}.{got['at_ns'] // 10**6 % 1000:03d} "
+                              "UTC (event time)"), lines[-2]
+    assert "single-threaded in-memory fold" in out
     # the report holds the internals either way
     assert got["memory"]["structures"]["older_buckets"] > 0 and got["stats"]["records"] > 0
 
@@ -123,3 +130,28 @@ def test_a_terminal_sees_a_bar_for_each_phase(tmp_path: Path) -> None:
                   "check: compare with the reference model",
                   "close and reopen the store (restore time)", "close"):
         assert f"simulate steady@0.003: {label}" in err, (label, err[-2000:])
+
+
+def test_the_eviction_scenario_reports_the_evicted_records(tmp_path: Path) -> None:
+    scenario = load_scenario("eviction")
+    report = tmp_path / "r.json"
+    res = CliRunner().invoke(cli_module.cli, ["simulate", "--scenario", "eviction", "--quiet",
+                                               "--report-out", str(report)])
+    assert res.exit_code == 0, res.output
+    got = json.loads(report.read_text())
+    # the same events through the reference model alone (no store: no history)
+    from tidal_actors._clock import ManualClock
+    from tidal_actors._eventlog import apply_events
+
+    clock = ManualClock(scenario.start_ns)
+    model = ReferenceModel(config=scenario.build_config(), clock=clock, history=False)
+    manifests: list = []
+    apply_events(model, generate_events(scenario), clock, batch_size=scenario.batch_size,
+                 manifests=manifests)
+    evicted = sum(m.evicted for m in manifests)
+    entries = sum(len(m.entries) for m in manifests)
+    assert evicted > 0  # the scenario's point: the log evicted part of what was purged
+    assert got["manifest_evicted"] == evicted and got["manifest_entries"] == entries
+    n = len(manifests)
+    assert (f"  purges     {entries:,} records retracted in {n:,} manifest{'s' if n != 1 else ''}; "
+            f"{evicted:,} records the log had evicted") in res.stdout, res.stdout

@@ -1,8 +1,9 @@
 """``tidal-actors inspect``: read a data directory, read-only.
 
 Owns the ``inspect`` group and its subcommands (``users``, ``user``, ``cohorts``,
-``top``, ``manifests``, ``purge``). ``--data-dir`` is taken before the subcommand
-(``inspect --data-dir D user 1``) or after it (``inspect user 1 --data-dir D``).
+``top``, ``manifests``, ``purge``). ``--data-dir`` is taken after the subcommand
+(``inspect user 1 --data-dir D``) or before it (``inspect --data-dir D user 1``,
+``tidal-actors --data-dir D inspect user 1``).
 The store is opened read-only through ``cli._open_db`` (looked up at call time so
 that the tests can swap the database for the reference model): read once, in one
 LMDB read transaction, beside a writer in another process if there is one (a note
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ._cli_group import data_dir_of
 from ._cli_text import plural
 from ._clock import ManualClock
 from ._codec import Keyspace, Tag, decode_key
@@ -43,8 +45,9 @@ __all__ = ["inspect"]
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 ID = click.IntRange(0, 2**64 - 1)
-_DATA_DIR_HELP = ("A data directory written by replay or simulate (required; before or "
-                  "after the subcommand).")
+_DATA_DIR_HELP = ("A data directory written by replay or simulate (required; after the "
+                  "subcommand, or before it: `tidal-actors --data-dir D inspect user 1` and "
+                  "`tidal-actors inspect --data-dir D user 1` work too).")
 
 _AT_HELP = (f"Read time: {FORMS}. Default: the last event replayed into the "
             "directory (while a replay runs, the latest one it has written; the wall "
@@ -70,15 +73,14 @@ def _data_dir_option(f: F) -> F:
 @click.group()
 @click.option("--data-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help=_DATA_DIR_HELP)
-@click.pass_context
-def inspect(ctx: click.Context, data_dir: Path | None) -> None:
+def inspect(data_dir: Path | None) -> None:
     """Read a data directory: its users and cohorts, a user, a cohort's top entities,
     a user's manifests, a purge.
 
     Read-only, also beside a running writer (a replay, an application): the store is
     read once, and what is shown is a consistent snapshot as of that read. Scores are
     read with the settings the store records. Nothing is written to the store."""
-    ctx.obj = data_dir
+    del data_dir  # each subcommand reads it (`_cli_group.data_dir_of`)
 
 
 @contextmanager
@@ -89,6 +91,8 @@ def _inspected(data_dir: Path | None, at: str | None = None) -> Iterator[tuple[A
     cli = _cli()
     if data_dir is None:  # checked here, not by click, so that `inspect top --help` works
         raise click.UsageError("Missing option '--data-dir'.")
+    if not data_dir.is_dir():  # given before the subcommand, the path is checked here
+        cli._fail(f"{data_dir}: no such directory", EXIT_BAD_INPUT)
     if not any(data_dir.iterdir()):
         cli._fail(f"{data_dir}: empty directory, not a tidal_actors data directory",
                   EXIT_BAD_INPUT)
@@ -120,7 +124,7 @@ def _inspected(data_dir: Path | None, at: str | None = None) -> Iterator[tuple[A
     except InvalidArgument as exc:
         cli._fail(str(exc), EXIT_BAD_INPUT)
     except (UnknownPurge, UnknownCohort) as exc:  # asked for what the store does not hold
-        cli._fail(f"{type(exc).__name__}: {exc}", EXIT_BAD_INPUT)
+        cli._fail(str(exc), EXIT_BAD_INPUT)
     except TidalError as exc:
         cli._fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
 
@@ -177,16 +181,17 @@ def _known_cohorts(db: Any, at: int) -> tuple[Counter[str], Counter[str]]:
 @click.pass_context
 def inspect_users(ctx: click.Context, data_dir: Path | None) -> None:
     """Every user the store holds a record of, with status and cohort count."""
-    with _inspected(data_dir or ctx.obj) as (db, _):
+    with _inspected(data_dir_of(ctx, data_dir)) as (db, _):
         rows = [(u, db.community_layer_status(u).status, len(db.cohorts_of(u)))
                 for u in user_ids(db)]
     left = sum(1 for _, status, _ in rows if status is MembershipStatus.Left)
     out = click.echo
     out(f"{plural(len(rows), 'user')}: {len(rows) - left:,} active, {left:,} left "
         "(users with a cohort, a leave or a manifest)")
-    out(f"  {'user_id':>20}  {'status':<8}{'cohorts':>8}")
+    width = max([len("user_id")] + [len(str(u)) for u, _, _ in rows])
+    out(f"  {'user_id':>{width}}  {'status':<8}{'cohorts':>8}")
     for user, status, n in rows:
-        out(f"  {user:>20}  {status.name:<8}{n:>8,}")
+        out(f"  {user:>{width}}  {status.name:<8}{n:>8,}")
 
 
 @inspect.command("user", context_settings={"ignore_unknown_options": True})
@@ -194,14 +199,24 @@ def inspect_users(ctx: click.Context, data_dir: Path | None) -> None:
 @_data_dir_option
 @click.pass_context
 def inspect_user(ctx: click.Context, user_id: int, data_dir: Path | None) -> None:
-    """USER_ID's status, leave history, cohorts and purge manifests."""
+    """USER_ID's status, leave history, cohorts and purge manifests.
+
+    A user the store has no record of (no cohort, leave or manifest) is said to be
+    so, exit status 0: a user who only signalled to @community leaves none."""
     stamp = _cli()._stamp
-    with _inspected(data_dir or ctx.obj) as (db, _):
+    with _inspected(data_dir_of(ctx, data_dir)) as (db, _):
+        known = user_id in user_ids(db)
         membership = db.community_layer_status(user_id)
         history = db.community_leave_history(user_id)
         cohorts = sorted(db.cohorts_of(user_id))
         manifests = db.list_purge_manifests(user_id)
     out = click.echo
+    if not known:
+        out(f"user {user_id}: the store has no record of this user (no cohort, no leave, no "
+            "purge manifest)")
+        out("  a user who only signalled, to @community alone, leaves no record of their own; "
+            "`tidal-actors inspect users` lists the users the store has a record of")
+        return
     out(f"user {user_id}")
     out(f"  status         {membership.status.name}")
     left = membership.left_at_ns if membership.status is MembershipStatus.Left else None
@@ -212,7 +227,7 @@ def inspect_user(ctx: click.Context, user_id: int, data_dir: Path | None) -> Non
             f"rejoined {stamp(epoch.rejoined_at_ns)}"
         out(f"    left {stamp(epoch.left_at_ns)}  {rejoined}")
     out(f"  cohorts        {', '.join(cohorts) if cohorts else '(none)'}")
-    out(f"  manifests      {len(manifests)}")
+    out(f"  manifests      {len(manifests):,}")
     for m in manifests:
         out(f"    {m.purge_id}  cohort {m.cohort}  created {stamp(m.created_at_ns)}  "
             f"{plural(len(m.entries), 'entry', 'entries')}, {m.evicted} evicted")
@@ -224,7 +239,7 @@ def inspect_user(ctx: click.Context, user_id: int, data_dir: Path | None) -> Non
 @click.pass_context
 def inspect_cohorts(ctx: click.Context, at_text: str | None, data_dir: Path | None) -> None:
     """Every cohort (and @community) with its members and its aggregate keys."""
-    with _inspected(data_dir or ctx.obj, at_text) as (db, at):
+    with _inspected(data_dir_of(ctx, data_dir), at_text) as (db, at):
         keys, members = _known_cohorts(db, at)
     names = sorted(set(keys) | set(members) | {COMMUNITY})
     out = click.echo
@@ -257,7 +272,7 @@ def inspect_top(ctx: click.Context, cohort: str, signal_type: int | None, k: int
     except InvalidArgument as exc:
         cli._fail(str(exc), EXIT_BAD_INPUT)
     unknown: list[str] | None = None
-    with _inspected(data_dir or ctx.obj, at_text) as (db, at):
+    with _inspected(data_dir_of(ctx, data_dir), at_text) as (db, at):
         rows = db.aggregate_rows(at)
         present = sorted({r[2] for r in rows if r[0] == cohort})
         if not present and cohort != COMMUNITY:
@@ -271,7 +286,7 @@ def inspect_top(ctx: click.Context, cohort: str, signal_type: int | None, k: int
         close = difflib.get_close_matches(cohort, unknown, n=3)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else \
             "; `tidal-actors inspect cohorts` lists them"
-        cli._fail(f"invalid cohort={cohort!r}: no such cohort in {data_dir or ctx.obj} "
+        cli._fail(f"invalid cohort={cohort!r}: no such cohort in {data_dir_of(ctx, data_dir)} "
                   f"(no member, no contribution){hint}", EXIT_BAD_INPUT)
     out = click.echo
     out(f"cohort {cohort} at {cli._stamp(at)}")
@@ -290,7 +305,7 @@ def inspect_top(ctx: click.Context, cohort: str, signal_type: int | None, k: int
 def inspect_manifests(ctx: click.Context, user_id: int, data_dir: Path | None) -> None:
     """Each purge manifest of USER_ID with its entries, oldest first."""
     stamp = _cli()._stamp
-    with _inspected(data_dir or ctx.obj) as (db, _):
+    with _inspected(data_dir_of(ctx, data_dir)) as (db, _):
         manifests = db.list_purge_manifests(user_id)
         statuses = {m.purge_id: db.purge_status(m.purge_id) for m in manifests} \
             if hasattr(db, "purge_status") else {}
@@ -311,8 +326,11 @@ def inspect_manifests(ctx: click.Context, user_id: int, data_dir: Path | None) -
 def _purge_state(st: Any) -> str:
     stamp = _cli()._stamp
     if st.rematerialized:
+        more = st.excluded_by_rematerialization
         return (f"retracted live {st.retracted_live}, re-materialized at "
-                f"{stamp(st.rematerialized_at_ns)} ({st.excluded_by_rematerialization} more left out)")
+                f"{stamp(st.rematerialized_at_ns)}"
+                + (f"; the rebuild also left out {plural(more, 'record')} the log no longer "
+                   "held (evicted before the purge, read from the history)" if more else ""))
     return f"retracted live {st.retracted_live}, re-materialization pending"
 
 
@@ -325,8 +343,14 @@ def inspect_purge(ctx: click.Context, purge_id: str, data_dir: Path | None) -> N
     if not re.fullmatch(r"[0-9a-fA-F]{32}", purge_id):
         _cli()._fail(f"invalid purge_id={purge_id!r}: must be 32 hex digits", EXIT_BAD_INPUT)
     pid = int(purge_id, 16)
-    with _inspected(data_dir or ctx.obj) as (db, _):
-        st = db.purge_status(pid)
+    where = data_dir_of(ctx, data_dir)
+    with _inspected(where) as (db, _):
+        try:
+            st = db.purge_status(pid)
+        except UnknownPurge:
+            st = None
+    if st is None:
+        _cli()._fail(f"no purge with id {purge_id.lower()} in {where}", EXIT_BAD_INPUT)
     click.echo(f"purge {st.purge_id}")
     click.echo(f"  user        {st.user_id}")
     click.echo(f"  cohort      {st.cohort}")

@@ -2,7 +2,8 @@
 across runs.
 
 Owns: refusing a ``--data-dir`` that already holds a store unless ``--append`` says
-so (replaying a log into it again would apply every row twice), and simulate's
+so (replaying a log into it again would apply every row twice) and one that holds
+other files (a store is not made among them), and simulate's
 refusal of one; the rows a replay takes (``--skip-rows``, and a stop at a row
 boundary on Ctrl-C); the purged cohorts a stopped replay leaves waiting, as kept in
 the settings file; the command that goes on from where a replay stopped; what an
@@ -49,25 +50,31 @@ def holds_store(data_dir: Path) -> bool:
 
 
 def check_replay_target(data_dir: Path | None, append: bool) -> None:
-    """Refuse a ``--data-dir`` that is not empty unless ``append`` (``--append``).
+    """Refuse a ``--data-dir`` that is not empty, unless it holds a store and
+    ``append`` (``--append``) says to add to it.
 
     A missing or empty directory (or no ``--data-dir``: an ephemeral store) is fine.
 
     Raises:
-        click.BadParameter: (exit status 2) the directory holds a store, or other
-            files, and ``--append`` was not given; the message names ``--append``.
+        click.BadParameter: (exit status 2) the directory holds a store and
+            ``--append`` was not given (the message names ``--append``); or it holds
+            other files and no store, with or without ``--append`` (the message says
+            to use a new or empty directory: a store is not made among other files).
     """
-    if data_dir is None or append or not data_dir.is_dir() or not any(data_dir.iterdir()):
+    if data_dir is None or not data_dir.is_dir() or not any(data_dir.iterdir()):
         return
-    if holds_store(data_dir):
-        reason = ("already holds a tidal_actors store: replaying into it applies the log on "
-                  "top of what it holds (every signal, leave and purge again, scores "
-                  "doubled for a log replayed twice)")
-    else:
-        reason = "is not empty (it holds no tidal_actors store, but other files)"
+    if not holds_store(data_dir):
+        raise click.BadParameter(
+            f"{str(data_dir)!r} is not empty and holds no tidal_actors store (it holds other "
+            "files)" + (", so there is no store to --append to" if append else "")
+            + ". Replay into a new or empty directory.", param_hint="'--data-dir'")
+    if append:
+        return
     raise click.BadParameter(
-        f"{str(data_dir)!r} {reason}. Pass --append to add this log to it, or choose a "
-        "new or empty directory.", param_hint="'--data-dir'")
+        f"{str(data_dir)!r} already holds a tidal_actors store: replaying into it applies "
+        "the log on top of what it holds (every signal, leave and purge again, scores "
+        "doubled for a log replayed twice). Pass --append to add this log to it, or "
+        "choose a new or empty directory.", param_hint="'--data-dir'")
 
 
 def rebuilds_from_state(rematerialize_after_ms: float | None,

@@ -18,7 +18,7 @@ __all__ = ["print_summary"]
 
 
 def print_summary(out: Callable[[str], Any], result: Any, events: list[Any], generated_s: float,
-                  data_dir: Path | None, verbose: bool, stamp: Callable[[int], str]) -> None:
+                  data_dir: Path | None, verbose: bool, iso: Callable[[int], str]) -> None:
     """Print the run's summary with ``out`` (``verbose``: the internals too)."""
     scenario, c, check = result.scenario, result.counts, result.check
     config = scenario.build_config()
@@ -33,10 +33,16 @@ def print_summary(out: Callable[[str], Any], result: Any, events: list[Any], gen
     out(f"  ran        {plural(result.events, 'row')} {where}: {plural(c.signals, 'signal')}, "
         f"{plural(c.assigns, 'assign')}, {plural(c.leaves, 'leave')}, "
         f"{plural(c.rejoins, 'rejoin')}, {plural(c.purges, 'purge')}")
+    if c.purges:
+        out(f"  purges     {plural(c.manifest_entries, 'record')} retracted in "
+            f"{plural(c.manifests, 'manifest')}; {plural(c.manifest_evicted, 'record')} the log "
+            "had evicted before the purge (reported as evicted)")
     out(f"  throughput {result.signals_per_s:>10,.0f} signals/s through the runtime "
         f"(actors, {result.runtime_s:.3f} s)")
     out(f"             {result.reference_signals_per_s:>10,.0f} signals/s through the reference "
         f"model (single-threaded, in memory, {result.reference_s:.3f} s)")
+    out("             (the model is a single-threaded in-memory fold: a runtime that also "
+        "routes, logs and persists is expected to be slower)")
     if verbose:
         _internals(out, result, generated_s, config)
     out(f"  latency    {'ms:':<12}{'p50':>10}{'p99':>10}{'p99.9':>10}{'max':>10}{'count':>13}")
@@ -61,9 +67,10 @@ def print_summary(out: Callable[[str], Any], result: Any, events: list[Any], gen
     if check.ok:
         which = "every user with an event" if check.users == with_events else \
             f"a sample of the {with_events:,} users with an event"
-        out(f"  check      OK: {plural(check.aggregate_rows, 'aggregate row')}, "
-            f"{plural(check.users, 'user')} ({which}), {plural(check.manifests, 'manifest')} "
-            f"agree with the reference model at {stamp(result.at_ns)}")
+        out(f"  check      OK: the runtime agrees with the reference model on "
+            f"{plural(check.aggregate_rows, 'aggregate row')}, {plural(check.users, 'user')} "
+            f"({which}) and {plural(check.manifests, 'manifest')}, read at {iso(result.at_ns)} "
+            "(event time)")
     else:
         out(f"  check      FAILED: {plural(check.mismatches, 'difference')} from the reference model")
         for line in check.details:

@@ -439,7 +439,8 @@ class ApplyCounts:
     """What :func:`apply_events` has applied so far (updated in place as it goes).
 
     ``manifest_entries`` is the number of contribution records listed in the
-    manifests returned; ``first_ts_ns`` / ``max_ts_ns`` bound the event times seen
+    manifests returned, ``manifest_evicted`` the sum of their ``evicted`` (records
+    of the purged pairs the log had evicted before the purge); ``first_ts_ns`` / ``max_ts_ns`` bound the event times seen
     (int ns, None before the first row); ``last_ts_ns`` is the last row's time and
     ``back_in_time`` counts the rows earlier than the row before them (legal: each
     row is applied at its own ``ts_ns``; an equal time is not earlier).
@@ -453,6 +454,7 @@ class ApplyCounts:
     purges: int = 0
     manifests: int = 0
     manifest_entries: int = 0
+    manifest_evicted: int = 0
     first_ts_ns: int | None = None
     max_ts_ns: int | None = None
     last_ts_ns: int | None = None
@@ -561,6 +563,7 @@ def apply_events(
                 counts.purges += 1
                 counts.manifests += 1
                 counts.manifest_entries += len(manifest.entries)
+                counts.manifest_evicted += manifest.evicted
                 if manifests is not None:
                     manifests.append(manifest)
                 if rebuilds is not None:

@@ -678,9 +678,13 @@ class Latency:
     @property
     def timeline(self) -> list[dict[str, Any]]:
         """Throughput and latency per interval, from the start to the end of the run
-        (or its last call); see `_timeline.CallLog.timeline`."""
+        (or its last call), a restart's pause left out; see
+        `_timeline.CallLog.timeline`."""
         end = self.end_s if self.end_s is not None else time.perf_counter() - self.t0
-        return self.calls.timeline(end, self.interval_s, LATENCY_OPS)
+        starts = [t for t, label in self.marks if label == "restart"]
+        ends = [t for t, label in self.marks if label == "resumed"]
+        return self.calls.timeline(end, self.interval_s, LATENCY_OPS,
+                                   tuple(zip(starts, ends, strict=False)))
 
     def points(self, most: int = 5_000) -> dict[str, tuple[list[float], list[float]]]:
         """Each call's ``(t_s, latency_ms)`` per operation with at most ``most`` calls
@@ -915,6 +919,7 @@ class SimulationResult:
             "entities": self.scenario.entities,
             "signals": c.signals, "assigns": c.assigns, "leaves": c.leaves,
             "rejoins": c.rejoins, "purges": c.purges, "manifests": c.manifests,
+            "manifest_entries": c.manifest_entries, "manifest_evicted": c.manifest_evicted,
             "stats": self.stats, "runtime_s": self.runtime_s, "signals_per_s": self.signals_per_s,
             "reference_s": self.reference_s,
             "reference_signals_per_s": self.reference_signals_per_s,
@@ -923,6 +928,7 @@ class SimulationResult:
             "setup_s": self.setup_s,
             "check_ok": check.ok, "ok": self.ok, "aggregate_rows": check.aggregate_rows,
             "users_compared": check.users, "manifests_compared": check.manifests,
+            "at_ns": self.at_ns,
             "mismatches": check.mismatches, "details": check.details,
             "timeline": self.timeline, "marks": self.marks,
         }

@@ -72,28 +72,54 @@ class CallLog:
         return int(np.count_nonzero(np.frombuffer(self.op, dtype=np.uint8) == self.ops.index(op)))
 
     def timeline(self, span_s: float, width_s: float | None = None,
-                 binned: tuple[str, ...] = ("signal", "leave", "purge")) -> list[dict[str, Any]]:
+                 binned: tuple[str, ...] = ("signal", "leave", "purge"),
+                 pauses: tuple[tuple[float, float], ...] = ()) -> list[dict[str, Any]]:
         """Per interval of ``width_s`` (default: `resolution`) from 0 to ``span_s``:
-        ``t_s`` (its end), ``width_s``, ``signals_per_s`` and ``{op}_p50_ms`` /
-        ``{op}_p99_ms`` for ``binned`` ops (None where the interval has no call)."""
+        ``start_s`` and ``t_s`` (its ends), ``width_s`` (the step), ``signals_per_s``
+        and ``{op}_p50_ms`` / ``{op}_p99_ms`` for ``binned`` ops (None where the
+        interval has no call). ``pauses`` (``(from_s, to_s)``, e.g. a restart) are
+        not the run's: the intervals stop where a pause starts and start again where
+        it ends, so none straddles one. The last interval of each stretch ends with
+        the stretch (the run's end, a pause's start): its rate is over the time it
+        covers, never over a full interval's width; one shorter than half an
+        interval is joined to the interval before it."""
         if not len(self.t):
             return []
         t = np.frombuffer(self.t, dtype=np.float64)
         span_s = max(span_s, float(t.max()), 1e-9)
+        stretches: list[tuple[float, float]] = []
+        at = 0.0
+        for a, b in sorted(pauses):
+            if a > at:
+                stretches.append((at, min(a, span_s)))
+            at = max(at, b)
+        if at < span_s:
+            stretches.append((at, span_s))
+        counted = sum(b - a for a, b in stretches)
         if width_s is None or width_s <= 0:
-            width_s = resolution(span_s, self.calls("signal"))
-        n = max(1, math.ceil(span_s / width_s - 1e-9))
-        idx = np.minimum((t / width_s).astype(np.int64), n - 1)
+            width_s = resolution(counted, self.calls("signal"))
+        edges: list[tuple[float, float]] = []
+        for a, b in stretches:
+            n = max(1, math.ceil((b - a) / width_s - 1e-9))
+            part = [(a + i * width_s, min(a + (i + 1) * width_s, b)) for i in range(n)]
+            if n > 1 and part[-1][1] - part[-1][0] < width_s * (0.5 - 1e-9):
+                # a sliver (often the final flush, with no call in it) joins the interval
+                # before it, rather than showing as a drop at the stretch's end
+                part[-2:] = [(part[-2][0], b)]
+            edges.extend(part)
+        ends = np.array([hi for _, hi in edges])
+        # a call belongs to the interval its return time falls in, (start, end]
+        idx = np.minimum(np.searchsorted(ends, t, side="left"), len(edges) - 1)
+        n = len(edges)
         ops = np.frombuffer(self.op, dtype=np.uint8)
         secs = np.frombuffer(self.seconds, dtype=np.float64)
         counts = np.frombuffer(self.count, dtype=np.uint32).astype(np.int64)
         sig = self.ops.index("signal")
         signals = np.bincount(idx[ops == sig], weights=counts[ops == sig], minlength=n)
-        # the last interval may end past the run: its rate is over the part it covers
-        covered = [width_s] * (n - 1) + [max(span_s - (n - 1) * width_s, 1e-9)]
         rows: list[dict[str, Any]] = [
-            {"t_s": round((i + 1) * width_s, 9), "width_s": width_s,
-             "signals_per_s": float(signals[i]) / covered[i]} for i in range(n)]
+            {"start_s": round(lo, 9), "t_s": round(hi, 9), "width_s": width_s,
+             "signals_per_s": float(signals[i]) / max(hi - lo, 1e-9)}
+            for i, (lo, hi) in enumerate(edges)]
         for name in binned:
             k = self.ops.index(name)
             sel = ops == k

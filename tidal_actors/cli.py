@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 import click
 from tqdm import tqdm
 
+from ._cli_group import TOP_DATA_DIR_HELP, Group, closed_pipe, data_dir_of
 from ._cli_inspect import inspect
 from ._cli_progress import phase_bars
 from ._cli_replay import (
@@ -225,13 +226,16 @@ def _bar(total: int, unit: str, quiet: bool, desc: str) -> tqdm[Any]:
 
 def _with_progress(rows: Iterable[EventRow], bar: tqdm[Any],
                    position: Any = None) -> Iterator[EventRow]:
-    """Yield ``rows``, moving ``bar`` every few rows (to ``position()`` or by count)."""
+    """Yield ``rows``, moving ``bar`` every few rows (to ``position()``, the bytes of
+    the file read, or by count) and showing the rows so far beside it."""
     n = 0
     for row in rows:
         yield row
         n += 1
         if n % _PROGRESS_EVERY == 0:
+            bar.set_postfix_str(f"{n:,} rows", refresh=False)
             bar.update((position() if position else n) - bar.n)
+    bar.set_postfix_str(f"{n:,} rows", refresh=False)
     bar.update((position() if position else n) - bar.n)
 
 
@@ -263,38 +267,14 @@ def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
     return int(after.get(name, 0)) - int(before.get(name, 0))
 
 
-EXIT_CLOSED_PIPE = 141
-"""Exit status when standard output's reader went away (``... | head -1``): 128 +
-SIGPIPE, what a shell reports for a Unix tool killed by it."""
-
-
-def _closed_pipe() -> NoReturn:
-    """Standard output's reader is gone: exit quietly, as Unix tools do. Standard
-    output is pointed at /dev/null first, so that the interpreter's last flush of
-    what is still buffered does not fail again (and print "Exception ignored")."""
-    with contextlib.suppress(OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    sys.exit(EXIT_CLOSED_PIPE)
-
-
-class _Group(click.Group):
-    """The command group; a closed standard output ends a command quietly (click
-    alone would exit 1 without a word)."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except BrokenPipeError:
-            _closed_pipe()
-
-
 # ---------------------------------------------------------------- commands
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tidal_actors", prog_name="tidal-actors")
-def cli() -> None:
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              help=TOP_DATA_DIR_HELP)
+def cli(data_dir: Path | None) -> None:
     """tidal-actors: replay engagement logs, inspect a store, run simulations.
 
     Exit status: 0 ok, 2 bad input (a bad row, argument, config or scenario),
@@ -309,7 +289,7 @@ def cli() -> None:
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Store the state here (created if absent) instead of an ephemeral store. "
-                   "A directory that is not empty is refused unless --append is given.")
+                   "It must be new or empty, or hold a store and --append be given.")
 @click.option("--append", is_flag=True,
               help="Add the log to the store already in --data-dir (its settings are kept). "
                    "Without it such a directory is refused: replaying a log into a store "
@@ -339,7 +319,9 @@ def cli() -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), default=1024, show_default=True,
               metavar="N", help="Longest run of signals sent in one signal_batch call.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.pass_context
 def replay(
+    ctx: click.Context,
     events: Path,
     data_dir: Path | None,
     append: bool,
@@ -364,6 +346,7 @@ def replay(
     flushed and closed, and prints how to go on (--skip-rows N --append).
     Durations: 90d, 12h, 30m, 15s, 250ms or integer nanoseconds.
     """
+    data_dir = data_dir_of(ctx, data_dir)
     check_replay_target(data_dir, append)
     config = _build_config(data_dir, config_file, half_life, window_width, window_buckets)
     state = _read_state(data_dir) if data_dir is not None and data_dir.is_dir() else {}
@@ -389,7 +372,8 @@ def replay(
                     _write_state(data_dir, config, None, source)
                 before = dict(db.stats())
                 started = time.perf_counter()
-                with _bar(size, "B", quiet, events.name) as bar:
+                # rows are not known before the end: the bar is the file's bytes read
+                with _bar(size, "B", quiet, f"{events.name}: bytes of the file read") as bar:
                     feed = RowFeed(_with_progress(reader, bar, lambda: reader.bytes_read),
                                    skip_rows, stop.requested)
                     try:
@@ -535,7 +519,8 @@ cli.add_command(inspect)  # tidal_actors/_cli_inspect.py
 @click.option("--verbose", "-v", is_flag=True,
               help="Also print timings, counters and memory (--report-out has them all).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
-def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, seed: int | None,
+@click.pass_context
+def simulate(ctx: click.Context, scenario_name: str | None, scale: float, data_dir: Path | None, seed: int | None,
              events_out: Path | None, report_out: Path | None, plot_out: Path | None,
              verbose: bool, quiet: bool) -> None:
     """Generate a seeded scenario, run it measured, and check it against the reference model.
@@ -550,6 +535,7 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
     import tempfile
 
     from ._eventlog import write_events
+    data_dir = data_dir_of(ctx, data_dir)
     from ._simulate import generate_events, load_scenario, plot_timeline, run_simulation
 
     try:
@@ -614,7 +600,7 @@ def simulate(scenario_name: str | None, scale: float, data_dir: Path | None, see
     if data_dir is not None:
         _write_state(data_dir, config, result.at_ns, source, stopped=None)
 
-    print_summary(click.echo, result, events, generated_s, data_dir, verbose, _stamp)
+    print_summary(click.echo, result, events, generated_s, data_dir, verbose, _iso)
     if report_out is not None:
         _write_json(report_out, result.report())
     if plot_out is not None:
@@ -637,7 +623,7 @@ def main(argv: list[str] | None = None) -> None:
         rv = cli.main(args=argv, prog_name="tidal-actors", standalone_mode=False)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
     except BrokenPipeError:
-        _closed_pipe()
+        closed_pipe()
     except (KeyboardInterrupt, click.exceptions.Abort):  # click turns the first into the second
         click.echo("tidal-actors: aborted (Ctrl-C again): the store, if any, was not closed; "
                    "its next open restores everything flushed, as after a crash", err=True)

@@ -1,0 +1,68 @@
+"""The ``tidal-actors`` command group's own behaviour, apart from its commands.
+
+Owns: a closed standard output ending a command quietly (exit status 141, as Unix
+tools do), and ``--data-dir`` given before the subcommand (``tidal-actors --data-dir
+D inspect user 1``), which is the same as giving it after the subcommand; giving two
+different directories is a usage error. ``cli.py`` owns the commands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+__all__ = ["EXIT_CLOSED_PIPE", "Group", "closed_pipe", "data_dir_of"]
+
+EXIT_CLOSED_PIPE = 141
+"""Exit status when standard output's reader went away (``... | head -1``): 128 +
+SIGPIPE, what a shell reports for a Unix tool killed by it."""
+
+TOP_DATA_DIR_HELP = ("The subcommand's data directory (replay, inspect, simulate): the "
+                     "same as --data-dir after the subcommand.")
+
+
+def closed_pipe() -> NoReturn:
+    """Standard output's reader is gone: exit quietly, as Unix tools do. Standard
+    output is pointed at /dev/null first, so that the interpreter's last flush of
+    what is still buffered does not fail again (and print "Exception ignored")."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(EXIT_CLOSED_PIPE)
+
+
+class Group(click.Group):
+    """The command group; a closed standard output ends a command quietly (click
+    alone would exit 1 without a word)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            closed_pipe()
+
+
+def data_dir_of(ctx: click.Context, given: Path | None) -> Path | None:
+    """The data directory a subcommand runs on: ``given`` (its own ``--data-dir``) or
+    the one given before it, to the group or to ``inspect``.
+
+    Raises:
+        click.UsageError: (exit status 2) two different directories were given.
+    """
+    found: list[Path] = [given] if given is not None else []
+    parent = ctx.parent
+    while parent is not None:
+        value = parent.params.get("data_dir")
+        if value is not None:
+            found.append(Path(value))
+        parent = parent.parent
+    if len({os.path.abspath(p) for p in found}) > 1:
+        raise click.UsageError(
+            "--data-dir given twice, with different directories: "
+            + ", ".join(map(str, reversed(found))))
+    return found[0] if found else None
