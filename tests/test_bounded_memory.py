@@ -45,9 +45,9 @@ def _rows(x, at):
     return [(r[0], r[1], r[2], round(r[3], 9), r[4], round(r[5], 9)) for r in x.aggregate_rows(at)]
 
 
-def _workload(m) -> None:
+def _workload(m, user_1_in_c: bool = True) -> None:
     """Users 1..3 in "c"; user 1's 12 signals (then evicted: cap 6) span buckets."""
-    for u in (1, 2, 3):
+    for u in (1, 2, 3) if user_1_in_c else (2, 3):
         m.assign_cohort(u, "c")
     for i in range(12):
         m.signal_with_context(1, i % 3, 1, 1.0 + i, T0 + i * SEC)
@@ -88,13 +88,7 @@ def test_durable_purge_removes_settled_records_too(pdb_path, settle_at_once):
     """User 1's records were evicted and settled before the purge: the rebuild reads
     them back from the history and leaves them out, as if user 1 had never been in c."""
     never = ReferenceModel(CFG, ManualClock(T0))  # user 1 never in c: @community only
-    for u in (2, 3):
-        never.assign_cohort(u, "c")
-    for i in range(12):
-        never.signal_with_context(1, i % 3, 1, 1.0 + i, T0 + i * SEC)
-    for i in range(8):
-        never.signal_with_context(2, i % 2, 1, 0.5 + i, T0 + 15 * SEC + i * SEC)
-    never.signal_with_context(3, 1, 1, 2.0, T0 + 30 * SEC)
+    _workload(never, user_1_in_c=False)
     with TidalDb.open(pdb_path, config=CFG, clock=ManualClock(T0)) as db:
         _workload(db)
         db.flush()

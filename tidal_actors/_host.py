@@ -141,13 +141,22 @@ class _Mailbox(queue.Queue):  # type: ignore[type-arg]
         Raises:
             DatabaseClosed: the actor stopped meanwhile.
         """
-        stopped = self.stopped
         with self.not_full:
-            while self._full() and not (stopped and stopped.is_set()):
-                self.not_full.wait(0.05)
-            if stopped is not None and stopped.is_set():
-                raise DatabaseClosed("the actor stopped before taking this message")
+            self._wait_for_room()
             self._reserved += 1
+
+    def _wait_for_room(self) -> None:
+        """Wait (``not_full`` held) until there is room.
+
+        Raises:
+            DatabaseClosed: the actor stopped while the producer waited: what is put
+                now would be dropped unseen, so the producer hears about it.
+        """
+        stopped = self.stopped
+        while self._full() and not (stopped and stopped.is_set()):
+            self.not_full.wait(0.05)
+        if stopped is not None and stopped.is_set():
+            raise DatabaseClosed("the actor stopped before taking this message")
 
     def release(self) -> None:
         """Give back a reservation that was not used."""
@@ -181,14 +190,8 @@ class _Mailbox(queue.Queue):  # type: ignore[type-arg]
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
         msg = getattr(item, "message", None)
         if type(msg) in _BOUNDED or (type(msg) is M.Write and msg.reply is None):
-            stopped = self.stopped
             with self.not_full:
-                while self._full() and not (stopped and stopped.is_set()):
-                    self.not_full.wait(0.05)
-                if stopped is not None and stopped.is_set():
-                    # the actor stopped while the producer waited for room: what is put
-                    # now would be dropped unseen, so the producer hears about it
-                    raise DatabaseClosed("the actor stopped before taking this message")
+                self._wait_for_room()
                 self._put(item)
                 self.unfinished_tasks += 1
                 self.not_empty.notify()
