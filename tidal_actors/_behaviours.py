@@ -550,7 +550,7 @@ class LedgerState:
         """Read settled records back from ``reader`` (a durable store's history)."""
         self.history = reader
         agg = self.aggregates
-        agg.settled_detail = lambda k, lo, hi: reader.settled_detail(agg.key(k), lo, hi, agg.trimmed_upto)
+        agg.settled_detail = lambda k, lo, hi: reader.settled_detail(agg.key(k), lo, hi, agg.settled_upto)
 
     def settle(self, durable: bool, force: bool = False) -> int:
         """Drop the detail rows no purge can name any more (`Aggregates.settle`):
@@ -652,7 +652,8 @@ class LedgerShard(Behaviour):
     def _persist(self, cols: tuple[Any, ...], contexts: dict[int, Any] | None, first_row: int) -> None:
         seq = self.state.batch_seq
         self.state.batch_seq += 1
-        self.state.unconfirmed.append((seq, first_row))
+        if self.state.history is not None:  # what `LedgerState.settle` pops
+            self.state.unconfirmed.append((seq, first_row))
         self.history_batches += 1
         key = encode_key(self.index, Tag.CONTRIBUTION_BATCH, seq.to_bytes(8, "big"))
         value = seal(key, encode_history_columns(cols, contexts))  # the bytes encode_batch(records) gives

@@ -5,9 +5,10 @@ detail of old contributions from memory (`Aggregates.settle`) and still rebuild 
 cohort exactly (`_remat.RematJob`) and answer a read inside an old bucket
 (`Aggregates.settled_detail`):
 
-* `HistoryMarks` (one per store) is updated by the store after each commit: the
-  highest history batch committed per ledger shard (``top``) and a ``generation``
-  that moves whenever history changed. The persistence thread writes them; a
+* `HistoryMarks` (one per store) is updated after each commit: the highest
+  history batch committed per ledger shard (``top``, by the store) and a count of
+  rewrites that took records out (``rewrites``, by persistence after an erasure or
+  a retention pass). The persistence thread writes them; a
   ledger thread reads them (plain ints and a dict: one-word reads under the GIL).
 * `HistoryReader` (one per ledger shard of a durable store) lists and decodes
   history batches and the purges' tombstones. The history it reads is what a
@@ -42,12 +43,11 @@ _TOMB_TAG = int(Tag.PURGE_TOMBSTONE)
 
 class HistoryMarks:
     """Per store: ``top[shard]`` is one past the highest history batch sequence of
-    ledger ``shard`` committed since the open; ``generation`` counts commits that
-    touched the history."""
+    ledger ``shard`` committed since the open; ``rewrites`` counts commits that took
+    records out of the history."""
 
     def __init__(self) -> None:
         self.top: dict[int, int] = {}
-        self.generation = 0
         self.rewrites = 0  # batches rewritten or deleted (erasure, retention)
 
     def rewritten(self) -> None:
@@ -57,19 +57,13 @@ class HistoryMarks:
 
     def committed(self, ops: Iterable[tuple[str, bytes, bytes | None]]) -> None:
         """Note a committed transaction's ops (called by the store after the commit)."""
-        touched = False
         top = self.top
         for ks, key, value in ops:
-            if ks != Keyspace.HISTORY.value:
-                continue
-            touched = True
-            if value is not None and len(key) == 18 and key[9] == _BATCH_TAG:
+            if ks == Keyspace.HISTORY.value and value is not None and len(key) == 18 and key[9] == _BATCH_TAG:
                 shard = int.from_bytes(key[:8], "big")
                 seq = int.from_bytes(key[10:18], "big") + 1
                 if seq > top.get(shard, 0):
                     top[shard] = seq
-        if touched:
-            self.generation += 1
 
 
 class HistoryReader:

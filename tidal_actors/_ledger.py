@@ -128,7 +128,7 @@ class Aggregates:
 
     __slots__ = (
         "_cap", "_cid", "_hl", "_hl_cache", "_n", "_nkeys", "_width", "cohort_names", "cohorts",
-        "index", "older", "phys_base", "row_base", "settled", "settled_detail", "trimmed_upto",
+        "index", "older", "phys_base", "row_base", "settled", "settled_detail", "settled_upto",
         *KEY_COLUMNS, *(name for name, _ in _DETAIL),
     )
 
@@ -184,7 +184,7 @@ class Aggregates:
         self.settled = SettledBuckets()
         # membership shard -> 1 + the highest rseq settled: a shard's rows reach a
         # ledger in rseq order, so its settled records are exactly those below
-        self.trimmed_upto: dict[int, int] = {}
+        self.settled_upto: dict[int, int] = {}
         # (key id, t_lo, t_hi) -> [(ts, w)] of the settled records in that range, read
         # from the durable history; None in an ephemeral database (`_past_terms`)
         self.settled_detail: Callable[[int, int, int], list[tuple[int, float]]] | None = None
@@ -475,13 +475,6 @@ class Aggregates:
         self.CB[first:last] = nt // self._width
         self.LIVE[first:last] = 1
 
-    def new_key(self, cohort: str, entity: int, stype: int, ts: int) -> int:
-        """Give ``(cohort, entity, stype)`` a key id with no contribution yet, its
-        landmark at ``ts`` (ns); returns the id."""
-        kids: list[Any] = [None]
-        self._new_keys(kids, [cohort], [entity], [stype], [ts])
-        return int(kids[0])
-
     def _add_one(self, k: int, ts: int, w: float) -> None:
         """Add one contribution to key ``k`` (a newer or older bucket, or a landmark move)."""
         h = int(self.HL[k])
@@ -565,7 +558,7 @@ class Aggregates:
         dm = self.view("dm")[:cut]
         dr = self.view("dr")[:cut]
         alive = dk != DEAD
-        upto_m = self.trimmed_upto
+        upto_m = self.settled_upto
         for m in np.unique(dm[alive]).tolist():
             top = int(dr[alive & (dm == m)].max()) + 1
             if top > upto_m.get(m, 0):
@@ -1046,7 +1039,7 @@ class Aggregates:
             "older": oflat,
             "row_base": self.row_base,
             "settled": self.settled.dump(),
-            "trimmed_upto": self.trimmed_upto,
+            "settled_upto": self.settled_upto,
         }
 
     def load(self, state: dict[str, Any]) -> None:
@@ -1063,7 +1056,7 @@ class Aggregates:
         for name, _ in _DETAIL:
             getattr(self, name).frombytes(state["detail"][name])
         self.row_base = self.phys_base = state.get("row_base", 0)  # older snapshots hold every row
-        self.trimmed_upto = dict(state.get("trimmed_upto", {}))
+        self.settled_upto = dict(state.get("settled_upto", {}))
         if "settled" in state:
             self.settled.load(state["settled"])
         names = self.cohort_names

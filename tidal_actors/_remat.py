@@ -42,7 +42,7 @@ class RematJob:
     With a durable history (``state.history``) the cohort is rebuilt into a scratch
     `Aggregates` from two disjoint parts, leaving out the covered records: the
     records the shard has settled (`Aggregates.settle`: rseq below its membership
-    shard's ``trimmed_upto``; committed to the history before they were settled),
+    shard's ``settled_upto``; committed to the history before they were settled),
     read back from the history ``HISTORY_BATCHES`` batches a step, and the held
     detail rows (``CHUNK_ROWS`` a step, then the signals that arrive while it runs).
     The rebuilt state replaces the live one (unless equal), with the settled sums
@@ -83,7 +83,7 @@ class RematJob:
         self._keys: list[bytes] = []
         self._tombs: dict[int, np.ndarray] = {}
         # settling waits while a job runs (`LedgerShard._settle`): this stays put
-        self._settled_upto = dict(agg.trimmed_upto)
+        self._settled_upto = dict(agg.settled_upto)
         if self.history is not None and self._settled_upto:
             self._keys = self.history.batch_keys()
             self._tombs = self.history.tombstones()
@@ -225,10 +225,8 @@ class RematJob:
         key_ids: dict[tuple[int, int], int] = {}
         for ok in oks:
             e, t = int(sc.KE[ok]), int(sc.KT[ok])
-            k = agg.index.get((self.cohort, e, t))
-            if k is None:  # a key whose live state had gone (cannot happen unless a bug)
-                k = agg.new_key(self.cohort, e, t, int(sc.L[ok]))
-            key_ids[(e, t)] = k
+            # every rebuilt record is in the live state, so its key is too
+            key_ids[(e, t)] = agg.index[(self.cohort, e, t)]
         matched = agg.same_cohort(self.cohort, sc)
         if not matched:
             agg.install_cohort(self.cohort, sc, key_ids)

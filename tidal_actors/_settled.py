@@ -118,10 +118,6 @@ class SettledBuckets:
                  int(c["lo"][row]), int(c["hi"][row])))
         return out
 
-    def has_key(self, k: int) -> bool:
-        """Whether key ``k`` has any entry (a scan: for rare calls)."""
-        return bool(self.index) and bool(np.any(self.cols["k"][: self.size] == k))
-
     def drop_keys(self, ks: Iterable[int]) -> None:
         """Forget every entry of the keys ``ks`` (their values are zeroed: erasure)."""
         want = np.fromiter(ks, dtype=np.int64)
