@@ -201,7 +201,7 @@ def _drop_snapshot(path: str) -> None:
     """Remove the clean-close snapshot, as a crash would leave the store."""
     import lmdb
 
-    from tidal_actors._codec import Keyspace, Tag, encode_key
+    from tidal_actors.storage.format import Keyspace, Tag, encode_key
 
     env = lmdb.open(path, max_dbs=8, subdir=True)
     try:

@@ -130,8 +130,8 @@ def ab_purge(path: str, side_path: str, point: str, start_ns: int, cfg: dict[str
     about to run / has run), ``done`` (all of it finished and flushed).
     """
     from tidal_actors import Config, ManualClock, TidalDb
-    from tidal_actors import _messages as M
-    from tidal_actors._codec import Tag, decode_key
+    from tidal_actors.actors import messages as M
+    from tidal_actors.storage.format import Tag, decode_key
 
     side = Side(side_path)
     clock = ManualClock(start_ns)

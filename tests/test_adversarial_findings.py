@@ -141,7 +141,7 @@ def _drop_snapshot(path: str) -> None:
     """Remove the clean-close snapshot, as a crash would leave the store."""
     import lmdb
 
-    from tidal_actors._codec import Keyspace, Tag, encode_key
+    from tidal_actors.storage.format import Keyspace, Tag, encode_key
 
     env = lmdb.open(path, max_dbs=8, subdir=True)
     try:
@@ -156,7 +156,7 @@ def test_manifest_keeps_log_order_across_a_ledger_shard_change(tmp_path) -> None
     seq), not in the order they were written: the replay puts each membership
     shard's records back in rseq order, so a purge lists them in log order."""
     from tidal_actors import Config, ManualClock, TidalDb
-    from tidal_actors._codec import ledger_shard_of
+    from tidal_actors.storage.format import ledger_shard_of
 
     cohort = next(c for c in (f"c{i}" for i in range(100)) if ledger_shard_of(c, 2) == 1)
     path, clock = str(tmp_path / "db"), ManualClock(10**18)

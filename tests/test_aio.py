@@ -45,10 +45,10 @@ from tidal_actors import (
     UnknownPurge,
     WindowCount,
     WrongThread,
-    _aio_trio,
     open_tidal,
 )
-from tidal_actors._db import open_core
+from tidal_actors.facades import aio_trio as _aio_trio
+from tidal_actors.facades.blocking import open_core
 
 from .conftest import SEC, T0
 

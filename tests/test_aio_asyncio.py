@@ -25,8 +25,8 @@ from tidal_actors import (
     WrongThread,
     open_tidal,
 )
-from tidal_actors._aio_asyncio import AsyncioTidalDb
-from tidal_actors._db import open_core
+from tidal_actors.facades.aio_asyncio import AsyncioTidalDb
+from tidal_actors.facades.blocking import open_core
 from tidal_actors.testing import ReferenceModel
 
 from .conftest import SEC, T0

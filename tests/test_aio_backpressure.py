@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from tidal_actors import COMMUNITY, Config, ManualClock, open_tidal
-from tidal_actors import _messages as M
+from tidal_actors.actors import messages as M
 
 from .conftest import T0
 

@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tidal_actors import COMMUNITY, Config, ManualClock, Signal, TidalDb, _behaviours
+from tidal_actors import COMMUNITY, Config, ManualClock, Signal, TidalDb
+from tidal_actors.actors import behaviours as _behaviours
 from tidal_actors.testing import ReferenceModel
 
 from .conftest import SEC, T0
@@ -276,7 +277,8 @@ def test_settled_sums_do_not_overflow_with_buckets_of_many_half_lives(tmp_path, 
 
 
 def test_a_failure_inside_a_rematerialization_reaches_the_caller_as_a_tidal_error(monkeypatch):
-    from tidal_actors import ActorFailure, _remat
+    from tidal_actors import ActorFailure
+    from tidal_actors.core import remat as _remat
 
     def boom(self):
         raise ValueError("simulated failure inside RematJob.step")

@@ -20,21 +20,21 @@ from typing import Any, NamedTuple
 import pytest
 from click.testing import CliRunner
 
-from tidal_actors import cli as cli_module
 from tidal_actors._clock import ManualClock
 from tidal_actors._config import Config
 from tidal_actors._durations import format_duration, parse_duration
 from tidal_actors._errors import InvalidArgument
-from tidal_actors._eventlog import HEADER, apply_events, read_events
-from tidal_actors._simulate import (
+from tidal_actors._types import COMMUNITY
+from tidal_actors.cli import commands as cli_module
+from tidal_actors.eventlog.log import HEADER, apply_events, read_events
+from tidal_actors.loadsim.simulate import (
     Scenario,
     builtin_scenarios,
     generate_events,
     load_scenario,
     run_simulation,
 )
-from tidal_actors._types import COMMUNITY
-from tidal_actors.testing._reference import ReferenceModel
+from tidal_actors.testing.reference import ReferenceModel
 
 ROOT = Path(__file__).resolve().parents[1]
 SE_EVENTS = Path(__file__).resolve().parents[1].parent / "shared/data/history-meta-se/events.csv"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tidal_actors import cli as cli_module
-from tidal_actors._cli_text import plural
+from tidal_actors.cli import commands as cli_module
+from tidal_actors.cli.text import plural
 
 from . import test_cli
 from .test_cli import HAND_FLAGS, HAND_LOG, ROOT, H, Run, T, _subprocess_run
@@ -214,7 +214,7 @@ def test_rows_earlier_than_the_row_before_are_counted(run: Run, tmp_path: Path) 
 
 
 def test_simulate_output_separates_numbers_and_counts_users_once(run: Run) -> None:
-    from tidal_actors._simulate import generate_events, load_scenario
+    from tidal_actors.loadsim.simulate import generate_events, load_scenario
 
     scenario = load_scenario("small")
     with_events = len({r.user_id for r in generate_events(scenario)})

@@ -30,10 +30,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tidal_actors import cli as cli_module
 from tidal_actors._clock import ManualClock
 from tidal_actors._config import Config
-from tidal_actors._eventlog import (
+from tidal_actors._types import COMMUNITY
+from tidal_actors.cli import commands as cli_module
+from tidal_actors.eventlog.log import (
     AssignRow,
     EventLogReader,
     EventRow,
@@ -44,10 +45,9 @@ from tidal_actors._eventlog import (
     apply_events,
     write_events,
 )
-from tidal_actors._interrupt import StopOnSigint
-from tidal_actors._simulate import generate_events, load_scenario
-from tidal_actors._types import COMMUNITY
-from tidal_actors.testing._reference import ReferenceModel
+from tidal_actors.loadsim.interrupt import StopOnSigint
+from tidal_actors.loadsim.simulate import generate_events, load_scenario
+from tidal_actors.testing.reference import ReferenceModel
 
 from . import test_cli
 from .test_cli import HAND_FLAGS, HAND_LOG, H, Run, T, _subprocess_run, read_scores
@@ -62,7 +62,7 @@ S = 1_000_000_000  # one second in ns
 # the tidal_actors it imported) when it gets there.
 SLOW_CLI = '''
 import sys, time, pathlib
-import tidal_actors, tidal_actors._eventlog as ev
+import tidal_actors, tidal_actors.eventlog.log as ev
 marker, after, pause = pathlib.Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 orig, seen = ev.EventLogReader._parse, [0]
 def slow(self, *args):
@@ -80,7 +80,7 @@ main(sys.argv[4:])
 # simulate, with its runtime pass slowed from row AFTER on (same marker).
 SLOW_SIMULATE = '''
 import sys, time, pathlib
-import tidal_actors, tidal_actors._simulate as sim
+import tidal_actors, tidal_actors.loadsim.simulate as sim
 marker, after, pause = pathlib.Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 orig = sim._apply_measured
 def slow_apply(db, rows, *args):
@@ -184,7 +184,7 @@ def _expected_rebuild_times(rows: list[EventRow], delay_ns: int, complete: bool)
 
 
 def _open_read_only(data_dir: Path, at_ns: int) -> Any:
-    from tidal_actors._db import TidalDb, open_core
+    from tidal_actors.facades.blocking import TidalDb, open_core
 
     state = json.loads((data_dir / cli_module.STATE_FILE).read_text())
     config = Config.from_mapping(state["config"])
@@ -497,7 +497,7 @@ def test_two_replays_at_different_speeds_record_the_same_purge_statuses(tmp_path
 def test_the_go_on_command_keeps_skip_invalid():
     """``--skip-rows N`` counts valid rows when invalid ones were skipped: the command
     printed to go on must skip them the same way, or it stops at a row already passed."""
-    from tidal_actors._cli_replay import go_on_command
+    from tidal_actors.cli.replay import go_on_command
 
     cmd = go_on_command(Path("log.csv"), Path("db dir"), 551, skip_invalid=True)
     assert cmd == "tidal-actors replay log.csv --data-dir 'db dir' --skip-rows 551 --append --skip-invalid"

@@ -10,11 +10,11 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidal_actors import _messages as M
-from tidal_actors._behaviours import encode_batch
-from tidal_actors._codec import seal
-from tidal_actors._contrib_log import LogRecord, encode_history_columns
-from tidal_actors._ledger import Aggregates
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviours import encode_batch
+from tidal_actors.core.aggregates import Aggregates
+from tidal_actors.core.contrib_log import LogRecord, encode_history_columns
+from tidal_actors.storage.format import seal
 
 WIDTH = 1000
 HALF = {1: 500, 2: 50_000, 3: 7}  # type 3 renormalizes often (RENORMALIZE_AT half-lives)
@@ -191,7 +191,7 @@ def test_log_load_columns_equals_appending_and_counting(recs, reported) -> None:
     above the purge's bound) in item 0."""
     import numpy as np
 
-    from tidal_actors._contrib_log import ContributionLog, pair_positions
+    from tidal_actors.core.contrib_log import ContributionLog, pair_positions
 
     names = ["a", "b", "c"]
     rows = [100 + i for i in range(len(recs))]
@@ -249,8 +249,8 @@ def test_erasure_rewrite_encodes_like_records(data) -> None:  # type: ignore[no-
     `encode_batch` of the kept records (contexts following their records)."""
     import numpy as np
 
-    from tidal_actors._remat import _rewrite
-    from tidal_actors._store import decode_batch
+    from tidal_actors.core.remat import _rewrite
+    from tidal_actors.storage.stores import decode_batch
 
     n = data.draw(st.integers(1, 30))
     rec = st.tuples(
@@ -271,8 +271,8 @@ def test_records_evicted_between_prepare_and_apply_stay_counted(monkeypatch) -> 
     """A purge reports each evicted record of its pair once. Records that came after
     the purge's bound and were evicted and compacted away while the purge was being
     committed are not in its manifest: the next purge of the pair reports them."""
-    from tidal_actors import _contrib_log
-    from tidal_actors._contrib_log import ContributionLog, pair_positions
+    from tidal_actors.core import contrib_log as _contrib_log
+    from tidal_actors.core.contrib_log import ContributionLog, pair_positions
 
     monkeypatch.setattr(_contrib_log, "_COMPACT_MIN", 1)  # compact as soon as half the column is dead
     agg = _agg()
@@ -306,8 +306,8 @@ def test_records_evicted_before_a_late_preparation_are_not_its_own(monkeypatch) 
     """The purge's preparation can reach the ledger after records the user submitted
     after the purge, and after they were evicted and compacted: its manifest counts
     only the evicted records below its bound; the later ones go to the next purge."""
-    from tidal_actors import _contrib_log
-    from tidal_actors._contrib_log import ContributionLog, pair_positions
+    from tidal_actors.core import contrib_log as _contrib_log
+    from tidal_actors.core.contrib_log import ContributionLog, pair_positions
 
     monkeypatch.setattr(_contrib_log, "_COMPACT_MIN", 1)
     agg = _agg()
@@ -338,8 +338,8 @@ def test_records_evicted_before_a_late_preparation_are_not_its_own(monkeypatch) 
 def test_a_failed_purge_releases_its_hold(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Rows held for a purge that then failed are folded into the pair's count of
     evicted records (and a snapshot stores them so while the purge is in flight)."""
-    from tidal_actors import _contrib_log
-    from tidal_actors._contrib_log import ContributionLog, pair_positions
+    from tidal_actors.core import contrib_log as _contrib_log
+    from tidal_actors.core.contrib_log import ContributionLog, pair_positions
 
     monkeypatch.setattr(_contrib_log, "_COMPACT_MIN", 1)
     agg = _agg()

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from tidal_actors import COMMUNITY, Config, ManualClock, Signal, TidalDb
-from tidal_actors._codec import ledger_shard_of
+from tidal_actors.storage.format import ledger_shard_of
 from tidal_actors.testing import ReferenceModel
 
 from . import _crash_worker as W
@@ -471,7 +471,7 @@ def test_a_context_with_a_tuple_key_does_not_poison_the_restore(mp, tmp_path):
     assert p.exitcode == -9
     with TidalDb.open(path, clock=ManualClock(T0)) as db:
         assert db.read_window(COMMUNITY, 7, 1, T0) == (2, 3.0)
-    from tidal_actors._store import LmdbStore, decode_context
+    from tidal_actors.storage.stores import LmdbStore, decode_context
 
     store = LmdbStore(path, Config())
     try:

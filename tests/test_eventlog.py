@@ -14,7 +14,8 @@ import pytest
 from tidal_actors._clock import ManualClock
 from tidal_actors._config import Config
 from tidal_actors._errors import InvalidArgument, TidalError
-from tidal_actors._eventlog import (
+from tidal_actors._types import COMMUNITY, MembershipStatus, Signal
+from tidal_actors.eventlog.log import (
     HEADER,
     ApplyCounts,
     AssignRow,
@@ -28,8 +29,7 @@ from tidal_actors._eventlog import (
     read_events,
     write_events,
 )
-from tidal_actors._types import COMMUNITY, MembershipStatus, Signal
-from tidal_actors.testing._reference import ReferenceModel
+from tidal_actors.testing.reference import ReferenceModel
 
 H = 3_600_000_000_000
 T = 10 * H

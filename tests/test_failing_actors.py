@@ -22,7 +22,7 @@ from tidal_actors import (
     TidalDb,
     TidalError,
 )
-from tidal_actors import _messages as M
+from tidal_actors.actors import messages as M
 
 from .conftest import T0
 
@@ -45,7 +45,7 @@ def _membership(db, i=0):
 
 
 def _ledger_of(db, cohort):
-    from tidal_actors._codec import ledger_shard_of
+    from tidal_actors.storage.format import ledger_shard_of
 
     return db._core.ledgers[ledger_shard_of(cohort, db.config.ledger_shards)]
 
@@ -70,7 +70,7 @@ def test_membership_handler_failure_reaches_caller_with_cause_and_shard_keeps_se
 
 
 def test_ledger_read_failure_reaches_caller_as_tidal_error_with_cause(db, monkeypatch):
-    from tidal_actors._ledger import Aggregates
+    from tidal_actors.core.aggregates import Aggregates
 
     db.signal_with_context(1, 1, 1, 1.0)
     monkeypatch.setattr(Aggregates, "decay_score", _once(ZeroDivisionError("bad read"), Aggregates.decay_score))
@@ -267,7 +267,7 @@ def _returns_within(fn, seconds=1.5):
 
 
 def test_a_coordinator_failure_mid_purge_reaches_the_caller_and_later_purges_run(clock, monkeypatch):
-    import tidal_actors._behaviours as B
+    import tidal_actors.actors.behaviours as B
 
     db = TidalDb.open(clock=clock)
     try:
@@ -299,7 +299,7 @@ def test_a_producer_waiting_on_a_stopped_actors_mailbox_hears_database_closed():
     import types
 
     from tidal_actors import DatabaseClosed
-    from tidal_actors._host import _Mailbox
+    from tidal_actors.runtime.pykka_host import _Mailbox
 
     box = _Mailbox(1)
     box.stopped = threading.Event()

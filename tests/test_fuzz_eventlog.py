@@ -18,7 +18,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tidal_actors._eventlog import (
+from tidal_actors.core.validate import check_cohort
+from tidal_actors.eventlog.log import (
     HEADER,
     AssignRow,
     EventLogError,
@@ -29,7 +30,6 @@ from tidal_actors._eventlog import (
     SignalRow,
     write_events,
 )
-from tidal_actors._validate import check_cohort
 
 HEAD = (",".join(HEADER) + "\n").encode()
 EXAMPLES = int(os.environ.get("TIDAL_FUZZ_EXAMPLES", "150"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tidal_actors import Config, ManualClock, MembershipStatus, TidalDb
-from tidal_actors import _messages as M
+from tidal_actors.actors import messages as M
 from tidal_actors.testing import Harness, ReferenceModel
 
 from .conftest import T0

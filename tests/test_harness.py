@@ -23,9 +23,9 @@ from tidal_actors import (
     StorageError,
     TidalError,
 )
-from tidal_actors._core import Call
-from tidal_actors._reply import Reply
-from tidal_actors._store import MemoryStore
+from tidal_actors.runtime.engine import Call
+from tidal_actors.runtime.reply import Reply
+from tidal_actors.storage.stores import MemoryStore
 from tidal_actors.testing import Harness, HarnessStuck, ReferenceModel
 
 from ._differential import Blocking, Recorder, assert_matches
@@ -473,7 +473,7 @@ def test_crash_requires_a_shard_and_a_durable_store() -> None:
 
 
 def _shard(user: int, shards: int) -> int:
-    from tidal_actors._codec import membership_shard_of
+    from tidal_actors.storage.format import membership_shard_of
 
     return membership_shard_of(user, shards)
 

@@ -25,7 +25,7 @@ from tidal_actors import (
     Signal,
     TidalDb,
 )
-from tidal_actors._eventlog import EventLogError, apply_events, read_events
+from tidal_actors.eventlog.log import EventLogError, apply_events, read_events
 
 from .conftest import HOUR, T0
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tidal_actors import Config, InvalidArgument, ManualClock, TidalDb
-from tidal_actors import _messages as M
-from tidal_actors._host import _Mailbox, units
+from tidal_actors.actors import messages as M
+from tidal_actors.runtime.pykka_host import _Mailbox, units
 
 from .conftest import T0
 

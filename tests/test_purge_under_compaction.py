@@ -15,7 +15,8 @@ import random
 
 import pytest
 
-from tidal_actors import COMMUNITY, Config, _contrib_log
+from tidal_actors import COMMUNITY, Config
+from tidal_actors.core import contrib_log as _contrib_log
 from tidal_actors.testing import Harness, ReferenceModel
 
 from ._differential import Blocking, assert_matches
@@ -149,8 +150,8 @@ def test_a_purge_waiting_for_a_rebuild_keeps_its_place_in_its_shard(monkeypatch)
     from the same membership shard must not commit before it (it would move the
     watermark past the waiting purge's bound, and the waiting purge would count its
     live records as evicted)."""
-    from tidal_actors import _messages as M
-    from tidal_actors import _remat
+    from tidal_actors.actors import messages as M
+    from tidal_actors.core import remat as _remat
 
     monkeypatch.setattr(_remat, "CHUNK_ROWS", 1)  # a rebuild in many steps, as a big cohort's
     cfg = Config(membership_shards=1, ledger_shards=1, max_contribution_log_entries=4, rematerialize_after_ms=None)

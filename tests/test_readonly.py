@@ -20,9 +20,9 @@ import msgpack
 import pytest
 
 from tidal_actors import COMMUNITY, Config, InvalidArgument, ManualClock, StorageError, TidalDb
-from tidal_actors import cli as cli_module
-from tidal_actors._codec import Tag, encode_key
-from tidal_actors._timepoints import parse_time
+from tidal_actors.cli import commands as cli_module
+from tidal_actors.cli.timepoints import parse_time
+from tidal_actors.storage.format import Tag, encode_key
 
 from .test_cli import ROOT, _subprocess_run
 

@@ -24,7 +24,7 @@ from tidal_actors._types import (
     Signal,
     WindowCount,
 )
-from tidal_actors.testing._reference import ReferenceModel
+from tidal_actors.testing.reference import ReferenceModel
 
 S = 1_000_000_000  # ns per second
 A, B, C = 101, 202, 303  # user ids
@@ -396,7 +396,7 @@ def test_drained_records_free_capacity() -> None:
 
 
 def test_log_split_over_membership_shards() -> None:
-    from tidal_actors._codec import membership_shard_of
+    from tidal_actors.storage.format import membership_shard_of
 
     # total 5 over 2 shards: shard 0 holds 3, shard 1 holds 2
     users = {0: [], 1: []}  # type: dict[int, list[int]]

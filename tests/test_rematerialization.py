@@ -117,7 +117,7 @@ def test_background_rematerialization_after_purge(pdb_path, clock):
 
 
 def test_rematerialization_runs_in_chunks_and_loses_no_concurrent_signal(pdb_path, clock, monkeypatch):
-    from tidal_actors import _remat
+    from tidal_actors.core import remat as _remat
 
     monkeypatch.setattr(_remat, "CHUNK_ROWS", 500)
     monkeypatch.setattr(_remat, "HISTORY_BATCHES", 3)
@@ -202,7 +202,7 @@ def _history_records(path: str, user: int, cohort: str) -> int:
     """How many of ``user``'s records to ``cohort`` the durable history holds."""
     import lmdb
 
-    from tidal_actors._store import decode_batch
+    from tidal_actors.storage.stores import decode_batch
 
     env = lmdb.open(path, max_dbs=8, readonly=True, lock=False)
     try:

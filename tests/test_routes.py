@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidal_actors import COMMUNITY, Config
-from tidal_actors import _messages as M
-from tidal_actors._behaviours import MembershipShard, MembershipState
 from tidal_actors._clock import ManualClock
-from tidal_actors._codec import ledger_shard_of
-from tidal_actors._contrib_log import LogRecord
-from tidal_actors._routes import COMMUNITY_ONLY, GATED, RouteTable
 from tidal_actors._types import MembershipStatus
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviours import MembershipShard, MembershipState
+from tidal_actors.core.contrib_log import LogRecord
+from tidal_actors.core.routes import COMMUNITY_ONLY, GATED, RouteTable
+from tidal_actors.storage.format import ledger_shard_of
 
 
 @dataclass

@@ -25,7 +25,7 @@ import random
 import time
 
 from tidal_actors import COMMUNITY, Config, ContributionRecord, MembershipStatus
-from tidal_actors._validate import check_weight
+from tidal_actors.core.validate import check_weight
 from tidal_actors.testing import Harness, ReferenceModel
 
 from ._differential import Blocking, assert_matches
@@ -165,7 +165,7 @@ def test_seed_sweep_with_compaction_at_every_eviction(monkeypatch) -> None:  # t
     evicted (normally at 65,536 dead records): compaction then lands between a
     purge's preparation and its application in many orders, and every manifest's
     evicted count must still equal the model's."""
-    from tidal_actors import _contrib_log
+    from tidal_actors.core import contrib_log as _contrib_log
 
     monkeypatch.setattr(_contrib_log, "_COMPACT_MIN", 1)
     for seed in range(1, min(SEEDS, 400), 2):  # odd seeds: SMALL_LOG

@@ -13,9 +13,9 @@ import msgpack
 import pytest
 
 from tidal_actors import Config, InvalidArgument, ManualClock, StorageError, TidalDb
-from tidal_actors._behaviours import LedgerShard
-from tidal_actors._codec import ledger_shard_of
-from tidal_actors._store import decode_batch
+from tidal_actors.actors.behaviours import LedgerShard
+from tidal_actors.storage.format import ledger_shard_of
+from tidal_actors.storage.stores import decode_batch
 
 T0 = 10**18
 
@@ -29,7 +29,7 @@ def _reopened_counts(path: str, users: list[int]) -> dict[int, int]:
 
 
 def _stored_contexts(path: str) -> list[object]:
-    from tidal_actors._store import LmdbStore
+    from tidal_actors.storage.stores import LmdbStore
 
     store = LmdbStore(path, Config(), read_only=True)
     try:
@@ -224,8 +224,8 @@ def test_close_waits_for_a_final_flush_slower_than_its_step_wait(tmp_path, monke
     stopping the actors allows, 30 s, too long for a test.)"""
     import time
 
-    from tidal_actors import _core
-    from tidal_actors._lmdb_env import LmdbStore
+    from tidal_actors.runtime import engine as _core
+    from tidal_actors.storage.lmdb_env import LmdbStore
 
     monkeypatch.setattr(_core, "CLOSE_WAIT_S", 0.3)
     real_commit = LmdbStore.commit

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from tidal_actors import cli as cli_module
-from tidal_actors._eventlog import AssignRow
-from tidal_actors._simulate import generate_events, load_scenario, run_simulation
+from tidal_actors.cli import commands as cli_module
+from tidal_actors.eventlog.log import AssignRow
+from tidal_actors.loadsim.simulate import generate_events, load_scenario, run_simulation
 from tidal_actors.testing import ReferenceModel
 
 from .test_cli import ROOT
@@ -141,7 +141,7 @@ def test_the_eviction_scenario_reports_the_evicted_records(tmp_path: Path) -> No
     got = json.loads(report.read_text())
     # the same events through the reference model alone (no store: no history)
     from tidal_actors._clock import ManualClock
-    from tidal_actors._eventlog import apply_events
+    from tidal_actors.eventlog.log import apply_events
 
     clock = ManualClock(scenario.start_ns)
     model = ReferenceModel(config=scenario.build_config(), clock=clock, history=False)

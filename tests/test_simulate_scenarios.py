@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tidal_actors import cli as cli_module
-from tidal_actors._eventlog import AssignRow, LeaveRow, RejoinRow, SignalRow
-from tidal_actors._simulate import (
+from tidal_actors.cli import commands as cli_module
+from tidal_actors.eventlog.log import AssignRow, LeaveRow, RejoinRow, SignalRow
+from tidal_actors.loadsim.simulate import (
     Latency,
     _differences,
     generate_events,

@@ -22,7 +22,7 @@ import threading
 import pytest
 
 from tidal_actors import COMMUNITY, Config, ManualClock, Signal, StorageError, StorageFull, TidalDb
-from tidal_actors._store import LmdbStore
+from tidal_actors.storage.stores import LmdbStore
 
 from . import _crash_worker as W
 from .conftest import T0
@@ -135,7 +135,7 @@ def test_close_on_a_full_store_does_not_raise(pdb_path):
 def test_growth_never_invalidates_a_concurrent_read(pdb_path):
     """``set_mapsize`` invalidates read transactions open at that moment; growth and
     the store's reads from other threads (``raw_get``) are serialized."""
-    from tidal_actors._codec import Keyspace, Tag, encode_key
+    from tidal_actors.storage.format import Keyspace, Tag, encode_key
 
     cfg = Config(map_size_bytes=64 * KIB, max_map_size_bytes=64 * 1024 * KIB)
     store = LmdbStore(pdb_path, cfg)
@@ -173,7 +173,7 @@ def test_growth_never_invalidates_a_concurrent_read(pdb_path):
 
 def _churn(store, rounds, size=16 * KIB):
     """Rewrite and delete the same few keys: the live size stays flat."""
-    from tidal_actors._codec import Keyspace, Tag, encode_key
+    from tidal_actors.storage.format import Keyspace, Tag, encode_key
 
     for i in range(rounds):
         key = encode_key(i % 4, Tag.CONTRIBUTION_BATCH, b"\x00" * 8)

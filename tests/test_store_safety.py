@@ -36,10 +36,10 @@ from tidal_actors import (
     TidalDb,
     TidalError,
 )
-from tidal_actors._codec import Keyspace, Tag, encode_key, seal, unseal
 from tidal_actors._config import MIN_MAP_SIZE_BYTES
-from tidal_actors._lmdb_lock import LockProbe
-from tidal_actors._store import LmdbStore
+from tidal_actors.storage.format import Keyspace, Tag, encode_key, seal, unseal
+from tidal_actors.storage.lmdb_lock import LockProbe
+from tidal_actors.storage.stores import LmdbStore
 
 from .conftest import HOUR, SEC, T0
 
@@ -124,7 +124,7 @@ _SWAP_THEN_WAIT = """
 import os, sys, time
 sys.path.insert(0, sys.argv[2])
 from tidal_actors import ManualClock, TidalDb
-from tidal_actors import _lmdb_env
+from tidal_actors.storage import lmdb_env as _lmdb_env
 from tests.test_store_safety import CFG, T0, _populate
 
 clock = ManualClock(T0)
@@ -669,7 +669,7 @@ def test_random_bit_flips_open_or_raise_a_storage_error(tmp_path):
 
 def test_restored_values_that_do_not_fit_together_are_a_storage_error(tmp_path, monkeypatch):
     """The last line: whatever restoring decoded values raises is a StorageError."""
-    from tidal_actors import _core
+    from tidal_actors.runtime import engine as _core
 
     path = _build(tmp_path / "s", crashed=True)
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tidal_actors._simulate import LATENCY_OPS, load_scenario, run_simulation
-from tidal_actors._timeline import CallLog, resolution
+from tidal_actors.loadsim.simulate import LATENCY_OPS, load_scenario, run_simulation
+from tidal_actors.loadsim.timeline import CallLog, resolution
 from tidal_actors.testing import ReferenceModel
 
 
@@ -52,7 +52,7 @@ def _figure_of(result: Any, path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
-    from tidal_actors._simulate_plot import plot_timeline
+    from tidal_actors.loadsim.plot import plot_timeline
 
     saved: list[Any] = []
     real = Figure.savefig

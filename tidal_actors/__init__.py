@@ -6,12 +6,9 @@ retracts a user's contributions exactly, with an audited manifest. This module i
 the whole public surface.
 """
 
-from ._aio import AsyncTidalDb, open_tidal
-from ._clock import Clock, ManualClock, SystemClock
-from ._codec import Tag, encode_key
-from ._config import Config
-from ._db import TidalDb
-from ._errors import (
+from tidal_actors._clock import Clock, ManualClock, SystemClock
+from tidal_actors._config import Config
+from tidal_actors._errors import (
     ActorFailure,
     DatabaseClosed,
     DatabaseLocked,
@@ -23,8 +20,7 @@ from ._errors import (
     UnknownPurge,
     WrongThread,
 )
-from ._eventlog import EventLogError
-from ._types import (
+from tidal_actors._types import (
     COMMUNITY,
     CommunityMembership,
     ContributionRecord,
@@ -37,6 +33,10 @@ from ._types import (
     Signal,
     WindowCount,
 )
+from tidal_actors.eventlog.log import EventLogError
+from tidal_actors.facades.aio import AsyncTidalDb, open_tidal
+from tidal_actors.facades.blocking import TidalDb
+from tidal_actors.storage.format import Tag, encode_key
 
 __version__ = "0.1.0"
 

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any, Protocol, runtime_checkable
 
-from ._errors import InvalidArgument
+from tidal_actors._errors import InvalidArgument
 
 __all__ = ["Clock", "ManualClock", "SystemClock"]
 

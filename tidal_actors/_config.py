@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._durations import parse_duration
-from ._errors import InvalidArgument
+from tidal_actors._durations import parse_duration
+from tidal_actors._errors import InvalidArgument
 
 __all__ = ["MAX_MAP_SIZE_BYTES", "MIN_MAP_SIZE_BYTES", "Config"]
 

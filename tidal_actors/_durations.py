@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ._errors import InvalidArgument
+from tidal_actors._errors import InvalidArgument
 
 __all__ = ["UNIT_NS", "format_duration", "parse_duration"]
 

@@ -3,7 +3,7 @@ implementation of the semantics), the message-driven harness (the real actor
 behaviours under a deterministic, seeded host with fault injection) and the pytest
 plugin."""
 
-from ._harness import (
+from tidal_actors.testing.harness import (
     FACADE,
     START_NS,
     DeterministicHost,
@@ -12,7 +12,7 @@ from ._harness import (
     HarnessStuck,
     Schedule,
 )
-from ._reference import ReferenceModel
+from tidal_actors.testing.reference import ReferenceModel
 
 __all__ = [
     "FACADE",

@@ -29,11 +29,11 @@ from typing import Any
 
 import pytest
 
-from .._aio import AsyncTidalDb, open_tidal
-from .._clock import ManualClock
-from .._config import Config
-from .._db import TidalDb
-from .._errors import InvalidArgument
+from tidal_actors._clock import ManualClock
+from tidal_actors._config import Config
+from tidal_actors._errors import InvalidArgument
+from tidal_actors.facades.aio import AsyncTidalDb, open_tidal
+from tidal_actors.facades.blocking import TidalDb
 
 START_NS = 10**18
 

@@ -1,0 +1,357 @@
+"""``tidal-actors inspect``: read a data directory, read-only.
+
+Owns the ``inspect`` group and its subcommands (``users``, ``user``, ``cohorts``,
+``top``, ``manifests``, ``purge``). ``--data-dir`` is taken after the subcommand
+(``inspect user 1 --data-dir D``) or before it (``inspect --data-dir D user 1``,
+``tidal-actors --data-dir D inspect user 1``).
+The store is opened read-only through ``cli._open_db`` (looked up at call time so
+that the tests can swap the database for the reference model): read once, in one
+LMDB read transaction, beside a writer in another process if there is one (a note
+on standard error then says that the output is a consistent snapshot as of that
+read), with the settings the store records; nothing is written (a pending
+re-materialization stays pending). A store that records no settings is read with
+those of the directory's ``tidal-actors-cli.json``, else the defaults, and a note
+says which. An unknown cohort is bad input (exit 2), named on standard error with
+the closest known names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from tidal_actors._clock import ManualClock
+from tidal_actors._config import Config
+from tidal_actors._errors import InvalidArgument, TidalError, UnknownCohort, UnknownPurge
+from tidal_actors._types import COMMUNITY, MembershipStatus
+from tidal_actors.cli.group import data_dir_of
+from tidal_actors.cli.text import plural
+from tidal_actors.cli.timepoints import FORMS, parse_time
+from tidal_actors.core.validate import check_cohort
+from tidal_actors.storage.format import Keyspace, Tag, decode_key
+from tidal_actors.storage.lmdb_lock import attached_process
+from tidal_actors.storage.settings import describe
+
+__all__ = ["inspect"]
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+ID = click.IntRange(0, 2**64 - 1)
+_DATA_DIR_HELP = ("A data directory written by replay or simulate (required; after the "
+                  "subcommand, or before it: `tidal-actors --data-dir D inspect user 1` and "
+                  "`tidal-actors inspect --data-dir D user 1` work too).")
+
+_AT_HELP = (f"Read time: {FORMS}. Default: the last event replayed into the "
+            "directory (while a replay runs, the latest one it has written; the wall "
+            "clock for a store no replay wrote).")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _cli() -> Any:
+    from tidal_actors.cli import commands as cli  # at call time: commands imports this module
+
+    return cli
+
+
+def _data_dir_option(f: F) -> F:
+    """``--data-dir`` on a subcommand (it is also accepted before the subcommand)."""
+    return click.option(
+        "--data-dir", "data_dir",
+        type=click.Path(exists=True, file_okay=False, path_type=Path), help=_DATA_DIR_HELP,
+    )(f)
+
+
+@click.group()
+@click.option("--data-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help=_DATA_DIR_HELP)
+def inspect(data_dir: Path | None) -> None:
+    """Read a data directory: its users and cohorts, a user, a cohort's top entities,
+    a user's manifests, a purge.
+
+    Read-only, also beside a running writer (a replay, an application): the store is
+    read once, and what is shown is a consistent snapshot as of that read. Scores are
+    read with the settings the store records. Nothing is written to the store."""
+    del data_dir  # each subcommand reads it (`_cli_group.data_dir_of`)
+
+
+@contextmanager
+def _inspected(data_dir: Path | None, at: str | None = None) -> Iterator[tuple[Any, int]]:
+    """The database in ``data_dir`` (read-only) and the read time (int ns): ``at``
+    (`_timepoints` forms) or the default, the last event replayed into the directory
+    (the wall clock if none is recorded)."""
+    cli = _cli()
+    if data_dir is None:  # checked here, not by click, so that `inspect top --help` works
+        raise click.UsageError("Missing option '--data-dir'.")
+    if not data_dir.is_dir():  # given before the subcommand, the path is checked here
+        cli._fail(f"{data_dir}: no such directory", EXIT_BAD_INPUT)
+    if not any(data_dir.iterdir()):
+        cli._fail(f"{data_dir}: empty directory, not a tidal_actors data directory",
+                  EXIT_BAD_INPUT)
+    if not (data_dir / "tidal.lock").exists() and not (data_dir / cli.STATE_FILE).exists():
+        # inspecting must not create a store where there was none
+        cli._fail(f"{data_dir}: not a tidal_actors data directory (no tidal.lock)", EXIT_BAD_INPUT)
+    state = cli._read_state(data_dir)
+    from_file = cli._stored_config(data_dir)
+    last = state.get("last_event_ns")
+    if at is not None:
+        try:  # the form, before anything is opened; an offset is resolved below
+            parse_time(at, "--at", 2**62)
+        except InvalidArgument as exc:
+            cli._fail(str(exc), EXIT_BAD_INPUT)
+    # scores decay: read at the last replayed event by default, not at the wall clock
+    clock = ManualClock(last if isinstance(last, int) else time.time_ns())
+    writer = attached_process(data_dir)
+    try:
+        with cli._open_db(data_dir, from_file or Config(), clock, read_only=True) as db:
+            default_at = clock.now_ns()
+            latest = getattr(db, "latest_event_ns", None)
+            if not isinstance(last, int) and latest is not None and \
+                    str(state.get("source", "")).startswith(("replay ", "simulate ")):
+                default_at = latest  # a replay still running: the event time it has reached
+            read_at = default_at if at is None else parse_time(at, "--at", default_at)
+            clock.set(read_at)
+            _notes(data_dir, db, writer, from_file is not None)
+            yield db, read_at
+    except InvalidArgument as exc:
+        cli._fail(str(exc), EXIT_BAD_INPUT)
+    except (UnknownPurge, UnknownCohort) as exc:  # asked for what the store does not hold
+        cli._fail(str(exc), EXIT_BAD_INPUT)
+    except TidalError as exc:
+        cli._fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
+
+
+def _notes(data_dir: Path, db: Any, writer: int | None, from_file: bool) -> None:
+    """On standard error: a writer beside the read, settings the store does not record."""
+    note = _cli_note
+    if writer is not None and hasattr(db, "read_at_ns"):
+        note(f"process {writer} has {data_dir} open: what follows is a consistent snapshot "
+             f"of the store as of its read at {_cli()._iso(db.read_at_ns)}; later writes "
+             "are not shown")
+    if not getattr(db, "recorded_settings", True):
+        source = f"those of {data_dir / _cli().STATE_FILE}" if from_file else "the default settings"
+        note(f"{data_dir} records no settings (written before stores recorded them): "
+             f"read with {source}, {describe(db.config)}")
+
+
+def _cli_note(message: str) -> None:
+    click.echo(f"tidal-actors: note: {message}", err=True)
+
+
+def user_ids(db: Any) -> list[int]:
+    """The users ``db`` holds a record of (a cohort assignment, a leave, a manifest),
+    ascending. A user who only ever signalled to @community has none and is not
+    listed. Reads the store's keys (no value decoded beyond what the open did)."""
+    store = getattr(getattr(db, "_core", None), "store", None)
+    if store is not None and hasattr(store, "raw_keys"):
+        ids = {decode_key(k)[0] for k in store.raw_keys(Keyspace.USERS)}
+        ids.update(user for user, tag, _ in map(decode_key, store.raw_keys(Keyspace.ITEMS))
+                   if tag == Tag.PURGE_MANIFEST)
+        return sorted(ids)
+    # the reference model (the tests' stand-in): the users it holds state of
+    held: set[int] = set()
+    for name in ("_cohorts", "_status", "_history", "_manifests"):
+        held.update(getattr(db, name, {}))
+    return sorted(held)
+
+
+def _known_cohorts(db: Any, at: int) -> tuple[Counter[str], Counter[str]]:
+    """Per cohort: the aggregate keys with a contribution at ``at``, and the members
+    (users assigned to it now). ``@community`` is among the keys' cohorts only."""
+    keys = Counter(r[0] for r in db.aggregate_rows(at))
+    members: Counter[str] = Counter()
+    for user in user_ids(db):
+        members.update(db.cohorts_of(user))
+    return keys, members
+
+
+# ---------------------------------------------------------------- subcommands
+
+
+@inspect.command("users")
+@_data_dir_option
+@click.pass_context
+def inspect_users(ctx: click.Context, data_dir: Path | None) -> None:
+    """Every user the store holds a record of, with status and cohort count."""
+    with _inspected(data_dir_of(ctx, data_dir)) as (db, _):
+        rows = [(u, db.community_layer_status(u).status, len(db.cohorts_of(u)))
+                for u in user_ids(db)]
+    left = sum(1 for _, status, _ in rows if status is MembershipStatus.Left)
+    out = click.echo
+    out(f"{plural(len(rows), 'user')}: {len(rows) - left:,} active, {left:,} left "
+        "(users with a cohort, a leave or a manifest)")
+    width = max([len("user_id")] + [len(str(u)) for u, _, _ in rows])
+    out(f"  {'user_id':>{width}}  {'status':<8}{'cohorts':>8}")
+    for user, status, n in rows:
+        out(f"  {user:>{width}}  {status.name:<8}{n:>8,}")
+
+
+@inspect.command("user", context_settings={"ignore_unknown_options": True})
+@click.argument("user_id", type=ID)
+@_data_dir_option
+@click.pass_context
+def inspect_user(ctx: click.Context, user_id: int, data_dir: Path | None) -> None:
+    """USER_ID's status, leave history, cohorts and purge manifests.
+
+    A user the store has no record of (no cohort, leave or manifest) is said to be
+    so, exit status 0: a user who only signalled to @community leaves none."""
+    stamp = _cli()._stamp
+    with _inspected(data_dir_of(ctx, data_dir)) as (db, _):
+        known = user_id in user_ids(db)
+        membership = db.community_layer_status(user_id)
+        history = db.community_leave_history(user_id)
+        cohorts = sorted(db.cohorts_of(user_id))
+        manifests = db.list_purge_manifests(user_id)
+    out = click.echo
+    if not known:
+        out(f"user {user_id}: the store has no record of this user (no cohort, no leave, no "
+            "purge manifest)")
+        out("  a user who only signalled, to @community alone, leaves no record of their own; "
+            "`tidal-actors inspect users` lists the users the store has a record of")
+        return
+    out(f"user {user_id}")
+    out(f"  status         {membership.status.name}")
+    left = membership.left_at_ns if membership.status is MembershipStatus.Left else None
+    out(f"  left_at_ns     {stamp(left)}")
+    out(f"  leave history  {plural(len(history), 'epoch')}")
+    for epoch in history:
+        rejoined = "still left" if epoch.rejoined_at_ns is None else \
+            f"rejoined {stamp(epoch.rejoined_at_ns)}"
+        out(f"    left {stamp(epoch.left_at_ns)}  {rejoined}")
+    out(f"  cohorts        {', '.join(cohorts) if cohorts else '(none)'}")
+    out(f"  manifests      {len(manifests):,}")
+    for m in manifests:
+        out(f"    {m.purge_id}  cohort {m.cohort}  created {stamp(m.created_at_ns)}  "
+            f"{plural(len(m.entries), 'entry', 'entries')}, {m.evicted} evicted")
+
+
+@inspect.command("cohorts")
+@click.option("--at", "at_text", metavar="TIME", help=_AT_HELP)
+@_data_dir_option
+@click.pass_context
+def inspect_cohorts(ctx: click.Context, at_text: str | None, data_dir: Path | None) -> None:
+    """Every cohort (and @community) with its members and its aggregate keys."""
+    with _inspected(data_dir_of(ctx, data_dir), at_text) as (db, at):
+        keys, members = _known_cohorts(db, at)
+    names = sorted(set(keys) | set(members) | {COMMUNITY})
+    out = click.echo
+    out(f"{plural(len(names) - 1, 'cohort')} and {COMMUNITY} at {_cli()._stamp(at)} "
+        "(keys: (entity, signal type) pairs with a contribution)")
+    out(f"  {'cohort':<32}{'members':>10}{'keys':>10}")
+    for name in names:
+        shown = "-" if name == COMMUNITY else f"{members[name]:,}"
+        out(f"  {name:<32}{shown:>10}{keys[name]:>10,}")
+
+
+@inspect.command("top")
+@click.argument("cohort")
+@click.option("--type", "signal_type", type=ID, metavar="N",
+              help="Signal type id. Default: every type present in the cohort.")
+@click.option("-k", "k", type=click.IntRange(1, 2**31 - 1), default=10, show_default=True,
+              metavar="K", help="How many entities.")
+@click.option("--at", "at_text", metavar="TIME", help=_AT_HELP)
+@_data_dir_option
+@click.pass_context
+def inspect_top(ctx: click.Context, cohort: str, signal_type: int | None, k: int,
+                at_text: str | None, data_dir: Path | None) -> None:
+    """The k highest entities of COHORT (a name or @community) by decay score.
+
+    A cohort the store does not know (no member, no contribution) is an error
+    (exit 2) naming the closest known names; `inspect cohorts` lists them."""
+    cli = _cli()
+    try:
+        check_cohort(cohort, allow_community=True)
+    except InvalidArgument as exc:
+        cli._fail(str(exc), EXIT_BAD_INPUT)
+    unknown: list[str] | None = None
+    with _inspected(data_dir_of(ctx, data_dir), at_text) as (db, at):
+        rows = db.aggregate_rows(at)
+        present = sorted({r[2] for r in rows if r[0] == cohort})
+        if not present and cohort != COMMUNITY:
+            keys, members = _known_cohorts(db, at)
+            if cohort not in keys and cohort not in members:
+                unknown = sorted(set(keys) | set(members) | {COMMUNITY})
+        types = [signal_type] if signal_type is not None else present
+        tops = [] if unknown is not None else \
+            [(t, db.top_entities(cohort, t, k, at)) for t in types]
+    if unknown is not None:
+        close = difflib.get_close_matches(cohort, unknown, n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else \
+            "; `tidal-actors inspect cohorts` lists them"
+        cli._fail(f"invalid cohort={cohort!r}: no such cohort in {data_dir_of(ctx, data_dir)} "
+                  f"(no member, no contribution){hint}", EXIT_BAD_INPUT)
+    out = click.echo
+    out(f"cohort {cohort} at {cli._stamp(at)}")
+    if not types:
+        out("  no contributions")
+    for t, top in tops:
+        out(f"  signal type {t}: top {len(top)}")
+        for rank, (entity_id, score) in enumerate(top, 1):
+            out(f"    {rank:>4}  entity {entity_id:<20}  score {score!r}")
+
+
+@inspect.command("manifests", context_settings={"ignore_unknown_options": True})
+@click.argument("user_id", type=ID)
+@_data_dir_option
+@click.pass_context
+def inspect_manifests(ctx: click.Context, user_id: int, data_dir: Path | None) -> None:
+    """Each purge manifest of USER_ID with its entries, oldest first."""
+    stamp = _cli()._stamp
+    with _inspected(data_dir_of(ctx, data_dir)) as (db, _):
+        manifests = db.list_purge_manifests(user_id)
+        statuses = {m.purge_id: db.purge_status(m.purge_id) for m in manifests} \
+            if hasattr(db, "purge_status") else {}
+    out = click.echo
+    out(f"user {user_id}: {plural(len(manifests), 'manifest')}")
+    for m in manifests:
+        out(f"manifest {m.purge_id}")
+        out(f"  cohort      {m.cohort}")
+        out(f"  created_at  {stamp(m.created_at_ns)}")
+        out(f"  entries     {len(m.entries)}   evicted before the purge: {m.evicted}")
+        if m.purge_id in statuses:
+            out(f"  status      {_purge_state(statuses[m.purge_id])}")
+        for e in m.entries:
+            out(f"    entity {e.entity_id}  type {e.signal_type_id}  weight {e.weight!r}  "
+                f"ts {stamp(e.timestamp_ns)}")
+
+
+def _purge_state(st: Any) -> str:
+    stamp = _cli()._stamp
+    if st.rematerialized:
+        more = st.excluded_by_rematerialization
+        return (f"retracted live {st.retracted_live}, re-materialized at "
+                f"{stamp(st.rematerialized_at_ns)}"
+                + (f"; the rebuild also left out {plural(more, 'record')} the log no longer "
+                   "held (evicted before the purge, read from the history)" if more else ""))
+    return f"retracted live {st.retracted_live}, re-materialization pending"
+
+
+@inspect.command("purge", context_settings={"ignore_unknown_options": True})
+@click.argument("purge_id")
+@_data_dir_option
+@click.pass_context
+def inspect_purge(ctx: click.Context, purge_id: str, data_dir: Path | None) -> None:
+    """Where purge PURGE_ID (32 hex digits, as listed by `manifests`) stands."""
+    if not re.fullmatch(r"[0-9a-fA-F]{32}", purge_id):
+        _cli()._fail(f"invalid purge_id={purge_id!r}: must be 32 hex digits", EXIT_BAD_INPUT)
+    pid = int(purge_id, 16)
+    where = data_dir_of(ctx, data_dir)
+    with _inspected(where) as (db, _):
+        try:
+            st = db.purge_status(pid)
+        except UnknownPurge:
+            st = None
+    if st is None:
+        _cli()._fail(f"no purge with id {purge_id.lower()} in {where}", EXIT_BAD_INPUT)
+    click.echo(f"purge {st.purge_id}")
+    click.echo(f"  user        {st.user_id}")
+    click.echo(f"  cohort      {st.cohort}")
+    click.echo(f"  state       {_purge_state(st)}")

@@ -1,0 +1,65 @@
+"""Progress bars of the command line (tqdm, on standard error, only on a terminal).
+
+Owns `phase_bars`: a `_phases.PhaseFn` drawing one bar per phase of ``simulate``
+(set-up, the run, the reference model, the check, closing and reopening the store),
+so that no phase longer than a second passes in silence. A phase that cannot be
+counted shows the seconds it has taken, redrawn four times a second by a thread of
+its own, which stops with the phase.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from tqdm import tqdm
+
+from tidal_actors.loadsim.phases import PhaseFn, Tick
+
+__all__ = ["bar", "phase_bars"]
+
+
+def bar(total: int | None, unit: str, quiet: bool, desc: str) -> tqdm[Any]:
+    """A bar on standard error, left off when ``quiet`` or not on a terminal."""
+    # a phase that cannot be counted shows the time it has taken; counts below 100k
+    # read best as they are (tqdm's unit scale writes 3 as 3.00)
+    fmt = "{desc}: {elapsed}" if total is None else None
+    return tqdm(total=total, unit=unit, unit_scale=total is not None and total >= 100_000,
+                desc=desc, file=sys.stderr, bar_format=fmt,
+                disable=quiet or not sys.stderr.isatty(), leave=False, dynamic_ncols=True)
+
+
+def phase_bars(quiet: bool, prefix: str = "") -> PhaseFn:
+    """One bar per phase, labelled ``prefix + label``."""
+
+    @contextlib.contextmanager
+    def phase(label: str, total: int | None, unit: str = "") -> Iterator[Tick]:
+        with bar(total, unit or "it", quiet, prefix + label) as b:
+            stop = threading.Event()
+            lock = threading.Lock()
+
+            def redraw() -> None:  # a bar with nothing to count still shows time passing
+                while not stop.wait(0.25):
+                    with lock:
+                        b.refresh()
+
+            ticker = None
+            if not b.disable:
+                ticker = threading.Thread(target=redraw, name="tidal-progress", daemon=True)
+                ticker.start()
+
+            def tick(n: int) -> None:
+                with lock:
+                    b.update(n)
+
+            try:
+                yield tick
+            finally:
+                stop.set()
+                if ticker is not None:
+                    ticker.join()
+
+    return phase

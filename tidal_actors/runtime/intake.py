@@ -1,0 +1,294 @@
+"""Signal intake: buffering per membership shard, batching, backpressure.
+
+Owns how signals get from a caller to their membership shard's mailbox; `Core`
+extends it (the state it uses is `Core`'s, set in its ``__init__``). It holds no
+domain state, validates every signal before anything is queued, and never waits
+while it holds a buffer's lock.
+
+Signals are buffered per membership shard (``Config.signal_batch_size``, at most
+``Config.signal_flush_interval_ms``) and sent as one message, under the buffer's
+lock, so the per-shard order of everything a caller submits is kept. A control
+operation or a read first sends what its shard has buffered, so "submitted before"
+always means "processed before".
+
+Backpressure, and no waiting under a lock: a buffer's lock is held only for list
+work and puts that never wait, so whoever takes it (a control operation, the
+flusher, an event loop) waits for microseconds, never behind a producer that waits
+for room. A blocking caller (``TidalDb``) that is about to fill a batch first waits
+for room in the membership mailbox and reserves it (`_Mailbox.reserve`), then takes
+the lock and puts into the reserved room. A ``nonblocking`` core (an async facade's)
+never waits: a full batch is offered and stays buffered if there is no room (the
+facade parks its task until there is, before queueing more: `room_needed`,
+`when_room`). The signals a control operation or a read sends ahead of itself go past
+the capacity (at most a buffer's worth). The flusher thread only offers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from tidal_actors._config import Config
+from tidal_actors._errors import DatabaseClosed, InvalidArgument
+from tidal_actors._types import Signal
+from tidal_actors.actors import messages as M
+from tidal_actors.core.validate import (
+    check_context,
+    check_id,
+    check_timestamp,
+    check_weight,
+    shard_split,
+    signal_columns,
+)
+from tidal_actors.storage.format import membership_shard_of
+
+__all__ = ["Buffer", "Intake"]
+
+_U64 = 2**64
+_I63 = 2**63
+_F32 = struct.Struct("<f")
+_F32_MAX = 3.4028234663852886e38
+
+
+class Buffer:
+    """One membership shard's signals not sent yet, and the lock that orders them."""
+
+    __slots__ = ("items", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.items: list[M.SignalTuple] = []
+
+
+def _fast_signal(u: Any, e: Any, t: Any, w: Any, ts: Any = None, cx: Any = None) -> tuple[Any, ...] | None:
+    """The common case (plain ints, a finite float weight, no context) checked inline;
+    None sends the signal through the full checks of `_checked_signal`."""
+    if (
+        type(u) is int and 0 <= u < _U64 and type(e) is int and 0 <= e < _U64
+        and type(t) is int and 0 <= t < _U64 and type(w) is float and 0.0 <= w <= _F32_MAX
+        and cx is None and (ts is None or (type(ts) is int and 0 <= ts < _I63))
+    ):
+        return (u, e, t, _F32.unpack(_F32.pack(w))[0], ts, None)
+    return None
+
+
+def _checked_signal(u: Any, e: Any, t: Any, w: Any = 1.0, ts: Any = None, cx: Any = None) -> tuple[Any, ...]:
+    return (
+        check_id("user_id", u), check_id("entity_id", e), check_id("signal_type", t), check_weight(w),
+        None if ts is None else check_timestamp("timestamp_ns", ts),
+        None if cx is None else check_context(cx),
+    )
+
+
+class Intake:
+    """Signal calls and the sending of buffered signals (see the module doc)."""
+
+    config: Config
+    host: Any
+    closed: bool
+    nonblocking: bool
+    _nm: int
+    _batch: int
+    _steps: list[int]
+    _buffers: list[Buffer]
+    _close_lock: threading.Lock
+    _batch_calls: int
+    _batch_calls_done: threading.Condition
+
+    def check_open(self) -> None:
+        raise NotImplementedError
+
+    def now(self) -> int:
+        raise NotImplementedError
+
+    def _send_all_buffers(self, offer: bool = False) -> None:
+        """Send every shard's buffered signals; with ``offer`` (the flusher) only to a
+        mailbox with room, never waiting (what finds none stays buffered)."""
+        for m, buf in enumerate(self._buffers):
+            if buf.items:
+                with buf.lock:
+                    if buf.items:
+                        if offer:
+                            if self.host.offer((M.MEMBERSHIP, m), M.SignalBatch(buf.items)):
+                                buf.items = []
+                            continue
+                        items, buf.items = buf.items, []
+                        self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
+
+
+    def _tune_batches(self) -> None:
+        """Size each shard's batches to ``Config.inflight_budget_ms`` of its measured
+        work per signal (at least 64 signals or ``signal_batch_size`` if smaller, at most
+        ``signal_batch_size``)."""
+        budget = self.config.inflight_budget_ms
+        unit_s = getattr(self.host, "unit_s", None)
+        if budget is None or unit_s is None:
+            return
+        for m in range(self._nm):
+            per = unit_s((M.MEMBERSHIP, m))
+            if per > 0:
+                self._steps[m] = max(min(64, self._batch), min(self._batch, int(budget / 1000.0 / per)))
+
+
+    def _tell_signals(self, m: int, items: list[M.SignalTuple], reserved: bool = False) -> None:
+        """Send a batch under its buffer's lock, never waiting: into room reserved
+        before the lock was taken, or past the capacity (a control operation's
+        buffered signals, or a batch beyond the caller's one reservation)."""
+        if reserved:
+            self.host.put_reserved((M.MEMBERSHIP, m), M.SignalBatch(items))
+        else:
+            self.host.force((M.MEMBERSHIP, m), M.SignalBatch(items))
+
+
+    def room_needed(self, user_id: Any) -> int | None:
+        """The membership shard a signal of ``user_id`` would have to wait for: its
+        buffer would fill a batch and its mailbox is full; None if no wait is needed
+        (or ``user_id`` is invalid: the signal call says so)."""
+        if type(user_id) is not int or not 0 <= user_id < _U64:
+            return None
+        m = 0 if self._nm == 1 else membership_shard_of(user_id, self._nm)
+        if len(self._buffers[m].items) + 1 < self._steps[m]:
+            return None
+        return None if self.host.has_room((M.MEMBERSHIP, m)) else m
+
+
+    def full_shards(self) -> list[int]:
+        """The membership shards whose mailboxes are full now."""
+        return [m for m in range(self._nm) if not self.host.has_room((M.MEMBERSHIP, m))]
+
+
+    def when_room(self, m: int, fn: Callable[[], None]) -> bool:
+        """True if membership shard ``m`` has room; else ``fn()`` runs once it has (in
+        an actor thread) and False is returned. Closed: True (the caller finds out)."""
+        try:
+            return bool(self.host.when_room((M.MEMBERSHIP, m), fn))
+        except DatabaseClosed:
+            return True
+
+
+    def signal_with_context(
+        self, user_id: int, entity_id: int, signal_type: int, weight: float = 1.0,
+        timestamp_ns: int | None = None, context: Mapping[str, Any] | None = None,
+    ) -> None:
+        if self.closed:
+            self.check_open()
+        if (  # the common case checked inline (`_fast_signal`, without its call)
+            type(user_id) is int and 0 <= user_id < _U64 and type(entity_id) is int
+            and 0 <= entity_id < _U64 and type(signal_type) is int and 0 <= signal_type < _U64
+            and type(weight) is float and 0.0 <= weight <= _F32_MAX and context is None
+        ):
+            if timestamp_ns is None:
+                timestamp_ns = self.now()
+            elif type(timestamp_ns) is not int or not 0 <= timestamp_ns < _I63:
+                timestamp_ns = check_timestamp("timestamp_ns", timestamp_ns)
+            item: tuple[Any, ...] = (
+                user_id, entity_id, signal_type, _F32.unpack(_F32.pack(weight))[0], timestamp_ns, None
+            )
+        else:
+            item = _checked_signal(user_id, entity_id, signal_type, weight, timestamp_ns, context)
+            if item[4] is None:
+                item = (item[0], item[1], item[2], item[3], self.now(), item[5])
+        m = 0 if self._nm == 1 else membership_shard_of(item[0], self._nm)
+        buf = self._buffers[m]
+        reserved = False
+        if not self.nonblocking and len(buf.items) + 1 >= self._steps[m]:
+            self.host.reserve((M.MEMBERSHIP, m))  # wait for room before taking the lock
+            reserved = True
+        try:
+            with buf.lock:
+                self.check_open()  # again, under the lock (`close`)
+                buf.items.append(item)
+                if len(buf.items) >= self._steps[m]:
+                    if self.nonblocking:  # never waits: a full mailbox leaves it buffered
+                        if self.host.offer((M.MEMBERSHIP, m), M.SignalBatch(buf.items)):
+                            buf.items = []
+                    else:  # a producer that raced ahead took the room: one past it
+                        items, buf.items = buf.items, []
+                        self._tell_signals(m, items, reserved)
+                        reserved = False
+        finally:
+            if reserved:
+                self.host.release((M.MEMBERSHIP, m))
+
+
+    def signal_batch(self, signals: Iterable[Signal]) -> None:
+        self.check_open()
+        if isinstance(signals, (str, bytes, Mapping)) or not hasattr(signals, "__iter__"):
+            raise InvalidArgument("signals", signals, "must be an iterable of Signal")
+        nm = self._nm
+        sigs = signals if type(signals) is list else list(signals)
+        checked = signal_columns(sigs, Signal)
+        per_shard: list[list[M.SignalTuple]]
+        now: int | None = None
+        if checked is not None:  # the common case, checked column by column
+            (us, es, ts_, ws, tss, cxs), has_none = checked
+            if has_none:
+                now = self.now()
+                tss = tuple([now if t is None else t for t in tss])
+            per_shard = shard_split(list(zip(us, es, ts_, ws, tss, cxs)), us, nm)
+        else:
+            per_shard = [[] for _ in range(nm)]
+            for i, s in enumerate(sigs):
+                if not isinstance(s, Signal):
+                    raise InvalidArgument(f"signals[{i}]", s, "must be a Signal")
+                item = _fast_signal(*s)
+                if item is None:
+                    try:
+                        item = _checked_signal(*s)
+                    except InvalidArgument as exc:
+                        raise InvalidArgument(f"signals[{i}].{exc.field}", exc.value, exc.reason) from None
+                if item[4] is None:
+                    if now is None:
+                        now = self.now()
+                    item = (item[0], item[1], item[2], item[3], now, item[5])
+                per_shard[0 if nm == 1 else membership_shard_of(item[0], nm)].append(item)
+        steps = self._steps
+        shards = [m for m, items in enumerate(per_shard) if items]
+        if not self.nonblocking:
+            self._send_chunks(shards, per_shard)
+            return
+        with contextlib.ExitStack() as held:
+            for m in shards:  # in shard order, as every other taker of several
+                held.enter_context(self._buffers[m].lock)
+            self.check_open()  # under the locks: all of the batch or none (`close`)
+            for m in shards:
+                buf, items = self._buffers[m], per_shard[m]
+                if buf.items:
+                    items = buf.items + items
+                    buf.items = []
+                step = steps[m]
+                for k in range(0, len(items), step):
+                    self._tell_signals(m, items[k : k + step])
+
+
+    def _send_chunks(self, shards: list[int], per_shard: list[list[M.SignalTuple]]) -> None:
+        """A blocking caller's batch: chunk by chunk, each into room reserved before
+        the buffer's lock is taken, so a batch larger than a mailbox's budget queues
+        no more than the budget allows. All of it or none: ``close()`` waits for a
+        call that found the database open."""
+        with self._close_lock:
+            self.check_open()
+            self._batch_calls += 1
+        try:
+            for m in shards:
+                buf, items, step = self._buffers[m], per_shard[m], self._steps[m]
+                for k in range(0, len(items), step):
+                    self.host.reserve((M.MEMBERSHIP, m))  # no lock held while waiting
+                    try:
+                        with buf.lock:
+                            chunk = items[k : k + step]
+                            if buf.items:  # signals buffered before this call go first
+                                chunk = buf.items + chunk
+                                buf.items = []
+                            self._tell_signals(m, chunk, reserved=True)
+                    except BaseException:
+                        self.host.release((M.MEMBERSHIP, m))
+                        raise
+        finally:
+            with self._close_lock:
+                self._batch_calls -= 1
+                if not self._batch_calls:
+                    self._batch_calls_done.notify_all()

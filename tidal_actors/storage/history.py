@@ -1,0 +1,203 @@
+"""Reading the durable history back while the database runs.
+
+Owns what a ledger shard may read of the history it wrote, so that it can drop the
+detail of old contributions from memory (`Aggregates.settle`) and still rebuild a
+cohort exactly (`_remat.RematJob`) and answer a read inside an old bucket
+(`Aggregates.settled_detail`):
+
+* `HistoryMarks` (one per store) is updated after each commit: the highest
+  history batch committed per ledger shard (``top``, by the store) and a count of
+  rewrites that took records out (``rewrites``, by persistence after an erasure or
+  a retention pass). The persistence thread writes them; a
+  ledger thread reads them (plain ints and a dict: one-word reads under the GIL).
+* `HistoryReader` (one per ledger shard of a durable store) lists and decodes
+  history batches and the purges' tombstones. The history it reads is what a
+  restore after a crash would replay: every batch, less the records a committed
+  purge tombstoned (those it retracted live).
+
+Which records a ledger still holds in memory and which it must read here is the
+ledger's rule (`_behaviours.LedgerShard._settle`): a record's detail row is
+dropped only once its batch is committed (``top``), so whatever is not held is in
+the history, unless a purge's re-materialization erased it (then it is covered and
+left out anyway) or ``history_retention_ns`` dropped it (older than the retention:
+then it is gone from a rebuild, as from a restore after a crash).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from tidal_actors.storage.format import Keyspace, Tag
+
+__all__ = ["RANGES_KEPT", "HistoryMarks", "HistoryReader"]
+
+RANGES_KEPT = 4  # time ranges of settled records a reader keeps indexed
+
+_BATCH_TAG = int(Tag.CONTRIBUTION_BATCH)
+_TOMB_TAG = int(Tag.PURGE_TOMBSTONE)
+
+
+class HistoryMarks:
+    """Per store: ``top[shard]`` is one past the highest history batch sequence of
+    ledger ``shard`` committed since the open; ``rewrites`` counts commits that took
+    records out of the history."""
+
+    def __init__(self) -> None:
+        self.top: dict[int, int] = {}
+        self.rewrites = 0  # batches rewritten or deleted (erasure, retention)
+
+    def rewritten(self) -> None:
+        """Records left the history (a purge's erasure, retention): what a ledger
+        read of it before may have changed (called by persistence after the commit)."""
+        self.rewrites += 1
+
+    def committed(self, ops: Iterable[tuple[str, bytes, bytes | None]]) -> None:
+        """Note a committed transaction's ops (called by the store after the commit)."""
+        top = self.top
+        for ks, key, value in ops:
+            if ks == Keyspace.HISTORY.value and value is not None and len(key) == 18 and key[9] == _BATCH_TAG:
+                shard = int.from_bytes(key[:8], "big")
+                seq = int.from_bytes(key[10:18], "big") + 1
+                if seq > top.get(shard, 0):
+                    top[shard] = seq
+
+
+class HistoryReader:
+    """Reads ledger shard ``shard``'s view of a durable store's history.
+
+    Args:
+        store: an ``LmdbStore`` or ``MemoryStore`` (``history_marks``, ``raw_keys``,
+            ``get_many``, ``scan``).
+        shard: the ledger shard's index.
+    """
+
+    def __init__(self, store: Any, shard: int) -> None:
+        self.store = store
+        self.shard = shard
+        self._mark: Any = None
+        self._ranges: dict[tuple[int, int], dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]] = {}
+
+    def committed(self) -> int:
+        """One past the highest batch sequence of this shard committed since the open."""
+        top: int = self.store.history_marks.top.get(self.shard, 0)
+        return top
+
+    def batch_keys(self) -> list[bytes]:
+        """Every history batch key, in key order."""
+        return list(self.store.raw_keys(Keyspace.HISTORY))
+
+    @staticmethod
+    def key_shard_seq(key: bytes) -> tuple[int, int]:
+        """``(ledger shard, batch sequence)`` of a history key."""
+        return int.from_bytes(key[:8], "big"), int.from_bytes(key[10:18], "big")
+
+    def batches(self, keys: list[bytes]) -> list[Any]:
+        """The batches at ``keys`` (``_store.HistoryBatch``), decoded; keys gone since
+        they were listed are skipped.
+
+        Raises:
+            StorageError: a batch does not decode (naming its key).
+        """
+        from tidal_actors.storage.stores import decode_batch
+
+        out = []
+        for key, raw in self.store.get_many(Keyspace.HISTORY, keys):
+            if raw is not None:
+                shard, seq = self.key_shard_seq(key)
+                out.append(decode_batch(shard, seq, raw, key))
+        return out
+
+    def tombstones(self) -> dict[int, np.ndarray]:
+        """membership shard -> sorted rseqs that committed purges retracted live."""
+        by_m: dict[int, list[int]] = {}
+        for key, value in self.store.scan(Keyspace.ITEMS):
+            if len(key) > 9 and key[9] == _TOMB_TAG:
+                for m, r in msgpack.unpackb(value):
+                    by_m.setdefault(m, []).append(r)
+        return {m: np.unique(np.array(rs, dtype=np.int64)) for m, rs in by_m.items()}
+
+    @staticmethod
+    def untombstoned(b: Any, tombs: dict[int, np.ndarray]) -> np.ndarray:
+        """Boolean mask of batch ``b``'s records that no purge tombstoned."""
+        keep = np.ones(len(b.r), dtype=bool)
+        for m, rs in tombs.items():
+            sel = np.flatnonzero(b.m == m)
+            if len(sel):
+                keep[sel[np.isin(b.r[sel], rs)]] = False
+        return keep
+
+    def settled_detail(
+        self, key: tuple[str, int, int], t_lo: int, t_hi: int, settled_upto: dict[int, int]
+    ) -> list[tuple[int, float]]:
+        """``(ts, w)`` of the history's records of ``key`` (cohort, entity, type) with
+        ``t_lo <= ts <= t_hi`` whose detail the ledger no longer holds: rseq below
+        ``settled_upto[membership shard]``; tombstoned ones left out.
+
+        One pass over the history's settled part per time range: the records in the
+        range are indexed by key and kept (the last ``RANGES_KEPT`` ranges) until
+        more records settle or the history is rewritten (erasure, retention): new
+        batches hold no settled record, so other commits change nothing. A read of
+        many keys at one time (``top``, ``aggregate_rows``) reads the history once.
+        Each shard's batches are read only as far as the settled rseqs go.
+
+        Raises:
+            StorageError: a batch does not decode.
+        """
+        mark = (self.store.history_marks.rewrites, tuple(sorted(settled_upto.items())))
+        if self._mark != mark:
+            self._mark, self._ranges = mark, {}
+        index = self._ranges.pop((t_lo, t_hi), None)
+        if index is None:
+            index = self._index_range(t_lo, t_hi, settled_upto)
+            while len(self._ranges) >= RANGES_KEPT:
+                self._ranges.pop(next(iter(self._ranges)))
+        self._ranges[(t_lo, t_hi)] = index  # most recent last
+        hit = index.get(key)
+        if hit is None:
+            return []
+        return list(zip(hit[0].tolist(), hit[1].tolist()))
+
+    def _index_range(
+        self, t_lo: int, t_hi: int, settled_upto: dict[int, int]
+    ) -> dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]:
+        tombs = self.tombstones()
+        index: dict[tuple[str, int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
+        by_shard: dict[int, list[bytes]] = {}
+        for k in self.batch_keys():  # in key order: by shard, then by sequence
+            by_shard.setdefault(self.key_shard_seq(k)[0], []).append(k)
+        for keys in by_shard.values():
+            for i in range(0, len(keys), 64):
+                past = True  # no record of these batches is below its shard's bound
+                for b in self.batches(keys[i : i + 64]):
+                    bound = np.zeros(len(b.r), dtype=np.int64)
+                    for m, top in settled_upto.items():
+                        bound[b.m == m] = top
+                    settled = b.r < bound
+                    past = past and not settled.any()
+                    sel = settled & (b.ts >= t_lo) & (b.ts <= t_hi)
+                    if sel.any():
+                        self._index_into(index, b, sel & self.untombstoned(b, tombs))
+                if past:
+                    break  # a shard's batches hold growing rseqs: none later is below
+        return {k: (np.concatenate([p[0] for p in v]), np.concatenate([p[1] for p in v])) for k, v in index.items()}
+
+    @staticmethod
+    def _index_into(index: dict[tuple[str, int, int], list[tuple[np.ndarray, np.ndarray]]], b: Any,
+                    sel: np.ndarray) -> None:
+        """Add batch ``b``'s selected records to ``index`` by key, one group per key."""
+        rows = np.flatnonzero(sel)
+        if not len(rows):
+            return
+        order = np.lexsort((b.t[rows], b.e[rows], b.ci[rows]))
+        rows = rows[order]
+        ci, e, t = b.ci[rows], b.e[rows], b.t[rows]
+        starts = np.flatnonzero(np.r_[True, (ci[1:] != ci[:-1]) | (e[1:] != e[:-1]) | (t[1:] != t[:-1])])
+        ends = np.r_[starts[1:], len(rows)]
+        for a, z in zip(starts.tolist(), ends.tolist()):
+            r = rows[a:z]
+            k = (b.cohorts[int(ci[a])], int(e[a]), int(t[a]))
+            index.setdefault(k, []).append((b.ts[r], b.w[r].astype(np.float64)))

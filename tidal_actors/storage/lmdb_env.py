@@ -1,0 +1,519 @@
+"""The LMDB environment: opening it, guarding it between threads, and compacting it.
+
+Owns every LMDB call (`_store.py` owns decoding what is read back; `_codec.py` the
+bytes). Only the persistence actor commits; restore runs once at open, before any
+actor starts.
+
+* Durability: ``sync=True, metasync=True``, no ``writemap``/``map_async``, so a
+  committed transaction survives a crash (issue 2, "Control operations").
+* Map full: the transaction is aborted whole (LMDB rolls it back), the map doubles
+  with no transaction of ours open, and the same batch is retried, up to
+  ``Config.max_map_size_bytes``; past that, `StorageFull` and nothing written. The
+  same holds for the named databases LMDB creates at open.
+* One writer per directory: a process-wide registry refuses a second open in this
+  process (py-lmdb refuses it too, less clearly) and an exclusive ``flock`` on
+  ``tidal.lock`` refuses a second process. A read-only opener takes no lock of
+  ours: LMDB serves it a reader slot beside the writer of another process
+  (``_lmdb_reader.SnapshotStore`` reads everything in one transaction, then lets go).
+* Threads: ``env`` is used from the persistence thread (commits, compaction) and from
+  callers' threads (`raw_get`, `load`, `history_items`). One lock, ``_env_lock``, is
+  held by every use of it, so none meets an environment that compaction closed or a
+  map that growth is resizing (``set_mapsize`` invalidates read transactions open at
+  that moment). `flags` answers from the flags read at open and touches nothing.
+* Other processes reading the files (a backup tool, ``mdb_stat``): LMDB takes a POSIX
+  ``fcntl`` read lock on byte 0 of ``lock.mdb`` for every process that has the
+  environment open; a process that finds no other lock there takes a write lock,
+  re-initializes the lock file (last transaction id, reader table) and downgrades to
+  the read lock (mdb.c: ``mdb_env_excl_lock``, ``mdb_env_setup_locks``,
+  ``mdb_env_share_locks``). Compaction replaces ``data.mdb``; a process still
+  attached would keep ``lock.mdb``'s state of the old file alive, and the new file
+  would read as empty. So `compact` takes that write lock itself (`LockProbe`) once
+  its environment is closed: held by another process, compaction is refused, naming
+  it, and nothing changes; otherwise the file is swapped and reopened under the
+  lock, so LMDB re-initializes ``lock.mdb`` for the new file. A process attaching
+  meanwhile waits in LMDB's ``F_SETLKW`` until the reopen downgrades the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import lmdb
+
+from tidal_actors._config import Config
+from tidal_actors._errors import DatabaseClosed, DatabaseLocked, StorageError, StorageFull
+from tidal_actors.storage.format import Keyspace
+from tidal_actors.storage.history import HistoryMarks
+from tidal_actors.storage.lmdb_lock import LockProbe, fsync_path
+
+if TYPE_CHECKING:
+    from tidal_actors.storage.stores import Op, Restored
+
+__all__ = ["STORE_MARKER", "LmdbStore"]
+
+STORE_MARKER = "tidal.store"  # written once a store's format record is committed
+_open_paths: set[str] = set()
+_DISOWNED: list[Any] = []  # what a forked child inherited: kept, never closed (`disown`)
+_inherited_paths: set[str] = set()  # stores a forked child's parent had open
+
+
+def _reset_after_fork() -> None:
+    """In a forked child: a fresh `_open_lock` (another thread may have held the
+    parent's at the fork, and no thread of the child would ever release it)."""
+    global _open_lock
+    _open_lock = threading.Lock()
+
+
+_open_lock = threading.Lock()
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+class LmdbStore:
+    """An LMDB environment with the keyspaces of `Keyspace`.
+
+    Args:
+        path: directory (created if missing).
+        config: sizes (``map_size_bytes``, ``max_map_size_bytes``).
+        read_only: `commit` refuses any op (``data.mdb`` is never written), and no
+            lock of ours is taken (``tidal.lock`` is not even opened): it reads beside
+            a writer in another process; the directory must hold a store.
+
+    Raises:
+        DatabaseLocked: the directory is open already (this or another process).
+        StorageFull: LMDB's own records at open do not fit in ``max_map_size_bytes``.
+        StorageError: LMDB could not open it.
+    """
+
+    durable = True
+
+    def __init__(self, path: str | os.PathLike[str], config: Config, *, read_only: bool = False) -> None:
+        self.path = Path(path)
+        self.config = config
+        # read_only: the open itself writes nothing either (`Core` skips its snapshot
+        # and meta writes)
+        self.read_only = read_only
+        self.env: Any = cast(Any, None)  # cast: no narrowing to None below
+        self._flags: dict[str, Any] = {}
+        self._probe: LockProbe | None = None
+        self._broken: str | None = None  # why the environment is not open, if not closed
+        self._env_lock = threading.RLock()
+        self.fault: Any = None  # test hook: callable(ops) raising to inject a failure
+        self.history_marks = HistoryMarks()  # what the ledgers may read back (`_history`)
+        self.reads_history = True  # the history can be read back while open
+        self._closed = False
+        try:
+            if read_only and not (self.path / "data.mdb").is_file():
+                raise StorageError(f"{self.path} holds no store (no data.mdb); nothing was read")
+            if not read_only:
+                self.path.mkdir(parents=True, exist_ok=True)
+            # a store was made here before: it must still hold its format record
+            self.existed = (self.path / STORE_MARKER).exists()
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"cannot create the directory {self.path}: {exc}") from exc
+        self._key = os.path.realpath(self.path)
+        if self._key in _inherited_paths:
+            raise DatabaseLocked(
+                f"{self.path} was open in the parent of this forked process: py-lmdb keeps "
+                "one environment per file in a process, so it cannot be opened here; open "
+                "it in a process started with multiprocessing's 'spawn' or 'forkserver' method"
+            )
+        with _open_lock:
+            if self._key in _open_paths:
+                raise DatabaseLocked(f"{self.path} is already open in this process; close it first")
+            _open_paths.add(self._key)
+        self._lockfile: Any = None
+        try:
+            if not read_only:  # a reader takes no lock of ours: it reads beside a writer
+                self._lockfile = open(self.path / "tidal.lock", "a+b")
+                try:
+                    fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    raise DatabaseLocked(f"{self.path} is open in another process") from None
+            map_size = config.map_size_bytes
+            data = self.path / "data.mdb"
+            if data.exists():
+                map_size = max(map_size, data.stat().st_size)
+            self.map_size = map_size
+            self._open_env()
+            if not read_only:
+                self._probe = LockProbe(self.path)
+                # reader slots left by killed processes (a read transaction open at the
+                # kill) stay taken while any other process has the environment open: free them
+                self.stale_readers = self.env.reader_check()
+            # a data file cut short would fault (SIGBUS) on the first page read past
+            # its end: compare its size with the last page the meta page names
+            needed = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+            if data.exists() and data.stat().st_size < needed:
+                raise StorageError(
+                    f"{data} is truncated: {data.stat().st_size} bytes, its pages need {needed}"
+                )
+            self._open_dbs()
+        except BaseException as exc:
+            # whatever failed, the directory must not stay registered as open here
+            self._close_env()
+            self._release()
+            if isinstance(exc, (lmdb.Error, OSError)):
+                raise StorageError(f"cannot open LMDB at {self.path}: {exc}") from exc
+            raise
+
+    def _open_env(self) -> None:
+        self.env = lmdb.open(
+            str(self.path), map_size=self.map_size, max_dbs=8, subdir=True,
+            sync=True, metasync=True, writemap=False, map_async=False,
+            lock=True, readahead=False, max_readers=126, readonly=self.read_only,
+        )
+        self._flags = dict(self.env.flags())
+
+    def _open_dbs(self) -> None:
+        """Open the named databases: create them in a new store (growing the map while
+        LMDB's own records do not fit: a map below the minimum, or pages larger than
+        4 KiB); in a store made before, or a read-only open, write nothing: a missing
+        one is damage, a `StorageError`, never silently made anew."""
+        create = not (self.existed or self.read_only)
+        while True:
+            try:
+                self.dbs = {k.value: self.env.open_db(k.value.encode(), create=create) for k in Keyspace}
+                return
+            except lmdb.NotFoundError:
+                missing = [k.value for k in Keyspace if not self._has_db(k.value)]
+                raise StorageError(
+                    f"the store at {self.path} has no {', '.join(missing)} keyspace: it is "
+                    "damaged (or not a tidal_actors store); nothing was written"
+                ) from None
+            except lmdb.MapFullError:
+                self._grow()
+
+    def _has_db(self, name: str) -> bool:
+        try:
+            self.env.open_db(name.encode(), create=False)
+            return True
+        except lmdb.NotFoundError:
+            return False
+
+    def _close_env(self) -> None:
+        env, self.env = self.env, None
+        if env is not None:
+            env.close()
+
+    def _release(self) -> None:
+        if self._probe is not None:  # after the environment: see LockProbe
+            self._probe.close()
+            self._probe = None
+        if self._lockfile is not None:
+            try:
+                fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_UN)
+            finally:
+                self._lockfile.close()
+                self._lockfile = None
+        self._closed = True
+        with _open_lock:
+            _open_paths.discard(self._key)
+
+    def _live(self) -> Any:
+        """The open environment (call with ``_env_lock`` held).
+
+        Raises:
+            DatabaseClosed: the store was closed.
+            StorageError: a failed compaction left it closed.
+        """
+        if self.env is None:
+            if self._broken is not None:
+                raise StorageError(self._broken)
+            raise DatabaseClosed(f"the store at {self.path} is closed")
+        return self.env
+
+    def flags(self) -> dict[str, Any]:
+        """The environment's flags (``sync``, ``metasync``, ``writemap``, ``map_async``, ...),
+        as read when it was last opened (they never change while it is open), so this
+        never waits for a compaction.
+
+        Raises:
+            DatabaseClosed: the store is closed. StorageError: a failed compaction
+                left it closed.
+        """
+        if self._closed:
+            raise DatabaseClosed(f"the store at {self.path} is closed")
+        if self._broken is not None:
+            raise StorageError(self._broken)
+        return dict(self._flags)
+
+    def commit(self, ops: list[Op]) -> None:
+        """Apply ``ops`` in one durable transaction (value None deletes the key).
+
+        Raises:
+            StorageFull: the map would exceed ``max_map_size_bytes``; nothing written.
+            StorageError: any other LMDB failure; nothing written.
+        """
+        ops = list(ops)
+        if self.read_only:
+            if ops:
+                raise StorageError(f"{self.path} is open read-only: {len(ops)} write(s) refused")
+            return
+        if self.fault is not None:
+            self.fault(ops)
+        with self._env_lock:
+            env = self._live()
+            while True:
+                try:
+                    with env.begin(write=True) as txn:
+                        for ks, key, value in ops:
+                            db = self.dbs[ks]
+                            if value is None:
+                                txn.delete(key, db=db)
+                            else:
+                                txn.put(key, value, db=db)
+                    self.history_marks.committed(ops)
+                    return
+                except lmdb.MapFullError:
+                    self._grow()
+                except lmdb.Error as exc:
+                    raise StorageError(f"LMDB commit failed: {exc}") from exc
+
+    def _grow(self) -> None:
+        """Double the map (with no transaction of ours open), up to the maximum."""
+        new = self.map_size * 2
+        if new > self.config.max_map_size_bytes:
+            if self.map_size >= self.config.max_map_size_bytes:
+                raise StorageFull(
+                    f"LMDB map is full at {self.map_size} bytes (max_map_size_bytes="
+                    f"{self.config.max_map_size_bytes})"
+                )
+            new = self.config.max_map_size_bytes
+        with self._env_lock:
+            self.env.set_mapsize(new)
+        self.map_size = new
+
+    def load(self, snapshot_ledgers: list[Any] | None = None) -> Restored:
+        """Read the whole store back (membership, manifests, tombstones, history or
+        the snapshot that replaces it); see :func:`_store.parse_store`.
+
+        Raises:
+            StorageError: a page or a value cannot be read or decoded (naming the
+                keyspace, and the key when one was read).
+        """
+        from tidal_actors.storage.stores import parse_store
+
+        with self._env_lock, self._begin() as txn:
+            return parse_store(
+                {k.value: self._read(txn, k) for k in Keyspace}, snapshot_ledgers
+            )
+
+    def _begin(self) -> Any:
+        """A read transaction (call with ``_env_lock`` held)."""
+        try:
+            return self._live().begin(buffers=False)
+        except lmdb.Error as exc:
+            raise StorageError(f"cannot read {self.path}: {exc}") from exc
+
+    def _read(self, txn: Any, keyspace: Keyspace) -> Iterator[tuple[bytes, bytes]]:
+        """A keyspace's ``(key, value)`` pairs; an LMDB failure (a corrupt page) is a
+        StorageError naming the keyspace and the last key read before it."""
+        key = None
+        try:
+            for key, value in txn.cursor(db=self.dbs[keyspace.value]):
+                yield key, value
+        except lmdb.Error as exc:
+            after = f" after key {key.hex()}" if key is not None else ""
+            raise StorageError(
+                f"cannot read the {keyspace.value} keyspace of {self.path}{after}: {exc}"
+            ) from exc
+
+    def history_items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every durable history batch ``(key, value)``, in key order, one at a time
+        (a read transaction, and the environment's lock, held until the iterator is
+        exhausted or closed; consume it before committing from another thread)."""
+        with self._env_lock, self._begin() as txn:
+            yield from self._read(txn, Keyspace.HISTORY)
+
+    def compact(self) -> dict[str, int]:
+        """Rewrite the environment without free pages (``mdb_env_copy2`` with
+        ``MDB_CP_COMPACT``), so bytes of deleted records are gone from the file, and
+        swap the copy in (see the module doc for processes reading beside it).
+
+        Returns ``{"bytes_before": int, "bytes_after": int}`` (data file sizes).
+
+        Raises:
+            StorageError: another process has the environment open (named by its
+                pid), the store is open read-only, or the copy or the swap failed;
+                the old file stays in use, unchanged.
+        """
+        with self._env_lock:
+            self._live()
+            if self.read_only:
+                raise StorageError(f"{self.path} is open read-only: compaction refused")
+            assert self._probe is not None
+            if not self._probe.current():
+                raise StorageError(
+                    f"compaction refused: {self.path / 'lock.mdb'} was removed or replaced "
+                    "while the store was open, so who else has it open cannot be told; "
+                    "nothing was changed: close the store and open it again"
+                )
+            data = self.path / "data.mdb"
+            before = data.stat().st_size
+            tmp = self.path / "compact.tmp"
+            try:
+                self._remove(tmp)
+                tmp.mkdir()
+                self.env.copy(str(tmp), compact=True)
+                fsync_path(tmp / "data.mdb")  # LMDB writes the copy without syncing it
+            except (OSError, lmdb.Error) as exc:
+                self._remove(tmp)
+                raise StorageError(f"compaction failed: {exc}") from exc
+            pid = self._probe_holder()
+            if pid is not None:  # refused while still open: nothing to undo
+                self._remove(tmp)
+                raise self._refusal(pid)
+            self._close_env()
+            assert self._probe is not None
+            if not self._take_exclusive():  # attached between the check and the close
+                pid = self._probe_holder()
+                self._remove(tmp)
+                self._reopen()
+                raise self._refusal(pid)
+            try:
+                # lock.mdb still describes the old file (its last transaction id picks
+                # the meta page): void it first, so a process that attaches before this
+                # one reopens (or after it dies here) fails with MDB_INVALID instead of
+                # reading the new file through the old state; the first opener rebuilds it
+                self._probe.invalidate()
+                os.replace(tmp / "data.mdb", data)
+                fsync_path(self.path, directory=True)
+            except OSError as exc:
+                self._reopen()  # the old file (LMDB re-initializes its lock file)
+                self._remove(tmp)
+                raise StorageError(f"compaction failed: {exc}") from exc
+            # still holding byte 0: LMDB sees itself as the first opener, re-initializes
+            # lock.mdb for the new file, then downgrades this process's lock to shared
+            self._reopen()
+            with contextlib.suppress(OSError):
+                self._remove(tmp)
+            return {"bytes_before": before, "bytes_after": data.stat().st_size}
+
+    def _take_exclusive(self) -> bool:
+        """Take byte 0 of lock.mdb; False if another process holds it (a process that
+        let go between the attempt and the look is given two more chances)."""
+        assert self._probe is not None
+        for _ in range(3):
+            if self._probe.try_exclusive():
+                return True
+            if self._probe.holder() is not None:
+                return False
+        return False
+
+    def _probe_holder(self) -> int | None:
+        assert self._probe is not None
+        return self._probe.holder()
+
+    def _refusal(self, pid: int | None) -> StorageError:
+        who = f"process {pid}" if pid is not None else "another process"
+        return StorageError(
+            f"compaction refused: {who} has the LMDB environment at {self.path} open "
+            "(a reader outside tidal_actors: a backup, mdb_stat, a monitor); replacing "
+            "data.mdb under it would lose the store. Nothing was changed: compact again "
+            "once it has closed the environment"
+        )
+
+    def _reopen(self) -> None:
+        """Open the environment again after compaction closed it, then let go of the
+        probe's write lock if the open failed (LMDB's own shared lock replaced it if
+        not). A failure leaves the store closed: every later use raises StorageError."""
+        assert self._probe is not None
+        try:
+            self._open_env()
+            self._open_dbs()
+        except (lmdb.Error, StorageError) as exc:
+            self._close_env()
+            self._probe.unlock()
+            self._broken = f"the LMDB environment at {self.path} could not be reopened after compaction: {exc}"
+            raise StorageError(self._broken) from exc
+
+    @staticmethod
+    def _remove(tmp: Path) -> None:
+        if tmp.exists():
+            for f in tmp.iterdir():
+                f.unlink()
+            tmp.rmdir()
+
+    def raw_get(self, keyspace: Keyspace, key: bytes) -> bytes | None:
+        """Read one value (tests and `inspect`).
+
+        Raises:
+            DatabaseClosed: the store is closed. StorageError: LMDB failed to read it.
+        """
+        with self._env_lock, self._begin() as txn:
+            try:
+                v = txn.get(key, db=self.dbs[keyspace.value])
+            except lmdb.Error as exc:
+                raise StorageError(f"cannot read {keyspace.value} key {key.hex()} of {self.path}: {exc}") from exc
+            return bytes(v) if v is not None else None
+
+    def get_many(self, keyspace: Keyspace, keys: list[bytes]) -> list[tuple[bytes, bytes | None]]:
+        """``(key, value or None)`` of each key, in one read transaction.
+
+        Raises:
+            DatabaseClosed: the store is closed. StorageError: LMDB failed to read.
+        """
+        with self._env_lock, self._begin() as txn:
+            db = self.dbs[keyspace.value]
+            try:
+                out = []
+                for key in keys:
+                    v = txn.get(key, db=db)
+                    out.append((key, bytes(v) if v is not None else None))
+                return out
+            except lmdb.Error as exc:
+                raise StorageError(f"cannot read the {keyspace.value} keyspace of {self.path}: {exc}") from exc
+
+    def scan(self, keyspace: Keyspace) -> list[tuple[bytes, bytes]]:
+        """Every ``(key, value)`` of ``keyspace``, in key order, in one read transaction.
+
+        Raises:
+            DatabaseClosed: the store is closed. StorageError: LMDB failed to read it.
+        """
+        with self._env_lock, self._begin() as txn:
+            return [(bytes(k), bytes(v)) for k, v in self._read(txn, keyspace)]
+
+    def raw_keys(self, keyspace: Keyspace) -> list[bytes]:
+        """Every key of ``keyspace``, in key order, values not read (`inspect`).
+
+        Raises:
+            DatabaseClosed: the store is closed. StorageError: LMDB failed to read it.
+        """
+        with self._env_lock, self._begin() as txn:
+            return [bytes(k) for k, _ in self._read(txn, keyspace)]
+
+    def disown(self) -> None:
+        """In a forked child: forget the environment without closing it (closing would
+        end transactions a parent's thread had open at the fork, in the shared reader
+        table) and close the child's copy of the directory lock's descriptor without
+        ``LOCK_UN`` (the ``flock`` belongs to the open file the parent shares: unlocking
+        would free the parent's; closing only lets it go with the parent). Takes no
+        lock (another thread of the parent may have held one at the fork). Later calls
+        see a closed store; opening the same store again in the child is refused."""
+        _DISOWNED.append(self.env)  # py-lmdb keeps its files registered: no reopen here
+        self.env = None
+        if self._lockfile is not None:
+            self._lockfile.close()
+            self._lockfile = None
+        if self._probe is not None:
+            self._probe.close()  # fcntl locks are not inherited: the child holds none
+            self._probe = None
+        _open_paths.discard(self._key)  # the child has one thread; `_open_lock` is reset
+        _inherited_paths.add(self._key)
+        self._closed = True
+
+    def close(self) -> None:
+        """Close the environment and release the directory; a second call is a no-op."""
+        with self._env_lock:
+            if self._closed:
+                return
+            try:
+                self._close_env()
+            finally:
+                self._release()

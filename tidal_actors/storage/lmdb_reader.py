@@ -1,0 +1,135 @@
+"""A read-only view of a store: one read transaction, then no hold on the files.
+
+Owns `SnapshotStore`, what ``TidalDb.open(path, read_only=True)`` (and so
+``tidal-actors inspect``) reads through. It takes no lock of ours (``tidal.lock``
+stays the writer's), reads the whole store in one LMDB read transaction (so what it
+holds is a consistent snapshot as of that read, even while a writer in another
+process commits), keeps the small keyspaces' pairs, and then closes the environment:
+its reader slot is free again, so a writer's ``compact()`` is refused only while
+that one read runs. Must not write: no commit, no lock file of ours, nothing created.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import lmdb
+
+from tidal_actors._config import Config
+from tidal_actors._errors import DatabaseClosed, StorageError
+from tidal_actors.storage.format import Keyspace
+from tidal_actors.storage.lmdb_env import _open_lock, _open_paths
+from tidal_actors.storage.stores import LmdbStore
+
+if TYPE_CHECKING:
+    from tidal_actors.storage.stores import Restored, SnapshotKey
+
+__all__ = ["SnapshotStore"]
+
+# users and items are small; the history is kept so that the ledgers, which settle
+# the detail of records out of the log, read them back as of the same read
+# (`_history.HistoryReader`); meta (snapshot chunks) is not kept
+_KEPT = (Keyspace.USERS, Keyspace.ITEMS, Keyspace.HISTORY)
+
+
+class SnapshotStore(LmdbStore):
+    """A store opened read-only and detached after :meth:`load`.
+
+    Raises (at construction): StorageError when ``path`` holds no store, or LMDB
+    cannot open it; DatabaseLocked when this process has it open already (py-lmdb
+    keeps one environment per file in a process: read through that database).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], config: Config) -> None:
+        super().__init__(path, config, read_only=True)
+        self._kept: dict[str, dict[bytes, bytes]] | None = None
+        self.read_at_ns: int | None = None  # wall time of the read (int ns)
+        self.recorded_settings = False  # whether the store records its settings (`_readonly`)
+        self.latest_event_ns: int | None = None  # the latest contribution's time, if replayed
+
+    def load(self, snapshot_ledgers: SnapshotKey = None) -> Restored:
+        """Read everything in one read transaction (see `LmdbStore.load`), then detach.
+
+        A writer that grew the map since this open makes LMDB refuse the transaction
+        (``MDB_MAP_RESIZED``): the new size is adopted and the read begins again."""
+        from tidal_actors.storage.stores import parse_store
+
+        for attempt in range(5):
+            with self._env_lock:
+                try:
+                    txn = self._live().begin(buffers=False)
+                except lmdb.MapResizedError:
+                    if attempt == 4:
+                        raise StorageError(f"cannot read {self.path}: its map keeps growing") from None
+                    self.env.set_mapsize(0)  # LMDB takes the size the writer's meta page names
+                    continue
+                except lmdb.Error as exc:
+                    raise StorageError(f"cannot read {self.path}: {exc}") from exc
+                self.read_at_ns = time.time_ns()
+                kept: dict[str, dict[bytes, bytes]] = {k.value: {} for k in _KEPT}
+                with txn:
+                    restored = parse_store(
+                        # kept keyspaces are read whole (a valid snapshot skips the history)
+                        {k.value: (list(self._keep(txn, k, kept[k.value])) if k in _KEPT else self._read(txn, k))
+                         for k in Keyspace},
+                        snapshot_ledgers,
+                    )
+                self._kept = kept
+                self._detach()
+                stamps = [int(b.ts.max()) for b in restored.batches if len(b.ts)]
+                self.latest_event_ns = max(stamps) if stamps else None
+                return restored
+        raise AssertionError("unreachable")
+
+    def _keep(self, txn: Any, keyspace: Keyspace, into: dict[bytes, bytes]) -> Iterator[tuple[bytes, bytes]]:
+        for key, value in self._read(txn, keyspace):
+            into[bytes(key)] = bytes(value)
+            yield key, value
+
+    def _detach(self) -> None:
+        """Close the environment (its reader slot freed); this process may open the
+        store again, as a writer too."""
+        self._close_env()
+        with _open_lock:
+            _open_paths.discard(self._key)
+
+    def close(self) -> None:
+        """Let go of what was kept (and of the environment, if :meth:`load` never ran)."""
+        with self._env_lock:
+            if self._kept is None:
+                super().close()
+            self._kept = None
+            self._closed = True
+
+    def _snapshot(self, keyspace: Keyspace) -> dict[bytes, bytes]:
+        if self._closed:
+            raise DatabaseClosed(f"the store at {self.path} is closed")
+        if self._kept is None or keyspace.value not in self._kept:
+            raise StorageError(
+                f"{self.path} was read once, at its read-only open; its {keyspace.value} "
+                "keyspace is not kept: open it again to read it"
+            )
+        return self._kept[keyspace.value]
+
+    def raw_get(self, keyspace: Keyspace, key: bytes) -> bytes | None:
+        """One value as of the read (users and items keyspaces)."""
+        return self._snapshot(keyspace).get(bytes(key))
+
+    def raw_keys(self, keyspace: Keyspace) -> list[bytes]:
+        """Every key of ``keyspace`` as of the read, in key order."""
+        return sorted(self._snapshot(keyspace))
+
+    def get_many(self, keyspace: Keyspace, keys: list[bytes]) -> list[tuple[bytes, bytes | None]]:
+        """``(key, value or None)`` of each key as of the read."""
+        kept = self._snapshot(keyspace)
+        return [(k, kept.get(bytes(k))) for k in keys]
+
+    def scan(self, keyspace: Keyspace) -> list[tuple[bytes, bytes]]:
+        """Every ``(key, value)`` of ``keyspace`` as of the read, in key order."""
+        return sorted(self._snapshot(keyspace).items())
+
+    def history_items(self) -> Iterator[tuple[bytes, bytes]]:
+        return iter(self.scan(Keyspace.HISTORY))
