@@ -27,7 +27,9 @@ T0 = 10**18
 def blocking_round(db: TidalDb, op: str, calls: int) -> float:
     """Seconds per call, one caller thread."""
     fn: Callable[[int], Any] = (
-        db.cohorts_of if op == "cohorts_of" else (lambda i: db.read_decay_score(COMMUNITY, i % 50, 1))
+        db.cohorts_of
+        if op == "cohorts_of"
+        else (lambda i: db.read_decay_score(COMMUNITY, i % 50, 1))
     )
     start = time.perf_counter()
     for i in range(calls):
@@ -38,7 +40,9 @@ def blocking_round(db: TidalDb, op: str, calls: int) -> float:
 async def awaited_round(db: Any, op: str, calls: int, tasks: int) -> float:
     """Seconds per call (wall time / calls) with ``tasks`` tasks sharing ``calls``."""
     fn: Callable[[int], Awaitable[Any]] = (
-        db.cohorts_of if op == "cohorts_of" else (lambda i: db.read_decay_score(COMMUNITY, i % 50, 1))
+        db.cohorts_of
+        if op == "cohorts_of"
+        else (lambda i: db.read_decay_score(COMMUNITY, i % 50, 1))
     )
     per_task = calls // tasks
 
@@ -84,14 +88,18 @@ async def main(calls: int, repeats: int) -> dict[str, Any]:
 
 
 def report(results: dict[str, Any]) -> None:
-    print(f"{'operation':<18} {'blocking':>12} {'awaited':>12} {'ratio':>6} "
-          f"{'1 task':>10} {'100 tasks':>10} {'x1 task':>8} {'xblocking':>9}")
+    print(
+        f"{'operation':<18} {'blocking':>12} {'awaited':>12} {'ratio':>6} "
+        f"{'1 task':>10} {'100 tasks':>10} {'x1 task':>8} {'xblocking':>9}"
+    )
     print(f"{'':<18} {'us/call':>12} {'us/call':>12} {'':>6} {'calls/s':>10} {'calls/s':>10}")
     for op, r in results.items():
-        print(f"{op:<18} {r['blocking_us_per_call']:>12} {r['awaited_us_per_call']:>12} "
-              f"{r['awaited_over_blocking']:>6} {r['awaited_calls_per_s_1_task']:>10} "
-              f"{r['awaited_calls_per_s_100_tasks']:>10} {r['throughput_100_tasks_over_1_task']:>8} "
-              f"{r['throughput_100_tasks_over_blocking']:>9}")
+        print(
+            f"{op:<18} {r['blocking_us_per_call']:>12} {r['awaited_us_per_call']:>12} "
+            f"{r['awaited_over_blocking']:>6} {r['awaited_calls_per_s_1_task']:>10} "
+            f"{r['awaited_calls_per_s_100_tasks']:>10} {r['throughput_100_tasks_over_1_task']:>8} "
+            f"{r['throughput_100_tasks_over_blocking']:>9}"
+        )
 
 
 if __name__ == "__main__":

@@ -75,7 +75,10 @@ def control_round(db: TidalDb, users: int, ops: int, seed: int) -> tuple[list[fl
 
 def ingest(db: TidalDb, users: int, stop: threading.Event, seed: int) -> tuple[int, float]:
     rng = random.Random(seed)
-    batches = [[Signal(rng.randrange(users), rng.randrange(5000), 1, 1.0) for _ in range(1000)] for _ in range(20)]
+    batches = [
+        [Signal(rng.randrange(users), rng.randrange(5000), 1, 1.0) for _ in range(1000)]
+        for _ in range(20)
+    ]
     n = 0
     start = time.perf_counter()
     while not stop.is_set():
@@ -115,13 +118,21 @@ def measure(path: str | None, users: int, ops: int, seconds: float) -> dict[str,
         res["purge_idle_p50_ms"], res["purge_idle_p99_ms"] = pct(purges, 0.5), pct(purges, 0.99)
         plain = loaded(db, users, ops, seconds, False)
         busy = loaded(db, users, ops, seconds, True)
-        res["leave_loaded_p50_ms"], res["leave_loaded_p99_ms"] = pct(busy["leaves"], 0.5), pct(busy["leaves"], 0.99)
-        res["purge_loaded_p50_ms"], res["purge_loaded_p99_ms"] = pct(busy["purges"], 0.5), pct(busy["purges"], 0.99)
+        res["leave_loaded_p50_ms"], res["leave_loaded_p99_ms"] = (
+            pct(busy["leaves"], 0.5),
+            pct(busy["leaves"], 0.99),
+        )
+        res["purge_loaded_p50_ms"], res["purge_loaded_p99_ms"] = (
+            pct(busy["purges"], 0.5),
+            pct(busy["purges"], 0.99),
+        )
         res["ingest_signals_per_s"] = plain["rate"]
         res["ingest_with_control_signals_per_s"] = busy["rate"]
     res["leave_p99_loaded_vs_idle"] = res["leave_loaded_p99_ms"] / res["leave_idle_p99_ms"]
     res["purge_p99_loaded_vs_idle"] = res["purge_loaded_p99_ms"] / res["purge_idle_p99_ms"]
-    res["ingest_with_vs_without_control"] = res["ingest_with_control_signals_per_s"] / res["ingest_signals_per_s"]
+    res["ingest_with_vs_without_control"] = (
+        res["ingest_with_control_signals_per_s"] / res["ingest_signals_per_s"]
+    )
     return res
 
 
@@ -139,7 +150,9 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=20_000)
     ap.add_argument("--ops", type=int, default=200)
     ap.add_argument("--seconds", type=float, default=4.0)
-    ap.add_argument("--assign-users", type=int, default=1_000, help="users for the 1-vs-16 callers assign rate")
+    ap.add_argument(
+        "--assign-users", type=int, default=1_000, help="users for the 1-vs-16 callers assign rate"
+    )
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--quick", action="store_true", help="5,000 users, 60 operations, 2 s")
     args = ap.parse_args()

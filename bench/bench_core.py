@@ -56,7 +56,9 @@ def structure_bytes(db: TidalDb) -> dict[str, int]:
     return out
 
 
-def zipf_entities(n: int, n_entities: int = 50_000, exponent: float = 1.1, seed: int = 1) -> list[int]:
+def zipf_entities(
+    n: int, n_entities: int = 50_000, exponent: float = 1.1, seed: int = 1
+) -> list[int]:
     """Entity ids with Zipf-skewed popularity (rank r drawn with weight r ** -exponent)."""
     rng = np.random.default_rng(seed)
     p = np.arange(1, n_entities + 1, dtype=np.float64) ** -exponent
@@ -77,7 +79,9 @@ def cohorts_for(n_users: int) -> dict[int, tuple[str, ...]]:
     return {u: tuple(f"c{(u * 7 + j) % 200}" for j in range(1 + u % 2)) for u in range(n_users)}
 
 
-def plain_loop(signals: list[tuple[int, int, int, float, int]], cohorts: dict[int, tuple[str, ...]]) -> float:
+def plain_loop(
+    signals: list[tuple[int, int, int, float, int]], cohorts: dict[int, tuple[str, ...]]
+) -> float:
     """The baseline: the same fan-out in one thread with plain dicts and lists."""
     half_life = 7 * 24 * HOUR
     width = HOUR
@@ -125,7 +129,9 @@ def ingest(path: str | None, signals, cohorts, *, batch: bool) -> float:
         if batch:
             step = 10_000
             for k in range(0, len(signals), step):
-                db.signal_batch([Signal(u, e, ty, w, ts) for u, e, ty, w, ts in signals[k : k + step]])
+                db.signal_batch(
+                    [Signal(u, e, ty, w, ts) for u, e, ty, w, ts in signals[k : k + step]]
+                )
         else:
             sig = db.signal_with_context
             for u, e, ty, w, ts in signals:
@@ -177,11 +183,23 @@ def purge_at_full_log(
         filled = 0
         while filled < log_records - repeats * user_records * 2:
             ents = zipf_entities(step, seed=filled)
-            db.signal_batch([Signal(repeats + rng.randrange(n_users), ents[i], rng.randrange(4), 1.0, T0 + filled + i)
-                             for i in range(step)])
+            db.signal_batch(
+                [
+                    Signal(
+                        repeats + rng.randrange(n_users),
+                        ents[i],
+                        rng.randrange(4),
+                        1.0,
+                        T0 + filled + i,
+                    )
+                    for i in range(step)
+                ]
+            )
             filled += step
         for u in range(repeats):
-            db.signal_batch([Signal(u, rng.randrange(50_000), 1, 1.0, T0 + i) for i in range(user_records)])
+            db.signal_batch(
+                [Signal(u, rng.randrange(50_000), 1, 1.0, T0 + i) for i in range(user_records)]
+            )
         db.flush()
         st = db.stats()
         per_record = (settled_rss() - rss0) / max(st["log_records"], 1)
@@ -219,16 +237,25 @@ def main() -> None:
         rates, ratios = [], []
         for r in range(rounds):
             base = plain_loop(signals, cohorts)
-            rate = ingest(os.path.join(tmp, f"{name}-{r}") if persistent else None, signals, cohorts, batch=batch)
+            rate = ingest(
+                os.path.join(tmp, f"{name}-{r}") if persistent else None,
+                signals,
+                cohorts,
+                batch=batch,
+            )
             bases.append(base)
             rates.append(rate)
             ratios.append(rate / base)
         out[f"{name}_signals_per_s"] = statistics.median(rates)
         out[f"{name}_ratio"] = statistics.median(ratios)
     out["plain_loop_signals_per_s"] = statistics.median(bases)
-    out["call_path_ephemeral_signals_per_s"] = statistics.median(ingest_call_path(None, signals) for _ in range(rounds))
+    out["call_path_ephemeral_signals_per_s"] = statistics.median(
+        ingest_call_path(None, signals) for _ in range(rounds)
+    )
     out["leave_ephemeral_p50_ms"], out["leave_ephemeral_p99_ms"] = leave_latency(None, 2000)
-    out["leave_persistent_p50_ms"], out["leave_persistent_p99_ms"] = leave_latency(os.path.join(tmp, "c"), 500)
+    out["leave_persistent_p50_ms"], out["leave_persistent_p99_ms"] = leave_latency(
+        os.path.join(tmp, "c"), 500
+    )
     log_records = 500_000 if args.quick else 5_000_000
     p50, p99, per_rec, retained, parts = purge_at_full_log(log_records, 1000, 100)
     out["purge_1000_log_records"] = retained

@@ -75,7 +75,9 @@ async def _ticker(now: Callable[[], float], sleep: Callable[[float], Any], stop_
     return worst
 
 
-def _worker_body(mode: str, db: Any, k: int, sleep0: Callable[[], Any], stop: list[bool]) -> Coroutine[Any, Any, int]:
+def _worker_body(
+    mode: str, db: Any, k: int, sleep0: Callable[[], Any], stop: list[bool]
+) -> Coroutine[Any, Any, int]:
     async def send() -> int:
         n = 0
         while not stop[0]:
@@ -114,7 +116,11 @@ def run_trio(mode: str, tasks: int, seconds: float) -> dict[str, float]:
             return worst
 
     worst = trio.run(main, instruments=[timer])
-    return {"worst_tick_late_ms": worst * 1e3, "longest_step_ms": timer.longest * 1e3, "calls": sum(counts)}
+    return {
+        "worst_tick_late_ms": worst * 1e3,
+        "longest_step_ms": timer.longest * 1e3,
+        "calls": sum(counts),
+    }
 
 
 def run_asyncio(mode: str, tasks: int, seconds: float) -> dict[str, float]:
@@ -125,19 +131,27 @@ def run_asyncio(mode: str, tasks: int, seconds: float) -> dict[str, float]:
             stop = [False]
 
             async def worker(k: int) -> None:
-                counts.append(await _Timed(_worker_body(mode, db, k, lambda: asyncio.sleep(0), stop)))
+                counts.append(
+                    await _Timed(_worker_body(mode, db, k, lambda: asyncio.sleep(0), stop))
+                )
 
             async with asyncio.TaskGroup() as group:
                 for k in range(tasks):
                     group.create_task(worker(k))
                 await asyncio.sleep(0.05)
                 _Timed.longest = 0.0
-                worst = await _ticker(time.perf_counter, asyncio.sleep, time.perf_counter() + seconds)
+                worst = await _ticker(
+                    time.perf_counter, asyncio.sleep, time.perf_counter() + seconds
+                )
                 stop[0] = True
             return worst
 
     worst = asyncio.run(main())
-    return {"worst_tick_late_ms": worst * 1e3, "longest_step_ms": _Timed.longest * 1e3, "calls": sum(counts)}
+    return {
+        "worst_tick_late_ms": worst * 1e3,
+        "longest_step_ms": _Timed.longest * 1e3,
+        "calls": sum(counts),
+    }
 
 
 def measure(tasks: int, seconds: float) -> dict[str, dict[str, float]]:
@@ -146,7 +160,9 @@ def measure(tasks: int, seconds: float) -> dict[str, dict[str, float]]:
         for mode in ("checkpoints", "signals"):
             out[f"{loop} {mode}"] = fn(mode, tasks, seconds)
         base = out[f"{loop} checkpoints"]["worst_tick_late_ms"]
-        out[f"{loop} signals"]["lateness_vs_checkpoints"] = out[f"{loop} signals"]["worst_tick_late_ms"] / max(base, 1e-9)
+        out[f"{loop} signals"]["lateness_vs_checkpoints"] = out[f"{loop} signals"][
+            "worst_tick_late_ms"
+        ] / max(base, 1e-9)
     return out
 
 
@@ -164,11 +180,15 @@ def main() -> None:
         print(json.dumps(res, indent=2))
         return
     print(f"{args.tasks} tasks, {args.seconds:g} s each (noisy shared machine)")
-    print(f"{'':24} {'worst tick late ms':>19} {'longest step ms':>16} {'calls':>10} {'vs bare':>8}")
+    print(
+        f"{'':24} {'worst tick late ms':>19} {'longest step ms':>16} {'calls':>10} {'vs bare':>8}"
+    )
     for name, r in res.items():
         ratio = r.get("lateness_vs_checkpoints")
-        print(f"{name:24} {r['worst_tick_late_ms']:19.1f} {r['longest_step_ms']:16.2f} {int(r['calls']):10d} "
-              f"{'' if ratio is None else f'{ratio:.2f}x':>8}")
+        print(
+            f"{name:24} {r['worst_tick_late_ms']:19.1f} {r['longest_step_ms']:16.2f} {int(r['calls']):10d} "
+            f"{'' if ratio is None else f'{ratio:.2f}x':>8}"
+        )
 
 
 if __name__ == "__main__":

@@ -73,7 +73,10 @@ def signals(n: int, seed: int = 1) -> list[Signal]:
     ents = zipf_entities(n, n_entities=200, seed=seed)
     span = 2_000 * SEC
     start = T0 - T0 % HOUR  # the start of an hour: every signal in one bucket
-    return [Signal(rng.randrange(USERS), ents[i], rng.randrange(4), 1.0, start + i * span // n) for i in range(n)]
+    return [
+        Signal(rng.randrange(USERS), ents[i], rng.randrange(4), 1.0, start + i * span // n)
+        for i in range(n)
+    ]
 
 
 def join_cohorts(db: TidalDb, tag: str) -> None:
@@ -95,14 +98,18 @@ def run(cap: int, path: str | None) -> dict[str, float]:
     tag = "persistent" if path else "ephemeral"
     db = TidalDb.open(path, config=cfg, clock=clock)
     try:
-        progress(f"{tag}: {USERS:,} users join their cohorts (one call each, a commit each on a store)")
+        progress(
+            f"{tag}: {USERS:,} users join their cohorts (one call each, a commit each on a store)"
+        )
         join_cohorts(db, tag)
         done = 0
         records = 0
         for mult in (1, 2, 5, 10):
             upto = mult * cap
-            progress(f"{tag}: signalling up to {mult}x the cap ({upto:,} signals; {records:,} "
-                     "records so far)")
+            progress(
+                f"{tag}: signalling up to {mult}x the cap ({upto:,} signals; {records:,} "
+                "records so far)"
+            )
             for lo in range(done, upto, 1_000):
                 db.signal_batch(sigs[lo : min(lo + 1_000, upto)])
             done = upto
@@ -135,7 +142,11 @@ def data_file(cap: int, mult: int, path: str) -> float:
     """MiB of data.mdb after ``mult`` x the cap in signals, a close, and ``compact()``
     (retention 5 minutes: the history keeps only the last 5 minutes of signals)."""
     sigs = signals(10 * cap)[: mult * cap]
-    cfg = Config(max_contribution_log_entries=cap, rematerialize_after_ms=None, history_retention_ns=300 * SEC)
+    cfg = Config(
+        max_contribution_log_entries=cap,
+        rematerialize_after_ms=None,
+        history_retention_ns=300 * SEC,
+    )
     clock = ManualClock(sigs[-1].timestamp_ns)
     progress(f"data file at {mult}x the cap: {len(sigs):,} signals, a close, compact()")
     with TidalDb.open(path, config=cfg, clock=clock) as db:
@@ -151,18 +162,33 @@ def sections(out: dict[str, float]) -> list[tuple[str, list[str]]]:
     """The figures' keys grouped, each group under a line saying what its numbers are."""
     groups: list[tuple[str, list[str]]] = [("the contribution log's cap (records)", ["log_cap"])]
     for tag in ("ephemeral", "persistent"):
-        groups.append((
-            f"{tag}: after 1x, 2x, 5x and 10x the cap in signals: records attributed; "
-            "*_rss_mib MiB of RSS above the start (settled); *_mib the ledgers' structures "
-            "by part, MiB; detail rows held; settled buckets; baseline: 33 B a record, MiB",
-            [k for k in out if k.startswith(f"{tag}_") and k[len(tag) + 1].isdigit()
-             and "data_file" not in k]))
-        groups.append((
-            f"{tag}: growth in bytes per record attributed, from 1x and from 5x to 10x "
-            "(RSS, the structures; 0 would be flat), beside the baseline's 33",
-            [k for k in out if k.startswith(f"{tag}_") and "per_record" in k]))
-    groups.append(("data file (MiB of data.mdb) after a close and compact(), history "
-                   "retention 5 minutes", [k for k in out if "data_file" in k]))
+        groups.append(
+            (
+                f"{tag}: after 1x, 2x, 5x and 10x the cap in signals: records attributed; "
+                "*_rss_mib MiB of RSS above the start (settled); *_mib the ledgers' structures "
+                "by part, MiB; detail rows held; settled buckets; baseline: 33 B a record, MiB",
+                [
+                    k
+                    for k in out
+                    if k.startswith(f"{tag}_")
+                    and k[len(tag) + 1].isdigit()
+                    and "data_file" not in k
+                ],
+            )
+        )
+        groups.append(
+            (
+                f"{tag}: growth in bytes per record attributed, from 1x and from 5x to 10x "
+                "(RSS, the structures; 0 would be flat), beside the baseline's 33",
+                [k for k in out if k.startswith(f"{tag}_") and "per_record" in k],
+            )
+        )
+    groups.append(
+        (
+            "data file (MiB of data.mdb) after a close and compact(), history retention 5 minutes",
+            [k for k in out if "data_file" in k],
+        )
+    )
     return groups
 
 
@@ -172,11 +198,15 @@ def print_sections(out: dict[str, float]) -> None:
         print(f"-- {heading}")
         for k in keys:
             v = out[k]
-            print(f"   {k:<{width}}  {v:,.2f}" if isinstance(v, float) else f"   {k:<{width}}  {v:,}")
+            print(
+                f"   {k:<{width}}  {v:,.2f}" if isinstance(v, float) else f"   {k:<{width}}  {v:,}"
+            )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="cap 20,000 (2-5 minutes on 2 cores)")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
@@ -187,7 +217,9 @@ def main() -> None:
         out.update(run(cap, None))
         out.update(run(cap, os.path.join(tmp, "store")))
         for mult in (1, 10):
-            out[f"persistent_{mult}x_data_file_after_compact_mib"] = data_file(cap, mult, os.path.join(tmp, f"f{mult}"))
+            out[f"persistent_{mult}x_data_file_after_compact_mib"] = data_file(
+                cap, mult, os.path.join(tmp, f"f{mult}")
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print_sections(out)

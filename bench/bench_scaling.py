@@ -70,13 +70,17 @@ def ingestion(users: int, n_signals: int, repeats: int) -> dict[str, Any]:
             setup = assign_all(db, cohorts)
             t = time.perf_counter()
             for k in range(0, n_signals, 10_000):
-                db.signal_batch([Signal(u, e, ty, w, ts) for u, e, ty, w, ts in signals[k : k + 10_000]])
+                db.signal_batch(
+                    [Signal(u, e, ty, w, ts) for u, e, ty, w, ts in signals[k : k + 10_000]]
+                )
             db.flush()
             rates.append(n_signals / (time.perf_counter() - t))
         gc.collect()
     ratios = [r / b for r, b in zip(rates, bases)]
     return {
-        "users": users, "signals": n_signals, "assign_setup_s": setup,
+        "users": users,
+        "signals": n_signals,
+        "assign_setup_s": setup,
         "runtime_signals_per_s": statistics.median(rates),
         "plain_signals_per_s": statistics.median(bases),
         "ratio": statistics.median(ratios),
@@ -86,7 +90,9 @@ def ingestion(users: int, n_signals: int, repeats: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- purge
 
 
-def plain_purge_latency(records: list[tuple[int, str, int, int, float, int]], victims: list[int]) -> list[float]:
+def plain_purge_latency(
+    records: list[tuple[int, str, int, int, float, int]], victims: list[int]
+) -> list[float]:
     """The plain baseline: per-key score and bucket dicts, a dict of each (user, cohort)'s
     record indices; a purge subtracts the pair's records and marks them drained."""
     scores: dict[tuple[str, int, int], list[float]] = {}
@@ -130,11 +136,17 @@ def _purge_batches(log_records: int, victims: int, per_user: int) -> Iterator[li
     while filled < background:
         n = min(step, background - filled)
         ents = zipf_entities(n, seed=filled)
-        yield [Signal(victims + rng.randrange(100_000), ents[i], rng.randrange(4), 1.0, T0 + filled + i)
-               for i in range(n)]
+        yield [
+            Signal(
+                victims + rng.randrange(100_000), ents[i], rng.randrange(4), 1.0, T0 + filled + i
+            )
+            for i in range(n)
+        ]
         filled += n
     for u in range(victims):
-        yield [Signal(u, rng.randrange(50_000), 1, 1.0, T0 + background + i) for i in range(per_user)]
+        yield [
+            Signal(u, rng.randrange(50_000), 1, 1.0, T0 + background + i) for i in range(per_user)
+        ]
 
 
 def purge(log_records: int, per_user: int = 1000, victims: int = 100) -> dict[str, Any]:
@@ -177,8 +189,12 @@ def purge(log_records: int, per_user: int = 1000, victims: int = 100) -> dict[st
     for batch in _purge_batches(log_records, victims, per_user):
         for s in batch:
             if s.user_id < victims:
-                records.append((s.user_id, "target", s.entity_id, s.signal_type, 1.0, s.timestamp_ns))
-            records.append((s.user_id, "@community", s.entity_id, s.signal_type, 1.0, s.timestamp_ns))
+                records.append(
+                    (s.user_id, "target", s.entity_id, s.signal_type, 1.0, s.timestamp_ns)
+                )
+            records.append(
+                (s.user_id, "@community", s.entity_id, s.signal_type, 1.0, s.timestamp_ns)
+            )
     plain = plain_purge_latency(records, list(range(victims)))
     del records
     gc.collect()
@@ -186,9 +202,14 @@ def purge(log_records: int, per_user: int = 1000, victims: int = 100) -> dict[st
     plain.sort()
     p50, p99 = statistics.median(lat), lat[-1] if len(lat) < 100 else lat[int(len(lat) * 0.99) - 1]
     return {
-        "log_records": held, "user_records": per_user, "purges": victims,
-        "p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3, "max_ms": lat[-1] * 1e3,
-        "full_gc_passes": len(full_gc), "full_gc_max_ms": max(full_gc, default=0.0) * 1e3,
+        "log_records": held,
+        "user_records": per_user,
+        "purges": victims,
+        "p50_ms": p50 * 1e3,
+        "p99_ms": p99 * 1e3,
+        "max_ms": lat[-1] * 1e3,
+        "full_gc_passes": len(full_gc),
+        "full_gc_max_ms": max(full_gc, default=0.0) * 1e3,
         "plain_p50_ms": statistics.median(plain) * 1e3,
         "ratio_p50": statistics.median(plain) / p50,
     }
@@ -230,8 +251,10 @@ def restore(n_records: int) -> dict[str, Any]:
             for k in range(0, n_signals, 20_000):
                 n = min(20_000, n_signals - k)
                 ents = zipf_entities(n, seed=k)
-                batch = [(rng.randrange(users), ents[i], rng.randrange(4), 1.0, T0 + (k + i) * 1_000_000)
-                         for i in range(n)]
+                batch = [
+                    (rng.randrange(users), ents[i], rng.randrange(4), 1.0, T0 + (k + i) * 1_000_000)
+                    for i in range(n)
+                ]
                 db.signal_batch([Signal(*s) for s in batch])
                 records.extend(batch)
             db.flush()
@@ -243,8 +266,10 @@ def restore(n_records: int) -> dict[str, Any]:
             t = time.perf_counter()
             db = TidalDb.open(path, config=cfg)
             s = time.perf_counter() - t
-            assert db.read_decay_score("@community", 0, 1) == before or abs(
-                db.read_decay_score("@community", 0, 1) - before) <= 1e-9 * before
+            assert (
+                db.read_decay_score("@community", 0, 1) == before
+                or abs(db.read_decay_score("@community", 0, 1) - before) <= 1e-9 * before
+            )
             db.close()  # a clean close: writes the snapshot again
             return s
 
@@ -257,17 +282,24 @@ def restore(n_records: int) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {
-        "contributions": n_signals * 2, "store_mb": size / 2**20, "assign_setup_s": setup,
-        "ingest_s": ingest_s, "restore_snapshot_s": snap_s, "restore_replay_s": replay_s,
+        "contributions": n_signals * 2,
+        "store_mb": size / 2**20,
+        "assign_setup_s": setup,
+        "ingest_s": ingest_s,
+        "restore_snapshot_s": snap_s,
+        "restore_replay_s": replay_s,
         "plain_rebuild_s": plain_s,
-        "ratio_snapshot": plain_s / snap_s, "ratio_replay": plain_s / replay_s,
+        "ratio_snapshot": plain_s / snap_s,
+        "ratio_replay": plain_s / replay_s,
     }
 
 
 # ---------------------------------------------------------------- main
 
 
-def _table(title: str, rows: list[dict[str, Any]], cols: list[tuple[str, str, Callable[[Any], str]]]) -> None:
+def _table(
+    title: str, rows: list[dict[str, Any]], cols: list[tuple[str, str, Callable[[Any], str]]]
+) -> None:
     print(f"\n{title}")
     print("  " + "  ".join(f"{h:>14}" for h, _, _ in cols))
     for r in rows:
@@ -275,11 +307,19 @@ def _table(title: str, rows: list[dict[str, Any]], cols: list[tuple[str, str, Ca
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="the two smaller sizes of each, fewer signals")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="the two smaller sizes of each, fewer signals"
+    )
     ap.add_argument("--json", help="also write the figures to this file")
-    ap.add_argument("--only", choices=["ingestion", "purge", "restore"], action="append",
-                    help="run only these (repeatable)")
+    ap.add_argument(
+        "--only",
+        choices=["ingestion", "purge", "restore"],
+        action="append",
+        help="run only these (repeatable)",
+    )
     args = ap.parse_args()
     only = set(args.only or ["ingestion", "purge", "restore"])
     q = args.quick
@@ -290,26 +330,51 @@ def main() -> None:
     if "ingestion" in only:
         sizes = [10_000, 100_000] if q else [10_000, 100_000, 1_000_000]
         out["ingestion"] = [ingestion(u, 50_000 if q else 300_000, 2 if q else 3) for u in sizes]
-        _table("ingestion (signal_batch, ephemeral) by users", out["ingestion"], [
-            ("users", "users", f0), ("runtime sig/s", "runtime_signals_per_s", f0),
-            ("plain sig/s", "plain_signals_per_s", f0), ("ratio", "ratio", f3),
-            ("assign set-up s", "assign_setup_s", f2)])
+        _table(
+            "ingestion (signal_batch, ephemeral) by users",
+            out["ingestion"],
+            [
+                ("users", "users", f0),
+                ("runtime sig/s", "runtime_signals_per_s", f0),
+                ("plain sig/s", "plain_signals_per_s", f0),
+                ("ratio", "ratio", f3),
+                ("assign set-up s", "assign_setup_s", f2),
+            ],
+        )
     if "purge" in only:
         sizes = [50_000, 500_000] if q else [50_000, 500_000, 5_000_000]
         out["purge"] = [purge(n) for n in sizes]
-        _table("purge of a user's 1,000 contributions by log size", out["purge"], [
-            ("log records", "log_records", f0), ("purges", "purges", f0), ("p50 ms", "p50_ms", f2),
-            ("p99 ms", "p99_ms", f2), ("max ms", "max_ms", f2), ("full GCs", "full_gc_passes", f0),
-            ("full GC max ms", "full_gc_max_ms", f2),
-            ("plain p50 ms", "plain_p50_ms", f3), ("ratio p50", "ratio_p50", f3)])
+        _table(
+            "purge of a user's 1,000 contributions by log size",
+            out["purge"],
+            [
+                ("log records", "log_records", f0),
+                ("purges", "purges", f0),
+                ("p50 ms", "p50_ms", f2),
+                ("p99 ms", "p99_ms", f2),
+                ("max ms", "max_ms", f2),
+                ("full GCs", "full_gc_passes", f0),
+                ("full GC max ms", "full_gc_max_ms", f2),
+                ("plain p50 ms", "plain_p50_ms", f3),
+                ("ratio p50", "ratio_p50", f3),
+            ],
+        )
     if "restore" in only:
         sizes = [100_000, 1_000_000] if q else [100_000, 1_000_000, 5_000_000]
         out["restore"] = [restore(n) for n in sizes]
-        _table("restore by contributions held", out["restore"], [
-            ("contributions", "contributions", f0), ("store MB", "store_mb", f0),
-            ("snapshot s", "restore_snapshot_s", f2), ("replay s", "restore_replay_s", f2),
-            ("plain s", "plain_rebuild_s", f2), ("ratio snap", "ratio_snapshot", f3),
-            ("ratio replay", "ratio_replay", f3)])
+        _table(
+            "restore by contributions held",
+            out["restore"],
+            [
+                ("contributions", "contributions", f0),
+                ("store MB", "store_mb", f0),
+                ("snapshot s", "restore_snapshot_s", f2),
+                ("replay s", "restore_replay_s", f2),
+                ("plain s", "plain_rebuild_s", f2),
+                ("ratio snap", "ratio_snapshot", f3),
+                ("ratio replay", "ratio_replay", f3),
+            ],
+        )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=2)

@@ -24,19 +24,33 @@ BENCHES = [  # (name, script, how it hands over its figures: a --json FILE or JS
     ("aio", "bench_aio.py", "stdout"),  # issue 4: the trio facade
     ("memory", "bench_memory.py", "file"),  # issue 13 item 9: memory bounded by the log cap
     ("control", "bench_control.py", "file"),  # leave and purge under full ingestion, group commit
-    ("lateness", "bench_loop_lateness.py", "stdout"),  # the event loop with 2,000 tasks sending signals
+    (
+        "lateness",
+        "bench_loop_lateness.py",
+        "stdout",
+    ),  # the event loop with 2,000 tasks sending signals
 ]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes in all)")
     ap.add_argument("--json", help="write every figure to this file")
-    ap.add_argument("--only", action="append", choices=[name for name, _, _ in BENCHES],
-                    help="run only these benchmarks (repeatable)")
+    ap.add_argument(
+        "--only",
+        action="append",
+        choices=[name for name, _, _ in BENCHES],
+        help="run only these benchmarks (repeatable)",
+    )
     args = ap.parse_args()
-    results: dict[str, object] = {"quick": args.quick, "python": sys.version.split()[0],
-                                  "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    results: dict[str, object] = {
+        "quick": args.quick,
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     failed = []
     with tempfile.TemporaryDirectory(prefix="tidal-bench-") as tmp:
         for name, script, hand_over in BENCHES:
@@ -70,7 +84,9 @@ def main() -> None:
                     results[name] = json.loads(tail)
                 except ValueError:
                     print(tail, end="")
-            print(f"== {name}: {time.perf_counter() - t:.0f} s, exit {proc.returncode}\n", flush=True)
+            print(
+                f"== {name}: {time.perf_counter() - t:.0f} s, exit {proc.returncode}\n", flush=True
+            )
             if proc.returncode != 0:
                 failed.append(name)
                 continue

@@ -52,8 +52,14 @@ class Tally:
     last_top: list[tuple[int, float]] = field(default_factory=list)
 
 
-async def producer(db: AsyncTidalDb, p: int, users: int, signals: int,
-                   requests: asyncio.Queue[Request | None], tally: Tally) -> None:
+async def producer(
+    db: AsyncTidalDb,
+    p: int,
+    users: int,
+    signals: int,
+    requests: asyncio.Queue[Request | None],
+    tally: Tally,
+) -> None:
     for i in range(users):
         user = p * 1000 + i
         cohort = COHORTS[user % len(COHORTS)]
@@ -73,8 +79,9 @@ async def producer(db: AsyncTidalDb, p: int, users: int, signals: int,
                 tally.sent += 1
 
 
-async def request_server(db: AsyncTidalDb, requests: asyncio.Queue[Request | None],
-                         tally: Tally) -> None:
+async def request_server(
+    db: AsyncTidalDb, requests: asyncio.Queue[Request | None], tally: Tally
+) -> None:
     while (req := await requests.get()) is not None:  # None: every producer is done
         if req.kind == "leave":
             await db.leave_community_layer(req.user)
@@ -86,7 +93,9 @@ async def request_server(db: AsyncTidalDb, requests: asyncio.Queue[Request | Non
         req.done.set()
 
 
-async def topk_reader(db: AsyncTidalDb, stop: asyncio.Event, tally: Tally, every_s: float = 0.005) -> None:
+async def topk_reader(
+    db: AsyncTidalDb, stop: asyncio.Event, tally: Tally, every_s: float = 0.005
+) -> None:
     while not stop.is_set():
         tally.last_top = await db.top_entities(COMMUNITY, TYPE_VIEW, 3)
         tally.topk_reads += 1
@@ -113,8 +122,10 @@ async def main(path: str | None, producers: int, users: int, signals: int) -> Ta
         tally.last_top = await db.top_entities(COMMUNITY, TYPE_VIEW, 3)
         stats = await db.stats()
     print(f"producers: {producers}, users: {producers * users}")
-    print(f"signals sent: {tally.sent} applied: {stats['signals']} "
-          f"forwarded: {stats['forwarded']} gated: {stats['gated']}")
+    print(
+        f"signals sent: {tally.sent} applied: {stats['signals']} "
+        f"forwarded: {stats['forwarded']} gated: {stats['gated']}"
+    )
     print(f"leaves: {tally.leaves} purges: {tally.purges} records retracted: {tally.retracted}")
     print(f"top-k reads: {tally.topk_reads}")
     print("top 3 @community: " + " ".join(f"{e}={s:.2f}" for e, s in tally.last_top))

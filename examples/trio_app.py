@@ -51,8 +51,14 @@ class Tally:
     last_top: list[tuple[int, float]] = field(default_factory=list)
 
 
-async def producer(db: AsyncTidalDb, p: int, users: int, signals: int,
-                   requests: trio.MemorySendChannel[Request], tally: Tally) -> None:
+async def producer(
+    db: AsyncTidalDb,
+    p: int,
+    users: int,
+    signals: int,
+    requests: trio.MemorySendChannel[Request],
+    tally: Tally,
+) -> None:
     async with requests:
         for i in range(users):
             user = p * 1000 + i
@@ -73,8 +79,9 @@ async def producer(db: AsyncTidalDb, p: int, users: int, signals: int,
                     tally.sent += 1
 
 
-async def request_server(db: AsyncTidalDb, requests: trio.MemoryReceiveChannel[Request],
-                         tally: Tally) -> None:
+async def request_server(
+    db: AsyncTidalDb, requests: trio.MemoryReceiveChannel[Request], tally: Tally
+) -> None:
     async with requests:
         async for req in requests:
             if req.kind == "leave":
@@ -87,7 +94,9 @@ async def request_server(db: AsyncTidalDb, requests: trio.MemoryReceiveChannel[R
             req.done.set()
 
 
-async def topk_reader(db: AsyncTidalDb, stop: trio.Event, tally: Tally, every_s: float = 0.005) -> None:
+async def topk_reader(
+    db: AsyncTidalDb, stop: trio.Event, tally: Tally, every_s: float = 0.005
+) -> None:
     while not stop.is_set():
         tally.last_top = await db.top_entities(COMMUNITY, TYPE_VIEW, 3)
         tally.topk_reads += 1
@@ -113,8 +122,10 @@ async def main(path: str | None, producers: int, users: int, signals: int) -> Ta
         tally.last_top = await db.top_entities(COMMUNITY, TYPE_VIEW, 3)
         stats = await db.stats()
     print(f"producers: {producers}, users: {producers * users}")
-    print(f"signals sent: {tally.sent} applied: {stats['signals']} "
-          f"forwarded: {stats['forwarded']} gated: {stats['gated']}")
+    print(
+        f"signals sent: {tally.sent} applied: {stats['signals']} "
+        f"forwarded: {stats['forwarded']} gated: {stats['gated']}"
+    )
     print(f"leaves: {tally.leaves} purges: {tally.purges} records retracted: {tally.retracted}")
     print(f"top-k reads: {tally.topk_reads}")
     print("top 3 @community: " + " ".join(f"{e}={s:.2f}" for e, s in tally.last_top))

@@ -56,7 +56,9 @@ class Side:
             os.fsync(self.fd)
 
 
-def workload(path: str, side_path: str, seed: int, start_ns: int, cfg: dict[str, Any], max_ops: int = 5000) -> None:
+def workload(
+    path: str, side_path: str, seed: int, start_ns: int, cfg: dict[str, Any], max_ops: int = 5000
+) -> None:
     """A random mixed workload until killed (or ``max_ops``, then ``os._exit``)."""
     from tidal_actors import COMMUNITY, Config, ManualClock, Signal, TidalDb
 
@@ -76,7 +78,9 @@ def workload(path: str, side_path: str, seed: int, start_ns: int, cfg: dict[str,
                 w = rng.choice(WEIGHTS) if rng.random() < 0.8 else rng.uniform(0, 5)
                 ts = now - rng.randrange(0, 30 * HOUR) if rng.random() < 0.9 else None
                 cx = {"k": rng.randrange(100)} if rng.random() < 0.1 else None
-                sigs.append([rng.randrange(USERS), rng.randrange(ENTITIES), rng.randrange(TYPES), w, ts, cx])
+                sigs.append(
+                    [rng.randrange(USERS), rng.randrange(ENTITIES), rng.randrange(TYPES), w, ts, cx]
+                )
             side.write({"op": "sig", "n": n, "now": now, "s": sigs})
             if len(sigs) == 1 and rng.random() < 0.5:
                 db.signal_with_context(*sigs[0])

@@ -36,7 +36,9 @@ def close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=REL, abs_tol=ABS)
 
 
-def rows_mismatch(actual: Sequence[tuple[Any, ...]], expected: Sequence[tuple[Any, ...]]) -> str | None:
+def rows_mismatch(
+    actual: Sequence[tuple[Any, ...]], expected: Sequence[tuple[Any, ...]]
+) -> str | None:
     """None if the aggregate rows agree (keys and counts exactly, floats to REL)."""
     a = {r[:3]: r[3:] for r in actual}
     e = {r[:3]: r[3:] for r in expected}
@@ -54,8 +56,13 @@ def strip_ids(manifests: Iterable[PurgeManifest]) -> list[tuple[Any, ...]]:
 
 
 def assert_matches(
-    actual: Any, model: ReferenceModel, users: Iterable[int], *, ats: Iterable[int | None] = (None,),
-    exact_ids: bool = True, where: str = "",
+    actual: Any,
+    model: ReferenceModel,
+    users: Iterable[int],
+    *,
+    ats: Iterable[int | None] = (None,),
+    exact_ids: bool = True,
+    where: str = "",
 ) -> None:
     """Assert that ``actual`` answers every read as ``model`` does.
 
@@ -82,10 +89,20 @@ def assert_matches(
         assert bad is None, f"{where}aggregate_rows(at={at}): {bad}"
 
 
-_READS = frozenset({
-    "cohorts_of", "community_layer_status", "community_leave_history", "list_purge_manifests",
-    "read_decay_score", "read_window", "top_entities", "aggregate_rows", "stats", "flush",
-})
+_READS = frozenset(
+    {
+        "cohorts_of",
+        "community_layer_status",
+        "community_leave_history",
+        "list_purge_manifests",
+        "read_decay_score",
+        "read_window",
+        "top_entities",
+        "aggregate_rows",
+        "stats",
+        "flush",
+    }
+)
 
 
 class Recorder:

@@ -96,18 +96,35 @@ def test_truncated_or_emptied_store_is_refused_not_crashed(tmp_path):
     )
     with open(data, "r+b") as fh:
         fh.truncate(size // 2)
-    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code, path], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and out.stdout.startswith("refused:") and "truncated" in out.stdout
     with open(data, "r+b") as fh:
         fh.truncate(0)
-    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code, path], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and out.stdout.startswith("refused:"), out.stderr
 
 
 def test_inspect_does_not_create_a_store_in_a_foreign_directory(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
-    out = subprocess.run([sys.executable, "-m", "tidal_actors.cli", "inspect", "--data-dir", str(tmp_path), "user", "1"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tidal_actors.cli",
+            "inspect",
+            "--data-dir",
+            str(tmp_path),
+            "user",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "not a tidal_actors data directory" in out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
@@ -162,7 +179,9 @@ def test_manifest_keeps_log_order_across_a_ledger_shard_change(tmp_path) -> None
     path, clock = str(tmp_path / "db"), ManualClock(10**18)
 
     def open_(n: int) -> TidalDb:
-        return TidalDb.open(path, config=Config(ledger_shards=n, rematerialize_after_ms=None), clock=clock)
+        return TidalDb.open(
+            path, config=Config(ledger_shards=n, rematerialize_after_ms=None), clock=clock
+        )
 
     with open_(2) as db:
         db.assign_cohort(1, cohort)
@@ -181,7 +200,11 @@ def test_rematerialize_a_fully_purged_cohort_after_reopen(tmp_path, crash) -> No
     from the history (its purge names it): no UnknownCohort, as live."""
     from tidal_actors import Config, ManualClock, TidalDb
 
-    path, cfg, clock = str(tmp_path / "db"), Config(rematerialize_after_ms=None), ManualClock(10**18)
+    path, cfg, clock = (
+        str(tmp_path / "db"),
+        Config(rematerialize_after_ms=None),
+        ManualClock(10**18),
+    )
     with TidalDb.open(path, config=cfg, clock=clock) as db:
         db.assign_cohort(1, "c")
         db.signal_with_context(1, 10, 1, 1.0)
@@ -201,4 +224,7 @@ def test_log_cap_below_the_membership_shard_count_is_refused() -> None:
 
     with pytest.raises(InvalidArgument, match="max_contribution_log_entries"):
         Config(max_contribution_log_entries=1, membership_shards=2)
-    assert Config(max_contribution_log_entries=2, membership_shards=2).max_contribution_log_entries == 2
+    assert (
+        Config(max_contribution_log_entries=2, membership_shards=2).max_contribution_log_entries
+        == 2
+    )

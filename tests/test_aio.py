@@ -55,11 +55,17 @@ from .conftest import SEC, T0
 
 def new_threads(baseline: set[threading.Thread]) -> list[threading.Thread]:
     """Threads alive now that were not in ``baseline``, leaving out trio's idle workers."""
-    return [t for t in threading.enumerate() if t not in baseline and not t.name.startswith("Trio thread ")]
+    return [
+        t
+        for t in threading.enumerate()
+        if t not in baseline and not t.name.startswith("Trio thread ")
+    ]
 
 
 def new_trio_workers(baseline: set[threading.Thread]) -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t not in baseline and t.name.startswith("Trio thread ")]
+    return [
+        t for t in threading.enumerate() if t not in baseline and t.name.startswith("Trio thread ")
+    ]
 
 
 # ---------------------------------------------------------------- the API surface
@@ -67,11 +73,19 @@ def new_trio_workers(baseline: set[threading.Thread]) -> list[threading.Thread]:
 
 def test_every_tidaldb_method_has_an_async_twin_with_the_same_signature() -> None:
     methods = [
-        name for name, value in vars(TidalDb).items()
+        name
+        for name, value in vars(TidalDb).items()
         if not name.startswith("_") and inspect.isfunction(value)
     ]
     # the brief names these explicitly; make sure the walk found them
-    assert {"aggregate_rows", "stats", "flush", "lmdb_flags", "signal_with_context", "close"} <= set(methods)
+    assert {
+        "aggregate_rows",
+        "stats",
+        "flush",
+        "lmdb_flags",
+        "signal_with_context",
+        "close",
+    } <= set(methods)
     for name in methods:
         twin = getattr(AsyncTidalDb, name)
         assert inspect.iscoroutinefunction(twin), name
@@ -120,12 +134,17 @@ async def _scenario(call, clock: ManualClock) -> list[object]:  # type: ignore[n
     assert await rec("read_window", "a", 7, 1, T0) == WindowCount(2, 3.0)
     assert await rec("top_entities", COMMUNITY, 1, 5, T0) == [(7, 3.0), (8, 0.5)]
     assert await rec("aggregate_rows", T0) == [
-        (COMMUNITY, 7, 1, 3.0, 2, 3.0), (COMMUNITY, 8, 1, 0.5, 1, 0.5),
-        ("a", 7, 1, 3.0, 2, 3.0), ("a", 8, 1, 0.5, 1, 0.5),
-        ("b", 7, 1, 1.0, 1, 1.0), ("b", 8, 1, 0.5, 1, 0.5),
+        (COMMUNITY, 7, 1, 3.0, 2, 3.0),
+        (COMMUNITY, 8, 1, 0.5, 1, 0.5),
+        ("a", 7, 1, 3.0, 2, 3.0),
+        ("a", 8, 1, 0.5, 1, 0.5),
+        ("b", 7, 1, 1.0, 1, 1.0),
+        ("b", 8, 1, 0.5, 1, 0.5),
     ]
     await rec("leave_community_layer", 2)
-    assert await rec("community_layer_status", 2) == CommunityMembership(2, MembershipStatus.Left, T0)
+    assert await rec("community_layer_status", 2) == CommunityMembership(
+        2, MembershipStatus.Left, T0
+    )
     await rec("signal_with_context", 2, 7, 1, 1.0, T0)  # gated
     clock.advance(5 * SEC)
     await rec("rejoin_community_layer", 2)
@@ -162,7 +181,10 @@ async def _scenario(call, clock: ManualClock) -> list[object]:  # type: ignore[n
     await rec("read_window", "", 7, 1)
     await rec("request_community_purge", 1, "")
     assert await rec("purge_status", -1) == ("InvalidArgument", "purge_id")
-    for name, arg, error in (("purge_status", 12345, UnknownPurge), ("rematerialize", "nobody", UnknownCohort)):
+    for name, arg, error in (
+        ("purge_status", 12345, UnknownPurge),
+        ("rematerialize", "nobody", UnknownCohort),
+    ):
         with pytest.raises(error):
             await call(name, arg)
     assert (await call("stats"))["signals"] == 4
@@ -174,11 +196,13 @@ async def test_results_and_errors_equal_the_blocking_facade(tmp_path: Path) -> N
     cfg = Config(half_life_ns=10 * SEC, window_width_ns=SEC, window_buckets=4)
     sync_clock, async_clock = ManualClock(T0), ManualClock(T0)
     with TidalDb.open(str(tmp_path / "sync"), config=cfg, clock=sync_clock) as sdb:
+
         async def sync_call(name: str, *a: object, **k: object) -> object:
             return getattr(sdb, name)(*a, **k)
 
         expected = await _scenario(sync_call, sync_clock)
     async with open_tidal(str(tmp_path / "async"), config=cfg, clock=async_clock) as adb:
+
         async def async_call(name: str, *a: object, **k: object) -> object:
             return await getattr(adb, name)(*a, **k)
 
@@ -282,7 +306,9 @@ async def test_ten_thousand_concurrent_tasks() -> None:
     assert len(rows) == len(expected_rows) == 100
     for got, want in zip(rows, expected_rows):
         assert got[:3] == want[:3] and got[4] == want[4]
-        assert got[3] == pytest.approx(want[3], rel=1e-12) and got[5] == pytest.approx(want[5], rel=1e-12)
+        assert got[3] == pytest.approx(want[3], rel=1e-12) and got[5] == pytest.approx(
+            want[5], rel=1e-12
+        )
     assert stats["signals"] == 3 * n + leavers
     assert stats["forwarded"] == 3 * n
     assert stats["gated"] == leavers == 1429  # ceil(10000 / 7)
@@ -290,7 +316,9 @@ async def test_ten_thousand_concurrent_tasks() -> None:
     assert stats["retracted"] == 3 * len(purged)
     for i in purged:
         user, cohort, entity, _, _ = plan(i)
-        assert manifests[user] == tuple(ContributionRecord(user, cohort, entity, 1, w, T0) for w in weights)
+        assert manifests[user] == tuple(
+            ContributionRecord(user, cohort, entity, 1, w, T0) for w in weights
+        )
     # 10000 users over 50 entities: 200 users, 700.0 each; ties go to the lower id
     assert top == [(0, 700.0), (1, 700.0), (2, 700.0)]
     # threads: no more than the blocking facade starts, and no thread per waiting call
@@ -307,7 +335,9 @@ class Boom(Exception):
 
 @pytest.mark.trio
 @pytest.mark.parametrize("how", ["normal", "error", "cancel"])
-async def test_exit_flushes_stops_actors_closes_store_and_leaves_no_thread(tmp_path: Path, how: str) -> None:
+async def test_exit_flushes_stops_actors_closes_store_and_leaves_no_thread(
+    tmp_path: Path, how: str
+) -> None:
     path = str(tmp_path / "s")
     clock = ManualClock(T0)
     baseline = set(threading.enumerate())
@@ -349,6 +379,7 @@ async def test_exit_lets_a_call_in_flight_finish(tmp_path: Path) -> None:
     path = str(tmp_path / "s")
     results: list[object] = []
     async with trio.open_nursery() as outer, open_tidal(path, clock=ManualClock(T0)) as db:
+
         async def leave() -> None:
             results.append(await db.leave_community_layer(5))
 
@@ -452,7 +483,9 @@ async def test_a_cancelled_leave_is_applied_completely(tmp_path: Path) -> None:
         for u in users:
             await db.signal_with_context(u, 7, 1, 1.0)
         for u in users:
-            assert await db.community_layer_status(u) == CommunityMembership(u, MembershipStatus.Left, T0 + u * SEC)
+            assert await db.community_layer_status(u) == CommunityMembership(
+                u, MembershipStatus.Left, T0 + u * SEC
+            )
             assert await db.community_leave_history(u) == [LeaveEpoch(T0 + u * SEC, None)]
         await db.flush()
         stats = await db.stats()
@@ -460,7 +493,9 @@ async def test_a_cancelled_leave_is_applied_completely(tmp_path: Path) -> None:
     assert cancelled >= 24  # at least every ticks == 0 call (u % 5 == 0, 24 users)
     with TidalDb.open(path) as again:  # and durable
         for u in users:
-            assert again.community_layer_status(u) == CommunityMembership(u, MembershipStatus.Left, T0 + u * SEC)
+            assert again.community_layer_status(u) == CommunityMembership(
+                u, MembershipStatus.Left, T0 + u * SEC
+            )
             assert again.community_leave_history(u) == [LeaveEpoch(T0 + u * SEC, None)]
 
 
@@ -483,13 +518,17 @@ async def test_a_cancelled_purge_is_applied_completely(tmp_path: Path) -> None:
             assert manifest.entries == ()
             first, second = await db.list_purge_manifests(u)
             assert second.purge_id == pid and first.purge_id < pid
-            assert first.entries == tuple(ContributionRecord(u, "a", u % 5, 1, w, T0) for w in weights)
+            assert first.entries == tuple(
+                ContributionRecord(u, "a", u % 5, 1, w, T0) for w in weights
+            )
         # users[1::2] are left alone: exit must let their cancelled purges finish
     assert cancelled >= 15  # every ticks == 0 call
     with TidalDb.open(path) as again:
         for u in users[1::2]:
             (only,) = again.list_purge_manifests(u)
-            assert only.entries == tuple(ContributionRecord(u, "a", u % 5, 1, w, T0) for w in weights)
+            assert only.entries == tuple(
+                ContributionRecord(u, "a", u % 5, 1, w, T0) for w in weights
+            )
         for e in range(5):
             assert again.read_window("a", e, 1, T0) == WindowCount(0, 0.0)
             # @community keeps all: 12 users per entity, 3.5 each
@@ -547,6 +586,7 @@ async def test_cancelled_reads_change_nothing_and_are_forgotten() -> None:
 @pytest.mark.trio
 async def test_calls_from_another_thread_raise_wrong_thread() -> None:
     async with open_tidal(clock=ManualClock(T0)) as db:
+
         def elsewhere() -> tuple[list[BaseException], object]:
             errors: list[BaseException] = []
             try:
@@ -574,14 +614,27 @@ async def test_every_method_raises_database_closed_after_exit() -> None:
     async with open_tidal(clock=ManualClock(T0)) as db:
         pass
     calls = {
-        "signal_with_context": (1, 7, 1), "signal_batch": ([Signal(1, 7, 1)],),
-        "assign_cohort": (1, "a"), "unassign_cohort": (1, "a"), "cohorts_of": (1,),
-        "leave_community_layer": (1,), "rejoin_community_layer": (1,),
-        "community_layer_status": (1,), "community_leave_history": (1,),
-        "request_community_purge": (1, "a"), "list_purge_manifests": (1,),
-        "read_decay_score": ("a", 7, 1), "read_window": ("a", 7, 1), "top_entities": ("a", 1, 3),
-        "aggregate_rows": (), "stats": (), "flush": (), "lmdb_flags": (),
-        "rematerialize": ("a",), "purge_status": (1,), "compact": (),
+        "signal_with_context": (1, 7, 1),
+        "signal_batch": ([Signal(1, 7, 1)],),
+        "assign_cohort": (1, "a"),
+        "unassign_cohort": (1, "a"),
+        "cohorts_of": (1,),
+        "leave_community_layer": (1,),
+        "rejoin_community_layer": (1,),
+        "community_layer_status": (1,),
+        "community_leave_history": (1,),
+        "request_community_purge": (1, "a"),
+        "list_purge_manifests": (1,),
+        "read_decay_score": ("a", 7, 1),
+        "read_window": ("a", 7, 1),
+        "top_entities": ("a", 1, 3),
+        "aggregate_rows": (),
+        "stats": (),
+        "flush": (),
+        "lmdb_flags": (),
+        "rematerialize": ("a",),
+        "purge_status": (1,),
+        "compact": (),
     }
     twins = {n for n, v in vars(TidalDb).items() if inspect.isfunction(v) and not n.startswith("_")}
     assert set(calls) == twins - {"close"}
@@ -632,7 +685,9 @@ def test_a_reply_after_the_run_ended_neither_kills_the_actor_nor_logs(
         core.close()
     out, err = capfd.readouterr()
     assert "RunFinishedError" not in out + err and "Traceback" not in err
-    assert [r for r in caplog.records if r.levelno >= logging.WARNING or "RunFinished" in r.getMessage()] == []
+    assert [
+        r for r in caplog.records if r.levelno >= logging.WARNING or "RunFinished" in r.getMessage()
+    ] == []
 
 
 # ---------------------------------------------------------------- field failure: autojump_clock
@@ -701,7 +756,9 @@ async def test_autojump_trap_is_real_without_the_guard(
 
 
 @pytest.mark.trio
-async def test_async_tidal_db_fixture(async_tidal_db: AsyncTidalDb, tidal_clock: ManualClock) -> None:
+async def test_async_tidal_db_fixture(
+    async_tidal_db: AsyncTidalDb, tidal_clock: ManualClock
+) -> None:
     db = async_tidal_db
     assert db.clock is tidal_clock and tidal_clock.now_ns() == 10**18
     assert isinstance(await db.lmdb_flags(), dict)  # persistent: on a temporary directory
@@ -745,7 +802,9 @@ async def test_endless_producers_cancelled_mid_stream_count_exactly(
     stopped = 0
     all_stopped = trio.Event()
 
-    async def producer(p: int, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED) -> None:
+    async def producer(
+        p: int, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         nonlocal stopped
         with trio.CancelScope() as scope:
             task_status.started(scope)
@@ -778,9 +837,21 @@ def test_readme_example_test_passes(tmp_path: Path) -> None:
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "test_readme_example.py").write_text(code)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-         str(tmp_path / "test_readme_example.py")],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_readme_example.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout

@@ -62,9 +62,13 @@ def test_same_results_as_the_reference_model(tmp_path: Path) -> None:
             model.rejoin_community_layer(3)
             await db.flush()
             return (
-                await db.aggregate_rows(), await db.community_layer_status(3),
-                await db.community_leave_history(3), len(manifest.entries), (await db.stats())["gated"],
-                await db.cohorts_of(4), (await db.purge_status(pid)).retracted_live,
+                await db.aggregate_rows(),
+                await db.community_layer_status(3),
+                await db.community_leave_history(3),
+                len(manifest.entries),
+                (await db.stats())["gated"],
+                await db.cohorts_of(4),
+                (await db.purge_status(pid)).retracted_live,
             )
 
     rows, status, history, entries, gated, cohorts, retracted = asyncio.run(main())
@@ -155,7 +159,9 @@ def test_wrapping_an_open_core_outside_a_loop_is_wrong_thread() -> None:
 
 @pytest.mark.asyncio
 @pytest.mark.tidal_config(ledger_shards=3)
-async def test_the_asyncio_fixture(asyncio_tidal_db: AsyncTidalDb, tidal_clock: ManualClock) -> None:
+async def test_the_asyncio_fixture(
+    asyncio_tidal_db: AsyncTidalDb, tidal_clock: ManualClock
+) -> None:
     db = asyncio_tidal_db
     assert db.config.ledger_shards == 3
     await db.signal_with_context(1, 7, 1, 2.0)
@@ -167,7 +173,10 @@ async def test_the_asyncio_fixture(asyncio_tidal_db: AsyncTidalDb, tidal_clock: 
 def test_the_example_applications_run(tmp_path: Path, name: str) -> None:
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / name), "--path", str(tmp_path / "ex")],
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     lines = proc.stdout.splitlines()
     assert lines.pop(0) == "running: 4 producers x 25 users (Ctrl-C stops it)"

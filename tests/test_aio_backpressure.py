@@ -24,7 +24,9 @@ from .conftest import T0
 
 LOOPS = ["trio", "asyncio"]
 # the flusher thread (which sends partial batches) kept out of the way: 10 s
-CFG = Config(mailbox_capacity=2, signal_batch_size=4, ledger_shards=1, signal_flush_interval_ms=10_000.0)
+CFG = Config(
+    mailbox_capacity=2, signal_batch_size=4, ledger_shards=1, signal_flush_interval_ms=10_000.0
+)
 
 
 def run(loop: str, fn: Callable[[], Awaitable[Any]]) -> Any:
@@ -112,7 +114,14 @@ def test_a_full_mailbox_parks_the_sender_and_the_loop_runs_on(loop: str) -> None
             await db.flush()
             stats = await db.stats()
             window = await db.read_window(COMMUNITY, 0, 1, T0)
-            return sent[0], stats["signals"], window.count, ticks_while_parked[0], gate.by_watchdog, sent_when_parked[0]
+            return (
+                sent[0],
+                stats["signals"],
+                window.count,
+                ticks_while_parked[0],
+                gate.by_watchdog,
+                sent_when_parked[0],
+            )
 
     sent, applied, entity0, ticks, by_watchdog, sent_when_parked = run(loop, main)
     assert not by_watchdog, "the loop was blocked while the producer waited for room"

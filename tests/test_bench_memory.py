@@ -28,6 +28,9 @@ def test_every_figure_is_under_exactly_one_heading() -> None:
     listed = [k for _, keys in groups for k in keys]
     assert sorted(listed) == sorted(out)  # each once
     by_heading = {heading.split(":")[0]: keys for heading, keys in groups}
-    assert by_heading["data file (MiB of data.mdb) after a close and compact(), history retention 5 minutes"] \
-        == ["persistent_1x_data_file_after_compact_mib", "persistent_10x_data_file_after_compact_mib"]
-    assert all("MiB of RSS above the start" in h for h, keys in groups if "ephemeral_1x_rss_mib" in keys)
+    assert by_heading[
+        "data file (MiB of data.mdb) after a close and compact(), history retention 5 minutes"
+    ] == ["persistent_1x_data_file_after_compact_mib", "persistent_10x_data_file_after_compact_mib"]
+    assert all(
+        "MiB of RSS above the start" in h for h, keys in groups if "ephemeral_1x_rss_mib" in keys
+    )

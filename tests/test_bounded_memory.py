@@ -32,8 +32,13 @@ from tidal_actors.testing import ReferenceModel
 
 from .conftest import SEC, T0
 
-CFG = Config(half_life_ns=50 * SEC, window_width_ns=10 * SEC, window_buckets=3,
-             max_contribution_log_entries=6, rematerialize_after_ms=None)
+CFG = Config(
+    half_life_ns=50 * SEC,
+    window_width_ns=10 * SEC,
+    window_buckets=3,
+    max_contribution_log_entries=6,
+    rematerialize_after_ms=None,
+)
 
 
 @pytest.fixture
@@ -77,7 +82,9 @@ def test_durable_reads_inside_settled_buckets_are_exact(pdb_path, settle_at_once
         for at in READ_TIMES:
             assert _rows(db, at) == _rows(ref, at), at
             for e in (0, 1, 2):
-                assert db.read_decay_score("c", e, 1, at) == pytest.approx(ref.read_decay_score("c", e, 1, at), rel=1e-12)
+                assert db.read_decay_score("c", e, 1, at) == pytest.approx(
+                    ref.read_decay_score("c", e, 1, at), rel=1e-12
+                )
     # the snapshot holds the settled sums, not the rows
     with TidalDb.open(pdb_path, config=CFG, clock=ManualClock(T0)) as db:
         assert _held(db) < 42
@@ -158,7 +165,9 @@ def test_refold_after_cancellation_counts_settled_records(settle_at_once):
         _, m = db.request_community_purge(1, "c")
         assert [r.weight for r in m.entries] == [float(np.float32(1e17))]
         assert tuple(db.read_window("c", 7, 1, T0 + 10)) == (1, 1.0)
-        assert db.read_decay_score("c", 7, 1, T0 + 10) == pytest.approx(2.0 ** (-10 / (50 * SEC)), rel=1e-12)
+        assert db.read_decay_score("c", 7, 1, T0 + 10) == pytest.approx(
+            2.0 ** (-10 / (50 * SEC)), rel=1e-12
+        )
 
 
 CRASH_CHILD = """
@@ -194,11 +203,15 @@ def test_held_detail_and_data_file_stay_bounded(tmp_path):
     sizes = {}
     for n in (20_000, 200_000):
         path = tmp_path / f"s{n}"
-        cfg = Config(max_contribution_log_entries=cap, history_retention_ns=1, rematerialize_after_ms=None)
+        cfg = Config(
+            max_contribution_log_entries=cap, history_retention_ns=1, rematerialize_after_ms=None
+        )
         clock = ManualClock(T0 + SEC)  # every signal is older than the 1 ns retention
         with TidalDb.open(str(path), config=cfg, clock=clock) as db:
             for lo in range(0, n, 1_000):
-                db.signal_batch([Signal(u % 997, u % 50, 1, 1.0, T0 + u) for u in range(lo, lo + 1_000)])
+                db.signal_batch(
+                    [Signal(u % 997, u % 50, 1, 1.0, T0 + u) for u in range(lo, lo + 1_000)]
+                )
             db.flush()
             held = _held(db)
             # the log's 1,000, the log column's lazy compaction (< 2**16 + 2**15) and
@@ -230,10 +243,17 @@ def test_a_purge_after_settling_retracts_the_right_rows(tmp_path, settle_at_once
     """Found by review: with settled rows still in front of the held ones,
     retract_rows zeroed the user and rseq of other rows; user 2's live records then
     read as evicted and stayed in the aggregates."""
-    cfg = Config(half_life_ns=50 * SEC, window_width_ns=10 * SEC, max_contribution_log_entries=4,
-                 ledger_shards=1, rematerialize_after_ms=None)
+    cfg = Config(
+        half_life_ns=50 * SEC,
+        window_width_ns=10 * SEC,
+        max_contribution_log_entries=4,
+        ledger_shards=1,
+        rematerialize_after_ms=None,
+    )
     ref = ReferenceModel(cfg, ManualClock(T0), history=durable)
-    with TidalDb.open(str(tmp_path / "s") if durable else None, config=cfg, clock=ManualClock(T0)) as db:
+    with TidalDb.open(
+        str(tmp_path / "s") if durable else None, config=cfg, clock=ManualClock(T0)
+    ) as db:
         for u, e in ((1, 10), (1, 11), (2, 20), (2, 21), (3, 30), (3, 31)):
             for m in (db, ref):
                 m.signal_with_context(u, e, 1, 1.0, T0 + e)  # cap 4: user 1's two are evicted
@@ -244,20 +264,31 @@ def test_a_purge_after_settling_retracts_the_right_rows(tmp_path, settle_at_once
             assert (len(got.entries), got.evicted) == (len(want.entries), want.evicted) == (2, 0)
         for e in (20, 21, 30, 31):
             assert db.read_decay_score(COMMUNITY, e, 1, T0 + 100) == 0.0
-        assert db.read_decay_score(COMMUNITY, 10, 1, T0 + 100) == ref.read_decay_score(COMMUNITY, 10, 1, T0 + 100)
+        assert db.read_decay_score(COMMUNITY, 10, 1, T0 + 100) == ref.read_decay_score(
+            COMMUNITY, 10, 1, T0 + 100
+        )
 
 
 @pytest.mark.parametrize("durable", [False, True])
-def test_settled_sums_do_not_overflow_with_buckets_of_many_half_lives(tmp_path, settle_at_once, durable):
+def test_settled_sums_do_not_overflow_with_buckets_of_many_half_lives(
+    tmp_path, settle_at_once, durable
+):
     """Found by review: a settled sum decayed against its bucket's start reached
     inf once the bucket spanned ~1,024 half-lives (1 s half-life, 1 h buckets); a
     cancelling purge then read inf. Sums are now decayed to their latest timestamp."""
     hour = 3600 * SEC
     t0 = (T0 // hour) * hour
-    cfg = Config(half_life_ns=SEC, window_width_ns=hour, max_contribution_log_entries=2, rematerialize_after_ms=None)
+    cfg = Config(
+        half_life_ns=SEC,
+        window_width_ns=hour,
+        max_contribution_log_entries=2,
+        rematerialize_after_ms=None,
+    )
     now = t0 + 1040 * SEC
     ref = ReferenceModel(cfg, ManualClock(now), history=durable)
-    with TidalDb.open(str(tmp_path / "s") if durable else None, config=cfg, clock=ManualClock(now)) as db:
+    with TidalDb.open(
+        str(tmp_path / "s") if durable else None, config=cfg, clock=ManualClock(now)
+    ) as db:
         for m in (ref, db):
             m.assign_cohort(1, "c")
             m.assign_cohort(2, "c")
@@ -265,7 +296,7 @@ def test_settled_sums_do_not_overflow_with_buckets_of_many_half_lives(tmp_path, 
             m.signal_with_context(1, 9, 1, 1.0, t0)  # evicts user 2's records: settled
             m.signal_with_context(1, 7, 1, 1e17, t0 + 1030 * SEC + 1)
             m.request_community_purge(1, "c")  # cancels: refold from the settled sum
-        want = 2.0 ** -10  # 1.0, 10 half-lives before now
+        want = 2.0**-10  # 1.0, 10 half-lives before now
         assert db.read_decay_score("c", 7, 1) == pytest.approx(want, rel=1e-12)
         assert ref.read_decay_score("c", 7, 1) == pytest.approx(want, rel=1e-12)
         got, wanted = db.top_entities("c", 1, 3), ref.top_entities("c", 1, 3)
@@ -273,7 +304,7 @@ def test_settled_sums_do_not_overflow_with_buckets_of_many_half_lives(tmp_path, 
         assert got[0][1] == pytest.approx(wanted[0][1], rel=1e-12)
         # a past read at or after the bucket's latest settled record is exact too
         at = t0 + 1035 * SEC
-        assert db.read_decay_score("c", 7, 1, at) == pytest.approx(2.0 ** -5, rel=1e-12)
+        assert db.read_decay_score("c", 7, 1, at) == pytest.approx(2.0**-5, rel=1e-12)
 
 
 def test_a_failure_inside_a_rematerialization_reaches_the_caller_as_a_tidal_error(monkeypatch):

@@ -45,18 +45,25 @@ H = 3_600_000_000_000
 T = 10 * H
 
 # A small log whose scores are computed by hand below (half-life 1h, 1h x 2 buckets).
-HAND_LOG = ",".join(HEADER) + "\n" + "".join(f"{line}\n" for line in [
-    f"{T},assign,1,a,,,",
-    f"{T},assign,2,a,,,",
-    f"{T},assign,2,b,,,",
-    f"{T},signal,1,,10,1,1.0",
-    f"{T + H},signal,2,,10,1,2.0",
-    f"{T + H},leave,1,,,,",
-    f"{T + 2 * H},signal,1,,10,1,4.0",  # gated: user 1 has left
-    f"{T + 2 * H},rejoin,1,,,,",
-    f"{T + 2 * H},signal,1,,20,2,0.5",
-    f"{T + 3 * H},purge,2,b,,,",  # retracts user 2's 2.0 from b: b has nothing left
-])
+HAND_LOG = (
+    ",".join(HEADER)
+    + "\n"
+    + "".join(
+        f"{line}\n"
+        for line in [
+            f"{T},assign,1,a,,,",
+            f"{T},assign,2,a,,,",
+            f"{T},assign,2,b,,,",
+            f"{T},signal,1,,10,1,1.0",
+            f"{T + H},signal,2,,10,1,2.0",
+            f"{T + H},leave,1,,,,",
+            f"{T + 2 * H},signal,1,,10,1,4.0",  # gated: user 1 has left
+            f"{T + 2 * H},rejoin,1,,,,",
+            f"{T + 2 * H},signal,1,,20,2,0.5",
+            f"{T + 3 * H},purge,2,b,,,",  # retracts user 2's 2.0 from b: b has nothing left
+        ]
+    )
+)
 HAND_FLAGS = ["--half-life", "1h", "--window-width", "1h", "--window-buckets", "2"]
 
 # At T+3H: e10 got 1.0 at T and 2.0 at T+H (buckets 10, 11: outside the window 12..13);
@@ -75,14 +82,21 @@ HAND_SCORES_AT_2H = [
     ("a", 20, 2, 0.5, 1, 0.5),
 ]
 
-BAD_LOG = ",".join(HEADER) + "\n" + "".join(f"{line}\n" for line in [
-    f"{T},assign,1,a,,,",
-    f"{T},signal,1,,10,1,1.0",
-    f"{T + H},leave,1,,,,",
-    f"{T + H},signal,1,,10,1,abc",  # line 5
-    f"{T + 2 * H},rejoin,1,,,,",
-    f"{T + 2 * H},signal,1,,11,1,1.0",
-])
+BAD_LOG = (
+    ",".join(HEADER)
+    + "\n"
+    + "".join(
+        f"{line}\n"
+        for line in [
+            f"{T},assign,1,a,,,",
+            f"{T},signal,1,,10,1,1.0",
+            f"{T + H},leave,1,,,,",
+            f"{T + H},signal,1,,10,1,abc",  # line 5
+            f"{T + 2 * H},rejoin,1,,,,",
+            f"{T + 2 * H},signal,1,,11,1,1.0",
+        ]
+    )
+)
 
 
 class Result(NamedTuple):
@@ -99,7 +113,11 @@ def _subprocess_run(*args: object) -> Result:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, "-m", "tidal_actors.cli", *map(str, args)],
-        capture_output=True, text=True, env=env, timeout=600, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=ROOT,
     )
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
@@ -112,7 +130,9 @@ def run(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iter
         return
     stores: dict[str, ReferenceModel] = {}
 
-    def open_reference(data_dir: Path | None, config: Config, clock: ManualClock, read_only: bool = False) -> Any:
+    def open_reference(
+        data_dir: Path | None, config: Config, clock: ManualClock, read_only: bool = False
+    ) -> Any:
         if data_dir is None:
             return ReferenceModel(config=config, clock=clock)
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -134,8 +154,14 @@ def run(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iter
 def read_scores(path: Path) -> list[tuple[str, int, int, float, int, float]]:
     with open(path, newline="", encoding="utf-8") as fh:
         reader = csv.reader(fh)
-        assert next(reader) == ["cohort", "entity_id", "signal_type", "decay_score",
-                                "window_count", "window_weight"]
+        assert next(reader) == [
+            "cohort",
+            "entity_id",
+            "signal_type",
+            "decay_score",
+            "window_count",
+            "window_weight",
+        ]
         return [(c, int(e), int(t), float(s), int(n), float(w)) for c, e, t, s, n, w in reader]
 
 
@@ -158,12 +184,36 @@ def test_replay_of_a_small_log_matches_hand_computed_scores(run: Run, tmp_path: 
     assert res.code == 0, res
     assert_scores(read_scores(scores), HAND_SCORES, 1e-12)
     data = json.loads(report.read_text())
-    assert {k: data[k] for k in (
-        "rows", "signals", "forwarded", "gated", "contribution_records", "purges",
-        "retracted_records", "manifests", "leaves", "rejoins", "assigns", "skipped_rows")} == {
-        "rows": 10, "signals": 4, "forwarded": 3, "gated": 1, "contribution_records": 7,
-        "purges": 1, "retracted_records": 1, "manifests": 1, "leaves": 1, "rejoins": 1,
-        "assigns": 3, "skipped_rows": 0}
+    assert {
+        k: data[k]
+        for k in (
+            "rows",
+            "signals",
+            "forwarded",
+            "gated",
+            "contribution_records",
+            "purges",
+            "retracted_records",
+            "manifests",
+            "leaves",
+            "rejoins",
+            "assigns",
+            "skipped_rows",
+        )
+    } == {
+        "rows": 10,
+        "signals": 4,
+        "forwarded": 3,
+        "gated": 1,
+        "contribution_records": 7,
+        "purges": 1,
+        "retracted_records": 1,
+        "manifests": 1,
+        "leaves": 1,
+        "rejoins": 1,
+        "assigns": 3,
+        "skipped_rows": 0,
+    }
     assert data["elapsed_s"] > 0 and data["signals_per_s"] > 0
     assert "replayed 10 rows" in res.out and "ephemeral" in res.out
     assert res.err == ""
@@ -177,8 +227,10 @@ def test_replay_settings_come_from_a_config_file(run: Run, tmp_path: Path) -> No
     log = tmp_path / "hand.csv"
     log.write_text(HAND_LOG)
     config = tmp_path / "c.toml"
-    config.write_text("[decay]\nhalf_life_ns = 3600000000000\n"
-                      "[window]\nwindow_width_ns = 3600000000000\nwindow_buckets = 2\n")
+    config.write_text(
+        "[decay]\nhalf_life_ns = 3600000000000\n"
+        "[window]\nwindow_width_ns = 3600000000000\nwindow_buckets = 2\n"
+    )
     scores = tmp_path / "scores.csv"
     res = run("replay", log, "--config", config, "--scores-out", scores)
     assert res.code == 0, res
@@ -208,8 +260,9 @@ def test_inspect_reads_the_data_dir_a_replay_left(run: Run, tmp_path: Path) -> N
     assert "entity 10" in res.out and "score 0.625" in res.out
     assert "signal type 2: top 1" in res.out and "score 0.25" in res.out
 
-    res = run("inspect", "--data-dir", data, "top", COMMUNITY, "--type", 1, "-k", 1,
-              "--at", T + 2 * H)
+    res = run(
+        "inspect", "--data-dir", data, "top", COMMUNITY, "--type", 1, "-k", 1, "--at", T + 2 * H
+    )
     assert res.code == 0, res
     assert "signal type 1: top 1" in res.out and "score 1.25" in res.out
     assert "signal type 2" not in res.out
@@ -282,8 +335,12 @@ def test_bad_arguments_exit_2(args: list[str], needle: str, tmp_path: Path) -> N
     (tmp_path / "log.csv").write_text(HAND_LOG)
     (tmp_path / "c.toml").write_text("nonsense = 1\n")
     (tmp_path / "empty").mkdir()
-    fill = {"log": tmp_path / "log.csv", "cfg": tmp_path / "c.toml", "tmp": tmp_path,
-            "empty": tmp_path / "empty"}
+    fill = {
+        "log": tmp_path / "log.csv",
+        "cfg": tmp_path / "c.toml",
+        "tmp": tmp_path,
+        "empty": tmp_path / "empty",
+    }
     res = CliRunner().invoke(cli_module.cli, [a.format(**fill) for a in args])
     assert res.exit_code == 2, res.output
     assert needle in res.stderr
@@ -299,13 +356,21 @@ def test_help_lists_the_commands() -> None:
 @pytest.mark.skipif(not SE_EVENTS.is_file(), reason=f"{SE_EVENTS} is not present")
 def test_replay_of_the_stack_exchange_log(run: Run, tmp_path: Path) -> None:
     scores, report, data = tmp_path / "scores.csv", tmp_path / "report.json", tmp_path / "data"
-    res = run("replay", SE_EVENTS, "--data-dir", data, "--scores-out", scores,
-              "--report-out", report)
+    res = run(
+        "replay", SE_EVENTS, "--data-dir", data, "--scores-out", scores, "--report-out", report
+    )
     assert res.code == 0, res
     got = json.loads(report.read_text())
-    assert (got["rows"], got["signals"], got["assigns"], got["leaves"], got["rejoins"],
-            got["purges"], got["manifests"], got["skipped_rows"]) == (
-        5751, 4905, 766, 44, 21, 15, 15, 0)
+    assert (
+        got["rows"],
+        got["signals"],
+        got["assigns"],
+        got["leaves"],
+        got["rejoins"],
+        got["purges"],
+        got["manifests"],
+        got["skipped_rows"],
+    ) == (5751, 4905, 766, 44, 21, 15, 15, 0)
     assert got["forwarded"] + got["gated"] == 4905
 
     # the same operations through the reference model, in process
@@ -313,9 +378,12 @@ def test_replay_of_the_stack_exchange_log(run: Run, tmp_path: Path) -> None:
     model = ReferenceModel(config=Config(), clock=clock)
     counts = apply_events(model, read_events(SE_EVENTS), clock)
     stats = model.stats()
-    assert (got["forwarded"], got["gated"], got["contribution_records"],
-            got["retracted_records"]) == (
-        stats["forwarded"], stats["gated"], stats["records"], stats["retracted"])
+    assert (
+        got["forwarded"],
+        got["gated"],
+        got["contribution_records"],
+        got["retracted_records"],
+    ) == (stats["forwarded"], stats["gated"], stats["records"], stats["retracted"])
     assert_scores(read_scores(scores), model.aggregate_rows(counts.max_ts_ns), 1e-9)
 
     res = run("inspect", "--data-dir", data, "user", 1002)
@@ -327,8 +395,17 @@ def test_replay_of_the_stack_exchange_log(run: Run, tmp_path: Path) -> None:
 
 def test_simulate_small_agrees_with_the_reference(run: Run, tmp_path: Path) -> None:
     data, events, report = tmp_path / "data", tmp_path / "events.csv", tmp_path / "r.json"
-    res = run("simulate", "--scenario", SCENARIOS / "small.toml", "--data-dir", data,
-              "--events-out", events, "--report-out", report)
+    res = run(
+        "simulate",
+        "--scenario",
+        SCENARIOS / "small.toml",
+        "--data-dir",
+        data,
+        "--events-out",
+        events,
+        "--report-out",
+        report,
+    )
     assert res.code == 0, res
     assert "check      OK" in res.out and "signals/s" in res.out
     got = json.loads(report.read_text())
@@ -336,15 +413,23 @@ def test_simulate_small_agrees_with_the_reference(run: Run, tmp_path: Path) -> N
     assert got["aggregate_rows"] > 0 and got["manifests_compared"] == got["purges"] > 0
 
     # the generated log replays to the same counters
-    res = run("replay", events, "--config", _config_file(tmp_path, "small"),
-              "--report-out", tmp_path / "r2.json")
+    res = run(
+        "replay",
+        events,
+        "--config",
+        _config_file(tmp_path, "small"),
+        "--report-out",
+        tmp_path / "r2.json",
+    )
     assert res.code == 0, res
     again = json.loads((tmp_path / "r2.json").read_text())
     assert (again["forwarded"], again["gated"], again["contribution_records"]) == (
-        got["stats"]["forwarded"], got["stats"]["gated"], got["stats"]["records"])
+        got["stats"]["forwarded"],
+        got["stats"]["gated"],
+        got["stats"]["records"],
+    )
 
-    user = next(r.user_id for r in generate_events(load_scenario("small"))
-                if r.op == "purge")
+    user = next(r.user_id for r in generate_events(load_scenario("small")) if r.op == "purge")
     res = run("inspect", "--data-dir", data, "manifests", user)
     assert res.code == 0 and "manifest " in res.out
 
@@ -352,10 +437,13 @@ def test_simulate_small_agrees_with_the_reference(run: Run, tmp_path: Path) -> N
 def _config_file(tmp_path: Path, scenario: str) -> Path:
     """The scenario's settings as a config file (durations and by-type half-lives)."""
     cfg = load_scenario(scenario).build_config()
-    lines = [f"half_life_ns = {cfg.half_life_ns}", f"window_width_ns = {cfg.window_width_ns}",
-             f"window_buckets = {cfg.window_buckets}",
-             f"membership_shards = {cfg.membership_shards}",
-             "[half_life_ns_by_type]"]
+    lines = [
+        f"half_life_ns = {cfg.half_life_ns}",
+        f"window_width_ns = {cfg.window_width_ns}",
+        f"window_buckets = {cfg.window_buckets}",
+        f"membership_shards = {cfg.membership_shards}",
+        "[half_life_ns_by_type]",
+    ]
     lines += [f'"{k}" = {v}' for k, v in cfg.half_life_ns_by_type.items()]
     path = tmp_path / f"{scenario}-config.toml"
     path.write_text("\n".join(lines) + "\n")
@@ -384,8 +472,9 @@ class _Lossy(ReferenceModel):
 
 
 def test_simulate_exits_1_when_the_check_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli_module, "_open_db",
-                        lambda data_dir, config, clock: _Lossy(config=config, clock=clock))
+    monkeypatch.setattr(
+        cli_module, "_open_db", lambda data_dir, config, clock: _Lossy(config=config, clock=clock)
+    )
     res = CliRunner().invoke(cli_module.cli, ["simulate", "--scenario", "small"])
     assert res.exit_code == 1, res.output
     assert "check      FAILED" in res.stdout and "aggregate" in res.stdout
@@ -396,9 +485,18 @@ def test_simulate_exits_1_when_the_check_fails(monkeypatch: pytest.MonkeyPatch) 
 
 @pytest.mark.parametrize(
     ("text", "ns"),
-    [("90d", 90 * 86_400 * 10**9), ("12h", 12 * 3600 * 10**9), ("30m", 30 * 60 * 10**9),
-     ("15s", 15 * 10**9), ("250ms", 250 * 10**6), ("7us", 7000), ("5ns", 5), ("123", 123),
-     (" 2h ", 2 * 3600 * 10**9), (42, 42)],
+    [
+        ("90d", 90 * 86_400 * 10**9),
+        ("12h", 12 * 3600 * 10**9),
+        ("30m", 30 * 60 * 10**9),
+        ("15s", 15 * 10**9),
+        ("250ms", 250 * 10**6),
+        ("7us", 7000),
+        ("5ns", 5),
+        ("123", 123),
+        (" 2h ", 2 * 3600 * 10**9),
+        (42, 42),
+    ],
 )
 def test_parse_duration(text: str | int, ns: int) -> None:
     assert parse_duration(text) == ns
@@ -420,7 +518,11 @@ def test_builtin_scenarios_are_shipped_and_copied_to_config() -> None:
         assert (ROOT / "config" / "scenarios" / path.name).read_text() == path.read_text()
     default = load_scenario(None)
     assert (default.users, default.cohorts, default.entities, default.signals) == (
-        2000, 20, 5000, 50_000)
+        2000,
+        20,
+        5000,
+        50_000,
+    )
 
 
 def test_generation_is_deterministic_from_the_seed() -> None:
@@ -434,12 +536,16 @@ def test_generation_is_deterministic_from_the_seed() -> None:
 
 @pytest.mark.parametrize(
     ("data", "field"),
-    [({"users": 0}, "scenario.users"), ({"zipf_exponent": -1}, "scenario.zipf_exponent"),
-     ({"cohorts": 2, "cohorts_per_user": [1, 3]}, "scenario.cohorts_per_user"),
-     ({"signal_types": []}, "scenario.signal_types"),
-     ({"signal_types": [{"id": 1}, {"id": 1}]}, "scenario.signal_types"),
-     ({"duration": "soon"}, "scenario.duration"), ({"config": {"bogus": 1}}, "config"),
-     ({"colour": "blue"}, "scenario.colour")],
+    [
+        ({"users": 0}, "scenario.users"),
+        ({"zipf_exponent": -1}, "scenario.zipf_exponent"),
+        ({"cohorts": 2, "cohorts_per_user": [1, 3]}, "scenario.cohorts_per_user"),
+        ({"signal_types": []}, "scenario.signal_types"),
+        ({"signal_types": [{"id": 1}, {"id": 1}]}, "scenario.signal_types"),
+        ({"duration": "soon"}, "scenario.duration"),
+        ({"config": {"bogus": 1}}, "config"),
+        ({"colour": "blue"}, "scenario.colour"),
+    ],
 )
 def test_bad_scenarios_are_rejected(data: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidArgument) as info:
@@ -448,8 +554,9 @@ def test_bad_scenarios_are_rejected(data: dict[str, Any], field: str) -> None:
 
 
 def test_run_simulation_reference_against_itself() -> None:
-    result = run_simulation(load_scenario("small"),
-                            lambda config, clock: ReferenceModel(config=config, clock=clock))
+    result = run_simulation(
+        load_scenario("small"), lambda config, clock: ReferenceModel(config=config, clock=clock)
+    )
     assert result.check.ok and result.check.mismatches == 0
     assert result.counts.signals == 3000 and result.signals_per_s > 0
 
@@ -523,8 +630,18 @@ def test_inspect_unknown_purge_id_is_bad_input(tmp_path: Path) -> None:
 def test_simulate_on_a_data_dir_times_the_reopen(tmp_path: Path) -> None:
     import json
 
-    res = _subprocess_run("simulate", "--scenario", "small", "--scale", "0.2", "--data-dir", tmp_path / "d",
-                          "--report-out", tmp_path / "r.json", "-q")
+    res = _subprocess_run(
+        "simulate",
+        "--scenario",
+        "small",
+        "--scale",
+        "0.2",
+        "--data-dir",
+        tmp_path / "d",
+        "--report-out",
+        tmp_path / "r.json",
+        "-q",
+    )
     assert res.code == 0, res
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["restore_s"] is not None and report["restore_s"] > 0, report
@@ -540,8 +657,9 @@ def test_inspect_negative_user_id_is_named(tmp_path: Path) -> None:
         assert res.code == 2 and "USER_ID" in res.err and "-1" in res.err, res
 
 
-def test_the_replay_bar_says_it_counts_bytes_and_shows_rows(monkeypatch: pytest.MonkeyPatch,
-                                                             tmp_path: Path) -> None:
+def test_the_replay_bar_says_it_counts_bytes_and_shows_rows(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import io
 
     class Terminal(io.StringIO):

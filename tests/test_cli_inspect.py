@@ -18,7 +18,9 @@ HEADER = HAND_LOG.splitlines()[0]
 
 
 @pytest.mark.parametrize("sub", [["user", "2"], ["users"], ["top", "a"], ["manifests", "2"]])
-def test_data_dir_before_the_subcommand_at_the_top(run: Run, tmp_path: Path, sub: list[str]) -> None:
+def test_data_dir_before_the_subcommand_at_the_top(
+    run: Run, tmp_path: Path, sub: list[str]
+) -> None:
     data = _replayed(run, tmp_path)
     after = run("inspect", *sub, "--data-dir", data)
     top = run("--data-dir", data, "inspect", *sub)
@@ -32,8 +34,9 @@ def test_data_dir_at_the_top_for_replay_and_two_different_ones_refused(tmp_path:
     res = _subprocess_run("--data-dir", tmp_path / "d", "replay", log, *HAND_FLAGS, "-q")
     assert res.code == 0 and (tmp_path / "d" / "data.mdb").exists(), res
     (tmp_path / "other").mkdir()
-    res = _subprocess_run("--data-dir", tmp_path / "d", "inspect", "user", 2, "--data-dir",
-                          tmp_path / "other")
+    res = _subprocess_run(
+        "--data-dir", tmp_path / "d", "inspect", "user", 2, "--data-dir", tmp_path / "other"
+    )
     assert res.code == 2 and "--data-dir given twice" in res.err, res
     res = _subprocess_run("--data-dir", tmp_path / "missing", "inspect", "users")
     assert res.code == 2 and "no such directory" in res.err and not (tmp_path / "missing").exists()
@@ -63,8 +66,11 @@ def test_the_users_table_is_as_wide_as_its_widest_id(run: Run, tmp_path: Path) -
     lines = run("inspect", "users", "--data-dir", data).out.splitlines()
     # the id column is 7 wide ("user_id"; 123456 has 6 digits), not 20
     assert lines[1] == "  user_id  status   cohorts"
-    assert lines[2:] == ["        1  Active         1", "        2  Left           2",
-                         "   123456  Active         1"]
+    assert lines[2:] == [
+        "        1  Active         1",
+        "        2  Left           2",
+        "   123456  Active         1",
+    ]
 
 
 def test_a_purge_status_says_what_the_rebuild_also_left_out(tmp_path: Path) -> None:

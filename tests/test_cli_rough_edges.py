@@ -41,9 +41,12 @@ def _replayed(run: Run, tmp_path: Path, log_text: str = USERS_LOG) -> Path:
 # ---------------------------------------------------------------- item 2
 
 
-@pytest.mark.parametrize("sub", [["user", "2"], ["top", "a"], ["manifests", "2"], ["users"],
-                                 ["cohorts"]])
-def test_data_dir_is_accepted_after_the_subcommand(run: Run, tmp_path: Path, sub: list[str]) -> None:
+@pytest.mark.parametrize(
+    "sub", [["user", "2"], ["top", "a"], ["manifests", "2"], ["users"], ["cohorts"]]
+)
+def test_data_dir_is_accepted_after_the_subcommand(
+    run: Run, tmp_path: Path, sub: list[str]
+) -> None:
     data = _replayed(run, tmp_path)
     before = run("inspect", "--data-dir", data, *sub)
     after = run("inspect", *sub, "--data-dir", data)
@@ -110,8 +113,9 @@ def test_top_of_an_unknown_cohort_names_the_closest(run: Run, tmp_path: Path) ->
 # ---------------------------------------------------------------- item 8
 
 
-@pytest.mark.parametrize(("n", "want"), [(0, "0 rows"), (1, "1 row"), (2, "2 rows"),
-                                          (1000, "1,000 rows")])
+@pytest.mark.parametrize(
+    ("n", "want"), [(0, "0 rows"), (1, "1 row"), (2, "2 rows"), (1000, "1,000 rows")]
+)
 def test_plural(n: int, want: str) -> None:
     assert plural(n, "row") == want
     assert plural(1, "entry", "entries") == "1 entry"
@@ -124,8 +128,9 @@ def test_replay_summary_of_one_row_is_singular(run: Run, tmp_path: Path) -> None
     assert res.code == 0, res
     assert "replayed 1 row of" in res.out
     assert "in 0 manifests" in res.out
-    log.write_text(HAND_LOG.splitlines()[0] + f"\n{T},assign,1,a,,,\n{T},signal,1,,1,1,1.0\n"
-                   f"{T},purge,1,a,,,\n")
+    log.write_text(
+        HAND_LOG.splitlines()[0] + f"\n{T},assign,1,a,,,\n{T},signal,1,,1,1,1.0\n{T},purge,1,a,,,\n"
+    )
     res = run("replay", log)
     assert res.code == 0 and "replayed 3 rows" in res.out and "in 1 manifest\n" in res.out, res
 
@@ -135,8 +140,14 @@ def test_replay_summary_of_one_row_is_singular(run: Run, tmp_path: Path) -> None
 
 def test_python_dash_m_runs_the_cli() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "tidal_actors", "--help"], capture_output=True,
-                          text=True, env=env, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tidal_actors", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "replay" in proc.stdout and "inspect" in proc.stdout
 
@@ -144,8 +155,13 @@ def test_python_dash_m_runs_the_cli() -> None:
 def _piped_to_head(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[bytes]:
     """``tidal-actors ARGS | head -1`` with a pipe that the reader closes at once."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "tidal_actors", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidal_actors", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.readline()
     proc.stdout.close()  # as head does after its line
@@ -191,14 +207,21 @@ def test_rows_earlier_than_the_row_before_are_counted(run: Run, tmp_path: Path) 
     header = HAND_LOG.splitlines()[0]
     # times: T, T+2H, T+H (back), T+H (equal: not back), T (back), T+3H
     log = tmp_path / "back.csv"
-    log.write_text(header + "\n" + "\n".join([
-        f"{T},assign,1,a,,,",
-        f"{T + 2 * H},signal,1,,10,1,1.0",
-        f"{T + H},signal,1,,11,1,1.0",
-        f"{T + H},signal,1,,12,1,1.0",
-        f"{T},signal,1,,13,1,1.0",
-        f"{T + 3 * H},signal,1,,14,1,1.0",
-    ]) + "\n")
+    log.write_text(
+        header
+        + "\n"
+        + "\n".join(
+            [
+                f"{T},assign,1,a,,,",
+                f"{T + 2 * H},signal,1,,10,1,1.0",
+                f"{T + H},signal,1,,11,1,1.0",
+                f"{T + H},signal,1,,12,1,1.0",
+                f"{T},signal,1,,13,1,1.0",
+                f"{T + 3 * H},signal,1,,14,1,1.0",
+            ]
+        )
+        + "\n"
+    )
     report = tmp_path / "r.json"
     res = run("replay", log, "--report-out", report)
     assert res.code == 0, res
@@ -222,12 +245,14 @@ def test_simulate_output_separates_numbers_and_counts_users_once(run: Run) -> No
     assert res.code == 0, res
     lines = res.out.splitlines()
     idle = scenario.users - with_events
-    header = f"{scenario.users:,} users" + (f" ({idle:,} of them without any event)" if idle else "")
+    header = f"{scenario.users:,} users" + (
+        f" ({idle:,} of them without any event)" if idle else ""
+    )
     assert header in lines[0], lines[0]
     assert f"{with_events:,} users (every user with an event)" in res.out, res.out
     start = next(i for i, line in enumerate(lines) if line.startswith("  latency"))
     rows = []
-    for line in lines[start + 1:]:  # the table: lines indented 4, up to the next section
+    for line in lines[start + 1 :]:  # the table: lines indented 4, up to the next section
         if not line.startswith("    ") or line[4] == " ":
             break
         if not line.startswith("    ("):
@@ -251,8 +276,12 @@ def test_ctrl_c_ends_the_trio_example_with_one_line() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "examples" / "trio_app.py"), "--signals", "100000000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # not ignored
     assert proc.stdout is not None
     assert proc.stdout.readline().startswith("running:")  # the database is open
     time.sleep(0.5)

@@ -60,7 +60,7 @@ S = 1_000_000_000  # one second in ns
 # A wrapper that runs the command line with every row of the log read slowly from
 # row AFTER on (a "slow path" for the tests), touching MARKER (holding the path of
 # the tidal_actors it imported) when it gets there.
-SLOW_CLI = '''
+SLOW_CLI = """
 import sys, time, pathlib
 import tidal_actors, tidal_actors.eventlog.log as ev
 marker, after, pause = pathlib.Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
@@ -75,10 +75,10 @@ def slow(self, *args):
 ev.EventLogReader._parse = slow
 from tidal_actors.cli import main
 main(sys.argv[4:])
-'''
+"""
 
 # simulate, with its runtime pass slowed from row AFTER on (same marker).
-SLOW_SIMULATE = '''
+SLOW_SIMULATE = """
 import sys, time, pathlib
 import tidal_actors, tidal_actors.loadsim.simulate as sim
 marker, after, pause = pathlib.Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
@@ -95,7 +95,7 @@ def slow_apply(db, rows, *args):
 sim._apply_measured = slow_apply
 from tidal_actors.cli import main
 main(sys.argv[4:])
-'''
+"""
 
 
 def _env() -> dict[str, str]:
@@ -104,8 +104,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _interrupted_run(tmp_path: Path, script: str, after: int, pause: float,
-                     *args: object) -> subprocess.CompletedProcess[str]:
+def _interrupted_run(
+    tmp_path: Path, script: str, after: int, pause: float, *args: object
+) -> subprocess.CompletedProcess[str]:
     """Run ``script`` (SLOW_CLI or SLOW_SIMULATE) with ``args``; send SIGINT once it has
     reached row ``after`` (while it goes slowly); return the finished process."""
     wrapper, marker = tmp_path / "slow.py", tmp_path / "reached"
@@ -113,7 +114,12 @@ def _interrupted_run(tmp_path: Path, script: str, after: int, pause: float,
     marker.unlink(missing_ok=True)
     proc = subprocess.Popen(
         [sys.executable, str(wrapper), str(marker), str(after), str(pause), *map(str, args)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    )
     deadline = time.monotonic() + 300
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -153,12 +159,22 @@ def _generated_log(rows: int, seed: int, purge_every: int, step_ns: int = S) -> 
         elif i % 211 == 0:
             out.append(AssignRow(0, t, user, rng.choice(cohorts)))
         else:
-            out.append(SignalRow(0, t, user, rng.randint(1, 30), rng.randint(1, 2),
-                                 rng.choice([0.5, 1.0, 2.0, 3.25])))
+            out.append(
+                SignalRow(
+                    0,
+                    t,
+                    user,
+                    rng.randint(1, 30),
+                    rng.randint(1, 2),
+                    rng.choice([0.5, 1.0, 2.0, 3.25]),
+                )
+            )
     return out
 
 
-def _expected_rebuild_times(rows: list[EventRow], delay_ns: int, complete: bool) -> list[int | None]:
+def _expected_rebuild_times(
+    rows: list[EventRow], delay_ns: int, complete: bool
+) -> list[int | None]:
     """By hand, the README's rule: the rematerialized_at_ns of each purge row in order
     (None: still pending). A purge of cohort c at ts makes c due at ts + delay unless
     c is due already; c is rebuilt at its due time before the first row at or after
@@ -195,10 +211,17 @@ def _users_state(db: Any, users: range) -> dict[int, Any]:
     out = {}
     for u in users:
         status = db.community_layer_status(u)
-        manifests = [(int(m.purge_id), m.cohort, m.created_at_ns, m.entries, m.evicted)
-                     for m in db.list_purge_manifests(u)]
-        out[u] = (status.status.name, status.left_at_ns, db.community_leave_history(u),
-                  sorted(db.cohorts_of(u)), manifests)
+        manifests = [
+            (int(m.purge_id), m.cohort, m.created_at_ns, m.entries, m.evicted)
+            for m in db.list_purge_manifests(u)
+        ]
+        out[u] = (
+            status.status.name,
+            status.left_at_ns,
+            db.community_leave_history(u),
+            sorted(db.cohorts_of(u)),
+            manifests,
+        )
     return out
 
 
@@ -207,8 +230,11 @@ def _store_state(data_dir: Path, at_ns: int, users: range) -> dict[str, Any]:
     with _open_read_only(data_dir, at_ns) as db:
         people = _users_state(db, users)
         pids = sorted(m[0] for u in people.values() for m in u[4])
-        return {"rows": db.aggregate_rows(at_ns), "users": people,
-                "statuses": [db.purge_status(pid) for pid in pids]}
+        return {
+            "rows": db.aggregate_rows(at_ns),
+            "users": people,
+            "statuses": [db.purge_status(pid) for pid in pids],
+        }
 
 
 def _assert_rows_close(got: list[tuple[Any, ...]], want: list[tuple[Any, ...]]) -> None:
@@ -250,8 +276,9 @@ def test_replay_refuses_a_store_unless_append(run: Run, tmp_path: Path) -> None:
     res = run("replay", log, "--data-dir", data, "--append", "--scores-out", scores, "-q")
     assert res.code == 0, res
     clock = ManualClock(0)
-    model = ReferenceModel(config=Config(half_life_ns=H, window_width_ns=H, window_buckets=2),
-                           clock=clock)
+    model = ReferenceModel(
+        config=Config(half_life_ns=H, window_width_ns=H, window_buckets=2), clock=clock
+    )
     rows = list(EventLogReader(log))
     apply_events(model, rows, clock)
     apply_events(model, rows, clock)
@@ -272,8 +299,9 @@ def test_replay_into_a_new_or_empty_dir_needs_no_append(tmp_path: Path) -> None:
     (tmp_path / "other" / "notes.txt").write_text("not a store")
     runner = CliRunner()
     for target in ("new", "empty"):
-        res = runner.invoke(cli_module.cli, ["replay", str(log), "-q", "--data-dir",
-                                             str(tmp_path / target)])
+        res = runner.invoke(
+            cli_module.cli, ["replay", str(log), "-q", "--data-dir", str(tmp_path / target)]
+        )
         assert res.exit_code == 0, res.output
     # a directory of other files: a new or empty one is the way, --append is not
     res = runner.invoke(cli_module.cli, ["replay", str(log), "--data-dir", str(tmp_path / "other")])
@@ -281,8 +309,9 @@ def test_replay_into_a_new_or_empty_dir_needs_no_append(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "holds no tidal_actors store" in err, res.stderr
     assert "new or empty directory" in err and "--append" not in err
     # and --append does not make a store among them
-    res = runner.invoke(cli_module.cli, ["replay", str(log), "--append", "--data-dir",
-                                         str(tmp_path / "other")])
+    res = runner.invoke(
+        cli_module.cli, ["replay", str(log), "--append", "--data-dir", str(tmp_path / "other")]
+    )
     err = " ".join(res.stderr.split())
     assert res.exit_code == 2 and "no store to --append to" in err and "new or empty" in err
     assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["notes.txt"]
@@ -311,8 +340,14 @@ def test_skip_rows(run: Run, tmp_path: Path) -> None:
     assert res.code == 0, res
     got = json.loads(report.read_text())
     # rows 4-10 of HAND_LOG: 4 signals (one gated: user 1 has left), leave, rejoin, purge
-    assert (got["rows"], got["skipped_first_rows"], got["signals"], got["assigns"],
-            got["leaves"], got["purges"]) == (7, 3, 4, 0, 1, 1)
+    assert (
+        got["rows"],
+        got["skipped_first_rows"],
+        got["signals"],
+        got["assigns"],
+        got["leaves"],
+        got["purges"],
+    ) == (7, 3, 4, 0, 1, 1)
     assert "after skipping the first 3" in res.out
 
     res = run("replay", log, "--skip-rows", 11)
@@ -327,8 +362,9 @@ def test_sigint_stops_a_replay_at_a_row_boundary_and_append_goes_on(tmp_path: Pa
     config.write_text("[purge]\nrematerialize_after_ms = 20000\n")
     data, whole = tmp_path / "data", tmp_path / "whole"
 
-    proc = _interrupted_run(tmp_path, SLOW_CLI, 1200, 0.01, "replay", log, "--config", config,
-                            "--data-dir", data)
+    proc = _interrupted_run(
+        tmp_path, SLOW_CLI, 1200, 0.01, "replay", log, "--config", config, "--data-dir", data
+    )
     assert proc.returncode == 130, proc
     assert "Aborted" not in proc.stderr and "interrupted after" in proc.stderr, proc.stderr
     hint = next(line for line in proc.stdout.splitlines() if "to go on" in line)
@@ -363,7 +399,10 @@ def test_sigint_stops_a_replay_at_a_row_boundary_and_append_goes_on(tmp_path: Pa
     res = _subprocess_run("replay", log, "--config", config, "--data-dir", whole, "-q")
     assert res.code == 0, res
     end = rows[-1].ts_ns
-    resumed, uninterrupted = _store_state(data, end, range(1, 41)), _store_state(whole, end, range(1, 41))
+    resumed, uninterrupted = (
+        _store_state(data, end, range(1, 41)),
+        _store_state(whole, end, range(1, 41)),
+    )
     assert resumed == uninterrupted
     _assert_statuses(uninterrupted["statuses"], rows, _expected_rebuild_times(rows, delay_ns, True))
     model = ReferenceModel(config=Config(), clock=clock)
@@ -377,8 +416,18 @@ def test_sigint_stops_a_replay_at_a_row_boundary_and_append_goes_on(tmp_path: Pa
 
 def test_sigint_stops_simulate_and_a_second_simulate_explains(tmp_path: Path) -> None:
     data = tmp_path / "sim"
-    proc = _interrupted_run(tmp_path, SLOW_SIMULATE, 400, 0.01, "simulate", "--scenario",
-                            "small", "--data-dir", data, "-q")
+    proc = _interrupted_run(
+        tmp_path,
+        SLOW_SIMULATE,
+        400,
+        0.01,
+        "simulate",
+        "--scenario",
+        "small",
+        "--data-dir",
+        data,
+        "-q",
+    )
     assert proc.returncode == 130, proc
     assert "Aborted" not in proc.stderr and "interrupted after" in proc.stderr, proc.stderr
     events = generate_events(load_scenario("small"))
@@ -414,21 +463,27 @@ def test_sigint_stops_simulate_and_a_second_simulate_explains(tmp_path: Path) ->
 
 # purges at known times (default delay: 1,000 ms = 1 s of event time)
 REMAT_LOG = "ts_ns,op,user_id,cohort,entity_id,signal_type,weight\n" + "".join(
-    f"{line}\n" for line in [
+    f"{line}\n"
+    for line in [
         f"{T},assign,1,a,,,",
         f"{T},assign,2,a,,,",
         f"{T},signal,1,,10,1,1.0",
         f"{T},signal,2,,10,1,2.0",
-        f"{T + S},purge,1,a,,,",             # a due at T+2s
-        f"{T + 3 * S // 2},purge,2,a,,,",    # coalesced into that rebuild
+        f"{T + S},purge,1,a,,,",  # a due at T+2s
+        f"{T + 3 * S // 2},purge,2,a,,,",  # coalesced into that rebuild
         f"{T + 3 * S // 2},signal,2,,11,1,1.0",
-        f"{T + 2 * S},signal,1,,12,1,1.0",   # a is rebuilt before this row, at T+2s
-        f"{T + 4 * S},purge,2,a,,,",         # due T+5s: after the last row
+        f"{T + 2 * S},signal,1,,12,1,1.0",  # a is rebuilt before this row, at T+2s
+        f"{T + 4 * S},purge,2,a,,,",  # due T+5s: after the last row
         f"{T + 4 * S},purge,1,@community,,,",
-    ])
+    ]
+)
 # (user, cohort, retracted live, rematerialized at), by hand
-REMAT_EXPECTED = [(1, "a", 1, T + 2 * S), (2, "a", 1, T + 2 * S), (2, "a", 1, T + 5 * S),
-                  (1, COMMUNITY, 2, T + 5 * S)]
+REMAT_EXPECTED = [
+    (1, "a", 1, T + 2 * S),
+    (2, "a", 1, T + 2 * S),
+    (2, "a", 1, T + 5 * S),
+    (1, COMMUNITY, 2, T + 5 * S),
+]
 
 
 def _purge_lines(data: Path, users: list[int]) -> dict[str, str]:
@@ -436,7 +491,9 @@ def _purge_lines(data: Path, users: list[int]) -> dict[str, str]:
     on the real store: many commands, so no interpreter start for each)."""
     runner, out = CliRunner(), {}
     for u in users:
-        res = runner.invoke(cli_module.cli, ["inspect", "--data-dir", str(data), "manifests", str(u)])
+        res = runner.invoke(
+            cli_module.cli, ["inspect", "--data-dir", str(data), "manifests", str(u)]
+        )
         assert res.exit_code == 0, res.output
         for pid in [w for w in res.stdout.split() if len(w) == 32]:
             res = runner.invoke(cli_module.cli, ["inspect", "--data-dir", str(data), "purge", pid])
@@ -451,11 +508,13 @@ def test_rematerialization_times_are_event_times_by_hand(tmp_path: Path) -> None
     res = _subprocess_run("replay", log, "--data-dir", data, "-q")
     assert res.code == 0, res
     with _open_read_only(data, T + 4 * S) as db:
-        manifests = sorted((m for u in (1, 2) for m in db.list_purge_manifests(u)),
-                           key=lambda m: m.purge_id)
+        manifests = sorted(
+            (m for u in (1, 2) for m in db.list_purge_manifests(u)), key=lambda m: m.purge_id
+        )
         got = [db.purge_status(m.purge_id) for m in manifests]
-    assert [(s.user_id, s.cohort, s.retracted_live, s.rematerialized_at_ns) for s in got] == \
-        REMAT_EXPECTED
+    assert [
+        (s.user_id, s.cohort, s.retracted_live, s.rematerialized_at_ns) for s in got
+    ] == REMAT_EXPECTED
     assert all(s.rematerialized and s.excluded_by_rematerialization == 0 for s in got)
     lines = _purge_lines(data, [1])
     assert any(f"re-materialized at {T + 2 * S} " in text for text in lines.values()), lines
@@ -467,8 +526,9 @@ def test_rematerialization_times_are_event_times_by_hand(tmp_path: Path) -> None
     assert res.code == 0, res
     with _open_read_only(off, T + 4 * S) as db:
         got = [db.purge_status(m.purge_id) for m in manifests]
-    assert [(s.user_id, s.cohort, s.rematerialized_at_ns) for s in got] == \
-        [(u, c, T + 4 * S) for u, c, _, _ in REMAT_EXPECTED]
+    assert [(s.user_id, s.cohort, s.rematerialized_at_ns) for s in got] == [
+        (u, c, T + 4 * S) for u, c, _, _ in REMAT_EXPECTED
+    ]
 
 
 def test_two_replays_at_different_speeds_record_the_same_purge_statuses(tmp_path: Path) -> None:
@@ -482,9 +542,27 @@ def test_two_replays_at_different_speeds_record_the_same_purge_statuses(tmp_path
     # the slow one takes ~2 s of wall time: the runtime's 1 s timer would fire in it
     wrapper = tmp_path / "slow.py"
     wrapper.write_text(SLOW_CLI)
-    proc = subprocess.run([sys.executable, str(wrapper), str(tmp_path / "m"), "1", "0.003",
-                           "replay", log, "--data-dir", slow, "--batch-size", "1", "-q"],
-                          capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(wrapper),
+            str(tmp_path / "m"),
+            "1",
+            "0.003",
+            "replay",
+            log,
+            "--data-dir",
+            slow,
+            "--batch-size",
+            "1",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc
     end = rows[-1].ts_ns
     a, b = _store_state(fast, end, range(1, 41)), _store_state(slow, end, range(1, 41))
@@ -500,7 +578,12 @@ def test_the_go_on_command_keeps_skip_invalid():
     from tidal_actors.cli.replay import go_on_command
 
     cmd = go_on_command(Path("log.csv"), Path("db dir"), 551, skip_invalid=True)
-    assert cmd == "tidal-actors replay log.csv --data-dir 'db dir' --skip-rows 551 --append --skip-invalid"
+    assert (
+        cmd
+        == "tidal-actors replay log.csv --data-dir 'db dir' --skip-rows 551 --append --skip-invalid"
+    )
     assert go_on_command(Path("log.csv"), Path("d"), 3).endswith("--skip-rows 3 --append")
     outputs = {"--scores-out": Path("s.csv"), "--report-out": None}
-    assert go_on_command(Path("l"), Path("d"), 3, outputs=outputs).endswith("--append --scores-out s.csv")
+    assert go_on_command(Path("l"), Path("d"), 3, outputs=outputs).endswith(
+        "--append --scores-out s.csv"
+    )

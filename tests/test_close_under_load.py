@@ -74,7 +74,9 @@ def test_close_while_eight_threads_are_mid_call(tmp_path, mailbox):
             r = rng.random()
             try:
                 if r < 0.5:
-                    db.signal_batch([Signal(u, rng.randrange(5), 1, 1.0, T0) for _ in range(rng.randint(1, 50))])
+                    db.signal_batch(
+                        [Signal(u, rng.randrange(5), 1, 1.0, T0) for _ in range(rng.randint(1, 50))]
+                    )
                     continue
                 if r < 0.6:
                     db.read_decay_score(COMMUNITY, 1, 1)
@@ -260,9 +262,10 @@ def test_a_call_sent_just_before_close_is_never_left_waiting(pdb_path):
     assert result and (result[0] == "ok" or isinstance(result[0], DatabaseClosed))
 
 
-
 @pytest.mark.parametrize("call", ["purge", "signal", "signal_batch"])
-def test_a_call_that_found_the_database_open_is_refused_once_close_has_begun(tmp_path, call) -> None:  # type: ignore[no-untyped-def]
+def test_a_call_that_found_the_database_open_is_refused_once_close_has_begun(
+    tmp_path, call
+) -> None:  # type: ignore[no-untyped-def]
     """A call that passed the open check and was then preempted while close() got past
     its barriers must not be sent after them: it would be committed behind the
     snapshot's back (a purge: manifest and tombstones stored, retraction missing) or
@@ -362,10 +365,14 @@ def test_signals_stashed_behind_a_control_write_count_against_the_mailbox(tmp_pa
             while not stop.is_set():
                 peak[0] = max(peak[0], shard._stashed_batches)
 
-        threads = [threading.Thread(target=produce, args=(k,)) for k in range(4)] + [threading.Thread(target=watch)]
+        threads = [threading.Thread(target=produce, args=(k,)) for k in range(4)] + [
+            threading.Thread(target=watch)
+        ]
         for t in threads:
             t.start()
-        for _ in range(40):  # control writes, each committed with fsync: the shard stashes meanwhile
+        for _ in range(
+            40
+        ):  # control writes, each committed with fsync: the shard stashes meanwhile
             db.leave_community_layer(9)
             db.rejoin_community_layer(9)
         stop.set()

@@ -32,11 +32,14 @@ records = st.lists(
         st.sampled_from([0.0, 0.5, 1.0, 3.0, 0.10000000149011612]),
         st.integers(0, 12_000),  # ts: several buckets, late ones, far ones
     ),
-    min_size=1, max_size=60,
+    min_size=1,
+    max_size=60,
 )
 
 
-def _recs(raw: list[tuple[str, int, int, float, int]]) -> list[tuple[int, int, int, str, int, int, float, int]]:
+def _recs(
+    raw: list[tuple[str, int, int, float, int]],
+) -> list[tuple[int, int, int, str, int, int, float, int]]:
     return [(0, i, 100 + e, c, e, t, w, ts) for i, (c, e, t, w, ts) in enumerate(raw)]
 
 
@@ -51,14 +54,19 @@ def _close(x: tuple[object, ...], y: tuple[object, ...]) -> bool:
     if [r[:3] for r in rx] != [r[:3] for r in ry] or [r[4] for r in rx] != [r[4] for r in ry]:
         return False
     for a, b in zip(rx, ry):
-        if not (math.isclose(a[3], b[3], rel_tol=1e-9, abs_tol=1e-12) and math.isclose(a[5], b[5], rel_tol=1e-9, abs_tol=1e-12)):
+        if not (
+            math.isclose(a[3], b[3], rel_tol=1e-9, abs_tol=1e-12)
+            and math.isclose(a[5], b[5], rel_tol=1e-9, abs_tol=1e-12)
+        ):
             return False
     return all(len(a) == len(b) for a, b in zip(tx, ty))  # ties may order differently by rounding
 
 
 @settings(max_examples=150, deadline=None)
 @given(records, st.integers(1, 20), st.integers(0, 13_000))
-def test_batches_equal_one_at_a_time(raw: list[tuple[str, int, int, float, int]], step: int, at: int) -> None:
+def test_batches_equal_one_at_a_time(
+    raw: list[tuple[str, int, int, float, int]], step: int, at: int
+) -> None:
     recs = _recs(raw)
     one, batched = _agg(), _agg()
     for r in recs:
@@ -69,7 +77,6 @@ def test_batches_equal_one_at_a_time(raw: list[tuple[str, int, int, float, int]]
     # the detail rows are the same, in the same order
     for name in ("dk", "dt", "dw", "du", "dm", "dr"):
         assert getattr(one, name) == getattr(batched, name)
-
 
 
 @settings(max_examples=200, deadline=None)
@@ -87,9 +94,15 @@ def test_bulk_load_equals_one_at_a_time(raw, at, retract, data) -> None:  # type
     names = ["a", "b", "@community"]
     cols = list(zip(*recs))
     bulk.load_columns(
-        np.array(cols[0], dtype=np.uint8), np.array(cols[1], dtype=np.int64), np.array(cols[2], dtype=np.uint64),
-        np.array([names.index(c) for c in cols[3]]), names, np.array(cols[4], dtype=np.uint64),
-        np.array(cols[5], dtype=np.uint64), np.array(cols[6], dtype=np.float32), np.array(cols[7], dtype=np.int64),
+        np.array(cols[0], dtype=np.uint8),
+        np.array(cols[1], dtype=np.int64),
+        np.array(cols[2], dtype=np.uint64),
+        np.array([names.index(c) for c in cols[3]]),
+        names,
+        np.array(cols[4], dtype=np.uint64),
+        np.array(cols[5], dtype=np.uint64),
+        np.array(cols[6], dtype=np.float32),
+        np.array(cols[7], dtype=np.int64),
     )
     for name in ("dk", "dt", "dw", "du", "dm", "dr"):
         assert getattr(one, name) == getattr(bulk, name)
@@ -103,7 +116,9 @@ def test_bulk_load_equals_one_at_a_time(raw, at, retract, data) -> None:  # type
             bulk.retract_row(row)
     assert _close(_reads(one, at), _reads(bulk, at))
     for name in ("L", "TM", "CB", "CN", "CTM", "LIVE"):
-        assert list(getattr(one, name)[: one.key_total]) == list(getattr(bulk, name)[: bulk.key_total]), name
+        assert list(getattr(one, name)[: one.key_total]) == list(
+            getattr(bulk, name)[: bulk.key_total]
+        ), name
 
 
 @settings(max_examples=100, deadline=None)
@@ -135,7 +150,9 @@ def test_dump_loads_back_bit_for_bit(raw: list[tuple[str, int, int, float, int]]
 
 def test_retracting_everything_leaves_nothing() -> None:
     a = _agg()
-    rows = a.add_many(_recs([("a", 1, 1, 0.10000000149011612, ts) for ts in (5, 900, 1500, 3000, 10)]))
+    rows = a.add_many(
+        _recs([("a", 1, 1, 0.10000000149011612, ts) for ts in (5, 900, 1500, 3000, 10)])
+    )
     for row in rows:
         assert a.retract_row(row)
     assert not a.retract_row(rows[0])
@@ -145,25 +162,58 @@ def test_retracting_everything_leaves_nothing() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2**40), st.integers(0, 2**64 - 1),
-                          st.sampled_from(["a", "b", "c" * 150]), st.integers(0, 2**64 - 1),
-                          st.integers(0, 2**64 - 1), st.floats(0, 1e30),
-                          st.integers(0, 2**63 - 1)), min_size=1, max_size=30),
-       st.one_of(st.none(), st.just({0: {"k": 1}})))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2),
+            st.integers(0, 2**40),
+            st.integers(0, 2**64 - 1),
+            st.sampled_from(["a", "b", "c" * 150]),
+            st.integers(0, 2**64 - 1),
+            st.integers(0, 2**64 - 1),
+            st.floats(0, 1e30),
+            st.integers(0, 2**63 - 1),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.one_of(st.none(), st.just({0: {"k": 1}})),
+)
 def test_history_columns_encode_like_records(recs, contexts) -> None:  # type: ignore[no-untyped-def]
     assert encode_history_columns(tuple(zip(*recs)), contexts) == encode_batch(recs, contexts)
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.just(3), st.integers(0, 2**40), st.integers(0, 2**64 - 1),
-                          st.sampled_from(["a", "b"]), st.integers(0, 2**64 - 1),
-                          st.integers(0, 2**64 - 1), st.floats(0, 2.0**100, width=32),
-                          st.integers(0, 2**63 - 1)), min_size=1, max_size=30))
+@given(
+    st.lists(
+        st.tuples(
+            st.just(3),
+            st.integers(0, 2**40),
+            st.integers(0, 2**64 - 1),
+            st.sampled_from(["a", "b"]),
+            st.integers(0, 2**64 - 1),
+            st.integers(0, 2**64 - 1),
+            st.floats(0, 2.0**100, width=32),
+            st.integers(0, 2**63 - 1),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
 def test_history_columns_from_an_attribute_message_encode_like_records(recs) -> None:  # type: ignore[no-untyped-def]
     """The ledger persists a membership shard's message as it came: numpy columns and
     one membership shard number for all records."""
     msg = M.Attribute.of_records([LogRecord(*r) for r in recs])
-    cols = (msg.mshard, msg.rseqs, msg.users, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps)
+    cols = (
+        msg.mshard,
+        msg.rseqs,
+        msg.users,
+        msg.cohorts,
+        msg.entities,
+        msg.types,
+        msg.weights,
+        msg.timestamps,
+    )
     assert encode_history_columns(cols, {0: 1}) == encode_batch(recs, {0: 1})
 
 
@@ -183,8 +233,14 @@ pair_records = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(pair_records, st.dictionaries(st.tuples(st.sampled_from([0, 7, 2**40]), st.sampled_from(["a", "b", "c"])),
-                                     st.integers(0, 80), max_size=3))
+@given(
+    pair_records,
+    st.dictionaries(
+        st.tuples(st.sampled_from([0, 7, 2**40]), st.sampled_from(["a", "b", "c"])),
+        st.integers(0, 80),
+        max_size=3,
+    ),
+)
 def test_log_load_columns_equals_appending_and_counting(recs, reported) -> None:  # type: ignore[no-untyped-def]
     """The bulk restore of a log equals appending its live records in order and
     counting each pair's evicted records that no earlier purge reported (rseq at or
@@ -197,8 +253,9 @@ def test_log_load_columns_equals_appending_and_counting(recs, reported) -> None:
     rows = [100 + i for i in range(len(recs))]
     expected = ContributionLog(_agg())
     live_i = [i for i, (_, _, live) in enumerate(recs) if live]
-    expected.append_columns([recs[i][0] for i in live_i], [names[recs[i][1]] for i in live_i],
-                            [rows[i] for i in live_i])
+    expected.append_columns(
+        [recs[i][0] for i in live_i], [names[recs[i][1]] for i in live_i], [rows[i] for i in live_i]
+    )
     want = {k: list(pair_positions(v)[1]) for k, v in expected.index.items()}
     counts: dict[tuple[int, str], int] = {}
     for rseq, (u, c, live) in enumerate(recs):  # rseq = position in the history here
@@ -207,9 +264,13 @@ def test_log_load_columns_equals_appending_and_counting(recs, reported) -> None:
     want = {k: [counts.get(k, 0), *want.get(k, [])] for k in set(want) | set(counts)}
     got = ContributionLog(_agg())
     got.load_columns(
-        np.array([u for u, _, _ in recs], dtype=np.uint64), np.array([c for _, c, _ in recs], dtype=np.int64),
-        names, np.array(rows, dtype=np.int64), np.array([lv for _, _, lv in recs], dtype=bool),
-        np.arange(len(recs), dtype=np.int64), reported,
+        np.array([u for u, _, _ in recs], dtype=np.uint64),
+        np.array([c for _, c, _ in recs], dtype=np.int64),
+        names,
+        np.array(rows, dtype=np.int64),
+        np.array([lv for _, _, lv in recs], dtype=bool),
+        np.arange(len(recs), dtype=np.int64),
+        reported,
     )
     assert list(got.d) == list(expected.d)
     assert {k: [pair_positions(v)[0], *pair_positions(v)[1]] for k, v in got.index.items()} == want
@@ -254,17 +315,32 @@ def test_erasure_rewrite_encodes_like_records(data) -> None:  # type: ignore[no-
 
     n = data.draw(st.integers(1, 30))
     rec = st.tuples(
-        st.integers(0, 3), st.integers(0, 2**40), st.integers(0, 2**64 - 1),
-        st.sampled_from(["a", "b", "@community", "z"]), st.integers(0, 2**64 - 1), st.integers(0, 9),
-        st.sampled_from([0.0, 0.5, 1.0, 0.10000000149011612]), st.integers(0, 2**62),
+        st.integers(0, 3),
+        st.integers(0, 2**40),
+        st.integers(0, 2**64 - 1),
+        st.sampled_from(["a", "b", "@community", "z"]),
+        st.integers(0, 2**64 - 1),
+        st.integers(0, 9),
+        st.sampled_from([0.0, 0.5, 1.0, 0.10000000149011612]),
+        st.integers(0, 2**62),
     )
     recs = data.draw(st.lists(rec, min_size=n, max_size=n))
-    ctx = data.draw(st.dictionaries(st.integers(0, n - 1), st.dictionaries(st.text(max_size=3), st.integers(-999, 999)),
-                                    max_size=3)) or None
+    ctx = (
+        data.draw(
+            st.dictionaries(
+                st.integers(0, n - 1),
+                st.dictionaries(st.text(max_size=3), st.integers(-999, 999)),
+                max_size=3,
+            )
+        )
+        or None
+    )
     b = decode_batch(0, 0, encode_batch(recs, ctx))
     keep = sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1)))
     want_ctx = {new: ctx[old] for new, old in enumerate(keep) if ctx and old in ctx} or None
-    assert _rewrite(b"k", b, np.array(keep))[2] == seal(b"k", encode_batch([recs[i] for i in keep], want_ctx))
+    assert _rewrite(b"k", b, np.array(keep))[2] == seal(
+        b"k", encode_batch([recs[i] for i in keep], want_ctx)
+    )
 
 
 def test_records_evicted_between_prepare_and_apply_stay_counted(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -274,7 +350,9 @@ def test_records_evicted_between_prepare_and_apply_stay_counted(monkeypatch) -> 
     from tidal_actors.core import contrib_log as _contrib_log
     from tidal_actors.core.contrib_log import ContributionLog, pair_positions
 
-    monkeypatch.setattr(_contrib_log, "_COMPACT_MIN", 1)  # compact as soon as half the column is dead
+    monkeypatch.setattr(
+        _contrib_log, "_COMPACT_MIN", 1
+    )  # compact as soon as half the column is dead
     agg = _agg()
     log = ContributionLog(agg)
 

@@ -36,14 +36,14 @@ def test_toml_accepts_duration_strings(tmp_path):
 def test_bare_numbers_keep_the_names_unit(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(
-        'half_life_ns = 604800000000000\nsignal_flush_interval_ms = 3\n'
+        "half_life_ns = 604800000000000\nsignal_flush_interval_ms = 3\n"
         'rematerialize_after_ms = "250"\nwindow_width_ns = "1000"\n'
     )
     c = Config.from_toml(path)
     assert c.half_life_ns == 7 * DAY_NS
-    assert c.signal_flush_interval_ms == 3           # ms
-    assert c.rematerialize_after_ms == 250.0         # a string without a unit: ms too
-    assert c.window_width_ns == 1000                 # ... and ns for an _ns name
+    assert c.signal_flush_interval_ms == 3  # ms
+    assert c.rematerialize_after_ms == 250.0  # a string without a unit: ms too
+    assert c.window_width_ns == 1000  # ... and ns for an _ns name
 
 
 def test_constructor_and_replace_accept_duration_strings():

@@ -46,8 +46,13 @@ SEED = int(os.environ.get("TIDAL_CRASH_SEED", "0")) * 1000
 CFG: dict[str, Any] = {"membership_shards": 1, "ledger_shards": 2, "signal_flush_interval_ms": 1.0}
 # one ledger shard and a contribution log of 40 records: eviction, and purges of evicted
 # records, across crashes (no automatic re-materialization, as in the reference model)
-CFG_EVICT: dict[str, Any] = {"membership_shards": 1, "ledger_shards": 1, "signal_flush_interval_ms": 1.0,
-                             "max_contribution_log_entries": 40, "rematerialize_after_ms": None}
+CFG_EVICT: dict[str, Any] = {
+    "membership_shards": 1,
+    "ledger_shards": 1,
+    "signal_flush_interval_ms": 1.0,
+    "max_contribution_log_entries": 40,
+    "rematerialize_after_ms": None,
+}
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +88,9 @@ def _wait_for(path: Path, key: str, proc: Any, timeout: float = 20.0) -> bool:
 # -- the side file as a list of operations ---------------------------------------------
 
 
-def parse_segment(recs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any] | None, int]:
+def parse_segment(
+    recs: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None, int]:
     """Expand the side file into single operations (one per signal).
 
     Returns ``(ops, in_flight, first_uncertain)``: ``ops`` are acknowledged control
@@ -168,12 +175,19 @@ def export(db: Any, at: int) -> dict[str, Any]:
 
 def control_part(exp: dict[str, Any]) -> dict[int, Any]:
     return {
-        u: (st, hist, cohorts, [(int(m.purge_id), m.user_id, m.cohort, m.created_at_ns) for m in mans])
+        u: (
+            st,
+            hist,
+            cohorts,
+            [(int(m.purge_id), m.user_id, m.cohort, m.created_at_ns) for m in mans],
+        )
         for u, (st, hist, cohorts, mans) in exp["users"].items()
     }
 
 
-def ledger_part(exp: dict[str, Any], ledger: int, n: int, evicted: bool = True) -> tuple[list[Any], list[Any]]:
+def ledger_part(
+    exp: dict[str, Any], ledger: int, n: int, evicted: bool = True
+) -> tuple[list[Any], list[Any]]:
     rows = [r for r in exp["rows"] if ledger_shard_of(r[0], n) == ledger]
     mans = [
         (int(m.purge_id), m.entries, m.evicted if evicted else None)
@@ -196,7 +210,9 @@ def rows_equal(a: list[Any], b: list[Any]) -> bool:
     return True
 
 
-def ledger_equal(got: dict[str, Any], want: dict[str, Any], ledger: int, n: int, evicted: bool) -> bool:
+def ledger_equal(
+    got: dict[str, Any], want: dict[str, Any], ledger: int, n: int, evicted: bool
+) -> bool:
     g_rows, g_mans = ledger_part(got, ledger, n, evicted)
     w_rows, w_mans = ledger_part(want, ledger, n, evicted)
     return g_mans == w_mans and rows_equal(g_rows, w_rows)
@@ -260,13 +276,17 @@ class Chain:
         if chosen is None:
             want = control_part(export(replay(candidate(0, True, len(unsure_sigs)), self.cfg), at))
             diff = {u: (got_control[u], want[u]) for u in got_control if got_control[u] != want[u]}
-            raise AssertionError(f"control state matches no candidate (in flight: {in_flight}): {diff}")
+            raise AssertionError(
+                f"control state matches no candidate (in flight: {in_flight}): {diff}"
+            )
         # 2. per ledger shard, the longest prefix of the unflushed signals that matches
         ks = {}
         for ledger in range(self.ledgers):
             for k in range(len(unsure_sigs), -1, -1):
                 ops_k = candidate(ledger, chosen, k)
-                if ledger_equal(got, export(replay(ops_k, self.cfg), at), ledger, self.ledgers, self.evicted):
+                if ledger_equal(
+                    got, export(replay(ops_k, self.cfg), at), ledger, self.ledgers, self.evicted
+                ):
                     ks[ledger] = k
                     self.settled[ledger] = ops_k
                     break
@@ -276,11 +296,17 @@ class Chain:
                     f"no prefix of the {len(unsure_sigs)} unflushed signals explains ledger {ledger}\n"
                     + describe(got, full, ledger, self.ledgers)
                 )
-        return {"unflushed": len(unsure_sigs), **{f"kept{lg}": k for lg, k in ks.items()},
-                "in_flight": int(in_flight is not None), "applied": int(bool(chosen))}
+        return {
+            "unflushed": len(unsure_sigs),
+            **{f"kept{lg}": k for lg, k in ks.items()},
+            "in_flight": int(in_flight is not None),
+            "applied": int(bool(chosen)),
+        }
 
 
-def _run_store(mp: Any, root: Path, seed: int, kills: int, cfg: dict[str, Any]) -> list[dict[str, int]]:
+def _run_store(
+    mp: Any, root: Path, seed: int, kills: int, cfg: dict[str, Any]
+) -> list[dict[str, int]]:
     rng = random.Random(seed)
     path = str(root / f"store{seed}")
     chain = Chain(cfg)
@@ -294,7 +320,9 @@ def _run_store(mp: Any, root: Path, seed: int, kills: int, cfg: dict[str, Any]) 
         if early:
             time.sleep(rng.uniform(0.0, 0.1))  # may land in the open and restore
         else:
-            assert _wait_for(side, "opened", p), f"the child did not open the store (exit {p.exitcode})"
+            assert _wait_for(side, "opened", p), (
+                f"the child did not open the store (exit {p.exitcode})"
+            )
             time.sleep(rng.uniform(0.0, 0.25))
         p.kill()
         p.join(30)
@@ -312,7 +340,9 @@ def _run_store(mp: Any, root: Path, seed: int, kills: int, cfg: dict[str, Any]) 
     return report
 
 
-@pytest.mark.parametrize(("cfg", "share"), [(CFG, 0.7), (CFG_EVICT, 0.3)], ids=["two-ledgers", "eviction"])
+@pytest.mark.parametrize(
+    ("cfg", "share"), [(CFG, 0.7), (CFG_EVICT, 0.3)], ids=["two-ledgers", "eviction"]
+)
 def test_sigkill_at_random_points_loses_nothing_acknowledged(mp, tmp_path, cfg, share):
     points = max(1, round(KILL_POINTS * share))
     report = []
@@ -336,8 +366,17 @@ def test_sigkill_at_random_points_loses_nothing_acknowledged(mp, tmp_path, cfg, 
 # -- the hand-worked purge case ----------------------------------------------------------
 
 HALF = 10**10
-POINTS = ["before", "prepare", "pre-commit", "post-commit", "applied", "replied",
-          "remat-pre", "remat-post", "done"]
+POINTS = [
+    "before",
+    "prepare",
+    "pre-commit",
+    "post-commit",
+    "applied",
+    "replied",
+    "remat-pre",
+    "remat-post",
+    "done",
+]
 COMMITTED = {"post-commit", "applied", "replied", "remat-pre", "remat-post", "done"}
 
 

@@ -15,11 +15,21 @@ CLI_ONLY = ("click", "tqdm", "hdrhistogram", "hdrh")  # hdrhistogram's module is
 
 
 def _loaded_after(statement: str) -> list[str]:
-    code = (f"{statement}; import json, sys; "
-            f"print(json.dumps(sorted(m for m in {CLI_ONLY!r} if m in sys.modules)))")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    code = (
+        f"{statement}; import json, sys; "
+        f"print(json.dumps(sorted(m for m in {CLI_ONLY!r} if m in sys.modules)))"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
     )
     return json.loads(out.stdout)
 
@@ -39,7 +49,10 @@ def test_the_cli_still_loads_them():
 def test_no_runtime_dependency_on_build_tools():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     deps = [d.split(";")[0].strip().lower() for d in meta["project"]["dependencies"]]
-    names = {d.split("<")[0].split(">")[0].split("=")[0].split("!")[0].split("~")[0].strip() for d in deps}
+    names = {
+        d.split("<")[0].split(">")[0].split("=")[0].split("!")[0].split("~")[0].strip()
+        for d in deps
+    }
     assert not names & {"setuptools", "wheel", "pip", "pbr"}
     # the CLI's libraries stay installed by a plain `pip install`
     assert {"click", "tqdm", "hdrhistogram"} <= names

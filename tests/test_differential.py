@@ -26,9 +26,15 @@ def _compare(db, ref, at):
 def test_random_workload_matches_reference(seed, shards, tmp_path):
     rng = random.Random(seed)
     cap = rng.choice([7, 40, 5_000_000])
-    cfg = Config(half_life_ns=30 * SEC, window_width_ns=10 * SEC, window_buckets=4,
-                 max_contribution_log_entries=cap, membership_shards=shards[0], ledger_shards=shards[1],
-                 rematerialize_after_ms=None)
+    cfg = Config(
+        half_life_ns=30 * SEC,
+        window_width_ns=10 * SEC,
+        window_buckets=4,
+        max_contribution_log_entries=cap,
+        membership_shards=shards[0],
+        ledger_shards=shards[1],
+        rematerialize_after_ms=None,
+    )
     clock, rclock = ManualClock(T0), ManualClock(T0)
     path = str(tmp_path / "s") if seed % 2 else None
     ref = ReferenceModel(cfg, rclock, history=path is not None)
@@ -39,8 +45,13 @@ def test_random_workload_matches_reference(seed, shards, tmp_path):
             op = rng.random()
             u = rng.randrange(6)
             if op < 0.6:
-                args = (u, rng.randrange(5), rng.randrange(2), rng.choice([0.5, 1.0, 2.0, 0.1]),
-                        T0 + rng.randrange(-5, 40) * SEC)
+                args = (
+                    u,
+                    rng.randrange(5),
+                    rng.randrange(2),
+                    rng.choice([0.5, 1.0, 2.0, 0.1]),
+                    T0 + rng.randrange(-5, 40) * SEC,
+                )
                 db.signal_with_context(*args)
                 ref.signal_with_context(*args)
             elif op < 0.7:
@@ -88,8 +99,14 @@ def test_random_workload_matches_reference(seed, shards, tmp_path):
             assert db.community_layer_status(u) == ref.community_layer_status(u)
             assert db.community_leave_history(u) == ref.community_leave_history(u)
             assert db.cohorts_of(u) == ref.cohorts_of(u)
-            got = [(m.user_id, m.cohort, m.created_at_ns, m.entries, m.evicted) for m in db.list_purge_manifests(u)]
-            want = [(m.user_id, m.cohort, m.created_at_ns, m.entries, m.evicted) for m in ref.list_purge_manifests(u)]
+            got = [
+                (m.user_id, m.cohort, m.created_at_ns, m.entries, m.evicted)
+                for m in db.list_purge_manifests(u)
+            ]
+            want = [
+                (m.user_id, m.cohort, m.created_at_ns, m.entries, m.evicted)
+                for m in ref.list_purge_manifests(u)
+            ]
             assert got == want
         if path is not None:
             return  # stats() counts since open; a reopen starts them again

@@ -38,7 +38,9 @@ def _found(path: str) -> list[str]:
 @pytest.mark.parametrize("ledger_shards", [1, 2])
 def test_evicted_purged_records_leave_no_byte_after_any_number_of_closes(tmp_path, ledger_shards):
     path = str(tmp_path / "s")
-    cfg = Config(max_contribution_log_entries=20, rematerialize_after_ms=None, ledger_shards=ledger_shards)
+    cfg = Config(
+        max_contribution_log_entries=20, rematerialize_after_ms=None, ledger_shards=ledger_shards
+    )
     clock = ManualClock(T0 + 10**12)
     with TidalDb.open(path, config=cfg, clock=clock) as db:
         db.assign_cohort(1, "c")

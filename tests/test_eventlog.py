@@ -46,14 +46,18 @@ def write(tmp_path: Path, text: str | bytes, name: str = "events.csv") -> Path:
 
 
 def test_reads_every_op_as_typed_rows(tmp_path: Path) -> None:
-    path = write(tmp_path, HEAD + (
-        "5,assign,1,a,,,\n"
-        "6,signal,1,,10,2,0.5\n"
-        "7,leave,1,,,,\n"
-        "8,rejoin,1,,,,\n"
-        "9,purge,1,a,,,\n"
-        "10,purge,1,@community,,,\n"
-    ))
+    path = write(
+        tmp_path,
+        HEAD
+        + (
+            "5,assign,1,a,,,\n"
+            "6,signal,1,,10,2,0.5\n"
+            "7,leave,1,,,,\n"
+            "8,rejoin,1,,,,\n"
+            "9,purge,1,a,,,\n"
+            "10,purge,1,@community,,,\n"
+        ),
+    )
     assert list(read_events(path)) == [
         AssignRow(2, 5, 1, "a"),
         SignalRow(3, 6, 1, 10, 2, 0.5),
@@ -67,10 +71,12 @@ def test_reads_every_op_as_typed_rows(tmp_path: Path) -> None:
 def test_header_may_reorder_columns_and_quoting_bom_crlf_blank_lines_are_fine(
     tmp_path: Path,
 ) -> None:
-    text = ("\ufeffop,ts_ns,user_id,weight,signal_type,entity_id,cohort\r\n"
-            'assign,5,1,,,,"x,y ""z"""\r\n'
-            "\r\n"
-            "signal,6,1,2,3,4,\r\n")
+    text = (
+        "\ufeffop,ts_ns,user_id,weight,signal_type,entity_id,cohort\r\n"
+        'assign,5,1,,,,"x,y ""z"""\r\n'
+        "\r\n"
+        "signal,6,1,2,3,4,\r\n"
+    )
     path = write(tmp_path, text)
     assert list(read_events(path)) == [AssignRow(2, 5, 1, 'x,y "z"'), SignalRow(4, 6, 1, 4, 3, 2.0)]
 
@@ -81,8 +87,13 @@ def test_a_final_line_without_terminator_is_read(tmp_path: Path) -> None:
 
 
 def test_write_then_read_round_trips(tmp_path: Path) -> None:
-    rows = [AssignRow(2, 1, 7, "c,1"), SignalRow(3, 2, 7, 9, 1, 0.1), LeaveRow(4, 3, 7),
-            RejoinRow(5, 4, 7), PurgeRow(6, 5, 7, "c,1")]
+    rows = [
+        AssignRow(2, 1, 7, "c,1"),
+        SignalRow(3, 2, 7, 9, 1, 0.1),
+        LeaveRow(4, 3, 7),
+        RejoinRow(5, 4, 7),
+        PurgeRow(6, 5, 7, "c,1"),
+    ]
     path = tmp_path / "out.csv"
     assert write_events(path, rows) == 5
     assert list(read_events(path)) == rows
@@ -214,8 +225,9 @@ class Recorder:
         self.calls.append(("assign", self.clock.now_ns(), user_id, cohort))
 
     def signal_batch(self, signals: list[Signal]) -> None:
-        self.calls.append(("batch", self.clock.now_ns(),
-                           [(s.user_id, s.timestamp_ns) for s in signals]))
+        self.calls.append(
+            ("batch", self.clock.now_ns(), [(s.user_id, s.timestamp_ns) for s in signals])
+        )
 
     def leave_community_layer(self, user_id: int) -> None:
         self.calls.append(("leave", self.clock.now_ns(), user_id))
@@ -231,9 +243,14 @@ class Recorder:
 def test_apply_batches_signals_flushes_before_control_rows_and_sets_the_clock() -> None:
     clock = ManualClock(0)
     rec = Recorder(clock)
-    rows = [SignalRow(0, 1, 1, 1, 1, 1.0), SignalRow(0, 2, 2, 1, 1, 1.0),
-            SignalRow(0, 3, 3, 1, 1, 1.0), LeaveRow(0, 4, 1), SignalRow(0, 5, 4, 1, 1, 1.0),
-            PurgeRow(0, 6, 1, "a")]
+    rows = [
+        SignalRow(0, 1, 1, 1, 1, 1.0),
+        SignalRow(0, 2, 2, 1, 1, 1.0),
+        SignalRow(0, 3, 3, 1, 1, 1.0),
+        LeaveRow(0, 4, 1),
+        SignalRow(0, 5, 4, 1, 1, 1.0),
+        PurgeRow(0, 6, 1, "a"),
+    ]
     counts = apply_events(rec, rows, clock, batch_size=2)
     assert rec.calls == [
         ("batch", 2, [(1, 1), (2, 2)]),
@@ -243,7 +260,12 @@ def test_apply_batches_signals_flushes_before_control_rows_and_sets_the_clock() 
         ("purge", 6, 1, "a"),
     ]
     assert (counts.rows, counts.signals, counts.leaves, counts.purges, counts.manifests) == (
-        6, 4, 1, 1, 1)
+        6,
+        4,
+        1,
+        1,
+        1,
+    )
     assert (counts.first_ts_ns, counts.max_ts_ns) == (1, 6)
 
 
@@ -267,7 +289,9 @@ def test_apply_hand_computed_scores_on_the_reference_model() -> None:
     clock = ManualClock(0)
     model = ReferenceModel(config=config, clock=clock)
     rows = [
-        AssignRow(2, T, 1, "a"), AssignRow(3, T, 2, "a"), AssignRow(4, T, 2, "b"),
+        AssignRow(2, T, 1, "a"),
+        AssignRow(3, T, 2, "a"),
+        AssignRow(4, T, 2, "b"),
         SignalRow(5, T, 1, 10, 1, 1.0),
         SignalRow(6, T + H, 2, 10, 1, 2.0),
         LeaveRow(7, T + H, 1),
@@ -283,8 +307,12 @@ def test_apply_hand_computed_scores_on_the_reference_model() -> None:
     assert model.community_leave_history(1) == [(T + H, T + 2 * H)]
     assert [m.created_at_ns for m in manifests] == [T + 3 * H]
     got = model.aggregate_rows(T + 3 * H)
-    want = [(COMMUNITY, 10, 1, 0.625, 0, 0.0), (COMMUNITY, 20, 2, 0.25, 1, 0.5),
-            ("a", 10, 1, 0.625, 0, 0.0), ("a", 20, 2, 0.25, 1, 0.5)]
+    want = [
+        (COMMUNITY, 10, 1, 0.625, 0, 0.0),
+        (COMMUNITY, 20, 2, 0.25, 1, 0.5),
+        ("a", 10, 1, 0.625, 0, 0.0),
+        ("a", 20, 2, 0.25, 1, 0.5),
+    ]
     assert [r[:3] for r in got] == [r[:3] for r in want]
     for g, w in zip(got, want):
         assert math.isclose(g[3], w[3], rel_tol=1e-12) and g[4:] == w[4:]

@@ -73,7 +73,9 @@ def test_ledger_read_failure_reaches_caller_as_tidal_error_with_cause(db, monkey
     from tidal_actors.core.aggregates import Aggregates
 
     db.signal_with_context(1, 1, 1, 1.0)
-    monkeypatch.setattr(Aggregates, "decay_score", _once(ZeroDivisionError("bad read"), Aggregates.decay_score))
+    monkeypatch.setattr(
+        Aggregates, "decay_score", _once(ZeroDivisionError("bad read"), Aggregates.decay_score)
+    )
     try:
         db.read_decay_score(COMMUNITY, 1, 1)
     except Exception as exc:  # noqa: BLE001 - checked below, after the shard is shown alive
@@ -82,7 +84,9 @@ def test_ledger_read_failure_reaches_caller_as_tidal_error_with_cause(db, monkey
         raised = None
     assert db.read_decay_score(COMMUNITY, 1, 1) == 1.0  # the ledger keeps serving either way
     assert _actors_alive(db)
-    assert isinstance(raised, TidalError) and isinstance(raised.__cause__, ZeroDivisionError), repr(raised)
+    assert isinstance(raised, TidalError) and isinstance(raised.__cause__, ZeroDivisionError), repr(
+        raised
+    )
 
 
 def test_purge_prepare_failure_reaches_caller_and_changes_nothing(db):
@@ -153,7 +157,9 @@ def test_storage_error_fails_only_its_own_writer(pdb_path, clock):
             except StorageError as exc:
                 errors.append((u, exc))
 
-        threads = [threading.Thread(target=assign, args=(u, "bad" if u == 3 else "good")) for u in range(8)]
+        threads = [
+            threading.Thread(target=assign, args=(u, "bad" if u == 3 else "good")) for u in range(8)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -266,7 +272,9 @@ def _returns_within(fn, seconds=1.5):
     return (not t.is_alive()), (out[0] if out else None)
 
 
-def test_a_coordinator_failure_mid_purge_reaches_the_caller_and_later_purges_run(clock, monkeypatch):
+def test_a_coordinator_failure_mid_purge_reaches_the_caller_and_later_purges_run(
+    clock, monkeypatch
+):
     import tidal_actors.actors.behaviours as B
 
     db = TidalDb.open(clock=clock)

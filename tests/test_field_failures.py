@@ -84,7 +84,9 @@ def test_same_directory_from_another_process_is_refused(pdb_path):
         """
     )
     with TidalDb.open(pdb_path):
-        out = subprocess.run([sys.executable, "-c", code, pdb_path], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", code, pdb_path], capture_output=True, text=True, timeout=60
+        )
     assert out.stdout.startswith("locked:"), out.stderr
 
 

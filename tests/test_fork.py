@@ -86,7 +86,9 @@ def test_forked_child_leaves_the_parents_database_alone(tmp_path, ledger_shards,
     if ledger_shards != 1:
         script = script.replace("Config(", f"Config(ledger_shards={ledger_shards}, ")
     proc = subprocess.Popen(
-        [sys.executable, "-c", script, str(path), str(out), child], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, str(path), str(out), child],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     child_pid = None
     try:
@@ -114,7 +116,9 @@ def test_forked_child_leaves_the_parents_database_alone(tmp_path, ledger_shards,
     try:
         # the parent crashed: every flushed signal is there (no stale snapshot from the
         # child), and a child that outlives its parent does not keep the store locked
-        with TidalDb.open(str(path), config=Config(ledger_shards=ledger_shards), clock=ManualClock(T0)) as db:
+        with TidalDb.open(
+            str(path), config=Config(ledger_shards=ledger_shards), clock=ManualClock(T0)
+        ) as db:
             assert db.read_window("c", 7, 1).count == 200
             assert db.read_decay_score("c", 7, 1) == pytest.approx(200.0)
     finally:

@@ -33,7 +33,9 @@ from tidal_actors.eventlog.log import (
 
 HEAD = (",".join(HEADER) + "\n").encode()
 EXAMPLES = int(os.environ.get("TIDAL_FUZZ_EXAMPLES", "150"))
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 _dir = tempfile.mkdtemp(prefix="tidal-fuzz-")
 _n = [0]
@@ -102,14 +104,59 @@ def test_arbitrary_bytes_as_the_whole_file(data):
 
 
 # fields made of the format's own tokens, mangled
-_tokens = st.sampled_from([
-    "", "0", "1", "7", "-1", "+3", "18446744073709551615", "18446744073709551616",
-    str(2**63 - 1), str(2**63), "1.5", "1e3", "1e39", "3.4028234663852886e38", "nan", "inf", "-0",
-    "0.0", ".5", "5.", "1_0", "\u0663", "\uff11", " 1", "1 ", "0x1f",
-    "signal", "assign", "leave", "rejoin", "purge", "SIGNAL", "@community", "@x", "c", "é" * 101,
-    "a" * 200, "a" * 201, '"', '""', ",", "\n", "\r\n", "\x00", "\udc80", "\ud800",
-])
-_field = st.one_of(_tokens, st.text(max_size=12), st.lists(_tokens, min_size=2, max_size=3).map("".join))
+_tokens = st.sampled_from(
+    [
+        "",
+        "0",
+        "1",
+        "7",
+        "-1",
+        "+3",
+        "18446744073709551615",
+        "18446744073709551616",
+        str(2**63 - 1),
+        str(2**63),
+        "1.5",
+        "1e3",
+        "1e39",
+        "3.4028234663852886e38",
+        "nan",
+        "inf",
+        "-0",
+        "0.0",
+        ".5",
+        "5.",
+        "1_0",
+        "\u0663",
+        "\uff11",
+        " 1",
+        "1 ",
+        "0x1f",
+        "signal",
+        "assign",
+        "leave",
+        "rejoin",
+        "purge",
+        "SIGNAL",
+        "@community",
+        "@x",
+        "c",
+        "é" * 101,
+        "a" * 200,
+        "a" * 201,
+        '"',
+        '""',
+        ",",
+        "\n",
+        "\r\n",
+        "\x00",
+        "\udc80",
+        "\ud800",
+    ]
+)
+_field = st.one_of(
+    _tokens, st.text(max_size=12), st.lists(_tokens, min_size=2, max_size=3).map("".join)
+)
 _row = st.lists(_field, min_size=5, max_size=9)
 
 
@@ -123,8 +170,11 @@ def _encode(rows, quoting) -> bytes:
 
 
 @SETTINGS
-@given(st.lists(_row, max_size=8), st.sampled_from([csv.QUOTE_MINIMAL, csv.QUOTE_ALL]),
-       st.integers(min_value=0, max_value=10_000))
+@given(
+    st.lists(_row, max_size=8),
+    st.sampled_from([csv.QUOTE_MINIMAL, csv.QUOTE_ALL]),
+    st.integers(min_value=0, max_value=10_000),
+)
 def test_mangled_rows_and_truncations(rows, quoting, cut):
     data = _encode(rows, quoting)
     got, _, _ = _read(data)
@@ -134,15 +184,30 @@ def test_mangled_rows_and_truncations(rows, quoting, cut):
 
 
 _valid_row = st.one_of(
-    st.builds(lambda t, u, e, y, w: f"{t},signal,{u},,{e},{y},{w!r}",
-              st.integers(0, 2**63 - 1), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1),
-              st.integers(0, 2**64 - 1), st.floats(0, 3.0e38, allow_nan=False)),
-    st.builds(lambda t, u, c: f"{t},assign,{u},\"{c}\",,,",
-              st.integers(0, 2**63 - 1), st.integers(0, 2**64 - 1),
-              st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters='"@'),
-                      min_size=1, max_size=50)),
-    st.builds(lambda t, u, op: f"{t},{op},{u},,,,", st.integers(0, 2**63 - 1),
-              st.integers(0, 2**64 - 1), st.sampled_from(["leave", "rejoin"])),
+    st.builds(
+        lambda t, u, e, y, w: f"{t},signal,{u},,{e},{y},{w!r}",
+        st.integers(0, 2**63 - 1),
+        st.integers(0, 2**64 - 1),
+        st.integers(0, 2**64 - 1),
+        st.integers(0, 2**64 - 1),
+        st.floats(0, 3.0e38, allow_nan=False),
+    ),
+    st.builds(
+        lambda t, u, c: f'{t},assign,{u},"{c}",,,',
+        st.integers(0, 2**63 - 1),
+        st.integers(0, 2**64 - 1),
+        st.text(
+            st.characters(blacklist_categories=("Cs",), blacklist_characters='"@'),
+            min_size=1,
+            max_size=50,
+        ),
+    ),
+    st.builds(
+        lambda t, u, op: f"{t},{op},{u},,,,",
+        st.integers(0, 2**63 - 1),
+        st.integers(0, 2**64 - 1),
+        st.sampled_from(["leave", "rejoin"]),
+    ),
 )
 
 

@@ -61,7 +61,10 @@ def test_writes_stashed_behind_a_commit_go_as_one_transaction(seed: int, orderin
 def test_sixteen_threads_of_assigns_persist_exactly(tmp_path: Path) -> None:
     path = str(tmp_path / "s")
     per, callers = 40, 16
-    with TidalDb.open(path, config=Config(rematerialize_after_ms=None), clock=ManualClock(T0)) as db:
+    with TidalDb.open(
+        path, config=Config(rematerialize_after_ms=None), clock=ManualClock(T0)
+    ) as db:
+
         def work(k: int) -> None:
             for i in range(per):
                 db.assign_cohort(k * per + i, f"c{i % 3}")

@@ -33,8 +33,14 @@ from ._differential import Blocking, Recorder, assert_matches
 MIN = 60 * 10**9
 HOUR = 60 * MIN
 # re-materialization only when asked (the model does it only when asked too)
-CFG = Config(half_life_ns=HOUR, window_width_ns=10 * MIN, window_buckets=6, membership_shards=2, ledger_shards=2,
-             rematerialize_after_ms=None)
+CFG = Config(
+    half_life_ns=HOUR,
+    window_width_ns=10 * MIN,
+    window_buckets=6,
+    membership_shards=2,
+    ledger_shards=2,
+    rematerialize_after_ms=None,
+)
 MEMBERSHIP0, LEDGER0, PERSISTENCE = ("membership", 0), ("ledger", 0), ("persistence", 0)
 
 
@@ -80,10 +86,17 @@ def test_one_mailbox_per_receiver_is_fifo() -> None:
     for i in range(20):
         h.signal_with_context(1, 1, 0, float(i))
     h.run_until_idle()
-    weights = [float(m.group(1)) for m in re.finditer(r"membership\[0\] <- facade\[0\]: SignalBatch \(u=1 e=1 t=0 w=([0-9.]+)", h.trace())]
+    weights = [
+        float(m.group(1))
+        for m in re.finditer(
+            r"membership\[0\] <- facade\[0\]: SignalBatch \(u=1 e=1 t=0 w=([0-9.]+)", h.trace()
+        )
+    ]
     assert weights == [float(i) for i in range(20)]
     # and the ledger got them in the same order
-    ledger_weights = [float(m.group(1)) for m in re.finditer(r"'@community' e=1 t=0 w=([0-9.]+)", h.trace())]
+    ledger_weights = [
+        float(m.group(1)) for m in re.finditer(r"'@community' e=1 t=0 w=([0-9.]+)", h.trace())
+    ]
     assert ledger_weights == weights
 
 
@@ -172,7 +185,10 @@ def test_trace_names_replies_by_label_and_shows_no_object_ids() -> None:
     assert " at 0x" not in text and "object at" not in text
     assert re.search(r"reply=leave_community_layer#\d+", text)
     first = next(line for line in text.splitlines() if "**" not in line)
-    assert re.match(r"\s+1 membership\[\d\] <- facade\[0\]: Assign user=\d cohort='\w+' reply=assign_cohort#\d$", first)
+    assert re.match(
+        r"\s+1 membership\[\d\] <- facade\[0\]: Assign user=\d cohort='\w+' reply=assign_cohort#\d$",
+        first,
+    )
 
 
 def test_trace_is_the_same_in_another_process() -> None:
@@ -192,8 +208,15 @@ def test_trace_is_the_same_in_another_process() -> None:
     outs = []
     for hashseed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=hashseed)
-        outs.append(subprocess.run([sys.executable, "-c", code, root], env=env, check=True,
-                                   capture_output=True, text=True).stdout)
+        outs.append(
+            subprocess.run(
+                [sys.executable, "-c", code, root],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
     h = Harness(seed=5, config=CFG)
     scenario(h)
     assert outs[0] == outs[1] == h.trace()
@@ -302,7 +325,12 @@ def test_persistence_crash_loses_the_uncommitted_write_and_fails_its_caller() ->
     r.signal_with_context(1, 1, 0, 2.0)
     h.run_until_idle()
     leave = r.leave_community_layer(1)
-    _step_until(h, lambda: any(m.startswith("Write [users:COMMUNITY_LEAVE") for m in h.pending().get(PERSISTENCE, [])))
+    _step_until(
+        h,
+        lambda: any(
+            m.startswith("Write [users:COMMUNITY_LEAVE") for m in h.pending().get(PERSISTENCE, [])
+        ),
+    )
     report = h.crash_persistence()
     assert report.lost_writes == 1 and len(report.failed) == 1
     r.signal_with_context(1, 1, 0, 5.0)
@@ -324,7 +352,9 @@ def test_persistence_crash_with_history_in_flight_fails_the_next_flush() -> None
     r = Recorder(h)
     for i in range(5):
         r.signal_with_context(i, 1, 0)
-    _step_until(h, lambda: any(m.startswith("Write [history") for m in h.pending().get(PERSISTENCE, [])))
+    _step_until(
+        h, lambda: any(m.startswith("Write [history") for m in h.pending().get(PERSISTENCE, []))
+    )
     report = h.crash_persistence()
     assert report.lost_writes >= 1
     h.run_until_idle()
@@ -340,7 +370,12 @@ def test_persistence_crash_fails_a_flush_whose_barrier_reached_it() -> None:
         h.signal_with_context(1, 1, 0)
         h.run_until_idle()
         flush = h.flush()
-        _step_until(h, lambda h=h: re.match(r"\s+\d+ persistence\[0\] <- ledger\[\d\]: BarrierPart", h.trace_lines()[-1]))
+        _step_until(
+            h,
+            lambda h=h: re.match(
+                r"\s+\d+ persistence\[0\] <- ledger\[\d\]: BarrierPart", h.trace_lines()[-1]
+            ),
+        )
         h.crash_persistence()
         h.run_until_idle()
         assert flush.done
@@ -383,7 +418,9 @@ def _workload(r: Recorder, with_cohorts: bool = True) -> None:
 
 
 def _lost(report) -> set[tuple[int, int]]:  # type: ignore[no-untyped-def]
-    return {(s[0], s[4]) for s in report.lost_signals} | {(rec[2], rec[7]) for rec in report.lost_records}
+    return {(s[0], s[4]) for s in report.lost_signals} | {
+        (rec[2], rec[7]) for rec in report.lost_records
+    }
 
 
 @pytest.mark.parametrize("crash_at", [0, 3, 9, 15, 25, 40, 60])
@@ -400,8 +437,13 @@ def test_membership_shard_crash_recovers_to_the_acknowledged_state(crash_at: int
         lost = _lost(report)
         assert not report.lost_records
         for label in report.failed:
-            assert label.split("#")[0] in {"assign_cohort", "unassign_cohort", "leave_community_layer",
-                                          "rejoin_community_layer", "request_community_purge"}, label
+            assert label.split("#")[0] in {
+                "assign_cohort",
+                "unassign_cohort",
+                "leave_community_layer",
+                "rejoin_community_layer",
+                "request_community_purge",
+            }, label
         for name, _, _, handle in r.ops:
             assert handle.done, name
             if handle.replies:
@@ -409,10 +451,17 @@ def test_membership_shard_crash_recovers_to_the_acknowledged_state(crash_at: int
                     handle.result()
                 except ActorFailure as exc:
                     assert "crashed" in str(exc)
-        model = r.model(CFG, skip=lambda name, args, lost=lost: name == "signal_with_context" and (args[0], args[4]) in lost)
+        model = r.model(
+            CFG,
+            skip=lambda name, args, lost=lost: (
+                name == "signal_with_context" and (args[0], args[4]) in lost
+            ),
+        )
         db = Blocking(h)
         users = range(1, 6)
-        assert_matches(db, model, users, exact_ids=False, where=f"seed {seed}, crash at {crash_at}: ")
+        assert_matches(
+            db, model, users, exact_ids=False, where=f"seed {seed}, crash at {crash_at}: "
+        )
         h.close_and_reopen()
         assert_matches(db, model, users, exact_ids=False, where=f"seed {seed}, after reopen: ")
 
@@ -430,11 +479,20 @@ def test_ledger_shard_crash_recovers_to_the_acknowledged_state(crash_at: int) ->
         report = h.crash_shard(LEDGER0)
         h.run_until_idle()
         lost = _lost(report)
-        model = r.model(cfg, skip=lambda name, args, lost=lost: name == "signal_with_context" and (args[0], args[4]) in lost)
+        model = r.model(
+            cfg,
+            skip=lambda name, args, lost=lost: (
+                name == "signal_with_context" and (args[0], args[4]) in lost
+            ),
+        )
         db = Blocking(h)
-        assert_matches(db, model, range(1, 6), exact_ids=False, where=f"seed {seed}, crash at {crash_at}: ")
+        assert_matches(
+            db, model, range(1, 6), exact_ids=False, where=f"seed {seed}, crash at {crash_at}: "
+        )
         h.close_and_reopen()
-        assert_matches(db, model, range(1, 6), exact_ids=False, where=f"seed {seed}, after reopen: ")
+        assert_matches(
+            db, model, range(1, 6), exact_ids=False, where=f"seed {seed}, after reopen: "
+        )
 
 
 def test_a_crashed_shard_waits_for_its_writes_before_restarting() -> None:
@@ -443,7 +501,12 @@ def test_a_crashed_shard_waits_for_its_writes_before_restarting() -> None:
     r = Recorder(h)
     u = next(u for u in range(1, 50) if _shard(u, 2) == 0)
     leave = r.leave_community_layer(u)
-    _step_until(h, lambda: any(m.startswith("Write [users:COMMUNITY_LEAVE") for m in h.pending().get(PERSISTENCE, [])))
+    _step_until(
+        h,
+        lambda: any(
+            m.startswith("Write [users:COMMUNITY_LEAVE") for m in h.pending().get(PERSISTENCE, [])
+        ),
+    )
     r.signal_with_context(u, 1, 0)  # queued behind the leave: dropped with the mailbox
     report = h.crash_shard(MEMBERSHIP0)
     assert report.in_doubt == [h.schedule.label(leave.replies[0])]
@@ -455,7 +518,9 @@ def test_a_crashed_shard_waits_for_its_writes_before_restarting() -> None:
     assert db.community_layer_status(u).status is MembershipStatus.Left
     r.signal_with_context(u, 2, 0)  # after the leave's acknowledgement: gated
     h.run_until_idle()
-    assert_matches(db, r.model(CFG, skip=lambda n, a: n == "signal_with_context" and a[1] == 1), [u])
+    assert_matches(
+        db, r.model(CFG, skip=lambda n, a: n == "signal_with_context" and a[1] == 1), [u]
+    )
     assert h.run(h.stats())["gated"] == 1
 
 

@@ -38,9 +38,27 @@ def export(db: TidalDb) -> Any:
     stats = db.stats()
     return (
         db.aggregate_rows(T0 + HOUR),
-        [(db.community_layer_status(u), db.community_leave_history(u), db.cohorts_of(u),
-          db.list_purge_manifests(u)) for u in USERS],
-        {k: stats[k] for k in ("signals", "forwarded", "gated", "records", "purges", "retracted", "handler_errors")},
+        [
+            (
+                db.community_layer_status(u),
+                db.community_leave_history(u),
+                db.cohorts_of(u),
+                db.list_purge_manifests(u),
+            )
+            for u in USERS
+        ],
+        {
+            k: stats[k]
+            for k in (
+                "signals",
+                "forwarded",
+                "gated",
+                "records",
+                "purges",
+                "retracted",
+                "handler_errors",
+            )
+        },
     )
 
 
@@ -90,8 +108,16 @@ API_CASES: list[Any] = [
     ("weight str", lambda db: db.signal_with_context(1, 1, 1, "1.0"), "weight"),
     ("weight bool", lambda db: db.signal_with_context(1, 1, 1, True), "weight"),
     ("weight beyond float32", lambda db: db.signal_with_context(1, 1, 1, 1e39), "weight"),
-    ("weight np.float32 nan", lambda db: db.signal_with_context(1, 1, 1, np.float32("nan")), "weight"),
-    ("weight np.float64 inf", lambda db: db.signal_with_context(1, 1, 1, np.float64("inf")), "weight"),
+    (
+        "weight np.float32 nan",
+        lambda db: db.signal_with_context(1, 1, 1, np.float32("nan")),
+        "weight",
+    ),
+    (
+        "weight np.float64 inf",
+        lambda db: db.signal_with_context(1, 1, 1, np.float64("inf")),
+        "weight",
+    ),
     ("weight None", lambda db: db.signal_with_context(1, 1, 1, None), "weight"),
     ("weight complex", lambda db: db.signal_with_context(1, 1, 1, 1 + 0j), "weight"),
     ("weight huge int", lambda db: db.signal_with_context(1, 1, 1, 10**400), "weight"),
@@ -104,11 +130,31 @@ API_CASES: list[Any] = [
     # contexts
     ("context list", lambda db: db.signal_with_context(1, 1, 1, 1.0, None, [1, 2]), "context"),
     ("context str", lambda db: db.signal_with_context(1, 1, 1, 1.0, None, "ctx"), "context"),
-    ("context object value", lambda db: db.signal_with_context(1, 1, 1, 1.0, None, {"x": object()}), "context"),
-    ("context set value", lambda db: db.signal_with_context(1, 1, 1, 1.0, None, {"x": {1, 2}}), "context"),
-    ("context int too big", lambda db: db.signal_with_context(1, 1, 1, 1.0, None, {"x": 2**70}), "context"),
-    ("context nested too deep", lambda db: db.signal_with_context(1, 1, 1, 1.0, None, _deep(5000)), "context"),
-    ("context lone surrogate key", lambda db: db.signal_with_context(1, 1, 1, 1.0, None, {"\ud800": 1}), "context"),
+    (
+        "context object value",
+        lambda db: db.signal_with_context(1, 1, 1, 1.0, None, {"x": object()}),
+        "context",
+    ),
+    (
+        "context set value",
+        lambda db: db.signal_with_context(1, 1, 1, 1.0, None, {"x": {1, 2}}),
+        "context",
+    ),
+    (
+        "context int too big",
+        lambda db: db.signal_with_context(1, 1, 1, 1.0, None, {"x": 2**70}),
+        "context",
+    ),
+    (
+        "context nested too deep",
+        lambda db: db.signal_with_context(1, 1, 1, 1.0, None, _deep(5000)),
+        "context",
+    ),
+    (
+        "context lone surrogate key",
+        lambda db: db.signal_with_context(1, 1, 1, 1.0, None, {"\ud800": 1}),
+        "context",
+    ),
     ("user with a raising repr", lambda db: db.signal_with_context(_BadRepr(), 1, 1), "user_id"),
     ("user a megabyte long", lambda db: db.signal_with_context("9" * 2**20, 1, 1), "user_id"),
     # batches: validated whole before anything is queued
@@ -117,10 +163,18 @@ API_CASES: list[Any] = [
     ("batch dict", lambda db: db.signal_batch({"a": 1}), "signals"),
     ("batch None", lambda db: db.signal_batch(None), "signals"),
     ("batch tuple element", lambda db: db.signal_batch([GOOD, (1, 1, 1)]), "signals[1]"),
-    ("batch bad last", lambda db: db.signal_batch([GOOD] * 3 + [Signal(1, 1, 1, math.nan)]), "signals[3].weight"),
+    (
+        "batch bad last",
+        lambda db: db.signal_batch([GOOD] * 3 + [Signal(1, 1, 1, math.nan)]),
+        "signals[3].weight",
+    ),
     ("batch bad user", lambda db: db.signal_batch([Signal(-1, 1, 1)]), "signals[0].user_id"),
     ("batch generator", lambda db: db.signal_batch(_gen_good_then_bad()), "signals[2].weight"),
-    ("batch bad ts", lambda db: db.signal_batch([GOOD, Signal(1, 1, 1, 1.0, -5)]), "signals[1].timestamp_ns"),
+    (
+        "batch bad ts",
+        lambda db: db.signal_batch([GOOD, Signal(1, 1, 1, 1.0, -5)]),
+        "signals[1].timestamp_ns",
+    ),
     # cohort names
     ("cohort empty", lambda db: db.assign_cohort(1, ""), "cohort"),
     ("cohort @", lambda db: db.assign_cohort(1, "@x"), "cohort"),
@@ -219,7 +273,9 @@ def hostile_db(tmp_path_factory):
     db.assign_cohort(1, "c")
     db.assign_cohort(2, "c")
     db.assign_cohort(2, "d")
-    db.signal_batch([Signal(u, e, 1, float(e + 1), T0 - e * HOUR) for u in (1, 2, 3) for e in range(4)])
+    db.signal_batch(
+        [Signal(u, e, 1, float(e + 1), T0 - e * HOUR) for u in (1, 2, 3) for e in range(4)]
+    )
     db.leave_community_layer(3)
     db.request_community_purge(2, "d")
     db.flush()
@@ -299,8 +355,16 @@ OPEN_CASES: list[tuple[str, Callable[[Path], Any], str]] = [
     ("clock without now_ns", lambda p: TidalDb.open(clock=object()), "clock"),
     ("shards zero", lambda p: Config(membership_shards=0), "membership_shards"),
     ("half-life bool", lambda p: Config(half_life_ns=True), "half_life_ns"),
-    ("max map below map", lambda p: Config(map_size_bytes=2**20, max_map_size_bytes=2**19), "max_map_size_bytes"),
-    ("flush interval nan", lambda p: Config(signal_flush_interval_ms=math.nan), "signal_flush_interval_ms"),
+    (
+        "max map below map",
+        lambda p: Config(map_size_bytes=2**20, max_map_size_bytes=2**19),
+        "max_map_size_bytes",
+    ),
+    (
+        "flush interval nan",
+        lambda p: Config(signal_flush_interval_ms=math.nan),
+        "signal_flush_interval_ms",
+    ),
     ("mailbox negative", lambda p: Config(mailbox_capacity=-1), "mailbox_capacity"),
 ]
 
@@ -326,7 +390,9 @@ def test_reopen_with_other_membership_shards_is_refused_and_changes_nothing(tmp_
 
 def test_numpy_scalars_are_taken_as_their_values(db):
     db.assign_cohort(np.uint64(2**64 - 1), "c")
-    db.signal_with_context(np.uint64(2**64 - 1), np.int32(3), np.int8(1), np.float32(0.5), np.int64(T0))
+    db.signal_with_context(
+        np.uint64(2**64 - 1), np.int32(3), np.int8(1), np.float32(0.5), np.int64(T0)
+    )
     assert db.read_decay_score("c", 3, 1, T0) == 0.5
 
 

@@ -100,7 +100,7 @@ def test_the_setting_forms(tmp_path: Path) -> None:
     toml = tmp_path / "c.toml"
     toml.write_text("[ingest]\ninflight_budget_ms = false\n")
     assert Config.from_toml(toml).inflight_budget_ms is None
-    toml.write_text("[ingest]\ninflight_budget_ms = \"250us\"\n")
+    toml.write_text('[ingest]\ninflight_budget_ms = "250us"\n')
     assert Config.from_toml(toml).inflight_budget_ms == 0.25
     for bad in (0, -1.0, True, "x", 60_001):
         with pytest.raises(InvalidArgument) as info:
@@ -115,4 +115,9 @@ def test_persistence_is_bounded_by_count_only() -> None:
     with TidalDb.open(None, config=Config(inflight_budget_ms=3.0), clock=ManualClock(T0)) as db:
         refs = db._core.host._refs
         budgets = {address[0]: ref.actor_inbox._budget_s for address, ref in refs.items()}
-    assert budgets == {"persistence": None, "coordinator": 0.003, "ledger": 0.003, "membership": 0.003}
+    assert budgets == {
+        "persistence": None,
+        "coordinator": 0.003,
+        "ledger": 0.003,
+        "membership": 0.003,
+    }

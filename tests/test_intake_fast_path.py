@@ -30,15 +30,28 @@ stamps = st.one_of(st.none(), st.integers(0, 2**63 - 1))
 good = st.builds(Signal, ids, ids, ids, weights, stamps, st.none())
 odd = {  # per field: values the column check must leave to the per-signal path
     "id": [-1, 2**64, True, 1.5, np.int64(3), np.uint64(3), None, "x"],
-    "weight": [math.nan, math.inf, -math.inf, -1.0, 1e39, np.float32(1.0), np.float64(1.0), 1, True, None],
+    "weight": [
+        math.nan,
+        math.inf,
+        -math.inf,
+        -1.0,
+        1e39,
+        np.float32(1.0),
+        np.float64(1.0),
+        1,
+        True,
+        None,
+    ],
     "ts": [-1, 2**63, True, 1.5, np.int64(3), "x"],
 }
 
 
 def _per_signal(s: Signal) -> tuple[object, ...]:
     return (
-        check_id("user_id", s.user_id), check_id("entity_id", s.entity_id),
-        check_id("signal_type", s.signal_type), check_weight(s.weight),
+        check_id("user_id", s.user_id),
+        check_id("entity_id", s.entity_id),
+        check_id("signal_type", s.signal_type),
+        check_weight(s.weight),
         None if s.timestamp_ns is None else check_timestamp("timestamp_ns", s.timestamp_ns),
         s.context,
     )
@@ -60,7 +73,9 @@ def test_columns_equal_the_per_signal_items(signals: list[Signal]) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(good, min_size=1, max_size=20), st.data())
-def test_anything_odd_goes_to_the_per_signal_path(signals: list[Signal], data: st.DataObject) -> None:
+def test_anything_odd_goes_to_the_per_signal_path(
+    signals: list[Signal], data: st.DataObject
+) -> None:
     i = data.draw(st.integers(0, len(signals) - 1))
     field = data.draw(st.integers(0, 4))
     value = data.draw(st.sampled_from(odd["id" if field < 3 else "weight" if field == 3 else "ts"]))
@@ -102,7 +117,9 @@ def test_batch_and_single_calls_give_the_same_scores(shards: int) -> None:
         for e in range(5):
             for c in ("c", "@community"):
                 # with several membership shards the ledger may add in another order
-                assert math.isclose(a.read_decay_score(c, e, 1, at), b.read_decay_score(c, e, 1, at), rel_tol=1e-12)
+                assert math.isclose(
+                    a.read_decay_score(c, e, 1, at), b.read_decay_score(c, e, 1, at), rel_tol=1e-12
+                )
                 wa, wb = a.read_window(c, e, 1, at), b.read_window(c, e, 1, at)
                 assert wa.count == wb.count and math.isclose(wa.weight, wb.weight, rel_tol=1e-12)
 

@@ -116,15 +116,19 @@ def test_markers_without_override(pytester, run):
     )
     result = run("--strict-markers", "-rE")
     result.assert_outcomes(passed=4, errors=2)
-    result.stdout.fnmatch_lines([
-        "*InvalidArgument*invalid tidal_config marker='ledger_shardz': unknown setting*",
-        "*InvalidArgument*invalid ledger_shards=0: must be a positive int*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*InvalidArgument*invalid tidal_config marker='ledger_shardz': unknown setting*",
+            "*InvalidArgument*invalid ledger_shards=0: must be a positive int*",
+        ]
+    )
 
 
 def test_markers_are_registered(pytester, run):
     result = run("--markers")
-    result.stdout.fnmatch_lines([
-        "@pytest.mark.tidal_config(config=None, **settings):*",
-        "@pytest.mark.tidal_clock_start(ns):*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "@pytest.mark.tidal_config(config=None, **settings):*",
+            "@pytest.mark.tidal_clock_start(ns):*",
+        ]
+    )

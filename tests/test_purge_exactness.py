@@ -54,12 +54,14 @@ def _f32(x: float) -> float:
 # weights spread over float32's whole range: a mantissa and a power of ten
 weights = st.builds(
     lambda m, e: _f32(min(m * 10.0**e, 3.4e38)),
-    st.floats(1.0, 9.99), st.integers(-38, 38),
+    st.floats(1.0, 9.99),
+    st.integers(-38, 38),
 ) | st.sampled_from([0.0, 1.0, _f32(3.4e38), _f32(1.2e-38)])
 
 events = st.lists(
     st.tuples(st.integers(1, 4), st.integers(0, 2), weights, st.integers(0, 3 * HOUR)),
-    min_size=1, max_size=30,
+    min_size=1,
+    max_size=30,
 )
 
 
@@ -88,7 +90,10 @@ def test_every_key_after_purges_reads_a_fresh_fold(evs, purged, read_after) -> N
                     got, want = db.read_window(cohort, e, 1, at), ref.read_window(cohort, e, 1, at)
                     assert got.count == want.count, (cohort, e)
                     assert _close(got.weight, want.weight), (cohort, e, got, want)
-                    s, r = db.read_decay_score(cohort, e, 1, at), ref.read_decay_score(cohort, e, 1, at)
+                    s, r = (
+                        db.read_decay_score(cohort, e, 1, at),
+                        ref.read_decay_score(cohort, e, 1, at),
+                    )
                     assert _close(s, r), (cohort, e, s, r)
 
 
@@ -121,7 +126,9 @@ def test_a_refold_brings_the_landmark_back_before_the_remaining_contributions(ga
     a sum far after every row: an OverflowError (ActorFailure) or a subnormal."""
     s = 10**9
     t0 = (10**18 // (3600 * s)) * 3600 * s  # an hour boundary: both in one bucket
-    cfg = Config(rematerialize_after_ms=None, half_life_ns=s, window_width_ns=3600 * s, window_buckets=4)
+    cfg = Config(
+        rematerialize_after_ms=None, half_life_ns=s, window_width_ns=3600 * s, window_buckets=4
+    )
     clock = ManualClock(t0)
     db, ref = TidalDb.open(config=cfg, clock=clock), ReferenceModel(cfg, clock)
     with db:
@@ -132,7 +139,7 @@ def test_a_refold_brings_the_landmark_back_before_the_remaining_contributions(ga
             m.signal_with_context(1, 7, 1, 1e30, timestamp_ns=t0 + gap_s * s)
             m.request_community_purge(1, "c")
         at = t0 + read_after_s * s
-        want = float(np.float32(1.1)) * 2.0 ** -read_after_s  # by hand: the kept one, decayed
+        want = float(np.float32(1.1)) * 2.0**-read_after_s  # by hand: the kept one, decayed
         assert ref.read_decay_score("c", 7, 1, at_ns=at) == pytest.approx(want, rel=1e-12)
         assert db.read_decay_score("c", 7, 1, at_ns=at) == pytest.approx(want, rel=1e-12)
 
@@ -145,7 +152,9 @@ def test_a_purge_after_a_landmark_move_counts_the_exponents_rounding():
     worst = 0.0
     for trial in range(40):
         t0 = (10**18 // w) * w
-        cfg = Config(rematerialize_after_ms=None, half_life_ns=h, window_width_ns=w, window_buckets=8)
+        cfg = Config(
+            rematerialize_after_ms=None, half_life_ns=h, window_width_ns=w, window_buckets=8
+        )
         clock = ManualClock(t0 + 400 * h)
         db, ref = TidalDb.open(config=cfg, clock=clock), ReferenceModel(cfg, clock)
         with db:
@@ -153,10 +162,15 @@ def test_a_purge_after_a_landmark_move_counts_the_exponents_rounding():
                 for u in (1, 2, 3):
                     m.assign_cohort(u, "c")
                 m.signal_with_context(2, 7, 1, 1.0, timestamp_ns=t0 + 12_345 + trial * 7_919)
-                m.signal_with_context(1, 7, 1, float(2**20), timestamp_ns=t0 + 67_891_013 + trial * 104_729)
+                m.signal_with_context(
+                    1, 7, 1, float(2**20), timestamp_ns=t0 + 67_891_013 + trial * 104_729
+                )
                 m.signal_with_context(3, 7, 1, 1.0, timestamp_ns=t0 + 300 * h + 370_000_017 + trial)
                 m.request_community_purge(1, "c")
             at = t0 + 150 * h
-            a, b = db.read_decay_score("c", 7, 1, at_ns=at), ref.read_decay_score("c", 7, 1, at_ns=at)
+            a, b = (
+                db.read_decay_score("c", 7, 1, at_ns=at),
+                ref.read_decay_score("c", 7, 1, at_ns=at),
+            )
             worst = max(worst, abs(a - b) / b)
     assert worst <= 1e-9

@@ -34,9 +34,15 @@ def _compact_often(monkeypatch):  # type: ignore[no-untyped-def]
 
 
 def _config(rng: random.Random) -> Config:
-    return Config(half_life_ns=60 * MIN, window_width_ns=10 * MIN, window_buckets=6,
-                  membership_shards=rng.choice([1, 2, 3]), ledger_shards=rng.choice([1, 2, 3]),
-                  rematerialize_after_ms=None, max_contribution_log_entries=rng.choice([3, 4, 6, 10, 20]))
+    return Config(
+        half_life_ns=60 * MIN,
+        window_width_ns=10 * MIN,
+        window_buckets=6,
+        membership_shards=rng.choice([1, 2, 3]),
+        ledger_shards=rng.choice([1, 2, 3]),
+        rematerialize_after_ms=None,
+        max_contribution_log_entries=rng.choice([3, 4, 6, 10, 20]),
+    )
 
 
 def _random_run(seed: int) -> None:
@@ -91,8 +97,15 @@ def test_random_rounds_against_the_model() -> None:
 
 
 def _repeated_run(seed: int, purges: int) -> None:
-    cfg = Config(half_life_ns=60 * MIN, window_width_ns=10 * MIN, window_buckets=6, membership_shards=1,
-                 ledger_shards=2, rematerialize_after_ms=None, max_contribution_log_entries=4)
+    cfg = Config(
+        half_life_ns=60 * MIN,
+        window_width_ns=10 * MIN,
+        window_buckets=6,
+        membership_shards=1,
+        ledger_shards=2,
+        rematerialize_after_ms=None,
+        max_contribution_log_entries=4,
+    )
     h = Harness(seed=seed, config=cfg)
     model = ReferenceModel(cfg, h.clock)
     db = Blocking(h)
@@ -142,7 +155,11 @@ def test_purges_that_find_nothing_leave_no_hold() -> None:
         db.request_community_purge(u, "nobody-here")
     h.run_until_idle()
     for ledger in _ledgers(h):
-        assert ledger.state.log.holds == {} and ledger._in_flight == {} and ledger._ended_early == set()
+        assert (
+            ledger.state.log.holds == {}
+            and ledger._in_flight == {}
+            and ledger._ended_early == set()
+        )
 
 
 def test_a_purge_waiting_for_a_rebuild_keeps_its_place_in_its_shard(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -154,7 +171,12 @@ def test_a_purge_waiting_for_a_rebuild_keeps_its_place_in_its_shard(monkeypatch)
     from tidal_actors.core import remat as _remat
 
     monkeypatch.setattr(_remat, "CHUNK_ROWS", 1)  # a rebuild in many steps, as a big cohort's
-    cfg = Config(membership_shards=1, ledger_shards=1, max_contribution_log_entries=4, rematerialize_after_ms=None)
+    cfg = Config(
+        membership_shards=1,
+        ledger_shards=1,
+        max_contribution_log_entries=4,
+        rematerialize_after_ms=None,
+    )
     h = Harness(seed=0, config=cfg)
     model = ReferenceModel(cfg, h.clock)
     db = Blocking(h)

@@ -28,8 +28,9 @@ from .test_cli import ROOT, _subprocess_run
 
 H = 3_600 * 10**9
 T0 = 1_700_000_000 * 10**9
-SETTINGS = Config(half_life_ns="1h", window_width_ns="10m", window_buckets=3,
-                  rematerialize_after_ms=None)
+SETTINGS = Config(
+    half_life_ns="1h", window_width_ns="10m", window_buckets=3, rematerialize_after_ms=None
+)
 
 WRITER = f"""
 import sys
@@ -63,8 +64,13 @@ class Writer:
     def __init__(self, path: Path) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
 
     def __call__(self, *cmd: object) -> str:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -92,8 +98,11 @@ def writer(tmp_path: Path) -> Iterator[tuple[Writer, Path]]:
 
 def _files(path: Path) -> dict[str, tuple[str, int]]:
     """Each file's content hash and modification time (ns)."""
-    return {f.name: (hashlib.sha256(f.read_bytes()).hexdigest(), f.stat().st_mtime_ns)
-            for f in sorted(path.iterdir()) if f.name != "lock.mdb"}
+    return {
+        f.name: (hashlib.sha256(f.read_bytes()).hexdigest(), f.stat().st_mtime_ns)
+        for f in sorted(path.iterdir())
+        if f.name != "lock.mdb"
+    }
 
 
 def test_a_read_only_open_reads_a_store_another_process_is_writing(writer) -> None:
@@ -112,8 +121,9 @@ def test_a_read_only_open_reads_a_store_another_process_is_writing(writer) -> No
             db.assign_cohort(2, "x")
         with pytest.raises(StorageError, match="read-only: compact refused"):
             db.compact()
-    assert {k: v for k, v in _files(path).items() if k != "data.mdb"} == \
-        {k: v for k, v in before.items() if k != "data.mdb"}  # tidal.lock untouched
+    assert {k: v for k, v in _files(path).items() if k != "data.mdb"} == {
+        k: v for k, v in before.items() if k != "data.mdb"
+    }  # tidal.lock untouched
     with TidalDb.open(path, read_only=True, clock=ManualClock(T0)) as db:  # a new read sees them
         assert db.read_window("readers", 7, 1).count == 7
         assert db.read_decay_score("readers", 7, 1) == 10.0
@@ -176,7 +186,9 @@ def _settings_record(path: Path) -> dict[str, object] | None:
     env = lmdb.open(str(path), max_dbs=8, readonly=True, lock=False)
     try:
         with env.begin() as txn:
-            raw = txn.get(encode_key(0, Tag.STORE_SETTINGS), db=env.open_db(b"meta", txn=txn, create=False))
+            raw = txn.get(
+                encode_key(0, Tag.STORE_SETTINGS), db=env.open_db(b"meta", txn=txn, create=False)
+            )
         return None if raw is None else msgpack.unpackb(raw, strict_map_key=False)
     finally:
         env.close()
@@ -185,7 +197,9 @@ def _settings_record(path: Path) -> dict[str, object] | None:
 def _drop_settings_record(path: Path) -> None:
     env = lmdb.open(str(path), max_dbs=8)
     with env.begin(write=True) as txn:
-        txn.delete(encode_key(0, Tag.STORE_SETTINGS), db=env.open_db(b"meta", txn=txn, create=False))
+        txn.delete(
+            encode_key(0, Tag.STORE_SETTINGS), db=env.open_db(b"meta", txn=txn, create=False)
+        )
     env.close()
 
 
@@ -195,9 +209,14 @@ def test_the_store_records_the_settings_its_writer_used(tmp_path: Path) -> None:
     with TidalDb.open(path, config=cfg, clock=ManualClock(T0)):
         pass
     assert _settings_record(path) == {
-        "half_life_ns": H, "half_life_ns_by_type": [[2, H // 2]], "window_width_ns": 600 * 10**9,
-        "window_buckets": 3, "membership_shards": 1, "ledger_shards": 3,
-        "max_contribution_log_entries": 5_000_000}
+        "half_life_ns": H,
+        "half_life_ns_by_type": [[2, H // 2]],
+        "window_width_ns": 600 * 10**9,
+        "window_buckets": 3,
+        "membership_shards": 1,
+        "ledger_shards": 3,
+        "max_contribution_log_entries": 5_000_000,
+    }
     with TidalDb.open(path, config=Config(half_life_ns="2h"), clock=ManualClock(T0)):
         pass  # a writer with other settings: the record is theirs now
     assert _settings_record(path)["half_life_ns"] == 2 * H  # type: ignore[index]
@@ -208,8 +227,9 @@ def test_a_store_without_the_record_still_opens_and_says_so(tmp_path: Path) -> N
     with TidalDb.open(path, config=SETTINGS, clock=ManualClock(T0)) as db:
         db.signal_with_context(1, 5, 1, 4.0)
     _drop_settings_record(path)  # as written before stores recorded settings
-    with TidalDb.open(path, read_only=True, clock=ManualClock(T0 + H),
-                      config=Config(half_life_ns="30m")) as db:
+    with TidalDb.open(
+        path, read_only=True, clock=ManualClock(T0 + H), config=Config(half_life_ns="30m")
+    ) as db:
         assert not db.recorded_settings
         assert db.read_decay_score(COMMUNITY, 5, 1) == 1.0  # the given half-life: 4 * 2**-2
     res = _subprocess_run("inspect", "cohorts", "--data-dir", path)
@@ -224,8 +244,11 @@ def test_a_corrupt_settings_record_is_named(tmp_path: Path) -> None:
         pass
     env = lmdb.open(str(path), max_dbs=8)
     with env.begin(write=True) as txn:
-        txn.put(encode_key(0, Tag.STORE_SETTINGS), msgpack.packb({"window_buckets": 0}),
-                db=env.open_db(b"meta", txn=txn, create=False))
+        txn.put(
+            encode_key(0, Tag.STORE_SETTINGS),
+            msgpack.packb({"window_buckets": 0}),
+            db=env.open_db(b"meta", txn=txn, create=False),
+        )
     env.close()
     with pytest.raises(StorageError, match=r"settings record .* window_buckets=0"):
         TidalDb.open(path, read_only=True)
@@ -234,15 +257,18 @@ def test_a_corrupt_settings_record_is_named(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- --at
 
 
-@pytest.mark.parametrize(("text", "want"), [
-    ("1535640923830000000", 1535640923830000000),
-    ("2018-08-30 14:55:23.830 UTC", 1535640923830000000),  # as the command line prints it
-    ("2018-08-30T14:55:23.83Z", 1535640923830000000),
-    ("2018-08-30T16:55:23.830+02:00", 1535640923830000000),
-    ("2018-08-30", 1535587200 * 10**9),
-    ("-1d", 1535640923830000000 - 86_400 * 10**9),
-    ("+250ms", 1535640923830000000 + 250_000_000),
-])
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("1535640923830000000", 1535640923830000000),
+        ("2018-08-30 14:55:23.830 UTC", 1535640923830000000),  # as the command line prints it
+        ("2018-08-30T14:55:23.83Z", 1535640923830000000),
+        ("2018-08-30T16:55:23.830+02:00", 1535640923830000000),
+        ("2018-08-30", 1535587200 * 10**9),
+        ("-1d", 1535640923830000000 - 86_400 * 10**9),
+        ("+250ms", 1535640923830000000 + 250_000_000),
+    ],
+)
 def test_time_point_forms(text: str, want: int) -> None:
     assert parse_time(text, "--at", 1535640923830000000) == want
 
@@ -261,8 +287,9 @@ def test_inspect_at_takes_dates_and_offsets(tmp_path: Path) -> None:
     iso = "2023-11-14 22:13:20.000 UTC"  # T0
     assert parse_time(iso) == T0
     by_ns = _subprocess_run("inspect", "top", COMMUNITY, "--data-dir", path, "--at", T0 + 3 * H)
-    by_date = _subprocess_run("inspect", "top", COMMUNITY, "--data-dir", path, "--at",
-                              "2023-11-15T01:13:20Z")
+    by_date = _subprocess_run(
+        "inspect", "top", COMMUNITY, "--data-dir", path, "--at", "2023-11-15T01:13:20Z"
+    )
     assert by_ns.code == 0 and "score 1.0" in by_ns.out, by_ns  # 8 * 2**-3
     assert by_date.out == by_ns.out
     bad = _subprocess_run("inspect", "top", COMMUNITY, "--data-dir", path, "--at", "soon")

@@ -48,7 +48,9 @@ def test_decay_one_and_two_half_lives() -> None:
     # 2.0 * 2**(-20/10) = 0.5
     assert m.read_decay_score(COMMUNITY, E, T, at_ns=20 * S) == 0.5
     # 2.0 * 2**(-5/10) = 2 / sqrt(2) = sqrt(2)
-    assert m.read_decay_score(COMMUNITY, E, T, at_ns=5 * S) == pytest.approx(math.sqrt(2), rel=1e-15)
+    assert m.read_decay_score(COMMUNITY, E, T, at_ns=5 * S) == pytest.approx(
+        math.sqrt(2), rel=1e-15
+    )
 
 
 def test_decay_sums_contributions() -> None:
@@ -181,7 +183,12 @@ def test_attribution_follows_cohorts_at_call_time_in_assignment_order() -> None:
     assert m.read_decay_score("a", E, T, at_ns=0) == 6.0
     assert m.read_decay_score(COMMUNITY, E, T, at_ns=0) == 7.0
     assert m.stats() == {
-        "signals": 3, "forwarded": 3, "gated": 0, "records": 6, "purges": 0, "retracted": 0
+        "signals": 3,
+        "forwarded": 3,
+        "gated": 0,
+        "records": 6,
+        "purges": 0,
+        "retracted": 0,
     }
 
 
@@ -219,7 +226,12 @@ def test_leave_gates_signals() -> None:
     assert m.read_window("c", E, T, at_ns=5) == WindowCount(1, 1.0)
     assert len(m.contribution_log()) == 2
     assert m.stats() == {
-        "signals": 3, "forwarded": 1, "gated": 2, "records": 2, "purges": 0, "retracted": 0
+        "signals": 3,
+        "forwarded": 1,
+        "gated": 2,
+        "records": 2,
+        "purges": 0,
+        "retracted": 0,
     }
 
 
@@ -347,7 +359,9 @@ def test_purge_with_eviction() -> None:
     m.signal_with_context(A, E, T, weight=1.0, timestamp_ns=0)
     m.signal_with_context(A, E, T, weight=2.0, timestamp_ns=10 * S)
     assert [(r.cohort, r.weight) for r in m.contribution_log()] == [
-        (COMMUNITY, 1.0), ("c", 2.0), (COMMUNITY, 2.0)
+        (COMMUNITY, 1.0),
+        ("c", 2.0),
+        (COMMUNITY, 2.0),
     ]
     _, mc = m.request_community_purge(A, "c")
     # only cA2 is retracted; cA1 stays: c at 10 s = 1 * 2**-1 = 0.5
@@ -481,8 +495,12 @@ def test_top_entities_order_and_ties() -> None:
 
 def _fingerprint(m: ReferenceModel) -> object:
     return (
-        m.stats(), m.aggregate_rows(at_ns=0), m.contribution_log(), m.cohorts_of(A),
-        m.community_leave_history(A), m.list_purge_manifests(A),
+        m.stats(),
+        m.aggregate_rows(at_ns=0),
+        m.contribution_log(),
+        m.cohorts_of(A),
+        m.community_leave_history(A),
+        m.list_purge_manifests(A),
     )
 
 
@@ -507,9 +525,12 @@ def _fingerprint(m: ReferenceModel) -> object:
         (lambda m: m.read_decay_score("c", E, T, at_ns=-1), "at_ns"),
         (lambda m: m.read_window("@x", E, T), "cohort"),
         (lambda m: m.top_entities("c", T, 0), "k"),
-        (lambda m: m.signal_batch(
-            [Signal(A, E, T, 1.0, 0), Signal(A, E, T, math.inf, 0), Signal(A, E, T, 2.0, 0)]
-        ), "weight"),
+        (
+            lambda m: m.signal_batch(
+                [Signal(A, E, T, 1.0, 0), Signal(A, E, T, math.inf, 0), Signal(A, E, T, 2.0, 0)]
+            ),
+            "weight",
+        ),
         (lambda m: m.signal_batch([Signal(A, E, T, 1.0, 0), (A, E, T)]), "signals[1]"),
     ],
 )

@@ -26,8 +26,13 @@ from tidal_actors.testing import ReferenceModel
 
 from .conftest import SEC, T0
 
-CFG = Config(half_life_ns=50 * SEC, window_width_ns=10 * SEC, window_buckets=3,
-             max_contribution_log_entries=6, rematerialize_after_ms=None)
+CFG = Config(
+    half_life_ns=50 * SEC,
+    window_width_ns=10 * SEC,
+    window_buckets=3,
+    max_contribution_log_entries=6,
+    rematerialize_after_ms=None,
+)
 
 
 def _workload(db, *, with_user_1_in_c: bool) -> None:
@@ -116,7 +121,9 @@ def test_background_rematerialization_after_purge(pdb_path, clock):
         assert _rows(db, T0) == _rows(never, T0)
 
 
-def test_rematerialization_runs_in_chunks_and_loses_no_concurrent_signal(pdb_path, clock, monkeypatch):
+def test_rematerialization_runs_in_chunks_and_loses_no_concurrent_signal(
+    pdb_path, clock, monkeypatch
+):
     from tidal_actors.core import remat as _remat
 
     monkeypatch.setattr(_remat, "CHUNK_ROWS", 500)
@@ -197,7 +204,6 @@ def test_erasure_leaves_no_bytes_of_the_purged_pair(pdb_path, clock):
         assert db.purge_status(pid).rematerialized
 
 
-
 def _history_records(path: str, user: int, cohort: str) -> int:
     """How many of ``user``'s records to ``cohort`` the durable history holds."""
     import lmdb
@@ -256,7 +262,9 @@ def test_history_retention_by_age_drops_old_records_at_compaction(pdb_path, cloc
     cfg = CFG.replace(history_retention_ns=100 * SEC)
     marker = (0x0A0B0C0D0E0F1011).to_bytes(8, "little")
     with TidalDb.open(pdb_path, config=cfg, clock=clock) as db:
-        db.signal_with_context(0x0A0B0C0D0E0F1011, 1, 1, 1.0, T0 - 1000 * SEC)  # older than retention
+        db.signal_with_context(
+            0x0A0B0C0D0E0F1011, 1, 1, 1.0, T0 - 1000 * SEC
+        )  # older than retention
         db.signal_with_context(5, 1, 1, 1.0, T0)
         db.compact()
         # aggregates keep what the history forgot
@@ -266,7 +274,9 @@ def test_history_retention_by_age_drops_old_records_at_compaction(pdb_path, cloc
 
     env = lmdb.open(pdb_path, max_dbs=8, readonly=True, lock=False)
     with env.begin() as txn:
-        history = b"".join(v for _, v in txn.cursor(db=env.open_db(b"history", txn=txn, create=False)))
+        history = b"".join(
+            v for _, v in txn.cursor(db=env.open_db(b"history", txn=txn, create=False))
+        )
     env.close()
     assert marker not in history
     assert (5).to_bytes(8, "little") in history
@@ -302,7 +312,9 @@ CHILD = textwrap.dedent(
 
 @pytest.mark.parametrize("point", ["before", "during"])
 def test_purge_interrupted_by_crash_resumes_on_reopen(pdb_path, point):
-    out = subprocess.run([sys.executable, "-c", CHILD, pdb_path, point], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, pdb_path, point], capture_output=True, text=True, timeout=60
+    )
     assert "ready" in out.stdout, out.stderr
     never = ReferenceModel(CFG, ManualClock(T0))
     _workload(never, with_user_1_in_c=False)
@@ -327,14 +339,30 @@ def test_inspect_shows_purge_status(tmp_path):
     )
     data = tmp_path / "db"
     run = [sys.executable, "-m", "tidal_actors.cli"]
-    subprocess.run([*run, "replay", str(events), "--data-dir", str(data), "--quiet"], check=True, timeout=120)
-    out = subprocess.run([*run, "inspect", "--data-dir", str(data), "manifests", "5"],
-                         capture_output=True, text=True, check=True, timeout=120).stdout
+    subprocess.run(
+        [*run, "replay", str(events), "--data-dir", str(data), "--quiet"], check=True, timeout=120
+    )
+    out = subprocess.run(
+        [*run, "inspect", "--data-dir", str(data), "manifests", "5"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
     pid = next(line.split()[1] for line in out.splitlines() if line.startswith("manifest "))
     assert "retracted live 1" in out
-    out = subprocess.run([*run, "inspect", "--data-dir", str(data), "purge", pid],
-                         capture_output=True, text=True, check=True, timeout=120).stdout
+    out = subprocess.run(
+        [*run, "inspect", "--data-dir", str(data), "purge", pid],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
     assert f"purge {pid}" in out and "cohort      c" in out and "retracted live 1" in out
-    bad = subprocess.run([*run, "inspect", "--data-dir", str(data), "purge", "zz"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [*run, "inspect", "--data-dir", str(data), "purge", "zz"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "purge_id" in bad.stderr

@@ -34,19 +34,31 @@ class _Ctx:
 def test_route_table_by_hand() -> None:
     t = RouteTable(lambda c: {"a": 0, "b": 1, COMMUNITY: 1}[c])
     ab = t.route_of(("a", "b"))
-    assert (t.route_of(()), t.route_of(("a", "b")), t.route_of(("b",))) == (COMMUNITY_ONLY, ab, ab + 1)
+    assert (t.route_of(()), t.route_of(("a", "b")), t.route_of(("b",))) == (
+        COMMUNITY_ONLY,
+        ab,
+        ab + 1,
+    )
     assert t.cohorts(GATED) == () and t.cohorts(ab) == ("a", "b", COMMUNITY)
     # signals routed: gated, (a, b, @community), @community alone, (b, @community)
     sig, entry = t.expand(np.array([GATED, ab, COMMUNITY_ONLY, ab + 1]))
     assert sig.tolist() == [1, 1, 1, 2, 3, 3]
-    assert [t.names[c] for c in t.entry_cohort[entry]] == ["a", "b", COMMUNITY, COMMUNITY, "b", COMMUNITY]
+    assert [t.names[c] for c in t.entry_cohort[entry]] == [
+        "a",
+        "b",
+        COMMUNITY,
+        COMMUNITY,
+        "b",
+        COMMUNITY,
+    ]
     assert t.entry_ledger[entry].tolist() == [0, 1, 1, 1, 1, 1]
     sig, entry = t.expand(np.array([GATED, GATED], dtype=np.int64))
     assert len(sig) == len(entry) == 0
 
 
-def _naive(state: MembershipState, left: set[int], index: int, shards: int,
-           signals: list[tuple[Any, ...]]) -> dict[int, tuple[list[LogRecord], dict[int, Any]]]:
+def _naive(
+    state: MembershipState, left: set[int], index: int, shards: int, signals: list[tuple[Any, ...]]
+) -> dict[int, tuple[list[LogRecord], dict[int, Any]]]:
     """The per-record loop: each forwarded signal to the user's cohorts (in assignment
     order), then @community; rseqs numbered in that order across ledgers."""
     out: dict[int, tuple[list[LogRecord], dict[int, Any]]] = {}
@@ -64,7 +76,9 @@ def _naive(state: MembershipState, left: set[int], index: int, shards: int,
 
 
 users = st.integers(0, 12)
-cohort_lists = st.lists(st.sampled_from(["red", "blue", "green", "x" * 40, "y"]), max_size=4, unique=True)
+cohort_lists = st.lists(
+    st.sampled_from(["red", "blue", "green", "x" * 40, "y"]), max_size=4, unique=True
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -73,10 +87,17 @@ cohort_lists = st.lists(st.sampled_from(["red", "blue", "green", "x" * 40, "y"])
     cohorts=st.dictionaries(users, cohort_lists),
     left=st.sets(users),
     first_rseq=st.integers(0, 2**40),
-    signals=st.lists(st.tuples(users, st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1),
-                               st.floats(0, 1e6, width=32), st.integers(0, 2**63 - 1),
-                               st.one_of(st.none(), st.dictionaries(st.text(max_size=3), st.integers()))),
-                     max_size=40),
+    signals=st.lists(
+        st.tuples(
+            users,
+            st.integers(0, 2**64 - 1),
+            st.integers(0, 2**64 - 1),
+            st.floats(0, 1e6, width=32),
+            st.integers(0, 2**63 - 1),
+            st.one_of(st.none(), st.dictionaries(st.text(max_size=3), st.integers())),
+        ),
+        max_size=40,
+    ),
 )
 def test_fan_out_equals_the_per_record_loop(shards, cohorts, left, first_rseq, signals) -> None:  # type: ignore[no-untyped-def]
     state = MembershipState()
@@ -94,7 +115,11 @@ def test_fan_out_equals_the_per_record_loop(shards, cohorts, left, first_rseq, s
         got[li] = (msg.records, msg.contexts or {})
     assert got == expected
     forwarded = sum(1 for s in signals if s[0] not in left)
-    assert (shard.signals, shard.forwarded, shard.gated) == (len(signals), forwarded, len(signals) - forwarded)
+    assert (shard.signals, shard.forwarded, shard.gated) == (
+        len(signals),
+        forwarded,
+        len(signals) - forwarded,
+    )
     assert state.next_rseq == first_rseq + sum(len(r) for r, _ in expected.values())
 
 
@@ -115,7 +140,10 @@ def test_routes_follow_assign_leave_and_rejoin() -> None:
 
 
 def test_attribute_of_records_round_trips() -> None:
-    recs = [LogRecord(1, 5, 2**64 - 1, "a", 3, 2**63, 0.5, 2**63 - 1), LogRecord(1, 6, 0, "b", 0, 0, 0.0, 0)]
+    recs = [
+        LogRecord(1, 5, 2**64 - 1, "a", 3, 2**63, 0.5, 2**63 - 1),
+        LogRecord(1, 6, 0, "b", 0, 0, 0.0, 0),
+    ]
     assert M.Attribute.of_records(recs, {1: {"k": 1}}).records == recs
 
 
@@ -126,8 +154,17 @@ def test_route_table_is_rebuilt_when_most_routes_are_unused() -> None:
     for i in range(500):  # user 7 goes through 500 cohort lists, each used once
         shard._set_cohorts(7, (f"c{i}", "x"))
         assert len(shard.routes) <= 4 * 2 + 64 + 1
-    shard.receive(M.SignalBatch([(7, 1, 1, 1.0, 5, None), (8, 1, 1, 1.0, 5, None), (9, 1, 1, 1.0, 5, None)]))
+    shard.receive(
+        M.SignalBatch([(7, 1, 1, 1.0, 5, None), (8, 1, 1, 1.0, 5, None), (9, 1, 1, 1.0, 5, None)])
+    )
     recs = sorted(r for _, m in ctx.sent for r in m.records)  # type: ignore[attr-defined]
     assert [(r.user, r.cohort) for r in recs] == [
-        (7, "c499"), (7, "x"), (7, COMMUNITY), (8, "keep"), (8, "me"), (8, COMMUNITY), (9, COMMUNITY)]
+        (7, "c499"),
+        (7, "x"),
+        (7, COMMUNITY),
+        (8, "keep"),
+        (8, "me"),
+        (8, COMMUNITY),
+        (9, COMMUNITY),
+    ]
     assert [r.rseq for r in recs] == list(range(7))

@@ -32,8 +32,14 @@ from ._differential import Blocking, assert_matches
 
 SEEDS = int(os.environ.get("TIDAL_SWEEP_SEEDS", "1000"))
 MIN = 60 * 10**9
-CFG = Config(half_life_ns=60 * MIN, window_width_ns=10 * MIN, window_buckets=6,
-             membership_shards=2, ledger_shards=2, rematerialize_after_ms=None)
+CFG = Config(
+    half_life_ns=60 * MIN,
+    window_width_ns=10 * MIN,
+    window_buckets=6,
+    membership_shards=2,
+    ledger_shards=2,
+    rematerialize_after_ms=None,
+)
 SMALL_LOG = CFG.replace(max_contribution_log_entries=14)
 COHORTS = {1: ("red",), 2: ("red", "blue"), 3: ("blue",), 4: (), 5: ("red",), 6: ("blue", "red")}
 USERS = sorted(COHORTS)
@@ -125,7 +131,9 @@ class Sweep:
         h, where = self.h, f"seed {self.seed}: "
         db = Blocking(h)
         rows = db.aggregate_rows()
-        assert not [r for r in rows if r[1] == GATED_ENTITY], f"{where}a signal sent after an acknowledged leave got through"
+        assert not [r for r in rows if r[1] == GATED_ENTITY], (
+            f"{where}a signal sent after an acknowledged leave got through"
+        )
         stats = db.stats()
         assert stats["gated"] == self.model.stats()["gated"] >= self.gated_sent, where
         assert stats["handler_errors"] == 0, where
@@ -135,9 +143,18 @@ class Sweep:
         for handle, expected in self.purges:
             _, manifest = handle.result()  # type: ignore[attr-defined]
             if not small:  # with eviction some of them left the log first: the model's job
-                assert list(manifest.entries) == expected, f"{where}purge of {manifest.user_id} from {manifest.cohort}"
+                assert list(manifest.entries) == expected, (
+                    f"{where}purge of {manifest.user_id} from {manifest.cohort}"
+                )
                 assert manifest.evicted == 0, where
-        assert_matches(db, self.model, USERS, ats=(None, h.clock.now_ns() - 30 * MIN), exact_ids=False, where=where)
+        assert_matches(
+            db,
+            self.model,
+            USERS,
+            ats=(None, h.clock.now_ns() - 30 * MIN),
+            exact_ids=False,
+            where=where,
+        )
 
 
 def test_seed_sweep_stop_forward_and_purge_exactness() -> None:

@@ -97,7 +97,9 @@ def test_rule4_window_bucket_edges(clock):
         at = 1000 * width + 7  # b(at) = 1000; window covers buckets 998..1000
         for b, w in ((997, 1.0), (998, 2.0), (999, 4.0), (1000, 8.0), (1001, 16.0)):
             db.signal_with_context(1, 1, 1, w, timestamp_ns=b * width)
-        db.signal_with_context(1, 1, 1, 32.0, timestamp_ns=1000 * width + width - 1)  # same bucket, after at
+        db.signal_with_context(
+            1, 1, 1, 32.0, timestamp_ns=1000 * width + width - 1
+        )  # same bucket, after at
         assert db.read_window(COMMUNITY, 1, 1, at) == WindowCount(4, 2.0 + 4.0 + 8.0 + 32.0)
         assert db.read_window(COMMUNITY, 1, 1, 997 * width) == WindowCount(1, 1.0)
 
@@ -107,7 +109,9 @@ def test_rule4_window_defaults_one_hour_times_24(clock):
         db.signal_with_context(1, 1, 1, 1.0, timestamp_ns=T0 - 23 * HOUR)
         db.signal_with_context(1, 1, 1, 1.0, timestamp_ns=T0 - 25 * HOUR)
         b_at = T0 // HOUR
-        expected = sum(1 for t in (T0 - 23 * HOUR, T0 - 25 * HOUR) if b_at - 23 <= t // HOUR <= b_at)
+        expected = sum(
+            1 for t in (T0 - 23 * HOUR, T0 - 25 * HOUR) if b_at - 23 <= t // HOUR <= b_at
+        )
         assert db.read_window(COMMUNITY, 1, 1).count == expected == 1
 
 
@@ -123,7 +127,9 @@ def test_rule5_leave_returns_after_commit(pdb_path, clock):
     with TidalDb.open(pdb_path, clock=clock) as db:
         db.leave_community_layer(1)
         # committed before the call returned: another process reads it now
-        out = subprocess.run([sys.executable, "-c", probe, pdb_path], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", probe, pdb_path], capture_output=True, text=True, check=True
+        )
         assert out.stdout.strip() == (b"\x01" + T0.to_bytes(8, "little")).hex()
 
 
@@ -267,7 +273,12 @@ def test_top_entities_order_and_ties(clock):
         db.signal_with_context(1, 8, 7, 100.0, timestamp_ns=T0 + SEC)  # future: not counted
         assert db.top_entities(COMMUNITY, 7, 3) == [(3, 2.0), (4, 2.0), (5, 1.0)]
         assert db.top_entities(COMMUNITY, 7, 10, T0 + SEC) == [
-            (8, 100.0), (3, 1.0), (4, 1.0), (5, 0.5), (9, 0.25)]
+            (8, 100.0),
+            (3, 1.0),
+            (4, 1.0),
+            (5, 0.5),
+            (9, 0.25),
+        ]
 
 
 def test_landmark_renormalization_keeps_scores_exact(clock):

@@ -44,7 +44,9 @@ def _stored_contexts(path: str) -> list[object]:
 
 def test_context_mutated_after_the_call_is_stored_as_accepted(tmp_path):
     path = str(tmp_path / "s")
-    with TidalDb.open(path, config=Config(rematerialize_after_ms=None), clock=ManualClock(T0)) as db:
+    with TidalDb.open(
+        path, config=Config(rematerialize_after_ms=None), clock=ManualClock(T0)
+    ) as db:
         for u in (1, 2, 3):
             db.assign_cohort(u, f"c{u}")
         ctx = {"page": "home"}
@@ -71,7 +73,9 @@ def _nested(depth: int) -> dict[str, object]:
 def test_deep_context_is_refused_or_stored_whole(tmp_path):
     path = str(tmp_path / "s")
     limit = 1024  # the deepest mapping msgpack.packb encodes (measured: 1,025 raises)
-    with TidalDb.open(path, config=Config(rematerialize_after_ms=None), clock=ManualClock(T0)) as db:
+    with TidalDb.open(
+        path, config=Config(rematerialize_after_ms=None), clock=ManualClock(T0)
+    ) as db:
         db.assign_cohort(1, "c1")
         db.assign_cohort(2, "c2")
         with pytest.raises(InvalidArgument) as info:
@@ -99,7 +103,9 @@ def test_a_lost_signal_batch_is_reported_by_the_next_flush(tmp_path, monkeypatch
 
     monkeypatch.setattr(LedgerShard, "_on_attribute", failing_once)
     path = str(tmp_path / "s") if durable else None
-    with TidalDb.open(path, config=Config(rematerialize_after_ms=None), clock=ManualClock(T0)) as db:
+    with TidalDb.open(
+        path, config=Config(rematerialize_after_ms=None), clock=ManualClock(T0)
+    ) as db:
         db.assign_cohort(1, "c1")
         db.signal_with_context(1, 7, 1, 1.0)
         with pytest.raises(StorageError, match="lost 1 signal batch"):
@@ -161,10 +167,15 @@ def test_losses_on_two_ledger_shards_are_both_reported(monkeypatch):
         return real(self, msg)
 
     monkeypatch.setattr(LedgerShard, "_on_attribute", failing_once_per_shard)
-    with TidalDb.open(config=Config(ledger_shards=2, rematerialize_after_ms=None), clock=ManualClock(T0)) as db:
+    with TidalDb.open(
+        config=Config(ledger_shards=2, rematerialize_after_ms=None), clock=ManualClock(T0)
+    ) as db:
         db.signal_with_context(1, 7, 1, 1.0)  # @community: one shard
-        cohort = next(c for c in (f"c{i}" for i in range(50))
-                      if ledger_shard_of(c, 2) != ledger_shard_of("@community", 2))
+        cohort = next(
+            c
+            for c in (f"c{i}" for i in range(50))
+            if ledger_shard_of(c, 2) != ledger_shard_of("@community", 2)
+        )
         db.assign_cohort(2, cohort)
         db.signal_with_context(2, 7, 1, 1.0)
         with pytest.raises(StorageError) as info:
@@ -173,8 +184,9 @@ def test_losses_on_two_ledger_shards_are_both_reported(monkeypatch):
 
 
 def test_a_failed_history_write_waits_for_the_flush_past_a_rebuild_and_a_compaction(tmp_path):
-    with TidalDb.open(str(tmp_path / "s"), config=Config(rematerialize_after_ms=None),
-                      clock=ManualClock(T0)) as db:
+    with TidalDb.open(
+        str(tmp_path / "s"), config=Config(rematerialize_after_ms=None), clock=ManualClock(T0)
+    ) as db:
         db.assign_cohort(1, "c1")
         db.signal_with_context(1, 7, 1, 1.0)
         db.flush()
@@ -202,8 +214,9 @@ def test_a_cancelled_trio_flush_hands_its_loss_to_the_next_flush(monkeypatch):
     _fail_attribute(monkeypatch)
 
     async def main() -> None:
-        async with open_tidal(None, config=Config(ledger_shards=1, rematerialize_after_ms=None),
-                              clock=ManualClock(T0)) as db:
+        async with open_tidal(
+            None, config=Config(ledger_shards=1, rematerialize_after_ms=None), clock=ManualClock(T0)
+        ) as db:
             await db.assign_cohort(1, "c1")
             await db.signal_with_context(1, 7, 1, 1.0)  # lost
             with trio.move_on_after(0):
@@ -246,5 +259,7 @@ def test_close_waits_for_a_final_flush_slower_than_its_step_wait(tmp_path, monke
     db.close()
     assert stalled["n"] == 1
     monkeypatch.setattr(LmdbStore, "commit", real_commit)
-    with TidalDb.open(path, config=Config(half_life_ns=3_600 * 10**9 + 1), clock=ManualClock(T0)) as again:
+    with TidalDb.open(
+        path, config=Config(half_life_ns=3_600 * 10**9 + 1), clock=ManualClock(T0)
+    ) as again:
         assert again.read_window("c1", 7, 1).count == 1  # from the history, not a snapshot

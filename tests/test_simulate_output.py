@@ -29,14 +29,21 @@ from tidal_actors.testing import ReferenceModel
 
 from .test_cli import ROOT
 
-INTERNALS = ("older_buckets", "pair_index", "B per retained record", "  counters ", "  memory ",
-             "  timings ")
+INTERNALS = (
+    "older_buckets",
+    "pair_index",
+    "B per retained record",
+    "  counters ",
+    "  memory ",
+    "  timings ",
+)
 
 
 def test_the_summary_is_short_and_the_internals_are_behind_verbose(tmp_path: Path) -> None:
     report = tmp_path / "r.json"
-    res = CliRunner().invoke(cli_module.cli, ["simulate", "--scenario", "small", "--quiet",
-                                               "--report-out", str(report)])
+    res = CliRunner().invoke(
+        cli_module.cli, ["simulate", "--scenario", "small", "--quiet", "--report-out", str(report)]
+    )
     assert res.exit_code == 0, res.output
     got = json.loads(report.read_text())
     out = res.stdout
@@ -51,8 +58,9 @@ def test_the_summary_is_short_and_the_internals_are_behind_verbose(tmp_path: Pat
     assert "check      OK" in out
     # the check's read time in UTC (event time), its ns in the report
     stamp = datetime.datetime.fromtimestamp(got["at_ns"] // 10**9, tz=datetime.UTC)
-    assert lines[-2].endswith(f"read at {stamp:%Y-%m-%d %H:%M:%S}.{got['at_ns'] // 10**6 % 1000:03d} "
-                              "UTC (event time)"), lines[-2]
+    assert lines[-2].endswith(
+        f"read at {stamp:%Y-%m-%d %H:%M:%S}.{got['at_ns'] // 10**6 % 1000:03d} UTC (event time)"
+    ), lines[-2]
     assert "single-threaded in-memory fold" in out
     # the report holds the internals either way
     assert got["memory"]["structures"]["older_buckets"] > 0 and got["stats"]["records"] > 0
@@ -84,8 +92,9 @@ def test_every_phase_is_announced_with_its_size() -> None:
     upfront = next(i for i, r in enumerate(events) if not isinstance(r, AssignRow))
     users = len({r.user_id for r in events})
     seen, phase = _recording()
-    result = run_simulation(scenario, lambda c, k: ReferenceModel(config=c, clock=k),
-                            events=events, phase=phase)  # type: ignore[arg-type]
+    result = run_simulation(
+        scenario, lambda c, k: ReferenceModel(config=c, clock=k), events=events, phase=phase
+    )  # type: ignore[arg-type]
     assert result.check.ok
     counted = {label: (total, done) for label, total, done in seen}
     assert counted["set-up: users join their cohorts"] == (upfront, upfront)
@@ -93,10 +102,16 @@ def test_every_phase_is_announced_with_its_size() -> None:
     assert counted["reference model (single-threaded)"] == (len(events), len(events))
     assert counted["check: compare with the reference model"] == (users, users)
     assert [label for label, _, _ in seen] == [
-        "open the store", "set-up: users join their cohorts", "run (measured)", "measure memory",
-        "reference model (single-threaded)", "check: rebuild purged cohorts",
+        "open the store",
+        "set-up: users join their cohorts",
+        "run (measured)",
+        "measure memory",
+        "reference model (single-threaded)",
+        "check: rebuild purged cohorts",
         "check: compare with the reference model",
-        "close and reopen the store (restore time)", "close"]
+        "close and reopen the store (restore time)",
+        "close",
+    ]
 
 
 def _stderr_on_a_terminal(*args: str) -> str:
@@ -105,8 +120,13 @@ def _stderr_on_a_terminal(*args: str) -> str:
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    proc = subprocess.Popen([sys.executable, "-m", "tidal_actors", *args], stderr=slave,
-                            stdout=subprocess.DEVNULL, env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidal_actors", *args],
+        stderr=slave,
+        stdout=subprocess.DEVNULL,
+        env=env,
+        cwd=ROOT,
+    )
     os.close(slave)
     chunks = []
     while True:
@@ -123,20 +143,29 @@ def _stderr_on_a_terminal(*args: str) -> str:
 
 
 def test_a_terminal_sees_a_bar_for_each_phase(tmp_path: Path) -> None:
-    err = _stderr_on_a_terminal("simulate", "--scenario", "steady", "--scale", "0.003",
-                                "--data-dir", str(tmp_path / "d"))
-    for label in ("generate the events", "open the store", "set-up: users join their cohorts",
-                  "run (measured)", "reference model (single-threaded)",
-                  "check: compare with the reference model",
-                  "close and reopen the store (restore time)", "close"):
+    err = _stderr_on_a_terminal(
+        "simulate", "--scenario", "steady", "--scale", "0.003", "--data-dir", str(tmp_path / "d")
+    )
+    for label in (
+        "generate the events",
+        "open the store",
+        "set-up: users join their cohorts",
+        "run (measured)",
+        "reference model (single-threaded)",
+        "check: compare with the reference model",
+        "close and reopen the store (restore time)",
+        "close",
+    ):
         assert f"simulate steady@0.003: {label}" in err, (label, err[-2000:])
 
 
 def test_the_eviction_scenario_reports_the_evicted_records(tmp_path: Path) -> None:
     scenario = load_scenario("eviction")
     report = tmp_path / "r.json"
-    res = CliRunner().invoke(cli_module.cli, ["simulate", "--scenario", "eviction", "--quiet",
-                                               "--report-out", str(report)])
+    res = CliRunner().invoke(
+        cli_module.cli,
+        ["simulate", "--scenario", "eviction", "--quiet", "--report-out", str(report)],
+    )
     assert res.exit_code == 0, res.output
     got = json.loads(report.read_text())
     # the same events through the reference model alone (no store: no history)
@@ -146,12 +175,15 @@ def test_the_eviction_scenario_reports_the_evicted_records(tmp_path: Path) -> No
     clock = ManualClock(scenario.start_ns)
     model = ReferenceModel(config=scenario.build_config(), clock=clock, history=False)
     manifests: list = []
-    apply_events(model, generate_events(scenario), clock, batch_size=scenario.batch_size,
-                 manifests=manifests)
+    apply_events(
+        model, generate_events(scenario), clock, batch_size=scenario.batch_size, manifests=manifests
+    )
     evicted = sum(m.evicted for m in manifests)
     entries = sum(len(m.entries) for m in manifests)
     assert evicted > 0  # the scenario's point: the log evicted part of what was purged
     assert got["manifest_evicted"] == evicted and got["manifest_entries"] == entries
     n = len(manifests)
-    assert (f"  purges     {entries:,} records retracted in {n:,} manifest{'s' if n != 1 else ''}; "
-            f"{evicted:,} records the log had evicted") in res.stdout, res.stdout
+    assert (
+        f"  purges     {entries:,} records retracted in {n:,} manifest{'s' if n != 1 else ''}; "
+        f"{evicted:,} records the log had evicted"
+    ) in res.stdout, res.stdout

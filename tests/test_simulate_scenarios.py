@@ -45,7 +45,11 @@ def test_scenario_scaled_down_end_to_end(name: str, tmp_path: Path) -> None:
     assert got["ok"] and got["check_ok"] and got["mismatches"] == 0
     assert got["signals"] == 6000 and got["signals_per_s"] > 0
     lat = got["latency_ms"]
-    for op in ("signal",) + (("leave",) if name == "churn" else ()) + (("purge",) if name == "purge-heavy" else ()):
+    for op in (
+        ("signal",)
+        + (("leave",) if name == "churn" else ())
+        + (("purge",) if name == "purge-heavy" else ())
+    ):
         q = lat[op]
         assert 0 < q["p50_ms"] <= q["p99_ms"] <= q["p99_9_ms"] <= q["max_ms"], (op, q)
     assert lat["signal"]["count"] == 6000  # one per signal: a batch's ack counts for each
@@ -69,14 +73,22 @@ def test_scenario_scaled_down_end_to_end(name: str, tmp_path: Path) -> None:
 
 def test_scaling_keeps_the_shape() -> None:
     steady = load_scenario("steady")
-    assert (steady.users, steady.cohorts, steady.entities, steady.signals) == (100_000, 200, 50_000, 2_000_000)
+    assert (steady.users, steady.cohorts, steady.entities, steady.signals) == (
+        100_000,
+        200,
+        50_000,
+        2_000_000,
+    )
     small = steady.scaled(0.01)
     assert (small.users, small.entities, small.signals) == (1000, 500, 20_000)
     assert small.cohorts == 200 and small.signal_types == steady.signal_types
     heavy = load_scenario("purge-heavy").scaled(0.01)
     assert heavy.build_config().max_contribution_log_entries == 50_000
     assert load_scenario("purge-heavy").build_config().max_contribution_log_entries == 5_000_000
-    assert {len(s.signal_types) for s in map(load_scenario, ("steady", "churn", "purge-heavy", "restart"))} == {4}
+    assert {
+        len(s.signal_types)
+        for s in map(load_scenario, ("steady", "churn", "purge-heavy", "restart"))
+    } == {4}
     assert len({t.half_life_ns for t in steady.signal_types}) == 4
 
 
@@ -112,7 +124,9 @@ def test_assign_upfront_comes_first_and_keeps_the_old_scenarios_unchanged() -> N
 def test_differences_name_what_changed() -> None:
     before = {"rows": [("c", 1, 1, 1.0, 1, 1.0)], "users": {7: ("a",)}}
     assert _differences(before, {"rows": [("c", 1, 1, 1.0, 1, 1.0)], "users": {7: ("a",)}}) == []
-    diff = _differences(before, {"rows": [("c", 1, 1, 1.0000000000000002, 1, 1.0)], "users": {7: ("b",)}})
+    diff = _differences(
+        before, {"rows": [("c", 1, 1, 1.0000000000000002, 1, 1.0)], "users": {7: ("b",)}}
+    )
     assert len(diff) == 2 and "row ('c', 1, 1)" in diff[0] and "user 7" in diff[1]
 
 
@@ -129,7 +143,6 @@ def test_latency_percentiles_and_timeline() -> None:
     assert lat.timeline and all("signals_per_s" in row for row in lat.timeline)
 
 
-
 @pytest.mark.parametrize("restart", [False, True])
 def test_check_settles_rematerializations_first(restart: bool, tmp_path: Path) -> None:
     """With the log evicting most records, a purge's re-materialization changes the
@@ -143,8 +156,10 @@ def test_check_settles_rematerializations_first(restart: bool, tmp_path: Path) -
 
     text = resources.files("tidal_actors.scenarios").joinpath("eviction.toml").read_text()
     assert "max_contribution_log_entries = 2000\n" in text
-    text = text.replace("max_contribution_log_entries = 2000\n",
-                        "max_contribution_log_entries = 2000\nrematerialize_after_ms = 0\n")
+    text = text.replace(
+        "max_contribution_log_entries = 2000\n",
+        "max_contribution_log_entries = 2000\nrematerialize_after_ms = 0\n",
+    )
     if restart:
         text = text.replace("batch_size = 200\n", "batch_size = 200\nrestart_at = 0.5\n")
     path = tmp_path / "evict-now.toml"

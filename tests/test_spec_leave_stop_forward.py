@@ -21,7 +21,9 @@ def test_leave_sets_left_with_timestamp_and_gates_cohort_and_community(db, clock
     db.signal_with_context(1, 10, 1, 1.0)
     clock.advance(5 * SEC)
     db.leave_community_layer(1)
-    assert db.community_layer_status(1) == CommunityMembership(1, MembershipStatus.Left, T0 + 5 * SEC)
+    assert db.community_layer_status(1) == CommunityMembership(
+        1, MembershipStatus.Left, T0 + 5 * SEC
+    )
     db.signal_with_context(1, 10, 1, 4.0)
     # only the pre-leave signal: weight 1 decayed over 5 s of a 7-day half-life
     expected = 2 ** (-(5 * SEC) / (7 * 24 * HOUR))

@@ -36,8 +36,13 @@ _HARNESS_N, _PYKKA_N, _STEPS = PROFILES[os.environ.get("TIDAL_HYPOTHESIS_PROFILE
 
 
 def _settings(n: int) -> settings:
-    return settings(max_examples=n, stateful_step_count=_STEPS, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    return settings(
+        max_examples=n,
+        stateful_step_count=_STEPS,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
 
 S = 1_000_000_000
 MIN = 60 * S
@@ -124,7 +129,9 @@ class Differential(RuleBasedStateMachine):
         ts = None if offset is None else self.clock.now_ns() + offset
         self.both("signal_with_context", user, entity, stype, weight, ts)
 
-    @rule(batch=st.lists(st.tuples(users, entities, types, weights, offsets), min_size=1, max_size=6))
+    @rule(
+        batch=st.lists(st.tuples(users, entities, types, weights, offsets), min_size=1, max_size=6)
+    )
     def signal_batch(self, batch: list[tuple[int, int, int, float, int | None]]) -> None:
         now = self.clock.now_ns()
         signals = [Signal(u, e, t, w, None if o is None else now + o) for u, e, t, w, o in batch]
@@ -167,8 +174,13 @@ class Differential(RuleBasedStateMachine):
         if self.model is None:
             return
         now = self.clock.now_ns()
-        assert_matches(self.db, self.model, USERS, ats=(None, now - HOUR, now + 6 * HOUR),
-                       exact_ids=self.exact_ids)
+        assert_matches(
+            self.db,
+            self.model,
+            USERS,
+            ats=(None, now - HOUR, now + 6 * HOUR),
+            exact_ids=self.exact_ids,
+        )
 
     def teardown(self) -> None:
         if self.db is not None:
@@ -190,34 +202,41 @@ class HarnessDifferential(Differential):
         self.h.close()
 
     @precondition(lambda self: self.model is not None)
-    @rule(ops=st.lists(
-        st.one_of(
-            st.tuples(st.just("signal_with_context"), users, entities, types, weights),
-            st.tuples(st.just("leave_community_layer"), users),
-            st.tuples(st.just("rejoin_community_layer"), users),
-            st.tuples(st.just("request_community_purge"), users, purge_cohorts),
-            st.tuples(st.just("assign_cohort"), users, cohorts),
-            st.tuples(st.just("advance"), st.integers(0, 10 * MIN)),
-        ),
-        min_size=2, max_size=12,
-    ))
+    @rule(
+        ops=st.lists(
+            st.one_of(
+                st.tuples(st.just("signal_with_context"), users, entities, types, weights),
+                st.tuples(st.just("leave_community_layer"), users),
+                st.tuples(st.just("rejoin_community_layer"), users),
+                st.tuples(st.just("request_community_purge"), users, purge_cohorts),
+                st.tuples(st.just("assign_cohort"), users, cohorts),
+                st.tuples(st.just("advance"), st.integers(0, 10 * MIN)),
+            ),
+            min_size=2,
+            max_size=12,
+        )
+    )
     def burst(self, ops: list[tuple[Any, ...]]) -> None:
         """Submit every operation before delivering any; the model applies them in
         submission order (each user's operations keep their order at its shard)."""
         self.submit_concurrently(ops)
 
     @precondition(lambda self: self.model is not None)
-    @rule(user=users, ops=st.lists(
-        st.one_of(
-            st.tuples(st.just("signal_with_context"), entities, types, weights),
-            st.tuples(st.just("leave_community_layer")),
-            st.tuples(st.just("rejoin_community_layer")),
-            st.tuples(st.just("request_community_purge"), purge_cohorts),
-            st.tuples(st.just("assign_cohort"), cohorts),
-            st.tuples(st.just("unassign_cohort"), cohorts),
+    @rule(
+        user=users,
+        ops=st.lists(
+            st.one_of(
+                st.tuples(st.just("signal_with_context"), entities, types, weights),
+                st.tuples(st.just("leave_community_layer")),
+                st.tuples(st.just("rejoin_community_layer")),
+                st.tuples(st.just("request_community_purge"), purge_cohorts),
+                st.tuples(st.just("assign_cohort"), cohorts),
+                st.tuples(st.just("unassign_cohort"), cohorts),
+            ),
+            min_size=2,
+            max_size=10,
         ),
-        min_size=2, max_size=10,
-    ))
+    )
     def burst_one_user(self, user: int, ops: list[tuple[Any, ...]]) -> None:
         """One user's operations, all in flight at once: they race each other's
         messages to the ledgers, the coordinator and persistence."""

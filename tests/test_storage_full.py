@@ -33,8 +33,15 @@ KIB = 1024
 def _export(db, users, at=T0):
     return (
         db.aggregate_rows(at),
-        [(db.community_layer_status(u), db.community_leave_history(u), db.cohorts_of(u),
-          db.list_purge_manifests(u)) for u in users],
+        [
+            (
+                db.community_layer_status(u),
+                db.community_leave_history(u),
+                db.cohorts_of(u),
+                db.list_purge_manifests(u),
+            )
+            for u in users
+        ],
     )
 
 
@@ -116,7 +123,9 @@ def test_past_the_maximum_control_ops_raise_storage_full_and_change_nothing(pdb_
         with contextlib.suppress(StorageError):  # see test_close_on_a_full_store_does_not_raise
             db.close()
     # with room to grow, the store holds exactly what was acknowledged
-    with TidalDb.open(pdb_path, config=cfg.replace(max_map_size_bytes=8 * 1024 * KIB), clock=clock) as db:
+    with TidalDb.open(
+        pdb_path, config=cfg.replace(max_map_size_bytes=8 * 1024 * KIB), clock=clock
+    ) as db:
         assert db.cohorts_of(2) == acknowledged
         assert db.list_purge_manifests(1) == []
         c = _count(db, "c", 10)
@@ -157,8 +166,15 @@ def test_growth_never_invalidates_a_concurrent_read(pdb_path):
         for t in threads:
             t.start()
         for i in range(60):
-            store.commit([(Keyspace.HISTORY.value, encode_key(0, Tag.CONTRIBUTION_BATCH, i.to_bytes(8, "big")),
-                           os.urandom(64 * KIB))])
+            store.commit(
+                [
+                    (
+                        Keyspace.HISTORY.value,
+                        encode_key(0, Tag.CONTRIBUTION_BATCH, i.to_bytes(8, "big")),
+                        os.urandom(64 * KIB),
+                    )
+                ]
+            )
         stop.set()
         for t in threads:
             t.join()
@@ -210,7 +226,9 @@ def test_the_database_leaves_no_read_transaction_open(pdb_path):
     re-materialization that erases history, snapshot deleted at open and written at
     close), no read transaction is open when the persistence actor commits, so freed
     pages can always be reused."""
-    cfg = Config(map_size_bytes=256 * KIB, max_map_size_bytes=64 * 1024 * KIB, rematerialize_after_ms=0)
+    cfg = Config(
+        map_size_bytes=256 * KIB, max_map_size_bytes=64 * 1024 * KIB, rematerialize_after_ms=0
+    )
     clock = ManualClock(T0)
     checked = [0]
     for _ in range(3):
@@ -270,4 +288,3 @@ def test_reader_slots_of_killed_processes_are_freed_at_open(pdb_path):
     finally:
         holder.kill()
         holder.join()
-

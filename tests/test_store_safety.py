@@ -57,7 +57,9 @@ def _populate(db: TidalDb, clock: ManualClock, users=USERS) -> None:
     for i in range(120):
         u = users[i % len(users)]
         clock.advance(SEC)
-        db.signal_with_context(u, i % 7, i % 2, 1.0 + (i % 5), context={"i": i} if i % 9 == 0 else None)
+        db.signal_with_context(
+            u, i % 7, i % 2, 1.0 + (i % 5), context={"i": i} if i % 9 == 0 else None
+        )
     db.leave_community_layer(users[1])
     db.rejoin_community_layer(users[1])
     db.leave_community_layer(users[2])
@@ -70,8 +72,15 @@ def _export(db: TidalDb, users=USERS):
     """Every read the tests compare: users, manifests, scores."""
     return (
         db.aggregate_rows(T0 + HOUR),
-        [(db.community_layer_status(u), db.community_leave_history(u), db.cohorts_of(u),
-          db.list_purge_manifests(u)) for u in users],
+        [
+            (
+                db.community_layer_status(u),
+                db.community_leave_history(u),
+                db.cohorts_of(u),
+                db.list_purge_manifests(u),
+            )
+            for u in users
+        ],
     )
 
 
@@ -114,7 +123,8 @@ time.sleep(60)
 def _outside_reader(path, with_txn: bool) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-c", _READER, str(path), "txn" if with_txn else "none"],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
@@ -161,14 +171,23 @@ def test_a_compaction_killed_after_the_swap_loses_nothing_with_a_reader_waiting(
     store. Now the lock file is voided before the swap: the reader is refused."""
     path = _build(tmp_path / "s", crashed=False)
     child = subprocess.Popen(
-        [sys.executable, "-c", _SWAP_THEN_WAIT, str(path), str(Path(__file__).parent.parent), str(extra)],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            _SWAP_THEN_WAIT,
+            str(path),
+            str(Path(__file__).parent.parent),
+            str(extra),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     reader = None
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "swapped"
-        reader = subprocess.Popen([sys.executable, "-c", _WAITING_READER, str(path)],
-                                  stdout=subprocess.PIPE, text=True)
+        reader = subprocess.Popen(
+            [sys.executable, "-c", _WAITING_READER, str(path)], stdout=subprocess.PIPE, text=True
+        )
         time.sleep(0.5)  # the reader waits in LMDB for the compacting process's lock
         child.kill()
         child.wait()
@@ -204,7 +223,9 @@ def test_compact_refuses_while_another_process_has_the_environment_open(tmp_path
         inode, size = data.stat().st_ino, data.stat().st_size
         reader = _outside_reader(path, with_txn)
         try:
-            with pytest.raises(StorageError, match=f"process {reader.pid} has the LMDB environment"):
+            with pytest.raises(
+                StorageError, match=f"process {reader.pid} has the LMDB environment"
+            ):
                 db.compact()
             assert data.stat().st_ino == inode and data.stat().st_size == size  # not replaced
             assert not (path / "compact.tmp").exists()
@@ -227,7 +248,9 @@ def test_compact_refuses_while_another_process_has_the_environment_open(tmp_path
         db.close()
 
 
-def test_compact_refuses_a_reader_that_attaches_between_the_check_and_the_close(tmp_path, monkeypatch):
+def test_compact_refuses_a_reader_that_attaches_between_the_check_and_the_close(
+    tmp_path, monkeypatch
+):
     """The probe's first look sees nobody; the reader is there when the lock is
     taken: refused all the same (named), and nothing changed."""
     path, clock = tmp_path / "s", ManualClock(T0)
@@ -281,7 +304,9 @@ def test_readers_attaching_during_compactions_wait_or_refuse_it_and_nothing_is_l
     with TidalDb.open(path, config=CFG, clock=clock) as db:
         _populate(db, clock)
         child = subprocess.Popen(
-            [sys.executable, "-c", _ATTACHER, str(path), "4"], stdout=subprocess.PIPE, text=True,
+            [sys.executable, "-c", _ATTACHER, str(path), "4"],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         done = refused = 0
         u = 1000
@@ -341,7 +366,9 @@ def test_lmdb_flags_and_reads_racing_compact_wait_for_it(tmp_path):
                     errors.append(exc)
                     return
 
-        threads = [threading.Thread(target=flags) for _ in range(2)] + [threading.Thread(target=reads)]
+        threads = [threading.Thread(target=flags) for _ in range(2)] + [
+            threading.Thread(target=reads)
+        ]
         for t in threads:
             t.start()
         try:
@@ -361,8 +388,13 @@ def test_lmdb_flags_and_reads_racing_compact_wait_for_it(tmp_path):
 def test_store_calls_after_close_raise_tidal_errors(tmp_path):
     store = LmdbStore(tmp_path / "s", CFG)
     store.close()
-    for call in (store.flags, lambda: store.raw_get(Keyspace.USERS, b"k" * 10), store.load,
-                 lambda: list(store.history_items()), store.compact):
+    for call in (
+        store.flags,
+        lambda: store.raw_get(Keyspace.USERS, b"k" * 10),
+        store.load,
+        lambda: list(store.history_items()),
+        store.compact,
+    ):
         with pytest.raises(TidalError, match="closed"):
             call()
 
@@ -420,7 +452,11 @@ def test_a_read_only_open_writes_nothing_and_a_missing_keyspace_is_damage(tmp_pa
 @pytest.mark.parametrize("field", ["map_size_bytes", "max_map_size_bytes"])
 def test_a_map_larger_than_the_address_space_is_refused_by_config(field):
     with pytest.raises(InvalidArgument) as err:
-        Config(**{field: 2**64, "max_map_size_bytes": 2**64} if field == "map_size_bytes" else {field: 2**64})
+        Config(
+            **{field: 2**64, "max_map_size_bytes": 2**64}
+            if field == "map_size_bytes"
+            else {field: 2**64}
+        )
     assert err.value.field == field and err.value.value == 2**64
     Config(map_size_bytes=2**30, max_map_size_bytes=2**47)  # the largest accepted
 
@@ -474,6 +510,7 @@ def test_an_lmdb_error_while_a_keyspace_is_read_back_names_it(tmp_path):
     path = _build(tmp_path / "s", crashed=True)
     store = LmdbStore(path, CFG)
     try:
+
         class Broken:
             def __init__(self, txn):
                 self.txn = txn
@@ -506,7 +543,9 @@ def test_seal_frames_a_payload_with_its_crc():
     with pytest.raises(StorageError, match="unknown seal version 9"):
         unseal(b"\xc1\x09" + raw[2:], "meta", b"\xff")
     for zeroed in (b"\x00" * 10, b""):  # a zeroed frame is not taken for an old value
-        with pytest.raises(StorageError, match="cannot decode meta key ff: neither sealed nor a msgpack map"):
+        with pytest.raises(
+            StorageError, match="cannot decode meta key ff: neither sealed nor a msgpack map"
+        ):
             unseal(zeroed, "meta", b"\xff")
 
 
@@ -514,8 +553,10 @@ def _entries(path: Path) -> dict[str, dict[bytes, bytes]]:
     env = lmdb.open(str(path), max_dbs=8, readonly=True, lock=False)
     try:
         with env.begin() as txn:
-            return {k.value: dict(txn.cursor(db=env.open_db(k.value.encode(), txn=txn, create=False)))
-                    for k in Keyspace}
+            return {
+                k.value: dict(txn.cursor(db=env.open_db(k.value.encode(), txn=txn, create=False)))
+                for k in Keyspace
+            }
     finally:
         env.close()
 
@@ -581,29 +622,40 @@ def test_a_sealed_value_under_another_key_is_named(tmp_path, tag):
     if tag == Tag.CONTRIBUTION_BATCH:  # a new sequence number in the same shard
         moved = key[:10] + (int.from_bytes(key[10:], "big") + 1000).to_bytes(8, "big")
     _rewrite(path, [(ks, moved, value)])
-    with pytest.raises(StorageError, match=f"cannot decode {ks} key {moved.hex()}: CRC-32 mismatch"):
+    with pytest.raises(
+        StorageError, match=f"cannot decode {ks} key {moved.hex()}: CRC-32 mismatch"
+    ):
         TidalDb.open(path, config=CFG, clock=ManualClock(T0))
 
 
-@pytest.mark.parametrize("ks,tag,value", [
-    ("users", Tag.COMMUNITY_LEAVE, b"\x07" * 9),
-    ("users", Tag.LEAVE_HISTORY, msgpack.packb("nope")),
-    ("users", Tag.COHORT_ASSIGNMENT, msgpack.packb([1, 2])),
-    ("items", Tag.PURGE_TOMBSTONE, msgpack.packb([[1]])),
-    ("meta", Tag.EVICTION_STATE, msgpack.packb(["a", [], 0])),
-    ("history", Tag.CONTRIBUTION_BATCH, msgpack.packb({"r": b"\x00" * 8, "ci": b"\x00", "c": []})),
-    ("history", Tag.CONTRIBUTION_BATCH, b"\x81"),
-])
+@pytest.mark.parametrize(
+    "ks,tag,value",
+    [
+        ("users", Tag.COMMUNITY_LEAVE, b"\x07" * 9),
+        ("users", Tag.LEAVE_HISTORY, msgpack.packb("nope")),
+        ("users", Tag.COHORT_ASSIGNMENT, msgpack.packb([1, 2])),
+        ("items", Tag.PURGE_TOMBSTONE, msgpack.packb([[1]])),
+        ("meta", Tag.EVICTION_STATE, msgpack.packb(["a", [], 0])),
+        (
+            "history",
+            Tag.CONTRIBUTION_BATCH,
+            msgpack.packb({"r": b"\x00" * 8, "ci": b"\x00", "c": []}),
+        ),
+        ("history", Tag.CONTRIBUTION_BATCH, b"\x81"),
+    ],
+)
 def test_a_value_that_does_not_decode_is_named_by_keyspace_and_key(tmp_path, ks, tag, value):
     path = _build(tmp_path / "s", crashed=True)
-    key = encode_key(USERS[0], tag, (7).to_bytes(8, "big") if tag == Tag.CONTRIBUTION_BATCH else b"")
+    key = encode_key(
+        USERS[0], tag, (7).to_bytes(8, "big") if tag == Tag.CONTRIBUTION_BATCH else b""
+    )
     _rewrite(path, [(ks, key, value)])
     with pytest.raises(StorageError, match=f"cannot decode {ks} key {key.hex()}: "):
         TidalDb.open(path, config=CFG, clock=ManualClock(T0))
 
 
 def _try_open(path: Path, keys: set[str]) -> str:
-    """"opened" (and closed), "refused" (a StorageError), "undecodable" (one naming
+    """ "opened" (and closed), "refused" (a StorageError), "undecodable" (one naming
     a keyspace and a stored key in hex), or what else went wrong."""
     try:
         with TidalDb.open(path, config=CFG, clock=ManualClock(T0)) as db:
@@ -634,7 +686,9 @@ def test_every_zeroed_page_opens_or_raises_a_storage_error(tmp_path, crashed):
         copy = tmp_path / f"p{page}"
         copy.mkdir()
         shutil.copy(src / "tidal.store", copy / "tidal.store")
-        (copy / "data.mdb").write_bytes(data[: page * PSIZE] + bytes(PSIZE) + data[(page + 1) * PSIZE :])
+        (copy / "data.mdb").write_bytes(
+            data[: page * PSIZE] + bytes(PSIZE) + data[(page + 1) * PSIZE :]
+        )
         outcome = _try_open(copy, keys)
         if outcome not in ("opened", "refused", "undecodable"):
             failures.append((page, outcome))
@@ -642,7 +696,9 @@ def test_every_zeroed_page_opens_or_raises_a_storage_error(tmp_path, crashed):
         shutil.rmtree(copy)
     assert failures == []
     # free pages open; LMDB's own pages are refused; a value's pages fail its CRC-32
-    assert outcomes["opened"] > 0 and outcomes["refused"] > 0 and outcomes["undecodable"] > 0, outcomes
+    assert outcomes["opened"] > 0 and outcomes["refused"] > 0 and outcomes["undecodable"] > 0, (
+        outcomes
+    )
 
 
 def test_random_bit_flips_open_or_raise_a_storage_error(tmp_path):
@@ -654,7 +710,9 @@ def test_random_bit_flips_open_or_raise_a_storage_error(tmp_path):
     for i in range(24):
         flipped = bytearray(data)
         for _ in range(rng.choice((1, 4, 16))):
-            bit = rng.randrange(2 * PSIZE * 8, len(data) * 8)  # the meta pages have their own test above
+            bit = rng.randrange(
+                2 * PSIZE * 8, len(data) * 8
+            )  # the meta pages have their own test above
             flipped[bit // 8] ^= 1 << (bit % 8)
         copy = tmp_path / f"f{i}"
         copy.mkdir()

@@ -73,7 +73,9 @@ def test_eight_threads_of_mixed_operations_keep_every_invariant(tmp_path):
     clock = ManualClock(T0)  # frozen: leave/rejoin times and manifest times are T0
     path = str(tmp_path / "db")
     models = [ReferenceModel(cfg, ManualClock(T0)) for _ in range(THREADS)]
-    counts = [dict.fromkeys(("ops", "signals", "purges", "leaves", "reads"), 0) for _ in range(THREADS)]
+    counts = [
+        dict.fromkeys(("ops", "signals", "purges", "leaves", "reads"), 0) for _ in range(THREADS)
+    ]
     errors: list[BaseException] = []
     deadline = time.monotonic() + SECONDS
 
@@ -87,8 +89,16 @@ def test_eight_threads_of_mixed_operations_keep_every_invariant(tmp_path):
                 u = rng.choice(users)
                 r = rng.random()
                 if r < 0.35:
-                    sigs = [Signal(u, rng.choice(_entities(u)), rng.randrange(2), rng.choice((0.5, 1.0, 2.5)),
-                                   T0 - rng.randrange(30 * HOUR)) for _ in range(rng.randint(1, 8))]
+                    sigs = [
+                        Signal(
+                            u,
+                            rng.choice(_entities(u)),
+                            rng.randrange(2),
+                            rng.choice((0.5, 1.0, 2.5)),
+                            T0 - rng.randrange(30 * HOUR),
+                        )
+                        for _ in range(rng.randint(1, 8))
+                    ]
                     if len(sigs) == 1:
                         db.signal_with_context(*sigs[0])
                     else:
@@ -121,12 +131,16 @@ def test_eight_threads_of_mixed_operations_keep_every_invariant(tmp_path):
                         for t in (0, 1):
                             score = db.read_decay_score(cohort, e, t, AT)
                             assert score >= 0.0
-                            assert score == pytest.approx(model.read_decay_score(cohort, e, t, AT), rel=1e-9, abs=1e-12)
+                            assert score == pytest.approx(
+                                model.read_decay_score(cohort, e, t, AT), rel=1e-9, abs=1e-12
+                            )
                 else:
                     c["reads"] += 1
                     cohort = rng.choice((*COHORTS, COMMUNITY))
                     e = rng.choice(_entities(u))
-                    assert db.read_window(cohort, e, 0, AT) == pytest.approx(model.read_window(cohort, e, 0, AT))
+                    assert db.read_window(cohort, e, 0, AT) == pytest.approx(
+                        model.read_window(cohort, e, 0, AT)
+                    )
                     top = db.top_entities(cohort, 1, 5, AT)
                     assert all(s > 0.0 for _, s in top)
                     assert [s for _, s in top] == sorted((s for _, s in top), reverse=True)

@@ -16,13 +16,16 @@ from tidal_actors.loadsim.timeline import CallLog, resolution
 from tidal_actors.testing import ReferenceModel
 
 
-@pytest.mark.parametrize(("span_s", "calls", "width"), [
-    (0.2, 3000, 0.005),      # 80 intervals of 2.5 ms -> the next 1-2-5 step, 5 ms
-    (0.2, 48, 0.02),         # 48 calls: 12 intervals of 4 calls -> 16.7 ms -> 20 ms
-    (1200.0, 2000, 20.0),    # 20 minutes, 80 intervals of 15 s -> 20 s
-    (0.01, 10_000, 0.001),   # never below 1 ms
-    (5.0, 1, 5.0),           # one call: one interval
-])
+@pytest.mark.parametrize(
+    ("span_s", "calls", "width"),
+    [
+        (0.2, 3000, 0.005),  # 80 intervals of 2.5 ms -> the next 1-2-5 step, 5 ms
+        (0.2, 48, 0.02),  # 48 calls: 12 intervals of 4 calls -> 16.7 ms -> 20 ms
+        (1200.0, 2000, 20.0),  # 20 minutes, 80 intervals of 15 s -> 20 s
+        (0.01, 10_000, 0.001),  # never below 1 ms
+        (5.0, 1, 5.0),  # one call: one interval
+    ],
+)
 def test_resolution_follows_the_runs_length(span_s: float, calls: int, width: float) -> None:
     assert resolution(span_s, calls) == pytest.approx(width)
 
@@ -43,7 +46,9 @@ def test_timeline_rates_and_weighted_percentiles() -> None:
     assert rows[1]["signals_per_s"] == pytest.approx(50 / 0.01)
     assert rows[2]["signals_per_s"] == pytest.approx(10 / 0.005)  # over the 5 ms it covers
     # weighted by signals: 100 of the 101 took 2 ms, so p99 is 2 ms, not 9
-    assert rows[0]["signal_p50_ms"] == pytest.approx(2.0) and rows[0]["signal_p99_ms"] == pytest.approx(2.0)
+    assert rows[0]["signal_p50_ms"] == pytest.approx(2.0) and rows[0][
+        "signal_p99_ms"
+    ] == pytest.approx(2.0)
     assert rows[0]["leave_p50_ms"] == pytest.approx(3.0) and rows[1]["leave_p50_ms"] is None
     assert log.points("leave") == ([0.008], [pytest.approx(3.0)])
 
@@ -69,7 +74,8 @@ def _figure_of(result: Any, path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 @pytest.mark.parametrize("name", ["small", "restart"])
 def test_a_short_runs_plot_spans_the_run_and_labels_every_line(
-        name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     scenario = load_scenario(name)
     if name == "restart":
         scenario = scenario.scaled(0.02)  # 40 signal batches: enough for a curve
@@ -122,7 +128,9 @@ def _fake_result(reference_per_s: float, assigns: int, pause: bool = False) -> A
 
     log = CallLog(LATENCY_OPS)
     pauses = ((0.3, 0.5),) if pause else ()
-    for i in range(60):  # 100 signals every 10 ms, to 0.6 s (none in a pause); the run ends at 0.813 s
+    for i in range(
+        60
+    ):  # 100 signals every 10 ms, to 0.6 s (none in a pause); the run ends at 0.813 s
         if not (pause and 30 <= i < 50):
             log.add(0.01 * (i + 0.5), "signal", 0.001, 100)
     rows = log.timeline(0.813, 0.1, pauses=pauses)
@@ -130,15 +138,23 @@ def _fake_result(reference_per_s: float, assigns: int, pause: bool = False) -> A
     counts = SimpleNamespace(signals=4000 if pause else 6000, leaves=1, purges=1)
     times = [0.813 * i / max(assigns, 1) for i in range(assigns)]
     return SimpleNamespace(
-        scenario=scenario, counts=counts, ok=True, runtime_s=0.813 - (0.2 if pause else 0),
-        signals_per_s=6000 / 0.813, reference_signals_per_s=reference_per_s, timeline=rows,
+        scenario=scenario,
+        counts=counts,
+        ok=True,
+        runtime_s=0.813 - (0.2 if pause else 0),
+        signals_per_s=6000 / 0.813,
+        reference_signals_per_s=reference_per_s,
+        timeline=rows,
         points={"assign": (times, [1.0] * assigns)} if assigns else {},
         marks=[(0.3, "restart"), (0.5, "resumed")] if pause else [],
-        restart={"restore_s": 0.05} if pause else None, setup_s=0.0)
+        restart={"restore_s": 0.05} if pause else None,
+        setup_s=0.0,
+    )
 
 
 def test_the_plot_ends_with_the_run_without_a_drop_to_zero(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fig = _figure_of(_fake_result(9000.0, 0, pause=True), tmp_path / "p.png", monkeypatch)
     top = fig.axes[0]
     assert top.get_xlim() == pytest.approx((0, 813))  # ms: the run's end, not 900 or 1000
@@ -155,7 +171,8 @@ def test_the_plot_ends_with_the_run_without_a_drop_to_zero(
 
 
 def test_a_reference_model_far_above_the_runtime_is_written_not_drawn(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fig = _figure_of(_fake_result(100_000.0, 0), tmp_path / "p.png", monkeypatch)
     top = fig.axes[0]
     assert not [ln for ln in top.get_lines() if ln.get_ydata()[0] == 100_000.0]
@@ -169,14 +186,19 @@ def test_a_reference_model_far_above_the_runtime_is_written_not_drawn(
 
 
 def test_dense_control_calls_are_drawn_behind_the_signal_lines(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fig = _figure_of(_fake_result(9000.0, 4000), tmp_path / "p.png", monkeypatch)
     bottom = fig.axes[1]
     dots = next(c for c in bottom.collections if c.get_label().startswith("assign"))
     lines = [ln for ln in bottom.get_lines() if ln.get_label().startswith("signal ack")]
     assert lines and all(ln.get_zorder() > dots.get_zorder() for ln in lines)
     assert max(dots.get_sizes()) < 14 and dots.get_alpha() < 0.5
-    sparse = next(c for c in _figure_of(_fake_result(9000.0, 20), tmp_path / "q.png",
-                                        monkeypatch).axes[1].collections
-                  if c.get_label().startswith("assign"))
+    sparse = next(
+        c
+        for c in _figure_of(_fake_result(9000.0, 20), tmp_path / "q.png", monkeypatch)
+        .axes[1]
+        .collections
+        if c.get_label().startswith("assign")
+    )
     assert max(sparse.get_sizes()) == 14

@@ -31,7 +31,9 @@ def _vecdeque(cap: int, script: list[tuple[str, int]]) -> tuple[int, list[int]]:
 @settings(max_examples=300, deadline=None)
 @given(
     cap=st.integers(1, 12),
-    script=st.lists(st.tuples(st.sampled_from(["append", "drain"]), st.integers(0, 7)), max_size=30),
+    script=st.lists(
+        st.tuples(st.sampled_from(["append", "drain"]), st.integers(0, 7)), max_size=30
+    ),
 )
 def test_watermark_equals_a_vecdeque(cap, script):
     # the same script, evaluated lazily at each drain as the coordinator does

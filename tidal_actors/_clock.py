@@ -24,7 +24,9 @@ def _checked(field: str, value: Any) -> int:
             raise TypeError
         v = operator.index(value)
     except TypeError:
-        raise InvalidArgument(field, value, "must be an int (nanoseconds since the epoch)") from None
+        raise InvalidArgument(
+            field, value, "must be an int (nanoseconds since the epoch)"
+        ) from None
     if not 0 <= v < 2**63:
         raise InvalidArgument(field, value, "must be in [0, 2**63)")
     return v

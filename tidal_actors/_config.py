@@ -35,7 +35,9 @@ SECTIONS: dict[str, frozenset[str]] = {
     "window": frozenset({"window_width_ns", "window_buckets"}),
     "contribution_log": frozenset({"max_contribution_log_entries", "history_retention_ns"}),
     "shards": frozenset({"membership_shards", "ledger_shards"}),
-    "ingest": frozenset({"signal_batch_size", "signal_flush_interval_ms", "mailbox_capacity", "inflight_budget_ms"}),
+    "ingest": frozenset(
+        {"signal_batch_size", "signal_flush_interval_ms", "mailbox_capacity", "inflight_budget_ms"}
+    ),
     "storage": frozenset({"map_size_bytes", "max_map_size_bytes"}),
     "purge": frozenset({"rematerialize_after_ms"}),
 }
@@ -98,10 +100,14 @@ class Config:
         for name in MS_DURATIONS:
             object.__setattr__(self, name, _duration_ms(name, getattr(self, name)))
         if isinstance(self.half_life_ns_by_type, Mapping):
-            object.__setattr__(self, "half_life_ns_by_type", {
-                k: _duration_ns(f"half_life_ns_by_type[{k}]", v)
-                for k, v in self.half_life_ns_by_type.items()
-            })
+            object.__setattr__(
+                self,
+                "half_life_ns_by_type",
+                {
+                    k: _duration_ns(f"half_life_ns_by_type[{k}]", v)
+                    for k, v in self.half_life_ns_by_type.items()
+                },
+            )
 
         def positive(name: str, value: Any, kind: type = int) -> None:
             if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:  # type: ignore[operator]
@@ -131,33 +137,41 @@ class Config:
         if self.max_contribution_log_entries < self.membership_shards:
             # the cap is split between the membership shards: each must hold a record
             raise InvalidArgument(
-                "max_contribution_log_entries", self.max_contribution_log_entries,
+                "max_contribution_log_entries",
+                self.max_contribution_log_entries,
                 f"must be >= membership_shards ({self.membership_shards}): the cap is split between them",
             )
         positive("signal_batch_size", self.signal_batch_size)
-        if isinstance(self.signal_flush_interval_ms, bool) or not isinstance(
-            self.signal_flush_interval_ms, (int, float)
-        ) or not 0 < self.signal_flush_interval_ms <= 10_000:
+        if (
+            isinstance(self.signal_flush_interval_ms, bool)
+            or not isinstance(self.signal_flush_interval_ms, (int, float))
+            or not 0 < self.signal_flush_interval_ms <= 10_000
+        ):
             raise InvalidArgument(
                 "signal_flush_interval_ms", self.signal_flush_interval_ms, "must be in (0, 10000]"
             )
         positive("mailbox_capacity", self.mailbox_capacity)
         if self.inflight_budget_ms is not None and (
-            isinstance(self.inflight_budget_ms, bool) or not isinstance(self.inflight_budget_ms, (int, float))
+            isinstance(self.inflight_budget_ms, bool)
+            or not isinstance(self.inflight_budget_ms, (int, float))
             or not 0 < self.inflight_budget_ms <= 60_000
         ):
-            raise InvalidArgument("inflight_budget_ms", self.inflight_budget_ms, "must be None or in (0, 60000]")
+            raise InvalidArgument(
+                "inflight_budget_ms", self.inflight_budget_ms, "must be None or in (0, 60000]"
+            )
         positive("map_size_bytes", self.map_size_bytes)
         if self.map_size_bytes < MIN_MAP_SIZE_BYTES:
             raise InvalidArgument(
-                "map_size_bytes", self.map_size_bytes,
+                "map_size_bytes",
+                self.map_size_bytes,
                 f"must be at least {MIN_MAP_SIZE_BYTES} bytes (the smallest LMDB map a store opens in)",
             )
         positive("max_map_size_bytes", self.max_map_size_bytes)
         for name in ("map_size_bytes", "max_map_size_bytes"):
             if getattr(self, name) > MAX_MAP_SIZE_BYTES:
                 raise InvalidArgument(
-                    name, getattr(self, name),
+                    name,
+                    getattr(self, name),
                     f"must be at most {MAX_MAP_SIZE_BYTES} bytes (2**47: an LMDB map is "
                     "reserved address space, and a 64-bit process has 2**47 bytes of it)",
                 )
@@ -173,10 +187,14 @@ class Config:
             or not 0 <= self.rematerialize_after_ms <= 86_400_000
         ):
             raise InvalidArgument(
-                "rematerialize_after_ms", self.rematerialize_after_ms, "must be None or in [0, 86400000]"
+                "rematerialize_after_ms",
+                self.rematerialize_after_ms,
+                "must be None or in [0, 86400000]",
             )
         object.__setattr__(
-            self, "half_life_ns_by_type", {int(k): int(v) for k, v in dict(self.half_life_ns_by_type).items()}
+            self,
+            "half_life_ns_by_type",
+            {int(k): int(v) for k, v in dict(self.half_life_ns_by_type).items()},
         )
 
     def half_life_for(self, signal_type: int) -> int:
@@ -222,7 +240,9 @@ class Config:
                     raise InvalidArgument("config", key, "must be a table")
                 for k2, v2 in value.items():
                     if k2 not in SECTIONS[key]:
-                        raise InvalidArgument(f"config [{key}]", k2, "not a setting of this section")
+                        raise InvalidArgument(
+                            f"config [{key}]", k2, "not a setting of this section"
+                        )
                     take(k2, v2, f"config [{key}]")
             else:
                 take(key, value, "config")

@@ -59,8 +59,10 @@ def parse_duration(text: str | int, field: str = "duration", bare_unit: str = "n
     match = _DURATION.fullmatch(text.strip())
     if match is None or not text.isascii():
         raise InvalidArgument(
-            field, text, "must be an integer with unit d, h, m, s, ms, us or ns (e.g. 90d, 250ms), "
-            f"or a plain integer in {bare_unit}"
+            field,
+            text,
+            "must be an integer with unit d, h, m, s, ms, us or ns (e.g. 90d, 250ms), "
+            f"or a plain integer in {bare_unit}",
         )
     number, unit = match.groups()
     return int(number) * UNIT_NS[unit or bare_unit]

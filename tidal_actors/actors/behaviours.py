@@ -143,7 +143,9 @@ class Behaviour:
         :class:`ActorFailure` with the cause attached."""
         if isinstance(exc, TidalError):
             return exc
-        err = ActorFailure(f"{self.address[0]}[{self.address[1]}] failed on {type(message).__name__}: {exc!r}")
+        err = ActorFailure(
+            f"{self.address[0]}[{self.address[1]}] failed on {type(message).__name__}: {exc!r}"
+        )
         err.__cause__ = exc
         return err
 
@@ -261,7 +263,9 @@ class MembershipShard(Behaviour):
         if len(self.routes) > 4 * len(self._rid) + 64:
             self.routes = RouteTable(self._ledger)
             for u, r in self._rid.items():
-                self._rid[u] = GATED if r == GATED else self.routes.route_of(self.state.cohorts.get(u, ()))
+                self._rid[u] = (
+                    GATED if r == GATED else self.routes.route_of(self.state.cohorts.get(u, ()))
+                )
 
     def receive(self, message: object) -> None:
         if self._pending and type(message) is not M.Committed:
@@ -296,7 +300,11 @@ class MembershipShard(Behaviour):
         users = {first.user}
         try:
             super().receive(first)
-            while self._stash and type(self._stash[0]) in _CONTROL_WRITES and self._stash[0].user not in users:  # type: ignore[attr-defined]
+            while (
+                self._stash
+                and type(self._stash[0]) in _CONTROL_WRITES
+                and self._stash[0].user not in users
+            ):  # type: ignore[attr-defined]
                 message: Any = self._take_stashed()
                 users.add(message.user)
                 super().receive(message)
@@ -358,13 +366,25 @@ class MembershipShard(Behaviour):
                 at = np.flatnonzero(has_cx[s]).tolist()
                 if at:
                     ctx = dict(zip(at, map(cxs.__getitem__, s[at].tolist())))
-            self.ctx.tell((M.LEDGER, li), M.Attribute(
-                self.index, r0 + pos, U[s], table.names[table.entry_cohort[ent]].tolist(),
-                E[s], T[s], W[s], TS[s], ctx,
-            ))
+            self.ctx.tell(
+                (M.LEDGER, li),
+                M.Attribute(
+                    self.index,
+                    r0 + pos,
+                    U[s],
+                    table.names[table.entry_cohort[ent]].tolist(),
+                    E[s],
+                    T[s],
+                    W[s],
+                    TS[s],
+                    ctx,
+                ),
+            )
 
     # control operations: applied only once committed
-    def _write(self, ops: list[tuple[str, bytes, bytes | None]], apply: Callable[[], Any], reply: Reply) -> None:
+    def _write(
+        self, ops: list[tuple[str, bytes, bytes | None]], apply: Callable[[], Any], reply: Reply
+    ) -> None:
         self._token += 1
         self._pending[self._token] = (apply, reply)
         write = M.Write(ops, (self.address, self._token))
@@ -388,7 +408,9 @@ class MembershipShard(Behaviour):
             raise
         reply.set_result(value)
 
-    def _cohort_ops(self, user: int, cohorts: tuple[str, ...]) -> list[tuple[str, bytes, bytes | None]]:
+    def _cohort_ops(
+        self, user: int, cohorts: tuple[str, ...]
+    ) -> list[tuple[str, bytes, bytes | None]]:
         key = encode_key(user, Tag.COHORT_ASSIGNMENT)
         return [(Keyspace.USERS.value, key, msgpack.packb(list(cohorts)) if cohorts else None)]
 
@@ -405,7 +427,9 @@ class MembershipShard(Behaviour):
             msg.reply.set_result(None)
             return
         new = cur + (msg.cohort,)
-        self._write(self._cohort_ops(msg.user, new), lambda: self._set_cohorts(msg.user, new), msg.reply)
+        self._write(
+            self._cohort_ops(msg.user, new), lambda: self._set_cohorts(msg.user, new), msg.reply
+        )
 
     def _on_unassign(self, msg: M.Unassign) -> None:
         cur = self.state.cohorts.get(msg.user, ())
@@ -413,13 +437,23 @@ class MembershipShard(Behaviour):
             msg.reply.set_result(None)
             return
         new = tuple(c for c in cur if c != msg.cohort)
-        self._write(self._cohort_ops(msg.user, new), lambda: self._set_cohorts(msg.user, new), msg.reply)
+        self._write(
+            self._cohort_ops(msg.user, new), lambda: self._set_cohorts(msg.user, new), msg.reply
+        )
 
     def _membership_ops(
-        self, user: int, status: MembershipStatus, left_at: int | None, history: list[list[int | None]]
+        self,
+        user: int,
+        status: MembershipStatus,
+        left_at: int | None,
+        history: list[list[int | None]],
     ) -> list[tuple[str, bytes, bytes | None]]:
         return [
-            (Keyspace.USERS.value, encode_key(user, Tag.COMMUNITY_LEAVE), encode_membership(status, left_at)),
+            (
+                Keyspace.USERS.value,
+                encode_key(user, Tag.COMMUNITY_LEAVE),
+                encode_membership(status, left_at),
+            ),
             (Keyspace.USERS.value, encode_key(user, Tag.LEAVE_HISTORY), msgpack.packb(history)),
         ]
 
@@ -436,7 +470,9 @@ class MembershipShard(Behaviour):
             self.left.add(user)
             self._update_route(user)
 
-        self._write(self._membership_ops(user, MembershipStatus.Left, msg.now_ns, history), apply, msg.reply)
+        self._write(
+            self._membership_ops(user, MembershipStatus.Left, msg.now_ns, history), apply, msg.reply
+        )
 
     def _on_rejoin(self, msg: M.Rejoin) -> None:
         user = msg.user
@@ -453,7 +489,9 @@ class MembershipShard(Behaviour):
             self.left.discard(user)
             self._update_route(user)
 
-        self._write(self._membership_ops(user, MembershipStatus.Active, None, history), apply, msg.reply)
+        self._write(
+            self._membership_ops(user, MembershipStatus.Active, None, history), apply, msg.reply
+        )
 
     def _on_query(self, msg: M.QueryUser) -> None:
         u = msg.user
@@ -466,13 +504,24 @@ class MembershipShard(Behaviour):
             msg.reply.set_result(frozenset(self.state.cohorts.get(u, ())))
         elif msg.kind == "stats":
             msg.reply.set_result(
-                {"signals": self.signals, "forwarded": self.forwarded, "gated": self.gated,
-                 "records": self.records, "handler_errors": self.handler_errors}
+                {
+                    "signals": self.signals,
+                    "forwarded": self.forwarded,
+                    "gated": self.gated,
+                    "records": self.records,
+                    "handler_errors": self.handler_errors,
+                }
             )
         elif msg.kind == "users":
             msg.reply.set_result(
-                {u: (self.state.status.get(u), self.state.history.get(u), self.state.cohorts.get(u))
-                 for u in set(self.state.status) | set(self.state.cohorts)}
+                {
+                    u: (
+                        self.state.status.get(u),
+                        self.state.history.get(u),
+                        self.state.cohorts.get(u),
+                    )
+                    for u in set(self.state.status) | set(self.state.cohorts)
+                }
             )
         else:
             raise ValueError(f"unknown query {msg.kind!r}")
@@ -513,7 +562,9 @@ class LedgerState:
     """Restorable state of one ledger shard."""
 
     def __init__(self, config: Config) -> None:
-        self.aggregates = Aggregates(config.half_life_for, config.window_width_ns, config.window_buckets)
+        self.aggregates = Aggregates(
+            config.half_life_for, config.window_width_ns, config.window_buckets
+        )
         self.log = ContributionLog(self.aggregates)
         self.batch_seq = 0
         self.rseq_seen: dict[int, int] = {}
@@ -550,7 +601,9 @@ class LedgerState:
         """Read settled records back from ``reader`` (a durable store's history)."""
         self.history = reader
         agg = self.aggregates
-        agg.settled_detail = lambda k, lo, hi: reader.settled_detail(agg.key(k), lo, hi, agg.settled_upto)
+        agg.settled_detail = lambda k, lo, hi: reader.settled_detail(
+            agg.key(k), lo, hi, agg.settled_upto
+        )
 
     def settle(self, durable: bool, force: bool = False) -> int:
         """Drop the detail rows no purge can name any more (`Aggregates.settle`):
@@ -623,7 +676,9 @@ class LedgerShard(Behaviour):
     def _on_attribute(self, msg: M.Attribute) -> None:
         st = self.state
         m, rs, us = msg.mshard, msg.rseqs, msg.users
-        rows = st.aggregates.add_columns(m, rs, us, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps)
+        rows = st.aggregates.add_columns(
+            m, rs, us, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps
+        )
         if self._jobs:
             for token in list(self._jobs):
                 self._advance(token)
@@ -632,7 +687,8 @@ class LedgerShard(Behaviour):
         self.records_in += len(rows)
         if self.ctx.durable:
             self._persist(
-                (m, rs, us, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps), msg.contexts,
+                (m, rs, us, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps),
+                msg.contexts,
                 rows.start,
             )
         seen = st.rseq_seen
@@ -649,14 +705,18 @@ class LedgerShard(Behaviour):
         if not self._jobs:
             self.state.settle(self.ctx.durable)
 
-    def _persist(self, cols: tuple[Any, ...], contexts: dict[int, Any] | None, first_row: int) -> None:
+    def _persist(
+        self, cols: tuple[Any, ...], contexts: dict[int, Any] | None, first_row: int
+    ) -> None:
         seq = self.state.batch_seq
         self.state.batch_seq += 1
         if self.state.history is not None:  # what `LedgerState.settle` pops
             self.state.unconfirmed.append((seq, first_row))
         self.history_batches += 1
         key = encode_key(self.index, Tag.CONTRIBUTION_BATCH, seq.to_bytes(8, "big"))
-        value = seal(key, encode_history_columns(cols, contexts))  # the bytes encode_batch(records) gives
+        value = seal(
+            key, encode_history_columns(cols, contexts)
+        )  # the bytes encode_batch(records) gives
         self.ctx.tell(M.PERSIST_ADDR, M.Write([(Keyspace.HISTORY.value, key, value)]))
 
     def on_error(self, message: object, err: BaseException) -> None:
@@ -776,7 +836,9 @@ class LedgerShard(Behaviour):
         try:
             self._jobs[msg.token] = RematJob(self.state, msg.cohort, msg.covered, self.ctx.config)
         except Exception as exc:  # answer the coordinator (and its caller), then count it
-            self.ctx.tell(M.COORD_ADDR, M.RematDone(msg.token, msg.cohort, error=self.failure(msg, exc)))
+            self.ctx.tell(
+                M.COORD_ADDR, M.RematDone(msg.token, msg.cohort, error=self.failure(msg, exc))
+            )
             raise
         self.ctx.tell(self.address, M.RematStep(msg.token))
 
@@ -797,14 +859,28 @@ class LedgerShard(Behaviour):
             known = job.read > 0 or self.state.aggregates.cohort_id(job.cohort) is not None
             read, excluded, matched, per_user = job.finish()
             del self._jobs[token]
-            self.ctx.tell(M.COORD_ADDR, M.RematDone(
-                token, job.cohort, read, excluded, matched, per_user,
-                time.perf_counter() - job.t0,
-                None if known else UnknownCohort(f"nothing was ever attributed to cohort {job.cohort!r}")))
+            self.ctx.tell(
+                M.COORD_ADDR,
+                M.RematDone(
+                    token,
+                    job.cohort,
+                    read,
+                    excluded,
+                    matched,
+                    per_user,
+                    time.perf_counter() - job.t0,
+                    None
+                    if known
+                    else UnknownCohort(f"nothing was ever attributed to cohort {job.cohort!r}"),
+                ),
+            )
         except Exception as exc:
             self._jobs.pop(token, None)
             # a TidalError as is, anything else as ActorFailure (the caller's error)
-            self.ctx.tell(M.COORD_ADDR, M.RematDone(token, job.cohort, error=self.failure(M.RematStep(token), exc)))
+            self.ctx.tell(
+                M.COORD_ADDR,
+                M.RematDone(token, job.cohort, error=self.failure(M.RematStep(token), exc)),
+            )
             raise
         return True
 
@@ -876,8 +952,14 @@ def advance_watermark(live_from: int, drained: np.ndarray, next_rseq: int, cap: 
 def encode_manifest(m: PurgeManifest) -> bytes:
     """msgpack of a manifest; the purge id stays 16 bytes (msgpack ints stop at 64 bits)."""
     return msgpack.packb(  # type: ignore[no-any-return]
-        [m.purge_id.to_bytes16(), m.user_id, m.cohort, m.created_at_ns,
-         m.entries, m.evicted]  # tuples pack as msgpack arrays, as lists do
+        [
+            m.purge_id.to_bytes16(),
+            m.user_id,
+            m.cohort,
+            m.created_at_ns,
+            m.entries,
+            m.evicted,
+        ]  # tuples pack as msgpack arrays, as lists do
     )
 
 
@@ -885,8 +967,12 @@ def decode_manifest(raw: bytes) -> PurgeManifest:
     """Inverse of :func:`encode_manifest`, rebuilding the public types."""
     pid, user, cohort, created, entries, evicted = msgpack.unpackb(raw)
     return PurgeManifest(
-        PurgeId.from_bytes16(pid), user, cohort, created,
-        tuple(ContributionRecord(*e) for e in entries), evicted,
+        PurgeId.from_bytes16(pid),
+        user,
+        cohort,
+        created,
+        tuple(ContributionRecord(*e) for e in entries),
+        evicted,
     )
 
 
@@ -897,7 +983,9 @@ class CoordinatorState:
         self.live_from = [0] * membership_shards
         # per membership shard: rseqs drained by purges at or above its watermark
         # (sorted int64 arrays; rebuilt at restore from the purges' tombstones)
-        self.drained: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in range(membership_shards)]
+        self.drained: list[np.ndarray] = [
+            np.zeros(0, dtype=np.int64) for _ in range(membership_shards)
+        ]
         # user -> encoded manifests (`encode_manifest`, as stored), in purge id order:
         # bytes, not PurgeManifest objects, whose ContributionRecord entries (tuple
         # subclasses, never untracked) the cyclic GC would walk in every full
@@ -1001,7 +1089,10 @@ class PurgeCoordinator(Behaviour):
         )
         self._pending = {"msg": msg, "pid": pid, "live_from": live_from}
         li = ledger_shard_of(msg.cohort, self.ctx.config.ledger_shards)
-        self.ctx.tell((M.LEDGER, li), M.PreparePurge(pid, msg.user, msg.cohort, live_from, msg.next_rseq, msg.marker))
+        self.ctx.tell(
+            (M.LEDGER, li),
+            M.PreparePurge(pid, msg.user, msg.cohort, live_from, msg.next_rseq, msg.marker),
+        )
 
     def _fail_pending(self, exc: BaseException) -> None:
         pending, self._pending = self._pending, None
@@ -1026,13 +1117,16 @@ class PurgeCoordinator(Behaviour):
         req: M.Purge = p["msg"]
         prepared: Prepared = msg.prepared
         manifest = PurgeManifest(
-            p["pid"], req.user, req.cohort, req.now_ns,
+            p["pid"],
+            req.user,
+            req.cohort,
+            req.now_ns,
             tuple(prepared.records),
             prepared.evicted,
         )
         live_from = p["live_from"]
         old = self.state.drained[req.mshard]
-        old = old[int(np.searchsorted(old, live_from)):]
+        old = old[int(np.searchsorted(old, live_from)) :]
         # the retracted records were live, so not drained yet: a sorted merge, O(n)
         new = np.sort(np.array(prepared.rseqs, dtype=np.int64))
         drained = np.insert(old, np.searchsorted(old, new), new)
@@ -1041,13 +1135,19 @@ class PurgeCoordinator(Behaviour):
         suffix = p["pid"].to_bytes16()
         ops: list[tuple[str, bytes, bytes | None]] = [
             (Keyspace.ITEMS.value, encode_key(req.user, Tag.PURGE_MANIFEST, suffix), encoded),
-            (Keyspace.META.value, encode_key(req.mshard, Tag.EVICTION_STATE),
-             msgpack.packb([live_from, [], req.next_rseq])),  # drained: from the tombstones
+            (
+                Keyspace.META.value,
+                encode_key(req.mshard, Tag.EVICTION_STATE),
+                msgpack.packb([live_from, [], req.next_rseq]),
+            ),  # drained: from the tombstones
         ]
         if prepared.records:
             ops.append(
-                (Keyspace.ITEMS.value, encode_key(req.user, Tag.PURGE_TOMBSTONE, suffix),
-                 msgpack.packb(list(zip(prepared.mshards, prepared.rseqs))))
+                (
+                    Keyspace.ITEMS.value,
+                    encode_key(req.user, Tag.PURGE_TOMBSTONE, suffix),
+                    msgpack.packb(list(zip(prepared.mshards, prepared.rseqs))),
+                )
             )
         status = PurgeStatus(p["pid"], req.user, req.cohort, len(prepared.records), False, None, 0)
         p["status"] = status
@@ -1073,7 +1173,9 @@ class PurgeCoordinator(Behaviour):
         st.statuses[int(p["pid"])] = (p["status"], req.next_rseq)
         self.purges += 1
         li = ledger_shard_of(req.cohort, self.ctx.config.ledger_shards)
-        self.ctx.tell((M.LEDGER, li), M.ApplyPurge(int(p["pid"]), req.user, req.cohort, p["prepared"]))
+        self.ctx.tell(
+            (M.LEDGER, li), M.ApplyPurge(int(p["pid"]), req.user, req.cohort, p["prepared"])
+        )
         update = M.EvictionUpdate(req.mshard, p["live_from"], len(p["drained"]), req.marker)
         for i in range(self.ctx.config.ledger_shards):
             self.ctx.tell((M.LEDGER, i), update)
@@ -1137,8 +1239,12 @@ class PurgeCoordinator(Behaviour):
         token = ("remat", self._remat_seq)
         # the purges it covers: every one committed so far (later ones of this cohort
         # wait, deferred, until it ends)
-        self._remat = {"cohort": cohort, "token": token, "covered": self.state.covered(cohort),
-                       "upto": self.state.last_purge_id}
+        self._remat = {
+            "cohort": cohort,
+            "token": token,
+            "covered": self.state.covered(cohort),
+            "upto": self.state.last_purge_id,
+        }
         li = ledger_shard_of(cohort, self.ctx.config.ledger_shards)
         self.ctx.tell((M.LEDGER, li), M.RematStart(cohort, self._remat["covered"], token))
 
@@ -1167,11 +1273,27 @@ class PurgeCoordinator(Behaviour):
             if status.cohort != cohort or status.rematerialized or pid > r["upto"]:
                 continue
             extra = per_user.pop(status.user_id, 0)  # counted on the pair's latest purge
-            updates.append((PurgeStatus(status.purge_id, status.user_id, cohort, status.retracted_live,
-                                        True, now, extra), bound))
+            updates.append(
+                (
+                    PurgeStatus(
+                        status.purge_id,
+                        status.user_id,
+                        cohort,
+                        status.retracted_live,
+                        True,
+                        now,
+                        extra,
+                    ),
+                    bound,
+                )
+            )
         r["updates"] = updates
-        r["report"] = RematerializationReport(cohort, msg.read, msg.excluded, msg.seconds, msg.matched)
-        ops: list[tuple[str, bytes, bytes | None]] = [(Keyspace.ITEMS.value, *encode_status(s, b)) for s, b in updates]
+        r["report"] = RematerializationReport(
+            cohort, msg.read, msg.excluded, msg.seconds, msg.matched
+        )
+        ops: list[tuple[str, bytes, bytes | None]] = [
+            (Keyspace.ITEMS.value, *encode_status(s, b)) for s, b in updates
+        ]
         # erase only what the purges this rebuild completes cover: an earlier purge's
         # records went in the same transaction that marked it re-materialized (the
         # latest purge of a pair has its highest bound, which covers the earlier ones)
@@ -1224,7 +1346,9 @@ class PurgeCoordinator(Behaviour):
     def _on_query_purge(self, msg: M.QueryPurge) -> None:
         entry = self.state.statuses.get(msg.purge_id)
         if entry is None:  # the caller's mistake, not a handler failure: not counted
-            msg.reply.set_exception(UnknownPurge(f"no purge with id {PurgeId(msg.purge_id)!r} in this store"))
+            msg.reply.set_exception(
+                UnknownPurge(f"no purge with id {PurgeId(msg.purge_id)!r} in this store")
+            )
         else:
             msg.reply.set_result(entry[0])
 
@@ -1232,7 +1356,9 @@ class PurgeCoordinator(Behaviour):
         if msg.user == -1:
             msg.reply.set_result({"purges": self.purges, "handler_errors": self.handler_errors})
             return
-        msg.reply.set_result([decode_manifest(raw) for raw in self.state.manifests.get(msg.user, [])])
+        msg.reply.set_result(
+            [decode_manifest(raw) for raw in self.state.manifests.get(msg.user, [])]
+        )
 
 
 # -- persistence ----------------------------------------------------------------------
@@ -1402,5 +1528,3 @@ class Persistence(Behaviour):
             b.reply.set_result(None)
         if b.then is not None:
             self.ctx.tell(*b.then)
-
-

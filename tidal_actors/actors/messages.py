@@ -119,21 +119,36 @@ class Attribute:
         return [
             LogRecord(self.mshard, r, u, c, e, t, w, ts)
             for r, u, c, e, t, w, ts in zip(
-                self.rseqs.tolist(), self.users.tolist(), self.cohorts, self.entities.tolist(),
-                self.types.tolist(), self.weights.tolist(), self.timestamps.tolist(),
+                self.rseqs.tolist(),
+                self.users.tolist(),
+                self.cohorts,
+                self.entities.tolist(),
+                self.types.tolist(),
+                self.weights.tolist(),
+                self.timestamps.tolist(),
             )
         ]
 
     @classmethod
-    def of_records(cls, records: list[LogRecord], contexts: dict[int, Any] | None = None) -> Attribute:
+    def of_records(
+        cls, records: list[LogRecord], contexts: dict[int, Any] | None = None
+    ) -> Attribute:
         """The message carrying ``records`` (all from one membership shard)."""
         ms, rs, us, cs, es, ts_, ws, tss = zip(*records)
         if len(set(ms)) != 1:
-            raise ValueError(f"records from membership shards {sorted(set(ms))}: one message holds one shard's")
+            raise ValueError(
+                f"records from membership shards {sorted(set(ms))}: one message holds one shard's"
+            )
         return cls(
-            ms[0], np.array(rs, dtype=np.int64), np.array(us, dtype=np.uint64), list(cs),
-            np.array(es, dtype=np.uint64), np.array(ts_, dtype=np.uint64),
-            np.array(ws, dtype=np.float64), np.array(tss, dtype=np.int64), contexts,
+            ms[0],
+            np.array(rs, dtype=np.int64),
+            np.array(us, dtype=np.uint64),
+            list(cs),
+            np.array(es, dtype=np.uint64),
+            np.array(ts_, dtype=np.uint64),
+            np.array(ws, dtype=np.float64),
+            np.array(tss, dtype=np.int64),
+            contexts,
         )
 
 

@@ -70,15 +70,23 @@ __all__ = ["cli", "main"]
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
-SCORES_HEADER = ("cohort", "entity_id", "signal_type", "decay_score", "window_count",
-                 "window_weight")
+SCORES_HEADER = (
+    "cohort",
+    "entity_id",
+    "signal_type",
+    "decay_score",
+    "window_count",
+    "window_weight",
+)
 _PROGRESS_EVERY = 1024  # rows between progress-bar updates
 
 
 # ---------------------------------------------------------------- helpers
 
 
-def _open_db(data_dir: Path | None, config: Config, clock: ManualClock, read_only: bool = False) -> Any:
+def _open_db(
+    data_dir: Path | None, config: Config, clock: ManualClock, read_only: bool = False
+) -> Any:
     """Open the runtime: ``TidalDb`` on ``data_dir`` (None: ephemeral, nothing on disk);
     ``read_only`` (inspect): one read of the store, beside a writer if there is one,
     with the settings the store records; nothing is written (`_readonly`)."""
@@ -88,13 +96,15 @@ def _open_db(data_dir: Path | None, config: Config, clock: ManualClock, read_onl
         return TidalDb.open(os.fspath(data_dir), config=config, clock=clock, read_only=True)
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
-    return TidalDb.open(os.fspath(data_dir) if data_dir is not None else None,
-                        config=config, clock=clock)
+    return TidalDb.open(
+        os.fspath(data_dir) if data_dir is not None else None, config=config, clock=clock
+    )
 
 
 @contextlib.contextmanager
-def _opened(data_dir: Path | None, config: Config, clock: ManualClock,
-            phase: PhaseFn) -> Iterator[Any]:
+def _opened(
+    data_dir: Path | None, config: Config, clock: ManualClock, phase: PhaseFn
+) -> Iterator[Any]:
     """:func:`_open_db`, its open and its close (a restore, a snapshot) shown as phases."""
     with phase("open the store" if data_dir is not None else "open", None, ""):
         db = _open_db(data_dir, config, clock)
@@ -160,16 +170,18 @@ def _read_state(data_dir: Path) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
-def _write_state(data_dir: Path, config: Config, last_event_ns: int | None, source: str,
-                 **extra: Any) -> None:
+def _write_state(
+    data_dir: Path, config: Config, last_event_ns: int | None, source: str, **extra: Any
+) -> None:
     """Write the settings file (atomically): ``config``, the last event time (int ns,
     never moved back), what wrote it, and ``extra`` keys (a None value removes one)."""
     state = _read_state(data_dir)
     previous = state.get("last_event_ns")
     if isinstance(previous, int) and (last_event_ns is None or previous > last_event_ns):
         last_event_ns = previous
-    state.update(format=1, config=dataclasses.asdict(config), last_event_ns=last_event_ns,
-                 source=source)
+    state.update(
+        format=1, config=dataclasses.asdict(config), last_event_ns=last_event_ns, source=source
+    )
     for key, value in extra.items():
         if value is None:
             state.pop(key, None)
@@ -220,12 +232,21 @@ def _build_config(
 
 
 def _bar(total: int, unit: str, quiet: bool, desc: str) -> tqdm[Any]:
-    return tqdm(total=total, unit=unit, unit_scale=True, desc=desc, file=sys.stderr,
-                disable=quiet or not sys.stderr.isatty(), leave=False, dynamic_ncols=True)
+    return tqdm(
+        total=total,
+        unit=unit,
+        unit_scale=True,
+        desc=desc,
+        file=sys.stderr,
+        disable=quiet or not sys.stderr.isatty(),
+        leave=False,
+        dynamic_ncols=True,
+    )
 
 
-def _with_progress(rows: Iterable[EventRow], bar: tqdm[Any],
-                   position: Any = None) -> Iterator[EventRow]:
+def _with_progress(
+    rows: Iterable[EventRow], bar: tqdm[Any], position: Any = None
+) -> Iterator[EventRow]:
     """Yield ``rows``, moving ``bar`` every few rows (to ``position()``, the bytes of
     the file read, or by count) and showing the rows so far beside it."""
     n = 0
@@ -255,8 +276,16 @@ def _write_scores(path: Path, rows: Iterable[tuple[str, int, int, float, int, fl
             writer = csv.writer(fh, lineterminator="\n")
             writer.writerow(SCORES_HEADER)
             for cohort, entity_id, signal_type, score, count, weight in rows:
-                writer.writerow((cohort, entity_id, signal_type, repr(float(score)), int(count),
-                                 repr(float(weight))))
+                writer.writerow(
+                    (
+                        cohort,
+                        entity_id,
+                        signal_type,
+                        repr(float(score)),
+                        int(count),
+                        repr(float(weight)),
+                    )
+                )
                 n += 1
     except OSError as exc:
         _fail(f"cannot write {path}: {exc}", EXIT_BAD_INPUT)
@@ -272,8 +301,9 @@ def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tidal_actors", prog_name="tidal-actors")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-              help=TOP_DATA_DIR_HELP)
+@click.option(
+    "--data-dir", type=click.Path(file_okay=False, path_type=Path), help=TOP_DATA_DIR_HELP
+)
 def cli(data_dir: Path | None) -> None:
     """tidal-actors: replay engagement logs, inspect a store, run simulations.
 
@@ -285,39 +315,77 @@ def cli(data_dir: Path | None) -> None:
 
 
 @cli.command()
-@click.argument("events", metavar="EVENTS.csv",
-                type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Store the state here (created if absent) instead of an ephemeral store. "
-                   "It must be new or empty, or hold a store and --append be given.")
-@click.option("--append", is_flag=True,
-              help="Add the log to the store already in --data-dir (its settings are kept). "
-                   "Without it such a directory is refused: replaying a log into a store "
-                   "that holds it applies every row again.")
-@click.option("--skip-rows", type=click.IntRange(min=0), default=0, show_default=True,
-              metavar="N",
-              help="Skip the first N rows of the log (rows as the summary counts them), e.g. "
-                   "to go on after a stopped replay with --append.")
-@click.option("--config", "config_file",
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Settings file (as config/default.toml). Default: the data directory's "
-                   "settings from an earlier run, else the defaults.")
-@click.option("--half-life", metavar="DURATION", callback=_duration,
-              help="Decay half-life, e.g. 7d (overrides --config).")
-@click.option("--window-width", metavar="DURATION", callback=_duration,
-              help="Window bucket width, e.g. 1h.")
-@click.option("--window-buckets", type=click.IntRange(min=1), metavar="N",
-              help="Buckets per window read.")
-@click.option("--at", "at_text", metavar="TIME", callback=_time_point,
-              help=f"Read --scores-out at this time: {FORMS}. Default: the log's last ts_ns "
-                   "(an offset is from it).")
-@click.option("--scores-out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write every aggregate row (cohort, entity, type) as CSV here.")
-@click.option("--report-out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write counts and timing as JSON here.")
+@click.argument(
+    "events", metavar="EVENTS.csv", type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Store the state here (created if absent) instead of an ephemeral store. "
+    "It must be new or empty, or hold a store and --append be given.",
+)
+@click.option(
+    "--append",
+    is_flag=True,
+    help="Add the log to the store already in --data-dir (its settings are kept). "
+    "Without it such a directory is refused: replaying a log into a store "
+    "that holds it applies every row again.",
+)
+@click.option(
+    "--skip-rows",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="Skip the first N rows of the log (rows as the summary counts them), e.g. "
+    "to go on after a stopped replay with --append.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Settings file (as config/default.toml). Default: the data directory's "
+    "settings from an earlier run, else the defaults.",
+)
+@click.option(
+    "--half-life",
+    metavar="DURATION",
+    callback=_duration,
+    help="Decay half-life, e.g. 7d (overrides --config).",
+)
+@click.option(
+    "--window-width", metavar="DURATION", callback=_duration, help="Window bucket width, e.g. 1h."
+)
+@click.option(
+    "--window-buckets", type=click.IntRange(min=1), metavar="N", help="Buckets per window read."
+)
+@click.option(
+    "--at",
+    "at_text",
+    metavar="TIME",
+    callback=_time_point,
+    help=f"Read --scores-out at this time: {FORMS}. Default: the log's last ts_ns "
+    "(an offset is from it).",
+)
+@click.option(
+    "--scores-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write every aggregate row (cohort, entity, type) as CSV here.",
+)
+@click.option(
+    "--report-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write counts and timing as JSON here.",
+)
 @click.option("--skip-invalid", is_flag=True, help="Skip and count bad rows instead of stopping.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=1024, show_default=True,
-              metavar="N", help="Longest run of signals sent in one signal_batch call.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=1024,
+    show_default=True,
+    metavar="N",
+    help="Longest run of signals sent in one signal_batch call.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.pass_context
 def replay(
@@ -374,11 +442,15 @@ def replay(
                 started = time.perf_counter()
                 # rows are not known before the end: the bar is the file's bytes read
                 with _bar(size, "B", quiet, f"{events.name}: bytes of the file read") as bar:
-                    feed = RowFeed(_with_progress(reader, bar, lambda: reader.bytes_read),
-                                   skip_rows, stop.requested)
+                    feed = RowFeed(
+                        _with_progress(reader, bar, lambda: reader.bytes_read),
+                        skip_rows,
+                        stop.requested,
+                    )
                     try:
-                        apply_events(db, feed, clock, batch_size=batch_size, counts=counts,
-                                     rebuilds=rebuilds)
+                        apply_events(
+                            db, feed, clock, batch_size=batch_size, counts=counts, rebuilds=rebuilds
+                        )
                     except EventLogError as exc:
                         error = exc
                 complete = error is None and not feed.cut and not feed.short
@@ -388,8 +460,13 @@ def replay(
                         # the rebuilds still due run now, each at its due event time: the
                         # scores written and the store left do not depend on the replay's speed
                         last = state.get("last_event_ns")
-                        end = counts.max_ts_ns if counts.max_ts_ns is not None else \
-                            last if isinstance(last, int) else clock.now_ns()
+                        end = (
+                            counts.max_ts_ns
+                            if counts.max_ts_ns is not None
+                            else last
+                            if isinstance(last, int)
+                            else clock.now_ns()
+                        )
                         rebuilds.finish(db, clock, end)
                 elapsed = time.perf_counter() - started
                 after = dict(db.stats())
@@ -400,11 +477,21 @@ def replay(
                         scores_written = _write_scores(scores_out, db.aggregate_rows(at))
             next_skip = skip_rows + counts.rows
             if data_dir is not None:
-                stopped = None if complete else {
-                    "after_rows": next_skip, "why": "bad row" if error else
-                    "interrupted" if feed.cut else "short log"}
-                _write_state(data_dir, config, counts.max_ts_ns, source,
-                             **{PENDING_KEY: rebuilds.pending(), "stopped": stopped})
+                stopped = (
+                    None
+                    if complete
+                    else {
+                        "after_rows": next_skip,
+                        "why": "bad row" if error else "interrupted" if feed.cut else "short log",
+                    }
+                )
+                _write_state(
+                    data_dir,
+                    config,
+                    counts.max_ts_ns,
+                    source,
+                    **{PENDING_KEY: rebuilds.pending(), "stopped": stopped},
+                )
         except OSError as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
         except InvalidArgument as exc:
@@ -443,50 +530,90 @@ def replay(
         _write_json(report_out, report)
 
     out = click.echo
-    verb = "stopped at a bad row after" if error else "interrupted after" if feed.cut \
-        else "replayed"
-    out(f"{verb} {plural(counts.rows, 'row')} of {events} in {elapsed:.3f} s"
+    verb = (
+        "stopped at a bad row after" if error else "interrupted after" if feed.cut else "replayed"
+    )
+    out(
+        f"{verb} {plural(counts.rows, 'row')} of {events} in {elapsed:.3f} s"
         + (f" (after skipping the first {feed.skipped:,})" if feed.skipped else "")
-        + (f" ({plural(reader.skipped, 'invalid row')} skipped)" if reader.skipped else ""))
-    out(f"  signals    {counts.signals:>10,}   forwarded {report['forwarded']:,}, "
-        f"gated {report['gated']:,}   ({report['signals_per_s']:,.0f} signals/s)")
-    out(f"  control    assigns {counts.assigns:,}, leaves {counts.leaves:,}, "
-        f"rejoins {counts.rejoins:,}, purges {counts.purges:,}")
-    out(f"  records    {plural(_delta(after, before, 'records'), 'contribution record')}, "
-        f"{report['retracted_records']:,} retracted in {plural(counts.manifests, 'manifest')}")
-    out(f"  event time {_iso(counts.first_ts_ns)} .. {_iso(counts.max_ts_ns)}"
-        + (f"; {plural(counts.back_in_time, 'row')} earlier than the row before "
-           "(applied at their own ts_ns)" if counts.back_in_time else ""))
+        + (f" ({plural(reader.skipped, 'invalid row')} skipped)" if reader.skipped else "")
+    )
+    out(
+        f"  signals    {counts.signals:>10,}   forwarded {report['forwarded']:,}, "
+        f"gated {report['gated']:,}   ({report['signals_per_s']:,.0f} signals/s)"
+    )
+    out(
+        f"  control    assigns {counts.assigns:,}, leaves {counts.leaves:,}, "
+        f"rejoins {counts.rejoins:,}, purges {counts.purges:,}"
+    )
+    out(
+        f"  records    {plural(_delta(after, before, 'records'), 'contribution record')}, "
+        f"{report['retracted_records']:,} retracted in {plural(counts.manifests, 'manifest')}"
+    )
+    out(
+        f"  event time {_iso(counts.first_ts_ns)} .. {_iso(counts.max_ts_ns)}"
+        + (
+            f"; {plural(counts.back_in_time, 'row')} earlier than the row before "
+            "(applied at their own ts_ns)"
+            if counts.back_in_time
+            else ""
+        )
+    )
     for err in reader.skip_errors:
         out(f"  skipped    {err}")
     if reader.skipped > len(reader.skip_errors):
         out(f"  skipped    ... and {reader.skipped - len(reader.skip_errors):,} more")
     if scores_written is not None:
-        out(f"  scores     {plural(scores_written, 'aggregate row')} at {_stamp(at)} -> {scores_out}")
+        out(
+            f"  scores     {plural(scores_written, 'aggregate row')} at {_stamp(at)} -> {scores_out}"
+        )
     if report_out is not None:
         out(f"  report     {report_out}")
-    out(f"  store      {data_dir if data_dir is not None else 'ephemeral'}"
-        + ("" if complete or data_dir is None else
-           f" (flushed and closed; {plural(len(rebuilds.pending()), 'purged cohort')} "
-           "waiting for re-materialization)"))
+    out(
+        f"  store      {data_dir if data_dir is not None else 'ephemeral'}"
+        + (
+            ""
+            if complete or data_dir is None
+            else f" (flushed and closed; {plural(len(rebuilds.pending()), 'purged cohort')} "
+            "waiting for re-materialization)"
+        )
+    )
     if not complete and not feed.short:
         what = f"fix {error.path}:{error.line}, then: " if error is not None else ""
-        out("  to go on   " + (what + go_on_command(
-            events, data_dir, next_skip, skip_invalid, {"--scores-out": scores_out, "--report-out": report_out})
-                               if data_dir is not None else
-                               "nothing was kept (no --data-dir): replay the whole log again"))
+        out(
+            "  to go on   "
+            + (
+                what
+                + go_on_command(
+                    events,
+                    data_dir,
+                    next_skip,
+                    skip_invalid,
+                    {"--scores-out": scores_out, "--report-out": report_out},
+                )
+                if data_dir is not None
+                else "nothing was kept (no --data-dir): replay the whole log again"
+            )
+        )
     accepted = _delta(after, before, "signals")
     if accepted != counts.signals:
-        click.echo(f"tidal-actors: warning: sent {counts.signals} signals, the database "
-                   f"counted {accepted}", err=True)
+        click.echo(
+            f"tidal-actors: warning: sent {counts.signals} signals, the database "
+            f"counted {accepted}",
+            err=True,
+        )
     if error is not None:
         click.echo(f"tidal-actors: error: {error}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     if feed.short:
-        _fail(f"invalid --skip-rows={skip_rows}: the log has only {feed.skipped:,} rows",
-              EXIT_BAD_INPUT)
+        _fail(
+            f"invalid --skip-rows={skip_rows}: the log has only {feed.skipped:,} rows",
+            EXIT_BAD_INPUT,
+        )
     if feed.cut:
-        click.echo(f"tidal-actors: interrupted after {plural(next_skip, 'row')} of {events}", err=True)
+        click.echo(
+            f"tidal-actors: interrupted after {plural(next_skip, 'row')} of {events}", err=True
+        )
         sys.exit(EXIT_INTERRUPTED)
 
 
@@ -499,30 +626,66 @@ cli.add_command(inspect)  # tidal_actors/_cli_inspect.py
 
 
 @cli.command()
-@click.option("--scenario", "scenario_name", metavar="FILE.toml|NAME",
-              help="Scenario file, or a built-in name (default, small, eviction, steady, "
-                   "churn, purge-heavy, restart). Default: the built-in default scenario.")
-@click.option("--scale", type=float, default=1.0, show_default=True, metavar="F",
-              help="Multiply users, entities, signals and the log cap by F (0.01: a quick run).")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Run the runtime on a store here (must be new or empty). A scenario "
-                   "with persistent = true or restart_at uses a temporary one otherwise.")
+@click.option(
+    "--scenario",
+    "scenario_name",
+    metavar="FILE.toml|NAME",
+    help="Scenario file, or a built-in name (default, small, eviction, steady, "
+    "churn, purge-heavy, restart). Default: the built-in default scenario.",
+)
+@click.option(
+    "--scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    metavar="F",
+    help="Multiply users, entities, signals and the log cap by F (0.01: a quick run).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Run the runtime on a store here (must be new or empty). A scenario "
+    "with persistent = true or restart_at uses a temporary one otherwise.",
+)
 @click.option("--seed", type=int, metavar="N", help="Override the scenario's seed.")
-@click.option("--events-out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the generated event log here (replayable).")
-@click.option("--report-out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the run's figures (counts, throughput, latency percentiles, "
-                   "memory, restore time, the timeline, the check) as JSON here.")
-@click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path),
-              metavar="FILE.png",
-              help="Draw throughput and latency over the run (needs the 'plot' extra).")
-@click.option("--verbose", "-v", is_flag=True,
-              help="Also print timings, counters and memory (--report-out has them all).")
+@click.option(
+    "--events-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the generated event log here (replayable).",
+)
+@click.option(
+    "--report-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the run's figures (counts, throughput, latency percentiles, "
+    "memory, restore time, the timeline, the check) as JSON here.",
+)
+@click.option(
+    "--plot",
+    "plot_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE.png",
+    help="Draw throughput and latency over the run (needs the 'plot' extra).",
+)
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="Also print timings, counters and memory (--report-out has them all).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.pass_context
-def simulate(ctx: click.Context, scenario_name: str | None, scale: float, data_dir: Path | None, seed: int | None,
-             events_out: Path | None, report_out: Path | None, plot_out: Path | None,
-             verbose: bool, quiet: bool) -> None:
+def simulate(
+    ctx: click.Context,
+    scenario_name: str | None,
+    scale: float,
+    data_dir: Path | None,
+    seed: int | None,
+    events_out: Path | None,
+    report_out: Path | None,
+    plot_out: Path | None,
+    verbose: bool,
+    quiet: bool,
+) -> None:
     """Generate a seeded scenario, run it measured, and check it against the reference model.
 
     The rows go through the runtime (every call timed: p50/p99/p99.9 of signal
@@ -535,6 +698,7 @@ def simulate(ctx: click.Context, scenario_name: str | None, scale: float, data_d
     import tempfile
 
     from tidal_actors.eventlog.log import write_events
+
     data_dir = data_dir_of(ctx, data_dir)
     from tidal_actors.loadsim.simulate import (
         generate_events,
@@ -553,8 +717,10 @@ def simulate(ctx: click.Context, scenario_name: str | None, scale: float, data_d
         try:  # checked before the run, which can take many minutes
             import matplotlib  # noqa: F401
         except ImportError:
-            _fail("--plot needs matplotlib: pip install -e '.[plot]' "
-                  "(from the repository's folder)", EXIT_BAD_INPUT)
+            _fail(
+                "--plot needs matplotlib: pip install -e '.[plot]' (from the repository's folder)",
+                EXIT_BAD_INPUT,
+            )
     if data_dir is not None and data_dir.exists() and any(data_dir.iterdir()):
         state = _read_state(data_dir) if holds_store(data_dir) else {}
         _fail(simulate_target_refusal(data_dir, state), EXIT_BAD_INPUT)
@@ -589,13 +755,23 @@ def simulate(ctx: click.Context, scenario_name: str | None, scale: float, data_d
             store = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tidal-simulate-")))
             store = store / "store"
         try:
-            result = run_simulation(scenario, open_store, events=events, phase=phase,
-                                    stop=stop.requested)
+            result = run_simulation(
+                scenario, open_store, events=events, phase=phase, stop=stop.requested
+            )
         except Interrupted as exc:  # the store is flushed and closed
             if data_dir is not None:
-                _write_state(data_dir, config, exc.counts.max_ts_ns, source, stopped={
-                    "after_rows": exc.rows, "of_rows": len(events), "why": "interrupted",
-                    "phase": exc.phase})
+                _write_state(
+                    data_dir,
+                    config,
+                    exc.counts.max_ts_ns,
+                    source,
+                    stopped={
+                        "after_rows": exc.rows,
+                        "of_rows": len(events),
+                        "why": "interrupted",
+                        "phase": exc.phase,
+                    },
+                )
             report_interrupted_simulation(exc, len(events), data_dir, store)
             sys.exit(EXIT_INTERRUPTED)
         except InvalidArgument as exc:
@@ -630,8 +806,11 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         closed_pipe()
     except (KeyboardInterrupt, click.exceptions.Abort):  # click turns the first into the second
-        click.echo("tidal-actors: aborted (Ctrl-C again): the store, if any, was not closed; "
-                   "its next open restores everything flushed, as after a crash", err=True)
+        click.echo(
+            "tidal-actors: aborted (Ctrl-C again): the store, if any, was not closed; "
+            "its next open restores everything flushed, as after a crash",
+            err=True,
+        )
         sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as exc:
         exc.show()

@@ -22,8 +22,10 @@ EXIT_CLOSED_PIPE = 141
 """Exit status when standard output's reader went away (``... | head -1``): 128 +
 SIGPIPE, what a shell reports for a Unix tool killed by it."""
 
-TOP_DATA_DIR_HELP = ("The subcommand's data directory (replay, inspect, simulate): the "
-                     "same as --data-dir after the subcommand.")
+TOP_DATA_DIR_HELP = (
+    "The subcommand's data directory (replay, inspect, simulate): the "
+    "same as --data-dir after the subcommand."
+)
 
 
 def closed_pipe() -> NoReturn:
@@ -64,5 +66,6 @@ def data_dir_of(ctx: click.Context, given: Path | None) -> Path | None:
     if len({os.path.abspath(p) for p in found}) > 1:
         raise click.UsageError(
             "--data-dir given twice, with different directories: "
-            + ", ".join(map(str, reversed(found))))
+            + ", ".join(map(str, reversed(found)))
+        )
     return found[0] if found else None

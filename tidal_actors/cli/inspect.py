@@ -45,13 +45,17 @@ __all__ = ["inspect"]
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 ID = click.IntRange(0, 2**64 - 1)
-_DATA_DIR_HELP = ("A data directory written by replay or simulate (required; after the "
-                  "subcommand, or before it: `tidal-actors --data-dir D inspect user 1` and "
-                  "`tidal-actors inspect --data-dir D user 1` work too).")
+_DATA_DIR_HELP = (
+    "A data directory written by replay or simulate (required; after the "
+    "subcommand, or before it: `tidal-actors --data-dir D inspect user 1` and "
+    "`tidal-actors inspect --data-dir D user 1` work too)."
+)
 
-_AT_HELP = (f"Read time: {FORMS}. Default: the last event replayed into the "
-            "directory (while a replay runs, the latest one it has written; the wall "
-            "clock for a store no replay wrote).")
+_AT_HELP = (
+    f"Read time: {FORMS}. Default: the last event replayed into the "
+    "directory (while a replay runs, the latest one it has written; the wall "
+    "clock for a store no replay wrote)."
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -65,14 +69,17 @@ def _cli() -> Any:
 def _data_dir_option(f: F) -> F:
     """``--data-dir`` on a subcommand (it is also accepted before the subcommand)."""
     return click.option(
-        "--data-dir", "data_dir",
-        type=click.Path(exists=True, file_okay=False, path_type=Path), help=_DATA_DIR_HELP,
+        "--data-dir",
+        "data_dir",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        help=_DATA_DIR_HELP,
     )(f)
 
 
 @click.group()
-@click.option("--data-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help=_DATA_DIR_HELP)
+@click.option(
+    "--data-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), help=_DATA_DIR_HELP
+)
 def inspect(data_dir: Path | None) -> None:
     """Read a data directory: its users and cohorts, a user, a cohort's top entities,
     a user's manifests, a purge.
@@ -94,8 +101,7 @@ def _inspected(data_dir: Path | None, at: str | None = None) -> Iterator[tuple[A
     if not data_dir.is_dir():  # given before the subcommand, the path is checked here
         cli._fail(f"{data_dir}: no such directory", EXIT_BAD_INPUT)
     if not any(data_dir.iterdir()):
-        cli._fail(f"{data_dir}: empty directory, not a tidal_actors data directory",
-                  EXIT_BAD_INPUT)
+        cli._fail(f"{data_dir}: empty directory, not a tidal_actors data directory", EXIT_BAD_INPUT)
     if not (data_dir / "tidal.lock").exists() and not (data_dir / cli.STATE_FILE).exists():
         # inspecting must not create a store where there was none
         cli._fail(f"{data_dir}: not a tidal_actors data directory (no tidal.lock)", EXIT_BAD_INPUT)
@@ -114,8 +120,11 @@ def _inspected(data_dir: Path | None, at: str | None = None) -> Iterator[tuple[A
         with cli._open_db(data_dir, from_file or Config(), clock, read_only=True) as db:
             default_at = clock.now_ns()
             latest = getattr(db, "latest_event_ns", None)
-            if not isinstance(last, int) and latest is not None and \
-                    str(state.get("source", "")).startswith(("replay ", "simulate ")):
+            if (
+                not isinstance(last, int)
+                and latest is not None
+                and str(state.get("source", "")).startswith(("replay ", "simulate "))
+            ):
                 default_at = latest  # a replay still running: the event time it has reached
             read_at = default_at if at is None else parse_time(at, "--at", default_at)
             clock.set(read_at)
@@ -133,13 +142,17 @@ def _notes(data_dir: Path, db: Any, writer: int | None, from_file: bool) -> None
     """On standard error: a writer beside the read, settings the store does not record."""
     note = _cli_note
     if writer is not None and hasattr(db, "read_at_ns"):
-        note(f"process {writer} has {data_dir} open: what follows is a consistent snapshot "
-             f"of the store as of its read at {_cli()._iso(db.read_at_ns)}; later writes "
-             "are not shown")
+        note(
+            f"process {writer} has {data_dir} open: what follows is a consistent snapshot "
+            f"of the store as of its read at {_cli()._iso(db.read_at_ns)}; later writes "
+            "are not shown"
+        )
     if not getattr(db, "recorded_settings", True):
         source = f"those of {data_dir / _cli().STATE_FILE}" if from_file else "the default settings"
-        note(f"{data_dir} records no settings (written before stores recorded them): "
-             f"read with {source}, {describe(db.config)}")
+        note(
+            f"{data_dir} records no settings (written before stores recorded them): "
+            f"read with {source}, {describe(db.config)}"
+        )
 
 
 def _cli_note(message: str) -> None:
@@ -153,8 +166,11 @@ def user_ids(db: Any) -> list[int]:
     store = getattr(getattr(db, "_core", None), "store", None)
     if store is not None and hasattr(store, "raw_keys"):
         ids = {decode_key(k)[0] for k in store.raw_keys(Keyspace.USERS)}
-        ids.update(user for user, tag, _ in map(decode_key, store.raw_keys(Keyspace.ITEMS))
-                   if tag == Tag.PURGE_MANIFEST)
+        ids.update(
+            user
+            for user, tag, _ in map(decode_key, store.raw_keys(Keyspace.ITEMS))
+            if tag == Tag.PURGE_MANIFEST
+        )
         return sorted(ids)
     # the reference model (the tests' stand-in): the users it holds state of
     held: set[int] = set()
@@ -182,12 +198,15 @@ def _known_cohorts(db: Any, at: int) -> tuple[Counter[str], Counter[str]]:
 def inspect_users(ctx: click.Context, data_dir: Path | None) -> None:
     """Every user the store holds a record of, with status and cohort count."""
     with _inspected(data_dir_of(ctx, data_dir)) as (db, _):
-        rows = [(u, db.community_layer_status(u).status, len(db.cohorts_of(u)))
-                for u in user_ids(db)]
+        rows = [
+            (u, db.community_layer_status(u).status, len(db.cohorts_of(u))) for u in user_ids(db)
+        ]
     left = sum(1 for _, status, _ in rows if status is MembershipStatus.Left)
     out = click.echo
-    out(f"{plural(len(rows), 'user')}: {len(rows) - left:,} active, {left:,} left "
-        "(users with a cohort, a leave or a manifest)")
+    out(
+        f"{plural(len(rows), 'user')}: {len(rows) - left:,} active, {left:,} left "
+        "(users with a cohort, a leave or a manifest)"
+    )
     width = max([len("user_id")] + [len(str(u)) for u, _, _ in rows])
     out(f"  {'user_id':>{width}}  {'status':<8}{'cohorts':>8}")
     for user, status, n in rows:
@@ -212,10 +231,14 @@ def inspect_user(ctx: click.Context, user_id: int, data_dir: Path | None) -> Non
         manifests = db.list_purge_manifests(user_id)
     out = click.echo
     if not known:
-        out(f"user {user_id}: the store has no record of this user (no cohort, no leave, no "
-            "purge manifest)")
-        out("  a user who only signalled, to @community alone, leaves no record of their own; "
-            "`tidal-actors inspect users` lists the users the store has a record of")
+        out(
+            f"user {user_id}: the store has no record of this user (no cohort, no leave, no "
+            "purge manifest)"
+        )
+        out(
+            "  a user who only signalled, to @community alone, leaves no record of their own; "
+            "`tidal-actors inspect users` lists the users the store has a record of"
+        )
         return
     out(f"user {user_id}")
     out(f"  status         {membership.status.name}")
@@ -223,14 +246,19 @@ def inspect_user(ctx: click.Context, user_id: int, data_dir: Path | None) -> Non
     out(f"  left_at_ns     {stamp(left)}")
     out(f"  leave history  {plural(len(history), 'epoch')}")
     for epoch in history:
-        rejoined = "still left" if epoch.rejoined_at_ns is None else \
-            f"rejoined {stamp(epoch.rejoined_at_ns)}"
+        rejoined = (
+            "still left"
+            if epoch.rejoined_at_ns is None
+            else f"rejoined {stamp(epoch.rejoined_at_ns)}"
+        )
         out(f"    left {stamp(epoch.left_at_ns)}  {rejoined}")
     out(f"  cohorts        {', '.join(cohorts) if cohorts else '(none)'}")
     out(f"  manifests      {len(manifests):,}")
     for m in manifests:
-        out(f"    {m.purge_id}  cohort {m.cohort}  created {stamp(m.created_at_ns)}  "
-            f"{plural(len(m.entries), 'entry', 'entries')}, {m.evicted} evicted")
+        out(
+            f"    {m.purge_id}  cohort {m.cohort}  created {stamp(m.created_at_ns)}  "
+            f"{plural(len(m.entries), 'entry', 'entries')}, {m.evicted} evicted"
+        )
 
 
 @inspect.command("cohorts")
@@ -243,8 +271,10 @@ def inspect_cohorts(ctx: click.Context, at_text: str | None, data_dir: Path | No
         keys, members = _known_cohorts(db, at)
     names = sorted(set(keys) | set(members) | {COMMUNITY})
     out = click.echo
-    out(f"{plural(len(names) - 1, 'cohort')} and {COMMUNITY} at {_cli()._stamp(at)} "
-        "(keys: (entity, signal type) pairs with a contribution)")
+    out(
+        f"{plural(len(names) - 1, 'cohort')} and {COMMUNITY} at {_cli()._stamp(at)} "
+        "(keys: (entity, signal type) pairs with a contribution)"
+    )
     out(f"  {'cohort':<32}{'members':>10}{'keys':>10}")
     for name in names:
         shown = "-" if name == COMMUNITY else f"{members[name]:,}"
@@ -253,15 +283,33 @@ def inspect_cohorts(ctx: click.Context, at_text: str | None, data_dir: Path | No
 
 @inspect.command("top")
 @click.argument("cohort")
-@click.option("--type", "signal_type", type=ID, metavar="N",
-              help="Signal type id. Default: every type present in the cohort.")
-@click.option("-k", "k", type=click.IntRange(1, 2**31 - 1), default=10, show_default=True,
-              metavar="K", help="How many entities.")
+@click.option(
+    "--type",
+    "signal_type",
+    type=ID,
+    metavar="N",
+    help="Signal type id. Default: every type present in the cohort.",
+)
+@click.option(
+    "-k",
+    "k",
+    type=click.IntRange(1, 2**31 - 1),
+    default=10,
+    show_default=True,
+    metavar="K",
+    help="How many entities.",
+)
 @click.option("--at", "at_text", metavar="TIME", help=_AT_HELP)
 @_data_dir_option
 @click.pass_context
-def inspect_top(ctx: click.Context, cohort: str, signal_type: int | None, k: int,
-                at_text: str | None, data_dir: Path | None) -> None:
+def inspect_top(
+    ctx: click.Context,
+    cohort: str,
+    signal_type: int | None,
+    k: int,
+    at_text: str | None,
+    data_dir: Path | None,
+) -> None:
     """The k highest entities of COHORT (a name or @community) by decay score.
 
     A cohort the store does not know (no member, no contribution) is an error
@@ -280,14 +328,21 @@ def inspect_top(ctx: click.Context, cohort: str, signal_type: int | None, k: int
             if cohort not in keys and cohort not in members:
                 unknown = sorted(set(keys) | set(members) | {COMMUNITY})
         types = [signal_type] if signal_type is not None else present
-        tops = [] if unknown is not None else \
-            [(t, db.top_entities(cohort, t, k, at)) for t in types]
+        tops = (
+            [] if unknown is not None else [(t, db.top_entities(cohort, t, k, at)) for t in types]
+        )
     if unknown is not None:
         close = difflib.get_close_matches(cohort, unknown, n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else \
-            "; `tidal-actors inspect cohorts` lists them"
-        cli._fail(f"invalid cohort={cohort!r}: no such cohort in {data_dir_of(ctx, data_dir)} "
-                  f"(no member, no contribution){hint}", EXIT_BAD_INPUT)
+        hint = (
+            f"; did you mean {', '.join(map(repr, close))}?"
+            if close
+            else "; `tidal-actors inspect cohorts` lists them"
+        )
+        cli._fail(
+            f"invalid cohort={cohort!r}: no such cohort in {data_dir_of(ctx, data_dir)} "
+            f"(no member, no contribution){hint}",
+            EXIT_BAD_INPUT,
+        )
     out = click.echo
     out(f"cohort {cohort} at {cli._stamp(at)}")
     if not types:
@@ -307,8 +362,11 @@ def inspect_manifests(ctx: click.Context, user_id: int, data_dir: Path | None) -
     stamp = _cli()._stamp
     with _inspected(data_dir_of(ctx, data_dir)) as (db, _):
         manifests = db.list_purge_manifests(user_id)
-        statuses = {m.purge_id: db.purge_status(m.purge_id) for m in manifests} \
-            if hasattr(db, "purge_status") else {}
+        statuses = (
+            {m.purge_id: db.purge_status(m.purge_id) for m in manifests}
+            if hasattr(db, "purge_status")
+            else {}
+        )
     out = click.echo
     out(f"user {user_id}: {plural(len(manifests), 'manifest')}")
     for m in manifests:
@@ -319,18 +377,26 @@ def inspect_manifests(ctx: click.Context, user_id: int, data_dir: Path | None) -
         if m.purge_id in statuses:
             out(f"  status      {_purge_state(statuses[m.purge_id])}")
         for e in m.entries:
-            out(f"    entity {e.entity_id}  type {e.signal_type_id}  weight {e.weight!r}  "
-                f"ts {stamp(e.timestamp_ns)}")
+            out(
+                f"    entity {e.entity_id}  type {e.signal_type_id}  weight {e.weight!r}  "
+                f"ts {stamp(e.timestamp_ns)}"
+            )
 
 
 def _purge_state(st: Any) -> str:
     stamp = _cli()._stamp
     if st.rematerialized:
         more = st.excluded_by_rematerialization
-        return (f"retracted live {st.retracted_live}, re-materialized at "
-                f"{stamp(st.rematerialized_at_ns)}"
-                + (f"; the rebuild also left out {plural(more, 'record')} the log no longer "
-                   "held (evicted before the purge, read from the history)" if more else ""))
+        return (
+            f"retracted live {st.retracted_live}, re-materialized at "
+            f"{stamp(st.rematerialized_at_ns)}"
+            + (
+                f"; the rebuild also left out {plural(more, 'record')} the log no longer "
+                "held (evicted before the purge, read from the history)"
+                if more
+                else ""
+            )
+        )
     return f"retracted live {st.retracted_live}, re-materialization pending"
 
 

@@ -27,9 +27,17 @@ def bar(total: int | None, unit: str, quiet: bool, desc: str) -> tqdm[Any]:
     # a phase that cannot be counted shows the time it has taken; counts below 100k
     # read best as they are (tqdm's unit scale writes 3 as 3.00)
     fmt = "{desc}: {elapsed}" if total is None else None
-    return tqdm(total=total, unit=unit, unit_scale=total is not None and total >= 100_000,
-                desc=desc, file=sys.stderr, bar_format=fmt,
-                disable=quiet or not sys.stderr.isatty(), leave=False, dynamic_ncols=True)
+    return tqdm(
+        total=total,
+        unit=unit,
+        unit_scale=total is not None and total >= 100_000,
+        desc=desc,
+        file=sys.stderr,
+        bar_format=fmt,
+        disable=quiet or not sys.stderr.isatty(),
+        leave=False,
+        dynamic_ncols=True,
+    )
 
 
 def phase_bars(quiet: bool, prefix: str = "") -> PhaseFn:

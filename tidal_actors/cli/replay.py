@@ -66,19 +66,25 @@ def check_replay_target(data_dir: Path | None, append: bool) -> None:
     if not holds_store(data_dir):
         raise click.BadParameter(
             f"{str(data_dir)!r} is not empty and holds no tidal_actors store (it holds other "
-            "files)" + (", so there is no store to --append to" if append else "")
-            + ". Replay into a new or empty directory.", param_hint="'--data-dir'")
+            "files)"
+            + (", so there is no store to --append to" if append else "")
+            + ". Replay into a new or empty directory.",
+            param_hint="'--data-dir'",
+        )
     if append:
         return
     raise click.BadParameter(
         f"{str(data_dir)!r} already holds a tidal_actors store: replaying into it applies "
         "the log on top of what it holds (every signal, leave and purge again, scores "
         "doubled for a log replayed twice). Pass --append to add this log to it, or "
-        "choose a new or empty directory.", param_hint="'--data-dir'")
+        "choose a new or empty directory.",
+        param_hint="'--data-dir'",
+    )
 
 
-def rebuilds_from_state(rematerialize_after_ms: float | None,
-                        state: Mapping[str, Any]) -> EventTimeRebuilds:
+def rebuilds_from_state(
+    rematerialize_after_ms: float | None, state: Mapping[str, Any]
+) -> EventTimeRebuilds:
     """The replay's re-materialization schedule: the configured delay (float ms, or
     None: at the end only), and the cohorts a stopped replay left waiting in
     ``state`` (the settings file's mapping; ``{}`` for a new store).
@@ -132,17 +138,27 @@ class RowFeed:
         return not self.cut and self.skipped < self.skip
 
 
-def go_on_command(events: Path, data_dir: Path, next_skip: int, skip_invalid: bool = False,
-                  outputs: Mapping[str, Path | None] | None = None) -> str:
+def go_on_command(
+    events: Path,
+    data_dir: Path,
+    next_skip: int,
+    skip_invalid: bool = False,
+    outputs: Mapping[str, Path | None] | None = None,
+) -> str:
     """The command that applies the rest of ``events`` to ``data_dir`` after a replay
     stopped with ``next_skip`` rows (int) applied to it in all. ``skip_invalid``: the
     replay skipped invalid rows, so ``next_skip`` counts valid rows only, and the rest
     must be read the same way. ``outputs``: option -> path (``--scores-out``,
     ``--report-out``) the stopped replay was asked to write, which the rest writes."""
-    extra = "".join(f" {opt} {shlex.quote(str(p))}" for opt, p in (outputs or {}).items() if p is not None)
-    return (f"tidal-actors replay {shlex.quote(str(events))} --data-dir "
-            f"{shlex.quote(str(data_dir))} --skip-rows {next_skip} --append"
-            + (" --skip-invalid" if skip_invalid else "") + extra)
+    extra = "".join(
+        f" {opt} {shlex.quote(str(p))}" for opt, p in (outputs or {}).items() if p is not None
+    )
+    return (
+        f"tidal-actors replay {shlex.quote(str(events))} --data-dir "
+        f"{shlex.quote(str(data_dir))} --skip-rows {next_skip} --append"
+        + (" --skip-invalid" if skip_invalid else "")
+        + extra
+    )
 
 
 def simulate_target_refusal(data_dir: Path, state: Mapping[str, Any]) -> str:
@@ -154,35 +170,54 @@ def simulate_target_refusal(data_dir: Path, state: Mapping[str, Any]) -> str:
         held = f": it holds the store of `tidal-actors {source}`"
         if isinstance(stopped, dict) and isinstance(stopped.get("after_rows"), int):
             of = stopped.get("of_rows")
-            held += (f", interrupted after {stopped['after_rows']:,}"
-                     + (f" of {of:,}" if isinstance(of, int) else "")
-                     + (" row" if (of if isinstance(of, int) else stopped["after_rows"]) == 1 else " rows"))
-    return (f"--data-dir {data_dir} is not empty{held}. simulate needs a new or empty "
-            "directory (its check compares the store with a reference model that starts "
-            "empty, and a simulation cannot be resumed): choose another directory or "
-            f"delete this one; `tidal-actors inspect --data-dir {data_dir} ...` reads it")
+            held += (
+                f", interrupted after {stopped['after_rows']:,}"
+                + (f" of {of:,}" if isinstance(of, int) else "")
+                + (
+                    " row"
+                    if (of if isinstance(of, int) else stopped["after_rows"]) == 1
+                    else " rows"
+                )
+            )
+    return (
+        f"--data-dir {data_dir} is not empty{held}. simulate needs a new or empty "
+        "directory (its check compares the store with a reference model that starts "
+        "empty, and a simulation cannot be resumed): choose another directory or "
+        f"delete this one; `tidal-actors inspect --data-dir {data_dir} ...` reads it"
+    )
 
 
-def report_interrupted_simulation(exc: Any, total_rows: int, data_dir: Path | None,
-                                  store: Path | None) -> None:
+def report_interrupted_simulation(
+    exc: Any, total_rows: int, data_dir: Path | None, store: Path | None
+) -> None:
     """Print what an interrupted ``simulate`` did (``exc``: an ``Interrupted`` with
     the counts; ``total_rows``: the scenario's rows) and where its store is."""
     c = exc.counts
     out = click.echo
     if exc.phase == "check":
-        out(f"interrupted before the check: all {plural(exc.rows, 'row')} applied, not compared "
-            "with the reference model")
+        out(
+            f"interrupted before the check: all {plural(exc.rows, 'row')} applied, not compared "
+            "with the reference model"
+        )
     else:
         out(f"interrupted after {exc.rows:,} of {plural(total_rows, 'row')}")
     if c is not None:
-        out(f"  applied    {plural(c.signals, 'signal')}, {plural(c.assigns, 'assign')}, "
-            f"{plural(c.leaves, 'leave')}, {plural(c.rejoins, 'rejoin')}, {plural(c.purges, 'purge')}")
+        out(
+            f"  applied    {plural(c.signals, 'signal')}, {plural(c.assigns, 'assign')}, "
+            f"{plural(c.leaves, 'leave')}, {plural(c.rejoins, 'rejoin')}, {plural(c.purges, 'purge')}"
+        )
     if data_dir is not None:
-        out(f"  store      {data_dir} (flushed and closed; `tidal-actors inspect --data-dir "
-            f"{shlex.quote(str(data_dir))} ...` reads it)")
-        out("  to go on   a simulation cannot be resumed: run it again with a new or empty "
-            "--data-dir")
+        out(
+            f"  store      {data_dir} (flushed and closed; `tidal-actors inspect --data-dir "
+            f"{shlex.quote(str(data_dir))} ...` reads it)"
+        )
+        out(
+            "  to go on   a simulation cannot be resumed: run it again with a new or empty "
+            "--data-dir"
+        )
     else:
-        out(f"  store      {'temporary, deleted' if store is not None else 'ephemeral'}: "
-            "nothing was kept")
+        out(
+            f"  store      {'temporary, deleted' if store is not None else 'ephemeral'}: "
+            "nothing was kept"
+        )
     click.echo(f"tidal-actors: interrupted after {plural(exc.rows, 'row')}", err=True)

@@ -18,9 +18,11 @@ from tidal_actors._errors import InvalidArgument
 
 __all__ = ["FORMS", "parse_time"]
 
-FORMS = ("integer ns since the epoch, a UTC date or date-time (2018-08-30, "
-         "2018-08-30T14:55:23Z, '2018-08-30 14:55:23.830 UTC'), or an offset from the "
-         "default read time (-1d, +90m)")
+FORMS = (
+    "integer ns since the epoch, a UTC date or date-time (2018-08-30, "
+    "2018-08-30T14:55:23Z, '2018-08-30 14:55:23.830 UTC'), or an offset from the "
+    "default read time (-1d, +90m)"
+)
 _MAX_NS = 2**63 - 1
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
@@ -51,7 +53,9 @@ def parse_time(text: str, field: str = "--at", default_ns: int | None = None) ->
     else:
         ns = _from_date(raw, field, text)
     if not 0 <= ns <= _MAX_NS:
-        raise InvalidArgument(field, text, "must fall between 1970 and 2262 (int64 ns since the epoch)")
+        raise InvalidArgument(
+            field, text, "must fall between 1970 and 2262 (int64 ns since the epoch)"
+        )
     return ns
 
 

@@ -92,10 +92,19 @@ KEY_COLUMNS: dict[str, Any] = {
 # (4.7e-10 at 22) is summed again from its detail rows (`Aggregates.retract_rows`)
 REFOLD_AT = 22.0
 _DETAIL = (("dk", "I"), ("dt", "q"), ("dw", "f"), ("du", "Q"), ("dm", "B"), ("dr", "q"))
-_DETAIL_DTYPES = {"dk": np.uint32, "dt": np.int64, "dw": np.float32, "du": np.uint64, "dm": np.uint8, "dr": np.int64}
+_DETAIL_DTYPES = {
+    "dk": np.uint32,
+    "dt": np.int64,
+    "dw": np.float32,
+    "du": np.uint64,
+    "dm": np.uint8,
+    "dr": np.int64,
+}
 
 
-def _gain(before: npt.NDArray[np.float64], after: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+def _gain(
+    before: npt.NDArray[np.float64], after: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
     """log2(before / after) of subtractions on non-negative sums: how much each
     amplified the relative rounding error; inf when ``after`` is 0 or less and
     ``before`` was not (total cancellation), 0 when nothing was there."""
@@ -127,9 +136,24 @@ class Aggregates:
     """
 
     __slots__ = (
-        "_cap", "_cid", "_hl", "_hl_cache", "_n", "_nkeys", "_width", "cohort_names", "cohorts",
-        "index", "older", "phys_base", "row_base", "settled", "settled_detail", "settled_upto",
-        *KEY_COLUMNS, *(name for name, _ in _DETAIL),
+        "_cap",
+        "_cid",
+        "_hl",
+        "_hl_cache",
+        "_n",
+        "_nkeys",
+        "_width",
+        "cohort_names",
+        "cohorts",
+        "index",
+        "older",
+        "phys_base",
+        "row_base",
+        "settled",
+        "settled_detail",
+        "settled_upto",
+        *KEY_COLUMNS,
+        *(name for name, _ in _DETAIL),
     )
 
     # the per-key columns (`KEY_COLUMNS`), set in __init__ and grown by _reserve
@@ -203,7 +227,9 @@ class Aggregates:
         """A numpy view of the held rows of detail column ``name`` (``dk`` .. ``dr``):
         index it with ``row - row_base``. No view may outlive a call that adds or
         settles rows."""
-        return np.frombuffer(getattr(self, name), dtype=_DETAIL_DTYPES[name])[self.row_base - self.phys_base :]
+        return np.frombuffer(getattr(self, name), dtype=_DETAIL_DTYPES[name])[
+            self.row_base - self.phys_base :
+        ]
 
     def half_life(self, stype: int) -> int:
         h = self._hl_cache.get(stype)
@@ -225,7 +251,13 @@ class Aggregates:
         """``(cohort, entity, type)`` of every key id allotted so far, in id order."""
         n = self._nkeys
         names = self.cohort_names
-        return list(zip(map(names.__getitem__, self.KC[:n].tolist()), self.KE[:n].tolist(), self.KT[:n].tolist()))
+        return list(
+            zip(
+                map(names.__getitem__, self.KC[:n].tolist()),
+                self.KE[:n].tolist(),
+                self.KT[:n].tolist(),
+            )
+        )
 
     def _reserve(self, n: int) -> None:
         if n <= self._cap:
@@ -265,9 +297,15 @@ class Aggregates:
         return self.add_columns(*zip(*records))
 
     def add_columns(
-        self, ms: int | Sequence[int], rs: Sequence[int] | np.ndarray, us: Sequence[int] | np.ndarray,
-        cs: Sequence[str], es: Sequence[int] | np.ndarray, types: Sequence[int] | np.ndarray,
-        ws: Sequence[float] | np.ndarray, tss: Sequence[int] | np.ndarray,
+        self,
+        ms: int | Sequence[int],
+        rs: Sequence[int] | np.ndarray,
+        us: Sequence[int] | np.ndarray,
+        cs: Sequence[str],
+        es: Sequence[int] | np.ndarray,
+        types: Sequence[int] | np.ndarray,
+        ws: Sequence[float] | np.ndarray,
+        tss: Sequence[int] | np.ndarray,
     ) -> range:
         """`add_many` on columns (the ledger's hot path: a membership shard's batch).
 
@@ -316,13 +354,23 @@ class Aggregates:
         self.dt.frombytes(ts.tobytes())
         self.dw.frombytes(w.astype(np.float32).tobytes())
         self.du.frombytes(np.asarray(us, dtype=np.uint64).tobytes())
-        self.dm.frombytes(bytes([ms]) * n if isinstance(ms, int) else np.asarray(ms, dtype=np.uint8).tobytes())
+        self.dm.frombytes(
+            bytes([ms]) * n if isinstance(ms, int) else np.asarray(ms, dtype=np.uint8).tobytes()
+        )
         self.dr.frombytes(np.asarray(rs, dtype=np.int64).tobytes())
         return range(first, first + n)
 
     def load_columns(
-        self, ms: np.ndarray, rs: np.ndarray, us: np.ndarray, cids: np.ndarray, names: Sequence[str],
-        es: np.ndarray, types: np.ndarray, ws: np.ndarray, tss: np.ndarray,
+        self,
+        ms: np.ndarray,
+        rs: np.ndarray,
+        us: np.ndarray,
+        cids: np.ndarray,
+        names: Sequence[str],
+        es: np.ndarray,
+        types: np.ndarray,
+        ws: np.ndarray,
+        tss: np.ndarray,
     ) -> None:
         """Rebuild empty aggregates from a replayed history, in bulk (restore).
 
@@ -359,8 +407,9 @@ class Aggregates:
             code = (cids * len(ut) + tinv) * len(ue) + einv
             _, first, inv = np.unique(code, return_index=True, return_inverse=True)
         else:
-            _, first, inv = np.unique(np.stack([cids, tinv, einv], axis=1), axis=0,
-                                      return_index=True, return_inverse=True)
+            _, first, inv = np.unique(
+                np.stack([cids, tinv, einv], axis=1), axis=0, return_index=True, return_inverse=True
+            )
         inv = inv.reshape(-1)
         g = len(first)
         by_first = np.argsort(first, kind="stable")
@@ -420,8 +469,12 @@ class Aggregates:
             tmax = np.maximum.reduceat(to, starts)
             older = self.older
             for k, bb, cn, sw, sf, st in zip(
-                ko[starts].tolist(), bo[starts].tolist(), counts.tolist(), wsum.tolist(),
-                fsum.tolist(), tmax.tolist(),
+                ko[starts].tolist(),
+                bo[starts].tolist(),
+                counts.tolist(),
+                wsum.tolist(),
+                fsum.tolist(),
+                tmax.tolist(),
             ):
                 older.setdefault(k, {})[bb] = (cn, sw, sf, st)
         if not every:
@@ -437,7 +490,11 @@ class Aggregates:
         self.dr.frombytes(np.asarray(rs, dtype=np.int64).tobytes())
 
     def _new_keys(
-        self, kids: list[Any], cs: Sequence[str], es: Sequence[int], types: Sequence[int],
+        self,
+        kids: list[Any],
+        cs: Sequence[str],
+        es: Sequence[int],
+        types: Sequence[int],
         tss: Sequence[int] | np.ndarray,
     ) -> None:
         """Give ids to the keys not seen yet (``None`` in ``kids``), columns set in bulk."""
@@ -497,7 +554,12 @@ class Aggregates:
         elif b > cb:  # the latest bucket moves to ``older``; the new one is the latest
             cn = int(self.CN[k])
             if cn:
-                self.older.setdefault(k, {})[cb] = (cn, float(self.CW[k]), float(self.CFD[k]), int(self.CTM[k]))
+                self.older.setdefault(k, {})[cb] = (
+                    cn,
+                    float(self.CW[k]),
+                    float(self.CFD[k]),
+                    int(self.CTM[k]),
+                )
             self.CB[k] = b
             self.CN[k] = 1
             self.CW[k] = w
@@ -520,7 +582,7 @@ class Aggregates:
         ``AMP`` grows by ``log2(1 + |d| ln 2)`` (see `retract_rows`)."""
         d = (int(self.L[k]) - new_landmark) / h
         self.AMP[k] += math.log2(1.0 + abs(d) * math.log(2.0))
-        factor = 2.0 ** d
+        factor = 2.0**d
         self.S[k] *= factor
         self.CFD[k] *= factor
         older = self.older.get(k)
@@ -581,8 +643,13 @@ class Aggregates:
             # decayed to the group's latest timestamp: every factor <= 1, no overflow
             fd = w * np.exp2((t - np.repeat(hi, counts)) / np.repeat(h, counts))
             self.settled.add(
-                k[starts].tolist(), b[starts].tolist(), counts.tolist(), np.add.reduceat(w, starts).tolist(),
-                np.add.reduceat(fd, starts).tolist(), np.minimum.reduceat(t, starts).tolist(), hi.tolist(),
+                k[starts].tolist(),
+                b[starts].tolist(),
+                counts.tolist(),
+                np.add.reduceat(w, starts).tolist(),
+                np.add.reduceat(fd, starts).tolist(),
+                np.minimum.reduceat(t, starts).tolist(),
+                hi.tolist(),
                 h.tolist(),
             )
         del dk, dm, dr
@@ -647,7 +714,9 @@ class Aggregates:
             return 0
         r = np.asarray(rows, dtype=np.int64) - self.row_base
         if len(r) and int(r.min()) < 0:
-            raise ValueError(f"detail row {int(r.min()) + self.row_base} was settled (held from {self.row_base})")
+            raise ValueError(
+                f"detail row {int(r.min()) + self.row_base} was settled (held from {self.row_base})"
+            )
         dk = self.view("dk")
         k = dk[r].astype(np.int64)
         r, k = r[k != DEAD], k[k != DEAD]
@@ -691,11 +760,17 @@ class Aggregates:
         left = self.CN[uk] > 0
         gain = np.maximum(_gain(before_w, self.CW[uk]), _gain(before_fd, self.CFD[uk]))
         # per key: (largest amplification, and log2 of the most terms, of its buckets)
-        worst: dict[int, tuple[float, float]] = dict(zip(uk.tolist(), zip(
-            np.where(left, gain, 0.0).tolist(), np.log2(np.maximum(before_n, 1)).tolist())))
+        worst: dict[int, tuple[float, float]] = dict(
+            zip(
+                uk.tolist(),
+                zip(np.where(left, gain, 0.0).tolist(), np.log2(np.maximum(before_n, 1)).tolist()),
+            )
+        )
         old = ~cur
         if old.any():
-            for kk, bb, ww, ff in zip(k[old].tolist(), b[old].tolist(), w[old].tolist(), wf[old].tolist()):
+            for kk, bb, ww, ff in zip(
+                k[old].tolist(), b[old].tolist(), w[old].tolist(), wf[old].tolist()
+            ):
                 older = self.older.get(kk)
                 bk = older.get(bb) if older else None
                 if bk is None:
@@ -785,7 +860,12 @@ class Aggregates:
                     older[bb] = (n, math.fsum(ws), math.fsum(fs), tm)
             n, ws, fs, tm = buckets[latest]
             self.CB[kk], self.CN[kk], self.CW[kk], self.CFD[kk], self.CTM[kk] = (
-                latest, n, math.fsum(ws), math.fsum(fs), tm)
+                latest,
+                n,
+                math.fsum(ws),
+                math.fsum(fs),
+                tm,
+            )
             self.S[kk] = math.fsum(every)
             self.TM[kk] = latest_ts
             self.AMP[kk] = 0.0
@@ -805,7 +885,10 @@ class Aggregates:
         dk = self.view("dk")
         dt = self.view("dt")
         idx = np.flatnonzero((dk == k) & (dt >= t_lo) & (dt <= at))
-        terms = [w * 2.0 ** (-(at - t) / h) for t, w in zip(dt[idx].tolist(), self.view("dw")[idx].tolist())]
+        terms = [
+            w * 2.0 ** (-(at - t) / h)
+            for t, w in zip(dt[idx].tolist(), self.view("dw")[idx].tolist())
+        ]
         del dk, dt
         width = self._width
         if t_lo > 0:  # one bucket: the read time's
@@ -820,7 +903,9 @@ class Aggregates:
             if hi <= at:
                 terms.append(sf * 2.0 ** (-(at - hi) / h))
             elif self.settled_detail is not None:
-                terms.extend(w * 2.0 ** (-(at - t) / h) for t, w in self.settled_detail(k, start, at))
+                terms.extend(
+                    w * 2.0 ** (-(at - t) / h) for t, w in self.settled_detail(k, start, at)
+                )
         return terms
 
     # -- reads ----------------------------------------------------------------------
@@ -830,7 +915,9 @@ class Aggregates:
         out: list[Bucket] = []
         cn = int(self.CN[k])
         if cn:
-            out.append((int(self.CB[k]), cn, float(self.CW[k]), float(self.CFD[k]), int(self.CTM[k])))
+            out.append(
+                (int(self.CB[k]), cn, float(self.CW[k]), float(self.CFD[k]), int(self.CTM[k]))
+            )
         older = self.older.get(k)
         if older:
             out.extend((b, bk[0], bk[1], bk[2], bk[3]) for b, bk in older.items())
@@ -926,9 +1013,14 @@ class Aggregates:
         weights = np.where(inside & (cw > 0.0), cw, 0.0).tolist()
         older = self.older
         names = self.cohort_names
-        for i, (k, c_id, entity, stype) in enumerate(zip(
-            ks.tolist(), self.KC[ks].tolist(), self.KE[ks].tolist(), self.KT[ks].tolist(),
-        )):
+        for i, (k, c_id, entity, stype) in enumerate(
+            zip(
+                ks.tolist(),
+                self.KC[ks].tolist(),
+                self.KE[ks].tolist(),
+                self.KT[ks].tolist(),
+            )
+        ):
             if k in older:
                 c, w = self._window(k, at)
             else:
@@ -940,7 +1032,10 @@ class Aggregates:
         ``settled_buckets`` (per key and bucket with settled contributions),
         ``key_columns``, ``key_index`` (the dict, the key table, each key's tuple and
         ints) and ``older_buckets`` (per key with earlier buckets)."""
-        detail = sum(getattr(self, name).buffer_info()[1] * getattr(self, name).itemsize for name, _ in _DETAIL)
+        detail = sum(
+            getattr(self, name).buffer_info()[1] * getattr(self, name).itemsize
+            for name, _ in _DETAIL
+        )
         columns = sum(getattr(self, name).nbytes for name in KEY_COLUMNS)
         size = sys.getsizeof
         index = size(self.index) + sum(map(size, self.index))
@@ -949,10 +1044,18 @@ class Aggregates:
         older = size(self.older)
         for k, buckets in self.older.items():
             older += size(buckets) + (size(k) if k > 256 else 0)
-            older += sum(size(b) + size(bk) + size(bk[1]) + size(bk[2]) + size(bk[3]) for b, bk in buckets.items())
+            older += sum(
+                size(b) + size(bk) + size(bk[1]) + size(bk[2]) + size(bk[3])
+                for b, bk in buckets.items()
+            )
         settled = self.settled.nbytes()
-        return {"detail_rows": detail, "key_columns": columns, "key_index": index, "older_buckets": older,
-                "settled_buckets": settled}
+        return {
+            "detail_rows": detail,
+            "key_columns": columns,
+            "key_index": index,
+            "older_buckets": older,
+            "settled_buckets": settled,
+        }
 
     def key_count(self) -> int:
         """Number of live keys over all cohorts."""
@@ -985,7 +1088,9 @@ class Aggregates:
                 if getattr(self, name)[a] != getattr(other, name)[b]:
                     return False
             at = max(int(self.TM[a]), int(other.TM[b]))
-            if not math.isclose(self._score(a, at), other._score(b, at), rel_tol=1e-9, abs_tol=1e-300):
+            if not math.isclose(
+                self._score(a, at), other._score(b, at), rel_tol=1e-9, abs_tol=1e-300
+            ):
                 return False
             wa = {x[0]: (x[1], x[2], x[4]) for x in self._buckets(a)}
             wb = {x[0]: (x[1], x[2], x[4]) for x in other._buckets(b)}
@@ -997,7 +1102,9 @@ class Aggregates:
                     return False
         return True
 
-    def install_cohort(self, cohort: str, other: Aggregates, key_ids: dict[tuple[int, int], int]) -> None:
+    def install_cohort(
+        self, cohort: str, other: Aggregates, key_ids: dict[tuple[int, int], int]
+    ) -> None:
         """Replace ``cohort``'s key states with ``other``'s (re-materialization).
 
         ``key_ids`` maps ``(entity, type)`` to the key id this shard's detail rows
@@ -1034,7 +1141,10 @@ class Aggregates:
             "names": self.cohort_names,
             "n": n,
             "cols": {name: getattr(self, name)[:n].tobytes() for name in KEY_COLUMNS},
-            "detail": {name: getattr(self, name)[self.row_base - self.phys_base :].tobytes() for name, _ in _DETAIL},
+            "detail": {
+                name: getattr(self, name)[self.row_base - self.phys_base :].tobytes()
+                for name, _ in _DETAIL
+            },
             "older_keys": array("q", ob).tobytes(),
             "older": oflat,
             "row_base": self.row_base,
@@ -1062,8 +1172,16 @@ class Aggregates:
         names = self.cohort_names
         self._nkeys = n
         live = np.flatnonzero(self.LIVE[:n])
-        self.index = dict(zip(zip(map(names.__getitem__, self.KC[live].tolist()), self.KE[live].tolist(),
-                                  self.KT[live].tolist()), live.tolist()))
+        self.index = dict(
+            zip(
+                zip(
+                    map(names.__getitem__, self.KC[live].tolist()),
+                    self.KE[live].tolist(),
+                    self.KT[live].tolist(),
+                ),
+                live.tolist(),
+            )
+        )
         counts = np.bincount(self.KC[:n][self.LIVE[:n] != 0], minlength=len(names)).tolist()
         self.cohorts = {names[c]: m for c, m in enumerate(counts) if m}
         ok = array("q")

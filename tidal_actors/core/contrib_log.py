@@ -101,7 +101,9 @@ class ContributionLog:
     def __len__(self) -> int:
         return len(self.d)
 
-    def append_columns(self, users: Sequence[int], cohorts: Sequence[str], rows: Iterable[int]) -> None:
+    def append_columns(
+        self, users: Sequence[int], cohorts: Sequence[str], rows: Iterable[int]
+    ) -> None:
         """Append records, given as columns: their users, their cohorts and their detail
         rows (in order), and index them by (user, cohort)."""
         index = self.index
@@ -118,8 +120,14 @@ class ContributionLog:
                 lst.extend(pack(pos))
 
     def load_columns(
-        self, users: np.ndarray, cids: np.ndarray, names: Sequence[str], rows: np.ndarray,
-        live: np.ndarray, rseqs: np.ndarray, reported: Mapping[tuple[int, str], int],
+        self,
+        users: np.ndarray,
+        cids: np.ndarray,
+        names: Sequence[str],
+        rows: np.ndarray,
+        live: np.ndarray,
+        rseqs: np.ndarray,
+        reported: Mapping[tuple[int, str], int],
     ) -> None:
         """Rebuild the log of an empty shard from its replayed history, in bulk.
 
@@ -164,7 +172,9 @@ class ContributionLog:
         live_before = np.r_[0, np.cumsum(slive)]  # live records before each sorted slot
         buf = pos[order][slive].tobytes()
         index = self.index
-        for a, b, u, c in zip(starts.tolist(), ends.tolist(), su[starts].tolist(), sc[starts].tolist()):
+        for a, b, u, c in zip(
+            starts.tolist(), ends.tolist(), su[starts].tolist(), sc[starts].tolist()
+        ):
             key = (u, names[c])
             la, lb = int(live_before[a]), int(live_before[b])
             bound = reported.get(key)
@@ -244,7 +254,9 @@ class ContributionLog:
         """How many of detail ``rows`` are not retracted and have an rseq >= ``bound``."""
         agg = self.agg
         rows = rows - agg.row_base
-        return int(np.count_nonzero((agg.view("dk")[rows] != DEAD) & (agg.view("dr")[rows] >= bound)))
+        return int(
+            np.count_nonzero((agg.view("dk")[rows] != DEAD) & (agg.view("dr")[rows] >= bound))
+        )
 
     def snapshot_index(self) -> list[tuple[tuple[int, str], bytes | bytearray]]:
         """The (user, cohort) index as a snapshot stores it: held rows (a purge in
@@ -255,7 +267,9 @@ class ContributionLog:
         out: list[tuple[tuple[int, str], bytes | bytearray]] = []
         for pair, lst in self.index.items():
             n = extra.pop(pair, 0)
-            out.append((pair, _I64.pack(_I64.unpack_from(lst)[0] + n) + bytes(lst[8:]) if n else lst))
+            out.append(
+                (pair, _I64.pack(_I64.unpack_from(lst)[0] + n) + bytes(lst[8:]) if n else lst)
+            )
         out.extend((pair, _I64.pack(n)) for pair, n in extra.items() if n)
         return out
 
@@ -306,7 +320,11 @@ class ContributionLog:
         held = self.held_rows.get((user, cohort))
         if lst is None and held is None:
             return EMPTY._replace(live_from=live_from, bound=bound)
-        items = np.frombuffer(bytes(lst), dtype=np.int64) if lst is not None else np.zeros(1, dtype=np.int64)
+        items = (
+            np.frombuffer(bytes(lst), dtype=np.int64)
+            if lst is not None
+            else np.zeros(1, dtype=np.int64)
+        )
         evicted = int(items[0])  # folded before the purge's marker: all below its bound
         pos = items[1:]
         base = self.base
@@ -329,13 +347,27 @@ class ContributionLog:
         pos, rows, rel, k = pos[take], rows[take], rel[take], k[take]
         # one object per record (the manifest's entry): each GC-tracked allocation
         # brings the next cyclic-GC pass nearer
-        records = list(map(
-            ContributionRecord, agg.view("du")[rel].tolist(),
-            repeat(cohort, len(rows)), agg.KE[k].tolist(), agg.KT[k].tolist(),
-            agg.view("dw")[rel].tolist(), agg.view("dt")[rel].tolist(),
-        ))
-        return Prepared(pos.tolist(), rows.tolist(), records, evicted, live_from,
-                        agg.view("dm")[rel].tolist(), rseq[take].tolist(), bound)
+        records = list(
+            map(
+                ContributionRecord,
+                agg.view("du")[rel].tolist(),
+                repeat(cohort, len(rows)),
+                agg.KE[k].tolist(),
+                agg.KT[k].tolist(),
+                agg.view("dw")[rel].tolist(),
+                agg.view("dt")[rel].tolist(),
+            )
+        )
+        return Prepared(
+            pos.tolist(),
+            rows.tolist(),
+            records,
+            evicted,
+            live_from,
+            agg.view("dm")[rel].tolist(),
+            rseq[take].tolist(),
+            bound,
+        )
 
     def apply(self, user: int, cohort: str, prepared: Prepared) -> None:
         """Forget the pair's drained and evicted records from the index (the caller
@@ -434,11 +466,15 @@ def encode_history_columns(cols: Sequence[Any], contexts: dict[int, Any] | None)
     layout; ``_store.decode_batch`` reads it), built column by column."""
     ms, rs, us, cs, es, ts_, ws, tss = cols
     names = sorted(set(cs))
-    ci = array("B" if len(names) < 256 else "I", map({c: i for i, c in enumerate(names)}.__getitem__, cs))
+    ci = array(
+        "B" if len(names) < 256 else "I", map({c: i for i, c in enumerate(names)}.__getitem__, cs)
+    )
     payload: dict[str, Any] = {
         "c": names,
         "ci": ci.tobytes(),
-        "m": bytes([ms]) * len(cs) if isinstance(ms, int) else np.asarray(ms, dtype=np.uint8).tobytes(),
+        "m": bytes([ms]) * len(cs)
+        if isinstance(ms, int)
+        else np.asarray(ms, dtype=np.uint8).tobytes(),
         "r": np.asarray(rs, dtype=np.int64).tobytes(),
         "u": np.asarray(us, dtype=np.uint64).tobytes(),
         "e": np.asarray(es, dtype=np.uint64).tobytes(),

@@ -69,7 +69,9 @@ class RematJob:
         self.state = state
         self.cohort = cohort
         self.covered = covered
-        self.scratch = Aggregates(config.half_life_for, config.window_width_ns, config.window_buckets)
+        self.scratch = Aggregates(
+            config.half_life_for, config.window_width_ns, config.window_buckets
+        )
         # covered users (sorted) and their bounds, for a vectorized lookup
         cu = sorted(covered)
         self._cu = np.array(cu, dtype=np.uint64) if cu else None
@@ -121,7 +123,11 @@ class RematJob:
                 continue
             # records a purge retracted live (tombstoned) are gone already: not read,
             # not counted as excluded (as their held rows, retracted, were not)
-            sel = settled & (b.ci == b.cohorts.index(self.cohort)) & self.history.untombstoned(b, self._tombs)
+            sel = (
+                settled
+                & (b.ci == b.cohorts.index(self.cohort))
+                & self.history.untombstoned(b, self._tombs)
+            )
             if not sel.any():
                 continue
             self.read += int(sel.sum())
@@ -130,16 +136,34 @@ class RematJob:
                 self._count(b.u[out])
             rows = np.flatnonzero(sel & ~out)
             if len(rows):
-                self._add(b.m[rows], b.r[rows], b.u[rows], b.e[rows], b.t[rows], b.w[rows], b.ts[rows],
-                          settled=np.ones(len(rows), dtype=bool))
+                self._add(
+                    b.m[rows],
+                    b.r[rows],
+                    b.u[rows],
+                    b.e[rows],
+                    b.t[rows],
+                    b.w[rows],
+                    b.ts[rows],
+                    settled=np.ones(len(rows), dtype=bool),
+                )
         return go_on
 
-    def _add(self, ms: Any, rs: Any, us: Any, es: Any, ts_: Any, ws: Any, tss: Any, settled: np.ndarray) -> None:
+    def _add(
+        self, ms: Any, rs: Any, us: Any, es: Any, ts_: Any, ws: Any, tss: Any, settled: np.ndarray
+    ) -> None:
         """Fold records into the scratch, keep the sums of those the shard has
         settled, and drop the scratch's rows (only its sums are installed)."""
         sc = self.scratch
-        sc.add_columns(np.asarray(ms, dtype=np.uint8).tolist(), rs.tolist(), us.tolist(), [self.cohort] * len(rs),
-                       es.tolist(), ts_.tolist(), np.asarray(ws, dtype=np.float32).tolist(), tss.tolist())
+        sc.add_columns(
+            np.asarray(ms, dtype=np.uint8).tolist(),
+            rs.tolist(),
+            us.tolist(),
+            [self.cohort] * len(rs),
+            es.tolist(),
+            ts_.tolist(),
+            np.asarray(ws, dtype=np.float32).tolist(),
+            tss.tolist(),
+        )
         sc.settle(sc.row_end, keep=settled)
 
     def _fold_held(self, lo: int, hi: int) -> None:
@@ -176,8 +200,16 @@ class RematJob:
             return
         r = rel[keep]
         k = dk[sel][keep]
-        self._add(agg.view("dm")[r], rseqs[keep], users[keep], agg.KE[k], agg.KT[k], agg.view("dw")[r],
-                  agg.view("dt")[r], settled=np.zeros(len(r), dtype=bool))
+        self._add(
+            agg.view("dm")[r],
+            rseqs[keep],
+            users[keep],
+            agg.KE[k],
+            agg.KT[k],
+            agg.view("dw")[r],
+            agg.view("dt")[r],
+            settled=np.zeros(len(r), dtype=bool),
+        )
 
     def step(self) -> bool:
         """Fold the next chunk of what existed at the start; True when all is."""
@@ -204,7 +236,9 @@ class RematJob:
         agg: Aggregates = self.state.aggregates
         self._fold_held(self.cut, agg.row_end)
         rows = sorted(set(self.excluded_rows))
-        users = set(self.per_user) | set(agg.view("du")[np.array(rows, dtype=np.int64) - agg.row_base].tolist())
+        users = set(self.per_user) | set(
+            agg.view("du")[np.array(rows, dtype=np.int64) - agg.row_base].tolist()
+        )
         if self.history is None:
             matched = True
         else:
@@ -293,13 +327,20 @@ def _rewrite(key: bytes, b: Any, keep: np.ndarray) -> tuple[str, bytes, bytes | 
         return (Keyspace.HISTORY.value, key, None)
     names = b.cohorts
     cols = (
-        b.m[keep].tolist(), b.r[keep].tolist(), b.u[keep].tolist(),
-        list(map(names.__getitem__, b.ci[keep].tolist())), b.e[keep].tolist(), b.t[keep].tolist(),
-        b.w[keep].tolist(), b.ts[keep].tolist(),
+        b.m[keep].tolist(),
+        b.r[keep].tolist(),
+        b.u[keep].tolist(),
+        list(map(names.__getitem__, b.ci[keep].tolist())),
+        b.e[keep].tolist(),
+        b.t[keep].tolist(),
+        b.w[keep].tolist(),
+        b.ts[keep].tolist(),
     )
     ctx = None
     if b.contexts:
-        ctx = {new: b.contexts[old] for new, old in enumerate(keep.tolist()) if old in b.contexts} or None
+        ctx = {
+            new: b.contexts[old] for new, old in enumerate(keep.tolist()) if old in b.contexts
+        } or None
     return (Keyspace.HISTORY.value, key, seal(key, encode_history_columns(cols, ctx)))
 
 
@@ -307,8 +348,16 @@ def encode_status(s: PurgeStatus, bound: int) -> tuple[bytes, bytes]:
     """Key and value of a purge status record (items keyspace, Tag.PURGE_STATUS)."""
     key = encode_key(s.user_id, Tag.PURGE_STATUS, s.purge_id.to_bytes16())
     value = msgpack.packb(
-        [s.purge_id.to_bytes16(), s.user_id, s.cohort, s.retracted_live, s.rematerialized,
-         s.rematerialized_at_ns, s.excluded_by_rematerialization, bound]
+        [
+            s.purge_id.to_bytes16(),
+            s.user_id,
+            s.cohort,
+            s.retracted_live,
+            s.rematerialized,
+            s.rematerialized_at_ns,
+            s.excluded_by_rematerialization,
+            bound,
+        ]
     )
     return key, value
 
@@ -319,7 +368,9 @@ def decode_status(raw: bytes) -> tuple[PurgeStatus, int]:
     return PurgeStatus(PurgeId.from_bytes16(pid), user, cohort, live, done, at, excluded), bound
 
 
-def retention_ops(batches: Iterable[tuple[bytes, bytes]], cutoff_ns: int) -> list[tuple[str, bytes, bytes | None]]:
+def retention_ops(
+    batches: Iterable[tuple[bytes, bytes]], cutoff_ns: int
+) -> list[tuple[str, bytes, bytes | None]]:
     """Ops dropping history records stamped before ``cutoff_ns`` (retention by age).
 
     Aggregates keep them; only the durable history (what re-materialization reads)

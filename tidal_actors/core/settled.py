@@ -25,8 +25,15 @@ import numpy.typing as npt
 __all__ = ["SettledBuckets"]
 
 _MASK = (1 << 64) - 1
-_COLS = {"k": np.int64, "b": np.int64, "n": np.int64, "w": np.float64, "f": np.float64,
-         "lo": np.int64, "hi": np.int64}
+_COLS = {
+    "k": np.int64,
+    "b": np.int64,
+    "n": np.int64,
+    "w": np.float64,
+    "f": np.float64,
+    "lo": np.int64,
+    "hi": np.int64,
+}
 Entry = tuple[int, int, float, float, int, int]  # (b, n, w, fd_b, lo, hi)
 
 
@@ -54,8 +61,17 @@ class SettledBuckets:
             new[: self.size] = col[: self.size]
             self.cols[c] = new
 
-    def add(self, k: Iterable[int], b: Iterable[int], n: Iterable[int], w: Iterable[float],
-            f: Iterable[float], lo: Iterable[int], hi: Iterable[int], h: Iterable[int]) -> None:
+    def add(
+        self,
+        k: Iterable[int],
+        b: Iterable[int],
+        n: Iterable[int],
+        w: Iterable[float],
+        f: Iterable[float],
+        lo: Iterable[int],
+        hi: Iterable[int],
+        h: Iterable[int],
+    ) -> None:
         """Merge one sum per (key, bucket) (each pair at most once in a call):
         existing entries in one vectorized step per column, new ones appended.
         ``h`` is each key's half-life (ns): merging two decayed sums brings both to
@@ -80,8 +96,9 @@ class SettledBuckets:
             top = np.maximum(was, now)
             c["n"][rows] += nn[old]
             c["w"][rows] += ww[old]
-            c["f"][rows] = (c["f"][rows] * np.exp2((was - top) / hl[old])
-                            + ff[old] * np.exp2((now - top) / hl[old]))
+            c["f"][rows] = c["f"][rows] * np.exp2((was - top) / hl[old]) + ff[old] * np.exp2(
+                (now - top) / hl[old]
+            )
             c["lo"][rows] = np.minimum(c["lo"][rows], ll[old])
             c["hi"][rows] = top
         new = ~old
@@ -91,9 +108,19 @@ class SettledBuckets:
         first = self.size
         self._reserve(first + m)
         c = self.cols
-        for name, col in (("k", kk), ("b", bb), ("n", nn), ("w", ww), ("f", ff), ("lo", ll), ("hi", hh)):
+        for name, col in (
+            ("k", kk),
+            ("b", bb),
+            ("n", nn),
+            ("w", ww),
+            ("f", ff),
+            ("lo", ll),
+            ("hi", hh),
+        ):
             c[name][first : first + m] = col[new]
-        self.index.update(zip((key for key, is_new in zip(keys, new.tolist()) if is_new), range(first, first + m)))
+        self.index.update(
+            zip((key for key, is_new in zip(keys, new.tolist()) if is_new), range(first, first + m))
+        )
         self.size = first + m
 
     def get(self, k: int, b: int) -> Entry | None:
@@ -102,7 +129,14 @@ class SettledBuckets:
         if row is None:
             return None
         c = self.cols
-        return (b, int(c["n"][row]), float(c["w"][row]), float(c["f"][row]), int(c["lo"][row]), int(c["hi"][row]))
+        return (
+            b,
+            int(c["n"][row]),
+            float(c["w"][row]),
+            float(c["f"][row]),
+            int(c["lo"][row]),
+            int(c["hi"][row]),
+        )
 
     def of_keys(self, ks: Iterable[int]) -> dict[int, list[Entry]]:
         """Every entry of the keys ``ks`` (one scan of the columns)."""
@@ -114,8 +148,15 @@ class SettledBuckets:
         rows = np.flatnonzero(np.isin(c["k"], want))
         for row in rows.tolist():
             out.setdefault(int(c["k"][row]), []).append(
-                (int(c["b"][row]), int(c["n"][row]), float(c["w"][row]), float(c["f"][row]),
-                 int(c["lo"][row]), int(c["hi"][row])))
+                (
+                    int(c["b"][row]),
+                    int(c["n"][row]),
+                    float(c["w"][row]),
+                    float(c["f"][row]),
+                    int(c["lo"][row]),
+                    int(c["hi"][row]),
+                )
+            )
         return out
 
     def drop_keys(self, ks: Iterable[int]) -> None:

@@ -61,7 +61,13 @@ __all__ = [
 ]
 
 HEADER: tuple[str, ...] = (
-    "ts_ns", "op", "user_id", "cohort", "entity_id", "signal_type", "weight",
+    "ts_ns",
+    "op",
+    "user_id",
+    "cohort",
+    "entity_id",
+    "signal_type",
+    "weight",
 )
 """The seven columns of the event log, in their canonical order."""
 
@@ -278,8 +284,9 @@ class EventLogReader:
         try:
             first = next(reader)
         except StopIteration:
-            raise EventLogError(self.path, 1, "header", "", "empty file: missing header line "
-                                + ",".join(HEADER)) from None
+            raise EventLogError(
+                self.path, 1, "header", "", "empty file: missing header line " + ",".join(HEADER)
+            ) from None
         except csv.Error as exc:
             raise EventLogError(self.path, 1, "header", "", f"malformed CSV: {exc}") from None
         names = [name.strip() for name in first]
@@ -292,8 +299,9 @@ class EventLogReader:
             reason = "the header must name the columns " + ",".join(HEADER)
         raise EventLogError(self.path, 1, "header", ",".join(first), reason)
 
-    def _parse(self, record: list[str], order: tuple[int, ...] | None, start: int,
-               end: int) -> EventRow:
+    def _parse(
+        self, record: list[str], order: tuple[int, ...] | None, start: int, end: int
+    ) -> EventRow:
         lines = self._lines
         assert lines is not None
         if len(record) != len(HEADER):
@@ -310,8 +318,9 @@ class EventLogReader:
         ts_t, op, user_t, cohort_t, entity_t, type_t, weight_t = values
         uses = _USES.get(op)
         if uses is None:
-            raise EventLogError(self.path, start, "op", op, "unknown op (expected one of "
-                                + ", ".join(OPS) + ")")
+            raise EventLogError(
+                self.path, start, "op", op, "unknown op (expected one of " + ", ".join(OPS) + ")"
+            )
         # fast paths for plain digits; anything else gets the full check and its error
         ts = int(ts_t) if 0 < len(ts_t) <= 19 and ts_t.isdigit() and ts_t.isascii() else -1
         if not 0 <= ts < _I63:
@@ -321,9 +330,14 @@ class EventLogReader:
             if text and name not in uses:
                 raise EventLogError(self.path, start, name, text, f"must be empty for op {op}")
         if op == "signal":
-            return SignalRow(start, ts, user_id, self._int("entity_id", entity_t, op, start),
-                             self._int("signal_type", type_t, op, start),
-                             self._weight(weight_t, start))
+            return SignalRow(
+                start,
+                ts,
+                user_id,
+                self._int("entity_id", entity_t, op, start),
+                self._int("signal_type", type_t, op, start),
+                self._weight(weight_t, start),
+            )
         if op == "assign" or op == "purge":
             if not cohort_t:
                 raise EventLogError(self.path, start, "cohort", cohort_t, f"required for op {op}")
@@ -386,8 +400,15 @@ def read_events(path: str | Path, *, skip_invalid: bool = False) -> Iterator[Eve
 def format_row(row: EventRow) -> list[str]:
     """The CSV fields of ``row`` in :data:`HEADER` order (weights written with ``repr``)."""
     if isinstance(row, SignalRow):
-        return [str(row.ts_ns), "signal", str(row.user_id), "", str(row.entity_id),
-                str(row.signal_type), repr(float(row.weight))]
+        return [
+            str(row.ts_ns),
+            "signal",
+            str(row.user_id),
+            "",
+            str(row.entity_id),
+            str(row.signal_type),
+            repr(float(row.weight)),
+        ]
     if isinstance(row, (AssignRow, PurgeRow)):
         return [str(row.ts_ns), row.op, str(row.user_id), row.cohort, "", "", ""]
     return [str(row.ts_ns), row.op, str(row.user_id), "", "", "", ""]

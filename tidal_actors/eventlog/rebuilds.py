@@ -67,19 +67,25 @@ class EventTimeRebuilds:
         InvalidArgument: a negative delay, or a bad ``pending`` entry (field named).
     """
 
-    def __init__(self, delay_ns: int | None,
-                 pending: Mapping[str, int | None] | None = None) -> None:
-        if delay_ns is not None and (isinstance(delay_ns, bool) or not isinstance(delay_ns, int)
-                                     or delay_ns < 0):
+    def __init__(
+        self, delay_ns: int | None, pending: Mapping[str, int | None] | None = None
+    ) -> None:
+        if delay_ns is not None and (
+            isinstance(delay_ns, bool) or not isinstance(delay_ns, int) or delay_ns < 0
+        ):
             raise InvalidArgument("delay_ns", delay_ns, "must be None or an int >= 0")
         self.delay_ns = delay_ns
         self._due: dict[str, int | None] = {}
         for cohort, due in dict(pending or {}).items():
             if not isinstance(cohort, str) or not (
-                    due is None or (isinstance(due, int) and not isinstance(due, bool)
-                                    and 0 <= due <= _MAX_TS)):
-                raise InvalidArgument("pending_rematerializations", {cohort: due},
-                                      "must map cohort names to int ns or null")
+                due is None
+                or (isinstance(due, int) and not isinstance(due, bool) and 0 <= due <= _MAX_TS)
+            ):
+                raise InvalidArgument(
+                    "pending_rematerializations",
+                    {cohort: due},
+                    "must map cohort names to int ns or null",
+                )
             self._due[cohort] = due
         self.done: list[tuple[str, int]] = []
         self.next_due_ns = NEVER

@@ -71,7 +71,9 @@ def _loop_name() -> str:
     except sniffio.AsyncLibraryNotFoundError:
         name = ""
     if name not in ("trio", "asyncio"):
-        raise WrongThread("an AsyncTidalDb must be created inside a trio run or an asyncio event loop")
+        raise WrongThread(
+            "an AsyncTidalDb must be created inside a trio run or an asyncio event loop"
+        )
     return name
 
 
@@ -106,7 +108,9 @@ class AsyncTidalDb(LoopFacade):
             return object.__new__(impl)
         return object.__new__(cls)
 
-    def __init__(self, core: Core, *, _started_threads: list[threading.Thread] | None = None) -> None:
+    def __init__(
+        self, core: Core, *, _started_threads: list[threading.Thread] | None = None
+    ) -> None:
         super().__init__(core, _started_threads)
 
     # -- properties and lifetime --------------------------------------------------
@@ -173,7 +177,9 @@ class AsyncTidalDb(LoopFacade):
         m = core.room_needed(user_id)
         await self._queue(
             [] if m is None else [m],
-            lambda: core.signal_with_context(user_id, entity_id, signal_type, weight, timestamp_ns, context),
+            lambda: core.signal_with_context(
+                user_id, entity_id, signal_type, weight, timestamp_ns, context
+            ),
         )
 
     async def signal_batch(self, signals: Iterable[Signal]) -> None:
@@ -278,7 +284,9 @@ class AsyncTidalDb(LoopFacade):
 
     # -- purge --------------------------------------------------------------------
 
-    async def request_community_purge(self, user_id: int, cohort_name: str) -> tuple[PurgeId, PurgeManifest]:
+    async def request_community_purge(
+        self, user_id: int, cohort_name: str
+    ) -> tuple[PurgeId, PurgeManifest]:
         """Retract every contribution of the user to ``cohort_name`` still in the log
         (see :meth:`TidalDb.request_community_purge`); returns ``(purge id, manifest)``
         once the manifest is committed and the retraction applied.
@@ -318,7 +326,9 @@ class AsyncTidalDb(LoopFacade):
         Raises:
             InvalidArgument: bad cohort, id or ``at_ns``.
         """
-        return await self._run(self._check().read_decay_score(cohort, entity_id, signal_type, at_ns))  # type: ignore[no-any-return]
+        return await self._run(
+            self._check().read_decay_score(cohort, entity_id, signal_type, at_ns)
+        )  # type: ignore[no-any-return]
 
     async def read_window(
         self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
@@ -347,7 +357,9 @@ class AsyncTidalDb(LoopFacade):
         """
         return await self._run(self._check().top_entities(cohort, signal_type, k, at_ns))  # type: ignore[no-any-return]
 
-    async def aggregate_rows(self, at_ns: int | None = None) -> list[tuple[str, int, int, float, int, float]]:
+    async def aggregate_rows(
+        self, at_ns: int | None = None
+    ) -> list[tuple[str, int, int, float, int, float]]:
         """Every key with an unretracted contribution, as ``(cohort, entity_id,
         signal_type, decay_score, window_count, window_weight)`` at ``at``, sorted.
 

@@ -49,7 +49,9 @@ class _AsyncioEvent:
         await self.fut
 
 
-def _in_thread(loop: asyncio.AbstractEventLoop, name: str, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+def _in_thread(
+    loop: asyncio.AbstractEventLoop, name: str, fn: Callable[..., T], *args: Any
+) -> asyncio.Future[T]:
     """Run ``fn(*args)`` in a new thread; its result or error resolves the future."""
     fut: asyncio.Future[T] = loop.create_future()
 
@@ -88,11 +90,15 @@ async def _shielded(fut: asyncio.Future[T]) -> tuple[T, bool]:
 class AsyncioTidalDb(AsyncTidalDb):
     """`AsyncTidalDb` in an asyncio loop (what ``AsyncTidalDb(core)`` makes there)."""
 
-    def __init__(self, core: Core, *, _started_threads: list[threading.Thread] | None = None) -> None:
+    def __init__(
+        self, core: Core, *, _started_threads: list[threading.Thread] | None = None
+    ) -> None:
         try:
             self._loop = asyncio.get_running_loop()
         except RuntimeError:
-            raise WrongThread("an AsyncTidalDb must be created inside a trio run or an asyncio loop") from None
+            raise WrongThread(
+                "an AsyncTidalDb must be created inside a trio run or an asyncio loop"
+            ) from None
         super().__init__(core, _started_threads=_started_threads)
         self._close_fut: asyncio.Future[None] | None = None
 
@@ -149,7 +155,9 @@ async def open_asyncio(
     loop = asyncio.get_running_loop()
     await asyncio.sleep(0)  # a cancellation before the open lands here
     # Shielded: once the store is open it must reach the ``finally`` that closes it.
-    (core, started), cancelled = await _shielded(_in_thread(loop, "tidal-open", open_blocking, path, config, clock))
+    (core, started), cancelled = await _shielded(
+        _in_thread(loop, "tidal-open", open_blocking, path, config, clock)
+    )
     try:
         db = AsyncioTidalDb(core, _started_threads=started)
     except BaseException:

@@ -114,7 +114,9 @@ class LoopFacade:
 
     def _check(self) -> Core:
         if self._closed:
-            raise DatabaseClosed("the database is closed (its `async with open_tidal()` has exited)")
+            raise DatabaseClosed(
+                "the database is closed (its `async with open_tidal()` has exited)"
+            )
         self._check_loop()
         return self._core
 
@@ -160,7 +162,9 @@ class LoopFacade:
             ev = self._new_event()
             waiting = self._room_events.setdefault(m, [])
             waiting.append(ev)
-            if len(waiting) == 1 and self._core.when_room(m, functools.partial(self._post, functools.partial(self._room_made, m))):
+            if len(waiting) == 1 and self._core.when_room(
+                m, functools.partial(self._post, functools.partial(self._room_made, m))
+            ):
                 self._room_made(m)
             await ev.wait()
             self._check()

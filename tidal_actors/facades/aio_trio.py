@@ -37,6 +37,7 @@ __all__ = ["TrioTidalDb", "open_trio"]
 # How often (real seconds) the autojump guard re-arms while a call is in flight.
 _GUARD_CUSHION_S = 0.001
 
+
 class _AutojumpGuard:
     """Keeps a MockClock with autojump from jumping while tidal work is in flight."""
 
@@ -102,13 +103,18 @@ class TrioTidalDb(AsyncTidalDb):
     """`AsyncTidalDb` in a trio run (what ``AsyncTidalDb(core)`` makes there)."""
 
     def __init__(
-        self, core: Core, *, _started_threads: list[threading.Thread] | None = None,
+        self,
+        core: Core,
+        *,
+        _started_threads: list[threading.Thread] | None = None,
         _guard: _AutojumpGuard | None = None,
     ) -> None:
         try:
             self._token = trio.lowlevel.current_trio_token()
         except RuntimeError:
-            raise WrongThread("an AsyncTidalDb must be created inside a trio run or an asyncio loop") from None
+            raise WrongThread(
+                "an AsyncTidalDb must be created inside a trio run or an asyncio loop"
+            ) from None
         super().__init__(core, _started_threads=_started_threads)
         self._guard = _guard if _guard is not None else _AutojumpGuard()
         self._close_done: trio.Event | None = None
@@ -178,7 +184,9 @@ async def open_trio(
     with trio.CancelScope(shield=True):
         guard.enter()
         try:
-            core, started = await trio.to_thread.run_sync(open_blocking, path, config, clock, thread_name="tidal-open")
+            core, started = await trio.to_thread.run_sync(
+                open_blocking, path, config, clock, thread_name="tidal-open"
+            )
         finally:
             guard.exit()
     try:

@@ -32,8 +32,13 @@ __all__ = ["TidalDb", "open_core"]
 
 
 def open_core(
-    path: str | os.PathLike[str] | None, config: Config | None, clock: Clock | None, host_factory: Any = None,
-    *, buffered: bool = True, read_only: bool = False,
+    path: str | os.PathLike[str] | None,
+    config: Config | None,
+    clock: Clock | None,
+    host_factory: Any = None,
+    *,
+    buffered: bool = True,
+    read_only: bool = False,
 ) -> Core:
     """Validate the arguments, open the store, restore, and start a `Core` on a host.
 
@@ -52,7 +57,9 @@ def open_core(
         raise InvalidArgument("path", path, "must not be empty (None opens an ephemeral database)")
     if read_only:
         if path is None:
-            raise InvalidArgument("read_only", read_only, "needs a path: an ephemeral database holds nothing to read")
+            raise InvalidArgument(
+                "read_only", read_only, "needs a path: an ephemeral database holds nothing to read"
+            )
         from tidal_actors.facades.readonly import open_snapshot
 
         return open_snapshot(path, config, clock, host_factory)  # type: ignore[no-any-return]
@@ -184,7 +191,9 @@ class TidalDb:
         Raises:
             InvalidArgument: a bad argument (nothing queued).
         """
-        self._core.signal_with_context(user_id, entity_id, signal_type, weight, timestamp_ns, context)
+        self._core.signal_with_context(
+            user_id, entity_id, signal_type, weight, timestamp_ns, context
+        )
 
     def signal_batch(self, signals: Iterable[Signal]) -> None:
         """Submit many :class:`Signal` s; all are validated first, none is queued if any is bad.
@@ -267,7 +276,9 @@ class TidalDb:
 
     # -- purge --------------------------------------------------------------------
 
-    def request_community_purge(self, user_id: int, cohort_name: str) -> tuple[PurgeId, PurgeManifest]:
+    def request_community_purge(
+        self, user_id: int, cohort_name: str
+    ) -> tuple[PurgeId, PurgeManifest]:
         """Retract every contribution of the user to ``cohort_name`` still in the log.
 
         Exact (spec: retroactive-purge FR-2..FR-5): afterwards the cohort's scores and
@@ -296,7 +307,9 @@ class TidalDb:
 
     # -- reads --------------------------------------------------------------------
 
-    def read_decay_score(self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None) -> float:
+    def read_decay_score(
+        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
+    ) -> float:
         """``sum(w_i * 2 ** (-(at - t_i) / half_life))`` over the key's unretracted
         contributions with ``t_i <= at`` (forward decay, Cormode et al., ICDE 2009);
         0.0 if none (also for a cohort never seen).
@@ -312,7 +325,9 @@ class TidalDb:
         """
         return self._run(self._core.read_decay_score(cohort, entity_id, signal_type, at_ns))  # type: ignore[no-any-return]
 
-    def read_window(self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None) -> WindowCount:
+    def read_window(
+        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
+    ) -> WindowCount:
         """Count and weight sum of the key's contributions in buckets
         ``b(at)-n+1 .. b(at)``, where ``b(t) = t // window_width_ns`` and
         ``n = window_buckets``; ``WindowCount(0, 0.0)`` if none.
@@ -322,7 +337,9 @@ class TidalDb:
         """
         return self._run(self._core.read_window(cohort, entity_id, signal_type, at_ns))  # type: ignore[no-any-return]
 
-    def top_entities(self, cohort: str, signal_type: int, k: int, at_ns: int | None = None) -> list[tuple[int, float]]:
+    def top_entities(
+        self, cohort: str, signal_type: int, k: int, at_ns: int | None = None
+    ) -> list[tuple[int, float]]:
         """Up to ``k`` ``(entity_id, decay score)`` with score > 0 at ``at``, highest
         first (ties: lower entity_id first).
 
@@ -331,7 +348,9 @@ class TidalDb:
         """
         return self._run(self._core.top_entities(cohort, signal_type, k, at_ns))  # type: ignore[no-any-return]
 
-    def aggregate_rows(self, at_ns: int | None = None) -> list[tuple[str, int, int, float, int, float]]:
+    def aggregate_rows(
+        self, at_ns: int | None = None
+    ) -> list[tuple[str, int, int, float, int, float]]:
         """Every key with an unretracted contribution, as ``(cohort, entity_id,
         signal_type, decay_score, window_count, window_weight)`` at ``at``, sorted.
 
@@ -416,5 +435,3 @@ class TidalDb:
             InvalidArgument: the database is ephemeral. DatabaseClosed: it is closed.
         """
         return self._core.lmdb_flags()
-
-

@@ -43,8 +43,9 @@ def _recorded_config(path: Any, config: Config, out: Restored) -> Config:
         ) from exc
 
 
-def open_snapshot(path: str | os.PathLike[str], config: Config, clock: Clock,
-                  host_factory: Any = None) -> Any:
+def open_snapshot(
+    path: str | os.PathLike[str], config: Config, clock: Clock, host_factory: Any = None
+) -> Any:
     """A `Core` on a read-only snapshot of the store at ``path`` (see the module doc).
 
     ``store.recorded_settings`` tells whether the store recorded its settings (if

@@ -21,8 +21,9 @@ __all__ = ["EXIT_INTERRUPTED", "STOP_NOTICE", "Interrupted", "StopOnSigint", "un
 
 EXIT_INTERRUPTED = 130
 """Exit status of a command stopped by SIGINT (128 + SIGINT, as shells report it)."""
-STOP_NOTICE = ("tidal-actors: interrupted: stopping at the next row boundary "
-               "(Ctrl-C again to abort at once)")
+STOP_NOTICE = (
+    "tidal-actors: interrupted: stopping at the next row boundary (Ctrl-C again to abort at once)"
+)
 """What the command line prints to standard error at the first SIGINT."""
 
 Row = TypeVar("Row")
@@ -76,8 +77,12 @@ class StopOnSigint:
             self._installed = True
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self._restore()
 
 

@@ -18,8 +18,13 @@ from tidal_actors.cli.text import plural
 
 __all__ = ["plot_timeline"]
 
-_COLOURS = {"signal": "tab:blue", "assign": "tab:green", "leave": "tab:orange",
-            "rejoin": "tab:purple", "purge": "tab:red"}
+_COLOURS = {
+    "signal": "tab:blue",
+    "assign": "tab:green",
+    "leave": "tab:orange",
+    "rejoin": "tab:purple",
+    "purge": "tab:red",
+}
 
 
 def _span(width_s: float) -> str:
@@ -52,11 +57,13 @@ def _title(result: Any) -> str:
     sc, c = result.scenario, result.counts
     where = "on a store" if sc.durable else "in memory"
     check = "check OK" if result.ok else "check FAILED"
-    return (f"tidal-actors simulate {sc.name} (seed {sc.seed}): {plural(sc.users, 'user')}, "
-            f"{plural(c.signals, 'signal')}, {plural(c.leaves, 'leave')}, "
-            f"{plural(c.purges, 'purge')}, {where}\n"
-            f"runtime {result.signals_per_s:,.0f} signals/s over {result.runtime_s:.3g} s; "
-            f"reference model {result.reference_signals_per_s:,.0f} signals/s; {check}")
+    return (
+        f"tidal-actors simulate {sc.name} (seed {sc.seed}): {plural(sc.users, 'user')}, "
+        f"{plural(c.signals, 'signal')}, {plural(c.leaves, 'leave')}, "
+        f"{plural(c.purges, 'purge')}, {where}\n"
+        f"runtime {result.signals_per_s:,.0f} signals/s over {result.runtime_s:.3g} s; "
+        f"reference model {result.reference_signals_per_s:,.0f} signals/s; {check}"
+    )
 
 
 def plot_timeline(result: Any, path: str | Path) -> None:
@@ -74,8 +81,11 @@ def plot_timeline(result: Any, path: str | Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise InvalidArgument("--plot", str(path),
-                              "needs matplotlib: pip install -e '.[plot]' (from the repository's folder)") from None
+        raise InvalidArgument(
+            "--plot",
+            str(path),
+            "needs matplotlib: pip install -e '.[plot]' (from the repository's folder)",
+        ) from None
     rows = result.timeline
     width = rows[0]["width_s"] if rows and "width_s" in rows[0] else None
     end = rows[-1]["t_s"] if rows else max(result.runtime_s, 1e-3)
@@ -89,19 +99,36 @@ def plot_timeline(result: Any, path: str | Path) -> None:
     per = f"per {_span(width)} interval" if width else "per interval"
     for i, part in enumerate(stretches):
         edges = [part[0]["start_s"] * scale] + [r["t_s"] * scale for r in part]
-        top.stairs([r["signals_per_s"] for r in part], edges, baseline=None, color="tab:blue",
-                   lw=1.4, label=None if i else
-                   f"runtime{', writing to a store' if durable else ''}, {per}")
+        top.stairs(
+            [r["signals_per_s"] for r in part],
+            edges,
+            baseline=None,
+            color="tab:blue",
+            lw=1.4,
+            label=None if i else f"runtime{', writing to a store' if durable else ''}, {per}",
+        )
     run_rate, ref_rate = result.signals_per_s, result.reference_signals_per_s
-    top.axhline(run_rate, color="tab:blue", ls="--", lw=1,
-                label=f"runtime, whole run: {run_rate:,.0f} signals/s")
+    top.axhline(
+        run_rate,
+        color="tab:blue",
+        ls="--",
+        lw=1,
+        label=f"runtime, whole run: {run_rate:,.0f} signals/s",
+    )
     highest = max([run_rate] + [r["signals_per_s"] for r in rows])
     ref_text = f"reference model (single-threaded, in memory): {ref_rate:,.0f} signals/s"
     if ref_rate > _OFF_SCALE * highest:
         # drawn, it would squash the runtime's curve to the bottom of the panel
-        top.text(1.01, 0.02, ref_text.replace(": ", ":\n") + f"\n({ref_rate / run_rate:,.0f}x the "
-                 "runtime's whole run; not drawn,\nit would flatten the curve)", fontsize=8,
-                 transform=top.transAxes, va="bottom", ha="left")
+        top.text(
+            1.01,
+            0.02,
+            ref_text.replace(": ", ":\n") + f"\n({ref_rate / run_rate:,.0f}x the "
+            "runtime's whole run; not drawn,\nit would flatten the curve)",
+            fontsize=8,
+            transform=top.transAxes,
+            va="bottom",
+            ha="left",
+        )
     else:
         top.axhline(ref_rate, color="black", ls=":", lw=1.2, label=ref_text)
     top.set_ylim(bottom=0)
@@ -115,9 +142,17 @@ def plot_timeline(result: Any, path: str | Path) -> None:
         if op != "signal" and op in points:
             t, ms = points[op]
             dense = len(t) > _DENSE
-            bottom.scatter([x * scale for x in t], ms, s=4 if dense else 14, color=colour,
-                           marker="o", alpha=0.3 if dense else 0.8, lw=0, zorder=1,
-                           label=f"{label}, each call ({len(t):,})")
+            bottom.scatter(
+                [x * scale for x in t],
+                ms,
+                s=4 if dense else 14,
+                color=colour,
+                marker="o",
+                alpha=0.3 if dense else 0.8,
+                lw=0,
+                zorder=1,
+                label=f"{label}, each call ({len(t):,})",
+            )
             continue
         for q, style in (("p50", ":"), ("p99", "-")):
             if not any(r.get(f"{op}_{q}_ms") is not None for r in rows):
@@ -127,15 +162,30 @@ def plot_timeline(result: Any, path: str | Path) -> None:
             for part in stretches:
                 # an interval without a call, and a pause, break the line (nan)
                 xs_mid += [(r["start_s"] + r["t_s"]) / 2 * scale for r in part] + [math.nan]
-                ys_q += [math.nan if r.get(f"{op}_{q}_ms") is None else r[f"{op}_{q}_ms"]
-                         for r in part] + [math.nan]
-            bottom.plot(xs_mid, ys_q, style, color=colour, lw=1.3, marker=".", ms=4, zorder=3,
-                        label=f"{label} {q} per {_span(width)}" if width else f"{label} {q}")
+                ys_q += [
+                    math.nan if r.get(f"{op}_{q}_ms") is None else r[f"{op}_{q}_ms"] for r in part
+                ] + [math.nan]
+            bottom.plot(
+                xs_mid,
+                ys_q,
+                style,
+                color=colour,
+                lw=1.3,
+                marker=".",
+                ms=4,
+                zorder=3,
+                label=f"{label} {q} per {_span(width)}" if width else f"{label} {q}",
+            )
     bottom.set_yscale("log")
     bottom.set_ylabel("latency (ms)")
-    bottom.set_xlabel(f"{unit} into the measured run" + (
-        f" (after {result.setup_s:.3g} s of set-up: users joining their cohorts, not shown)"
-        if getattr(result, "setup_s", 0) else ""))
+    bottom.set_xlabel(
+        f"{unit} into the measured run"
+        + (
+            f" (after {result.setup_s:.3g} s of set-up: users joining their cohorts, not shown)"
+            if getattr(result, "setup_s", 0)
+            else ""
+        )
+    )
     bottom.grid(alpha=0.3, which="both")
 
     restart = getattr(result, "restart", None)
@@ -143,19 +193,32 @@ def plot_timeline(result: Any, path: str | Path) -> None:
     if "restart" in marks:
         a = marks["restart"]
         b = marks.get("resumed", a)
-        reopen = (f"\n(reopening the store {restart['restore_s']:.2g} s; the rest: flushing, "
-                  "settling\nre-materializations, closing, and reading every\nfigure before "
-                  "and after to compare them)") if restart else ""
+        reopen = (
+            (
+                f"\n(reopening the store {restart['restore_s']:.2g} s; the rest: flushing, "
+                "settling\nre-materializations, closing, and reading every\nfigure before "
+                "and after to compare them)"
+            )
+            if restart
+            else ""
+        )
         text = f"restart pause, not counted: {b - a:.2g} s{reopen}"
         for ax in (top, bottom):
-            ax.axvspan(a * scale, b * scale, color="grey", alpha=0.25, lw=0,
-                       label=text if ax is top else None)
+            ax.axvspan(
+                a * scale,
+                b * scale,
+                color="grey",
+                alpha=0.25,
+                lw=0,
+                label=text if ax is top else None,
+            )
     top.set_xlim(0, end * scale)
     # legends beside the panels, where they hide no line
     top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     if bottom.get_legend_handles_labels()[0]:
-        legend = bottom.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1),
-                               borderaxespad=0)
+        legend = bottom.legend(
+            fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0
+        )
         for handle in legend.legend_handles:  # a light dot's key is drawn full strength
             if handle is not None:
                 handle.set_alpha(1)

@@ -173,8 +173,10 @@ class Scenario:
         Raises:
             InvalidArgument: ``factor`` is not a positive finite number.
         """
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
-            math.isfinite(factor) and factor > 0
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, (int, float))
+            or not (math.isfinite(factor) and factor > 0)
         ):
             raise InvalidArgument("scale", factor, "must be a positive number")
         if factor == 1:
@@ -189,11 +191,17 @@ class Scenario:
             flat["max_contribution_log_entries"] = times(flat["max_contribution_log_entries"], 100)
             config["contribution_log"] = flat
         elif "max_contribution_log_entries" in config:
-            config["max_contribution_log_entries"] = times(config["max_contribution_log_entries"], 100)
+            config["max_contribution_log_entries"] = times(
+                config["max_contribution_log_entries"], 100
+            )
         users = times(self.users, 20)
         return dataclasses.replace(
-            self, name=f"{self.name}@{factor:g}", users=users, entities=times(self.entities, 20),
-            signals=times(self.signals, 200), cohorts=min(self.cohorts, max(users, self.cohorts_per_user[1])),
+            self,
+            name=f"{self.name}@{factor:g}",
+            users=users,
+            entities=times(self.entities, 20),
+            signals=times(self.signals, 200),
+            cohorts=min(self.cohorts, max(users, self.cohorts_per_user[1])),
             config=config,
         )
 
@@ -252,8 +260,10 @@ def _scenario_from_mapping(data: Mapping[str, Any], source: str) -> Scenario:
         return value
 
     def rate(key: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value >= 0
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (math.isfinite(value) and value >= 0)
         ):
             raise bad(key, value, "must be a finite number >= 0")
         return float(value)
@@ -296,13 +306,22 @@ def _scenario_from_mapping(data: Mapping[str, Any], source: str) -> Scenario:
         elif key == "start_ns":
             kw[key] = count(key, value, 0)
         elif key == "cohorts_per_user":
-            if (not isinstance(value, list) or len(value) != 2
-                    or any(isinstance(v, bool) or not isinstance(v, int) for v in value)
-                    or not 0 <= value[0] <= value[1]):
+            if (
+                not isinstance(value, list)
+                or len(value) != 2
+                or any(isinstance(v, bool) or not isinstance(v, int) for v in value)
+                or not 0 <= value[0] <= value[1]
+            ):
                 raise bad(key, value, "must be [low, high] with 0 <= low <= high")
             kw[key] = (value[0], value[1])
-        elif key in ("zipf_exponent", "user_zipf_exponent", "assign_rate", "leave_rate",
-                     "rejoin_rate", "purge_rate"):
+        elif key in (
+            "zipf_exponent",
+            "user_zipf_exponent",
+            "assign_rate",
+            "leave_rate",
+            "rejoin_rate",
+            "purge_rate",
+        ):
             kw[key] = rate(key, value)
         elif key == "purge_targets":
             if not isinstance(value, Mapping) or set(value) - {"own", "other", "community"}:
@@ -323,8 +342,11 @@ def _scenario_from_mapping(data: Mapping[str, Any], source: str) -> Scenario:
             raise bad(key, value, "unknown key")
     scenario = Scenario(**kw)
     if scenario.cohorts_per_user[1] > scenario.cohorts:
-        raise bad("cohorts_per_user", list(scenario.cohorts_per_user),
-                  "high must be at most the number of cohorts")
+        raise bad(
+            "cohorts_per_user",
+            list(scenario.cohorts_per_user),
+            "high must be at most the number of cohorts",
+        )
     if scenario.purge_own + scenario.purge_other + scenario.purge_community <= 0:
         raise bad("purge_targets", None, "at least one weight must be positive")
     scenario.build_config()  # validate the settings now, not halfway through a run
@@ -380,9 +402,13 @@ def load_scenario(path_or_name: str | Path | None = None) -> Scenario:
     if path.suffix != ".toml" and not path.exists():
         resource = resources.files("tidal_actors") / "scenarios" / f"{path_or_name}.toml"
         if not resource.is_file():
-            raise InvalidArgument("scenario", str(path_or_name),
-                                  "no such file or built-in scenario (built-in: "
-                                  + ", ".join(builtin_scenarios()) + ")")
+            raise InvalidArgument(
+                "scenario",
+                str(path_or_name),
+                "no such file or built-in scenario (built-in: "
+                + ", ".join(builtin_scenarios())
+                + ")",
+            )
         data = tomllib.loads(resource.read_text(encoding="utf-8"))
         return Scenario.from_mapping(data, f"built-in scenario {path_or_name}")
     return Scenario.from_toml(path)
@@ -473,8 +499,9 @@ def generate_events(scenario: Scenario) -> list[EventRow]:
         elif scenario.assign_upfront and user not in seen:
             seen.add(user)  # control operations pick among users seen signalling
             known.append(user)
-        spec = types[min(bisect.bisect_right(type_cum, rng.random() * type_cum[-1]),
-                         len(types) - 1)]
+        spec = types[
+            min(bisect.bisect_right(type_cum, rng.random() * type_cum[-1]), len(types) - 1)
+        ]
         entity = entity_ids[entities_z.draw(rng)]
         rows.append(SignalRow(line(), t, user, entity, spec.id, rng.choice(spec.weights)))
 
@@ -566,8 +593,12 @@ def _close(a: float, b: float) -> bool:
 
 
 def compare_states(
-    db: _Readable, ref: _Readable, at_ns: int, users: Iterable[int],
-    stats: Mapping[str, int] | None = None, tick: Callable[[int], None] | None = None,
+    db: _Readable,
+    ref: _Readable,
+    at_ns: int,
+    users: Iterable[int],
+    stats: Mapping[str, int] | None = None,
+    tick: Callable[[int], None] | None = None,
 ) -> CheckResult:
     """Compare everything observable of ``db`` with ``ref`` at ``at_ns`` (int ns).
 
@@ -588,16 +619,21 @@ def compare_states(
     result.aggregate_rows = len(theirs)
     for key in sorted(theirs.keys() | mine.keys()):
         a, b = mine.get(key), theirs.get(key)
-        if a is None or b is None or not (
-            _close(a[0], b[0]) and a[1] == b[1] and _close(a[2], b[2])
+        if (
+            a is None
+            or b is None
+            or not (_close(a[0], b[0]) and a[1] == b[1] and _close(a[2], b[2]))
         ):
             result.fail(f"aggregate {key}: runtime {a}, reference {b}")
     for user in users:
         result.users += 1
         for what, x, y in (
             ("status", db.community_layer_status(user), ref.community_layer_status(user)),
-            ("leave history", list(db.community_leave_history(user)),
-             list(ref.community_leave_history(user))),
+            (
+                "leave history",
+                list(db.community_leave_history(user)),
+                list(ref.community_leave_history(user)),
+            ),
             ("cohorts", db.cohorts_of(user), ref.cohorts_of(user)),
         ):
             if x != y:
@@ -610,8 +646,10 @@ def compare_states(
             got = (m.cohort, m.created_at_ns, len(m.entries), m.evicted)
             want = (r.cohort, r.created_at_ns, len(r.entries), r.evicted)
             if got != want or sorted(m.entries) != sorted(r.entries):
-                result.fail(f"user {user} manifest {m.purge_id}: runtime (cohort, created_at_ns, "
-                            f"entries, evicted) {got}, reference {want}")
+                result.fail(
+                    f"user {user} manifest {m.purge_id}: runtime (cohort, created_at_ns, "
+                    f"entries, evicted) {got}, reference {want}"
+                )
         if tick is not None:
             tick(1)
     s1, s2 = (db.stats() if stats is None else stats), ref.stats()
@@ -683,8 +721,9 @@ class Latency:
         end = self.end_s if self.end_s is not None else time.perf_counter() - self.t0
         starts = [t for t, label in self.marks if label == "restart"]
         ends = [t for t, label in self.marks if label == "resumed"]
-        return self.calls.timeline(end, self.interval_s, LATENCY_OPS,
-                                   tuple(zip(starts, ends, strict=False)))
+        return self.calls.timeline(
+            end, self.interval_s, LATENCY_OPS, tuple(zip(starts, ends, strict=False))
+        )
 
     def points(self, most: int = 5_000) -> dict[str, tuple[list[float], list[float]]]:
         """Each call's ``(t_s, latency_ms)`` per operation with at most ``most`` calls
@@ -755,7 +794,10 @@ def _structure_bytes(db: Any) -> dict[str, int] | None:
         try:
             out: dict[str, int] = {}
             for ledger in ledgers:
-                for part, n in {**ledger.state.aggregates.memory(), **ledger.state.log.memory()}.items():
+                for part, n in {
+                    **ledger.state.aggregates.memory(),
+                    **ledger.state.log.memory(),
+                }.items():
                     out[part] = out.get(part, 0) + n
             return out
         except RuntimeError:
@@ -764,15 +806,25 @@ def _structure_bytes(db: Any) -> dict[str, int] | None:
 
 
 def _apply_measured(
-    db: _Db, rows: Iterable[EventRow], clock: ManualClock, batch_size: int, counts: ApplyCounts,
+    db: _Db,
+    rows: Iterable[EventRow],
+    clock: ManualClock,
+    batch_size: int,
+    counts: ApplyCounts,
     latency: Latency,
 ) -> None:
     """:func:`~tidal_actors.eventlog.log.apply_events`, timing every call into ``latency``."""
     apply_events(db, rows, clock, batch_size=batch_size, counts=counts, on_call=latency.record)
 
 
-def _set_up(db: _Db, events: list[EventRow], clock: ManualClock, counts: ApplyCounts,
-            rows: Iterator[EventRow], phase: PhaseFn = no_phase) -> int:
+def _set_up(
+    db: _Db,
+    events: list[EventRow],
+    clock: ManualClock,
+    counts: ApplyCounts,
+    rows: Iterator[EventRow],
+    phase: PhaseFn = no_phase,
+) -> int:
     """Apply the leading ``assign`` rows (``assign_upfront``), taking them from
     ``rows``; returns how many. On the runtime, 16 callers at once (one user's rows
     stay in order), so the persistence actor commits them in groups. ``phase``
@@ -818,8 +870,15 @@ def _figures(db: _Readable, at_ns: int, users: Iterable[int]) -> dict[str, Any]:
     """Everything a reopen must keep, for an exact comparison (floats bit for bit)."""
     return {
         "rows": db.aggregate_rows(at_ns),
-        "users": {u: (db.community_layer_status(u), list(db.community_leave_history(u)),
-                      db.cohorts_of(u), db.list_purge_manifests(u)) for u in users},
+        "users": {
+            u: (
+                db.community_layer_status(u),
+                list(db.community_leave_history(u)),
+                db.cohorts_of(u),
+                db.list_purge_manifests(u),
+            )
+            for u in users
+        },
     }
 
 
@@ -907,30 +966,51 @@ class SimulationResult:
     @property
     def ok(self) -> bool:
         """The check passed and every reopen kept every figure."""
-        return self.check.ok and not self.reopen_differences and not (
-            self.restart and self.restart["differences"])
+        return (
+            self.check.ok
+            and not self.reopen_differences
+            and not (self.restart and self.restart["differences"])
+        )
 
     def report(self) -> dict[str, Any]:
         """Everything above as JSON-ready values."""
         c, check = self.counts, self.check
         return {
-            "scenario": self.scenario.name, "seed": self.scenario.seed, "events": self.events,
-            "users": self.scenario.users, "cohorts": self.scenario.cohorts,
+            "scenario": self.scenario.name,
+            "seed": self.scenario.seed,
+            "events": self.events,
+            "users": self.scenario.users,
+            "cohorts": self.scenario.cohorts,
             "entities": self.scenario.entities,
-            "signals": c.signals, "assigns": c.assigns, "leaves": c.leaves,
-            "rejoins": c.rejoins, "purges": c.purges, "manifests": c.manifests,
-            "manifest_entries": c.manifest_entries, "manifest_evicted": c.manifest_evicted,
-            "stats": self.stats, "runtime_s": self.runtime_s, "signals_per_s": self.signals_per_s,
+            "signals": c.signals,
+            "assigns": c.assigns,
+            "leaves": c.leaves,
+            "rejoins": c.rejoins,
+            "purges": c.purges,
+            "manifests": c.manifests,
+            "manifest_entries": c.manifest_entries,
+            "manifest_evicted": c.manifest_evicted,
+            "stats": self.stats,
+            "runtime_s": self.runtime_s,
+            "signals_per_s": self.signals_per_s,
             "reference_s": self.reference_s,
             "reference_signals_per_s": self.reference_signals_per_s,
-            "latency_ms": self.latency, "memory": self.memory, "restore_s": self.restore_s,
-            "restart": self.restart, "reopen_differences": self.reopen_differences,
+            "latency_ms": self.latency,
+            "memory": self.memory,
+            "restore_s": self.restore_s,
+            "restart": self.restart,
+            "reopen_differences": self.reopen_differences,
             "setup_s": self.setup_s,
-            "check_ok": check.ok, "ok": self.ok, "aggregate_rows": check.aggregate_rows,
-            "users_compared": check.users, "manifests_compared": check.manifests,
+            "check_ok": check.ok,
+            "ok": self.ok,
+            "aggregate_rows": check.aggregate_rows,
+            "users_compared": check.users,
+            "manifests_compared": check.manifests,
             "at_ns": self.at_ns,
-            "mismatches": check.mismatches, "details": check.details,
-            "timeline": self.timeline, "marks": self.marks,
+            "mismatches": check.mismatches,
+            "details": check.details,
+            "timeline": self.timeline,
+            "marks": self.marks,
         }
 
 
@@ -1001,7 +1081,9 @@ def run_simulation(
     purged = [r.cohort if isinstance(r, PurgeRow) else None for r in events]
     halt = stop if stop is not None else (lambda: False)
     watch: PhaseFn = phase if phase is not None else no_phase
-    rows: Iterable[EventRow] = progress(events) if progress is not None and phase is None else events
+    rows: Iterable[EventRow] = (
+        progress(events) if progress is not None and phase is None else events
+    )
     parts = until_stopped(rows, halt)
     with watch("open the store" if scenario.durable else "open", None, ""):
         db: _Db = open_db(config, clock)
@@ -1018,8 +1100,14 @@ def run_simulation(
         latency.start()
         started = time.perf_counter()
         paused = 0.0
-        _apply_measured(db, ticking(itertools.islice(parts, max(0, split - done)), tick), clock,
-                        scenario.batch_size, counts, latency)
+        _apply_measured(
+            db,
+            ticking(itertools.islice(parts, max(0, split - done)), tick),
+            clock,
+            scenario.batch_size,
+            counts,
+            latency,
+        )
         if counts.rows < split:  # only a stop cuts the rows short
             raise Interrupted(counts.rows, "runtime", counts)
         if scenario.restart_at is not None:
@@ -1036,8 +1124,11 @@ def run_simulation(
                 db = open_db(config, clock)
                 restore = time.perf_counter() - t
             after = _figures(db, now, users)
-            restart = {"after_rows": counts.rows, "restore_s": restore,
-                       "differences": _differences(before, after)}
+            restart = {
+                "after_rows": counts.rows,
+                "restore_s": restore,
+                "differences": _differences(before, after),
+            }
             del before, after
             paused = time.perf_counter() - pause
             latency.mark("resumed")
@@ -1058,8 +1149,11 @@ def run_simulation(
         # the log trims evicted records lazily: at most the cap are retained
         retained = min(int(stats.get("log_records", 0)), config.max_contribution_log_entries)
         memory: dict[str, Any] = {
-            "baseline_rss": baseline, "peak_rss": peak, "end_rss": end,
-            "peak_bytes": peak - baseline, "end_bytes": end - baseline,
+            "baseline_rss": baseline,
+            "peak_rss": peak,
+            "end_rss": end,
+            "peak_bytes": peak - baseline,
+            "end_bytes": end - baseline,
             "retained_records": retained,
             "bytes_per_retained_record": (end - baseline) / retained if retained else None,
         }
@@ -1067,7 +1161,8 @@ def run_simulation(
         if parts_bytes is not None:
             memory["structures"] = parts_bytes
             memory["structure_bytes_per_retained_record"] = (
-                sum(parts_bytes.values()) / retained if retained else None)
+                sum(parts_bytes.values()) / retained if retained else None
+            )
         run_bar.close()
 
         ref_clock = ManualClock(scenario.start_ns)
@@ -1076,8 +1171,12 @@ def run_simulation(
         ref = ReferenceModel(config=config, clock=ref_clock, history=durable)
         with watch("reference model (single-threaded)", len(events), "row") as tick:
             t = time.perf_counter()
-            ref_rows = apply_events(ref, ticking(until_stopped(events, halt), tick), ref_clock,
-                                    batch_size=scenario.batch_size).rows
+            ref_rows = apply_events(
+                ref,
+                ticking(until_stopped(events, halt), tick),
+                ref_clock,
+                batch_size=scenario.batch_size,
+            ).rows
             if ref_rows < len(events):
                 raise Interrupted(counts.rows, "check", counts)
             reference_s = time.perf_counter() - t
@@ -1105,6 +1204,21 @@ def run_simulation(
         with watch("close", None, ""):
             db.close()
     return SimulationResult(
-        scenario, len(events), counts, runtime_s, reference_s, stats, at_ns, check,
-        latency.summary(), latency.timeline, latency.marks, memory, restore_s, restart,
-        reopen_differences, setup_s, latency.points())
+        scenario,
+        len(events),
+        counts,
+        runtime_s,
+        reference_s,
+        stats,
+        at_ns,
+        check,
+        latency.summary(),
+        latency.timeline,
+        latency.marks,
+        memory,
+        restore_s,
+        restart,
+        reopen_differences,
+        setup_s,
+        latency.points(),
+    )

@@ -71,9 +71,13 @@ class CallLog:
     def calls(self, op: str) -> int:
         return int(np.count_nonzero(np.frombuffer(self.op, dtype=np.uint8) == self.ops.index(op)))
 
-    def timeline(self, span_s: float, width_s: float | None = None,
-                 binned: tuple[str, ...] = ("signal", "leave", "purge"),
-                 pauses: tuple[tuple[float, float], ...] = ()) -> list[dict[str, Any]]:
+    def timeline(
+        self,
+        span_s: float,
+        width_s: float | None = None,
+        binned: tuple[str, ...] = ("signal", "leave", "purge"),
+        pauses: tuple[tuple[float, float], ...] = (),
+    ) -> list[dict[str, Any]]:
         """Per interval of ``width_s`` (default: `resolution`) from 0 to ``span_s``:
         ``start_s`` and ``t_s`` (its ends), ``width_s`` (the step), ``signals_per_s``
         and ``{op}_p50_ms`` / ``{op}_p99_ms`` for ``binned`` ops (None where the
@@ -117,9 +121,14 @@ class CallLog:
         sig = self.ops.index("signal")
         signals = np.bincount(idx[ops == sig], weights=counts[ops == sig], minlength=n)
         rows: list[dict[str, Any]] = [
-            {"start_s": round(lo, 9), "t_s": round(hi, 9), "width_s": width_s,
-             "signals_per_s": float(signals[i]) / max(hi - lo, 1e-9)}
-            for i, (lo, hi) in enumerate(edges)]
+            {
+                "start_s": round(lo, 9),
+                "t_s": round(hi, 9),
+                "width_s": width_s,
+                "signals_per_s": float(signals[i]) / max(hi - lo, 1e-9),
+            }
+            for i, (lo, hi) in enumerate(edges)
+        ]
         for name in binned:
             k = self.ops.index(name)
             sel = ops == k
@@ -131,6 +140,10 @@ class CallLog:
             for i in range(n):
                 lo, hi = starts[i], ends[i]
                 has = hi > lo
-                rows[i][f"{name}_p50_ms"] = _weighted_percentile(v[lo:hi], w[lo:hi], 50) if has else None
-                rows[i][f"{name}_p99_ms"] = _weighted_percentile(v[lo:hi], w[lo:hi], 99) if has else None
+                rows[i][f"{name}_p50_ms"] = (
+                    _weighted_percentile(v[lo:hi], w[lo:hi], 50) if has else None
+                )
+                rows[i][f"{name}_p99_ms"] = (
+                    _weighted_percentile(v[lo:hi], w[lo:hi], 99) if has else None
+                )
         return rows

@@ -86,7 +86,11 @@ def build_states(
     memory stays bounded by the log).
     """
     mstates, lstates, coord = _build_states(config, restored)
-    if store is not None and getattr(store, "durable", False) and getattr(store, "reads_history", False):
+    if (
+        store is not None
+        and getattr(store, "durable", False)
+        and getattr(store, "reads_history", False)
+    ):
         nm = config.membership_shards
         caps = [membership_capacity(config.max_contribution_log_entries, m, nm) for m in range(nm)]
         for i, ls in enumerate(lstates):
@@ -163,7 +167,9 @@ def _decode_snapshot(restored: Restored, shard: int, config: Config) -> LedgerSt
 
 
 def _replay_history(
-    restored: Restored, mstates: list[MembershipState], lstates: list[LedgerState],
+    restored: Restored,
+    mstates: list[MembershipState],
+    lstates: list[LedgerState],
     coord: CoordinatorState,
 ) -> None:
     """Rebuild the ledgers from the durable history (restore without a snapshot).
@@ -236,11 +242,24 @@ def _replay_history(
             sel = sel[np.lexsort((rcol[sel], ms))]
         ms, rs = mcol[sel], rcol[sel]
         ls.aggregates.load_columns(
-            ms, rs, ucol[sel], ccol[sel], names, ecol[sel], tcol[sel], wcol[sel], tscol[sel],
+            ms,
+            rs,
+            ucol[sel],
+            ccol[sel],
+            names,
+            ecol[sel],
+            tcol[sel],
+            wcol[sel],
+            tscol[sel],
         )
         live = rs >= watermarks[ms]
         ls.log.load_columns(
-            ucol[sel], ccol[sel], names, np.arange(len(sel), dtype=np.int64), live, rs,
+            ucol[sel],
+            ccol[sel],
+            names,
+            np.arange(len(sel), dtype=np.int64),
+            live,
+            rs,
             reported,
         )
         seen = ls.rseq_seen
@@ -252,8 +271,6 @@ def _replay_history(
                 seen[m] = top
 
 
-
-
 class Call:
     """An operation in flight: its replies and how to turn their values into the result.
 
@@ -263,7 +280,9 @@ class Call:
 
     __slots__ = ("finish", "name", "replies")
 
-    def __init__(self, name: str, replies: list[Reply], finish: Callable[[list[Any]], Any] | None = None) -> None:
+    def __init__(
+        self, name: str, replies: list[Reply], finish: Callable[[list[Any]], Any] | None = None
+    ) -> None:
         self.name = name
         self.replies = replies
         self.finish = finish
@@ -388,7 +407,16 @@ class Core(Intake):
             as its own message (the message-driven harness).
     """
 
-    def __init__(self, config: Config, clock: Clock, store: Any, restored: Restored, host: Any, *, buffered: bool = True) -> None:
+    def __init__(
+        self,
+        config: Config,
+        clock: Clock,
+        store: Any,
+        restored: Restored,
+        host: Any,
+        *,
+        buffered: bool = True,
+    ) -> None:
         self.config = config
         self.clock = clock
         self.store = store
@@ -434,14 +462,20 @@ class Core(Intake):
         behaviours += self.ledgers
         behaviours += [MembershipShard(ctx, i, s) for i, s in enumerate(mstates)]
         host.start(behaviours)
-        if restored.statuses_pending and config.rematerialize_after_ms is not None and not self._read_only:
+        if (
+            restored.statuses_pending
+            and config.rematerialize_after_ms is not None
+            and not self._read_only
+        ):
             # a crash interrupted a purge's re-materialization: finish it now
             host.tell(M.COORD_ADDR, M.ResumeRematerialization())
         self._flusher_stop = threading.Event()
         self._flusher: threading.Thread | None = None
         _OPEN_CORES.add(self)
         if buffered:
-            self._flusher = threading.Thread(target=self._flush_loop, name="tidal-flusher", daemon=True)
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name="tidal-flusher", daemon=True
+            )
             self._flusher.start()
 
     # -- lifetime -----------------------------------------------------------------
@@ -508,7 +542,9 @@ class Core(Intake):
                 applied = sum(b.purges_applied for b in self.ledgers)
                 if applied == self.coordinator.purges:
                     with contextlib.suppress(StorageError):
-                        self.store.commit(snapshot_write_ops(self.config, [b.state for b in self.ledgers]))
+                        self.store.commit(
+                            snapshot_write_ops(self.config, [b.state for b in self.ledgers])
+                        )
         finally:
             self.store.close()
         if final_flush is not None:  # stopping the actors drained their mailboxes
@@ -529,7 +565,9 @@ class Core(Intake):
             self._inflight_failed = True
             pending = list(self._inflight)
         for reply in pending:
-            reply.set_exception(DatabaseClosed("the database was closed before this call completed"))
+            reply.set_exception(
+                DatabaseClosed("the database was closed before this call completed")
+            )
 
     def check_open(self) -> None:
         if self.closed:
@@ -571,7 +609,9 @@ class Core(Intake):
             self._inflight.add(reply)
             failed = self._inflight_failed
         if failed:  # close() already failed what was in flight: this one too
-            reply.set_exception(DatabaseClosed("the database was closed before this call completed"))
+            reply.set_exception(
+                DatabaseClosed("the database was closed before this call completed")
+            )
 
     def untrack(self, reply: Reply) -> None:
         with self._inflight_lock:
@@ -622,8 +662,14 @@ class Core(Intake):
         return Call(name, [reply])
 
     def _barrier(
-        self, ledgers: tuple[int, ...], reply: Reply, action: M.Read | None = None, durable: bool = False,
-        then: tuple[M.Address, object] | None = None, closing: bool = False, reports_loss: bool = False,
+        self,
+        ledgers: tuple[int, ...],
+        reply: Reply,
+        action: M.Read | None = None,
+        durable: bool = False,
+        then: tuple[M.Address, object] | None = None,
+        closing: bool = False,
+        reports_loss: bool = False,
     ) -> None:
         barrier = M.Barrier(ledgers, self._nm, reply, action, durable, then, reports_loss)
         for m in range(self._nm):
@@ -691,15 +737,22 @@ class Core(Intake):
         self.host.tell(M.COORD_ADDR, M.QueryManifests(u, reply))
         return Call("list_purge_manifests", [reply])
 
-    def read_decay_score(self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None) -> Call:
+    def read_decay_score(
+        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
+    ) -> Call:
         c = check_cohort(cohort, allow_community=True)
         e = check_id("entity_id", entity_id)
         t = check_id("signal_type", signal_type)
         self.check_open()
         at = self._at(at_ns)
-        return Call("read_decay_score", [self._read_reply(ledger_shard_of(c, self._nl), "score", (c, e, t, at))])
+        return Call(
+            "read_decay_score",
+            [self._read_reply(ledger_shard_of(c, self._nl), "score", (c, e, t, at))],
+        )
 
-    def read_window(self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None) -> Call:
+    def read_window(
+        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
+    ) -> Call:
         c = check_cohort(cohort, allow_community=True)
         e = check_id("entity_id", entity_id)
         t = check_id("signal_type", signal_type)
@@ -714,7 +767,9 @@ class Core(Intake):
         kk = check_k(k)
         self.check_open()
         at = self._at(at_ns)
-        return Call("top_entities", [self._read_reply(ledger_shard_of(c, self._nl), "top", (c, t, kk, at))])
+        return Call(
+            "top_entities", [self._read_reply(ledger_shard_of(c, self._nl), "top", (c, t, kk, at))]
+        )
 
     def aggregate_rows(self, at_ns: int | None = None) -> Call:
         self.check_open()
@@ -765,11 +820,20 @@ class Core(Intake):
         # everything submitted before the call is applied and committed first
         sync = Reply("rematerialize-sync")
         reply = Reply("rematerialize")
-        self._barrier(tuple(range(self._nl)), sync, durable=True, then=(M.COORD_ADDR, M.Rematerialize(c, reply)))
+        self._barrier(
+            tuple(range(self._nl)),
+            sync,
+            durable=True,
+            then=(M.COORD_ADDR, M.Rematerialize(c, reply)),
+        )
         return Call("rematerialize", [sync, reply], lambda v: v[1])
 
     def purge_status(self, purge_id: int) -> Call:
-        if isinstance(purge_id, bool) or not isinstance(purge_id, int) or not 0 <= purge_id < 2**128:
+        if (
+            isinstance(purge_id, bool)
+            or not isinstance(purge_id, int)
+            or not 0 <= purge_id < 2**128
+        ):
             raise InvalidArgument("purge_id", purge_id, "must be a PurgeId (int in [0, 2**128))")
         self.check_open()
         reply = Reply("purge_status")
@@ -780,7 +844,9 @@ class Core(Intake):
         self.check_open()
         flush = Reply("compact-flush")
         reply = Reply("compact")
-        self._barrier(tuple(range(self._nl)), flush, durable=True, then=(M.PERSIST_ADDR, M.Compact(reply)))
+        self._barrier(
+            tuple(range(self._nl)), flush, durable=True, then=(M.PERSIST_ADDR, M.Compact(reply))
+        )
         return Call("compact", [flush, reply], lambda v: v[1])
 
     def lmdb_flags(self) -> dict[str, Any]:
@@ -792,14 +858,24 @@ class Core(Intake):
 
 def snapshot_delete_ops(restored: Restored) -> list[tuple[str, bytes, bytes | None]]:
     """Ops deleting the snapshot (mark first) that ``restored`` found."""
-    ops: list[tuple[str, bytes, bytes | None]] = [(Keyspace.META.value, encode_key(0, Tag.SNAPSHOT_MARK), None)]
+    ops: list[tuple[str, bytes, bytes | None]] = [
+        (Keyspace.META.value, encode_key(0, Tag.SNAPSHOT_MARK), None)
+    ]
     for li, chunks in restored.snapshot_chunks.items():
         for k in range(len(chunks)):
-            ops.append((Keyspace.META.value, encode_key(li, Tag.SNAPSHOT_CHUNK, k.to_bytes(4, "big")), None))
+            ops.append(
+                (
+                    Keyspace.META.value,
+                    encode_key(li, Tag.SNAPSHOT_CHUNK, k.to_bytes(4, "big")),
+                    None,
+                )
+            )
     return ops
 
 
-def snapshot_write_ops(config: Config, states: list[LedgerState]) -> list[tuple[str, bytes, bytes | None]]:
+def snapshot_write_ops(
+    config: Config, states: list[LedgerState]
+) -> list[tuple[str, bytes, bytes | None]]:
     """Ops writing a snapshot of every ledger shard, then its mark."""
     from tidal_actors.storage.snapshot import encode_ledger
 
@@ -828,14 +904,24 @@ def check_meta(store: Any, config: Config, restored: Restored) -> None:
         stored = meta.get("membership_shards")
         if stored is not None and stored != config.membership_shards:
             raise InvalidArgument(
-                "membership_shards", config.membership_shards,
+                "membership_shards",
+                config.membership_shards,
                 f"this store was written with membership_shards={stored}; record numbering depends on it",
             )
         return
     if getattr(store, "read_only", False):
         return  # nothing to check against, and nothing may be written
-    store.commit([(Keyspace.META.value, encode_key(0, Tag.STORE_META),
-                   msgpack.packb({"format": FORMAT_VERSION, "membership_shards": config.membership_shards}))])
+    store.commit(
+        [
+            (
+                Keyspace.META.value,
+                encode_key(0, Tag.STORE_META),
+                msgpack.packb(
+                    {"format": FORMAT_VERSION, "membership_shards": config.membership_shards}
+                ),
+            )
+        ]
+    )
     path = getattr(store, "path", None)
     if path is not None:
         (path / STORE_MARKER).touch()

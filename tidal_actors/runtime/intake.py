@@ -63,21 +63,35 @@ class Buffer:
         self.items: list[M.SignalTuple] = []
 
 
-def _fast_signal(u: Any, e: Any, t: Any, w: Any, ts: Any = None, cx: Any = None) -> tuple[Any, ...] | None:
+def _fast_signal(
+    u: Any, e: Any, t: Any, w: Any, ts: Any = None, cx: Any = None
+) -> tuple[Any, ...] | None:
     """The common case (plain ints, a finite float weight, no context) checked inline;
     None sends the signal through the full checks of `_checked_signal`."""
     if (
-        type(u) is int and 0 <= u < _U64 and type(e) is int and 0 <= e < _U64
-        and type(t) is int and 0 <= t < _U64 and type(w) is float and 0.0 <= w <= _F32_MAX
-        and cx is None and (ts is None or (type(ts) is int and 0 <= ts < _I63))
+        type(u) is int
+        and 0 <= u < _U64
+        and type(e) is int
+        and 0 <= e < _U64
+        and type(t) is int
+        and 0 <= t < _U64
+        and type(w) is float
+        and 0.0 <= w <= _F32_MAX
+        and cx is None
+        and (ts is None or (type(ts) is int and 0 <= ts < _I63))
     ):
         return (u, e, t, _F32.unpack(_F32.pack(w))[0], ts, None)
     return None
 
 
-def _checked_signal(u: Any, e: Any, t: Any, w: Any = 1.0, ts: Any = None, cx: Any = None) -> tuple[Any, ...]:
+def _checked_signal(
+    u: Any, e: Any, t: Any, w: Any = 1.0, ts: Any = None, cx: Any = None
+) -> tuple[Any, ...]:
     return (
-        check_id("user_id", u), check_id("entity_id", e), check_id("signal_type", t), check_weight(w),
+        check_id("user_id", u),
+        check_id("entity_id", e),
+        check_id("signal_type", t),
+        check_weight(w),
         None if ts is None else check_timestamp("timestamp_ns", ts),
         None if cx is None else check_context(cx),
     )
@@ -118,7 +132,6 @@ class Intake:
                         items, buf.items = buf.items, []
                         self.host.tell((M.MEMBERSHIP, m), M.SignalBatch(items))
 
-
     def _tune_batches(self) -> None:
         """Size each shard's batches to ``Config.inflight_budget_ms`` of its measured
         work per signal (at least 64 signals or ``signal_batch_size`` if smaller, at most
@@ -130,8 +143,9 @@ class Intake:
         for m in range(self._nm):
             per = unit_s((M.MEMBERSHIP, m))
             if per > 0:
-                self._steps[m] = max(min(64, self._batch), min(self._batch, int(budget / 1000.0 / per)))
-
+                self._steps[m] = max(
+                    min(64, self._batch), min(self._batch, int(budget / 1000.0 / per))
+                )
 
     def _tell_signals(self, m: int, items: list[M.SignalTuple], reserved: bool = False) -> None:
         """Send a batch under its buffer's lock, never waiting: into room reserved
@@ -141,7 +155,6 @@ class Intake:
             self.host.put_reserved((M.MEMBERSHIP, m), M.SignalBatch(items))
         else:
             self.host.force((M.MEMBERSHIP, m), M.SignalBatch(items))
-
 
     def room_needed(self, user_id: Any) -> int | None:
         """The membership shard a signal of ``user_id`` would have to wait for: its
@@ -154,11 +167,9 @@ class Intake:
             return None
         return None if self.host.has_room((M.MEMBERSHIP, m)) else m
 
-
     def full_shards(self) -> list[int]:
         """The membership shards whose mailboxes are full now."""
         return [m for m in range(self._nm) if not self.host.has_room((M.MEMBERSHIP, m))]
-
 
     def when_room(self, m: int, fn: Callable[[], None]) -> bool:
         """True if membership shard ``m`` has room; else ``fn()`` runs once it has (in
@@ -168,24 +179,39 @@ class Intake:
         except DatabaseClosed:
             return True
 
-
     def signal_with_context(
-        self, user_id: int, entity_id: int, signal_type: int, weight: float = 1.0,
-        timestamp_ns: int | None = None, context: Mapping[str, Any] | None = None,
+        self,
+        user_id: int,
+        entity_id: int,
+        signal_type: int,
+        weight: float = 1.0,
+        timestamp_ns: int | None = None,
+        context: Mapping[str, Any] | None = None,
     ) -> None:
         if self.closed:
             self.check_open()
         if (  # the common case checked inline (`_fast_signal`, without its call)
-            type(user_id) is int and 0 <= user_id < _U64 and type(entity_id) is int
-            and 0 <= entity_id < _U64 and type(signal_type) is int and 0 <= signal_type < _U64
-            and type(weight) is float and 0.0 <= weight <= _F32_MAX and context is None
+            type(user_id) is int
+            and 0 <= user_id < _U64
+            and type(entity_id) is int
+            and 0 <= entity_id < _U64
+            and type(signal_type) is int
+            and 0 <= signal_type < _U64
+            and type(weight) is float
+            and 0.0 <= weight <= _F32_MAX
+            and context is None
         ):
             if timestamp_ns is None:
                 timestamp_ns = self.now()
             elif type(timestamp_ns) is not int or not 0 <= timestamp_ns < _I63:
                 timestamp_ns = check_timestamp("timestamp_ns", timestamp_ns)
             item: tuple[Any, ...] = (
-                user_id, entity_id, signal_type, _F32.unpack(_F32.pack(weight))[0], timestamp_ns, None
+                user_id,
+                entity_id,
+                signal_type,
+                _F32.unpack(_F32.pack(weight))[0],
+                timestamp_ns,
+                None,
             )
         else:
             item = _checked_signal(user_id, entity_id, signal_type, weight, timestamp_ns, context)
@@ -213,7 +239,6 @@ class Intake:
             if reserved:
                 self.host.release((M.MEMBERSHIP, m))
 
-
     def signal_batch(self, signals: Iterable[Signal]) -> None:
         self.check_open()
         if isinstance(signals, (str, bytes, Mapping)) or not hasattr(signals, "__iter__"):
@@ -239,7 +264,9 @@ class Intake:
                     try:
                         item = _checked_signal(*s)
                     except InvalidArgument as exc:
-                        raise InvalidArgument(f"signals[{i}].{exc.field}", exc.value, exc.reason) from None
+                        raise InvalidArgument(
+                            f"signals[{i}].{exc.field}", exc.value, exc.reason
+                        ) from None
                 if item[4] is None:
                     if now is None:
                         now = self.now()
@@ -262,7 +289,6 @@ class Intake:
                 step = steps[m]
                 for k in range(0, len(items), step):
                     self._tell_signals(m, items[k : k + step])
-
 
     def _send_chunks(self, shards: list[int], per_shard: list[list[M.SignalTuple]]) -> None:
         """A blocking caller's batch: chunk by chunk, each into room reserved before

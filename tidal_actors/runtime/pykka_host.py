@@ -199,7 +199,9 @@ class _Mailbox(queue.Queue):  # type: ignore[type-arg]
         super().put(item, block, timeout)
 
 
-def _actor_class(capacity: int, budget_s: float | None, started: list[Any]) -> type[pykka.ThreadingActor]:
+def _actor_class(
+    capacity: int, budget_s: float | None, started: list[Any]
+) -> type[pykka.ThreadingActor]:
     class _Actor(pykka.ThreadingActor):
         use_daemon_thread = True
 
@@ -220,7 +222,9 @@ def _actor_class(capacity: int, budget_s: float | None, started: list[Any]) -> t
         def _start_actor_loop(self) -> None:
             # pykka does not keep its thread; we do, to join it at stop
             kind, index = self.behaviour.address
-            self.thread = threading.Thread(target=self._actor_loop, name=f"tidal-{kind}-{index}", daemon=True)
+            self.thread = threading.Thread(
+                target=self._actor_loop, name=f"tidal-{kind}-{index}", daemon=True
+            )
             self.thread.start()
 
         @staticmethod
@@ -264,7 +268,9 @@ def _actor_class(capacity: int, budget_s: float | None, started: list[Any]) -> t
 class HostContext:
     """The context behaviours see under this host."""
 
-    def __init__(self, config: Config, clock: Clock, durable: bool, tell: Callable[[M.Address, object], None]) -> None:
+    def __init__(
+        self, config: Config, clock: Clock, durable: bool, tell: Callable[[M.Address, object], None]
+    ) -> None:
         self.config = config
         self.clock = clock
         self.durable = durable
@@ -282,7 +288,9 @@ class PykkaHost:
         self.behaviours: dict[M.Address, Behaviour] = {}
         self._actors: list[Any] = []
         budget = config.inflight_budget_ms
-        self._actor_cls = _actor_class(config.mailbox_capacity, None if budget is None else budget / 1000.0, self._actors)
+        self._actor_cls = _actor_class(
+            config.mailbox_capacity, None if budget is None else budget / 1000.0, self._actors
+        )
         self._stopped = threading.Event()
 
     def start(self, behaviours: list[Behaviour]) -> None:

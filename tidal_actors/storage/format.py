@@ -134,10 +134,14 @@ def unseal(raw: bytes, keyspace: str, key: bytes) -> bytes | memoryview:
             f"cannot decode {keyspace} key {key.hex()}: neither sealed nor a msgpack map (first byte {first})"
         )
     if len(raw) < _SEAL.size:
-        raise StorageError(f"cannot decode {keyspace} key {key.hex()}: sealed value cut short ({len(raw)} bytes)")
+        raise StorageError(
+            f"cannot decode {keyspace} key {key.hex()}: sealed value cut short ({len(raw)} bytes)"
+        )
     _, version, crc = _SEAL.unpack_from(raw)
     if version != SEAL_VERSION:
-        raise StorageError(f"cannot decode {keyspace} key {key.hex()}: unknown seal version {version}")
+        raise StorageError(
+            f"cannot decode {keyspace} key {key.hex()}: unknown seal version {version}"
+        )
     payload = memoryview(raw)[_SEAL.size :]
     if zlib.crc32(payload, zlib.crc32(key)) != crc:
         raise StorageError(

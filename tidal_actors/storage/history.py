@@ -59,7 +59,12 @@ class HistoryMarks:
         """Note a committed transaction's ops (called by the store after the commit)."""
         top = self.top
         for ks, key, value in ops:
-            if ks == Keyspace.HISTORY.value and value is not None and len(key) == 18 and key[9] == _BATCH_TAG:
+            if (
+                ks == Keyspace.HISTORY.value
+                and value is not None
+                and len(key) == 18
+                and key[9] == _BATCH_TAG
+            ):
                 shard = int.from_bytes(key[:8], "big")
                 seq = int.from_bytes(key[10:18], "big") + 1
                 if seq > top.get(shard, 0):
@@ -79,7 +84,9 @@ class HistoryReader:
         self.store = store
         self.shard = shard
         self._mark: Any = None
-        self._ranges: dict[tuple[int, int], dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]] = {}
+        self._ranges: dict[
+            tuple[int, int], dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]
+        ] = {}
 
     def committed(self) -> int:
         """One past the highest batch sequence of this shard committed since the open."""
@@ -183,11 +190,17 @@ class HistoryReader:
                         self._index_into(index, b, sel & self.untombstoned(b, tombs))
                 if past:
                     break  # a shard's batches hold growing rseqs: none later is below
-        return {k: (np.concatenate([p[0] for p in v]), np.concatenate([p[1] for p in v])) for k, v in index.items()}
+        return {
+            k: (np.concatenate([p[0] for p in v]), np.concatenate([p[1] for p in v]))
+            for k, v in index.items()
+        }
 
     @staticmethod
-    def _index_into(index: dict[tuple[str, int, int], list[tuple[np.ndarray, np.ndarray]]], b: Any,
-                    sel: np.ndarray) -> None:
+    def _index_into(
+        index: dict[tuple[str, int, int], list[tuple[np.ndarray, np.ndarray]]],
+        b: Any,
+        sel: np.ndarray,
+    ) -> None:
         """Add batch ``b``'s selected records to ``index`` by key, one group per key."""
         rows = np.flatnonzero(sel)
         if not len(rows):
@@ -195,7 +208,9 @@ class HistoryReader:
         order = np.lexsort((b.t[rows], b.e[rows], b.ci[rows]))
         rows = rows[order]
         ci, e, t = b.ci[rows], b.e[rows], b.t[rows]
-        starts = np.flatnonzero(np.r_[True, (ci[1:] != ci[:-1]) | (e[1:] != e[:-1]) | (t[1:] != t[:-1])])
+        starts = np.flatnonzero(
+            np.r_[True, (ci[1:] != ci[:-1]) | (e[1:] != e[:-1]) | (t[1:] != t[:-1])]
+        )
         ends = np.r_[starts[1:], len(rows)]
         for a, z in zip(starts.tolist(), ends.tolist()):
             r = rows[a:z]

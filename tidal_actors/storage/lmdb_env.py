@@ -92,7 +92,9 @@ class LmdbStore:
 
     durable = True
 
-    def __init__(self, path: str | os.PathLike[str], config: Config, *, read_only: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], config: Config, *, read_only: bool = False
+    ) -> None:
         self.path = Path(path)
         self.config = config
         # read_only: the open itself writes nothing either (`Core` skips its snapshot
@@ -164,9 +166,18 @@ class LmdbStore:
 
     def _open_env(self) -> None:
         self.env = lmdb.open(
-            str(self.path), map_size=self.map_size, max_dbs=8, subdir=True,
-            sync=True, metasync=True, writemap=False, map_async=False,
-            lock=True, readahead=False, max_readers=126, readonly=self.read_only,
+            str(self.path),
+            map_size=self.map_size,
+            max_dbs=8,
+            subdir=True,
+            sync=True,
+            metasync=True,
+            writemap=False,
+            map_async=False,
+            lock=True,
+            readahead=False,
+            max_readers=126,
+            readonly=self.read_only,
         )
         self._flags = dict(self.env.flags())
 
@@ -178,7 +189,9 @@ class LmdbStore:
         create = not (self.existed or self.read_only)
         while True:
             try:
-                self.dbs = {k.value: self.env.open_db(k.value.encode(), create=create) for k in Keyspace}
+                self.dbs = {
+                    k.value: self.env.open_db(k.value.encode(), create=create) for k in Keyspace
+                }
                 return
             except lmdb.NotFoundError:
                 missing = [k.value for k in Keyspace if not self._has_db(k.value)]
@@ -300,9 +313,7 @@ class LmdbStore:
         from tidal_actors.storage.stores import parse_store
 
         with self._env_lock, self._begin() as txn:
-            return parse_store(
-                {k.value: self._read(txn, k) for k in Keyspace}, snapshot_ledgers
-            )
+            return parse_store({k.value: self._read(txn, k) for k in Keyspace}, snapshot_ledgers)
 
     def _begin(self) -> Any:
         """A read transaction (call with ``_env_lock`` held)."""
@@ -430,7 +441,9 @@ class LmdbStore:
         except (lmdb.Error, StorageError) as exc:
             self._close_env()
             self._probe.unlock()
-            self._broken = f"the LMDB environment at {self.path} could not be reopened after compaction: {exc}"
+            self._broken = (
+                f"the LMDB environment at {self.path} could not be reopened after compaction: {exc}"
+            )
             raise StorageError(self._broken) from exc
 
     @staticmethod
@@ -450,7 +463,9 @@ class LmdbStore:
             try:
                 v = txn.get(key, db=self.dbs[keyspace.value])
             except lmdb.Error as exc:
-                raise StorageError(f"cannot read {keyspace.value} key {key.hex()} of {self.path}: {exc}") from exc
+                raise StorageError(
+                    f"cannot read {keyspace.value} key {key.hex()} of {self.path}: {exc}"
+                ) from exc
             return bytes(v) if v is not None else None
 
     def get_many(self, keyspace: Keyspace, keys: list[bytes]) -> list[tuple[bytes, bytes | None]]:
@@ -468,7 +483,9 @@ class LmdbStore:
                     out.append((key, bytes(v) if v is not None else None))
                 return out
             except lmdb.Error as exc:
-                raise StorageError(f"cannot read the {keyspace.value} keyspace of {self.path}: {exc}") from exc
+                raise StorageError(
+                    f"cannot read the {keyspace.value} keyspace of {self.path}: {exc}"
+                ) from exc
 
     def scan(self, keyspace: Keyspace) -> list[tuple[bytes, bytes]]:
         """Every ``(key, value)`` of ``keyspace``, in key order, in one read transaction.

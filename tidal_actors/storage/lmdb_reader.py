@@ -63,7 +63,9 @@ class SnapshotStore(LmdbStore):
                     txn = self._live().begin(buffers=False)
                 except lmdb.MapResizedError:
                     if attempt == 4:
-                        raise StorageError(f"cannot read {self.path}: its map keeps growing") from None
+                        raise StorageError(
+                            f"cannot read {self.path}: its map keeps growing"
+                        ) from None
                     self.env.set_mapsize(0)  # LMDB takes the size the writer's meta page names
                     continue
                 except lmdb.Error as exc:
@@ -73,8 +75,14 @@ class SnapshotStore(LmdbStore):
                 with txn:
                     restored = parse_store(
                         # kept keyspaces are read whole (a valid snapshot skips the history)
-                        {k.value: (list(self._keep(txn, k, kept[k.value])) if k in _KEPT else self._read(txn, k))
-                         for k in Keyspace},
+                        {
+                            k.value: (
+                                list(self._keep(txn, k, kept[k.value]))
+                                if k in _KEPT
+                                else self._read(txn, k)
+                            )
+                            for k in Keyspace
+                        },
                         snapshot_ledgers,
                     )
                 self._kept = kept
@@ -84,7 +92,9 @@ class SnapshotStore(LmdbStore):
                 return restored
         raise AssertionError("unreachable")
 
-    def _keep(self, txn: Any, keyspace: Keyspace, into: dict[bytes, bytes]) -> Iterator[tuple[bytes, bytes]]:
+    def _keep(
+        self, txn: Any, keyspace: Keyspace, into: dict[bytes, bytes]
+    ) -> Iterator[tuple[bytes, bytes]]:
         for key, value in self._read(txn, keyspace):
             into[bytes(key)] = bytes(value)
             yield key, value

@@ -18,11 +18,23 @@ from tidal_actors._config import Config
 from tidal_actors._durations import format_duration
 from tidal_actors.storage.format import Keyspace, Tag, encode_key
 
-__all__ = ["RECORDED", "SETTINGS_KEY", "decode_settings", "describe", "settings_ops", "with_recorded"]
+__all__ = [
+    "RECORDED",
+    "SETTINGS_KEY",
+    "decode_settings",
+    "describe",
+    "settings_ops",
+    "with_recorded",
+]
 
 RECORDED = (
-    "half_life_ns", "half_life_ns_by_type", "window_width_ns", "window_buckets",
-    "membership_shards", "ledger_shards", "max_contribution_log_entries",
+    "half_life_ns",
+    "half_life_ns_by_type",
+    "window_width_ns",
+    "window_buckets",
+    "membership_shards",
+    "ledger_shards",
+    "max_contribution_log_entries",
 )
 """What reads depend on: decay (half-lives), windows (width, bucket count), how the
 history is laid out and restored (shard counts, the log's cap)."""
@@ -37,14 +49,17 @@ def record_of(config: Config) -> dict[str, Any]:
     return out
 
 
-def settings_ops(config: Config, recorded: dict[str, Any] | None) -> list[tuple[str, bytes, bytes | None]]:
+def settings_ops(
+    config: Config, recorded: dict[str, Any] | None
+) -> list[tuple[str, bytes, bytes | None]]:
     """The write stamping ``config``'s settings, or none when ``recorded`` (what the
     store holds, decoded) already says the same."""
     record = record_of(config)
     if recorded is not None:
         held = dict(recorded)
         held["half_life_ns_by_type"] = sorted(
-            [k, v] for k, v in dict(held.get("half_life_ns_by_type", {})).items())
+            [k, v] for k, v in dict(held.get("half_life_ns_by_type", {})).items()
+        )
         if held == record:
             return []
     return [(Keyspace.META.value, SETTINGS_KEY, msgpack.packb(record))]
@@ -79,8 +94,11 @@ def with_recorded(config: Config, recorded: dict[str, Any] | None) -> Config:
 def describe(config: Config) -> str:
     """The recorded settings of ``config`` for people: ``half-life 7d (type 2: 1h),
     window 24 x 1h``."""
-    by_type = ", ".join(f"type {k}: {format_duration(v)}"
-                        for k, v in sorted(config.half_life_ns_by_type.items()))
-    return (f"half-life {format_duration(config.half_life_ns)}"
-            + (f" ({by_type})" if by_type else "")
-            + f", window {config.window_buckets} x {format_duration(config.window_width_ns)}")
+    by_type = ", ".join(
+        f"type {k}: {format_duration(v)}" for k, v in sorted(config.half_life_ns_by_type.items())
+    )
+    return (
+        f"half-life {format_duration(config.half_life_ns)}"
+        + (f" ({by_type})" if by_type else "")
+        + f", window {config.window_buckets} x {format_duration(config.window_width_ns)}"
+    )

@@ -41,12 +41,16 @@ def encode_ledger(ls: LedgerState) -> list[bytes]:
         index_lens.append(len(lst) // 8)
         index_data += lst
     head = {
-        "base": log.base, "head": log.head,
+        "base": log.base,
+        "head": log.head,
         "cols": {n: getattr(log, n).tobytes() for n in _LOG_COLS},
         "floor": log.floor,
-        "iusers": index_users.tobytes(), "icohorts": index_cohorts,
-        "ilens": index_lens.tobytes(), "idata": bytes(index_data),
-        "batch_seq": ls.batch_seq, "rseq_seen": ls.rseq_seen,
+        "iusers": index_users.tobytes(),
+        "icohorts": index_cohorts,
+        "ilens": index_lens.tobytes(),
+        "idata": bytes(index_data),
+        "batch_seq": ls.batch_seq,
+        "rseq_seen": ls.rseq_seen,
         "live_from": {m: list(v) for m, v in ls.live_from.items()},
     }
     return [msgpack.packb(head), msgpack.packb(agg.dump())]

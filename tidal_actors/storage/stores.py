@@ -28,7 +28,13 @@ from tidal_actors.storage.history import HistoryMarks
 from tidal_actors.storage.lmdb_env import STORE_MARKER, LmdbStore
 
 __all__ = [
-    "STORE_MARKER", "HistoryBatch", "LmdbStore", "MemoryStore", "NullStore", "Restored", "parse_store",
+    "STORE_MARKER",
+    "HistoryBatch",
+    "LmdbStore",
+    "MemoryStore",
+    "NullStore",
+    "Restored",
+    "parse_store",
 ]
 
 SNAPSHOT_FORMAT = 4
@@ -93,7 +99,9 @@ def decode_batch(shard: int, seq: int, raw: bytes, key: bytes | None = None) -> 
 
 def undecodable(keyspace: Keyspace, key: bytes, exc: BaseException) -> StorageError:
     """The error for a stored value (or key) that does not decode."""
-    return StorageError(f"cannot decode {keyspace.value} key {bytes(key).hex()}: {type(exc).__name__}: {exc}")
+    return StorageError(
+        f"cannot decode {keyspace.value} key {bytes(key).hex()}: {type(exc).__name__}: {exc}"
+    )
 
 
 def _decode_batch(shard: int, seq: int, raw: Any) -> HistoryBatch:
@@ -106,14 +114,24 @@ def _decode_batch(shard: int, seq: int, raw: Any) -> HistoryBatch:
         d = msgpack.unpackb(raw, strict_map_key=False, object_pairs_hook=_pairs)
     n = len(d["r"]) // 8
     ci_raw = d["ci"]
-    ci = (np.frombuffer(ci_raw, dtype=np.uint8) if len(ci_raw) == n
-          else np.frombuffer(ci_raw, dtype="<u4"))
+    ci = (
+        np.frombuffer(ci_raw, dtype=np.uint8)
+        if len(ci_raw) == n
+        else np.frombuffer(ci_raw, dtype="<u4")
+    )
     b = HistoryBatch(
-        shard, seq, d["c"], ci,
-        np.frombuffer(d["m"], dtype=np.uint8), np.frombuffer(d["r"], dtype=np.int64),
-        np.frombuffer(d["u"], dtype=np.uint64), np.frombuffer(d["e"], dtype=np.uint64),
-        np.frombuffer(d["t"], dtype=np.uint64), np.frombuffer(d["w"], dtype=np.float32),
-        np.frombuffer(d["ts"], dtype=np.int64), d.get("x"),
+        shard,
+        seq,
+        d["c"],
+        ci,
+        np.frombuffer(d["m"], dtype=np.uint8),
+        np.frombuffer(d["r"], dtype=np.int64),
+        np.frombuffer(d["u"], dtype=np.uint64),
+        np.frombuffer(d["e"], dtype=np.uint64),
+        np.frombuffer(d["t"], dtype=np.uint64),
+        np.frombuffer(d["w"], dtype=np.float32),
+        np.frombuffer(d["ts"], dtype=np.int64),
+        d.get("x"),
     )
     # a legacy (unsealed) value can be corrupt and still decode: check its shape
     if not (isinstance(b.cohorts, list) and all(isinstance(c, str) for c in b.cohorts)):
@@ -157,15 +175,21 @@ def snapshot_key(config: Config) -> list[Any]:
     (the forward-decayed sums are stored relative to the half-life). A snapshot is
     used only under the same key; otherwise the history is replayed."""
     return [
-        SNAPSHOT_FORMAT, config.ledger_shards, config.membership_shards, config.half_life_ns,
-        sorted([k, v] for k, v in config.half_life_ns_by_type.items()), config.window_width_ns,
+        SNAPSHOT_FORMAT,
+        config.ledger_shards,
+        config.membership_shards,
+        config.half_life_ns,
+        sorted([k, v] for k, v in config.half_life_ns_by_type.items()),
+        config.window_width_ns,
     ]
 
 
 SnapshotKey = list[Any] | Callable[[Restored], list[Any]] | None
 
 
-def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_ledgers: SnapshotKey = None) -> Restored:
+def parse_store(
+    keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_ledgers: SnapshotKey = None
+) -> Restored:
     """Decode every keyspace's ``(key, value)`` pairs (in key order) into a `Restored`.
 
     Shared by every store kind, so a restore reads the same layout wherever it lives.
@@ -229,7 +253,9 @@ def parse_store(keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_le
         elif tag == Tag.STORE_SETTINGS:
             out.settings = decode_settings(value)
         elif tag == Tag.SNAPSHOT_CHUNK:
-            out.snapshot_chunks.setdefault(ident, []).append(unseal(value, Keyspace.META.value, key))
+            out.snapshot_chunks.setdefault(ident, []).append(
+                unseal(value, Keyspace.META.value, key)
+            )
 
     def history(key: bytes, value: bytes) -> None:
         shard, tag, suffix = decode_key(key)

@@ -197,7 +197,8 @@ class Schedule:
             )
         if isinstance(msg, M.Attribute):
             return f"{name} " + " ".join(
-                f"({m}:{r} u={u} {c!r} e={e} t={t} w={w!r} ts={ts})" for m, r, u, c, e, t, w, ts in msg.records
+                f"({m}:{r} u={u} {c!r} e={e} t={t} w={w!r} ts={ts})"
+                for m, r, u, c, e, t, w, ts in msg.records
             )
         if isinstance(msg, M.Write):
             ops = []
@@ -210,7 +211,10 @@ class Schedule:
                     ops.append(f"{ks}:<{len(key)}B>")
             r = msg.reply
             reply = (
-                "none" if r is None else self.label(r) if isinstance(r, Reply)
+                "none"
+                if r is None
+                else self.label(r)
+                if isinstance(r, Reply)
                 else f"{_addr(r[0])}/token={self.value(r[1])}"
             )
             return f"{name} [{', '.join(ops)}] ack={reply}"
@@ -221,7 +225,8 @@ class Schedule:
         if dataclasses.is_dataclass(msg):
             parts = [
                 f"{f.name}={self.value(getattr(msg, f.name))}"
-                for f in dataclasses.fields(msg) if f.name not in _VOLATILE_FIELDS
+                for f in dataclasses.fields(msg)
+                if f.name not in _VOLATILE_FIELDS
             ]
             return f"{name} " + " ".join(parts)
         return name
@@ -273,7 +278,12 @@ class DeterministicHost:
     """
 
     def __init__(
-        self, config: Config, clock: Any, durable: bool, schedule: Schedule | None = None, store: Any = None,
+        self,
+        config: Config,
+        clock: Any,
+        durable: bool,
+        schedule: Schedule | None = None,
+        store: Any = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -365,7 +375,8 @@ class DeterministicHost:
 
     def _deliverable(self) -> list[Any]:
         return sorted(
-            k for k, q in self._queues.items()
+            k
+            for k, q in self._queues.items()
             if q and (a := self._receiver(k)) not in self._down and a not in self._stopped
         )
 
@@ -402,7 +413,9 @@ class DeterministicHost:
         sched = self.schedule
         sched.steps += 1
         note, drop = self._intercept(address, msg)
-        sched.lines.append(f"{sched.steps:>6} {_addr(address)} <- {_addr(sender)}: {sched.describe(msg)}{note}")
+        sched.lines.append(
+            f"{sched.steps:>6} {_addr(address)} <- {_addr(sender)}: {sched.describe(msg)}{note}"
+        )
         if drop:
             return
         behaviour = self.behaviours[address]
@@ -437,7 +450,10 @@ class DeterministicHost:
             elif kind is M.ApplyPurge:
                 by = self._prepared_by.pop(msg.purge_id, None)  # type: ignore[attr-defined]
                 if by is not None and by != self.incarnation[address]:
-                    return " [dropped: prepared by a crashed incarnation; the restored state has it]", True
+                    return (
+                        " [dropped: prepared by a crashed incarnation; the restored state has it]",
+                        True,
+                    )
         return "", False
 
     def pending(self) -> dict[M.Address, list[object]]:
@@ -460,7 +476,9 @@ class DeterministicHost:
         if reply.set_exception(exc):
             report.failed.append(self.schedule.label(reply))
 
-    def _take_queue(self, address: M.Address, keep: Callable[[object], bool] = lambda m: False) -> list[object]:
+    def _take_queue(
+        self, address: M.Address, keep: Callable[[object], bool] = lambda m: False
+    ) -> list[object]:
         """Remove and return the messages waiting for ``address``, except those ``keep`` holds."""
         out: list[object] = []
         for k in self._keys_to(address):
@@ -484,7 +502,10 @@ class DeterministicHost:
             # so the purge fails whole (nothing committed, nothing retracted)
             prev, self._sender = self._sender, address
             try:
-                self.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, _empty_prepared(), ActorFailure(why)))
+                self.tell(
+                    M.COORD_ADDR,
+                    M.PurgePrepared(msg.purge_id, _empty_prepared(), ActorFailure(why)),
+                )
             finally:
                 self._sender = prev
         elif isinstance(msg, (M.ApplyPurge, M.EvictionUpdate)):
@@ -516,18 +537,24 @@ class DeterministicHost:
         """Crash a membership or ledger shard; it restarts from storage once nothing
         else can run. See :meth:`Harness.crash_shard`."""
         if address not in self.behaviours or address[0] not in (M.MEMBERSHIP, M.LEDGER):
-            raise InvalidArgument("address", address, "must be a membership or ledger shard's address")
+            raise InvalidArgument(
+                "address", address, "must be a membership or ledger shard's address"
+            )
         if address in self._down:
             raise InvalidArgument("address", address, "has crashed already and not restarted yet")
         if self._closed:
             raise DatabaseClosed("the harness is closed")
         if self.store is None or not getattr(self.store, "durable", False):
-            raise InvalidArgument("store", self.store, "a shard restarts from storage: use a durable store")
+            raise InvalidArgument(
+                "store", self.store, "a shard restarts from storage: use a durable store"
+            )
         old = self.behaviours[address]
         down = _Down(old)
         report = FaultReport(address)
         is_committed: Callable[[object], bool] = lambda m: type(m) is M.Committed  # noqa: E731
-        lost = self._take_queue(address, keep=is_committed if address[0] == M.MEMBERSHIP else lambda m: False)
+        lost = self._take_queue(
+            address, keep=is_committed if address[0] == M.MEMBERSHIP else lambda m: False
+        )
         if isinstance(old, MembershipShard):
             # a control operation whose write is on its way: its outcome is decided by
             # persistence; the caller is answered with it at the restart
@@ -546,8 +573,12 @@ class DeterministicHost:
         for msg in lost:
             self._drop(address, msg, report)
         for token, job in list(getattr(old, "_jobs", {}).items()):
-            self._remat_failed(address, token, getattr(job, "cohort", ""),
-                               f"{_addr(address)} crashed during a re-materialization")
+            self._remat_failed(
+                address,
+                token,
+                getattr(job, "cohort", ""),
+                f"{_addr(address)} crashed during a re-materialization",
+            )
         self._down[address] = down
         self.schedule.event(
             f"crash {_addr(address)}: {len(report.dropped)} message(s) dropped, "
@@ -577,13 +608,23 @@ class DeterministicHost:
                         reply.set_result(None)
                     else:
                         reply.set_exception(err)
-                    self.schedule.event(f"{label} in doubt at the crash: {'committed' if err is None else 'failed'}")
+                    self.schedule.event(
+                        f"{label} in doubt at the crash: {'committed' if err is None else 'failed'}"
+                    )
             for reply, label in down.orphans.values():
-                reply.set_exception(ActorFailure(f"{_addr(address)} crashed; the outcome is unknown"))
+                reply.set_exception(
+                    ActorFailure(f"{_addr(address)} crashed; the outcome is unknown")
+                )
                 self.schedule.event(f"{label} in doubt at the crash: outcome unknown")
         else:
             new = LedgerShard(self.ctx, i, lstates[i])
-            carry = ("records_in", "retracted", "purges_applied", "history_batches", "handler_errors")
+            carry = (
+                "records_in",
+                "retracted",
+                "purges_applied",
+                "history_batches",
+                "handler_errors",
+            )
             # markers that arrived stay facts: the records sent before them were delivered
             new._markers = set(old._markers) | down.markers  # type: ignore[attr-defined]
             # so do purges in flight: the restarted shard trims no further than before
@@ -602,7 +643,9 @@ class DeterministicHost:
         self.incarnation[address] += 1
         if self.on_replace is not None:
             self.on_replace(address, new)
-        self.schedule.event(f"restart {_addr(address)} from storage (incarnation {self.incarnation[address]})")
+        self.schedule.event(
+            f"restart {_addr(address)} from storage (incarnation {self.incarnation[address]})"
+        )
 
     def crash_persistence(self) -> FaultReport:
         """Crash and restart the persistence actor. See :meth:`Harness.crash_persistence`."""
@@ -615,7 +658,9 @@ class DeterministicHost:
         queued = self._take_queue(address)
         lost = list(old._writes) + queued
         # writes (and history erasures) are answered by the restarted incarnation below
-        writes: list[Any] = [m for m in lost if isinstance(getattr(m, "ops", None), list) and hasattr(m, "reply")]
+        writes: list[Any] = [
+            m for m in lost if isinstance(getattr(m, "ops", None), list) and hasattr(m, "reply")
+        ]
         report.lost_writes = len(writes)
         report.dropped = [self.schedule.describe(m) for m in lost]
         err = StorageError("persistence crashed before committing this write")
@@ -623,17 +668,28 @@ class DeterministicHost:
             if isinstance(msg, M.BarrierPart):
                 self._barriers_seen[id(msg.barrier)] = msg.barrier
             elif msg not in writes and isinstance(getattr(msg, "reply", None), Reply):
-                self._fail(msg.reply, StorageError(  # type: ignore[attr-defined]
-                    f"persistence crashed before handling {type(msg).__name__}"), report)
+                self._fail(
+                    msg.reply,
+                    StorageError(  # type: ignore[attr-defined]
+                        f"persistence crashed before handling {type(msg).__name__}"
+                    ),
+                    report,
+                )
         for key, b in list(self._barriers_seen.items()):
             # parts already counted by the crashed incarnation are gone: fail the
             # flush (and keep the barrier, so its id is never reused while parts of
             # it may still arrive and be dropped)
-            self._fail(b.reply, StorageError("persistence crashed before this flush committed"), report)
+            self._fail(
+                b.reply, StorageError("persistence crashed before this flush committed"), report
+            )
             self._failed_barriers[key] = b
         self._barriers_seen.clear()
         new = Persistence(self.ctx, old.store)
-        new.commits, new.failed_writes, new.handler_errors = old.commits, old.failed_writes, old.handler_errors
+        new.commits, new.failed_writes, new.handler_errors = (
+            old.commits,
+            old.failed_writes,
+            old.handler_errors,
+        )
         new._unreported = old._unreported
         self.behaviours[address] = new
         self.incarnation[address] += 1
@@ -648,7 +704,9 @@ class DeterministicHost:
                 if isinstance(w.reply, Reply):
                     report.failed.append(self.schedule.label(w.reply))
                 elif w.reply is not None:
-                    report.failed.append(f"{_addr(w.reply[0])}/token={self.schedule.value(w.reply[1])}")
+                    report.failed.append(
+                        f"{_addr(w.reply[0])}/token={self.schedule.value(w.reply[1])}"
+                    )
                 new._ack(w, err)
         finally:
             self._sender = prev
@@ -664,7 +722,7 @@ def _open_store(store: Any, config: Config) -> tuple[Any, str | None]:
         return MemoryStore(), None
     if isinstance(store, str):
         if store.startswith("lmdb:"):
-            path = store[len("lmdb:"):]
+            path = store[len("lmdb:") :]
             return LmdbStore(path, config), path
         if store == "memory":
             return MemoryStore(), None
@@ -708,8 +766,13 @@ class Harness:
     """
 
     def __init__(
-        self, seed: Any = 0, config: Config | None = None, store: Any = None, *,
-        start_ns: int = START_NS, ordering: Ordering = "mailbox",
+        self,
+        seed: Any = 0,
+        config: Config | None = None,
+        store: Any = None,
+        *,
+        start_ns: int = START_NS,
+        ordering: Ordering = "mailbox",
     ) -> None:
         self.config = config if config is not None else Config()
         if not isinstance(self.config, Config):
@@ -800,7 +863,9 @@ class Harness:
 
     def pending(self) -> dict[M.Address, list[str]]:
         """What waits in which mailbox: receiver address -> message descriptions, oldest first."""
-        return {a: [self.schedule.describe(m) for m in msgs] for a, msgs in self.host.pending().items()}
+        return {
+            a: [self.schedule.describe(m) for m in msgs] for a, msgs in self.host.pending().items()
+        }
 
     def pending_messages(self) -> dict[M.Address, list[object]]:
         """As :meth:`pending`, with the message objects themselves."""
@@ -847,11 +912,18 @@ class Harness:
         return Call(name, [])
 
     def signal_with_context(
-        self, user_id: int, entity_id: int, signal_type: int, weight: float = 1.0,
-        timestamp_ns: int | None = None, context: Mapping[str, Any] | None = None,
+        self,
+        user_id: int,
+        entity_id: int,
+        signal_type: int,
+        weight: float = 1.0,
+        timestamp_ns: int | None = None,
+        context: Mapping[str, Any] | None = None,
     ) -> Call:
         """Enqueue one signal (one message); the handle is done at once (no reply)."""
-        self.core.signal_with_context(user_id, entity_id, signal_type, weight, timestamp_ns, context)
+        self.core.signal_with_context(
+            user_id, entity_id, signal_type, weight, timestamp_ns, context
+        )
         return self._done("signal_with_context")
 
     def signal_batch(self, signals: Iterable[Signal]) -> Call:
@@ -887,10 +959,14 @@ class Harness:
         """Asks the purge coordinator directly: it sees the purges already committed."""
         return self._call(self.core.list_purge_manifests(user_id))
 
-    def read_decay_score(self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None) -> Call:
+    def read_decay_score(
+        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
+    ) -> Call:
         return self._call(self.core.read_decay_score(cohort, entity_id, signal_type, at_ns))
 
-    def read_window(self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None) -> Call:
+    def read_window(
+        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
+    ) -> Call:
         return self._call(self.core.read_window(cohort, entity_id, signal_type, at_ns))
 
     def top_entities(self, cohort: str, signal_type: int, k: int, at_ns: int | None = None) -> Call:

@@ -154,11 +154,16 @@ if _asyncio_fixture is not None:
 
     @_asyncio_fixture
     async def asyncio_tidal_db(
-        request: pytest.FixtureRequest, tmp_path: object, tidal_config: Config, tidal_clock: ManualClock
+        request: pytest.FixtureRequest,
+        tmp_path: object,
+        tidal_config: Config,
+        tidal_clock: ManualClock,
     ) -> AsyncIterator[AsyncTidalDb]:
         """A persistent AsyncTidalDb in a temporary directory (asyncio tests, with
         pytest-asyncio) with ``tidal_config`` (and the test's ``tidal_config``
         markers), closed after the test; its clock is ``tidal_clock``."""
         config = _marked_config(request, tidal_config)
-        async with open_tidal(str(tmp_path) + "/tidal-asyncio", config=config, clock=tidal_clock) as db:
+        async with open_tidal(
+            str(tmp_path) + "/tidal-asyncio", config=config, clock=tidal_clock
+        ) as db:
             yield db

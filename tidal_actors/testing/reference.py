@@ -72,7 +72,9 @@ class ReferenceModel:
             their purge came stay in the aggregates; `_remat.RematJob`).
     """
 
-    def __init__(self, config: Config | None = None, clock: Clock | None = None, *, history: bool = True) -> None:
+    def __init__(
+        self, config: Config | None = None, clock: Clock | None = None, *, history: bool = True
+    ) -> None:
         self.config = config if config is not None else Config()
         self.clock: Clock = clock if clock is not None else ManualClock(0)
         self.history = history
@@ -170,8 +172,9 @@ class ReferenceModel:
             InvalidArgument: bad id, weight (NaN, infinite, negative, beyond
                 float32), timestamp (not an int in ``[0, 2**63)``) or context.
         """
-        self._apply(self._check_signal(user_id, entity_id, signal_type, weight, timestamp_ns,
-                                       context))
+        self._apply(
+            self._check_signal(user_id, entity_id, signal_type, weight, timestamp_ns, context)
+        )
 
     def signal_batch(self, signals: Iterable[Signal]) -> None:
         """Record many signals in order; all are validated before any is applied.
@@ -184,8 +187,11 @@ class ReferenceModel:
         for i, s in enumerate(list(signals)):
             if not isinstance(s, Signal):
                 raise InvalidArgument(f"signals[{i}]", s, "must be a Signal")
-            checked.append(self._check_signal(s.user_id, s.entity_id, s.signal_type, s.weight,
-                                              s.timestamp_ns, s.context))
+            checked.append(
+                self._check_signal(
+                    s.user_id, s.entity_id, s.signal_type, s.weight, s.timestamp_ns, s.context
+                )
+            )
         for c in checked:
             self._apply(c)
 
@@ -202,8 +208,11 @@ class ReferenceModel:
         e = check_id("entity_id", entity_id)
         t = check_id("signal_type", signal_type)
         w = check_weight(weight)
-        ts = (self.clock.now_ns() if timestamp_ns is None
-              else check_timestamp("timestamp_ns", timestamp_ns))
+        ts = (
+            self.clock.now_ns()
+            if timestamp_ns is None
+            else check_timestamp("timestamp_ns", timestamp_ns)
+        )
         check_context(context)
         return u, e, t, w, ts
 
