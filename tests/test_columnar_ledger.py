@@ -11,10 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviours import encode_batch
 from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import LogRecord, encode_history_columns
-from tidal_actors.storage.format import seal
+from tidal_actors.storage.format import encode_batch, seal
 
 WIDTH = 1000
 HALF = {1: 500, 2: 50_000, 3: 7}  # type 3 renormalizes often (RENORMALIZE_AT half-lives)

@@ -275,7 +275,7 @@ def _returns_within(fn, seconds=1.5):
 def test_a_coordinator_failure_mid_purge_reaches_the_caller_and_later_purges_run(
     clock, monkeypatch
 ):
-    import tidal_actors.actors.behaviours as B
+    import tidal_actors.actors.coordinator as B
 
     db = TidalDb.open(clock=clock)
     try:

@@ -23,8 +23,8 @@ from tidal_actors import (
     StorageError,
     TidalError,
 )
+from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.engine import Call
-from tidal_actors.runtime.reply import Reply
 from tidal_actors.storage.stores import MemoryStore
 from tidal_actors.testing import Harness, HarnessStuck, ReferenceModel
 

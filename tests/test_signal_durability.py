@@ -13,7 +13,7 @@ import msgpack
 import pytest
 
 from tidal_actors import Config, InvalidArgument, ManualClock, StorageError, TidalDb
-from tidal_actors.actors.behaviours import LedgerShard
+from tidal_actors.actors.ledger import LedgerShard
 from tidal_actors.storage.format import ledger_shard_of
 from tidal_actors.storage.stores import decode_batch
 

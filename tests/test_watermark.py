@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidal_actors.actors.behaviours import advance_watermark
+from tidal_actors.core.eviction import advance_watermark
 
 
 def _vecdeque(cap: int, script: list[tuple[str, int]]) -> tuple[int, list[int]]:

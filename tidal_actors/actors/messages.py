@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import LogRecord, Prepared
-from tidal_actors.runtime.reply import Reply
 
 Address = tuple[str, int]
 MEMBERSHIP, LEDGER, COORDINATOR, PERSISTENCE = "membership", "ledger", "coordinator", "persistence"

@@ -326,9 +326,9 @@ class AsyncTidalDb(LoopFacade):
         Raises:
             InvalidArgument: bad cohort, id or ``at_ns``.
         """
-        return await self._run(
+        return await self._run(  # type: ignore[no-any-return]
             self._check().read_decay_score(cohort, entity_id, signal_type, at_ns)
-        )  # type: ignore[no-any-return]
+        )
 
     async def read_window(
         self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None

@@ -38,9 +38,9 @@ from typing import Any, Protocol
 from tidal_actors._clock import Clock
 from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed
+from tidal_actors.actors.reply import Reply
 from tidal_actors.facades.blocking import open_core
 from tidal_actors.runtime.engine import Call, Core
-from tidal_actors.runtime.reply import Reply
 
 __all__ = ["LoopFacade", "open_blocking"]
 

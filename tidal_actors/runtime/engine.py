@@ -29,15 +29,11 @@ from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed, InvalidArgument, StorageError, TidalError
 from tidal_actors._types import WindowCount
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviours import (
-    CoordinatorState,
-    LedgerShard,
-    LedgerState,
-    MembershipShard,
-    MembershipState,
-    Persistence,
-    PurgeCoordinator,
-)
+from tidal_actors.actors.coordinator import CoordinatorState, PurgeCoordinator
+from tidal_actors.actors.ledger import LedgerShard, LedgerState
+from tidal_actors.actors.membership import MembershipShard, MembershipState
+from tidal_actors.actors.persistence import Persistence
+from tidal_actors.actors.reply import Reply
 from tidal_actors.core.validate import (
     check_cohort,
     check_id,
@@ -45,7 +41,6 @@ from tidal_actors.core.validate import (
     check_timestamp,
 )
 from tidal_actors.runtime.intake import Buffer, Intake
-from tidal_actors.runtime.reply import Reply
 from tidal_actors.storage.format import (
     Keyspace,
     Tag,

@@ -35,7 +35,7 @@ from tidal_actors._clock import Clock
 from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviours import Behaviour
+from tidal_actors.actors.behaviour import Behaviour
 
 __all__ = ["PykkaHost"]
 

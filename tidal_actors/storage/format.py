@@ -31,14 +31,21 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
+from array import array
+from typing import Any
+
+import msgpack
 
 from tidal_actors._errors import StorageError
-from tidal_actors._types import MembershipStatus
+from tidal_actors._types import ContributionRecord, MembershipStatus, PurgeId, PurgeManifest
 
 __all__ = [
     "Keyspace",
     "Tag",
     "decode_key",
+    "decode_manifest",
+    "encode_batch",
+    "encode_manifest",
     "decode_membership",
     "encode_key",
     "encode_membership",
@@ -188,3 +195,61 @@ def membership_capacity(total: int, shard: int, shards: int) -> int:
     Shard ``i`` holds ``total // shards`` records, plus one if ``i < total % shards``.
     """
     return total // shards + (1 if shard < total % shards else 0)
+
+
+def encode_batch(
+    records: list[tuple[int, int, int, str, int, int, float, int]], contexts: dict[int, Any] | None
+) -> bytes:
+    """One durable history batch's payload: msgpack of columns (stored sealed with its
+    key, ``_codec.seal``; ``_store.decode_batch`` reads it).
+
+    Columns are little-endian arrays: ``m`` u8, ``r`` i64, ``u``/``e``/``t`` u64, ``w``
+    f32, ``ts`` i64, ``ci`` u8 (or u32 when a batch has 256+ cohorts) indexing ``c``,
+    the batch's cohort names; ``x`` maps record index to its signal context's msgpack
+    bytes (a msgpack bin; stores written before contexts were packed at the call hold
+    the mapping itself there).
+    """
+    names = sorted({rec[3] for rec in records})
+    pos = {c: i for i, c in enumerate(names)}
+    ci = array("B" if len(names) < 256 else "I", (pos[rec[3]] for rec in records))
+    payload: dict[str, Any] = {
+        "c": names,
+        "ci": ci.tobytes() if ci.typecode == "B" else array("I", ci).tobytes(),
+        "m": array("B", (rec[0] for rec in records)).tobytes(),
+        "r": array("q", (rec[1] for rec in records)).tobytes(),
+        "u": array("Q", (rec[2] for rec in records)).tobytes(),
+        "e": array("Q", (rec[4] for rec in records)).tobytes(),
+        "t": array("Q", (rec[5] for rec in records)).tobytes(),
+        "w": array("f", (rec[6] for rec in records)).tobytes(),
+        "ts": array("q", (rec[7] for rec in records)).tobytes(),
+    }
+    if contexts:
+        payload["x"] = contexts
+    return msgpack.packb(payload)  # type: ignore[no-any-return]
+
+
+def encode_manifest(m: PurgeManifest) -> bytes:
+    """msgpack of a manifest; the purge id stays 16 bytes (msgpack ints stop at 64 bits)."""
+    return msgpack.packb(  # type: ignore[no-any-return]
+        [
+            m.purge_id.to_bytes16(),
+            m.user_id,
+            m.cohort,
+            m.created_at_ns,
+            m.entries,
+            m.evicted,
+        ]  # tuples pack as msgpack arrays, as lists do
+    )
+
+
+def decode_manifest(raw: bytes) -> PurgeManifest:
+    """Inverse of :func:`encode_manifest`, rebuilding the public types."""
+    pid, user, cohort, created, entries, evicted = msgpack.unpackb(raw)
+    return PurgeManifest(
+        PurgeId.from_bytes16(pid),
+        user,
+        cohort,
+        created,
+        tuple(ContributionRecord(*e) for e in entries),
+        evicted,
+    )

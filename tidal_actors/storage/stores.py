@@ -202,8 +202,8 @@ def parse_store(
         StorageError: a key or value does not decode (naming its keyspace and the key
             in hex), or a sealed value fails its CRC-32.
     """
-    from tidal_actors.actors.behaviours import decode_manifest
     from tidal_actors.core.remat import decode_status
+    from tidal_actors.storage.format import decode_manifest
     from tidal_actors.storage.settings import decode_settings
 
     out = Restored()

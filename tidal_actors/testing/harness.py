@@ -45,11 +45,14 @@ from tidal_actors._config import Config
 from tidal_actors._errors import ActorFailure, DatabaseClosed, InvalidArgument, StorageError
 from tidal_actors._types import Signal
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviours import Behaviour, LedgerShard, MembershipShard, Persistence
+from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.ledger import LedgerShard
+from tidal_actors.actors.membership import MembershipShard
+from tidal_actors.actors.persistence import Persistence
+from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import EMPTY, LogRecord, Prepared
 from tidal_actors.runtime.engine import Call, Core, build_states, check_meta
 from tidal_actors.runtime.pykka_host import HostContext
-from tidal_actors.runtime.reply import Reply
 from tidal_actors.storage.format import Tag, decode_key, ledger_shard_of
 from tidal_actors.storage.stores import LmdbStore, MemoryStore, NullStore
 
@@ -669,10 +672,8 @@ class DeterministicHost:
                 self._barriers_seen[id(msg.barrier)] = msg.barrier
             elif msg not in writes and isinstance(getattr(msg, "reply", None), Reply):
                 self._fail(
-                    msg.reply,
-                    StorageError(  # type: ignore[attr-defined]
-                        f"persistence crashed before handling {type(msg).__name__}"
-                    ),
+                    msg.reply,  # type: ignore[attr-defined]
+                    StorageError(f"persistence crashed before handling {type(msg).__name__}"),
                     report,
                 )
         for key, b in list(self._barriers_seen.items()):

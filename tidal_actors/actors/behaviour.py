@@ -1,0 +1,144 @@
+"""The behaviour base class and the context a host gives it.
+
+Each is a state machine that handles one message at a time and sends messages through
+a host-supplied context; none knows how it is hosted (pykka threads or the
+deterministic test host). Rules every behaviour keeps:
+
+* A handler never lets an exception escape: it is counted, and a reply waiting on the
+  message gets an :class:`ActorFailure` with the cause attached.
+* No handler waits on another actor. Where a step needs another actor's answer (a
+  commit, a purge's prepared set) the behaviour sends a request and *stashes* the
+  messages that arrive meanwhile, so its own order is kept without blocking a thread.
+* Ordering argument (DESIGN.md): everything about a user enters through its
+  membership shard, and mailboxes are FIFO per sender/receiver pair, so a signal sent
+  after a leave is processed after it, and a purge reaches a ledger after every signal
+  that shard was sent for the user before the purge.
+* Latency under load comes from how much waits ahead, never from reordering: no
+  message overtakes another on the same sender/receiver pair (there is no priority
+  lane), so the argument above holds as it is. What a control operation waits behind
+  is bounded instead: a host bounds each load-carrying mailbox by time
+  (``Config.inflight_budget_ms`` of the receiver's measured work, `_host`), and the
+  facade sizes each shard's signal batches to the same budget, so a leave waits for
+  the batch in hand plus at most a budget's worth of queued signals at its membership
+  shard, and each hop of a purge (membership, ledger, persistence) likewise. A leave
+  is therefore still ordered after every signal submitted before it was called
+  (those are ahead of it in the FIFO) and before every signal submitted after it
+  returned (the gate is closed when it returns); a purge still covers every record
+  its user submitted before the call (its bound is taken at the membership shard
+  after them, and its marker follows them to every ledger).
+* Control writes group-commit: a membership shard writing a control operation stashes
+  what arrives meanwhile; when the commit is in, the run of control writes at the
+  head of the stash, on distinct users, goes to persistence back to back, which
+  commits writes waiting together in one transaction; each is applied and answered
+  only after its own commit, and the shard takes the next message once all are in.
+  Users being distinct, each operation computes its ops from the state it would have
+  seen one by one: the order of effects is the order of the messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from tidal_actors._clock import Clock
+from tidal_actors._config import Config
+from tidal_actors._errors import ActorFailure, StorageError, TidalError
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.reply import Reply
+
+
+class Context(Protocol):
+    """What a host gives a behaviour: the config, the clock, and ``tell``."""
+
+    config: Config
+    clock: Clock
+    durable: bool
+
+    def tell(self, address: M.Address, message: object) -> None: ...
+
+
+class Behaviour:
+    """Base: type-dispatched ``receive`` that never raises, and an ``on_idle`` hook."""
+
+    address: M.Address = ("", 0)
+    # whether a host bounds this behaviour's mailbox by time (``inflight_budget_ms``)
+    # as well as by message count
+    time_bounded = True
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.handler_errors = 0
+        self.last_error: BaseException | None = None
+        self._handlers: dict[type, Callable[[Any], None]] = {}
+        # acknowledged signals this shard lost (a handler failed on their batch) that
+        # no flush has reported yet: the next flush's barrier carries it to its caller
+        self._loss: BaseException | None = None
+        self._lost_batches = 0
+
+    def on(self, kind: type, fn: Callable[[Any], None]) -> None:
+        self._handlers[kind] = fn
+
+    def receive(self, message: object) -> None:
+        """Handle one message; an unexpected exception is counted and replied, never raised."""
+        try:
+            fn = self._handlers.get(type(message))
+            if fn is None:
+                raise TypeError(f"{self.address} cannot handle {type(message).__name__}")
+            fn(message)
+        except Exception as exc:  # noqa: BLE001 - the actor must keep serving
+            self.handler_errors += 1
+            self.last_error = exc
+            err = self.failure(message, exc)
+            reply = getattr(message, "reply", None)
+            if isinstance(reply, Reply):
+                reply.set_exception(err)
+            self.on_error(message, err)
+
+    def failure(self, message: object, exc: BaseException) -> BaseException:
+        """``exc`` as the caller sees it: a TidalError as is, anything else wrapped in
+        :class:`ActorFailure` with the cause attached."""
+        if isinstance(exc, TidalError):
+            return exc
+        err = ActorFailure(
+            f"{self.address[0]}[{self.address[1]}] failed on {type(message).__name__}: {exc!r}"
+        )
+        err.__cause__ = exc
+        return err
+
+    def on_error(self, message: object, err: BaseException) -> None:
+        """Hook: a handler failed on ``message`` (already counted and replied)."""
+
+    def note_loss(self, err: BaseException) -> None:
+        """Signals acknowledged to their callers were lost here (``err`` says why)."""
+        self._loss = err
+        self._lost_batches += 1
+
+    def report_loss(self, barrier: M.Barrier) -> None:
+        """Hand what `note_loss` recorded to a barrier that reports losses (a flush's
+        or close's: their caller is told)."""
+        if barrier.reports_loss and self._loss is not None:
+            err = StorageError(
+                f"{self.address[0]}[{self.address[1]}] lost {self._lost_batches} signal "
+                f"batch(es) since the last flush; last: {self._loss}"
+            )
+            err.__cause__ = self._loss
+            barrier.lost.append(err)
+            self._loss, self._lost_batches = None, 0
+
+    def on_idle(self) -> None:
+        """Called by the host when the mailbox is empty after a message."""
+
+    def held(self) -> int:
+        """How many received messages this behaviour holds aside for later; a bounded
+        mailbox counts them against its capacity (called from other threads)."""
+        return 0
+
+    def held_units(self) -> int:
+        """The load (signals) in the messages `held` counts (called from other threads)."""
+        return 0
+
+    def room_made(self) -> None:
+        """Set by a host with bounded mailboxes: call it after releasing held messages."""
+
+
+# -- membership -------------------------------------------------------------------

@@ -1,0 +1,420 @@
+"""The purge coordinator: prepare, commit, re-materialize, erase; the history's watermark."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from tidal_actors._errors import ActorFailure, UnknownCohort, UnknownPurge
+from tidal_actors._types import (
+    PurgeId,
+    PurgeManifest,
+    PurgeStatus,
+    RematerializationReport,
+)
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.reply import Reply
+from tidal_actors.core.contrib_log import Prepared
+from tidal_actors.core.eviction import advance_watermark
+from tidal_actors.core.remat import encode_status
+from tidal_actors.storage.format import (
+    Keyspace,
+    Tag,
+    decode_manifest,
+    encode_key,
+    encode_manifest,
+    ledger_shard_of,
+    membership_capacity,
+)
+
+
+class CoordinatorState:
+    """Restorable state of the purge coordinator."""
+
+    def __init__(self, membership_shards: int) -> None:
+        self.live_from = [0] * membership_shards
+        # per membership shard: rseqs drained by purges at or above its watermark
+        # (sorted int64 arrays; rebuilt at restore from the purges' tombstones)
+        self.drained: list[np.ndarray] = [
+            np.zeros(0, dtype=np.int64) for _ in range(membership_shards)
+        ]
+        # user -> encoded manifests (`encode_manifest`, as stored), in purge id order:
+        # bytes, not PurgeManifest objects, whose ContributionRecord entries (tuple
+        # subclasses, never untracked) the cyclic GC would walk in every full
+        # collection, a thousand more after each purge
+        self.manifests: dict[int, list[bytes]] = {}
+        self.last_purge_id = 0
+        # purge id -> (status, rseq bound of the purge)
+        self.statuses: dict[int, tuple[PurgeStatus, int]] = {}
+
+    def covered(self, cohort: str) -> dict[int, int]:
+        """user -> highest rseq bound over that user's purges of ``cohort``."""
+        out: dict[int, int] = {}
+        for status, bound in self.statuses.values():
+            if status.cohort == cohort and bound > out.get(status.user_id, -1):
+                out[status.user_id] = bound
+        return out
+
+
+class PurgeCoordinator(Behaviour):
+    """Serializes purges: prepare at the ledger, commit manifest, apply, reply.
+
+    Owns purge ids, manifests, and each membership shard's eviction watermark (the
+    ``rseq`` below which the contribution log has evicted) with its drained set.
+    Order of a purge: the ledger lists what it would retract (nothing changes yet);
+    the manifest, the tombstones of those records and the new watermark are committed
+    in one transaction; only then is the retraction applied and the caller answered.
+    A failed commit changes nothing; a crash after it is completed on restore (the
+    tombstones keep the records out of the rebuilt state).
+    """
+
+    address = M.COORD_ADDR
+
+    def __init__(self, ctx: Context, state: CoordinatorState | None = None) -> None:
+        super().__init__(ctx)
+        self.state = state or CoordinatorState(ctx.config.membership_shards)
+        self._pending: dict[str, Any] | None = None
+        # purges not started yet, in arrival order (`_next_purge`)
+        self._waiting: list[M.Purge] = []
+        self._remat: dict[str, Any] | None = None
+        self._remat_queue: list[str] = []
+        self._remat_waiters: dict[str, list[Reply]] = {}
+        self._remat_due: dict[str, float] = {}
+        self._drains: list[Reply] = []
+        self._remat_seq = 0
+        self.purges = 0
+        cfg = ctx.config
+        self._caps = [
+            membership_capacity(cfg.max_contribution_log_entries, i, cfg.membership_shards)
+            for i in range(cfg.membership_shards)
+        ]
+        for kind, fn in (
+            (M.Purge, self._on_purge),
+            (M.PurgePrepared, self._on_prepared),
+            (M.Committed, self._on_committed),
+            (M.QueryManifests, self._on_query),
+            (M.QueryPurge, self._on_query_purge),
+            (M.Rematerialize, self._on_rematerialize),
+            (M.RematDone, self._on_remat_done),
+            (M.ResumeRematerialization, self._on_resume),
+            (M.Tick, self._on_tick),
+            (M.Drain, self._on_drain),
+        ):
+            self.on(kind, fn)
+
+    def receive(self, message: object) -> None:
+        if type(message) is M.Purge:
+            self._waiting.append(message)
+            self._next_purge()
+        else:
+            super().receive(message)
+        if self._drains:
+            self._check_drained()
+
+    def _next_purge(self) -> None:
+        """Start the first waiting purge that may run, if none is in progress.
+
+        A purge of the cohort being re-materialized waits for the rebuild, and so do
+        the later purges of its membership shard: each purge's watermark is the
+        shard's as of its bound, so one shard's purges commit in the order they were
+        taken. Purges of other shards go ahead."""
+        while self._pending is None and self._waiting:
+            remat = self._remat["cohort"] if self._remat is not None else None
+            blocked: set[int] = set()
+            for i, p in enumerate(self._waiting):
+                if p.mshard in blocked:
+                    continue
+                if p.cohort == remat:
+                    blocked.add(p.mshard)
+                    continue
+                del self._waiting[i]
+                super().receive(p)
+                break
+            else:
+                return
+
+    def _on_purge(self, msg: M.Purge) -> None:
+        st = self.state
+        pid = PurgeId(max(st.last_purge_id + 1, msg.now_ns << 64))
+        live_from = advance_watermark(
+            st.live_from[msg.mshard], st.drained[msg.mshard], msg.next_rseq, self._caps[msg.mshard]
+        )
+        self._pending = {"msg": msg, "pid": pid, "live_from": live_from}
+        li = ledger_shard_of(msg.cohort, self.ctx.config.ledger_shards)
+        self.ctx.tell(
+            (M.LEDGER, li),
+            M.PreparePurge(pid, msg.user, msg.cohort, live_from, msg.next_rseq, msg.marker),
+        )
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            req: M.Purge = pending["msg"]
+            gone = M.PurgeAbandoned(req.marker, req.mshard, req.user, req.cohort, req.next_rseq)
+            for li in range(self.ctx.config.ledger_shards):
+                self.ctx.tell((M.LEDGER, li), gone)
+            req.reply.set_exception(exc)
+        self._start_remat()
+        self._next_purge()
+
+    def _on_prepared(self, msg: M.PurgePrepared) -> None:
+        p = self._pending
+        if p is None or p["pid"] != msg.purge_id:
+            return
+        if msg.error is not None:
+            err = ActorFailure(f"purge prepare failed: {msg.error!r}")
+            err.__cause__ = msg.error
+            self._fail_pending(err)
+            return
+        req: M.Purge = p["msg"]
+        prepared: Prepared = msg.prepared
+        manifest = PurgeManifest(
+            p["pid"],
+            req.user,
+            req.cohort,
+            req.now_ns,
+            tuple(prepared.records),
+            prepared.evicted,
+        )
+        live_from = p["live_from"]
+        old = self.state.drained[req.mshard]
+        old = old[int(np.searchsorted(old, live_from)) :]
+        # the retracted records were live, so not drained yet: a sorted merge, O(n)
+        new = np.sort(np.array(prepared.rseqs, dtype=np.int64))
+        drained = np.insert(old, np.searchsorted(old, new), new)
+        encoded = encode_manifest(manifest)
+        p.update(manifest=manifest, manifest_bytes=encoded, prepared=prepared, drained=drained)
+        suffix = p["pid"].to_bytes16()
+        ops: list[tuple[str, bytes, bytes | None]] = [
+            (Keyspace.ITEMS.value, encode_key(req.user, Tag.PURGE_MANIFEST, suffix), encoded),
+            (
+                Keyspace.META.value,
+                encode_key(req.mshard, Tag.EVICTION_STATE),
+                msgpack.packb([live_from, [], req.next_rseq]),
+            ),  # drained: from the tombstones
+        ]
+        if prepared.records:
+            ops.append(
+                (
+                    Keyspace.ITEMS.value,
+                    encode_key(req.user, Tag.PURGE_TOMBSTONE, suffix),
+                    msgpack.packb(list(zip(prepared.mshards, prepared.rseqs))),
+                )
+            )
+        status = PurgeStatus(p["pid"], req.user, req.cohort, len(prepared.records), False, None, 0)
+        p["status"] = status
+        ops.append((Keyspace.ITEMS.value, *encode_status(status, req.next_rseq)))
+        self.ctx.tell(M.PERSIST_ADDR, M.Write(ops, (self.address, p["pid"])))
+
+    def _on_committed(self, msg: M.Committed) -> None:
+        if self._remat is not None and msg.token == self._remat["token"]:
+            self._remat_committed(msg)
+            return
+        p = self._pending
+        if p is None or p["pid"] != msg.token:
+            return
+        if msg.error is not None:
+            self._fail_pending(msg.error)
+            return
+        req: M.Purge = p["msg"]
+        st = self.state
+        st.last_purge_id = int(p["pid"])
+        st.live_from[req.mshard] = p["live_from"]
+        st.drained[req.mshard] = p["drained"]
+        st.manifests.setdefault(req.user, []).append(p["manifest_bytes"])
+        st.statuses[int(p["pid"])] = (p["status"], req.next_rseq)
+        self.purges += 1
+        li = ledger_shard_of(req.cohort, self.ctx.config.ledger_shards)
+        self.ctx.tell(
+            (M.LEDGER, li), M.ApplyPurge(int(p["pid"]), req.user, req.cohort, p["prepared"])
+        )
+        update = M.EvictionUpdate(req.mshard, p["live_from"], len(p["drained"]), req.marker)
+        for i in range(self.ctx.config.ledger_shards):
+            self.ctx.tell((M.LEDGER, i), update)
+        self._pending = None
+        req.reply.set_result((p["pid"], p["manifest"]))
+        self._schedule_remat(req.cohort)
+        self._start_remat()  # one held back while this purge was in progress
+        self._next_purge()
+
+    # -- re-materialization (issue 7): one cohort at a time, purges of it wait ------
+
+    def _schedule_remat(self, cohort: str) -> None:
+        """Re-materialize ``cohort`` ``Config.rematerialize_after_ms`` from now (wall
+        time), coalescing the purges that land meanwhile into one rebuild."""
+        delay = self.ctx.config.rematerialize_after_ms
+        if delay is None:
+            return
+        if cohort not in self._remat_due:
+            self._remat_due[cohort] = self._monotonic() + delay / 1000.0
+
+    def _monotonic(self) -> float:
+        # an operational delay, not domain time: the host's monotonic seconds (the
+        # deterministic harness supplies its own)
+        fn = getattr(self.ctx, "monotonic", None)
+        return float(fn()) if fn is not None else time.monotonic()
+
+    def _on_tick(self, msg: M.Tick) -> None:
+        now = self._monotonic()
+        for cohort, due in list(self._remat_due.items()):
+            if due <= now:
+                del self._remat_due[cohort]
+                self._queue_remat(cohort)
+
+    @property
+    def remat_due(self) -> bool:
+        """Whether a scheduled re-materialization waits for a tick (read by the host)."""
+        return bool(self._remat_due)
+
+    def _queue_remat(self, cohort: str, waiter: Reply | None = None) -> None:
+        self._remat_due.pop(cohort, None)
+        if waiter is not None:
+            self._remat_waiters.setdefault(cohort, []).append(waiter)
+        running = self._remat is not None and self._remat["cohort"] == cohort
+        if not running and cohort not in self._remat_queue:
+            self._remat_queue.append(cohort)
+        self._start_remat()
+
+    def _start_remat(self) -> None:
+        """Start the next queued re-materialization, skipping a cohort whose purge is
+        in progress (its retraction must reach the ledger before the rebuild starts;
+        it is started again when that purge ends)."""
+        if self._remat is not None or not self._remat_queue:
+            return
+        busy = self._pending["msg"].cohort if self._pending is not None else None
+        ready = [c for c in self._remat_queue if c != busy]
+        if not ready:
+            return
+        cohort = ready[0]
+        self._remat_queue.remove(cohort)
+        self._remat_seq += 1
+        token = ("remat", self._remat_seq)
+        # the purges it covers: every one committed so far (later ones of this cohort
+        # wait, deferred, until it ends)
+        self._remat = {
+            "cohort": cohort,
+            "token": token,
+            "covered": self.state.covered(cohort),
+            "upto": self.state.last_purge_id,
+        }
+        li = ledger_shard_of(cohort, self.ctx.config.ledger_shards)
+        self.ctx.tell((M.LEDGER, li), M.RematStart(cohort, self._remat["covered"], token))
+
+    def _on_rematerialize(self, msg: M.Rematerialize) -> None:
+        self._queue_remat(msg.cohort, msg.reply)
+
+    def _on_resume(self, msg: M.ResumeRematerialization) -> None:
+        for status, _ in sorted(self.state.statuses.values(), key=lambda x: x[0].purge_id):
+            if not status.rematerialized:
+                self._queue_remat(status.cohort)
+
+    def _on_remat_done(self, msg: M.RematDone) -> None:
+        r = self._remat
+        if r is None or r["token"] != msg.token:
+            return
+        cohort = r["cohort"]
+        if msg.error is not None and not isinstance(msg.error, UnknownCohort):
+            self._remat_finished(error=msg.error)
+            return
+        # an unknown cohort has nothing to rebuild: its purges are done all the same
+        r["waiter_error"] = msg.error
+        now = self.ctx.clock.now_ns()
+        per_user = dict(msg.per_user or {})
+        updates: list[tuple[PurgeStatus, int]] = []
+        for pid, (status, bound) in sorted(self.state.statuses.items(), reverse=True):
+            if status.cohort != cohort or status.rematerialized or pid > r["upto"]:
+                continue
+            extra = per_user.pop(status.user_id, 0)  # counted on the pair's latest purge
+            updates.append(
+                (
+                    PurgeStatus(
+                        status.purge_id,
+                        status.user_id,
+                        cohort,
+                        status.retracted_live,
+                        True,
+                        now,
+                        extra,
+                    ),
+                    bound,
+                )
+            )
+        r["updates"] = updates
+        r["report"] = RematerializationReport(
+            cohort, msg.read, msg.excluded, msg.seconds, msg.matched
+        )
+        ops: list[tuple[str, bytes, bytes | None]] = [
+            (Keyspace.ITEMS.value, *encode_status(s, b)) for s, b in updates
+        ]
+        # erase only what the purges this rebuild completes cover: an earlier purge's
+        # records went in the same transaction that marked it re-materialized (the
+        # latest purge of a pair has its highest bound, which covers the earlier ones)
+        erase: dict[int, int] = {}
+        for status, bound in updates:
+            erase[status.user_id] = max(erase.get(status.user_id, -1), bound)
+        self.ctx.tell(M.PERSIST_ADDR, M.EraseHistory(cohort, erase, ops, (self.address, msg.token)))
+
+    def _remat_committed(self, msg: M.Committed) -> None:
+        r = self._remat
+        assert r is not None
+        if msg.error is not None:
+            self._remat_finished(error=msg.error)
+            return
+        for status, bound in r["updates"]:
+            self.state.statuses[int(status.purge_id)] = (status, bound)
+        self._remat_finished(report=r["report"], error=r["waiter_error"])
+
+    def _remat_finished(self, report: Any = None, error: BaseException | None = None) -> None:
+        r, self._remat = self._remat, None
+        assert r is not None
+        for w in self._remat_waiters.pop(r["cohort"], []):
+            if error is None:
+                w.set_result(report)
+            else:
+                w.set_exception(error)
+        self._next_purge()
+        self._start_remat()
+
+    def on_error(self, message: object, err: BaseException) -> None:
+        """A failure while a purge or a re-materialization waits on this message ends
+        it with the error, so its caller is answered and later purges proceed."""
+        token = getattr(message, "purge_id", None) or getattr(message, "token", None)
+        if self._remat is not None and token == self._remat["token"]:
+            self._remat_finished(error=err)
+        elif self._pending is not None and token == self._pending["pid"]:
+            self._fail_pending(err)
+
+    def _on_drain(self, msg: M.Drain) -> None:
+        self._drains.append(msg.reply)
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        """Answer drains once nothing purge-related is in flight or waiting."""
+        if self._drains and self._pending is None and self._remat is None and not self._waiting:
+            drains, self._drains = self._drains, []
+            for r in drains:
+                r.set_result(None)
+
+    def _on_query_purge(self, msg: M.QueryPurge) -> None:
+        entry = self.state.statuses.get(msg.purge_id)
+        if entry is None:  # the caller's mistake, not a handler failure: not counted
+            msg.reply.set_exception(
+                UnknownPurge(f"no purge with id {PurgeId(msg.purge_id)!r} in this store")
+            )
+        else:
+            msg.reply.set_result(entry[0])
+
+    def _on_query(self, msg: M.QueryManifests) -> None:
+        if msg.user == -1:
+            msg.reply.set_result({"purges": self.purges, "handler_errors": self.handler_errors})
+            return
+        msg.reply.set_result(
+            [decode_manifest(raw) for raw in self.state.manifests.get(msg.user, [])]
+        )
+
+
+# -- persistence ----------------------------------------------------------------------

@@ -1,0 +1,363 @@
+"""The ledger shard: folds signals into cohort aggregates, retracts, settles, serves reads."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from tidal_actors._config import Config
+from tidal_actors._errors import UnknownCohort
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.core.aggregates import Aggregates
+from tidal_actors.core.contrib_log import EMPTY, ContributionLog, encode_history_columns
+from tidal_actors.storage.format import (
+    Keyspace,
+    Tag,
+    encode_key,
+    ledger_shard_of,
+    membership_capacity,
+    seal,
+)
+from tidal_actors.storage.history import HistoryReader
+
+SETTLE_MIN = 16_384
+SETTLE_STEP = 32_768
+
+
+class LedgerState:
+    """Restorable state of one ledger shard."""
+
+    def __init__(self, config: Config) -> None:
+        self.aggregates = Aggregates(
+            config.half_life_for, config.window_width_ns, config.window_buckets
+        )
+        self.log = ContributionLog(self.aggregates)
+        self.batch_seq = 0
+        self.rseq_seen: dict[int, int] = {}
+        self.live_from: dict[int, tuple[int, int]] = {}
+        # the durable history, read back by re-materialization and by reads inside
+        # settled buckets (None: an ephemeral database, or not wired yet)
+        self.history: HistoryReader | None = None
+        # (batch seq, first detail row) of the history batches written since the
+        # open and not yet known committed: their rows are not settled
+        self.unconfirmed: deque[tuple[int, int]] = deque()
+
+    def raise_floors(self, caps: list[int], in_flight: dict[int, dict[Any, int]]) -> None:
+        """Trim from the log what is surely evicted: a lower bound of each membership
+        shard's watermark from the records seen and its share of the log cap.
+
+        Args:
+            caps: each membership shard's share of ``max_contribution_log_entries``.
+            in_flight: membership shard -> {marker: bound} of purges in flight.
+        """
+        log = self.log
+        for m, top in self.rseq_seen.items():
+            open_ = in_flight.get(m)
+            if open_:
+                # a purge in flight drains records, room no ledger can count yet: trim
+                # only what was evicted when the first of them was taken (the
+                # watermark never goes back; the purges before it have committed)
+                top = min(top, min(open_.values()) - 1)
+            live_from, drained = self.live_from.get(m, (0, 0))
+            floor = max(live_from, top + 1 - caps[m] - drained)
+            if floor > log.floor.get(m, 0):
+                log.set_floor(m, floor)
+
+    def wire_history(self, reader: HistoryReader) -> None:
+        """Read settled records back from ``reader`` (a durable store's history)."""
+        self.history = reader
+        agg = self.aggregates
+        agg.settled_detail = lambda k, lo, hi: reader.settled_detail(
+            agg.key(k), lo, hi, agg.settled_upto
+        )
+
+    def settle(self, durable: bool, force: bool = False) -> int:
+        """Drop the detail rows no purge can name any more (`Aggregates.settle`):
+        before the contribution log's first row (its head, once compacted, and the
+        rows held for purges in flight) and, in a durable database, before the first row of a
+        history batch not yet committed (a row is dropped only once the history
+        holds it). Only once at least ``SETTLE_MIN`` rows can go, and at most
+        ``SETTLE_STEP`` a call, unless ``force``. Returns the rows dropped."""
+        agg = self.aggregates
+        if durable and self.history is None:
+            return 0  # nothing to read them back from: keep them
+        limit = agg.row_end
+        if durable:
+            assert self.history is not None
+            top = self.history.committed()
+            pending = self.unconfirmed
+            while pending and pending[0][0] < top:
+                pending.popleft()
+            if pending:
+                limit = pending[0][1]
+        low = self.log.first_row()
+        cut = min(limit, agg.row_end if low is None else low) - agg.row_base
+        if cut <= 0 or (not force and cut < SETTLE_MIN):
+            return 0
+        self.log.compact_head()  # may move held pairs' rows to held_rows: ask again
+        low = self.log.first_row()
+        upto = min(limit, agg.row_end if low is None else low)
+        if not force:  # a bounded step per message, so no handler stalls on it
+            upto = min(upto, agg.row_base + SETTLE_STEP)
+        return agg.settle(upto)
+
+
+class LedgerShard(Behaviour):
+    """Aggregates, contribution log and durable history of the cohorts hashed here."""
+
+    def __init__(self, ctx: Context, index: int, state: LedgerState | None = None) -> None:
+        super().__init__(ctx)
+        self.index = index
+        self.address = (M.LEDGER, index)
+        self.state = state or LedgerState(ctx.config)
+        cfg = ctx.config
+        self._caps = [
+            membership_capacity(cfg.max_contribution_log_entries, i, cfg.membership_shards)
+            for i in range(cfg.membership_shards)
+        ]
+        self.records_in = 0
+        self.retracted = 0
+        self.purges_applied = 0  # purges applied here since the open (one ApplyPurge each)
+        self.history_batches = 0
+        for kind, fn in (
+            (M.Attribute, self._on_attribute),
+            (M.BarrierPart, self._on_barrier_part),
+            (M.PreparePurge, self._on_prepare),
+            (M.ApplyPurge, self._on_apply),
+            (M.EvictionUpdate, self._on_eviction),
+            (M.RematStart, self._on_remat_start),
+            (M.RematStep, self._on_remat_step),
+            (M.PurgeMarker, self._on_marker),
+            (M.PurgeAbandoned, self._on_abandoned),
+        ):
+            self.on(kind, fn)
+        self._markers: set[Any] = set()
+        self._parked: dict[Any, M.PreparePurge] = {}
+        # purges in flight by membership shard, marker -> bound (their marker came,
+        # their eviction update or abandonment not yet); those whose end came first
+        self._in_flight: dict[int, dict[Any, int]] = {}
+        self._ended_early: set[Any] = set()
+        self._jobs: dict[Any, Any] = {}
+
+    def _on_attribute(self, msg: M.Attribute) -> None:
+        st = self.state
+        m, rs, us = msg.mshard, msg.rseqs, msg.users
+        rows = st.aggregates.add_columns(
+            m, rs, us, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps
+        )
+        if self._jobs:
+            for token in list(self._jobs):
+                self._advance(token)
+        log = st.log
+        log.append_columns(us.tolist(), msg.cohorts, rows)
+        self.records_in += len(rows)
+        if self.ctx.durable:
+            self._persist(
+                (m, rs, us, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps),
+                msg.contexts,
+                rows.start,
+            )
+        seen = st.rseq_seen
+        top = int(rs[-1])  # rseqs increase within a message
+        if top >= seen.get(m, -1):
+            seen[m] = top
+        st.raise_floors(self._caps, self._in_flight)
+        self._settle()
+
+    def _settle(self) -> None:
+        """Drop detail rows no purge can name (`LedgerState.settle`); not while a
+        re-materialization runs here (it reads the held rows and the history by the
+        boundary between them, which must stay put)."""
+        if not self._jobs:
+            self.state.settle(self.ctx.durable)
+
+    def _persist(
+        self, cols: tuple[Any, ...], contexts: dict[int, Any] | None, first_row: int
+    ) -> None:
+        seq = self.state.batch_seq
+        self.state.batch_seq += 1
+        if self.state.history is not None:  # what `LedgerState.settle` pops
+            self.state.unconfirmed.append((seq, first_row))
+        self.history_batches += 1
+        key = encode_key(self.index, Tag.CONTRIBUTION_BATCH, seq.to_bytes(8, "big"))
+        value = seal(
+            key, encode_history_columns(cols, contexts)
+        )  # the bytes encode_batch(records) gives
+        self.ctx.tell(M.PERSIST_ADDR, M.Write([(Keyspace.HISTORY.value, key, value)]))
+
+    def on_error(self, message: object, err: BaseException) -> None:
+        if isinstance(message, M.Attribute):
+            self.note_loss(err)
+
+    def _on_barrier_part(self, msg: M.BarrierPart) -> None:
+        b = msg.barrier
+        self.report_loss(b)
+        n = b.counts.get(self.index, 0) + 1
+        b.counts[self.index] = n
+        if n < b.parts:
+            return
+        if b.action is not None:
+            self._read(b.action)
+            return
+        if b.durable:
+            self.ctx.tell(M.PERSIST_ADDR, M.BarrierPart(b))
+            return
+        with b.lock:
+            b.done_ledgers += 1
+            last = b.done_ledgers == len(b.ledgers)
+        if last:
+            b.reply.set_result(None)
+
+    def on_idle(self) -> None:
+        # history batches committed since the last message may let rows settle
+        self._settle()
+
+    def _read(self, r: M.Read) -> None:
+        self._settle()  # so that stats() after a flush shows what is settled
+        try:
+            agg = self.state.aggregates
+            if r.kind == "score":
+                value: Any = agg.decay_score(*r.args)
+            elif r.kind == "window":
+                value = agg.window(*r.args)
+            elif r.kind == "top":
+                value = agg.top(*r.args)
+            elif r.kind == "rows":
+                value = list(agg.rows(*r.args))
+            elif r.kind == "stats":
+                value = {
+                    "records_in": self.records_in,
+                    "retracted": self.retracted,
+                    "log_records": self.state.log.live_count(),
+                    "keys": agg.key_count(),
+                    "handler_errors": self.handler_errors,
+                    "log_bytes": self.state.log.nbytes(),
+                    "detail_rows": agg.held,
+                    "settled_buckets": len(agg.settled),
+                }
+            elif r.kind == "cohorts":
+                value = sorted(agg.cohorts)
+            else:
+                raise ValueError(f"unknown read {r.kind!r}")
+        except Exception as exc:
+            r.reply.set_exception(self.failure(r, exc))
+            raise
+        r.reply.set_result(value)
+
+    def _on_marker(self, msg: M.PurgeMarker) -> None:
+        if msg.marker in self._ended_early:
+            self._ended_early.discard(msg.marker)
+        else:
+            self._in_flight.setdefault(msg.mshard, {})[msg.marker] = msg.bound
+        if not self._owns(msg.cohort):
+            return
+        self.state.log.hold(msg.user, msg.cohort, msg.bound)
+        self._markers.add(msg.marker)
+        parked = self._parked.pop(msg.marker, None)
+        if parked is not None:
+            self._on_prepare(parked)
+
+    def _on_prepare(self, msg: M.PreparePurge) -> None:
+        if msg.marker is not None:
+            if msg.marker not in self._markers:
+                self._parked[msg.marker] = msg  # the user's earlier records are still coming
+                return
+            self._markers.discard(msg.marker)
+        try:
+            prepared = self.state.log.prepare(msg.user, msg.cohort, msg.live_from, msg.bound)
+            self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, prepared))
+        except Exception as exc:
+            self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, EMPTY, exc))
+            raise
+
+    def _owns(self, cohort: str) -> bool:
+        """Whether ``cohort``'s aggregates and log live on this ledger shard."""
+        return ledger_shard_of(cohort, self.ctx.config.ledger_shards) == self.index
+
+    def _end_purge(self, mshard: int, marker: Any) -> None:
+        """The purge of ``marker`` committed or failed: trimming ``mshard`` may resume."""
+        open_ = self._in_flight.get(mshard)
+        if open_ is not None and marker in open_:
+            del open_[marker]
+            if not open_:
+                del self._in_flight[mshard]
+        else:
+            self._ended_early.add(marker)
+
+    def _on_abandoned(self, msg: M.PurgeAbandoned) -> None:
+        if self._owns(msg.cohort):
+            self.state.log.release(msg.user, msg.cohort, msg.bound)
+        self._end_purge(msg.mshard, msg.marker)
+
+    def _on_apply(self, msg: M.ApplyPurge) -> None:
+        self.state.aggregates.retract_rows(msg.prepared.rows)
+        self.state.log.apply(msg.user, msg.cohort, msg.prepared)
+        self.retracted += len(msg.prepared.records)
+        self.purges_applied += 1
+        self._settle()
+
+    def _on_remat_start(self, msg: M.RematStart) -> None:
+        from tidal_actors.core.remat import RematJob
+
+        try:
+            self._jobs[msg.token] = RematJob(self.state, msg.cohort, msg.covered, self.ctx.config)
+        except Exception as exc:  # answer the coordinator (and its caller), then count it
+            self.ctx.tell(
+                M.COORD_ADDR, M.RematDone(msg.token, msg.cohort, error=self.failure(msg, exc))
+            )
+            raise
+        self.ctx.tell(self.address, M.RematStep(msg.token))
+
+    def _on_remat_step(self, msg: M.RematStep) -> None:
+        if msg.token in self._jobs and not self._advance(msg.token):
+            self.ctx.tell(self.address, M.RematStep(msg.token))  # let other messages in
+
+    def _advance(self, token: Any) -> bool:
+        """One chunk of a running re-materialization; True once it has finished.
+
+        Called from its own step messages and after each attribution batch, so a
+        busy mailbox cannot starve it."""
+        job = self._jobs[token]
+        try:
+            if not job.step():
+                return False
+            # known: something was ever attributed here (the key table only grows)
+            known = job.read > 0 or self.state.aggregates.cohort_id(job.cohort) is not None
+            read, excluded, matched, per_user = job.finish()
+            del self._jobs[token]
+            self.ctx.tell(
+                M.COORD_ADDR,
+                M.RematDone(
+                    token,
+                    job.cohort,
+                    read,
+                    excluded,
+                    matched,
+                    per_user,
+                    time.perf_counter() - job.t0,
+                    None
+                    if known
+                    else UnknownCohort(f"nothing was ever attributed to cohort {job.cohort!r}"),
+                ),
+            )
+        except Exception as exc:
+            self._jobs.pop(token, None)
+            # a TidalError as is, anything else as ActorFailure (the caller's error)
+            self.ctx.tell(
+                M.COORD_ADDR,
+                M.RematDone(token, job.cohort, error=self.failure(M.RematStep(token), exc)),
+            )
+            raise
+        return True
+
+    def _on_eviction(self, msg: M.EvictionUpdate) -> None:
+        self.state.live_from[msg.mshard] = (msg.live_from, msg.drained_pending)
+        self.state.log.set_floor(msg.mshard, msg.live_from)
+        if msg.marker is not None:
+            self._end_purge(msg.mshard, msg.marker)
+        self._settle()
+
+
+# -- purge coordinator ----------------------------------------------------------------

@@ -1,0 +1,396 @@
+"""The membership shard: gate, routes, signal fan-out, leave, rejoin, purge bounds."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from itertools import repeat
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from tidal_actors._types import (
+    CommunityMembership,
+    LeaveEpoch,
+    MembershipStatus,
+)
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.reply import Reply
+from tidal_actors.core.routes import COMMUNITY_ONLY, GATED, RouteTable
+from tidal_actors.storage.format import (
+    Keyspace,
+    Tag,
+    encode_key,
+    encode_membership,
+    ledger_shard_of,
+)
+
+
+class MembershipState:
+    """Restorable state of one membership shard."""
+
+    def __init__(self) -> None:
+        self.status: dict[int, tuple[MembershipStatus, int | None]] = {}
+        self.history: dict[int, list[list[int | None]]] = {}
+        self.cohorts: dict[int, tuple[str, ...]] = {}
+        self.next_rseq = 0
+
+
+_CONTROL_WRITES = (M.Assign, M.Unassign, M.Leave, M.Rejoin)
+
+
+class MembershipShard(Behaviour):
+    """Gate and fan-out for the users hashed to this shard (spec: leave-stop-forward).
+
+    Holds each user's status, leave history and cohorts; attributes each forwarded
+    signal to the user's cohorts plus ``@community`` and numbers the records
+    (``rseq``) for the contribution log's eviction order.
+    """
+
+    def __init__(self, ctx: Context, index: int, state: MembershipState | None = None) -> None:
+        super().__init__(ctx)
+        self.index = index
+        self.address = (M.MEMBERSHIP, index)
+        self.state = state or MembershipState()
+        self.left = {u for u, (s, _) in self.state.status.items() if s is MembershipStatus.Left}
+        self._ledger_of: dict[str, int] = {}
+        self.routes = RouteTable(self._ledger)
+        # user -> route id, for the users whose route is not @community alone
+        self._rid: dict[int, int] = {}
+        for u in {*self.left, *self.state.cohorts}:
+            self._update_route(u)
+        self.signals = self.forwarded = self.gated = self.records = 0
+        # the control writes committing now, by token: (apply, reply)
+        self._pending: dict[int, tuple[Callable[[], Any], Reply]] = {}
+        self._group: list[M.Write] | None = None
+        self._stash: collections.deque[object] = collections.deque()
+        self._stashed_batches = 0
+        self._stashed_signals = 0
+        self._token = 0
+        for kind, fn in (
+            (M.SignalBatch, self._on_signals),
+            (M.Assign, self._on_assign),
+            (M.Unassign, self._on_unassign),
+            (M.Leave, self._on_leave),
+            (M.Rejoin, self._on_rejoin),
+            (M.QueryUser, self._on_query),
+            (M.PurgeRequest, self._on_purge),
+            (M.Barrier, self._on_barrier),
+            (M.Committed, self._on_committed),
+        ):
+            self.on(kind, fn)
+
+    def _ledger(self, cohort: str) -> int:
+        li = self._ledger_of.get(cohort)
+        if li is None:
+            li = self._ledger_of[cohort] = ledger_shard_of(cohort, self.ctx.config.ledger_shards)
+        return li
+
+    def _update_route(self, user: int) -> None:
+        """Re-derive the user's route after a change of status or cohorts.
+
+        Routes are interned once and kept; when the table holds four times more routes
+        than users with a route of their own (cohort lists assigned and left behind),
+        it is built afresh from the users' current routes (amortized O(1) a change).
+        """
+        rid = GATED if user in self.left else self.routes.route_of(self.state.cohorts.get(user, ()))
+        if rid == COMMUNITY_ONLY:
+            self._rid.pop(user, None)
+        else:
+            self._rid[user] = rid
+        if len(self.routes) > 4 * len(self._rid) + 64:
+            self.routes = RouteTable(self._ledger)
+            for u, r in self._rid.items():
+                self._rid[u] = (
+                    GATED if r == GATED else self.routes.route_of(self.state.cohorts.get(u, ()))
+                )
+
+    def receive(self, message: object) -> None:
+        if self._pending and type(message) is not M.Committed:
+            self._stash.append(message)
+            if type(message) is M.SignalBatch:
+                self._stashed_batches += 1
+                self._stashed_signals += len(message.signals)
+            return
+        super().receive(message)
+        if self._stash and not self._pending:
+            while not self._pending and self._stash:
+                message = self._take_stashed()
+                if type(message) in _CONTROL_WRITES:
+                    self._receive_group(message)
+                else:
+                    super().receive(message)
+            self.room_made()
+
+    def _take_stashed(self) -> object:
+        message = self._stash.popleft()
+        if type(message) is M.SignalBatch:
+            self._stashed_batches -= 1
+            self._stashed_signals -= len(message.signals)
+        return message
+
+    def _receive_group(self, first: Any) -> None:
+        """Handle ``first`` and the control writes on distinct users right behind it in
+        the stash as one group: their writes go to persistence back to back, which
+        commits writes waiting together in one transaction (and, should it fail, each
+        on its own, so an error fails only its own writer)."""
+        self._group = []
+        users = {first.user}
+        try:
+            super().receive(first)
+            while (
+                self._stash
+                and type(self._stash[0]) in _CONTROL_WRITES
+                and self._stash[0].user not in users  # type: ignore[attr-defined]
+            ):
+                message: Any = self._take_stashed()
+                users.add(message.user)
+                super().receive(message)
+        finally:
+            group, self._group = self._group, None
+        for write in group:
+            self.ctx.tell(M.PERSIST_ADDR, write)
+
+    def held(self) -> int:
+        # signal batches stashed while a control write commits count as still queued,
+        # so the mailbox capacity bounds the signals in flight here too (control
+        # messages are not bounded in the mailbox either)
+        return self._stashed_batches
+
+    def held_units(self) -> int:
+        return self._stashed_signals
+
+    # signals: the hot path
+    def _on_signals(self, msg: M.SignalBatch) -> None:
+        """Gate and fan out a batch: the route of each signal's user looked up once (a
+        C-speed map over the users), the records laid out with numpy (`RouteTable.expand`)
+        and sent to each ledger shard as columns."""
+        signals = msg.signals
+        n = len(signals)
+        if not n:
+            return
+        us, es, ts_, ws, tss, cxs = zip(*signals)
+        rids = np.fromiter(map(self._rid.get, us, repeat(COMMUNITY_ONLY)), dtype=np.int64, count=n)
+        table = self.routes
+        sig, entry = table.expand(rids)
+        total = len(sig)
+        gated = n - int(np.count_nonzero(table.length[rids]))
+        r0 = self.state.next_rseq
+        self.signals += n
+        self.gated += gated
+        self.forwarded += n - gated
+        self.records += total
+        self.state.next_rseq = r0 + total
+        if not total:
+            return
+        U = np.array(us, dtype=np.uint64)
+        E = np.array(es, dtype=np.uint64)
+        T = np.array(ts_, dtype=np.uint64)
+        W = np.array(ws, dtype=np.float64)
+        TS = np.array(tss, dtype=np.int64)
+        has_cx = None if cxs.count(None) == n else np.array([cx is not None for cx in cxs])
+        shards = self.ctx.config.ledger_shards
+        ledger = table.entry_ledger[entry] if shards > 1 else None
+        for li in range(shards):
+            if ledger is None:
+                pos, s, ent = np.arange(total, dtype=np.int64), sig, entry
+            else:
+                pos = np.flatnonzero(ledger == li)
+                if not len(pos):
+                    continue
+                s, ent = sig[pos], entry[pos]
+            ctx = None
+            if has_cx is not None:
+                at = np.flatnonzero(has_cx[s]).tolist()
+                if at:
+                    ctx = dict(zip(at, map(cxs.__getitem__, s[at].tolist())))
+            self.ctx.tell(
+                (M.LEDGER, li),
+                M.Attribute(
+                    self.index,
+                    r0 + pos,
+                    U[s],
+                    table.names[table.entry_cohort[ent]].tolist(),
+                    E[s],
+                    T[s],
+                    W[s],
+                    TS[s],
+                    ctx,
+                ),
+            )
+
+    # control operations: applied only once committed
+    def _write(
+        self, ops: list[tuple[str, bytes, bytes | None]], apply: Callable[[], Any], reply: Reply
+    ) -> None:
+        self._token += 1
+        self._pending[self._token] = (apply, reply)
+        write = M.Write(ops, (self.address, self._token))
+        if self._group is not None:  # joins the group being formed (`_receive_group`)
+            self._group.append(write)
+        else:
+            self.ctx.tell(M.PERSIST_ADDR, write)
+
+    def _on_committed(self, msg: M.Committed) -> None:
+        pending = self._pending.pop(msg.token, None)
+        if pending is None:
+            return
+        apply, reply = pending
+        if msg.error is not None:
+            reply.set_exception(msg.error)
+            return
+        try:
+            value = apply()
+        except Exception as exc:
+            reply.set_exception(self.failure(msg, exc))
+            raise
+        reply.set_result(value)
+
+    def _cohort_ops(
+        self, user: int, cohorts: tuple[str, ...]
+    ) -> list[tuple[str, bytes, bytes | None]]:
+        key = encode_key(user, Tag.COHORT_ASSIGNMENT)
+        return [(Keyspace.USERS.value, key, msgpack.packb(list(cohorts)) if cohorts else None)]
+
+    def _set_cohorts(self, user: int, cohorts: tuple[str, ...]) -> None:
+        if cohorts:
+            self.state.cohorts[user] = cohorts
+        else:
+            self.state.cohorts.pop(user, None)
+        self._update_route(user)
+
+    def _on_assign(self, msg: M.Assign) -> None:
+        cur = self.state.cohorts.get(msg.user, ())
+        if msg.cohort in cur:
+            msg.reply.set_result(None)
+            return
+        new = cur + (msg.cohort,)
+        self._write(
+            self._cohort_ops(msg.user, new), lambda: self._set_cohorts(msg.user, new), msg.reply
+        )
+
+    def _on_unassign(self, msg: M.Unassign) -> None:
+        cur = self.state.cohorts.get(msg.user, ())
+        if msg.cohort not in cur:
+            msg.reply.set_result(None)
+            return
+        new = tuple(c for c in cur if c != msg.cohort)
+        self._write(
+            self._cohort_ops(msg.user, new), lambda: self._set_cohorts(msg.user, new), msg.reply
+        )
+
+    def _membership_ops(
+        self,
+        user: int,
+        status: MembershipStatus,
+        left_at: int | None,
+        history: list[list[int | None]],
+    ) -> list[tuple[str, bytes, bytes | None]]:
+        return [
+            (
+                Keyspace.USERS.value,
+                encode_key(user, Tag.COMMUNITY_LEAVE),
+                encode_membership(status, left_at),
+            ),
+            (Keyspace.USERS.value, encode_key(user, Tag.LEAVE_HISTORY), msgpack.packb(history)),
+        ]
+
+    def _on_leave(self, msg: M.Leave) -> None:
+        user = msg.user
+        if user in self.left:
+            msg.reply.set_result(None)
+            return
+        history = [list(e) for e in self.state.history.get(user, [])] + [[msg.now_ns, None]]
+
+        def apply() -> None:
+            self.state.status[user] = (MembershipStatus.Left, msg.now_ns)
+            self.state.history[user] = history
+            self.left.add(user)
+            self._update_route(user)
+
+        self._write(
+            self._membership_ops(user, MembershipStatus.Left, msg.now_ns, history), apply, msg.reply
+        )
+
+    def _on_rejoin(self, msg: M.Rejoin) -> None:
+        user = msg.user
+        if user not in self.left:
+            msg.reply.set_result(None)
+            return
+        history = [list(e) for e in self.state.history.get(user, [])]
+        if history and history[-1][1] is None:
+            history[-1][1] = msg.now_ns
+
+        def apply() -> None:
+            self.state.status[user] = (MembershipStatus.Active, None)
+            self.state.history[user] = history
+            self.left.discard(user)
+            self._update_route(user)
+
+        self._write(
+            self._membership_ops(user, MembershipStatus.Active, None, history), apply, msg.reply
+        )
+
+    def _on_query(self, msg: M.QueryUser) -> None:
+        u = msg.user
+        if msg.kind == "status":
+            status, left_at = self.state.status.get(u, (MembershipStatus.Active, None))
+            msg.reply.set_result(CommunityMembership(u, status, left_at))
+        elif msg.kind == "history":
+            msg.reply.set_result([LeaveEpoch(a, b) for a, b in self.state.history.get(u, [])])  # type: ignore[arg-type]
+        elif msg.kind == "cohorts":
+            msg.reply.set_result(frozenset(self.state.cohorts.get(u, ())))
+        elif msg.kind == "stats":
+            msg.reply.set_result(
+                {
+                    "signals": self.signals,
+                    "forwarded": self.forwarded,
+                    "gated": self.gated,
+                    "records": self.records,
+                    "handler_errors": self.handler_errors,
+                }
+            )
+        elif msg.kind == "users":
+            msg.reply.set_result(
+                {
+                    u: (
+                        self.state.status.get(u),
+                        self.state.history.get(u),
+                        self.state.cohorts.get(u),
+                    )
+                    for u in set(self.state.status) | set(self.state.cohorts)
+                }
+            )
+        else:
+            raise ValueError(f"unknown query {msg.kind!r}")
+
+    def _on_purge(self, msg: M.PurgeRequest) -> None:
+        self._token += 1
+        marker = (self.index, self._token)
+        bound = self.state.next_rseq
+        note = M.PurgeMarker(marker, self.index, msg.user, msg.cohort, bound)
+        for li in range(self.ctx.config.ledger_shards):
+            self.ctx.tell((M.LEDGER, li), note)
+        self.ctx.tell(
+            M.COORD_ADDR,
+            M.Purge(msg.user, msg.cohort, self.index, bound, msg.now_ns, msg.reply, marker),
+        )
+
+    def on_error(self, message: object, err: BaseException) -> None:
+        if isinstance(message, M.SignalBatch):
+            self.note_loss(err)
+
+    def _on_barrier(self, msg: M.Barrier) -> None:
+        self.report_loss(msg)
+        part = M.BarrierPart(msg)
+        for li in msg.ledgers:
+            self.ctx.tell((M.LEDGER, li), part)
+
+
+# -- ledger -------------------------------------------------------------------------
+
+
+# settle detail rows once at least this many can go, at most SETTLE_STEP a
+# message (`LedgerState.settle`)

@@ -1,0 +1,176 @@
+"""The persistence actor: the one writer of the store, with group commit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tidal_actors._errors import ActorFailure, StorageError, TidalError
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.reply import Reply
+
+
+def _write_error(exc: Exception) -> TidalError:
+    """What a writer is told when its commit failed: a TidalError, the cause attached."""
+    if isinstance(exc, TidalError):
+        return exc
+    err = ActorFailure(f"persistence failed to commit: {exc!r}")
+    err.__cause__ = exc
+    return err
+
+
+class Persistence(Behaviour):
+    """Sole owner of the store; group-commits every write waiting in its mailbox.
+
+    Writes accumulate while messages keep arriving; when the mailbox is empty (or
+    ``GROUP_LIMIT`` ops wait) they are committed in one transaction, then each writer
+    is acknowledged. A failed group is retried write by write, so one bad write fails
+    only its own caller. History writes that fail are counted and reported by the
+    next flush.
+    """
+
+    address = M.PERSIST_ADDR
+    GROUP_LIMIT = 50_000
+    # its mailbox is bounded by count only: a control write does not wait behind the
+    # history writes queued here, it joins them in the next transaction, and a deep
+    # queue is what makes a transaction carry many writes (one fsync for all)
+    time_bounded = False
+
+    def __init__(self, ctx: Context, store: Any) -> None:
+        super().__init__(ctx)
+        self.store = store
+        self._writes: list[M.Write] = []
+        self._ops = 0
+        self._barriers: dict[int, int] = {}
+        self.commits = 0
+        self.failed_writes = 0
+        self._unreported: BaseException | None = None
+        for kind, fn in (
+            (M.Write, self._on_write),
+            (M.FlushStore, self._on_flush),
+            (M.BarrierPart, self._on_barrier_part),
+            (M.EraseHistory, self._on_erase),
+            (M.Compact, self._on_compact),
+        ):
+            self.on(kind, fn)
+
+    def _on_write(self, msg: M.Write) -> None:
+        self._writes.append(msg)
+        self._ops += len(msg.ops)
+        if self._ops >= self.GROUP_LIMIT:
+            self.commit()
+
+    def on_idle(self) -> None:
+        if self._writes:
+            self.commit()
+
+    def _ack(self, w: M.Write, error: BaseException | None) -> None:
+        r = w.reply
+        if r is None:
+            if error is not None:
+                self.failed_writes += 1
+                self._unreported = error
+            return
+        if isinstance(r, Reply):
+            if error is None:
+                r.set_result(None)
+            else:
+                r.set_exception(error)
+            return
+        address, token = r
+        self.ctx.tell(address, M.Committed(token, error))
+
+    def commit(self) -> None:
+        """Commit every waiting write in one transaction, then acknowledge each."""
+        writes, self._writes, self._ops = self._writes, [], 0
+        if not writes:
+            return
+        try:
+            self.store.commit([op for w in writes for op in w.ops])
+            self.commits += 1
+            errors: list[BaseException | None] = [None] * len(writes)
+        except Exception:  # noqa: BLE001 - retried one by one: each writer gets its own answer
+            errors = []
+            for w in writes:
+                try:
+                    self.store.commit(w.ops)
+                    self.commits += 1
+                    errors.append(None)
+                except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
+                    errors.append(_write_error(exc))
+        for w, err in zip(writes, errors):
+            try:
+                self._ack(w, err)
+            except TidalError as exc:  # a writer that stopped (closing): answer the others
+                self.handler_errors += 1
+                self.last_error = exc
+
+    def _on_erase(self, msg: M.EraseHistory) -> None:
+        from tidal_actors.core.remat import erase_history_ops
+
+        self.commit()  # history batches queued before are in the store first
+        try:
+            items = self.store.history_items()
+            try:
+                ops, _ = erase_history_ops(items, msg.cohort, msg.covered)
+            finally:
+                close = getattr(items, "close", None)
+                if close is not None:
+                    close()  # the read transaction ends before the write begins
+            self.store.commit(ops + msg.ops)
+            if ops:
+                self.store.history_marks.rewritten()
+            error: BaseException | None = None
+        except Exception as exc:  # noqa: BLE001 - the coordinator must hear back
+            error = _write_error(exc)
+        self._ack(M.Write(msg.ops, msg.reply), error)
+
+    def _on_compact(self, msg: M.Compact) -> None:
+        self.commit()
+        cfg = self.ctx.config
+        if cfg.history_retention_ns is not None and self.store.durable:
+            from tidal_actors.core.remat import retention_ops
+
+            cutoff = self.ctx.clock.now_ns() - cfg.history_retention_ns
+            dropped = retention_ops(self.store.history_items(), cutoff)
+            self.store.commit(dropped)
+            if dropped:
+                self.store.history_marks.rewritten()
+        msg.reply.set_result(self.store.compact())
+
+    def _report(self, reply: Reply, lost: list[BaseException] | None = None) -> None:
+        """Answer a flush: None, or every loss since the last one in one StorageError
+        (history writes that failed here, signal batches shards lost on the way)."""
+        err, self._unreported = self._unreported, None
+        lost = list(lost or ())
+        if err is None and not lost:
+            reply.set_result(None)
+            return
+        parts = [str(x) for x in lost]
+        if err is not None:
+            parts.insert(0, f"{self.failed_writes} history write(s) failed since open; last: {err}")
+        # the class of the last write failure (StorageFull stays StorageFull), cause attached
+        kind = type(err) if isinstance(err, StorageError) else StorageError
+        e = kind("; ".join(parts))
+        e.__cause__ = err if err is not None else lost[0]
+        reply.set_exception(e)
+
+    def _on_flush(self, msg: M.FlushStore) -> None:
+        self.commit()
+        self._report(msg.reply)
+
+    def _on_barrier_part(self, msg: M.BarrierPart) -> None:
+        b = msg.barrier
+        key = id(b)
+        n = self._barriers.get(key, 0) + 1
+        if n < len(b.ledgers):
+            self._barriers[key] = n
+            return
+        self._barriers.pop(key, None)
+        self.commit()
+        if b.reports_loss:  # a flush (or close): its caller hears of every loss
+            self._report(b.reply, b.lost)
+        else:  # a sync before a rebuild or a compaction: losses wait for the flush
+            b.reply.set_result(None)
+        if b.then is not None:
+            self.ctx.tell(*b.then)
