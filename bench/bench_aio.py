@@ -1,4 +1,4 @@
-"""Trio facade benchmarks (issue 4): the cost of one awaited call beside the same
+"""Trio facade benchmarks: the cost of one awaited call beside the same
 blocking call, and awaited throughput with 100 concurrent tasks.
 
 Run: ``python bench/bench_aio.py`` (``--quick`` for a smaller run). Each figure is the

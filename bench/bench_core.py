@@ -1,4 +1,4 @@
-"""Core benchmarks (issue 2): ingestion beside a plain loop, leave latency, purge
+"""Core benchmarks: ingestion beside a plain loop, leave latency, purge
 latency at a full log, memory per retained contribution record.
 
 Run: ``python bench/bench_core.py`` (``--quick`` for a smaller run). Every rate is

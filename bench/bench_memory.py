@@ -1,4 +1,4 @@
-"""Memory bounded by the contribution log's cap (issue 13, item 9).
+"""Memory bounded by the contribution log's cap.
 
 A ledger keeps the detail of a contribution (33 bytes) only while a purge may name
 it (in the log, not yet committed to the history); older records live on as sums
@@ -11,7 +11,7 @@ and prints, at 1x, 2x, 5x and 10x the cap in signals:
   arenas, which vary by a few MiB from run to run), the detail rows held and the
   settled buckets;
 * the baseline beside it: what the detail rows alone would take had every record
-  kept its row, as before the fix (33 bytes x records attributed), and the
+  kept its row (33 bytes x records attributed), and the
   growth of RSS per record attributed between 1x and 10x and between 5x and 10x
   (the keys' settled sums still fill up until about 5x; 0 would be flat);
 * persistent, with ``history_retention_ns`` set (5 minutes): the data file after a

@@ -1,4 +1,4 @@
-"""Scaling benchmarks (issue 6): how the cost grows, each figure beside a plain
+"""Scaling benchmarks: how the cost grows, each figure beside a plain
 single-threaded baseline doing the same work in the same process and run.
 
 * Ingestion (``signal_batch``, ephemeral) at 10k, 100k and 1M users, beside

@@ -19,10 +19,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHES = [  # (name, script, how it hands over its figures: a --json FILE or JSON printed last)
-    ("core", "bench_core.py", "file"),  # issue 2: ingestion, leave, purge at a full log, memory
-    ("scaling", "bench_scaling.py", "file"),  # issue 6: how ingestion, purge and restore grow
-    ("aio", "bench_aio.py", "stdout"),  # issue 4: the trio facade
-    ("memory", "bench_memory.py", "file"),  # issue 13 item 9: memory bounded by the log cap
+    ("core", "bench_core.py", "file"),  # ingestion, leave, purge at a full log, memory
+    ("scaling", "bench_scaling.py", "file"),  # how ingestion, purge and restore grow
+    ("aio", "bench_aio.py", "stdout"),  # the trio facade
+    ("memory", "bench_memory.py", "file"),  # memory bounded by the log cap
     ("control", "bench_control.py", "file"),  # leave and purge under full ingestion, group commit
     (
         "lateness",
