@@ -35,7 +35,8 @@ import msgpack
 import numpy as np
 
 from tidal_actors._types import ContributionRecord
-from tidal_actors.core.aggregates import DEAD, Aggregates
+from tidal_actors.core.aggregates import Aggregates
+from tidal_actors.core.key_state import DEAD
 
 __all__ = ["EMPTY", "ContributionLog", "LogRecord", "Prepared", "encode_history_columns"]
 

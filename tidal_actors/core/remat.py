@@ -27,7 +27,8 @@ import msgpack
 import numpy as np
 
 from tidal_actors._types import PurgeId, PurgeStatus
-from tidal_actors.core.aggregates import DEAD, Aggregates
+from tidal_actors.core.aggregates import Aggregates
+from tidal_actors.core.key_state import DEAD
 from tidal_actors.storage.format import Keyspace, Tag, encode_key, seal
 
 __all__ = ["CHUNK_ROWS", "RematJob", "decode_status", "encode_status", "erase_history_ops"]
