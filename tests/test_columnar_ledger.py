@@ -246,7 +246,8 @@ def test_log_load_columns_equals_appending_and_counting(recs, reported) -> None:
     above the purge's bound) in item 0."""
     import numpy as np
 
-    from tidal_actors.core.contrib_log import ContributionLog, pair_positions
+    from tidal_actors.core.contrib_log import ContributionLog
+    from tidal_actors.core.pair_index import pair_positions
 
     names = ["a", "b", "c"]
     rows = [100 + i for i in range(len(recs))]
@@ -347,7 +348,8 @@ def test_records_evicted_between_prepare_and_apply_stay_counted(monkeypatch) -> 
     the purge's bound and were evicted and compacted away while the purge was being
     committed are not in its manifest: the next purge of the pair reports them."""
     from tidal_actors.core import contrib_log as _contrib_log
-    from tidal_actors.core.contrib_log import ContributionLog, pair_positions
+    from tidal_actors.core.contrib_log import ContributionLog
+    from tidal_actors.core.pair_index import pair_positions
 
     monkeypatch.setattr(
         _contrib_log, "_COMPACT_MIN", 1
@@ -384,7 +386,8 @@ def test_records_evicted_before_a_late_preparation_are_not_its_own(monkeypatch) 
     after the purge, and after they were evicted and compacted: its manifest counts
     only the evicted records below its bound; the later ones go to the next purge."""
     from tidal_actors.core import contrib_log as _contrib_log
-    from tidal_actors.core.contrib_log import ContributionLog, pair_positions
+    from tidal_actors.core.contrib_log import ContributionLog
+    from tidal_actors.core.pair_index import pair_positions
 
     monkeypatch.setattr(_contrib_log, "_COMPACT_MIN", 1)
     agg = _agg()
@@ -416,7 +419,8 @@ def test_a_failed_purge_releases_its_hold(monkeypatch) -> None:  # type: ignore[
     """Rows held for a purge that then failed are folded into the pair's count of
     evicted records (and a snapshot stores them so while the purge is in flight)."""
     from tidal_actors.core import contrib_log as _contrib_log
-    from tidal_actors.core.contrib_log import ContributionLog, pair_positions
+    from tidal_actors.core.contrib_log import ContributionLog
+    from tidal_actors.core.pair_index import I64, pair_positions
 
     monkeypatch.setattr(_contrib_log, "_COMPACT_MIN", 1)
     agg = _agg()
@@ -426,7 +430,7 @@ def test_a_failed_purge_releases_its_hold(monkeypatch) -> None:  # type: ignore[
     log.hold(1, "c", 3)
     log.set_floor(0, 4)  # rseq 0-3 evicted: user 1's three records held, not counted
     assert log.held_rows[(1, "c")].size == 3 and pair_positions(log.index[(1, "c")])[0] == 0
-    assert dict(log.snapshot_index())[(1, "c")] == _contrib_log._I64.pack(3)
+    assert dict(log.snapshot_index())[(1, "c")] == I64.pack(3)
     log.release(1, "c", 99)  # not its bound: nothing changes
     assert log.holds == {(1, "c"): [3]}
     log.release(1, "c", 3)
