@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tidal_actors.actors import messages as M
 from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import LogRecord, encode_history_columns
+from tidal_actors.core.key_state import DETAIL_COLUMNS
 from tidal_actors.storage.format import encode_batch, seal
 
 WIDTH = 1000
@@ -74,7 +75,7 @@ def test_batches_equal_one_at_a_time(
         batched.add_many(recs[k : k + step])
     assert _close(_reads(one, at), _reads(batched, at))
     # the detail rows are the same, in the same order
-    for name in ("dk", "dt", "dw", "du", "dm", "dr"):
+    for name in DETAIL_COLUMNS:
         assert getattr(one, name) == getattr(batched, name)
 
 
@@ -103,7 +104,7 @@ def test_bulk_load_equals_one_at_a_time(raw, at, retract, data) -> None:  # type
         np.array(cols[6], dtype=np.float32),
         np.array(cols[7], dtype=np.int64),
     )
-    for name in ("dk", "dt", "dw", "du", "dm", "dr"):
+    for name in DETAIL_COLUMNS:
         assert getattr(one, name) == getattr(bulk, name)
     assert one.keys == bulk.keys and one.index == bulk.index and one.cohorts == bulk.cohorts
     assert set(one.older) == set(bulk.older)
@@ -114,7 +115,7 @@ def test_bulk_load_equals_one_at_a_time(raw, at, retract, data) -> None:  # type
             one.retract_row(row)
             bulk.retract_row(row)
     assert _close(_reads(one, at), _reads(bulk, at))
-    for name in ("L", "TM", "CB", "CN", "CTM", "LIVE"):
+    for name in ("landmark", "t_max", "latest_b", "latest_count", "latest_t_max", "live"):
         assert list(getattr(one, name)[: one.key_total]) == list(
             getattr(bulk, name)[: bulk.key_total]
         ), name
@@ -294,10 +295,20 @@ def test_retract_rows_equals_retracting_one_by_one(raw, at, data) -> None:  # ty
         one.retract_row(row)
     many.retract_rows(now)
     assert _reads(one, at) == _reads(many, at)
-    for name in ("dk", "dt", "dw", "du", "dm", "dr"):
+    for name in DETAIL_COLUMNS:
         assert getattr(one, name) == getattr(many, name)
     n = one.key_total
-    for name in ("S", "L", "TM", "CB", "CN", "CW", "CFD", "CTM", "LIVE"):
+    for name in (
+        "fd_sum",
+        "landmark",
+        "t_max",
+        "latest_b",
+        "latest_count",
+        "latest_wsum",
+        "latest_fd",
+        "latest_t_max",
+        "live",
+    ):
         assert getattr(one, name)[:n].tobytes() == getattr(many, name)[:n].tobytes(), name
     assert one.older == many.older and one.index == many.index and one.cohorts == many.cohorts
     many.add_many(recs)  # the arrays can still grow (no numpy view left behind)

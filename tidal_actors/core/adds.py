@@ -73,32 +73,32 @@ class Adds(KeyState):
         ts = np.asarray(tss, dtype=np.int64)
         w = np.asarray(ws, dtype=np.float64)
         b = ts // self._width
-        x = (ts - self.L[k]) / self.HL[k]
-        fast = (b == self.CB[k]) & (x <= RENORMALIZE_AT)
+        x = (ts - self.landmark[k]) / self.key_half_life[k]
+        fast = (b == self.latest_b[k]) & (x <= RENORMALIZE_AT)
         wf = w * np.exp2(np.minimum(x, RENORMALIZE_AT))  # the others are added one by one
         every = bool(fast.all())
         if not every:
             kf, wff, wfa, tf = k[fast], wf[fast], w[fast], ts[fast]
         else:
             kf, wff, wfa, tf = k, wf, w, ts
-        np.add.at(self.S, kf, wff)
-        np.add.at(self.CN, kf, 1)
-        np.add.at(self.CW, kf, wfa)
-        np.add.at(self.CFD, kf, wff)
-        np.maximum.at(self.CTM, kf, tf)
-        np.maximum.at(self.TM, k, ts)
+        np.add.at(self.fd_sum, kf, wff)
+        np.add.at(self.latest_count, kf, 1)
+        np.add.at(self.latest_wsum, kf, wfa)
+        np.add.at(self.latest_fd, kf, wff)
+        np.maximum.at(self.latest_t_max, kf, tf)
+        np.maximum.at(self.t_max, k, ts)
         if not every:
             slow = self._add_one
             for i in np.flatnonzero(~fast).tolist():
                 slow(kids[i], int(ts[i]), float(w[i]))
-        self.dk.frombytes(k.astype(np.uint32).tobytes())
-        self.dt.frombytes(ts.tobytes())
-        self.dw.frombytes(w.astype(np.float32).tobytes())
-        self.du.frombytes(np.asarray(us, dtype=np.uint64).tobytes())
-        self.dm.frombytes(
+        self.row_key.frombytes(k.astype(np.uint32).tobytes())
+        self.row_ts.frombytes(ts.tobytes())
+        self.row_weight.frombytes(w.astype(np.float32).tobytes())
+        self.row_user.frombytes(np.asarray(us, dtype=np.uint64).tobytes())
+        self.row_mshard.frombytes(
             bytes([ms]) * n if isinstance(ms, int) else np.asarray(ms, dtype=np.uint8).tobytes()
         )
-        self.dr.frombytes(np.asarray(rs, dtype=np.int64).tobytes())
+        self.row_rseq.frombytes(np.asarray(rs, dtype=np.int64).tobytes())
         return range(first, first + n)
 
     def load_columns(
@@ -132,7 +132,7 @@ class Adds(KeyState):
         Raises:
             ValueError: the aggregates are not empty.
         """
-        if len(self.dk) or self._nkeys:
+        if len(self.row_key) or self._nkeys:
             raise ValueError("load_columns needs empty aggregates")
         n = len(tss)
         if not n:
@@ -170,33 +170,33 @@ class Adds(KeyState):
             lut[c] = self._cohort_id(names[c])
             self.cohorts[names[c]] = self.cohorts.get(names[c], 0) + int(per_cohort[c])
         hl_of_type = np.array([self.half_life(t) for t in ut.tolist()], dtype=np.int64)
-        self.KC[:g] = lut[kc]
-        self.KE[:g] = ke
-        self.KT[:g] = kt
-        self.HL[:g] = hl_of_type[tinv[fk]]
-        self.L[:g] = ts[fk]
-        self.LIVE[:g] = 1
+        self.key_cohort[:g] = lut[kc]
+        self.key_entity[:g] = ke
+        self.key_type[:g] = kt
+        self.key_half_life[:g] = hl_of_type[tinv[fk]]
+        self.landmark[:g] = ts[fk]
+        self.live[:g] = 1
         # records within RENORMALIZE_AT half-lives of their key's landmark: in bulk
-        x = (ts - self.L[kid]) / self.HL[kid]
+        x = (ts - self.landmark[kid]) / self.key_half_life[kid]
         fast = x <= RENORMALIZE_AT
         every = bool(fast.all())
         kf, tf, wa = (kid, ts, w) if every else (kid[fast], ts[fast], w[fast])
         wf = wa * np.exp2(x if every else x[fast])
-        self.S[:g] = np.bincount(kf, weights=wf, minlength=g)
+        self.fd_sum[:g] = np.bincount(kf, weights=wf, minlength=g)
         tm = np.full(g, np.iinfo(np.int64).min, dtype=np.int64)
         np.maximum.at(tm, kf, tf)
-        self.TM[:g] = tm
+        self.t_max[:g] = tm
         b = tf // self._width
         cb = np.full(g, np.iinfo(np.int64).min, dtype=np.int64)
         np.maximum.at(cb, kf, b)
-        self.CB[:g] = cb
+        self.latest_b[:g] = cb
         cur = b == cb[kf]
-        self.CN[:g] = np.bincount(kf[cur], minlength=g)
-        self.CW[:g] = np.bincount(kf[cur], weights=wa[cur], minlength=g)
-        self.CFD[:g] = np.bincount(kf[cur], weights=wf[cur], minlength=g)
+        self.latest_count[:g] = np.bincount(kf[cur], minlength=g)
+        self.latest_wsum[:g] = np.bincount(kf[cur], weights=wa[cur], minlength=g)
+        self.latest_fd[:g] = np.bincount(kf[cur], weights=wf[cur], minlength=g)
         ctm = np.full(g, np.iinfo(np.int64).min, dtype=np.int64)
         np.maximum.at(ctm, kf[cur], tf[cur])
-        self.CTM[:g] = ctm
+        self.latest_t_max[:g] = ctm
         # earlier buckets: one (n, w, fd, tmax) per (key, bucket), summed in order
         old = ~cur
         if old.any():
@@ -223,12 +223,12 @@ class Adds(KeyState):
             wl = w.tolist()
             for i in np.flatnonzero(~fast).tolist():
                 slow(int(kid[i]), int(ts[i]), wl[i])
-        self.dk.frombytes(kid.astype(np.uint32).tobytes())
-        self.dt.frombytes(ts.tobytes())
-        self.dw.frombytes(w32.tobytes())
-        self.du.frombytes(np.asarray(us, dtype=np.uint64).tobytes())
-        self.dm.frombytes(np.asarray(ms, dtype=np.uint8).tobytes())
-        self.dr.frombytes(np.asarray(rs, dtype=np.int64).tobytes())
+        self.row_key.frombytes(kid.astype(np.uint32).tobytes())
+        self.row_ts.frombytes(ts.tobytes())
+        self.row_weight.frombytes(w32.tobytes())
+        self.row_user.frombytes(np.asarray(us, dtype=np.uint64).tobytes())
+        self.row_mshard.frombytes(np.asarray(ms, dtype=np.uint8).tobytes())
+        self.row_rseq.frombytes(np.asarray(rs, dtype=np.int64).tobytes())
 
     def _new_keys(
         self,
@@ -263,49 +263,49 @@ class Adds(KeyState):
         for t in set(new_types):
             self.half_life(t)
         nt = np.array(list(map(tss.__getitem__, at)), dtype=np.int64)
-        self.KC[first:last] = list(map(self._cid.__getitem__, new_cohorts))
-        self.KE[first:last] = np.array(list(map(es.__getitem__, at)), dtype=np.uint64)
-        self.KT[first:last] = np.array(new_types, dtype=np.uint64)
-        self.HL[first:last] = list(map(self._hl_cache.__getitem__, new_types))
-        self.L[first:last] = nt
-        self.TM[first:last] = nt
-        self.CTM[first:last] = nt
-        self.CB[first:last] = nt // self._width
-        self.LIVE[first:last] = 1
+        self.key_cohort[first:last] = list(map(self._cid.__getitem__, new_cohorts))
+        self.key_entity[first:last] = np.array(list(map(es.__getitem__, at)), dtype=np.uint64)
+        self.key_type[first:last] = np.array(new_types, dtype=np.uint64)
+        self.key_half_life[first:last] = list(map(self._hl_cache.__getitem__, new_types))
+        self.landmark[first:last] = nt
+        self.t_max[first:last] = nt
+        self.latest_t_max[first:last] = nt
+        self.latest_b[first:last] = nt // self._width
+        self.live[first:last] = 1
 
     def _add_one(self, k: int, ts: int, w: float) -> None:
         """Add one contribution to key ``k`` (a newer or older bucket, or a landmark move)."""
-        h = int(self.HL[k])
-        x = (ts - int(self.L[k])) / h
+        h = int(self.key_half_life[k])
+        x = (ts - int(self.landmark[k])) / h
         if x > RENORMALIZE_AT:
             self._renormalize(k, ts, h)
             x = 0.0
         wf = w * 2.0**x
-        self.S[k] += wf
-        if ts > self.TM[k]:
-            self.TM[k] = ts
+        self.fd_sum[k] += wf
+        if ts > self.t_max[k]:
+            self.t_max[k] = ts
         b = ts // self._width
-        cb = int(self.CB[k])
+        cb = int(self.latest_b[k])
         if b == cb:
-            self.CN[k] += 1
-            self.CW[k] += w
-            self.CFD[k] += wf
-            if ts > self.CTM[k]:
-                self.CTM[k] = ts
+            self.latest_count[k] += 1
+            self.latest_wsum[k] += w
+            self.latest_fd[k] += wf
+            if ts > self.latest_t_max[k]:
+                self.latest_t_max[k] = ts
         elif b > cb:  # the latest bucket moves to ``older``; the new one is the latest
-            cn = int(self.CN[k])
+            cn = int(self.latest_count[k])
             if cn:
                 self.older.setdefault(k, {})[cb] = (
                     cn,
-                    float(self.CW[k]),
-                    float(self.CFD[k]),
-                    int(self.CTM[k]),
+                    float(self.latest_wsum[k]),
+                    float(self.latest_fd[k]),
+                    int(self.latest_t_max[k]),
                 )
-            self.CB[k] = b
-            self.CN[k] = 1
-            self.CW[k] = w
-            self.CFD[k] = wf
-            self.CTM[k] = ts
+            self.latest_b[k] = b
+            self.latest_count[k] = 1
+            self.latest_wsum[k] = w
+            self.latest_fd[k] = wf
+            self.latest_t_max[k] = ts
         else:
             older = self.older.setdefault(k, {})
             bk = older.get(b)
@@ -317,17 +317,17 @@ class Adds(KeyState):
     def _renormalize(self, k: int, new_landmark: int, h: int) -> None:
         """Move key ``k``'s landmark to ``new_landmark`` (ns), rescaling its sums.
 
-        The rescaled sums carry the rounding of the exponent, ``d = (L - new) / h``:
+        The rescaled sums carry the rounding of the exponent, ``d = (landmark - new) / h``:
         a contribution retracted later, computed against the new landmark, differs
         from its rescaled self by up to ``|d| * ln 2`` units in the last place, so
-        ``AMP`` grows by ``log2(1 + |d| ln 2)`` (see `retract_rows`)."""
-        d = (int(self.L[k]) - new_landmark) / h
-        self.AMP[k] += math.log2(1.0 + abs(d) * math.log(2.0))
+        ``rounding_amp`` grows by ``log2(1 + |d| ln 2)`` (see `retract_rows`)."""
+        d = (int(self.landmark[k]) - new_landmark) / h
+        self.rounding_amp[k] += math.log2(1.0 + abs(d) * math.log(2.0))
         factor = 2.0**d
-        self.S[k] *= factor
-        self.CFD[k] *= factor
+        self.fd_sum[k] *= factor
+        self.latest_fd[k] *= factor
         older = self.older.get(k)
         if older:
             for b, bk in older.items():
                 older[b] = (bk[0], bk[1], bk[2] * factor, bk[3])
-        self.L[k] = new_landmark
+        self.landmark[k] = new_landmark

@@ -5,39 +5,43 @@ Owns the arithmetic of one ledger shard's aggregates; no threads, no I/O.
 Theory of operation
 -------------------
 Every key ``(cohort, entity_id, signal_type)`` gets a *key id* ``k`` (ids are never
-reused; `key(k)` names the key from the KC, KE, KT columns, ``index`` maps a live key
-to its id). A key's state lives in numpy columns indexed by ``k`` (`KEY_COLUMNS`), not
-in a Python object per key: a million keys cost ~93 MB of columns instead of a
-million GC-tracked lists, and a batch of contributions is added with a handful of
-vectorized operations.
+reused; `key(k)` names the key from the ``key_cohort``, ``key_entity`` and ``key_type``
+columns, ``index`` maps a live key to its id). A key's state lives in numpy columns
+indexed by ``k`` (`KEY_COLUMNS` in `key_state`, which documents each), not in a
+Python object per key: a million keys cost ~93 MB of columns instead of a million
+GC-tracked lists, and a batch of contributions is added with a handful of vectorized
+operations. The parts: `key_state` (columns, detail rows, key ids), `adds`,
+`settling`, `retraction` and `reads`; `Aggregates` composes them.
 
-* ``L[k]`` is the key's landmark (ns) and ``S[k] = sum(w_i * 2 ** ((t_i - L) / h))``
-  the forward-decayed sum (Cormode, Shkapenyuk, Srivastava, Xu, "Forward Decay: A
-  Practical Time Decay Model for Streaming Systems", ICDE 2009). Adding and
-  retracting a contribution are exact inverses and order-independent, unlike a lazily
-  decayed ``(score, last_ns)`` pair. When ``(t - L) / h`` passes ``RENORMALIZE_AT``
-  the landmark moves to ``t`` and every stored sum is rescaled, so nothing overflows.
-  ``TM[k]`` is the latest timestamp added, ``HL[k]`` the half-life of the key's type.
+* ``landmark[k]`` is the key's landmark (ns) and
+  ``fd_sum[k] = sum(w_i * 2 ** ((t_i - landmark) / h))`` the forward-decayed sum
+  (Cormode, Shkapenyuk, Srivastava, Xu, "Forward Decay: A Practical Time Decay Model
+  for Streaming Systems", ICDE 2009). Adding and retracting a contribution are exact
+  inverses and order-independent, unlike a lazily decayed ``(score, last_ns)`` pair.
+  When ``(t - landmark) / h`` passes ``RENORMALIZE_AT`` the landmark moves to ``t``
+  and every stored sum is rescaled, so nothing overflows. ``t_max[k]`` is the latest
+  timestamp added, ``key_half_life[k]`` (``h``) the half-life of the key's type.
 * Buckets ``b = t // width`` each hold ``count, weight_sum, fd_sum, t_max_b``. The
-  latest bucket sits in columns (``CB, CN, CW, CFD, CTM``): most contributions land
-  there. Earlier buckets are in ``older[k]`` (a dict ``b -> (count, wsum, fd, tmax)``,
-  only for keys that have some). Every bucket that holds a contribution is kept, so a
-  window read at any time is exact and ``S`` is always the sum of the buckets' ``fd``
-  (re-derived with ``math.fsum`` after a retraction to drop rounding residue).
+  latest bucket sits in columns (``latest_b``, ``latest_count``, ``latest_wsum``,
+  ``latest_fd``, ``latest_t_max``): most contributions land there. Earlier buckets
+  are in ``older[k]`` (a dict ``b -> (count, wsum, fd, tmax)``, only for keys that
+  have some). Every bucket that holds a contribution is kept, so a window read at any
+  time is exact and ``fd_sum`` is always the sum of the buckets' ``fd`` (re-derived
+  with ``math.fsum`` after a retraction to drop rounding residue).
 * Adding a batch: keys are looked up at C speed (``map(index.get, zip(...))``), new
   keys are given ids together, then every contribution that falls in its key's
   latest bucket (the common case) is added with ``np.add.at``; the others (a newer
   bucket, a late contribution, a landmark move) go one by one, after, which gives the
   same state as adding all in order.
-* Every contribution also gets a *detail row* in parallel columns: key id (u32),
-  timestamp (i64), weight (f32), user (u64), membership shard (u8) and record
-  sequence number ``rseq`` (i64): 33 bytes. The contribution log points into them
-  (it holds no copy), reads inside a bucket are exact from them, and
+* Every contribution also gets a *detail row* in parallel columns (`DETAIL_COLUMNS`):
+  key id (u32), timestamp (i64), weight (f32), user (u64), membership shard (u8) and
+  record sequence number ``rseq`` (i64): 33 bytes. The contribution log points into
+  them (it holds no copy), reads inside a bucket are exact from them, and
   re-materialization rebuilds a cohort from them. A retracted row has key id
   ``DEAD`` and its other fields zeroed (erasure in memory).
 
-Reads (issue 2, rules 3 and 4): ``score(at) = sum(w_i * 2 ** (-(at - t_i) / h))`` over
-contributions with ``t_i <= at``. If ``at >= t_max`` this is ``S * 2 ** (-(at-L)/h)``.
+Reads: ``score(at) = sum(w_i * 2 ** (-(at - t_i) / h))`` over contributions with
+``t_i <= at``. If ``at >= t_max`` this is ``fd_sum * 2 ** (-(at - landmark) / h)``.
 Otherwise buckets after ``b(at)`` are left out, and the bucket ``b(at)`` itself, when
 some of it lies after ``at``, is summed row by row from the detail columns. A
 contribution stamped after the read time is never counted, so none ever weighs more
@@ -82,7 +86,7 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         ints) and ``older_buckets`` (per key with earlier buckets)."""
         detail = sum(
             getattr(self, name).buffer_info()[1] * getattr(self, name).itemsize
-            for name, _ in DETAIL_COLUMNS
+            for name in DETAIL_COLUMNS
         )
         columns = sum(getattr(self, name).nbytes for name in KEY_COLUMNS)
         size = sys.getsizeof
@@ -120,10 +124,10 @@ class Aggregates(Reads, Retraction, Settling, Adds):
             return False
         for key, a in mine.items():
             b = theirs[key]
-            for name in ("L", "TM", "CB", "CTM"):
+            for name in ("landmark", "t_max", "latest_b", "latest_t_max"):
                 if getattr(self, name)[a] != getattr(other, name)[b]:
                     return False
-            at = max(int(self.TM[a]), int(other.TM[b]))
+            at = max(int(self.t_max[a]), int(other.t_max[b]))
             if not math.isclose(
                 self._score(a, at), other._score(b, at), rel_tol=1e-9, abs_tol=1e-300
             ):
@@ -150,11 +154,11 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         oks = other.cohort_key_ids(cohort)
         if not oks:
             return
-        pairs = list(zip(other.KE[oks].tolist(), other.KT[oks].tolist()))
+        pairs = list(zip(other.key_entity[oks].tolist(), other.key_type[oks].tolist()))
         ks = list(map(key_ids.__getitem__, pairs))
         at, src = np.array(ks, dtype=np.int64), np.array(oks, dtype=np.int64)
         for name in KEY_COLUMNS:  # one vectorized copy per column
-            if name != "KC":
+            if name != "key_cohort":
                 getattr(self, name)[at] = getattr(other, name)[src]
         self.index.update(zip(((cohort, e, t) for e, t in pairs), ks))
         self.cohorts[cohort] = self.cohorts.get(cohort, 0) + len(ks)
@@ -176,10 +180,12 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         return {
             "names": self.cohort_names,
             "n": n,
-            "cols": {name: getattr(self, name)[:n].tobytes() for name in KEY_COLUMNS},
+            "cols": {
+                col.tag: getattr(self, name)[:n].tobytes() for name, col in KEY_COLUMNS.items()
+            },
             "detail": {
-                name: getattr(self, name)[self.row_base - self.phys_base :].tobytes()
-                for name, _ in DETAIL_COLUMNS
+                col.tag: getattr(self, name)[self.row_base - self.phys_base :].tobytes()
+                for name, col in DETAIL_COLUMNS.items()
             },
             "older_keys": array("q", ob).tobytes(),
             "older": oflat,
@@ -195,30 +201,31 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         n = state["n"]
         self._cap = 0
         self._reserve(n)
-        for name, dtype in KEY_COLUMNS.items():
-            raw = state["cols"].get(name)
-            if raw is not None:  # AMP is 0 in a snapshot taken before it existed
-                getattr(self, name)[:n] = np.frombuffer(raw, dtype=dtype)
-        for name, _ in DETAIL_COLUMNS:
-            getattr(self, name).frombytes(state["detail"][name])
-        self.row_base = self.phys_base = state.get("row_base", 0)  # older snapshots hold every row
+        for name, col in KEY_COLUMNS.items():
+            raw = state["cols"].get(col.tag)
+            if raw is not None:  # a column a snapshot lacks stays 0
+                getattr(self, name)[:n] = np.frombuffer(raw, dtype=col.dtype)
+        for name, col in DETAIL_COLUMNS.items():
+            getattr(self, name).frombytes(state["detail"][col.tag])
+        # a snapshot without ``row_base`` holds every row
+        self.row_base = self.phys_base = state.get("row_base", 0)
         self.settled_upto = dict(state.get("settled_upto", {}))
         if "settled" in state:
             self.settled.load(state["settled"])
         names = self.cohort_names
         self._nkeys = n
-        live = np.flatnonzero(self.LIVE[:n])
+        live = np.flatnonzero(self.live[:n])
         self.index = dict(
             zip(
                 zip(
-                    map(names.__getitem__, self.KC[live].tolist()),
-                    self.KE[live].tolist(),
-                    self.KT[live].tolist(),
+                    map(names.__getitem__, self.key_cohort[live].tolist()),
+                    self.key_entity[live].tolist(),
+                    self.key_type[live].tolist(),
                 ),
                 live.tolist(),
             )
         )
-        counts = np.bincount(self.KC[:n][self.LIVE[:n] != 0], minlength=len(names)).tolist()
+        counts = np.bincount(self.key_cohort[:n][self.live[:n] != 0], minlength=len(names)).tolist()
         self.cohorts = {names[c]: m for c, m in enumerate(counts) if m}
         ok = array("q")
         ok.frombytes(state["older_keys"])

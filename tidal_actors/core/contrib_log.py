@@ -11,7 +11,8 @@ live once, in the shard's `Aggregates` detail columns. Positions are absolute
 into it and the holds of purges in flight are in `pair_index`.
 
 Eviction (FR-1, "FIFO ring-buffer semantics") is decided per membership shard by the
-purge coordinator from ``rseq``: a record is live while ``rseq >= E[mshard]``. The log
+purge coordinator from ``rseq``: a record is live while its rseq is at or above its
+membership shard's watermark (terms: the glossary in `tidal_actors.core`). The log
 trims its head lazily once records are surely evicted (below a floor) or drained
 (their row retracted).
 """
@@ -181,7 +182,7 @@ class ContributionLog(PairIndex):
     def _gone(self, row: int) -> bool:
         agg = self.agg
         i = row - agg.phys_base
-        return agg.dk[i] == DEAD or agg.dr[i] < self.floor.get(agg.dm[i], 0)
+        return agg.row_key[i] == DEAD or agg.row_rseq[i] < self.floor.get(agg.row_mshard[i], 0)
 
     def trim(self) -> None:
         """Drop surely-evicted or drained records from the head; compact when worth it."""
@@ -241,10 +242,10 @@ class ContributionLog(PairIndex):
             pos = np.concatenate([np.full(len(held), -1, dtype=np.int64), pos])
             rows = np.concatenate([held, rows])
         rel = rows - agg.row_base
-        k = agg.view("dk")[rel]
+        k = agg.view("row_key")[rel]
         alive = k != DEAD
         pos, rows, rel, k = pos[alive], rows[alive], rel[alive], k[alive]
-        rseq = agg.view("dr")[rel]
+        rseq = agg.view("row_rseq")[rel]
         old = rseq < live_from
         evicted += int(np.count_nonzero(old))
         take = ~old & (rseq < bound)
@@ -254,12 +255,12 @@ class ContributionLog(PairIndex):
         records = list(
             map(
                 ContributionRecord,
-                agg.view("du")[rel].tolist(),
+                agg.view("row_user")[rel].tolist(),
                 repeat(cohort, len(rows)),
-                agg.KE[k].tolist(),
-                agg.KT[k].tolist(),
-                agg.view("dw")[rel].tolist(),
-                agg.view("dt")[rel].tolist(),
+                agg.key_entity[k].tolist(),
+                agg.key_type[k].tolist(),
+                agg.view("row_weight")[rel].tolist(),
+                agg.view("row_ts")[rel].tolist(),
             )
         )
         return Prepared(
@@ -268,7 +269,7 @@ class ContributionLog(PairIndex):
             records,
             evicted,
             live_from,
-            agg.view("dm")[rel].tolist(),
+            agg.view("row_mshard")[rel].tolist(),
             rseq[take].tolist(),
             bound,
         )
@@ -292,7 +293,7 @@ class ContributionLog(PairIndex):
         if later:
             self.holds[pair] = later
             if rows is not None:  # the next purge reads those at or after this one's bound
-                keep = rows[self.agg.view("dr")[rows - self.agg.row_base] >= prepared.bound]
+                keep = rows[self.agg.view("row_rseq")[rows - self.agg.row_base] >= prepared.bound]
                 if keep.size:
                     self.held_rows[pair] = keep
                 else:
@@ -303,7 +304,7 @@ class ContributionLog(PairIndex):
         if pair in self.index:
             self._keep_live(user, cohort, prepared.live_from, carried)
 
-    def _keep_live(self, user: int, cohort: str, live_from: int, carried: int) -> None:
+    def _keep_live(self, user: int, cohort: str, watermark: int, carried: int) -> None:
         lst = self.index.get((user, cohort))
         if lst is None:
             return
@@ -311,7 +312,7 @@ class ContributionLog(PairIndex):
         pos = np.frombuffer(bytes(lst), dtype=np.int64)[1:]
         pos = pos[pos >= base]
         rows = np.frombuffer(self.d, dtype=np.int64)[pos - base] - agg.row_base
-        ok = (agg.view("dk")[rows] != DEAD) & (agg.view("dr")[rows] >= live_from)
+        ok = (agg.view("row_key")[rows] != DEAD) & (agg.view("row_rseq")[rows] >= watermark)
         keep = pos[ok]
         if len(keep) or carried:
             self.index[(user, cohort)] = bytearray(I64.pack(carried) + keep.tobytes())
@@ -330,7 +331,7 @@ class ContributionLog(PairIndex):
         if not len(self.d):
             return 0
         rows = np.frombuffer(self.d, dtype=np.int64)[self.head - self.base :] - self.agg.row_base
-        return int(np.count_nonzero(self.agg.view("dk")[rows] != DEAD))
+        return int(np.count_nonzero(self.agg.view("row_key")[rows] != DEAD))
 
     def first_row(self) -> int | None:
         """The lowest detail row the log will still read once its head is compacted

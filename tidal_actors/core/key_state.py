@@ -12,44 +12,93 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from tidal_actors.core.settled import SettledBuckets
 
-__all__ = ["DEAD", "DETAIL_COLUMNS", "KEY_COLUMNS", "RENORMALIZE_AT", "Bucket", "KeyState"]
+__all__ = [
+    "DEAD",
+    "DETAIL_COLUMNS",
+    "KEY_COLUMNS",
+    "RENORMALIZE_AT",
+    "Bucket",
+    "Column",
+    "KeyState",
+]
 
+# a key's landmark moves to its newest contribution when that one lies more than this
+# many half-lives after it (`Adds._renormalize`): 2 ** 256 is far from float64 overflow
 RENORMALIZE_AT = 256.0
 DEAD = 0xFFFFFFFF  # key id of a retracted detail row
 
 Bucket = tuple[int, int, float, float, int]  # (b, count, weight_sum, fd_sum, t_max_b)
 
-KEY_COLUMNS: dict[str, Any] = {
-    "S": np.float64,  # forward-decayed sum against L
-    "L": np.int64,  # landmark, ns
-    "TM": np.int64,  # latest timestamp added
-    "CB": np.int64,  # latest bucket: index b
-    "CN": np.int64,  # ... count
-    "CW": np.float64,  # ... weight sum
-    "CFD": np.float64,  # ... forward-decayed sum
-    "CTM": np.int64,  # ... latest timestamp
-    "HL": np.int64,  # half-life of the key's signal type, ns
-    "KC": np.int32,  # cohort id (cohort_names[KC[k]])
-    "KE": np.uint64,  # entity id
-    "KT": np.uint64,  # signal type
-    "LIVE": np.uint8,  # 1 while the key has a contribution
-    "AMP": np.float32,  # log2 bound on how much retractions amplified rounding (`retract_rows`)
+
+class Column(NamedTuple):
+    """The layout of one column: its numpy dtype and its name in a snapshot
+    (`Aggregates.dump`; part of the storage format)."""
+
+    dtype: type[np.generic]
+    tag: str
+
+
+# The per-key columns: item ``k`` of each is key id ``k``'s. Forward decay (Cormode,
+# Shkapenyuk, Srivastava, Xu, ICDE 2009): a contribution of weight ``w`` at ``t``
+# (ns) adds ``w * 2 ** ((t - landmark) / half_life)`` to a forward-decayed sum; the
+# score at ``at`` is that sum times ``2 ** (-(at - landmark) / half_life)``. A key's
+# *latest bucket* (``b = t // window_width_ns``, the newest bucket it has a
+# contribution in) lives in the ``latest_*`` columns, its earlier buckets in
+# ``KeyState.older``.
+KEY_COLUMNS: dict[str, Column] = {
+    # forward-decayed sum of every contribution, against ``landmark`` (weight units)
+    "fd_sum": Column(np.float64, "S"),
+    # forward decay's landmark, ns
+    "landmark": Column(np.int64, "L"),
+    # latest contribution timestamp, ns
+    "t_max": Column(np.int64, "TM"),
+    # latest bucket: its index b (``t // window_width_ns``)
+    "latest_b": Column(np.int64, "CB"),
+    # latest bucket: number of contributions
+    "latest_count": Column(np.int64, "CN"),
+    # latest bucket: sum of the weights (weight units, not decayed)
+    "latest_wsum": Column(np.float64, "CW"),
+    # latest bucket: forward-decayed sum, against ``landmark`` (its part of ``fd_sum``)
+    "latest_fd": Column(np.float64, "CFD"),
+    # latest bucket: latest contribution timestamp, ns
+    "latest_t_max": Column(np.int64, "CTM"),
+    # half-life of the key's signal type, ns
+    "key_half_life": Column(np.int64, "HL"),
+    # the key's cohort, as an id: ``cohort_names[key_cohort[k]]``
+    "key_cohort": Column(np.int32, "KC"),
+    # the key's entity id
+    "key_entity": Column(np.uint64, "KE"),
+    # the key's signal type id
+    "key_type": Column(np.uint64, "KT"),
+    # 1 while the key has a contribution, else 0
+    "live": Column(np.uint8, "LIVE"),
+    # log2 of a bound on how much retractions amplified the sums' relative rounding
+    # error (`Retraction.retract_rows`); 0 after a fresh sum
+    "rounding_amp": Column(np.float32, "AMP"),
 }
-DETAIL_COLUMNS = (("dk", "I"), ("dt", "q"), ("dw", "f"), ("du", "Q"), ("dm", "B"), ("dr", "q"))
-_DETAIL_DTYPES = {
-    "dk": np.uint32,
-    "dt": np.int64,
-    "dw": np.float32,
-    "du": np.uint64,
-    "dm": np.uint8,
-    "dr": np.int64,
+
+# The detail rows: one per contribution, row ids absolute (``row_base ..`` held),
+# each column an ``array`` of the dtype's item size (``KeyState.__init__``).
+DETAIL_COLUMNS: dict[str, Column] = {
+    # key id (u32; DEAD once retracted)
+    "row_key": Column(np.uint32, "dk"),
+    # timestamp, ns (i64)
+    "row_ts": Column(np.int64, "dt"),
+    # weight (f32, as intake rounded it)
+    "row_weight": Column(np.float32, "dw"),
+    # user id (u64)
+    "row_user": Column(np.uint64, "du"),
+    # membership shard (u8)
+    "row_mshard": Column(np.uint8, "dm"),
+    # rseq: the record's sequence number in its membership shard (i64; -1 retracted)
+    "row_rseq": Column(np.int64, "dr"),
 }
 
 
@@ -80,24 +129,24 @@ class KeyState:
         "settled_detail",
         "settled_upto",
         *KEY_COLUMNS,
-        *(name for name, _ in DETAIL_COLUMNS),
+        *DETAIL_COLUMNS,
     )
 
     # the per-key columns (`KEY_COLUMNS`), set in __init__ and grown by _reserve
-    S: npt.NDArray[np.float64]
-    L: npt.NDArray[np.int64]
-    TM: npt.NDArray[np.int64]
-    CB: npt.NDArray[np.int64]
-    CN: npt.NDArray[np.int64]
-    CW: npt.NDArray[np.float64]
-    CFD: npt.NDArray[np.float64]
-    CTM: npt.NDArray[np.int64]
-    HL: npt.NDArray[np.int64]
-    KC: npt.NDArray[np.int32]
-    KE: npt.NDArray[np.uint64]
-    KT: npt.NDArray[np.uint64]
-    LIVE: npt.NDArray[np.uint8]
-    AMP: npt.NDArray[np.float32]
+    fd_sum: npt.NDArray[np.float64]
+    landmark: npt.NDArray[np.int64]
+    t_max: npt.NDArray[np.int64]
+    latest_b: npt.NDArray[np.int64]
+    latest_count: npt.NDArray[np.int64]
+    latest_wsum: npt.NDArray[np.float64]
+    latest_fd: npt.NDArray[np.float64]
+    latest_t_max: npt.NDArray[np.int64]
+    key_half_life: npt.NDArray[np.int64]
+    key_cohort: npt.NDArray[np.int32]
+    key_entity: npt.NDArray[np.uint64]
+    key_type: npt.NDArray[np.uint64]
+    live: npt.NDArray[np.uint8]
+    rounding_amp: npt.NDArray[np.float32]
 
     def __init__(
         self, half_life_for: Callable[[int], int], window_width_ns: int, window_buckets: int
@@ -107,25 +156,26 @@ class KeyState:
         self._width = window_width_ns
         self._n = window_buckets
         self._cap = 0
-        for name, dtype in KEY_COLUMNS.items():
-            setattr(self, name, np.zeros(0, dtype))
+        for name, col in KEY_COLUMNS.items():
+            setattr(self, name, np.zeros(0, col.dtype))
         self._cid: dict[str, int] = {}
         self.cohort_names: list[str] = []  # cohort id -> name
         self.cohorts: dict[str, int] = {}  # cohort -> number of live keys
         self.index: dict[tuple[str, int, int], int] = {}  # live key -> key id
-        # key ids allotted so far; a key id's (cohort, entity, type) is in the KC, KE
-        # and KT columns (`key`), not in a list of tuples: a list the cyclic GC would
+        # key ids allotted so far; a key id's (cohort, entity, type) is in the key_cohort,
+        # key_entity and key_type columns (`key`), not in a list of tuples: a list the cyclic GC would
         # walk item by item in every full collection
         self._nkeys = 0
         # key id -> b -> (n, w, fd, tmax): tuples of numbers, so the cyclic GC stops
         # tracking them (and their dicts) and a full collection does not walk them
         self.older: dict[int, dict[int, tuple[int, float, float, int]]] = {}
-        self.dk = array("I")  # detail rows: key id (DEAD once retracted)
-        self.dt = array("q")  # timestamp ns
-        self.dw = array("f")  # float32 weight
-        self.du = array("Q")  # user id
-        self.dm = array("B")  # membership shard
-        self.dr = array("q")  # rseq (record sequence number in its membership shard)
+        # the detail rows (`DETAIL_COLUMNS`)
+        self.row_key = array("I")
+        self.row_ts = array("q")
+        self.row_weight = array("f")
+        self.row_user = array("Q")
+        self.row_mshard = array("B")
+        self.row_rseq = array("q")
         # detail rows ``row_base ..`` are held (row ids stay absolute); the ones before
         # were settled (`settle`) into per-(key, bucket) sums. The arrays start at
         # row ``phys_base``: settled rows are cut from their front only once they are
@@ -143,7 +193,7 @@ class KeyState:
     @property
     def row_end(self) -> int:
         """One past the last detail row (rows are numbered from 0, forever)."""
-        return self.phys_base + len(self.dk)
+        return self.phys_base + len(self.row_key)
 
     @property
     def held(self) -> int:
@@ -151,10 +201,10 @@ class KeyState:
         return self.row_end - self.row_base
 
     def view(self, name: str) -> npt.NDArray[Any]:
-        """A numpy view of the held rows of detail column ``name`` (``dk`` .. ``dr``):
+        """A numpy view of the held rows of detail column ``name`` (`DETAIL_COLUMNS`):
         index it with ``row - row_base``. No view may outlive a call that adds or
         settles rows."""
-        return np.frombuffer(getattr(self, name), dtype=_DETAIL_DTYPES[name])[
+        return np.frombuffer(getattr(self, name), dtype=DETAIL_COLUMNS[name].dtype)[
             self.row_base - self.phys_base :
         ]
 
@@ -171,7 +221,7 @@ class KeyState:
 
     def key(self, k: int) -> tuple[str, int, int]:
         """``(cohort, entity, type)`` of key id ``k``."""
-        return self.cohort_names[self.KC[k]], int(self.KE[k]), int(self.KT[k])
+        return self.cohort_names[self.key_cohort[k]], int(self.key_entity[k]), int(self.key_type[k])
 
     @property
     def keys(self) -> list[tuple[str, int, int]]:
@@ -180,9 +230,9 @@ class KeyState:
         names = self.cohort_names
         return list(
             zip(
-                map(names.__getitem__, self.KC[:n].tolist()),
-                self.KE[:n].tolist(),
-                self.KT[:n].tolist(),
+                map(names.__getitem__, self.key_cohort[:n].tolist()),
+                self.key_entity[:n].tolist(),
+                self.key_type[:n].tolist(),
             )
         )
 
@@ -192,15 +242,15 @@ class KeyState:
         cap = max(1024, self._cap)
         while cap < n:
             cap += cap // 2
-        for name, dtype in KEY_COLUMNS.items():
+        for name, spec in KEY_COLUMNS.items():
             old = getattr(self, name)
-            col = np.zeros(cap, dtype)
+            col = np.zeros(cap, spec.dtype)
             col[: len(old)] = old
             setattr(self, name, col)
         self._cap = cap
 
     def cohort_id(self, cohort: str) -> int | None:
-        """The id ``KC`` holds for ``cohort``'s keys, or None if it never had one."""
+        """The id ``key_cohort`` holds for ``cohort``'s keys, or None if it never had one."""
         return self._cid.get(cohort)
 
     def cohort_id_for(self, cohort: str) -> int:
@@ -217,11 +267,11 @@ class KeyState:
     def erase_row(self, row: int) -> None:
         """Mark a held row retracted and zero its fields (the aggregates are not touched)."""
         i = row - self.phys_base
-        self.dk[i] = DEAD
-        self.dt[i] = 0
-        self.dw[i] = 0.0
-        self.du[i] = 0
-        self.dr[i] = -1
+        self.row_key[i] = DEAD
+        self.row_ts[i] = 0
+        self.row_weight[i] = 0.0
+        self.row_user[i] = 0
+        self.row_rseq[i] = -1
 
     def _drop_keys(self, ks: Sequence[int]) -> None:
         """Forget keys' state (no contribution left); their ids are not reused.
@@ -231,7 +281,7 @@ class KeyState:
         contributions a purge removed must not outlive it in a snapshot (erasure)."""
         gone = []
         for k in ks:
-            if not self.LIVE[k]:
+            if not self.live[k]:
                 continue
             key = self.key(k)
             if self.index.pop(key, None) is None:
@@ -246,16 +296,22 @@ class KeyState:
         if gone:
             at = np.array(gone, dtype=np.int64)
             for name in KEY_COLUMNS:
-                if name != "KC":
+                if name != "key_cohort":
                     getattr(self, name)[at] = 0
 
     def _buckets(self, k: int) -> list[Bucket]:
         """Every non-empty bucket of key ``k``: ``(b, count, weight_sum, fd_sum, t_max_b)``."""
         out: list[Bucket] = []
-        cn = int(self.CN[k])
+        cn = int(self.latest_count[k])
         if cn:
             out.append(
-                (int(self.CB[k]), cn, float(self.CW[k]), float(self.CFD[k]), int(self.CTM[k]))
+                (
+                    int(self.latest_b[k]),
+                    cn,
+                    float(self.latest_wsum[k]),
+                    float(self.latest_fd[k]),
+                    int(self.latest_t_max[k]),
+                )
             )
         older = self.older.get(k)
         if older:
@@ -272,4 +328,4 @@ class KeyState:
         if cid is None:
             return []
         n = self._nkeys
-        return np.flatnonzero((self.KC[:n] == cid) & (self.LIVE[:n] != 0)).tolist()
+        return np.flatnonzero((self.key_cohort[:n] == cid) & (self.live[:n] != 0)).tolist()

@@ -94,7 +94,9 @@ class PairIndex:
         agg = self.agg
         rows = rows - agg.row_base
         return int(
-            np.count_nonzero((agg.view("dk")[rows] != DEAD) & (agg.view("dr")[rows] >= bound))
+            np.count_nonzero(
+                (agg.view("row_key")[rows] != DEAD) & (agg.view("row_rseq")[rows] >= bound)
+            )
         )
 
     def snapshot_index(self) -> list[tuple[tuple[int, str], bytes | bytearray]]:

@@ -40,12 +40,12 @@ class Reads(KeyState):
         ephemeral database, which keeps no detail of settled records, not at all
         (a contribution stamped after the read time is never counted; the settled
         ones of that bucket stamped before it are then left out too)."""
-        dk = self.view("dk")
-        dt = self.view("dt")
+        dk = self.view("row_key")
+        dt = self.view("row_ts")
         idx = np.flatnonzero((dk == k) & (dt >= t_lo) & (dt <= at))
         terms = [
             w * 2.0 ** (-(at - t) / h)
-            for t, w in zip(dt[idx].tolist(), self.view("dw")[idx].tolist())
+            for t, w in zip(dt[idx].tolist(), self.view("row_weight")[idx].tolist())
         ]
         del dk, dt
         width = self._width
@@ -67,10 +67,10 @@ class Reads(KeyState):
         return terms
 
     def _score(self, k: int, at: int) -> float:
-        h = int(self.HL[k])
-        landmark = int(self.L[k])
-        if at >= self.TM[k]:
-            s = float(self.S[k]) * 2.0 ** (-(at - landmark) / h)
+        h = int(self.key_half_life[k])
+        landmark = int(self.landmark[k])
+        if at >= self.t_max[k]:
+            s = float(self.fd_sum[k]) * 2.0 ** (-(at - landmark) / h)
             return s if s > 0.0 else 0.0
         if (landmark - at) / h > RENORMALIZE_AT:
             # read far before a landmark that has moved on: the sums scaled to it have
@@ -118,10 +118,10 @@ class Reads(KeyState):
         common case) with the same arithmetic, on columns; the others one by one."""
         if not len(ks):
             return []
-        diff = at - self.L[ks]
-        easy = (self.TM[ks] <= at) & (diff < _EXACT) & (self.HL[ks] < _EXACT)
-        x = np.where(easy, -diff / self.HL[ks], 0.0)  # <= 0, and exact: ints below 2**53
-        scores = (self.S[ks] * np.array(pow2(x.tolist()))).tolist()
+        diff = at - self.landmark[ks]
+        easy = (self.t_max[ks] <= at) & (diff < _EXACT) & (self.key_half_life[ks] < _EXACT)
+        x = np.where(easy, -diff / self.key_half_life[ks], 0.0)  # <= 0, and exact: ints below 2**53
+        scores = (self.fd_sum[ks] * np.array(pow2(x.tolist()))).tolist()
         out = [s if s > 0.0 else 0.0 for s in scores]
         if not easy.all():
             for i in np.flatnonzero(~easy).tolist():
@@ -137,31 +137,33 @@ class Reads(KeyState):
         if cid is None or cohort not in self.cohorts:
             return []
         n = self._nkeys
-        ks = np.flatnonzero((self.KC[:n] == cid) & (self.KT[:n] == stype) & (self.LIVE[:n] != 0))
+        ks = np.flatnonzero(
+            (self.key_cohort[:n] == cid) & (self.key_type[:n] == stype) & (self.live[:n] != 0)
+        )
         scores = self._scores(ks, at)
-        entities = self.KE[ks].tolist()
+        entities = self.key_entity[ks].tolist()
         best = heapq.nsmallest(k, ((-s, e) for s, e in zip(scores, entities) if s > 0.0))
         return [(e, -neg) for neg, e in best]
 
     def rows(self, at: int) -> Iterable[tuple[str, int, int, float, int, float]]:
         """Every key: ``(cohort, entity, type, decay_score, window_count, window_weight)``."""
         n = self._nkeys
-        ks = np.flatnonzero(self.LIVE[:n])
+        ks = np.flatnonzero(self.live[:n])
         scores = self._scores(ks, at)
         hi = at // self._width
-        cb = self.CB[ks]
-        inside = (cb >= hi - self._n + 1) & (cb <= hi) & (self.CN[ks] > 0)
-        counts = np.where(inside, self.CN[ks], 0).tolist()
-        cw = self.CW[ks]
+        cb = self.latest_b[ks]
+        inside = (cb >= hi - self._n + 1) & (cb <= hi) & (self.latest_count[ks] > 0)
+        counts = np.where(inside, self.latest_count[ks], 0).tolist()
+        cw = self.latest_wsum[ks]
         weights = np.where(inside & (cw > 0.0), cw, 0.0).tolist()
         older = self.older
         names = self.cohort_names
         for i, (k, c_id, entity, stype) in enumerate(
             zip(
                 ks.tolist(),
-                self.KC[ks].tolist(),
-                self.KE[ks].tolist(),
-                self.KT[ks].tolist(),
+                self.key_cohort[ks].tolist(),
+                self.key_entity[ks].tolist(),
+                self.key_type[ks].tolist(),
             )
         ):
             if k in older:

@@ -56,7 +56,7 @@ class Retraction(KeyState):
         The latest buckets' counts and sums are decremented with ``np.subtract.at``
         (sequential, in row order), an earlier bucket one by one; a bucket whose count
         reaches 0 is emptied, a key with none left is dropped, and each touched key's
-        ``S`` is re-derived from its remaining buckets (``math.fsum``), so retracting
+        ``fd_sum`` is re-derived from its remaining buckets (``math.fsum``), so retracting
         everything leaves exactly nothing. The rows are erased.
 
         Exactness (a purge leaves what a fresh fold of the remaining contributions
@@ -64,12 +64,12 @@ class Retraction(KeyState):
         non-negative terms is within ``n * u`` (``u = 2**-53``) of exact, relative to
         the largest value it held (Higham, "Accuracy and Stability of Numerical
         Algorithms", 2nd ed., section 4.2). A subtraction that leaves ``after`` of
-        ``before`` multiplies that relative error by ``before / after``; ``AMP[k]``
+        ``before`` multiplies that relative error by ``before / after``; ``rounding_amp[k]``
         sums the log2 of the largest such factor of each retraction on the key. When
-        ``AMP[k] + log2(n)`` of a touched bucket passes ``REFOLD_AT`` (the error could
+        ``rounding_amp[k] + log2(n)`` of a touched bucket passes ``REFOLD_AT`` (the error could
         pass ``2**(REFOLD_AT - 53)``), or a bucket with contributions left reads 0 or
         less (total cancellation), the key is summed again from its detail rows
-        (`_refold`, which resets ``AMP``). Adds amplify nothing, so signals never
+        (`_refold`, which resets ``rounding_amp``). Adds amplify nothing, so signals never
         trigger it; a purge of contributions that dwarf the rest does.
         """
         if not len(rows):
@@ -79,7 +79,7 @@ class Retraction(KeyState):
             raise ValueError(
                 f"detail row {int(r.min()) + self.row_base} was settled (held from {self.row_base})"
             )
-        dk = self.view("dk")
+        dk = self.view("row_key")
         k = dk[r].astype(np.int64)
         r, k = r[k != DEAD], k[k != DEAD]
         if not len(r):
@@ -89,38 +89,50 @@ class Retraction(KeyState):
         k = k[first]
         order = np.argsort(first, kind="stable")  # back to the rows' order
         r, k = r[order], k[order]
-        dt = self.view("dt")
-        dw = self.view("dw")
+        dt = self.view("row_ts")
+        dw = self.view("row_weight")
         ts = dt[r].copy()
         w = dw[r].astype(np.float64)
         dk[r] = DEAD  # erase the rows (as erase_row)
         dt[r] = 0
         dw[r] = 0.0
-        self.view("du")[r] = 0  # views: ``r`` counts from row_base, not phys_base
-        self.view("dr")[r] = -1
+        self.view("row_user")[r] = 0  # views: ``r`` counts from row_base, not phys_base
+        self.view("row_rseq")[r] = -1
         del dk, dt, dw  # no buffer export may outlive the call (the arrays grow)
         done = len(r)
-        live = self.LIVE[k] != 0
+        live = self.live[k] != 0
         k, ts, w = k[live], ts[live], w[live]
         if not len(k):
             return done
         # Python int division, as _add_one (exact below 2**53, then correctly rounded)
-        x = list(map(truediv, map(sub, ts.tolist(), self.L[k].tolist()), self.HL[k].tolist()))
+        x = list(
+            map(
+                truediv,
+                map(sub, ts.tolist(), self.landmark[k].tolist()),
+                self.key_half_life[k].tolist(),
+            )
+        )
         wf = w * np.array(pow2(x), dtype=np.float64)
         b = ts // self._width
-        cur = (b == self.CB[k]) & (self.CN[k] > 0)
+        cur = (b == self.latest_b[k]) & (self.latest_count[k] > 0)
         kc = k[cur]
         uk = np.sort(kc)  # the distinct keys (np.unique would import numpy.ma on first use)
         uk = uk[np.r_[True, uk[1:] != uk[:-1]]] if len(uk) else uk
-        before_w, before_fd, before_n = self.CW[uk], self.CFD[uk], self.CN[uk]  # copies
-        np.subtract.at(self.CN, kc, 1)
-        np.subtract.at(self.CW, kc, w[cur])
-        np.subtract.at(self.CFD, kc, wf[cur])
-        emptied = kc[self.CN[kc] == 0]
-        self.CW[emptied] = 0.0
-        self.CFD[emptied] = 0.0
-        left = self.CN[uk] > 0
-        gain = np.maximum(_gain(before_w, self.CW[uk]), _gain(before_fd, self.CFD[uk]))
+        before_w, before_fd, before_n = (
+            self.latest_wsum[uk],
+            self.latest_fd[uk],
+            self.latest_count[uk],
+        )  # copies
+        np.subtract.at(self.latest_count, kc, 1)
+        np.subtract.at(self.latest_wsum, kc, w[cur])
+        np.subtract.at(self.latest_fd, kc, wf[cur])
+        emptied = kc[self.latest_count[kc] == 0]
+        self.latest_wsum[emptied] = 0.0
+        self.latest_fd[emptied] = 0.0
+        left = self.latest_count[uk] > 0
+        gain = np.maximum(
+            _gain(before_w, self.latest_wsum[uk]), _gain(before_fd, self.latest_fd[uk])
+        )
         # per key: (largest amplification, and log2 of the most terms, of its buckets)
         worst: dict[int, tuple[float, float]] = dict(
             zip(
@@ -148,17 +160,17 @@ class Retraction(KeyState):
         refold, empty = [], []
         for kk, (g, logn) in worst.items():
             older = self.older.get(kk)
-            if not self.CN[kk] and not older:
+            if not self.latest_count[kk] and not older:
                 empty.append(kk)
                 continue
             if older is not None and not older:
                 del self.older[kk]
-            amp = float(self.AMP[kk]) + g
+            amp = float(self.rounding_amp[kk]) + g
             if amp + logn > REFOLD_AT:
                 refold.append(kk)
             else:
-                self.AMP[kk] = amp
-                self.S[kk] = math.fsum(bk[3] for bk in self._buckets(kk))
+                self.rounding_amp[kk] = amp
+                self.fd_sum[kk] = math.fsum(bk[3] for bk in self._buckets(kk))
         self._drop_keys(empty)
         if refold:
             self._refold(refold)
@@ -171,17 +183,17 @@ class Retraction(KeyState):
     def _refold(self, ks: list[int]) -> None:
         """Sum keys ``ks`` again from their held detail rows and settled buckets: each
         bucket's count, weight and forward-decayed sums with ``math.fsum``
-        (correctly rounded over the rows; a settled bucket enters as its sums), ``S``
-        the same over every term, ``TM`` their latest timestamp; ``AMP`` reset. The
+        (correctly rounded over the rows; a settled bucket enters as its sums), ``fd_sum``
+        the same over every term, ``t_max`` their latest timestamp; ``rounding_amp`` reset. The
         landmark stays, unless a purged contribution had moved it past every
         remaining one: then it comes back to the latest remaining. A scan of the held
         detail rows, so only for the rare key whose retractions cancelled
         (`retract_rows`)."""
-        dk = self.view("dk")
+        dk = self.view("row_key")
         rows = np.flatnonzero(np.isin(dk, np.array(ks, dtype=np.uint32)))
         kr = dk[rows].astype(np.int64)
-        ts_all = self.view("dt")[rows].tolist()
-        w_all = self.view("dw")[rows].astype(np.float64).tolist()
+        ts_all = self.view("row_ts")[rows].tolist()
+        w_all = self.view("row_weight")[rows].astype(np.float64).tolist()
         del dk
         by_key: dict[int, list[int]] = {kk: [] for kk in ks}
         for i, kk in enumerate(kr.tolist()):
@@ -193,13 +205,13 @@ class Retraction(KeyState):
             if not idx and not st:
                 self._drop_keys([kk])
                 continue
-            h = int(self.HL[kk])
+            h = int(self.key_half_life[kk])
             # a purged contribution may have moved the landmark past every remaining
             # one: bring it back to the latest remaining (reads at or after the key's
             # latest contribution scale from the landmark, which must not lie after it)
             latest_ts = max([ts_all[i] for i in idx] + [e[5] for e in st])
-            landmark = min(int(self.L[kk]), latest_ts)
-            self.L[kk] = landmark
+            landmark = min(int(self.landmark[kk]), latest_ts)
+            self.landmark[kk] = landmark
             # bucket -> (count, weights, forward-decayed terms, latest timestamp)
             buckets: dict[int, tuple[int, list[float], list[float], int]] = {}
             every: list[float] = []
@@ -221,16 +233,22 @@ class Retraction(KeyState):
                 if bb != latest:
                     older[bb] = (n, math.fsum(ws), math.fsum(fs), tm)
             n, ws, fs, tm = buckets[latest]
-            self.CB[kk], self.CN[kk], self.CW[kk], self.CFD[kk], self.CTM[kk] = (
+            (
+                self.latest_b[kk],
+                self.latest_count[kk],
+                self.latest_wsum[kk],
+                self.latest_fd[kk],
+                self.latest_t_max[kk],
+            ) = (
                 latest,
                 n,
                 math.fsum(ws),
                 math.fsum(fs),
                 tm,
             )
-            self.S[kk] = math.fsum(every)
-            self.TM[kk] = latest_ts
-            self.AMP[kk] = 0.0
+            self.fd_sum[kk] = math.fsum(every)
+            self.t_max[kk] = latest_ts
+            self.rounding_amp[kk] = 0.0
             if older:
                 self.older[kk] = older
             else:

@@ -36,30 +36,30 @@ class Settling(KeyState):
         cut = min(upto, self.row_end) - self.row_base
         if cut <= 0:
             return 0
-        dk = self.view("dk")[:cut].astype(np.int64)
-        dm = self.view("dm")[:cut]
-        dr = self.view("dr")[:cut]
+        dk = self.view("row_key")[:cut].astype(np.int64)
+        dm = self.view("row_mshard")[:cut]
+        dr = self.view("row_rseq")[:cut]
         alive = dk != DEAD
         upto_m = self.settled_upto
         for m in np.unique(dm[alive]).tolist():
-            top = int(dr[alive & (dm == m)].max()) + 1
-            if top > upto_m.get(m, 0):
-                upto_m[m] = top
+            next_rseq = int(dr[alive & (dm == m)].max()) + 1
+            if next_rseq > upto_m.get(m, 0):
+                upto_m[m] = next_rseq
         if keep is not None:
             alive &= keep[:cut]
         k = dk[alive]
-        live = self.LIVE[k] != 0
+        live = self.live[k] != 0
         k = k[live]
         if len(k):
-            t = self.view("dt")[:cut][alive][live]
-            w = self.view("dw")[:cut][alive][live].astype(np.float64)
+            t = self.view("row_ts")[:cut][alive][live]
+            w = self.view("row_weight")[:cut][alive][live].astype(np.float64)
             b = t // self._width
             order = np.lexsort((b, k))
             k, b, t, w = k[order], b[order], t[order], w[order]
             starts = np.flatnonzero(np.r_[True, (k[1:] != k[:-1]) | (b[1:] != b[:-1])])
             counts = np.diff(np.r_[starts, len(k)])
             hi = np.maximum.reduceat(t, starts)
-            h = self.HL[k[starts]]
+            h = self.key_half_life[k[starts]]
             # decayed to the group's latest timestamp: every factor <= 1, no overflow
             fd = w * np.exp2((t - np.repeat(hi, counts)) / np.repeat(h, counts))
             self.settled.add(
@@ -75,8 +75,8 @@ class Settling(KeyState):
         del dk, dm, dr
         self.row_base += cut
         dead = self.row_base - self.phys_base
-        if dead * 2 >= len(self.dk):  # cut the settled front once it is half
-            for name, _ in DETAIL_COLUMNS:
+        if dead * 2 >= len(self.row_key):  # cut the settled front once it is half
+            for name in DETAIL_COLUMNS:
                 del getattr(self, name)[:dead]
             self.phys_base = self.row_base
         return cut
