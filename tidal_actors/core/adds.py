@@ -14,7 +14,6 @@ from collections import Counter
 from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import is_
-from typing import Any
 
 import numpy as np
 
@@ -66,7 +65,7 @@ class Adds(KeyState):
         index = self.index
         es_l = es.tolist() if isinstance(es, np.ndarray) else es
         types_l = types.tolist() if isinstance(types, np.ndarray) else types
-        kids: list[Any] = list(map(index.get, zip(cs, es_l, types_l)))
+        kids: list[int | None] = list(map(index.get, zip(cs, es_l, types_l)))
         if None in kids:
             self._new_keys(kids, cs, es_l, types_l, tss)
         k = np.array(kids, dtype=np.int64)
@@ -90,7 +89,7 @@ class Adds(KeyState):
         if not every:
             slow = self._add_one
             for i in np.flatnonzero(~fast).tolist():
-                slow(kids[i], int(ts[i]), float(w[i]))
+                slow(int(k[i]), int(ts[i]), float(w[i]))
         self.row_key.frombytes(k.astype(np.uint32).tobytes())
         self.row_ts.frombytes(ts.tobytes())
         self.row_weight.frombytes(w.astype(np.float32).tobytes())
@@ -232,7 +231,7 @@ class Adds(KeyState):
 
     def _new_keys(
         self,
-        kids: list[Any],
+        kids: list[int | None],
         cs: Sequence[str],
         es: Sequence[int],
         types: Sequence[int],

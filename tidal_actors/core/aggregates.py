@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 import sys
 from array import array
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
@@ -65,7 +65,21 @@ from tidal_actors.core.reads import Reads
 from tidal_actors.core.retraction import Retraction
 from tidal_actors.core.settling import Settling
 
-__all__ = ["Aggregates"]
+__all__ = ["Aggregates", "AggregatesSnapshot"]
+
+
+class AggregatesSnapshot(TypedDict):
+    """`Aggregates.dump`: the whole state as msgpack-able values (`storage.snapshot`)."""
+
+    names: list[str]  # cohort id -> name
+    n: int  # key ids allotted
+    cols: dict[str, bytes]  # `KEY_COLUMNS` tag -> the column's first ``n`` items
+    detail: dict[str, bytes]  # `DETAIL_COLUMNS` tag -> the held rows
+    older_keys: bytes  # int64: the key id of each older bucket
+    older: list[Any]  # five an older bucket: b, count, weight sum, fd sum, t_max
+    row_base: NotRequired[int]  # first held detail row (absent: 0)
+    settled: NotRequired[dict[str, bytes]]  # `SettledBuckets.dump`
+    settled_upto: NotRequired[dict[int, int]]  # membership shard -> 1 + highest rseq settled
 
 
 class Aggregates(Reads, Retraction, Settling, Adds):
@@ -168,7 +182,7 @@ class Aggregates(Reads, Retraction, Settling, Adds):
 
     # -- snapshots -------------------------------------------------------------------
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> AggregatesSnapshot:
         """The whole state as plain values and bytes (for a snapshot; see `load`)."""
         n = self._nkeys
         ob: list[int] = []
@@ -194,7 +208,7 @@ class Aggregates(Reads, Retraction, Settling, Adds):
             "settled_upto": self.settled_upto,
         }
 
-    def load(self, state: dict[str, Any]) -> None:
+    def load(self, state: AggregatesSnapshot) -> None:
         """Inverse of `dump` (on an empty instance)."""
         self.cohort_names = list(state["names"])
         self._cid = {c: i for i, c in enumerate(self.cohort_names)}

@@ -147,13 +147,13 @@ class Retraction(KeyState):
             ):
                 older = self.older.get(kk)
                 bk = older.get(bb) if older else None
-                if bk is None:
+                if older is None or bk is None:
                     continue  # nothing to take the row from
                 if bk[0] == 1:
-                    del older[bb]  # type: ignore[union-attr]
+                    del older[bb]
                     g = 0.0
                 else:
-                    nb = older[bb] = (bk[0] - 1, bk[1] - ww, bk[2] - ff, bk[3])  # type: ignore[index]
+                    nb = older[bb] = (bk[0] - 1, bk[1] - ww, bk[2] - ff, bk[3])
                     g = max(_gain1(bk[1], nb[1]), _gain1(bk[2], nb[2]))
                 g0, n0 = worst.get(kk, (0.0, 0.0))
                 worst[kk] = (max(g0, g), max(n0, math.log2(bk[0])))

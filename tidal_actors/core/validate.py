@@ -93,7 +93,7 @@ def check_weight(value: object, field: str = "weight") -> float:
     if _is_boolish(value) or isinstance(value, (str, bytes)):
         raise InvalidArgument(field, value, "must be a finite number >= 0")
     try:
-        w = float(value)  # type: ignore[arg-type]
+        w = float(value)  # type: ignore[arg-type]  # any object: float() raises if it cannot
     except (TypeError, ValueError, OverflowError):
         raise InvalidArgument(field, value, "must be a finite number >= 0") from None
     if not math.isfinite(w) or w < 0.0:
@@ -144,7 +144,8 @@ def check_context(value: object) -> bytes | None:
     if not isinstance(value, Mapping):
         raise InvalidArgument("context", value, "must be a mapping or None")
     try:
-        return msgpack.packb(value)  # type: ignore[no-any-return]
+        packed: bytes = msgpack.packb(value)
+        return packed
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidArgument("context", value, f"must be msgpack-encodable: {exc}") from None
 
