@@ -14,8 +14,8 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
    ``Active``, contributes. Leave and rejoin change the status once committed
    (`MembershipShard._on_leave`, `MembershipShard._on_rejoin`); each leave opens a
    leave epoch ``[left_at, rejoined_at | None]`` in the user's leave history, which
-   is kept for reads (`tidal_actors._types.LeaveEpoch`) and does not gate anything: only the current
-   status does.
+   is kept for reads (`tidal_actors._types.LeaveEpoch`) and gates nothing: only the
+   current status does.
 
 2. Attribution order: which cohorts a signal fans out to, in what order.
    A signal of a user who may contribute becomes one record per cohort of the
@@ -53,7 +53,8 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
    `core.eviction.advance_watermark` (`actors.coordinator.PurgeCoordinator._on_purge`)
    and committed with the purge. A ledger trims its log up to a *floor*, a lower
    bound of the watermark it can prove by itself
-   (`actors.ledger.LedgerState.raise_floors`, `core.contrib_log.ContributionLog.set_floor`).
+   (`actors.ledger.LedgerState.raise_floors`,
+   `core.contrib_log.ContributionLog.set_floor`).
    An evicted record is unretractable.
 
 6. Purge accounting: what a purge covers and what it reports.
@@ -75,14 +76,20 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
    After purges of a cohort (coalesced over ``rematerialize_after_ms``,
    `PurgeCoordinator._schedule_remat`) its aggregates are rebuilt from the records
    no purge covers (per user the highest bound, `CoordinatorState.covered`):
-   `core.remat.RematJob`; installed unless equal (`core.aggregates.Aggregates.same_cohort`,
-   `Aggregates.install_cohort`). Without a durable history the evicted records stay.
+   `core.remat.RematJob`; installed unless equal
+   (`core.aggregates.Aggregates.same_cohort`, `Aggregates.install_cohort`). Without
+   a durable history the evicted records stay.
 
 8. Settling (bounded memory).
    Detail rows no purge can name any more (out of the log, not held, committed to
    the history when there is one) are folded into per-(key, bucket) sums:
    `core.settling.Settling.settle`, when: `actors.ledger.LedgerState.settle`; the
    sums: `core.settled.SettledBuckets`.
+
+9. Intake: what a public argument must be.
+   Ids, weights, timestamps, cohort names, contexts and ``k`` are checked before
+   any message is sent, a failed check raising `InvalidArgument` and changing
+   nothing: `core.validate` (``check_*``; ``signal_columns`` for a batch).
 
 Glossary of eviction terms
 ==========================
@@ -93,17 +100,18 @@ record's sequence number in its membership shard, from 0).
     The number of records a membership shard has sent so far, i.e. the rseq its next
     record gets. Current names: ``next_rseq`` (`MembershipState.next_rseq`,
     `Purge.next_rseq`, `advance_watermark`), ``bound`` (a purge's: the record count
-    when it was taken; `Prepared.bound`, `PurgeMarker.bound`, `ContributionLog.prepare`),
-    ``top`` (the highest rseq a ledger has seen, a record count minus one, in
-    `LedgerState.raise_floors`; in `Settling.settle`, one past the highest rseq
-    settled: a record count).
+    when it was taken; `Prepared.bound`, `PurgeMarker.bound`,
+    `ContributionLog.prepare`),
+    ``top`` (in `LedgerState.raise_floors`: the highest rseq the ledger has seen, a
+    record count minus one). Inside core the name is ``next_rseq``.
 
 *watermark* (``E``)
     Per membership shard, the rseq below which the contribution log has evicted:
     a record is live while ``rseq >= watermark``. Current names: ``live_from``
     (`CoordinatorState.live_from`, `LedgerState.live_from`, `Prepared.live_from`,
-    `PreparePurge.live_from`, `EvictionUpdate.live_from`, `advance_watermark`),
-    ``E`` (formulas in docstrings).
+    `PreparePurge.live_from`, `EvictionUpdate.live_from`, the argument of
+    `ContributionLog.prepare`), ``E`` (in formulas). Inside core the name is
+    ``watermark`` (`advance_watermark`).
 
 *floor*
     A ledger's lower bound of a membership shard's watermark: every record below it
