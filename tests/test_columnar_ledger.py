@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tidal_actors.actors import messages as M
 from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import LogRecord, encode_history_columns
+from tidal_actors.core.key_state import DETAIL_COLUMNS
 from tidal_actors.storage.format import encode_batch, seal
 
 WIDTH = 1000
@@ -74,7 +75,7 @@ def test_batches_equal_one_at_a_time(
         batched.add_many(recs[k : k + step])
     assert _close(_reads(one, at), _reads(batched, at))
     # the detail rows are the same, in the same order
-    for name in ("dk", "dt", "dw", "du", "dm", "dr"):
+    for name in DETAIL_COLUMNS:
         assert getattr(one, name) == getattr(batched, name)
 
 
@@ -103,7 +104,7 @@ def test_bulk_load_equals_one_at_a_time(raw, at, retract, data) -> None:  # type
         np.array(cols[6], dtype=np.float32),
         np.array(cols[7], dtype=np.int64),
     )
-    for name in ("dk", "dt", "dw", "du", "dm", "dr"):
+    for name in DETAIL_COLUMNS:
         assert getattr(one, name) == getattr(bulk, name)
     assert one.keys == bulk.keys and one.index == bulk.index and one.cohorts == bulk.cohorts
     assert set(one.older) == set(bulk.older)
@@ -114,7 +115,7 @@ def test_bulk_load_equals_one_at_a_time(raw, at, retract, data) -> None:  # type
             one.retract_row(row)
             bulk.retract_row(row)
     assert _close(_reads(one, at), _reads(bulk, at))
-    for name in ("L", "TM", "CB", "CN", "CTM", "LIVE"):
+    for name in ("landmark", "t_max", "latest_b", "latest_count", "latest_t_max", "live"):
         assert list(getattr(one, name)[: one.key_total]) == list(
             getattr(bulk, name)[: bulk.key_total]
         ), name
@@ -246,7 +247,8 @@ def test_log_load_columns_equals_appending_and_counting(recs, reported) -> None:
     above the purge's bound) in item 0."""
     import numpy as np
 
-    from tidal_actors.core.contrib_log import ContributionLog, pair_positions
+    from tidal_actors.core.contrib_log import ContributionLog
+    from tidal_actors.core.pair_index import pair_positions
 
     names = ["a", "b", "c"]
     rows = [100 + i for i in range(len(recs))]
@@ -293,10 +295,20 @@ def test_retract_rows_equals_retracting_one_by_one(raw, at, data) -> None:  # ty
         one.retract_row(row)
     many.retract_rows(now)
     assert _reads(one, at) == _reads(many, at)
-    for name in ("dk", "dt", "dw", "du", "dm", "dr"):
+    for name in DETAIL_COLUMNS:
         assert getattr(one, name) == getattr(many, name)
     n = one.key_total
-    for name in ("S", "L", "TM", "CB", "CN", "CW", "CFD", "CTM", "LIVE"):
+    for name in (
+        "fd_sum",
+        "landmark",
+        "t_max",
+        "latest_b",
+        "latest_count",
+        "latest_wsum",
+        "latest_fd",
+        "latest_t_max",
+        "live",
+    ):
         assert getattr(one, name)[:n].tobytes() == getattr(many, name)[:n].tobytes(), name
     assert one.older == many.older and one.index == many.index and one.cohorts == many.cohorts
     many.add_many(recs)  # the arrays can still grow (no numpy view left behind)
@@ -347,7 +359,8 @@ def test_records_evicted_between_prepare_and_apply_stay_counted(monkeypatch) -> 
     the purge's bound and were evicted and compacted away while the purge was being
     committed are not in its manifest: the next purge of the pair reports them."""
     from tidal_actors.core import contrib_log as _contrib_log
-    from tidal_actors.core.contrib_log import ContributionLog, pair_positions
+    from tidal_actors.core.contrib_log import ContributionLog
+    from tidal_actors.core.pair_index import pair_positions
 
     monkeypatch.setattr(
         _contrib_log, "_COMPACT_MIN", 1
@@ -384,7 +397,8 @@ def test_records_evicted_before_a_late_preparation_are_not_its_own(monkeypatch) 
     after the purge, and after they were evicted and compacted: its manifest counts
     only the evicted records below its bound; the later ones go to the next purge."""
     from tidal_actors.core import contrib_log as _contrib_log
-    from tidal_actors.core.contrib_log import ContributionLog, pair_positions
+    from tidal_actors.core.contrib_log import ContributionLog
+    from tidal_actors.core.pair_index import pair_positions
 
     monkeypatch.setattr(_contrib_log, "_COMPACT_MIN", 1)
     agg = _agg()
@@ -416,7 +430,8 @@ def test_a_failed_purge_releases_its_hold(monkeypatch) -> None:  # type: ignore[
     """Rows held for a purge that then failed are folded into the pair's count of
     evicted records (and a snapshot stores them so while the purge is in flight)."""
     from tidal_actors.core import contrib_log as _contrib_log
-    from tidal_actors.core.contrib_log import ContributionLog, pair_positions
+    from tidal_actors.core.contrib_log import ContributionLog
+    from tidal_actors.core.pair_index import I64, pair_positions
 
     monkeypatch.setattr(_contrib_log, "_COMPACT_MIN", 1)
     agg = _agg()
@@ -426,7 +441,7 @@ def test_a_failed_purge_releases_its_hold(monkeypatch) -> None:  # type: ignore[
     log.hold(1, "c", 3)
     log.set_floor(0, 4)  # rseq 0-3 evicted: user 1's three records held, not counted
     assert log.held_rows[(1, "c")].size == 3 and pair_positions(log.index[(1, "c")])[0] == 0
-    assert dict(log.snapshot_index())[(1, "c")] == _contrib_log._I64.pack(3)
+    assert dict(log.snapshot_index())[(1, "c")] == I64.pack(3)
     log.release(1, "c", 99)  # not its bound: nothing changes
     assert log.holds == {(1, "c"): [3]}
     log.release(1, "c", 3)

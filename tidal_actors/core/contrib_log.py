@@ -7,23 +7,18 @@ threads, no I/O.
 Layout: one ``array('q')`` column of *detail rows* (8 bytes a record): the record's
 fields (user, cohort, entity, type, weight, timestamp, membership shard, ``rseq``)
 live once, in the shard's `Aggregates` detail columns. Positions are absolute
-(append count); the column holds positions ``base ..``. The index maps
-``(user_id, cohort)`` to a ``bytearray`` of native int64s (`pair_positions` reads it)
-whose item 0 counts positions already trimmed away and whose other items are
-absolute positions, ascending. A bytearray, not an ``array('q')``: it holds no
-object references, so the cyclic GC does not track it, and a full collection does
-not visit one object per (user, cohort) pair (it did: ~10 ms a collection at
-100,000 pairs, landing inside whichever purge or signal was running).
+(append count); the column holds positions ``base ..``. The (user, cohort) index
+into it and the holds of purges in flight are in `pair_index`.
 
 Eviction (FR-1, "FIFO ring-buffer semantics") is decided per membership shard by the
-purge coordinator from ``rseq``: a record is live while ``rseq >= E[mshard]``. The log
+purge coordinator from ``rseq``: a record is live while its rseq is at or above its
+membership shard's watermark (terms: the glossary in `tidal_actors.core`). The log
 trims its head lazily once records are surely evicted (below a floor) or drained
 (their row retracted).
 """
 
 from __future__ import annotations
 
-import struct
 import sys
 from array import array
 from bisect import bisect_left
@@ -35,19 +30,13 @@ import msgpack
 import numpy as np
 
 from tidal_actors._types import ContributionRecord
-from tidal_actors.core.aggregates import DEAD, Aggregates
+from tidal_actors.core.aggregates import Aggregates
+from tidal_actors.core.key_state import DEAD
+from tidal_actors.core.pair_index import I64, PAIR, PairIndex
 
 __all__ = ["EMPTY", "ContributionLog", "LogRecord", "Prepared", "encode_history_columns"]
 
 _COMPACT_MIN = 1 << 16
-_I64 = struct.Struct("=q")  # native int64, as the snapshot's array('q') bytes
-_PAIR = struct.Struct("=qq")  # a new pair: item 0 (trimmed count) and its first position
-
-
-def pair_positions(lst: bytearray) -> tuple[int, list[int]]:
-    """``(trimmed_count, positions)`` of an index entry."""
-    items = np.frombuffer(bytes(lst), dtype=np.int64)
-    return int(items[0]), items[1:].tolist()
 
 
 class LogRecord(NamedTuple):
@@ -83,20 +72,15 @@ class Prepared(NamedTuple):
 EMPTY = Prepared([], [], [], 0, 0, [], [])
 
 
-class ContributionLog:
+class ContributionLog(PairIndex):
     """Index-backed contribution log of one ledger shard (rows into `Aggregates`)."""
 
     def __init__(self, aggregates: Aggregates) -> None:
-        self.agg = aggregates
+        super().__init__(aggregates)
         self.base = 0
         self.head = 0
         self.d = array("q")
-        self.index: dict[tuple[int, str], bytearray] = {}
         self.floor: dict[int, int] = {}
-        # purges announced (their marker came) and not yet applied: pair -> their
-        # bounds; and the detail rows of those pairs' records trimmed meanwhile
-        self.holds: dict[tuple[int, str], list[int]] = {}
-        self.held_rows: dict[tuple[int, str], np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.d)
@@ -111,7 +95,7 @@ class ContributionLog:
         d = self.d
         start = self.base + len(d)
         d.extend(rows)
-        pack, pack_new = _I64.pack, _PAIR.pack
+        pack, pack_new = I64.pack, PAIR.pack
         for pos, key in enumerate(zip(users, cohorts), start):  # zip reuses its tuple
             lst = get(key)
             if lst is None:
@@ -185,7 +169,7 @@ class ContributionLog:
                 evicted = int(np.count_nonzero(~live[grp] & (rseqs[grp] >= bound)))
             if lb == la and not evicted:
                 continue
-            lst = bytearray(_I64.pack(evicted))
+            lst = bytearray(I64.pack(evicted))
             lst += buf[la * 8 : lb * 8]
             index[key] = lst
 
@@ -198,7 +182,7 @@ class ContributionLog:
     def _gone(self, row: int) -> bool:
         agg = self.agg
         i = row - agg.phys_base
-        return agg.dk[i] == DEAD or agg.dr[i] < self.floor.get(agg.dm[i], 0)
+        return agg.row_key[i] == DEAD or agg.row_rseq[i] < self.floor.get(agg.row_mshard[i], 0)
 
     def trim(self) -> None:
         """Drop surely-evicted or drained records from the head; compact when worth it."""
@@ -212,92 +196,13 @@ class ContributionLog:
         if dead and ((dead >= _COMPACT_MIN and dead * 2 >= len(d)) or dead == len(d)):
             self._compact(dead)
 
-    def hold(self, user: int, cohort: str, bound: int) -> None:
-        """A purge of (user, cohort) with this bound is on its way: its marker came,
-        after the pair's records below the bound and before any other.
-
-        Until the purge is applied or released, compaction does not fold the pair's
-        trimmed records into its count: it keeps their detail rows (`held_rows`), so
-        the purge still reads each one's rseq, lists it if it was live when the purge
-        was taken or counts it as evicted if it is below the bound, and leaves those
-        after the bound to the pair's next purge.
-        """
-        self.holds.setdefault((user, cohort), []).append(bound)
-
-    def release(self, user: int, cohort: str, bound: int) -> None:
-        """Drop the hold of a purge that failed (`hold`); once a pair has no hold left,
-        its held rows are folded into its count (trimmed records are evicted)."""
-        pair = (user, cohort)
-        bounds = self.holds.get(pair)
-        if bounds is None or bound not in bounds:
-            return
-        bounds.remove(bound)
-        if not bounds:
-            del self.holds[pair]
-            self._fold_held(pair, 0)
-
-    def _fold_held(self, pair: tuple[int, str], bound: int) -> int:
-        """Fold the pair's held rows at or above ``bound`` that are not retracted into
-        its count of trimmed records and forget its held rows; returns how many."""
-        rows = self.held_rows.pop(pair, None)
-        if rows is None:
-            return 0
-        n = self._unretracted(rows, bound)
-        lst = self.index.get(pair)
-        if lst is not None:
-            _I64.pack_into(lst, 0, _I64.unpack_from(lst)[0] + n)
-        elif n:
-            self.index[pair] = bytearray(_I64.pack(n))
-        return n
-
-    def _unretracted(self, rows: np.ndarray, bound: int = 0) -> int:
-        """How many of detail ``rows`` are not retracted and have an rseq >= ``bound``."""
-        agg = self.agg
-        rows = rows - agg.row_base
-        return int(
-            np.count_nonzero((agg.view("dk")[rows] != DEAD) & (agg.view("dr")[rows] >= bound))
-        )
-
-    def snapshot_index(self) -> list[tuple[tuple[int, str], bytes | bytearray]]:
-        """The (user, cohort) index as a snapshot stores it: held rows (a purge in
-        flight, `hold`) are folded into their pair's count, as if it had failed."""
-        if not self.held_rows:
-            return list(self.index.items())
-        extra = {pair: self._unretracted(rows) for pair, rows in self.held_rows.items()}
-        out: list[tuple[tuple[int, str], bytes | bytearray]] = []
-        for pair, lst in self.index.items():
-            n = extra.pop(pair, 0)
-            out.append(
-                (pair, _I64.pack(_I64.unpack_from(lst)[0] + n) + bytes(lst[8:]) if n else lst)
-            )
-        out.extend((pair, _I64.pack(n)) for pair, n in extra.items() if n)
-        return out
-
-    def _keep_held_rows(self, head: int) -> None:
-        """Before the column's first ``head`` records are dropped: move the held
-        pairs' positions among them to their held rows."""
-        d = np.frombuffer(self.d, dtype=np.int64)
-        upto = self.base + head
-        for pair in self.holds:
-            lst = self.index.get(pair)
-            if lst is None or len(lst) < 16 or _PAIR.unpack_from(lst)[1] >= upto:
-                continue
-            items = np.frombuffer(bytes(lst), dtype=np.int64)
-            pos = items[1:]
-            cut = int(np.searchsorted(pos, upto))
-            rows = d[pos[:cut] - self.base]
-            old = self.held_rows.get(pair)
-            self.held_rows[pair] = rows if old is None else np.concatenate([old, rows])
-            self.index[pair] = bytearray(items[:1].tobytes() + pos[cut:].tobytes())
-        del d  # no view may outlive this: the column is resized next
-
     def _compact(self, head: int) -> None:
         if self.holds:
             self._keep_held_rows(head)
         del self.d[:head]
         self.base += head
         base = self.base
-        first_pos = _PAIR.unpack_from
+        first_pos = PAIR.unpack_from
         for lst in self.index.values():
             # trimmed positions become a count: item 0, reported by the next purge
             if len(lst) < 16 or first_pos(lst)[1] >= base:
@@ -306,7 +211,7 @@ class ContributionLog:
                 k = bisect_left(items, base, 1)
                 trimmed = items[0] + k - 1
             del lst[8 : k * 8]
-            _I64.pack_into(lst, 0, trimmed)
+            I64.pack_into(lst, 0, trimmed)
 
     def prepare(self, user: int, cohort: str, live_from: int, bound: int) -> Prepared:
         """What purging (user, cohort) retracts, without changing anything.
@@ -337,10 +242,10 @@ class ContributionLog:
             pos = np.concatenate([np.full(len(held), -1, dtype=np.int64), pos])
             rows = np.concatenate([held, rows])
         rel = rows - agg.row_base
-        k = agg.view("dk")[rel]
+        k = agg.view("row_key")[rel]
         alive = k != DEAD
         pos, rows, rel, k = pos[alive], rows[alive], rel[alive], k[alive]
-        rseq = agg.view("dr")[rel]
+        rseq = agg.view("row_rseq")[rel]
         old = rseq < live_from
         evicted += int(np.count_nonzero(old))
         take = ~old & (rseq < bound)
@@ -350,12 +255,12 @@ class ContributionLog:
         records = list(
             map(
                 ContributionRecord,
-                agg.view("du")[rel].tolist(),
+                agg.view("row_user")[rel].tolist(),
                 repeat(cohort, len(rows)),
-                agg.KE[k].tolist(),
-                agg.KT[k].tolist(),
-                agg.view("dw")[rel].tolist(),
-                agg.view("dt")[rel].tolist(),
+                agg.key_entity[k].tolist(),
+                agg.key_type[k].tolist(),
+                agg.view("row_weight")[rel].tolist(),
+                agg.view("row_ts")[rel].tolist(),
             )
         )
         return Prepared(
@@ -364,7 +269,7 @@ class ContributionLog:
             records,
             evicted,
             live_from,
-            agg.view("dm")[rel].tolist(),
+            agg.view("row_mshard")[rel].tolist(),
             rseq[take].tolist(),
             bound,
         )
@@ -388,7 +293,7 @@ class ContributionLog:
         if later:
             self.holds[pair] = later
             if rows is not None:  # the next purge reads those at or after this one's bound
-                keep = rows[self.agg.view("dr")[rows - self.agg.row_base] >= prepared.bound]
+                keep = rows[self.agg.view("row_rseq")[rows - self.agg.row_base] >= prepared.bound]
                 if keep.size:
                     self.held_rows[pair] = keep
                 else:
@@ -399,7 +304,7 @@ class ContributionLog:
         if pair in self.index:
             self._keep_live(user, cohort, prepared.live_from, carried)
 
-    def _keep_live(self, user: int, cohort: str, live_from: int, carried: int) -> None:
+    def _keep_live(self, user: int, cohort: str, watermark: int, carried: int) -> None:
         lst = self.index.get((user, cohort))
         if lst is None:
             return
@@ -407,10 +312,10 @@ class ContributionLog:
         pos = np.frombuffer(bytes(lst), dtype=np.int64)[1:]
         pos = pos[pos >= base]
         rows = np.frombuffer(self.d, dtype=np.int64)[pos - base] - agg.row_base
-        ok = (agg.view("dk")[rows] != DEAD) & (agg.view("dr")[rows] >= live_from)
+        ok = (agg.view("row_key")[rows] != DEAD) & (agg.view("row_rseq")[rows] >= watermark)
         keep = pos[ok]
         if len(keep) or carried:
-            self.index[(user, cohort)] = bytearray(_I64.pack(carried) + keep.tobytes())
+            self.index[(user, cohort)] = bytearray(I64.pack(carried) + keep.tobytes())
         else:
             del self.index[(user, cohort)]
         self.trim()
@@ -419,14 +324,14 @@ class ContributionLog:
         """Drop the pair's positions whose rows were retracted (re-materialization)."""
         lst = self.index.get((user, cohort))
         if lst is not None:
-            self._keep_live(user, cohort, -1, _I64.unpack_from(lst)[0])
+            self._keep_live(user, cohort, -1, I64.unpack_from(lst)[0])
 
     def live_count(self) -> int:
         """Records in the column whose row is not retracted (evicted ones included until trimmed)."""
         if not len(self.d):
             return 0
         rows = np.frombuffer(self.d, dtype=np.int64)[self.head - self.base :] - self.agg.row_base
-        return int(np.count_nonzero(self.agg.view("dk")[rows] != DEAD))
+        return int(np.count_nonzero(self.agg.view("row_key")[rows] != DEAD))
 
     def first_row(self) -> int | None:
         """The lowest detail row the log will still read once its head is compacted

@@ -27,7 +27,8 @@ import msgpack
 import numpy as np
 
 from tidal_actors._types import PurgeId, PurgeStatus
-from tidal_actors.core.aggregates import DEAD, Aggregates
+from tidal_actors.core.aggregates import Aggregates
+from tidal_actors.core.key_state import DEAD
 from tidal_actors.storage.format import Keyspace, Tag, encode_key, seal
 
 __all__ = ["CHUNK_ROWS", "RematJob", "decode_status", "encode_status", "erase_history_ops"]
@@ -177,10 +178,10 @@ class RematJob:
         if cid is None:
             return
         nk = agg.key_total
-        is_c = np.zeros(nk + 1, dtype=bool)  # the cohort's key ids (from the KC column)
-        is_c[:nk] = agg.KC[:nk] == cid
+        is_c = np.zeros(nk + 1, dtype=bool)  # the cohort's key ids (from the key_cohort column)
+        is_c[:nk] = agg.key_cohort[:nk] == cid
         base = agg.row_base
-        dk = agg.view("dk")[lo - base : hi - base].astype(np.int64)
+        dk = agg.view("row_key")[lo - base : hi - base].astype(np.int64)
         dk[dk == DEAD] = nk  # retracted rows point at the False slot
         sel = np.flatnonzero(is_c[dk])
         if not len(sel):
@@ -189,8 +190,8 @@ class RematJob:
         if self.history is None:  # ephemeral: nothing to rebuild from (see the class)
             return
         rel = sel + (lo - base)
-        users = agg.view("du")[rel]
-        rseqs = agg.view("dr")[rel]
+        users = agg.view("row_user")[rel]
+        rseqs = agg.view("row_rseq")[rel]
         out = self._covered(users, rseqs)
         if out.any():
             self.excluded_rows.extend((rel[out] + base).tolist())
@@ -201,13 +202,13 @@ class RematJob:
         r = rel[keep]
         k = dk[sel][keep]
         self._add(
-            agg.view("dm")[r],
+            agg.view("row_mshard")[r],
             rseqs[keep],
             users[keep],
-            agg.KE[k],
-            agg.KT[k],
-            agg.view("dw")[r],
-            agg.view("dt")[r],
+            agg.key_entity[k],
+            agg.key_type[k],
+            agg.view("row_weight")[r],
+            agg.view("row_ts")[r],
             settled=np.zeros(len(r), dtype=bool),
         )
 
@@ -237,7 +238,7 @@ class RematJob:
         self._fold_held(self.cut, agg.row_end)
         rows = sorted(set(self.excluded_rows))
         users = set(self.per_user) | set(
-            agg.view("du")[np.array(rows, dtype=np.int64) - agg.row_base].tolist()
+            agg.view("row_user")[np.array(rows, dtype=np.int64) - agg.row_base].tolist()
         )
         if self.history is None:
             matched = True
@@ -258,7 +259,7 @@ class RematJob:
         oks = sc.cohort_key_ids(self.cohort)
         key_ids: dict[tuple[int, int], int] = {}
         for ok in oks:
-            e, t = int(sc.KE[ok]), int(sc.KT[ok])
+            e, t = int(sc.key_entity[ok]), int(sc.key_type[ok])
             # every rebuilt record is in the live state, so its key is too
             key_ids[(e, t)] = agg.index[(self.cohort, e, t)]
         matched = agg.same_cohort(self.cohort, sc)
@@ -267,11 +268,15 @@ class RematJob:
         # the settled sums of the cohort's keys become the rebuild's (without the
         # covered records)
         n = agg.key_total
-        agg.settled.drop_keys(np.flatnonzero(agg.KC[:n] == agg.cohort_id(self.cohort)).tolist())
+        agg.settled.drop_keys(
+            np.flatnonzero(agg.key_cohort[:n] == agg.cohort_id(self.cohort)).tolist()
+        )
         for ok, entries in sc.settled.of_keys(oks).items():
-            k = key_ids[(int(sc.KE[ok]), int(sc.KT[ok]))]
+            k = key_ids[(int(sc.key_entity[ok]), int(sc.key_type[ok]))]
             bs, ns, ws, fs, los, his = zip(*entries)
-            agg.settled.add([k] * len(bs), bs, ns, ws, fs, los, his, [int(agg.HL[k])] * len(bs))
+            agg.settled.add(
+                [k] * len(bs), bs, ns, ws, fs, los, his, [int(agg.key_half_life[k])] * len(bs)
+            )
         return matched
 
 

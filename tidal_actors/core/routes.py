@@ -35,7 +35,7 @@ class RouteTable:
     """Interned routes: route id -> (start, length) into the entry arrays.
 
     Args:
-        ledger_of: cohort name -> its ledger shard (``_codec.ledger_shard_of``).
+        ledger_of: cohort name -> its ledger shard (``storage.format.ledger_shard_of``).
 
     Route ``GATED`` (0) is empty; route ``COMMUNITY_ONLY`` (1) is ``(@community,)``.
     Routes are not removed one by one; the membership shard builds a fresh table

@@ -5,7 +5,7 @@ sum, decayed sum at the bucket's latest settled timestamp ``hi`` (``fd = sum(w *
 ** ((t - hi) / h))``: every factor at most 1, so it never overflows, whatever the
 bucket width in half-lives), and the first and last timestamp of the contributions
 whose 33-byte detail rows left memory. Only adds reach it (no retraction: a purge names
-held rows only), so its sums carry no cancellation, and `Aggregates._refold` can
+held rows only), so its sums carry no cancellation, and `Retraction._refold` can
 sum a key again exactly from its held rows plus these.
 
 Layout: seven numpy columns (``k b n w f lo hi``, 56 bytes an entry) and a dict

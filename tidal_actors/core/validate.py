@@ -1,6 +1,6 @@
 """Intake validation: every public argument is checked here before any message is sent.
 
-Owns the rules of issue 2 ("Bad input"): ids are ints in ``[0, 2**64)`` (bool is not
+Owns the intake rules ("Bad input"): ids are ints in ``[0, 2**64)`` (bool is not
 an int; numpy integers are taken as their values), weights finite and ``>= 0``
 (rounded once to float32, spec: ``weight: f32``), timestamps ints in ``[0, 2**63)``,
 cohort names non-empty strings of at most 200 UTF-8 bytes, ``@``-names reserved.
@@ -44,7 +44,7 @@ _INT = {int}
 _FLOAT = {float}
 _NONE = {type(None)}
 _INT_OR_NONE = {int, type(None)}
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # _codec.membership_shard_of, vectorized
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # storage.format.membership_shard_of, vectorized
 _SHIFT = np.uint64(32)
 
 
@@ -93,7 +93,7 @@ def check_weight(value: object, field: str = "weight") -> float:
     if _is_boolish(value) or isinstance(value, (str, bytes)):
         raise InvalidArgument(field, value, "must be a finite number >= 0")
     try:
-        w = float(value)  # type: ignore[arg-type]
+        w = float(value)  # type: ignore[arg-type]  # any object: float() raises if it cannot
     except (TypeError, ValueError, OverflowError):
         raise InvalidArgument(field, value, "must be a finite number >= 0") from None
     if not math.isfinite(w) or w < 0.0:
@@ -144,7 +144,8 @@ def check_context(value: object) -> bytes | None:
     if not isinstance(value, Mapping):
         raise InvalidArgument("context", value, "must be a mapping or None")
     try:
-        return msgpack.packb(value)  # type: ignore[no-any-return]
+        packed: bytes = msgpack.packb(value)
+        return packed
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidArgument("context", value, f"must be msgpack-encodable: {exc}") from None
 
@@ -199,7 +200,7 @@ def signal_columns(
 
 
 def shard_split(items: list[Any], users: Sequence[int], shards: int) -> list[list[Any]]:
-    """``items`` split by membership shard of ``users`` (``_codec.membership_shard_of``
+    """``items`` split by membership shard of ``users`` (``storage.format.membership_shard_of``
     computed on a uint64 array, where the multiply wraps modulo 2**64), order kept."""
     if shards == 1:
         return [items]

@@ -1,0 +1,331 @@
+"""Domain core: the state of a shard's aggregates (key ids, key columns, detail rows).
+
+`KeyState` holds what `Aggregates` computes on: the per-key numpy columns
+(`KEY_COLUMNS`), the per-contribution detail rows, the key index, the older buckets
+and the settled layer (`SettledBuckets`), with the small operations every part
+shares (allotting key and cohort ids, listing a key's buckets, dropping keys, erasing
+a row). The arithmetic lives in `adds`, `retraction`, `settling` and `reads`; the
+theory of operation is in `aggregates`. No threads, no I/O.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from tidal_actors.core.settled import SettledBuckets
+
+__all__ = [
+    "DEAD",
+    "DETAIL_COLUMNS",
+    "KEY_COLUMNS",
+    "RENORMALIZE_AT",
+    "Bucket",
+    "Column",
+    "KeyState",
+]
+
+# a key's landmark moves to its newest contribution when that one lies more than this
+# many half-lives after it (`Adds._renormalize`): 2 ** 256 is far from float64 overflow
+RENORMALIZE_AT = 256.0
+DEAD = 0xFFFFFFFF  # key id of a retracted detail row
+
+Bucket = tuple[int, int, float, float, int]  # (b, count, weight_sum, fd_sum, t_max_b)
+
+
+class Column(NamedTuple):
+    """The layout of one column: its numpy dtype and its name in a snapshot
+    (`Aggregates.dump`; part of the storage format)."""
+
+    dtype: type[np.generic]
+    tag: str
+
+
+# The per-key columns: item ``k`` of each is key id ``k``'s. Forward decay (Cormode,
+# Shkapenyuk, Srivastava, Xu, ICDE 2009): a contribution of weight ``w`` at ``t``
+# (ns) adds ``w * 2 ** ((t - landmark) / half_life)`` to a forward-decayed sum; the
+# score at ``at`` is that sum times ``2 ** (-(at - landmark) / half_life)``. A key's
+# *latest bucket* (``b = t // window_width_ns``, the newest bucket it has a
+# contribution in) lives in the ``latest_*`` columns, its earlier buckets in
+# ``KeyState.older``.
+KEY_COLUMNS: dict[str, Column] = {
+    # forward-decayed sum of every contribution, against ``landmark`` (weight units)
+    "fd_sum": Column(np.float64, "S"),
+    # forward decay's landmark, ns
+    "landmark": Column(np.int64, "L"),
+    # latest contribution timestamp, ns
+    "t_max": Column(np.int64, "TM"),
+    # latest bucket: its index b (``t // window_width_ns``)
+    "latest_b": Column(np.int64, "CB"),
+    # latest bucket: number of contributions
+    "latest_count": Column(np.int64, "CN"),
+    # latest bucket: sum of the weights (weight units, not decayed)
+    "latest_wsum": Column(np.float64, "CW"),
+    # latest bucket: forward-decayed sum, against ``landmark`` (its part of ``fd_sum``)
+    "latest_fd": Column(np.float64, "CFD"),
+    # latest bucket: latest contribution timestamp, ns
+    "latest_t_max": Column(np.int64, "CTM"),
+    # half-life of the key's signal type, ns
+    "key_half_life": Column(np.int64, "HL"),
+    # the key's cohort, as an id: ``cohort_names[key_cohort[k]]``
+    "key_cohort": Column(np.int32, "KC"),
+    # the key's entity id
+    "key_entity": Column(np.uint64, "KE"),
+    # the key's signal type id
+    "key_type": Column(np.uint64, "KT"),
+    # 1 while the key has a contribution, else 0
+    "live": Column(np.uint8, "LIVE"),
+    # log2 of a bound on how much retractions amplified the sums' relative rounding
+    # error (`Retraction.retract_rows`); 0 after a fresh sum
+    "rounding_amp": Column(np.float32, "AMP"),
+}
+
+# The detail rows: one per contribution, row ids absolute (``row_base ..`` held),
+# each column an ``array`` of the dtype's item size (``KeyState.__init__``).
+DETAIL_COLUMNS: dict[str, Column] = {
+    # key id (u32; DEAD once retracted)
+    "row_key": Column(np.uint32, "dk"),
+    # timestamp, ns (i64)
+    "row_ts": Column(np.int64, "dt"),
+    # weight (f32, as intake rounded it)
+    "row_weight": Column(np.float32, "dw"),
+    # user id (u64)
+    "row_user": Column(np.uint64, "du"),
+    # membership shard (u8)
+    "row_mshard": Column(np.uint8, "dm"),
+    # rseq: the record's sequence number in its membership shard (i64; -1 retracted)
+    "row_rseq": Column(np.int64, "dr"),
+}
+
+
+class KeyState:
+    """The state of one ledger shard's aggregates: key ids, key columns, detail rows.
+
+    Args:
+        half_life_for: signal type -> half-life in ns.
+        window_width_ns: bucket width in ns.
+        window_buckets: number of buckets a window read covers.
+    """
+
+    __slots__ = (
+        "_cap",
+        "_cid",
+        "_hl",
+        "_hl_cache",
+        "_n",
+        "_nkeys",
+        "_width",
+        "cohort_names",
+        "cohorts",
+        "index",
+        "older",
+        "phys_base",
+        "row_base",
+        "settled",
+        "settled_detail",
+        "settled_upto",
+        *KEY_COLUMNS,
+        *DETAIL_COLUMNS,
+    )
+
+    # the per-key columns (`KEY_COLUMNS`), set in __init__ and grown by _reserve
+    fd_sum: npt.NDArray[np.float64]
+    landmark: npt.NDArray[np.int64]
+    t_max: npt.NDArray[np.int64]
+    latest_b: npt.NDArray[np.int64]
+    latest_count: npt.NDArray[np.int64]
+    latest_wsum: npt.NDArray[np.float64]
+    latest_fd: npt.NDArray[np.float64]
+    latest_t_max: npt.NDArray[np.int64]
+    key_half_life: npt.NDArray[np.int64]
+    key_cohort: npt.NDArray[np.int32]
+    key_entity: npt.NDArray[np.uint64]
+    key_type: npt.NDArray[np.uint64]
+    live: npt.NDArray[np.uint8]
+    rounding_amp: npt.NDArray[np.float32]
+
+    def __init__(
+        self, half_life_for: Callable[[int], int], window_width_ns: int, window_buckets: int
+    ) -> None:
+        self._hl = half_life_for
+        self._hl_cache: dict[int, int] = {}
+        self._width = window_width_ns
+        self._n = window_buckets
+        self._cap = 0
+        for name, col in KEY_COLUMNS.items():
+            setattr(self, name, np.zeros(0, col.dtype))
+        self._cid: dict[str, int] = {}
+        self.cohort_names: list[str] = []  # cohort id -> name
+        self.cohorts: dict[str, int] = {}  # cohort -> number of live keys
+        self.index: dict[tuple[str, int, int], int] = {}  # live key -> key id
+        # key ids allotted so far; a key id's (cohort, entity, type) is in the key_cohort,
+        # key_entity and key_type columns (`key`), not in a list of tuples: a list the cyclic GC would
+        # walk item by item in every full collection
+        self._nkeys = 0
+        # key id -> b -> (n, w, fd, tmax): tuples of numbers, so the cyclic GC stops
+        # tracking them (and their dicts) and a full collection does not walk them
+        self.older: dict[int, dict[int, tuple[int, float, float, int]]] = {}
+        # the detail rows (`DETAIL_COLUMNS`)
+        self.row_key = array("I")
+        self.row_ts = array("q")
+        self.row_weight = array("f")
+        self.row_user = array("Q")
+        self.row_mshard = array("B")
+        self.row_rseq = array("q")
+        # detail rows ``row_base ..`` are held (row ids stay absolute); the ones before
+        # were settled (`settle`) into per-(key, bucket) sums. The arrays start at
+        # row ``phys_base``: settled rows are cut from their front only once they are
+        # half of them (one memmove per half, not one per settle)
+        self.row_base = 0
+        self.phys_base = 0
+        self.settled = SettledBuckets()
+        # membership shard -> 1 + the highest rseq settled: a shard's rows reach a
+        # ledger in rseq order, so its settled records are exactly those below
+        self.settled_upto: dict[int, int] = {}
+        # (key id, t_lo, t_hi) -> [(ts, w)] of the settled records in that range, read
+        # from the durable history; None in an ephemeral database (`_past_terms`)
+        self.settled_detail: Callable[[int, int, int], list[tuple[int, float]]] | None = None
+
+    @property
+    def row_end(self) -> int:
+        """One past the last detail row (rows are numbered from 0, forever)."""
+        return self.phys_base + len(self.row_key)
+
+    @property
+    def held(self) -> int:
+        """Detail rows held (not settled)."""
+        return self.row_end - self.row_base
+
+    def view(self, name: str) -> npt.NDArray[Any]:
+        """A numpy view of the held rows of detail column ``name`` (`DETAIL_COLUMNS`):
+        index it with ``row - row_base``. No view may outlive a call that adds or
+        settles rows."""
+        return np.frombuffer(getattr(self, name), dtype=DETAIL_COLUMNS[name].dtype)[
+            self.row_base - self.phys_base :
+        ]
+
+    def half_life(self, stype: int) -> int:
+        h = self._hl_cache.get(stype)
+        if h is None:
+            h = self._hl_cache[stype] = self._hl(stype)
+        return h
+
+    @property
+    def key_total(self) -> int:
+        """Key ids allotted so far (live or not)."""
+        return self._nkeys
+
+    def key(self, k: int) -> tuple[str, int, int]:
+        """``(cohort, entity, type)`` of key id ``k``."""
+        return self.cohort_names[self.key_cohort[k]], int(self.key_entity[k]), int(self.key_type[k])
+
+    @property
+    def keys(self) -> list[tuple[str, int, int]]:
+        """``(cohort, entity, type)`` of every key id allotted so far, in id order."""
+        n = self._nkeys
+        names = self.cohort_names
+        return list(
+            zip(
+                map(names.__getitem__, self.key_cohort[:n].tolist()),
+                self.key_entity[:n].tolist(),
+                self.key_type[:n].tolist(),
+            )
+        )
+
+    def _reserve(self, n: int) -> None:
+        if n <= self._cap:
+            return
+        cap = max(1024, self._cap)
+        while cap < n:
+            cap += cap // 2
+        for name, spec in KEY_COLUMNS.items():
+            old = getattr(self, name)
+            col = np.zeros(cap, spec.dtype)
+            col[: len(old)] = old
+            setattr(self, name, col)
+        self._cap = cap
+
+    def cohort_id(self, cohort: str) -> int | None:
+        """The id ``key_cohort`` holds for ``cohort``'s keys, or None if it never had one."""
+        return self._cid.get(cohort)
+
+    def cohort_id_for(self, cohort: str) -> int:
+        """``cohort``'s id, given one if it has none yet (no key is made)."""
+        return self._cohort_id(cohort)
+
+    def _cohort_id(self, cohort: str) -> int:
+        cid = self._cid.get(cohort)
+        if cid is None:
+            cid = self._cid[cohort] = len(self.cohort_names)
+            self.cohort_names.append(cohort)
+        return cid
+
+    def erase_row(self, row: int) -> None:
+        """Mark a held row retracted and zero its fields (the aggregates are not touched)."""
+        i = row - self.phys_base
+        self.row_key[i] = DEAD
+        self.row_ts[i] = 0
+        self.row_weight[i] = 0.0
+        self.row_user[i] = 0
+        self.row_rseq[i] = -1
+
+    def _drop_keys(self, ks: Sequence[int]) -> None:
+        """Forget keys' state (no contribution left); their ids are not reused.
+
+        Every column but the cohort id is zeroed (one vectorized assignment per column
+        for all of ``ks``): the entity id, the timestamps and the sums of a key whose
+        contributions a purge removed must not outlive it in a snapshot (erasure)."""
+        gone = []
+        for k in ks:
+            if not self.live[k]:
+                continue
+            key = self.key(k)
+            if self.index.pop(key, None) is None:
+                continue
+            n = self.cohorts[key[0]] - 1
+            if n:
+                self.cohorts[key[0]] = n
+            else:
+                del self.cohorts[key[0]]
+            self.older.pop(k, None)
+            gone.append(k)
+        if gone:
+            at = np.array(gone, dtype=np.int64)
+            for name in KEY_COLUMNS:
+                if name != "key_cohort":
+                    getattr(self, name)[at] = 0
+
+    def _buckets(self, k: int) -> list[Bucket]:
+        """Every non-empty bucket of key ``k``: ``(b, count, weight_sum, fd_sum, t_max_b)``."""
+        out: list[Bucket] = []
+        cn = int(self.latest_count[k])
+        if cn:
+            out.append(
+                (
+                    int(self.latest_b[k]),
+                    cn,
+                    float(self.latest_wsum[k]),
+                    float(self.latest_fd[k]),
+                    int(self.latest_t_max[k]),
+                )
+            )
+        older = self.older.get(k)
+        if older:
+            out.extend((b, bk[0], bk[1], bk[2], bk[3]) for b, bk in older.items())
+        return out
+
+    def key_count(self) -> int:
+        """Number of live keys over all cohorts."""
+        return len(self.index)
+
+    def cohort_key_ids(self, cohort: str) -> list[int]:
+        """Ids of the live keys of ``cohort``."""
+        cid = self._cid.get(cohort)
+        if cid is None:
+            return []
+        n = self._nkeys
+        return np.flatnonzero((self.key_cohort[:n] == cid) & (self.live[:n] != 0)).tolist()
