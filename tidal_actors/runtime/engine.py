@@ -156,7 +156,7 @@ def _decode_snapshot(restored: Restored, shard: int, config: Config) -> LedgerSt
 
     key = encode_key(shard, Tag.SNAPSHOT_CHUNK, (0).to_bytes(4, "big"))
     try:
-        return decode_ledger(restored.snapshot_chunks[shard], config)
+        return decode_ledger(restored.snapshot_chunks[shard], LedgerState(config))
     except Exception as exc:  # noqa: BLE001 - msgpack, numpy and the decoders raise many kinds
         raise undecodable(Keyspace.META, key, exc) from exc
 

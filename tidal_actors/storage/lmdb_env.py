@@ -1,11 +1,11 @@
 """The LMDB environment: opening it, guarding it between threads, and compacting it.
 
-Owns every LMDB call (`_store.py` owns decoding what is read back; `_codec.py` the
-bytes). Only the persistence actor commits; restore runs once at open, before any
+Owns every LMDB call (`restore` owns decoding what is read back; `storage.format`
+the bytes). Only the persistence actor commits; restore runs once at open, before any
 actor starts.
 
 * Durability: ``sync=True, metasync=True``, no ``writemap``/``map_async``, so a
-  committed transaction survives a crash (issue 2, "Control operations").
+  committed transaction survives a crash.
 * Map full: the transaction is aborted whole (LMDB rolls it back), the map doubles
   with no transaction of ours open, and the same batch is retried, up to
   ``Config.max_map_size_bytes``; past that, `StorageFull` and nothing written. The
@@ -53,7 +53,8 @@ from tidal_actors.storage.history import HistoryMarks
 from tidal_actors.storage.lmdb_lock import LockProbe, fsync_path
 
 if TYPE_CHECKING:
-    from tidal_actors.storage.stores import Op, Restored
+    from tidal_actors.storage.format import Op
+    from tidal_actors.storage.restore import Restored
 
 __all__ = ["STORE_MARKER", "LmdbStore"]
 
@@ -106,7 +107,7 @@ class LmdbStore:
         self._broken: str | None = None  # why the environment is not open, if not closed
         self._env_lock = threading.RLock()
         self.fault: Any = None  # test hook: callable(ops) raising to inject a failure
-        self.history_marks = HistoryMarks()  # what the ledgers may read back (`_history`)
+        self.history_marks = HistoryMarks()  # what the ledgers may read back (`storage.history`)
         self.reads_history = True  # the history can be read back while open
         self._closed = False
         try:
@@ -304,13 +305,13 @@ class LmdbStore:
 
     def load(self, snapshot_ledgers: list[Any] | None = None) -> Restored:
         """Read the whole store back (membership, manifests, tombstones, history or
-        the snapshot that replaces it); see :func:`_store.parse_store`.
+        the snapshot that replaces it); see :func:`storage.restore.parse_store`.
 
         Raises:
             StorageError: a page or a value cannot be read or decoded (naming the
                 keyspace, and the key when one was read).
         """
-        from tidal_actors.storage.stores import parse_store
+        from tidal_actors.storage.restore import parse_store
 
         with self._env_lock, self._begin() as txn:
             return parse_store({k.value: self._read(txn, k) for k in Keyspace}, snapshot_ledgers)

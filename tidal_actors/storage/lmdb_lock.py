@@ -3,7 +3,7 @@
 LMDB (mdb.c) takes a POSIX ``fcntl`` lock on byte 0 of ``lock.mdb``: a read lock for
 every process that has the environment open, a write lock while the first opener
 initializes the file (``mdb_env_excl_lock``, ``mdb_env_setup_locks``,
-``mdb_env_share_locks``). `LockProbe` tests and takes that byte; `_lmdb_env` uses it
+``mdb_env_share_locks``). `LockProbe` tests and takes that byte; `lmdb_env` uses it
 to compact safely. POSIX only (Linux and the BSDs, whose ``struct flock`` differs).
 """
 

@@ -14,24 +14,21 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lmdb
 
 from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed, StorageError
 from tidal_actors.storage.format import Keyspace
-from tidal_actors.storage.lmdb_env import _open_lock, _open_paths
-from tidal_actors.storage.stores import LmdbStore
-
-if TYPE_CHECKING:
-    from tidal_actors.storage.stores import Restored, SnapshotKey
+from tidal_actors.storage.lmdb_env import LmdbStore, _open_lock, _open_paths
+from tidal_actors.storage.restore import Restored, SnapshotKey, parse_store
 
 __all__ = ["SnapshotStore"]
 
 # users and items are small; the history is kept so that the ledgers, which settle
 # the detail of records out of the log, read them back as of the same read
-# (`_history.HistoryReader`); meta (snapshot chunks) is not kept
+# (`storage.history.HistoryReader`); meta (snapshot chunks) is not kept
 _KEPT = (Keyspace.USERS, Keyspace.ITEMS, Keyspace.HISTORY)
 
 
@@ -47,7 +44,9 @@ class SnapshotStore(LmdbStore):
         super().__init__(path, config, read_only=True)
         self._kept: dict[str, dict[bytes, bytes]] | None = None
         self.read_at_ns: int | None = None  # wall time of the read (int ns)
-        self.recorded_settings = False  # whether the store records its settings (`_readonly`)
+        self.recorded_settings = (
+            False  # whether the store records its settings (`facades.readonly`)
+        )
         self.latest_event_ns: int | None = None  # the latest contribution's time, if replayed
 
     def load(self, snapshot_ledgers: SnapshotKey = None) -> Restored:
@@ -55,8 +54,6 @@ class SnapshotStore(LmdbStore):
 
         A writer that grew the map since this open makes LMDB refuse the transaction
         (``MDB_MAP_RESIZED``): the new size is adopted and the read begins again."""
-        from tidal_actors.storage.stores import parse_store
-
         for attempt in range(5):
             with self._env_lock:
                 try:

@@ -5,7 +5,8 @@ aggregates up to float rounding (a purge subtracts where a replay never adds); a
 snapshot makes a reopen after a clean close bit-for-bit identical, and fast. It is
 valid only until the first write after the open that reads it, so the open that
 loads it deletes it in the same step; after a crash there is none and restore replays
-the history (Tag table in `_codec.py`: SNAPSHOT_CHUNK, SNAPSHOT_MARK).
+the history (Tag table in `storage.format.keys`: SNAPSHOT_CHUNK, SNAPSHOT_MARK; each
+chunk is stored sealed).
 
 Layout: per ledger shard, chunk 0 is the shard's log and counters, chunk 1 the
 aggregates (`Aggregates.dump`: numpy columns as bytes, the detail rows, older
@@ -16,18 +17,32 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from typing import Protocol, TypeVar, cast
 
 import msgpack
 
-from tidal_actors._config import Config
-from tidal_actors.actors.ledger import LedgerState
+from tidal_actors.core.aggregates import Aggregates
+from tidal_actors.core.contrib_log import ContributionLog
 
-__all__ = ["decode_ledger", "encode_ledger"]
+__all__ = ["LedgerSnapshot", "decode_ledger", "encode_ledger"]
+
+
+class LedgerSnapshot(Protocol):
+    """What a snapshot holds of a ledger shard's state (``actors.ledger.LedgerState``)."""
+
+    log: ContributionLog
+    aggregates: Aggregates
+    batch_seq: int
+    rseq_seen: dict[int, int]
+    live_from: dict[int, tuple[int, int]]
+
+
+S = TypeVar("S", bound=LedgerSnapshot)
 
 _LOG_COLS = ("d",)
 
 
-def encode_ledger(ls: LedgerState) -> list[bytes]:
+def encode_ledger(ls: LedgerSnapshot) -> list[bytes]:
     """The shard's state as msgpack chunks (chunk 0: log and counters; chunk 1: the
     aggregates, columns as bytes)."""
     log, agg = ls.log, ls.aggregates
@@ -53,12 +68,17 @@ def encode_ledger(ls: LedgerState) -> list[bytes]:
         "rseq_seen": ls.rseq_seen,
         "live_from": {m: list(v) for m, v in ls.live_from.items()},
     }
-    return [msgpack.packb(head), msgpack.packb(agg.dump())]
+    return [cast(bytes, msgpack.packb(head)), cast(bytes, msgpack.packb(agg.dump()))]
 
 
-def decode_ledger(chunks: Sequence[bytes | memoryview], config: Config) -> LedgerState:
-    """Inverse of :func:`encode_ledger`."""
-    ls = LedgerState(config)
+def decode_ledger(chunks: Sequence[bytes | memoryview], ls: S) -> S:
+    """Inverse of :func:`encode_ledger`: fills ``ls``, a new shard state (empty log
+    and aggregates), and returns it.
+
+    Raises:
+        KeyError, ValueError, TypeError (or what msgpack raises): a chunk of the
+            wrong shape (the caller names its key).
+    """
     head = msgpack.unpackb(chunks[0], strict_map_key=False)
     log, agg = ls.log, ls.aggregates
     log.base, log.head = head["base"], head["head"]
