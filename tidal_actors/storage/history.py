@@ -25,80 +25,44 @@ then it is gone from a rebuild, as from a restore after a crash).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
-
 import numpy as np
 
 from tidal_actors.storage.format import (
     HistoryBatch,
     Keyspace,
-    Op,
     Tag,
     batch_key_shard_seq,
     decode_batch,
     decode_tombstone,
 )
+from tidal_actors.storage.protocol import HistoryMarks, HistoryStore
 
 __all__ = ["RANGES_KEPT", "HistoryMarks", "HistoryReader"]
 
 RANGES_KEPT = 4  # time ranges of settled records a reader keeps indexed
 
-_BATCH_TAG = int(Tag.CONTRIBUTION_BATCH)
 _TOMB_TAG = int(Tag.PURGE_TOMBSTONE)
-
-
-class HistoryMarks:
-    """Per store: ``top[shard]`` is one past the highest history batch sequence of
-    ledger ``shard`` committed since the open; ``rewrites`` counts commits that took
-    records out of the history."""
-
-    def __init__(self) -> None:
-        self.top: dict[int, int] = {}
-        self.rewrites = 0  # batches rewritten or deleted (erasure, retention)
-
-    def rewritten(self) -> None:
-        """Records left the history (a purge's erasure, retention): what a ledger
-        read of it before may have changed (called by persistence after the commit)."""
-        self.rewrites += 1
-
-    def committed(self, ops: Iterable[Op]) -> None:
-        """Note a committed transaction's ops (called by the store after the commit)."""
-        top = self.top
-        for ks, key, value in ops:
-            if (
-                ks == Keyspace.HISTORY.value
-                and value is not None
-                and len(key) == 18
-                and key[9] == _BATCH_TAG
-            ):
-                shard, seq = batch_key_shard_seq(key)
-                seq += 1
-                if seq > top.get(shard, 0):
-                    top[shard] = seq
 
 
 class HistoryReader:
     """Reads ledger shard ``shard``'s view of a durable store's history.
 
     Args:
-        store: an ``LmdbStore`` or ``MemoryStore`` (``history_marks``, ``raw_keys``,
-            ``get_many``, ``scan``).
+        store: a durable store (``LmdbStore``, ``MemoryStore``, ``SnapshotStore``).
         shard: the ledger shard's index.
     """
 
-    def __init__(self, store: Any, shard: int) -> None:
+    def __init__(self, store: HistoryStore, shard: int) -> None:
         self.store = store
         self.shard = shard
-        self._mark: Any = None
+        self._mark: tuple[int, tuple[tuple[int, int], ...]] | None = None
         self._ranges: dict[
             tuple[int, int], dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]
         ] = {}
 
     def committed(self) -> int:
         """One past the highest batch sequence of this shard committed since the open."""
-        top: int = self.store.history_marks.top.get(self.shard, 0)
-        return top
+        return self.store.history_marks.top.get(self.shard, 0)
 
     def batch_keys(self) -> list[bytes]:
         """Every history batch key, in key order."""

@@ -40,7 +40,7 @@ import contextlib
 import fcntl
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -49,12 +49,12 @@ import lmdb
 from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed, DatabaseLocked, StorageError, StorageFull
 from tidal_actors.storage.format import Keyspace
-from tidal_actors.storage.history import HistoryMarks
 from tidal_actors.storage.lmdb_lock import LockProbe, fsync_path
+from tidal_actors.storage.protocol import HistoryMarks, HistoryStore
 
 if TYPE_CHECKING:
     from tidal_actors.storage.format import Op
-    from tidal_actors.storage.restore import Restored
+    from tidal_actors.storage.restore import Restored, SnapshotKey
 
 __all__ = ["STORE_MARKER", "LmdbStore"]
 
@@ -75,7 +75,7 @@ _open_lock = threading.Lock()
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-class LmdbStore:
+class LmdbStore(HistoryStore):
     """An LMDB environment with the keyspaces of `Keyspace`.
 
     Args:
@@ -106,7 +106,8 @@ class LmdbStore:
         self._probe: LockProbe | None = None
         self._broken: str | None = None  # why the environment is not open, if not closed
         self._env_lock = threading.RLock()
-        self.fault: Any = None  # test hook: callable(ops) raising to inject a failure
+        # test hook: called with the ops before each commit; raising injects a failure
+        self.fault: Callable[[list[Op]], object] | None = None
         self.history_marks = HistoryMarks()  # what the ledgers may read back (`storage.history`)
         self.reads_history = True  # the history can be read back while open
         self._closed = False
@@ -257,7 +258,7 @@ class LmdbStore:
             raise StorageError(self._broken)
         return dict(self._flags)
 
-    def commit(self, ops: list[Op]) -> None:
+    def commit(self, ops: Iterable[Op]) -> None:
         """Apply ``ops`` in one durable transaction (value None deletes the key).
 
         Raises:
@@ -303,7 +304,7 @@ class LmdbStore:
             self.env.set_mapsize(new)
         self.map_size = new
 
-    def load(self, snapshot_ledgers: list[Any] | None = None) -> Restored:
+    def load(self, snapshot_ledgers: SnapshotKey = None) -> Restored:
         """Read the whole store back (membership, manifests, tombstones, history or
         the snapshot that replaces it); see :func:`storage.restore.parse_store`.
 

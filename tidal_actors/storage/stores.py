@@ -7,8 +7,7 @@ layouts are `storage.format`'s. All are importable from here too.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
 
 from tidal_actors.storage.format import (
     HistoryBatch,
@@ -18,8 +17,8 @@ from tidal_actors.storage.format import (
     decode_context,
     undecodable,
 )
-from tidal_actors.storage.history import HistoryMarks
 from tidal_actors.storage.lmdb_env import STORE_MARKER, LmdbStore
+from tidal_actors.storage.protocol import HistoryMarks, HistoryStore, Store
 from tidal_actors.storage.restore import (
     SNAPSHOT_FORMAT,
     Restored,
@@ -46,7 +45,7 @@ __all__ = [
 ]
 
 
-class MemoryStore:
+class MemoryStore(HistoryStore):
     """A store in a dict: same keys and values as LMDB, kept in memory.
 
     Used by the message-driven harness, so actors can crash and be restored "from
@@ -58,7 +57,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self.data: dict[str, dict[bytes, bytes]] = {k.value: {} for k in Keyspace}
-        self.fault: Any = None
+        self.fault: Callable[[list[Op]], object] | None = None
         self.history_marks = HistoryMarks()
         self.reads_history = True
 
@@ -96,7 +95,7 @@ class MemoryStore:
         pass
 
 
-class NullStore:
+class NullStore(Store):
     """The ephemeral store: commits succeed and nothing is written anywhere."""
 
     durable = False
