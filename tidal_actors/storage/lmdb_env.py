@@ -10,34 +10,20 @@ actor starts.
   with no transaction of ours open, and the same batch is retried, up to
   ``Config.max_map_size_bytes``; past that, `StorageFull` and nothing written. The
   same holds for the named databases LMDB creates at open.
-* One writer per directory: a process-wide registry refuses a second open in this
-  process (py-lmdb refuses it too, less clearly) and an exclusive ``flock`` on
-  ``tidal.lock`` refuses a second process. A read-only opener takes no lock of
-  ours: LMDB serves it a reader slot beside the writer of another process
-  (``_lmdb_reader.SnapshotStore`` reads everything in one transaction, then lets go).
+* One writer per directory (`lmdb_lock.DirectoryLock`). A read-only opener takes no
+  lock file of ours: LMDB serves it a reader slot beside the writer of another
+  process (`lmdb_reader.SnapshotStore` reads everything in one transaction, then
+  lets go).
 * Threads: ``env`` is used from the persistence thread (commits, compaction) and from
   callers' threads (`raw_get`, `load`, `history_items`). One lock, ``_env_lock``, is
   held by every use of it, so none meets an environment that compaction closed or a
   map that growth is resizing (``set_mapsize`` invalidates read transactions open at
   that moment). `flags` answers from the flags read at open and touches nothing.
-* Other processes reading the files (a backup tool, ``mdb_stat``): LMDB takes a POSIX
-  ``fcntl`` read lock on byte 0 of ``lock.mdb`` for every process that has the
-  environment open; a process that finds no other lock there takes a write lock,
-  re-initializes the lock file (last transaction id, reader table) and downgrades to
-  the read lock (mdb.c: ``mdb_env_excl_lock``, ``mdb_env_setup_locks``,
-  ``mdb_env_share_locks``). Compaction replaces ``data.mdb``; a process still
-  attached would keep ``lock.mdb``'s state of the old file alive, and the new file
-  would read as empty. So `compact` takes that write lock itself (`LockProbe`) once
-  its environment is closed: held by another process, compaction is refused, naming
-  it, and nothing changes; otherwise the file is swapped and reopened under the
-  lock, so LMDB re-initializes ``lock.mdb`` for the new file. A process attaching
-  meanwhile waits in LMDB's ``F_SETLKW`` until the reopen downgrades the lock.
+* Compaction, and other processes reading the files: `lmdb_compact`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -47,9 +33,10 @@ from typing import TYPE_CHECKING, Any, cast
 import lmdb
 
 from tidal_actors._config import Config
-from tidal_actors._errors import DatabaseClosed, DatabaseLocked, StorageError, StorageFull
+from tidal_actors._errors import DatabaseClosed, StorageError, StorageFull
 from tidal_actors.storage.format import Keyspace
-from tidal_actors.storage.lmdb_lock import LockProbe, fsync_path
+from tidal_actors.storage.lmdb_compact import Compaction
+from tidal_actors.storage.lmdb_lock import DirectoryLock, LockProbe
 from tidal_actors.storage.protocol import HistoryMarks, HistoryStore
 
 if TYPE_CHECKING:
@@ -59,23 +46,9 @@ if TYPE_CHECKING:
 __all__ = ["STORE_MARKER", "LmdbStore"]
 
 STORE_MARKER = "tidal.store"  # written once a store's format record is committed
-_open_paths: set[str] = set()
-_DISOWNED: list[Any] = []  # what a forked child inherited: kept, never closed (`disown`)
-_inherited_paths: set[str] = set()  # stores a forked child's parent had open
 
 
-def _reset_after_fork() -> None:
-    """In a forked child: a fresh `_open_lock` (another thread may have held the
-    parent's at the fork, and no thread of the child would ever release it)."""
-    global _open_lock
-    _open_lock = threading.Lock()
-
-
-_open_lock = threading.Lock()
-os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-class LmdbStore(HistoryStore):
+class LmdbStore(Compaction, HistoryStore):
     """An LMDB environment with the keyspaces of `Keyspace`.
 
     Args:
@@ -120,25 +93,11 @@ class LmdbStore(HistoryStore):
             self.existed = (self.path / STORE_MARKER).exists()
         except (OSError, ValueError) as exc:
             raise StorageError(f"cannot create the directory {self.path}: {exc}") from exc
-        self._key = os.path.realpath(self.path)
-        if self._key in _inherited_paths:
-            raise DatabaseLocked(
-                f"{self.path} was open in the parent of this forked process: py-lmdb keeps "
-                "one environment per file in a process, so it cannot be opened here; open "
-                "it in a process started with multiprocessing's 'spawn' or 'forkserver' method"
-            )
-        with _open_lock:
-            if self._key in _open_paths:
-                raise DatabaseLocked(f"{self.path} is already open in this process; close it first")
-            _open_paths.add(self._key)
-        self._lockfile: Any = None
+        try:  # a reader takes no lock file of ours: it reads beside a writer
+            self._dirlock = DirectoryLock(self.path, exclusive=not read_only)
+        except OSError as exc:
+            raise StorageError(f"cannot open LMDB at {self.path}: {exc}") from exc
         try:
-            if not read_only:  # a reader takes no lock of ours: it reads beside a writer
-                self._lockfile = open(self.path / "tidal.lock", "a+b")
-                try:
-                    fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    raise DatabaseLocked(f"{self.path} is open in another process") from None
             map_size = config.map_size_bytes
             data = self.path / "data.mdb"
             if data.exists():
@@ -220,15 +179,8 @@ class LmdbStore(HistoryStore):
         if self._probe is not None:  # after the environment: see LockProbe
             self._probe.close()
             self._probe = None
-        if self._lockfile is not None:
-            try:
-                fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_UN)
-            finally:
-                self._lockfile.close()
-                self._lockfile = None
         self._closed = True
-        with _open_lock:
-            _open_paths.discard(self._key)
+        self._dirlock.release()
 
     def _live(self) -> Any:
         """The open environment (call with ``_env_lock`` held).
@@ -344,117 +296,6 @@ class LmdbStore(HistoryStore):
         with self._env_lock, self._begin() as txn:
             yield from self._read(txn, Keyspace.HISTORY)
 
-    def compact(self) -> dict[str, int]:
-        """Rewrite the environment without free pages (``mdb_env_copy2`` with
-        ``MDB_CP_COMPACT``), so bytes of deleted records are gone from the file, and
-        swap the copy in (see the module doc for processes reading beside it).
-
-        Returns ``{"bytes_before": int, "bytes_after": int}`` (data file sizes).
-
-        Raises:
-            StorageError: another process has the environment open (named by its
-                pid), the store is open read-only, or the copy or the swap failed;
-                the old file stays in use, unchanged.
-        """
-        with self._env_lock:
-            self._live()
-            if self.read_only:
-                raise StorageError(f"{self.path} is open read-only: compaction refused")
-            assert self._probe is not None
-            if not self._probe.current():
-                raise StorageError(
-                    f"compaction refused: {self.path / 'lock.mdb'} was removed or replaced "
-                    "while the store was open, so who else has it open cannot be told; "
-                    "nothing was changed: close the store and open it again"
-                )
-            data = self.path / "data.mdb"
-            before = data.stat().st_size
-            tmp = self.path / "compact.tmp"
-            try:
-                self._remove(tmp)
-                tmp.mkdir()
-                self.env.copy(str(tmp), compact=True)
-                fsync_path(tmp / "data.mdb")  # LMDB writes the copy without syncing it
-            except (OSError, lmdb.Error) as exc:
-                self._remove(tmp)
-                raise StorageError(f"compaction failed: {exc}") from exc
-            pid = self._probe_holder()
-            if pid is not None:  # refused while still open: nothing to undo
-                self._remove(tmp)
-                raise self._refusal(pid)
-            self._close_env()
-            assert self._probe is not None
-            if not self._take_exclusive():  # attached between the check and the close
-                pid = self._probe_holder()
-                self._remove(tmp)
-                self._reopen()
-                raise self._refusal(pid)
-            try:
-                # lock.mdb still describes the old file (its last transaction id picks
-                # the meta page): void it first, so a process that attaches before this
-                # one reopens (or after it dies here) fails with MDB_INVALID instead of
-                # reading the new file through the old state; the first opener rebuilds it
-                self._probe.invalidate()
-                os.replace(tmp / "data.mdb", data)
-                fsync_path(self.path, directory=True)
-            except OSError as exc:
-                self._reopen()  # the old file (LMDB re-initializes its lock file)
-                self._remove(tmp)
-                raise StorageError(f"compaction failed: {exc}") from exc
-            # still holding byte 0: LMDB sees itself as the first opener, re-initializes
-            # lock.mdb for the new file, then downgrades this process's lock to shared
-            self._reopen()
-            with contextlib.suppress(OSError):
-                self._remove(tmp)
-            return {"bytes_before": before, "bytes_after": data.stat().st_size}
-
-    def _take_exclusive(self) -> bool:
-        """Take byte 0 of lock.mdb; False if another process holds it (a process that
-        let go between the attempt and the look is given two more chances)."""
-        assert self._probe is not None
-        for _ in range(3):
-            if self._probe.try_exclusive():
-                return True
-            if self._probe.holder() is not None:
-                return False
-        return False
-
-    def _probe_holder(self) -> int | None:
-        assert self._probe is not None
-        return self._probe.holder()
-
-    def _refusal(self, pid: int | None) -> StorageError:
-        who = f"process {pid}" if pid is not None else "another process"
-        return StorageError(
-            f"compaction refused: {who} has the LMDB environment at {self.path} open "
-            "(a reader outside tidal_actors: a backup, mdb_stat, a monitor); replacing "
-            "data.mdb under it would lose the store. Nothing was changed: compact again "
-            "once it has closed the environment"
-        )
-
-    def _reopen(self) -> None:
-        """Open the environment again after compaction closed it, then let go of the
-        probe's write lock if the open failed (LMDB's own shared lock replaced it if
-        not). A failure leaves the store closed: every later use raises StorageError."""
-        assert self._probe is not None
-        try:
-            self._open_env()
-            self._open_dbs()
-        except (lmdb.Error, StorageError) as exc:
-            self._close_env()
-            self._probe.unlock()
-            self._broken = (
-                f"the LMDB environment at {self.path} could not be reopened after compaction: {exc}"
-            )
-            raise StorageError(self._broken) from exc
-
-    @staticmethod
-    def _remove(tmp: Path) -> None:
-        if tmp.exists():
-            for f in tmp.iterdir():
-                f.unlink()
-            tmp.rmdir()
-
     def raw_get(self, keyspace: Keyspace, key: bytes) -> bytes | None:
         """Read one value (tests and `inspect`).
 
@@ -515,16 +356,11 @@ class LmdbStore(HistoryStore):
         would free the parent's; closing only lets it go with the parent). Takes no
         lock (another thread of the parent may have held one at the fork). Later calls
         see a closed store; opening the same store again in the child is refused."""
-        _DISOWNED.append(self.env)  # py-lmdb keeps its files registered: no reopen here
+        self._dirlock.disown(self.env)
         self.env = None
-        if self._lockfile is not None:
-            self._lockfile.close()
-            self._lockfile = None
         if self._probe is not None:
             self._probe.close()  # fcntl locks are not inherited: the child holds none
             self._probe = None
-        _open_paths.discard(self._key)  # the child has one thread; `_open_lock` is reset
-        _inherited_paths.add(self._key)
         self._closed = True
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ import lmdb
 from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed, StorageError
 from tidal_actors.storage.format import Keyspace
-from tidal_actors.storage.lmdb_env import LmdbStore, _open_lock, _open_paths
+from tidal_actors.storage.lmdb_env import LmdbStore
 from tidal_actors.storage.restore import Restored, SnapshotKey, parse_store
 
 __all__ = ["SnapshotStore"]
@@ -100,8 +100,7 @@ class SnapshotStore(LmdbStore):
         """Close the environment (its reader slot freed); this process may open the
         store again, as a writer too."""
         self._close_env()
-        with _open_lock:
-            _open_paths.discard(self._key)
+        self._dirlock.release()
 
     def close(self) -> None:
         """Let go of what was kept (and of the environment, if :meth:`load` never ran)."""
