@@ -23,7 +23,6 @@ import contextlib
 import os
 import threading
 from pathlib import Path
-from typing import Any
 
 import lmdb
 
@@ -39,12 +38,12 @@ class Compaction:
 
     path: Path
     read_only: bool
-    env: Any
+    env: lmdb.Environment | None
     _env_lock: threading.RLock
     _probe: LockProbe | None
     _broken: str | None
 
-    def _live(self) -> Any:
+    def _live(self) -> lmdb.Environment:
         raise NotImplementedError
 
     def _open_env(self) -> None:
@@ -85,7 +84,7 @@ class Compaction:
             try:
                 self._remove(tmp)
                 tmp.mkdir()
-                self.env.copy(str(tmp), compact=True)
+                self._live().copy(str(tmp), compact=True)
                 fsync_path(tmp / "data.mdb")  # LMDB writes the copy without syncing it
             except (OSError, lmdb.Error) as exc:
                 self._remove(tmp)

@@ -28,7 +28,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import lmdb
 
@@ -74,7 +74,8 @@ class LmdbStore(Compaction, HistoryStore):
         # read_only: the open itself writes nothing either (`Core` skips its snapshot
         # and meta writes)
         self.read_only = read_only
-        self.env: Any = cast(Any, None)  # cast: no narrowing to None below
+        self.env: lmdb.Environment | None = None
+        self.dbs: dict[str, lmdb._Database] = {}
         self._flags: dict[str, Any] = {}
         self._probe: LockProbe | None = None
         self._broken: str | None = None  # why the environment is not open, if not closed
@@ -108,10 +109,11 @@ class LmdbStore(Compaction, HistoryStore):
                 self._probe = LockProbe(self.path)
                 # reader slots left by killed processes (a read transaction open at the
                 # kill) stay taken while any other process has the environment open: free them
-                self.stale_readers = self.env.reader_check()
+                self.stale_readers = self._live().reader_check()
             # a data file cut short would fault (SIGBUS) on the first page read past
             # its end: compare its size with the last page the meta page names
-            needed = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+            env = self._live()
+            needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
             if data.exists() and data.stat().st_size < needed:
                 raise StorageError(
                     f"{data} is truncated: {data.stat().st_size} bytes, its pages need {needed}"
@@ -150,9 +152,8 @@ class LmdbStore(Compaction, HistoryStore):
         create = not (self.existed or self.read_only)
         while True:
             try:
-                self.dbs = {
-                    k.value: self.env.open_db(k.value.encode(), create=create) for k in Keyspace
-                }
+                env = self._live()
+                self.dbs = {k.value: env.open_db(k.value.encode(), create=create) for k in Keyspace}
                 return
             except lmdb.NotFoundError:
                 missing = [k.value for k in Keyspace if not self._has_db(k.value)]
@@ -165,7 +166,7 @@ class LmdbStore(Compaction, HistoryStore):
 
     def _has_db(self, name: str) -> bool:
         try:
-            self.env.open_db(name.encode(), create=False)
+            self._live().open_db(name.encode(), create=False)
             return True
         except lmdb.NotFoundError:
             return False
@@ -182,7 +183,7 @@ class LmdbStore(Compaction, HistoryStore):
         self._closed = True
         self._dirlock.release()
 
-    def _live(self) -> Any:
+    def _live(self) -> lmdb.Environment:
         """The open environment (call with ``_env_lock`` held).
 
         Raises:
@@ -253,7 +254,7 @@ class LmdbStore(Compaction, HistoryStore):
                 )
             new = self.config.max_map_size_bytes
         with self._env_lock:
-            self.env.set_mapsize(new)
+            self._live().set_mapsize(new)
         self.map_size = new
 
     def load(self, snapshot_ledgers: SnapshotKey = None) -> Restored:
@@ -269,14 +270,16 @@ class LmdbStore(Compaction, HistoryStore):
         with self._env_lock, self._begin() as txn:
             return parse_store({k.value: self._read(txn, k) for k in Keyspace}, snapshot_ledgers)
 
-    def _begin(self) -> Any:
+    def _begin(self) -> lmdb.Transaction[bytes]:
         """A read transaction (call with ``_env_lock`` held)."""
         try:
             return self._live().begin(buffers=False)
         except lmdb.Error as exc:
             raise StorageError(f"cannot read {self.path}: {exc}") from exc
 
-    def _read(self, txn: Any, keyspace: Keyspace) -> Iterator[tuple[bytes, bytes]]:
+    def _read(
+        self, txn: lmdb.Transaction[bytes], keyspace: Keyspace
+    ) -> Iterator[tuple[bytes, bytes]]:
         """A keyspace's ``(key, value)`` pairs; an LMDB failure (a corrupt page) is a
         StorageError naming the keyspace and the last key read before it."""
         key = None

@@ -22,7 +22,7 @@ import struct
 import sys
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from tidal_actors._errors import DatabaseLocked
 
@@ -56,7 +56,7 @@ class _Registry:
         self.lock = threading.Lock()
         self.open: set[str] = set()
         self.inherited: set[str] = set()  # stores a forked child's parent had open
-        self.disowned: list[Any] = []  # what a forked child inherited: kept, never closed
+        self.disowned: list[object] = []  # what a forked child inherited: kept, never closed
 
     def reset_after_fork(self) -> None:
         """In a forked child: a fresh lock (another thread may have held the parent's
@@ -114,7 +114,7 @@ class DirectoryLock:
         with _REGISTRY.lock:
             _REGISTRY.open.discard(self.key)
 
-    def disown(self, env: Any) -> None:
+    def disown(self, env: object) -> None:
         """In a forked child: keep ``env`` (the inherited environment) alive unclosed,
         close the child's copy of ``tidal.lock``'s descriptor without ``LOCK_UN`` (the
         ``flock`` belongs to the open file the parent shares: unlocking would free the

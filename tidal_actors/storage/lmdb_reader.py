@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import lmdb
 
@@ -63,7 +62,7 @@ class SnapshotStore(LmdbStore):
                         raise StorageError(
                             f"cannot read {self.path}: its map keeps growing"
                         ) from None
-                    self.env.set_mapsize(0)  # LMDB takes the size the writer's meta page names
+                    self._live().set_mapsize(0)  # LMDB takes the size the writer's meta page names
                     continue
                 except lmdb.Error as exc:
                     raise StorageError(f"cannot read {self.path}: {exc}") from exc
@@ -90,7 +89,7 @@ class SnapshotStore(LmdbStore):
         raise AssertionError("unreachable")
 
     def _keep(
-        self, txn: Any, keyspace: Keyspace, into: dict[bytes, bytes]
+        self, txn: lmdb.Transaction[bytes], keyspace: Keyspace, into: dict[bytes, bytes]
     ) -> Iterator[tuple[bytes, bytes]]:
         for key, value in self._read(txn, keyspace):
             into[bytes(key)] = bytes(value)
