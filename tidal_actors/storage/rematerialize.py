@@ -24,7 +24,7 @@ import numpy as np
 from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import ContributionLog
 from tidal_actors.core.remat import Rebuild, RematConfig, settled_mask
-from tidal_actors.storage.format import Op, decode_batch, rewrite_batch_op
+from tidal_actors.storage.format import Op, decode_batch, rewrite_batch_op, user_bytes
 from tidal_actors.storage.history import HistoryReader
 
 __all__ = ["HISTORY_BATCHES", "RematJob", "erase_history_ops", "retention_ops"]
@@ -138,9 +138,8 @@ def erase_history_ops(
     if not covered:
         return ops, erased
     users = np.array(sorted(covered), dtype=np.uint64)
-    # a batch holding a covered user's record holds its id as 8 little-endian bytes
-    # (the ``u`` column): a substring test skips the others without decoding them
-    patterns = [int(u).to_bytes(8, "little") for u in users.tolist()]
+    # a substring test skips the batches holding no covered user without decoding them
+    patterns = [user_bytes(int(u)) for u in users.tolist()]
     for key, raw in batches:
         if not any(p in raw for p in patterns):
             continue

@@ -9,8 +9,8 @@ One package, three modules, all without I/O:
   leave history, cohort assignment, purge manifest, tombstone and status, eviction
   state, store format, settings and snapshot records) and the writes that store them.
 * `history` -- history batches: contribution records as columns.
+* `snapshot` -- snapshot chunks: a ledger shard's state at a clean close.
 
-The snapshot chunks' payload (a ledger shard's state) is `storage.snapshot`'s.
 Every name is importable from here (``from tidal_actors.storage.format import Tag``).
 """
 
@@ -23,6 +23,7 @@ from tidal_actors.storage.format.history import (
     decode_context,
     encode_history_columns,
     rewrite_batch_op,
+    user_bytes,
 )
 from tidal_actors.storage.format.keys import (
     SEAL_MAGIC,
@@ -65,12 +66,19 @@ from tidal_actors.storage.format.records import (
     store_meta_op,
     tombstone_op,
 )
+from tidal_actors.storage.format.snapshot import (
+    LedgerSnapshot,
+    decode_ledger,
+    encode_ledger,
+    snapshot_chunk_ops,
+)
 
 __all__ = [
     "SEAL_MAGIC",
     "SEAL_VERSION",
     "HistoryBatch",
     "Keyspace",
+    "LedgerSnapshot",
     "Op",
     "Tag",
     "batch_key",
@@ -83,6 +91,7 @@ __all__ = [
     "decode_eviction_state",
     "decode_key",
     "decode_leave_history",
+    "decode_ledger",
     "decode_manifest",
     "decode_map",
     "decode_membership",
@@ -90,6 +99,7 @@ __all__ = [
     "decode_tombstone",
     "encode_history_columns",
     "encode_key",
+    "encode_ledger",
     "encode_manifest",
     "encode_membership",
     "encode_status",
@@ -103,6 +113,7 @@ __all__ = [
     "seal",
     "settings_op",
     "snapshot_chunk_key",
+    "snapshot_chunk_ops",
     "snapshot_delete_ops",
     "snapshot_mark_op",
     "status_op",
@@ -110,4 +121,5 @@ __all__ = [
     "tombstone_op",
     "undecodable",
     "unseal",
+    "user_bytes",
 ]

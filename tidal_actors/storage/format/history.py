@@ -39,6 +39,7 @@ __all__ = [
     "decode_context",
     "encode_history_columns",
     "rewrite_batch_op",
+    "user_bytes",
 ]
 
 HistoryColumns = Sequence[Any]
@@ -67,6 +68,12 @@ def encode_history_columns(cols: HistoryColumns, contexts: dict[int, Any] | None
     if contexts:
         payload["x"] = contexts
     return cast(bytes, msgpack.packb(payload))
+
+
+def user_bytes(user: int) -> bytes:
+    """The 8 bytes the ``u`` column holds for ``user`` (u64 LE): a stored batch whose
+    value does not contain them holds no record of that user."""
+    return user.to_bytes(8, "little")
 
 
 def batch_op(shard: int, seq: int, cols: HistoryColumns, contexts: dict[int, Any] | None) -> Op:

@@ -1,16 +1,14 @@
-"""Snapshots of ledger state, written at a clean close and read at the next open.
-
-Owns the snapshot layout. Replaying the durable history rebuilds the same
+"""Snapshots of ledger state, written at a clean close and read at the next open. Replaying the durable history rebuilds the same
 aggregates up to float rounding (a purge subtracts where a replay never adds); a
 snapshot makes a reopen after a clean close bit-for-bit identical, and fast. It is
 valid only until the first write after the open that reads it, so the open that
 loads it deletes it in the same step; after a crash there is none and restore replays
-the history (Tag table in `storage.format.keys`: SNAPSHOT_CHUNK, SNAPSHOT_MARK; each
-chunk is stored sealed).
+the history (Tag table in `keys`: SNAPSHOT_CHUNK, SNAPSHOT_MARK; each chunk is
+stored sealed under `keys.snapshot_chunk_key`, the mark is `records.snapshot_mark_op`).
 
 Layout: per ledger shard, chunk 0 is the shard's log and counters, chunk 1 the
 aggregates (`Aggregates.dump`: numpy columns as bytes, the detail rows, older
-buckets); both msgpack.
+buckets); both msgpack. Must not do I/O.
 """
 
 from __future__ import annotations
@@ -23,8 +21,9 @@ import msgpack
 
 from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import ContributionLog
+from tidal_actors.storage.format.keys import Keyspace, Op, seal, snapshot_chunk_key
 
-__all__ = ["LedgerSnapshot", "decode_ledger", "encode_ledger"]
+__all__ = ["LedgerSnapshot", "decode_ledger", "encode_ledger", "snapshot_chunk_ops"]
 
 
 class LedgerSnapshot(Protocol):
@@ -99,3 +98,13 @@ def decode_ledger(chunks: Sequence[bytes | memoryview], ls: S) -> S:
     ls.live_from = {m: (v[0], v[1]) for m, v in head["live_from"].items()}
     agg.load(msgpack.unpackb(chunks[1], strict_map_key=False))
     return ls
+
+
+def snapshot_chunk_ops(shard: int, chunks: list[bytes]) -> list[Op]:
+    """The writes of ledger ``shard``'s snapshot ``chunks`` (:func:`encode_ledger`),
+    each sealed with its key."""
+    ops: list[Op] = []
+    for k, chunk in enumerate(chunks):
+        key = snapshot_chunk_key(shard, k)
+        ops.append((Keyspace.META.value, key, seal(key, chunk)))
+    return ops
