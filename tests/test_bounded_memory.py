@@ -6,7 +6,7 @@ retention. A ledger now drops the detail of records no purge can name any more
 (out of the contribution log and, in a durable database, committed to the
 history) and keeps their sums per (key, bucket) (`Aggregates.settle`). What it no
 longer holds it reads back from the durable history: re-materialization
-(`_remat.RematJob`) and reads inside a settled bucket (`Aggregates._past_terms`).
+(`storage.rematerialize.RematJob`) and reads inside a settled bucket (`Aggregates._past_terms`).
 In an ephemeral database nothing holds that detail: a purge's re-materialization
 cannot reach settled records (they stay, as the spec says of evicted entries),
 and a read inside a settled bucket leaves its settled records out unless the read
@@ -309,7 +309,7 @@ def test_settled_sums_do_not_overflow_with_buckets_of_many_half_lives(
 
 def test_a_failure_inside_a_rematerialization_reaches_the_caller_as_a_tidal_error(monkeypatch):
     from tidal_actors import ActorFailure
-    from tidal_actors.core import remat as _remat
+    from tidal_actors.storage import rematerialize as _remat
 
     def boom(self):
         raise ValueError("simulated failure inside RematJob.step")

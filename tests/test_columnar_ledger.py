@@ -1,23 +1,53 @@
 """The columnar aggregates: a batch added at once (vectorized, with the one-by-one
 path for bucket changes, late contributions and landmark moves) gives the state of
 adding its contributions one at a time; many-key reads equal one-key reads bit for
-bit; a dump loads back bit for bit; history batches encode the same from columns."""
+bit; a dump loads back bit for bit; history batches encode from columns to the layout
+built by hand."""
 
 from __future__ import annotations
 
 import math
+import struct
 
+import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidal_actors.actors import messages as M
 from tidal_actors.core.aggregates import Aggregates
-from tidal_actors.core.contrib_log import LogRecord, encode_history_columns
+from tidal_actors.core.contrib_log import LogRecord
 from tidal_actors.core.key_state import DETAIL_COLUMNS
-from tidal_actors.storage.format import encode_batch, seal
+from tidal_actors.storage.format import encode_history_columns, seal
 
 WIDTH = 1000
 HALF = {1: 500, 2: 50_000, 3: 7}  # type 3 renormalizes often (RENORMALIZE_AT half-lives)
+
+
+def encode_batch(recs: list[tuple], contexts: dict | None) -> bytes:  # type: ignore[type-arg]
+    """The history batch layout (``storage.format.history``) built by hand, record by
+    record with `struct`: msgpack map ``c`` (sorted cohort names), ``ci`` (u8, or u32
+    from 256 names), ``m`` u8, ``r`` i64, ``u`` u64, ``e`` u64, ``t`` u64, ``w`` f32,
+    ``ts`` i64 (all little-endian), then ``x`` (the contexts) when there are any."""
+    names = sorted({rec[3] for rec in recs})
+    ci = "<B" if len(names) < 256 else "<I"
+
+    def col(fmt: str, field: int) -> bytes:
+        return b"".join(struct.pack(fmt, rec[field]) for rec in recs)
+
+    payload = {
+        "c": names,
+        "ci": b"".join(struct.pack(ci, names.index(rec[3])) for rec in recs),
+        "m": col("<B", 0),
+        "r": col("<q", 1),
+        "u": col("<Q", 2),
+        "e": col("<Q", 4),
+        "t": col("<Q", 5),
+        "w": col("<f", 6),
+        "ts": col("<q", 7),
+    }
+    if contexts:
+        payload["x"] = contexts
+    return msgpack.packb(payload)  # type: ignore[no-any-return]
 
 
 def _agg() -> Aggregates:
@@ -321,7 +351,7 @@ def test_erasure_rewrite_encodes_like_records(data) -> None:  # type: ignore[no-
     `encode_batch` of the kept records (contexts following their records)."""
     import numpy as np
 
-    from tidal_actors.core.remat import _rewrite
+    from tidal_actors.storage.format import rewrite_batch_op
     from tidal_actors.storage.stores import decode_batch
 
     n = data.draw(st.integers(1, 30))
@@ -349,7 +379,7 @@ def test_erasure_rewrite_encodes_like_records(data) -> None:  # type: ignore[no-
     b = decode_batch(0, 0, encode_batch(recs, ctx))
     keep = sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1)))
     want_ctx = {new: ctx[old] for new, old in enumerate(keep) if ctx and old in ctx} or None
-    assert _rewrite(b"k", b, np.array(keep))[2] == seal(
+    assert rewrite_batch_op(b"k", b, np.array(keep))[2] == seal(
         b"k", encode_batch([recs[i] for i in keep], want_ctx)
     )
 

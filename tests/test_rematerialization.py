@@ -125,9 +125,10 @@ def test_rematerialization_runs_in_chunks_and_loses_no_concurrent_signal(
     pdb_path, clock, monkeypatch
 ):
     from tidal_actors.core import remat as _remat
+    from tidal_actors.storage import rematerialize as _rematerialize
 
     monkeypatch.setattr(_remat, "CHUNK_ROWS", 500)
-    monkeypatch.setattr(_remat, "HISTORY_BATCHES", 3)
+    monkeypatch.setattr(_rematerialize, "HISTORY_BATCHES", 3)
     cfg = Config(max_contribution_log_entries=2_000, rematerialize_after_ms=None)
     # durable: the rebuild reads the evicted (and settled) records back from the history
     with TidalDb.open(pdb_path, config=cfg, clock=clock) as db:

@@ -134,7 +134,7 @@ _SWAP_THEN_WAIT = """
 import os, sys, time
 sys.path.insert(0, sys.argv[2])
 from tidal_actors import ManualClock, TidalDb
-from tidal_actors.storage import lmdb_env as _lmdb_env
+from tidal_actors.storage import lmdb_compact as _lmdb_compact
 from tests.test_store_safety import CFG, T0, _populate
 
 clock = ManualClock(T0)
@@ -147,7 +147,7 @@ def replace_then_wait(src, dst):
     print("swapped", flush=True)
     time.sleep(600)  # the window between the swap and the reopen: killed here
 
-_lmdb_env.os.replace = replace_then_wait
+_lmdb_compact.os.replace = replace_then_wait
 db.compact()
 """
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from tidal_actors._errors import ActorFailure, UnknownCohort, UnknownPurge
@@ -20,15 +19,15 @@ from tidal_actors.actors.behaviour import Behaviour, Context
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import Prepared
 from tidal_actors.core.eviction import advance_watermark
-from tidal_actors.core.remat import encode_status
 from tidal_actors.storage.format import (
-    Keyspace,
-    Tag,
     decode_manifest,
-    encode_key,
     encode_manifest,
+    eviction_state_op,
     ledger_shard_of,
+    manifest_op,
     membership_capacity,
+    status_op,
+    tombstone_op,
 )
 
 
@@ -188,26 +187,15 @@ class PurgeCoordinator(Behaviour):
         drained = np.insert(old, np.searchsorted(old, new), new)
         encoded = encode_manifest(manifest)
         p.update(manifest=manifest, manifest_bytes=encoded, prepared=prepared, drained=drained)
-        suffix = p["pid"].to_bytes16()
         ops: list[tuple[str, bytes, bytes | None]] = [
-            (Keyspace.ITEMS.value, encode_key(req.user, Tag.PURGE_MANIFEST, suffix), encoded),
-            (
-                Keyspace.META.value,
-                encode_key(req.mshard, Tag.EVICTION_STATE),
-                msgpack.packb([live_from, [], req.next_rseq]),
-            ),  # drained: from the tombstones
+            manifest_op(req.user, p["pid"], encoded),
+            eviction_state_op(req.mshard, live_from, req.next_rseq),  # drained: from tombstones
         ]
         if prepared.records:
-            ops.append(
-                (
-                    Keyspace.ITEMS.value,
-                    encode_key(req.user, Tag.PURGE_TOMBSTONE, suffix),
-                    msgpack.packb(list(zip(prepared.mshards, prepared.rseqs))),
-                )
-            )
+            ops.append(tombstone_op(req.user, p["pid"], prepared.mshards, prepared.rseqs))
         status = PurgeStatus(p["pid"], req.user, req.cohort, len(prepared.records), False, None, 0)
         p["status"] = status
-        ops.append((Keyspace.ITEMS.value, *encode_status(status, req.next_rseq)))
+        ops.append(status_op(status, req.next_rseq))
         self.ctx.tell(M.PERSIST_ADDR, M.Write(ops, (self.address, p["pid"])))
 
     def _on_committed(self, msg: M.Committed) -> None:
@@ -347,9 +335,7 @@ class PurgeCoordinator(Behaviour):
         r["report"] = RematerializationReport(
             cohort, msg.read, msg.excluded, msg.seconds, msg.matched
         )
-        ops: list[tuple[str, bytes, bytes | None]] = [
-            (Keyspace.ITEMS.value, *encode_status(s, b)) for s, b in updates
-        ]
+        ops: list[tuple[str, bytes, bytes | None]] = [status_op(s, b) for s, b in updates]
         # erase only what the purges this rebuild completes cover: an earlier purge's
         # records went in the same transaction that marked it re-materialized (the
         # latest purge of a pair has its highest bound, which covers the earlier ones)

@@ -11,15 +11,8 @@ from tidal_actors._errors import UnknownCohort
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour, Context
 from tidal_actors.core.aggregates import Aggregates
-from tidal_actors.core.contrib_log import EMPTY, ContributionLog, encode_history_columns
-from tidal_actors.storage.format import (
-    Keyspace,
-    Tag,
-    encode_key,
-    ledger_shard_of,
-    membership_capacity,
-    seal,
-)
+from tidal_actors.core.contrib_log import EMPTY, ContributionLog
+from tidal_actors.storage.format import batch_op, ledger_shard_of, membership_capacity
 from tidal_actors.storage.history import HistoryReader
 
 SETTLE_MIN = 16_384
@@ -181,11 +174,7 @@ class LedgerShard(Behaviour):
         if self.state.history is not None:  # what `LedgerState.settle` pops
             self.state.unconfirmed.append((seq, first_row))
         self.history_batches += 1
-        key = encode_key(self.index, Tag.CONTRIBUTION_BATCH, seq.to_bytes(8, "big"))
-        value = seal(
-            key, encode_history_columns(cols, contexts)
-        )  # the bytes encode_batch(records) gives
-        self.ctx.tell(M.PERSIST_ADDR, M.Write([(Keyspace.HISTORY.value, key, value)]))
+        self.ctx.tell(M.PERSIST_ADDR, M.Write([batch_op(self.index, seq, cols, contexts)]))
 
     def on_error(self, message: object, err: BaseException) -> None:
         if isinstance(message, M.Attribute):
@@ -299,7 +288,7 @@ class LedgerShard(Behaviour):
         self._settle()
 
     def _on_remat_start(self, msg: M.RematStart) -> None:
-        from tidal_actors.core.remat import RematJob
+        from tidal_actors.storage.rematerialize import RematJob
 
         try:
             self._jobs[msg.token] = RematJob(self.state, msg.cohort, msg.covered, self.ctx.config)

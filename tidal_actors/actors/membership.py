@@ -7,7 +7,6 @@ from collections.abc import Callable
 from itertools import repeat
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from tidal_actors._types import (
@@ -19,13 +18,7 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour, Context
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.routes import COMMUNITY_ONLY, GATED, RouteTable
-from tidal_actors.storage.format import (
-    Keyspace,
-    Tag,
-    encode_key,
-    encode_membership,
-    ledger_shard_of,
-)
+from tidal_actors.storage.format import cohorts_op, ledger_shard_of, membership_ops
 
 
 class MembershipState:
@@ -251,8 +244,7 @@ class MembershipShard(Behaviour):
     def _cohort_ops(
         self, user: int, cohorts: tuple[str, ...]
     ) -> list[tuple[str, bytes, bytes | None]]:
-        key = encode_key(user, Tag.COHORT_ASSIGNMENT)
-        return [(Keyspace.USERS.value, key, msgpack.packb(list(cohorts)) if cohorts else None)]
+        return [cohorts_op(user, cohorts)]
 
     def _set_cohorts(self, user: int, cohorts: tuple[str, ...]) -> None:
         if cohorts:
@@ -288,14 +280,7 @@ class MembershipShard(Behaviour):
         left_at: int | None,
         history: list[list[int | None]],
     ) -> list[tuple[str, bytes, bytes | None]]:
-        return [
-            (
-                Keyspace.USERS.value,
-                encode_key(user, Tag.COMMUNITY_LEAVE),
-                encode_membership(status, left_at),
-            ),
-            (Keyspace.USERS.value, encode_key(user, Tag.LEAVE_HISTORY), msgpack.packb(history)),
-        ]
+        return membership_ops(user, status, left_at, history)
 
     def _on_leave(self, msg: M.Leave) -> None:
         user = msg.user

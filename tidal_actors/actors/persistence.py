@@ -106,7 +106,7 @@ class Persistence(Behaviour):
                 self.last_error = exc
 
     def _on_erase(self, msg: M.EraseHistory) -> None:
-        from tidal_actors.core.remat import erase_history_ops
+        from tidal_actors.storage.rematerialize import erase_history_ops
 
         self.commit()  # history batches queued before are in the store first
         try:
@@ -129,7 +129,7 @@ class Persistence(Behaviour):
         self.commit()
         cfg = self.ctx.config
         if cfg.history_retention_ns is not None and self.store.durable:
-            from tidal_actors.core.remat import retention_ops
+            from tidal_actors.storage.rematerialize import retention_ops
 
             cutoff = self.ctx.clock.now_ns() - cfg.history_retention_ns
             dropped = retention_ops(self.store.history_items(), cutoff)

@@ -24,9 +24,8 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import msgpack
 import numpy as np
 
 from tidal_actors._types import ContributionRecord
@@ -34,7 +33,7 @@ from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.key_state import DEAD
 from tidal_actors.core.pair_index import I64, PAIR, PairIndex
 
-__all__ = ["EMPTY", "ContributionLog", "LogRecord", "Prepared", "encode_history_columns"]
+__all__ = ["EMPTY", "ContributionLog", "LogRecord", "Prepared"]
 
 _COMPACT_MIN = 1 << 16
 
@@ -362,31 +361,3 @@ class ContributionLog(PairIndex):
         """Approximate bytes held by the column and the index."""
         idx = sum(len(a) + 57 for a in self.index.values()) + 120 * len(self.index)
         return self.d.buffer_info()[1] * 8 + idx
-
-
-def encode_history_columns(cols: Sequence[Any], contexts: dict[int, Any] | None) -> bytes:
-    """One durable history batch from record columns ``(m, r, u, cohort, e, t, w, ts)``
-    (sequences or numpy arrays; ``m`` may be one int for all records):
-    the same bytes as ``_behaviours.encode_batch`` of the records (which documents the
-    layout; ``_store.decode_batch`` reads it), built column by column."""
-    ms, rs, us, cs, es, ts_, ws, tss = cols
-    names = sorted(set(cs))
-    ci = array(
-        "B" if len(names) < 256 else "I", map({c: i for i, c in enumerate(names)}.__getitem__, cs)
-    )
-    payload: dict[str, Any] = {
-        "c": names,
-        "ci": ci.tobytes(),
-        "m": bytes([ms]) * len(cs)
-        if isinstance(ms, int)
-        else np.asarray(ms, dtype=np.uint8).tobytes(),
-        "r": np.asarray(rs, dtype=np.int64).tobytes(),
-        "u": np.asarray(us, dtype=np.uint64).tobytes(),
-        "e": np.asarray(es, dtype=np.uint64).tobytes(),
-        "t": np.asarray(ts_, dtype=np.uint64).tobytes(),
-        "w": np.asarray(ws, dtype=np.float32).tobytes(),
-        "ts": np.asarray(tss, dtype=np.int64).tobytes(),
-    }
-    if contexts:
-        payload["x"] = contexts
-    return msgpack.packb(payload)  # type: ignore[no-any-return]

@@ -152,11 +152,11 @@ def _decode_snapshot(restored: Restored, shard: int, config: Config) -> LedgerSt
             key; each chunk passed its CRC-32 already, so only a store written before
             chunks were sealed, or a bug, gets here).
     """
-    from tidal_actors.storage.snapshot import decode_ledger
+    from tidal_actors.storage.format import decode_ledger
 
     key = encode_key(shard, Tag.SNAPSHOT_CHUNK, (0).to_bytes(4, "big"))
     try:
-        return decode_ledger(restored.snapshot_chunks[shard], config)
+        return decode_ledger(restored.snapshot_chunks[shard], LedgerState(config))
     except Exception as exc:  # noqa: BLE001 - msgpack, numpy and the decoders raise many kinds
         raise undecodable(Keyspace.META, key, exc) from exc
 
@@ -872,7 +872,7 @@ def snapshot_write_ops(
     config: Config, states: list[LedgerState]
 ) -> list[tuple[str, bytes, bytes | None]]:
     """Ops writing a snapshot of every ledger shard, then its mark."""
-    from tidal_actors.storage.snapshot import encode_ledger
+    from tidal_actors.storage.format import encode_ledger
 
     ops: list[tuple[str, bytes, bytes | None]] = []
     for li, ls in enumerate(states):

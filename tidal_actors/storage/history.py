@@ -2,7 +2,7 @@
 
 Owns what a ledger shard may read of the history it wrote, so that it can drop the
 detail of old contributions from memory (`Aggregates.settle`) and still rebuild a
-cohort exactly (`_remat.RematJob`) and answer a read inside an old bucket
+cohort exactly (`storage.rematerialize.RematJob`) and answer a read inside an old bucket
 (`Aggregates.settled_detail`):
 
 * `HistoryMarks` (one per store) is updated after each commit: the highest
@@ -16,7 +16,7 @@ cohort exactly (`_remat.RematJob`) and answer a read inside an old bucket
   purge tombstoned (those it retracted live).
 
 Which records a ledger still holds in memory and which it must read here is the
-ledger's rule (`_behaviours.LedgerShard._settle`): a record's detail row is
+ledger's rule (`actors.ledger.LedgerState.settle`): a record's detail row is
 dropped only once its batch is committed (``top``), so whatever is not held is in
 the history, unless a purge's re-materialization erased it (then it is covered and
 left out anyway) or ``history_retention_ns`` dropped it (older than the retention:
@@ -25,92 +25,58 @@ then it is gone from a rebuild, as from a restore after a crash).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
-
-import msgpack
 import numpy as np
 
-from tidal_actors.storage.format import Keyspace, Tag
+from tidal_actors.storage.format import (
+    HistoryBatch,
+    Keyspace,
+    Tag,
+    batch_key_shard_seq,
+    decode_batch,
+    decode_tombstone,
+)
+from tidal_actors.storage.protocol import HistoryMarks, HistoryStore
 
 __all__ = ["RANGES_KEPT", "HistoryMarks", "HistoryReader"]
 
 RANGES_KEPT = 4  # time ranges of settled records a reader keeps indexed
 
-_BATCH_TAG = int(Tag.CONTRIBUTION_BATCH)
 _TOMB_TAG = int(Tag.PURGE_TOMBSTONE)
-
-
-class HistoryMarks:
-    """Per store: ``top[shard]`` is one past the highest history batch sequence of
-    ledger ``shard`` committed since the open; ``rewrites`` counts commits that took
-    records out of the history."""
-
-    def __init__(self) -> None:
-        self.top: dict[int, int] = {}
-        self.rewrites = 0  # batches rewritten or deleted (erasure, retention)
-
-    def rewritten(self) -> None:
-        """Records left the history (a purge's erasure, retention): what a ledger
-        read of it before may have changed (called by persistence after the commit)."""
-        self.rewrites += 1
-
-    def committed(self, ops: Iterable[tuple[str, bytes, bytes | None]]) -> None:
-        """Note a committed transaction's ops (called by the store after the commit)."""
-        top = self.top
-        for ks, key, value in ops:
-            if (
-                ks == Keyspace.HISTORY.value
-                and value is not None
-                and len(key) == 18
-                and key[9] == _BATCH_TAG
-            ):
-                shard = int.from_bytes(key[:8], "big")
-                seq = int.from_bytes(key[10:18], "big") + 1
-                if seq > top.get(shard, 0):
-                    top[shard] = seq
 
 
 class HistoryReader:
     """Reads ledger shard ``shard``'s view of a durable store's history.
 
     Args:
-        store: an ``LmdbStore`` or ``MemoryStore`` (``history_marks``, ``raw_keys``,
-            ``get_many``, ``scan``).
+        store: a durable store (``LmdbStore``, ``MemoryStore``, ``SnapshotStore``).
         shard: the ledger shard's index.
     """
 
-    def __init__(self, store: Any, shard: int) -> None:
+    def __init__(self, store: HistoryStore, shard: int) -> None:
         self.store = store
         self.shard = shard
-        self._mark: Any = None
+        self._mark: tuple[int, tuple[tuple[int, int], ...]] | None = None
         self._ranges: dict[
             tuple[int, int], dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]
         ] = {}
 
     def committed(self) -> int:
         """One past the highest batch sequence of this shard committed since the open."""
-        top: int = self.store.history_marks.top.get(self.shard, 0)
-        return top
+        return self.store.history_marks.top.get(self.shard, 0)
 
     def batch_keys(self) -> list[bytes]:
         """Every history batch key, in key order."""
         return list(self.store.raw_keys(Keyspace.HISTORY))
 
-    @staticmethod
-    def key_shard_seq(key: bytes) -> tuple[int, int]:
-        """``(ledger shard, batch sequence)`` of a history key."""
-        return int.from_bytes(key[:8], "big"), int.from_bytes(key[10:18], "big")
+    key_shard_seq = staticmethod(batch_key_shard_seq)
 
-    def batches(self, keys: list[bytes]) -> list[Any]:
-        """The batches at ``keys`` (``_store.HistoryBatch``), decoded; keys gone since
-        they were listed are skipped.
+    def batches(self, keys: list[bytes]) -> list[HistoryBatch]:
+        """The batches at ``keys``, decoded; keys gone since they were listed are
+        skipped.
 
         Raises:
             StorageError: a batch does not decode (naming its key).
         """
-        from tidal_actors.storage.stores import decode_batch
-
         out = []
         for key, raw in self.store.get_many(Keyspace.HISTORY, keys):
             if raw is not None:
@@ -123,12 +89,12 @@ class HistoryReader:
         by_m: dict[int, list[int]] = {}
         for key, value in self.store.scan(Keyspace.ITEMS):
             if len(key) > 9 and key[9] == _TOMB_TAG:
-                for m, r in msgpack.unpackb(value):
+                for m, r in decode_tombstone(value):
                     by_m.setdefault(m, []).append(r)
         return {m: np.unique(np.array(rs, dtype=np.int64)) for m, rs in by_m.items()}
 
     @staticmethod
-    def untombstoned(b: Any, tombs: dict[int, np.ndarray]) -> np.ndarray:
+    def untombstoned(b: HistoryBatch, tombs: dict[int, np.ndarray]) -> np.ndarray:
         """Boolean mask of batch ``b``'s records that no purge tombstoned."""
         keep = np.ones(len(b.r), dtype=bool)
         for m, rs in tombs.items():
@@ -198,7 +164,7 @@ class HistoryReader:
     @staticmethod
     def _index_into(
         index: dict[tuple[str, int, int], list[tuple[np.ndarray, np.ndarray]]],
-        b: Any,
+        b: HistoryBatch,
         sel: np.ndarray,
     ) -> None:
         """Add batch ``b``'s selected records to ``index`` by key, one group per key."""

@@ -1,80 +1,54 @@
 """The LMDB environment: opening it, guarding it between threads, and compacting it.
 
-Owns every LMDB call (`_store.py` owns decoding what is read back; `_codec.py` the
-bytes). Only the persistence actor commits; restore runs once at open, before any
+Owns every LMDB call (`restore` owns decoding what is read back; `storage.format`
+the bytes). Only the persistence actor commits; restore runs once at open, before any
 actor starts.
 
 * Durability: ``sync=True, metasync=True``, no ``writemap``/``map_async``, so a
-  committed transaction survives a crash (issue 2, "Control operations").
+  committed transaction survives a crash.
 * Map full: the transaction is aborted whole (LMDB rolls it back), the map doubles
   with no transaction of ours open, and the same batch is retried, up to
   ``Config.max_map_size_bytes``; past that, `StorageFull` and nothing written. The
   same holds for the named databases LMDB creates at open.
-* One writer per directory: a process-wide registry refuses a second open in this
-  process (py-lmdb refuses it too, less clearly) and an exclusive ``flock`` on
-  ``tidal.lock`` refuses a second process. A read-only opener takes no lock of
-  ours: LMDB serves it a reader slot beside the writer of another process
-  (``_lmdb_reader.SnapshotStore`` reads everything in one transaction, then lets go).
+* One writer per directory (`lmdb_lock.DirectoryLock`). A read-only opener takes no
+  lock file of ours: LMDB serves it a reader slot beside the writer of another
+  process (`lmdb_reader.SnapshotStore` reads everything in one transaction, then
+  lets go).
 * Threads: ``env`` is used from the persistence thread (commits, compaction) and from
   callers' threads (`raw_get`, `load`, `history_items`). One lock, ``_env_lock``, is
   held by every use of it, so none meets an environment that compaction closed or a
   map that growth is resizing (``set_mapsize`` invalidates read transactions open at
   that moment). `flags` answers from the flags read at open and touches nothing.
-* Other processes reading the files (a backup tool, ``mdb_stat``): LMDB takes a POSIX
-  ``fcntl`` read lock on byte 0 of ``lock.mdb`` for every process that has the
-  environment open; a process that finds no other lock there takes a write lock,
-  re-initializes the lock file (last transaction id, reader table) and downgrades to
-  the read lock (mdb.c: ``mdb_env_excl_lock``, ``mdb_env_setup_locks``,
-  ``mdb_env_share_locks``). Compaction replaces ``data.mdb``; a process still
-  attached would keep ``lock.mdb``'s state of the old file alive, and the new file
-  would read as empty. So `compact` takes that write lock itself (`LockProbe`) once
-  its environment is closed: held by another process, compaction is refused, naming
-  it, and nothing changes; otherwise the file is swapped and reopened under the
-  lock, so LMDB re-initializes ``lock.mdb`` for the new file. A process attaching
-  meanwhile waits in LMDB's ``F_SETLKW`` until the reopen downgrades the lock.
+* Compaction, and other processes reading the files: `lmdb_compact`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import lmdb
 
 from tidal_actors._config import Config
-from tidal_actors._errors import DatabaseClosed, DatabaseLocked, StorageError, StorageFull
+from tidal_actors._errors import DatabaseClosed, StorageError, StorageFull
 from tidal_actors.storage.format import Keyspace
-from tidal_actors.storage.history import HistoryMarks
-from tidal_actors.storage.lmdb_lock import LockProbe, fsync_path
+from tidal_actors.storage.lmdb_compact import Compaction
+from tidal_actors.storage.lmdb_lock import DirectoryLock, LockProbe
+from tidal_actors.storage.protocol import HistoryMarks, HistoryStore
 
 if TYPE_CHECKING:
-    from tidal_actors.storage.stores import Op, Restored
+    from tidal_actors.storage.format import Op
+    from tidal_actors.storage.restore import Restored, SnapshotKey
 
 __all__ = ["STORE_MARKER", "LmdbStore"]
 
 STORE_MARKER = "tidal.store"  # written once a store's format record is committed
-_open_paths: set[str] = set()
-_DISOWNED: list[Any] = []  # what a forked child inherited: kept, never closed (`disown`)
-_inherited_paths: set[str] = set()  # stores a forked child's parent had open
 
 
-def _reset_after_fork() -> None:
-    """In a forked child: a fresh `_open_lock` (another thread may have held the
-    parent's at the fork, and no thread of the child would ever release it)."""
-    global _open_lock
-    _open_lock = threading.Lock()
-
-
-_open_lock = threading.Lock()
-os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-class LmdbStore:
+class LmdbStore(Compaction, HistoryStore):
     """An LMDB environment with the keyspaces of `Keyspace`.
 
     Args:
@@ -100,13 +74,15 @@ class LmdbStore:
         # read_only: the open itself writes nothing either (`Core` skips its snapshot
         # and meta writes)
         self.read_only = read_only
-        self.env: Any = cast(Any, None)  # cast: no narrowing to None below
+        self.env: lmdb.Environment | None = None
+        self.dbs: dict[str, lmdb._Database] = {}
         self._flags: dict[str, Any] = {}
         self._probe: LockProbe | None = None
         self._broken: str | None = None  # why the environment is not open, if not closed
         self._env_lock = threading.RLock()
-        self.fault: Any = None  # test hook: callable(ops) raising to inject a failure
-        self.history_marks = HistoryMarks()  # what the ledgers may read back (`_history`)
+        # test hook: called with the ops before each commit; raising injects a failure
+        self.fault: Callable[[list[Op]], object] | None = None
+        self.history_marks = HistoryMarks()  # what the ledgers may read back (`storage.history`)
         self.reads_history = True  # the history can be read back while open
         self._closed = False
         try:
@@ -118,25 +94,11 @@ class LmdbStore:
             self.existed = (self.path / STORE_MARKER).exists()
         except (OSError, ValueError) as exc:
             raise StorageError(f"cannot create the directory {self.path}: {exc}") from exc
-        self._key = os.path.realpath(self.path)
-        if self._key in _inherited_paths:
-            raise DatabaseLocked(
-                f"{self.path} was open in the parent of this forked process: py-lmdb keeps "
-                "one environment per file in a process, so it cannot be opened here; open "
-                "it in a process started with multiprocessing's 'spawn' or 'forkserver' method"
-            )
-        with _open_lock:
-            if self._key in _open_paths:
-                raise DatabaseLocked(f"{self.path} is already open in this process; close it first")
-            _open_paths.add(self._key)
-        self._lockfile: Any = None
+        try:  # a reader takes no lock file of ours: it reads beside a writer
+            self._dirlock = DirectoryLock(self.path, exclusive=not read_only)
+        except OSError as exc:
+            raise StorageError(f"cannot open LMDB at {self.path}: {exc}") from exc
         try:
-            if not read_only:  # a reader takes no lock of ours: it reads beside a writer
-                self._lockfile = open(self.path / "tidal.lock", "a+b")
-                try:
-                    fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    raise DatabaseLocked(f"{self.path} is open in another process") from None
             map_size = config.map_size_bytes
             data = self.path / "data.mdb"
             if data.exists():
@@ -147,10 +109,11 @@ class LmdbStore:
                 self._probe = LockProbe(self.path)
                 # reader slots left by killed processes (a read transaction open at the
                 # kill) stay taken while any other process has the environment open: free them
-                self.stale_readers = self.env.reader_check()
+                self.stale_readers = self._live().reader_check()
             # a data file cut short would fault (SIGBUS) on the first page read past
             # its end: compare its size with the last page the meta page names
-            needed = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+            env = self._live()
+            needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
             if data.exists() and data.stat().st_size < needed:
                 raise StorageError(
                     f"{data} is truncated: {data.stat().st_size} bytes, its pages need {needed}"
@@ -189,9 +152,8 @@ class LmdbStore:
         create = not (self.existed or self.read_only)
         while True:
             try:
-                self.dbs = {
-                    k.value: self.env.open_db(k.value.encode(), create=create) for k in Keyspace
-                }
+                env = self._live()
+                self.dbs = {k.value: env.open_db(k.value.encode(), create=create) for k in Keyspace}
                 return
             except lmdb.NotFoundError:
                 missing = [k.value for k in Keyspace if not self._has_db(k.value)]
@@ -204,7 +166,7 @@ class LmdbStore:
 
     def _has_db(self, name: str) -> bool:
         try:
-            self.env.open_db(name.encode(), create=False)
+            self._live().open_db(name.encode(), create=False)
             return True
         except lmdb.NotFoundError:
             return False
@@ -218,17 +180,10 @@ class LmdbStore:
         if self._probe is not None:  # after the environment: see LockProbe
             self._probe.close()
             self._probe = None
-        if self._lockfile is not None:
-            try:
-                fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_UN)
-            finally:
-                self._lockfile.close()
-                self._lockfile = None
         self._closed = True
-        with _open_lock:
-            _open_paths.discard(self._key)
+        self._dirlock.release()
 
-    def _live(self) -> Any:
+    def _live(self) -> lmdb.Environment:
         """The open environment (call with ``_env_lock`` held).
 
         Raises:
@@ -256,7 +211,7 @@ class LmdbStore:
             raise StorageError(self._broken)
         return dict(self._flags)
 
-    def commit(self, ops: list[Op]) -> None:
+    def commit(self, ops: Iterable[Op]) -> None:
         """Apply ``ops`` in one durable transaction (value None deletes the key).
 
         Raises:
@@ -299,30 +254,32 @@ class LmdbStore:
                 )
             new = self.config.max_map_size_bytes
         with self._env_lock:
-            self.env.set_mapsize(new)
+            self._live().set_mapsize(new)
         self.map_size = new
 
-    def load(self, snapshot_ledgers: list[Any] | None = None) -> Restored:
+    def load(self, snapshot_ledgers: SnapshotKey = None) -> Restored:
         """Read the whole store back (membership, manifests, tombstones, history or
-        the snapshot that replaces it); see :func:`_store.parse_store`.
+        the snapshot that replaces it); see :func:`storage.restore.parse_store`.
 
         Raises:
             StorageError: a page or a value cannot be read or decoded (naming the
                 keyspace, and the key when one was read).
         """
-        from tidal_actors.storage.stores import parse_store
+        from tidal_actors.storage.restore import parse_store
 
         with self._env_lock, self._begin() as txn:
             return parse_store({k.value: self._read(txn, k) for k in Keyspace}, snapshot_ledgers)
 
-    def _begin(self) -> Any:
+    def _begin(self) -> lmdb.Transaction[bytes]:
         """A read transaction (call with ``_env_lock`` held)."""
         try:
             return self._live().begin(buffers=False)
         except lmdb.Error as exc:
             raise StorageError(f"cannot read {self.path}: {exc}") from exc
 
-    def _read(self, txn: Any, keyspace: Keyspace) -> Iterator[tuple[bytes, bytes]]:
+    def _read(
+        self, txn: lmdb.Transaction[bytes], keyspace: Keyspace
+    ) -> Iterator[tuple[bytes, bytes]]:
         """A keyspace's ``(key, value)`` pairs; an LMDB failure (a corrupt page) is a
         StorageError naming the keyspace and the last key read before it."""
         key = None
@@ -341,117 +298,6 @@ class LmdbStore:
         exhausted or closed; consume it before committing from another thread)."""
         with self._env_lock, self._begin() as txn:
             yield from self._read(txn, Keyspace.HISTORY)
-
-    def compact(self) -> dict[str, int]:
-        """Rewrite the environment without free pages (``mdb_env_copy2`` with
-        ``MDB_CP_COMPACT``), so bytes of deleted records are gone from the file, and
-        swap the copy in (see the module doc for processes reading beside it).
-
-        Returns ``{"bytes_before": int, "bytes_after": int}`` (data file sizes).
-
-        Raises:
-            StorageError: another process has the environment open (named by its
-                pid), the store is open read-only, or the copy or the swap failed;
-                the old file stays in use, unchanged.
-        """
-        with self._env_lock:
-            self._live()
-            if self.read_only:
-                raise StorageError(f"{self.path} is open read-only: compaction refused")
-            assert self._probe is not None
-            if not self._probe.current():
-                raise StorageError(
-                    f"compaction refused: {self.path / 'lock.mdb'} was removed or replaced "
-                    "while the store was open, so who else has it open cannot be told; "
-                    "nothing was changed: close the store and open it again"
-                )
-            data = self.path / "data.mdb"
-            before = data.stat().st_size
-            tmp = self.path / "compact.tmp"
-            try:
-                self._remove(tmp)
-                tmp.mkdir()
-                self.env.copy(str(tmp), compact=True)
-                fsync_path(tmp / "data.mdb")  # LMDB writes the copy without syncing it
-            except (OSError, lmdb.Error) as exc:
-                self._remove(tmp)
-                raise StorageError(f"compaction failed: {exc}") from exc
-            pid = self._probe_holder()
-            if pid is not None:  # refused while still open: nothing to undo
-                self._remove(tmp)
-                raise self._refusal(pid)
-            self._close_env()
-            assert self._probe is not None
-            if not self._take_exclusive():  # attached between the check and the close
-                pid = self._probe_holder()
-                self._remove(tmp)
-                self._reopen()
-                raise self._refusal(pid)
-            try:
-                # lock.mdb still describes the old file (its last transaction id picks
-                # the meta page): void it first, so a process that attaches before this
-                # one reopens (or after it dies here) fails with MDB_INVALID instead of
-                # reading the new file through the old state; the first opener rebuilds it
-                self._probe.invalidate()
-                os.replace(tmp / "data.mdb", data)
-                fsync_path(self.path, directory=True)
-            except OSError as exc:
-                self._reopen()  # the old file (LMDB re-initializes its lock file)
-                self._remove(tmp)
-                raise StorageError(f"compaction failed: {exc}") from exc
-            # still holding byte 0: LMDB sees itself as the first opener, re-initializes
-            # lock.mdb for the new file, then downgrades this process's lock to shared
-            self._reopen()
-            with contextlib.suppress(OSError):
-                self._remove(tmp)
-            return {"bytes_before": before, "bytes_after": data.stat().st_size}
-
-    def _take_exclusive(self) -> bool:
-        """Take byte 0 of lock.mdb; False if another process holds it (a process that
-        let go between the attempt and the look is given two more chances)."""
-        assert self._probe is not None
-        for _ in range(3):
-            if self._probe.try_exclusive():
-                return True
-            if self._probe.holder() is not None:
-                return False
-        return False
-
-    def _probe_holder(self) -> int | None:
-        assert self._probe is not None
-        return self._probe.holder()
-
-    def _refusal(self, pid: int | None) -> StorageError:
-        who = f"process {pid}" if pid is not None else "another process"
-        return StorageError(
-            f"compaction refused: {who} has the LMDB environment at {self.path} open "
-            "(a reader outside tidal_actors: a backup, mdb_stat, a monitor); replacing "
-            "data.mdb under it would lose the store. Nothing was changed: compact again "
-            "once it has closed the environment"
-        )
-
-    def _reopen(self) -> None:
-        """Open the environment again after compaction closed it, then let go of the
-        probe's write lock if the open failed (LMDB's own shared lock replaced it if
-        not). A failure leaves the store closed: every later use raises StorageError."""
-        assert self._probe is not None
-        try:
-            self._open_env()
-            self._open_dbs()
-        except (lmdb.Error, StorageError) as exc:
-            self._close_env()
-            self._probe.unlock()
-            self._broken = (
-                f"the LMDB environment at {self.path} could not be reopened after compaction: {exc}"
-            )
-            raise StorageError(self._broken) from exc
-
-    @staticmethod
-    def _remove(tmp: Path) -> None:
-        if tmp.exists():
-            for f in tmp.iterdir():
-                f.unlink()
-            tmp.rmdir()
 
     def raw_get(self, keyspace: Keyspace, key: bytes) -> bytes | None:
         """Read one value (tests and `inspect`).
@@ -513,16 +359,11 @@ class LmdbStore:
         would free the parent's; closing only lets it go with the parent). Takes no
         lock (another thread of the parent may have held one at the fork). Later calls
         see a closed store; opening the same store again in the child is refused."""
-        _DISOWNED.append(self.env)  # py-lmdb keeps its files registered: no reopen here
+        self._dirlock.disown(self.env)
         self.env = None
-        if self._lockfile is not None:
-            self._lockfile.close()
-            self._lockfile = None
         if self._probe is not None:
             self._probe.close()  # fcntl locks are not inherited: the child holds none
             self._probe = None
-        _open_paths.discard(self._key)  # the child has one thread; `_open_lock` is reset
-        _inherited_paths.add(self._key)
         self._closed = True
 
     def close(self) -> None:

@@ -1,9 +1,15 @@
-"""LMDB's lock file as seen from outside LMDB: who else has the environment open.
+"""Who has a store open: our directory lock, and LMDB's lock file seen from outside.
+
+`DirectoryLock` is one writer per directory: a process-wide registry refuses a
+second open in this process (py-lmdb refuses it too, less clearly) and an exclusive
+``flock`` on ``tidal.lock`` refuses a second process. A read-only opener claims the
+directory in this process only: LMDB serves it a reader slot beside the writer of
+another process.
 
 LMDB (mdb.c) takes a POSIX ``fcntl`` lock on byte 0 of ``lock.mdb``: a read lock for
 every process that has the environment open, a write lock while the first opener
 initializes the file (``mdb_env_excl_lock``, ``mdb_env_setup_locks``,
-``mdb_env_share_locks``). `LockProbe` tests and takes that byte; `_lmdb_env` uses it
+``mdb_env_share_locks``). `LockProbe` tests and takes that byte; `lmdb_env` uses it
 to compact safely. POSIX only (Linux and the BSDs, whose ``struct flock`` differs).
 """
 
@@ -14,9 +20,13 @@ import fcntl
 import os
 import struct
 import sys
+import threading
 from pathlib import Path
+from typing import IO
 
-__all__ = ["LockProbe", "attached_process", "fsync_path"]
+from tidal_actors._errors import DatabaseLocked
+
+__all__ = ["DirectoryLock", "LockProbe", "attached_process", "fsync_path"]
 
 # struct flock: Linux puts the type first, the BSDs (macOS) last
 if sys.platform.startswith("linux"):
@@ -37,6 +47,86 @@ else:
     def _unflock(raw: bytes) -> tuple[int, int]:
         _, _, pid, kind, _ = _FLOCK.unpack(raw)
         return kind, pid
+
+
+class _Registry:
+    """The store directories open in this process (by real path)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open: set[str] = set()
+        self.inherited: set[str] = set()  # stores a forked child's parent had open
+        self.disowned: list[object] = []  # what a forked child inherited: kept, never closed
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: a fresh lock (another thread may have held the parent's
+        at the fork, and no thread of the child would ever release it)."""
+        self.lock = threading.Lock()
+
+
+_REGISTRY = _Registry()
+os.register_at_fork(after_in_child=_REGISTRY.reset_after_fork)
+
+
+class DirectoryLock:
+    """This process's claim on a store directory, and with ``exclusive`` the
+    ``flock`` on its ``tidal.lock`` (see module doc).
+
+    Raises (at construction):
+        DatabaseLocked: the directory is open in this process already, was open in
+            the parent of this forked process, or (``exclusive``) is open in another.
+        OSError: ``tidal.lock`` cannot be opened.
+    """
+
+    def __init__(self, path: Path, *, exclusive: bool) -> None:
+        self.path = path
+        self.key = os.path.realpath(path)
+        if self.key in _REGISTRY.inherited:
+            raise DatabaseLocked(
+                f"{path} was open in the parent of this forked process: py-lmdb keeps "
+                "one environment per file in a process, so it cannot be opened here; open "
+                "it in a process started with multiprocessing's 'spawn' or 'forkserver' method"
+            )
+        with _REGISTRY.lock:
+            if self.key in _REGISTRY.open:
+                raise DatabaseLocked(f"{path} is already open in this process; close it first")
+            _REGISTRY.open.add(self.key)
+        self._file: IO[bytes] | None = None
+        if exclusive:
+            try:
+                self._file = open(path / "tidal.lock", "a+b")
+                try:
+                    fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    raise DatabaseLocked(f"{path} is open in another process") from None
+            except BaseException:
+                self.release()
+                raise
+
+    def release(self) -> None:
+        """Let go of the ``flock`` and of this process's claim; a second call does nothing."""
+        if self._file is not None:
+            try:
+                fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+            finally:
+                self._file.close()
+                self._file = None
+        with _REGISTRY.lock:
+            _REGISTRY.open.discard(self.key)
+
+    def disown(self, env: object) -> None:
+        """In a forked child: keep ``env`` (the inherited environment) alive unclosed,
+        close the child's copy of ``tidal.lock``'s descriptor without ``LOCK_UN`` (the
+        ``flock`` belongs to the open file the parent shares: unlocking would free the
+        parent's; closing only lets it go with the parent), and refuse any later open
+        of the directory here. Takes no lock (another thread of the parent may have
+        held one at the fork; the child has one thread)."""
+        _REGISTRY.disowned.append(env)  # py-lmdb keeps its files registered: no reopen
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        _REGISTRY.open.discard(self.key)
+        _REGISTRY.inherited.add(self.key)
 
 
 class LockProbe:
@@ -113,6 +203,11 @@ def attached_process(path: Path) -> int | None:
 
 
 def fsync_path(path: Path, directory: bool = False) -> None:
+    """``fsync`` the file (or, with ``directory``, the directory) at ``path``.
+
+    Raises:
+        OSError: it cannot be opened or synced.
+    """
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try:
         os.fsync(fd)

@@ -14,24 +14,20 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
 
 import lmdb
 
 from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed, StorageError
 from tidal_actors.storage.format import Keyspace
-from tidal_actors.storage.lmdb_env import _open_lock, _open_paths
-from tidal_actors.storage.stores import LmdbStore
-
-if TYPE_CHECKING:
-    from tidal_actors.storage.stores import Restored, SnapshotKey
+from tidal_actors.storage.lmdb_env import LmdbStore
+from tidal_actors.storage.restore import Restored, SnapshotKey, parse_store
 
 __all__ = ["SnapshotStore"]
 
 # users and items are small; the history is kept so that the ledgers, which settle
 # the detail of records out of the log, read them back as of the same read
-# (`_history.HistoryReader`); meta (snapshot chunks) is not kept
+# (`storage.history.HistoryReader`); meta (snapshot chunks) is not kept
 _KEPT = (Keyspace.USERS, Keyspace.ITEMS, Keyspace.HISTORY)
 
 
@@ -47,7 +43,9 @@ class SnapshotStore(LmdbStore):
         super().__init__(path, config, read_only=True)
         self._kept: dict[str, dict[bytes, bytes]] | None = None
         self.read_at_ns: int | None = None  # wall time of the read (int ns)
-        self.recorded_settings = False  # whether the store records its settings (`_readonly`)
+        self.recorded_settings = (
+            False  # whether the store records its settings (`facades.readonly`)
+        )
         self.latest_event_ns: int | None = None  # the latest contribution's time, if replayed
 
     def load(self, snapshot_ledgers: SnapshotKey = None) -> Restored:
@@ -55,8 +53,6 @@ class SnapshotStore(LmdbStore):
 
         A writer that grew the map since this open makes LMDB refuse the transaction
         (``MDB_MAP_RESIZED``): the new size is adopted and the read begins again."""
-        from tidal_actors.storage.stores import parse_store
-
         for attempt in range(5):
             with self._env_lock:
                 try:
@@ -66,7 +62,7 @@ class SnapshotStore(LmdbStore):
                         raise StorageError(
                             f"cannot read {self.path}: its map keeps growing"
                         ) from None
-                    self.env.set_mapsize(0)  # LMDB takes the size the writer's meta page names
+                    self._live().set_mapsize(0)  # LMDB takes the size the writer's meta page names
                     continue
                 except lmdb.Error as exc:
                     raise StorageError(f"cannot read {self.path}: {exc}") from exc
@@ -93,7 +89,7 @@ class SnapshotStore(LmdbStore):
         raise AssertionError("unreachable")
 
     def _keep(
-        self, txn: Any, keyspace: Keyspace, into: dict[bytes, bytes]
+        self, txn: lmdb.Transaction[bytes], keyspace: Keyspace, into: dict[bytes, bytes]
     ) -> Iterator[tuple[bytes, bytes]]:
         for key, value in self._read(txn, keyspace):
             into[bytes(key)] = bytes(value)
@@ -103,8 +99,7 @@ class SnapshotStore(LmdbStore):
         """Close the environment (its reader slot freed); this process may open the
         store again, as a writer too."""
         self._close_env()
-        with _open_lock:
-            _open_paths.discard(self._key)
+        self._dirlock.release()
 
     def close(self) -> None:
         """Let go of what was kept (and of the environment, if :meth:`load` never ran)."""

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgpack
-
 from tidal_actors._config import Config
 from tidal_actors._durations import format_duration
-from tidal_actors.storage.format import Keyspace, Tag, encode_key
+from tidal_actors.storage.format import Op, Tag, decode_map, encode_key, settings_op
 
 __all__ = [
     "RECORDED",
@@ -49,9 +47,7 @@ def record_of(config: Config) -> dict[str, Any]:
     return out
 
 
-def settings_ops(
-    config: Config, recorded: dict[str, Any] | None
-) -> list[tuple[str, bytes, bytes | None]]:
+def settings_ops(config: Config, recorded: dict[str, Any] | None) -> list[Op]:
     """The write stamping ``config``'s settings, or none when ``recorded`` (what the
     store holds, decoded) already says the same."""
     record = record_of(config)
@@ -62,15 +58,13 @@ def settings_ops(
         )
         if held == record:
             return []
-    return [(Keyspace.META.value, SETTINGS_KEY, msgpack.packb(record))]
+    return [settings_op(record)]
 
 
 def decode_settings(value: bytes) -> dict[str, Any]:
     """The record's settings (keys of `RECORDED`; others, from a later version, are
     dropped). Raises ValueError when it is not such a map (the caller names the key)."""
-    raw = msgpack.unpackb(value, strict_map_key=False)
-    if not isinstance(raw, dict):
-        raise ValueError(f"the settings record is not a map: {type(raw).__name__}")
+    raw = decode_map(value)
     out = {k: v for k, v in raw.items() if k in RECORDED}
     for name, v in out.items():
         if name == "half_life_ns_by_type":

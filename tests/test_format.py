@@ -1,0 +1,125 @@
+"""The store's byte layouts, pinned against bytes built by hand from the layouts the
+spec and `storage.format` document: a store written by an earlier build must still
+open, so no encoder may drift. The Tag table in the docstring matches the enum."""
+
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+
+import msgpack
+import pytest
+
+from tidal_actors._types import (
+    ContributionRecord,
+    MembershipStatus,
+    PurgeId,
+    PurgeManifest,
+    PurgeStatus,
+)
+from tidal_actors.storage import format as F
+from tidal_actors.storage.format import Keyspace, Tag
+
+PID = PurgeId((5 << 64) | 7)
+PID16 = (5).to_bytes(8, "big") + (7).to_bytes(8, "big")
+
+
+def key(entity: int, tag: int, suffix: bytes = b"") -> bytes:
+    """Spec: ``entity_id`` 8 bytes BE, ``0x00``, the tag byte, the suffix."""
+    return struct.pack(">Q", entity) + b"\x00" + bytes([tag]) + suffix
+
+
+def test_the_tag_table_lists_every_tag_with_its_value() -> None:
+    rows = re.findall(r"^\s+([A-Z_]+)\s+0x([0-9A-F]{2})\s+(\w+)", Tag.__doc__ or "", re.M)
+    assert {name: int(v, 16) for name, v, _ in rows} == {t.name: t.value for t in Tag}
+    assert {ks for _, _, ks in rows} == {k.value for k in Keyspace}
+
+
+def test_keys() -> None:
+    assert F.encode_key(2**64 - 2, Tag.COMMUNITY_LEAVE) == key(2**64 - 2, 0x11)
+    assert F.batch_key(3, 9) == key(3, 0x14, struct.pack(">Q", 9))
+    assert F.batch_key_shard_seq(F.batch_key(3, 9)) == (3, 9)
+    assert F.snapshot_chunk_key(2, 1) == key(2, 0x19, struct.pack(">I", 1))
+    assert F.decode_key(key(4, 0x10, PID16)) == (4, 0x10, PID16)
+    with pytest.raises(ValueError):
+        F.decode_key(b"\x00" * 9)
+
+
+def test_seal() -> None:
+    k, payload = F.batch_key(1, 2), msgpack.packb({"a": 1})
+    sealed = F.seal(k, payload)
+    assert sealed == b"\xc1\x01" + struct.pack("<I", zlib.crc32(k + payload)) + payload
+    assert bytes(F.unseal(sealed, "history", k)) == payload
+    assert F.unseal(payload, "history", k) == payload  # a map written before seals
+
+
+def test_users_keyspace_values() -> None:
+    status, hist = F.membership_ops(9, MembershipStatus.Left, 1234, [[1234, None]])
+    assert status == ("users", key(9, 0x11), b"\x01" + struct.pack("<Q", 1234))
+    assert hist == ("users", key(9, 0x12), msgpack.packb([[1234, None]]))
+    active = F.membership_ops(9, MembershipStatus.Active, None, [])[0][2]
+    assert active == b"\x00" + b"\x00" * 8
+    assert F.decode_membership(active) == (MembershipStatus.Active, None)
+    assert F.decode_leave_history(hist[2]) == [[1234, None]]
+    assert F.cohorts_op(9, ("a", "b")) == ("users", key(9, 0x13), msgpack.packb(["a", "b"]))
+    assert F.cohorts_op(9, ()) == ("users", key(9, 0x13), None)
+    assert F.decode_cohorts(msgpack.packb(["a", "b"])) == ("a", "b")
+
+
+def test_items_keyspace_values() -> None:
+    rec = ContributionRecord(9, "c", 3, 1, 0.5, 100)
+    m = PurgeManifest(PID, 9, "c", 200, (rec,), 2)
+    raw = msgpack.packb([PID16, 9, "c", 200, [[9, "c", 3, 1, 0.5, 100]], 2])
+    assert F.encode_manifest(m) == raw and F.decode_manifest(raw) == m
+    assert F.manifest_op(9, PID, raw) == ("items", key(9, 0x10, PID16), raw)
+    tomb = F.tombstone_op(9, PID, [0, 1], [5, 6])
+    assert tomb == ("items", key(9, 0x15, PID16), msgpack.packb([[0, 5], [1, 6]]))
+    assert F.decode_tombstone(tomb[2]) == [(0, 5), (1, 6)]
+    s = PurgeStatus(PID, 9, "c", 1, True, 300, 4)
+    value = msgpack.packb([PID16, 9, "c", 1, True, 300, 4, 77])
+    assert F.status_op(s, 77) == ("items", key(9, 0x17, PID16), value)
+    assert F.decode_status(value) == (s, 77)
+
+
+def test_meta_keyspace_values() -> None:
+    ev = F.eviction_state_op(2, 10, 50)
+    assert ev == ("meta", key(2, 0x16), msgpack.packb([10, [], 50]))
+    assert F.decode_eviction_state(msgpack.packb([10, [3, 4], 50])) == (10, [3, 4], 50)
+    meta = F.store_meta_op(1, 4)
+    assert meta == ("meta", key(0, 0x18), msgpack.packb({"format": 1, "membership_shards": 4}))
+    mark = F.snapshot_mark_op(4, [1, 2])
+    assert mark == ("meta", key(0, 0x1A), msgpack.packb({"format": 4, "key": [1, 2]}))
+    assert F.snapshot_delete_ops({1: 2}) == [
+        ("meta", key(0, 0x1A), None),
+        ("meta", key(1, 0x19, struct.pack(">I", 0)), None),
+        ("meta", key(1, 0x19, struct.pack(">I", 1)), None),
+    ]
+    chunk = F.snapshot_chunk_ops(1, [b"\x80"])[0]
+    assert chunk == ("meta", key(1, 0x19, b"\x00" * 4), F.seal(chunk[1], b"\x80"))
+    assert F.settings_op({"a": 1}) == ("meta", key(0, 0x1B), msgpack.packb({"a": 1}))
+    with pytest.raises(ValueError):
+        F.decode_map(msgpack.packb([1]))
+
+
+def test_history_batch_value() -> None:
+    cols = ([1, 0], [5, 6], [9, 8], ["b", "a"], [3, 4], [1, 2], [0.5, 1.0], [100, 200])
+    op = F.batch_op(2, 7, cols, {1: b"\x80"})
+    payload = msgpack.packb(
+        {
+            "c": ["a", "b"],
+            "ci": b"\x01\x00",
+            "m": b"\x01\x00",
+            "r": struct.pack("<qq", 5, 6),
+            "u": struct.pack("<QQ", 9, 8),
+            "e": struct.pack("<QQ", 3, 4),
+            "t": struct.pack("<QQ", 1, 2),
+            "w": struct.pack("<ff", 0.5, 1.0),
+            "ts": struct.pack("<qq", 100, 200),
+            "x": {1: b"\x80"},
+        }
+    )
+    assert op == ("history", F.batch_key(2, 7), F.seal(F.batch_key(2, 7), payload))
+    b = F.decode_batch(2, 7, op[2])
+    assert b.cohorts == ["a", "b"] and b.u.tolist() == [9, 8] and b.contexts == {1: b"\x80"}
+    assert F.user_bytes(9) in op[2] and F.user_bytes(10) not in op[2]

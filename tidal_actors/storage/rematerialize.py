@@ -1,0 +1,179 @@
+"""Re-materialization's reads and writes of the durable history.
+
+* `RematJob` steps a `core.remat.Rebuild` of one cohort on a ledger shard, reading
+  the records the shard has settled back from the history (``HISTORY_BATCHES``
+  batches a step, through the shard's `HistoryReader`), then its held rows; one step
+  a message (the ledger behaviour sends them), so other cohorts' signals interleave.
+  Nothing settled: the history is not read at all. Settled records that
+  ``history_retention_ns`` has dropped from the history are not reached: the rebuilt
+  cohort no longer holds them, as after a restore from the history.
+* `erase_history_ops` rewrites the durable history batches without the records a
+  purge covered; `retention_ops` drops records older than the retention.
+
+No threads; the reads go through the store the reader wraps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Protocol
+
+import numpy as np
+
+from tidal_actors.core.aggregates import Aggregates
+from tidal_actors.core.contrib_log import ContributionLog
+from tidal_actors.core.remat import Rebuild, RematConfig, settled_mask
+from tidal_actors.storage.format import Op, decode_batch, rewrite_batch_op, user_bytes
+from tidal_actors.storage.history import HistoryReader
+
+__all__ = ["HISTORY_BATCHES", "RematJob", "erase_history_ops", "retention_ops"]
+
+HISTORY_BATCHES = 32  # history batches folded a step
+
+
+class RematState(Protocol):
+    """What a re-materialization uses of a ledger shard's state
+    (``actors.ledger.LedgerState``)."""
+
+    aggregates: Aggregates
+    log: ContributionLog
+    history: HistoryReader | None
+
+
+class RematJob:
+    """One re-materialization of ``cohort`` on a ledger shard's state.
+
+    Args:
+        state: the shard's state; ``state.history`` None means an ephemeral database
+            (the rebuild only counts, see `core.remat`).
+        cohort: the cohort to rebuild.
+        covered: user -> rseq bound; that user's records with a lower rseq are left out.
+        config: the half-lives and window width (a ``Config``).
+
+    Raises:
+        StorageError: the history's keys or tombstones cannot be read.
+    """
+
+    def __init__(
+        self, state: RematState, cohort: str, covered: dict[int, int], config: RematConfig
+    ) -> None:
+        self.state = state
+        self.cohort = cohort
+        self.history = state.history
+        self.rebuild = Rebuild(
+            state.aggregates, cohort, covered, config, durable=self.history is not None
+        )
+        self._keys: list[bytes] = []
+        self._tombs: dict[int, np.ndarray] = {}
+        if self.history is not None and self.rebuild.settled_upto:
+            self._keys = self.history.batch_keys()
+            self._tombs = self.history.tombstones()
+        self.t0 = time.perf_counter()
+
+    @property
+    def read(self) -> int:
+        """Records of the cohort read so far (settled and held)."""
+        return self.rebuild.read
+
+    def step(self) -> bool:
+        """Fold the next chunk of what existed at the start; True when all is.
+
+        Raises:
+            StorageError: a history batch does not decode.
+        """
+        if self._keys:
+            chunk, self._keys = self._keys[:HISTORY_BATCHES], self._keys[HISTORY_BATCHES:]
+            if not self._fold_history(chunk):
+                self._keys = [k for k in self._keys if self._other_shard(k)]
+            return False
+        return self.rebuild.step_held()
+
+    def _fold_history(self, keys: list[bytes]) -> bool:
+        """Fold the settled records of the batches at ``keys``; False once this
+        shard's batches have passed every settled record (rseqs grow batch by batch
+        within a membership shard, so no later batch of this shard holds one)."""
+        history = self.history
+        assert history is not None
+        rebuild = self.rebuild
+        go_on = False
+        for b in history.batches(keys):
+            settled = settled_mask(b, rebuild.settled_upto)
+            if b.shard != history.shard or settled.any():
+                go_on = True
+            if self.cohort in b.cohorts:
+                # records a purge retracted live (tombstoned) are gone already
+                rebuild.fold_settled(b, settled, history.untombstoned(b, self._tombs))
+        return go_on
+
+    def _other_shard(self, key: bytes) -> bool:
+        assert self.history is not None
+        return self.history.key_shard_seq(key)[0] != self.history.shard
+
+    def finish(self) -> tuple[int, int, bool, dict[int, int]]:
+        """Fold rows that arrived meanwhile, compare, swap in, erase the left-out rows.
+
+        Returns ``(records_read, records_excluded, matched_live, excluded_per_user)``.
+        """
+        return self.rebuild.finish(self.state.log)
+
+
+def erase_history_ops(
+    batches: Iterable[tuple[bytes, bytes]], cohort: str, covered: dict[int, int]
+) -> tuple[list[Op], int]:
+    """Ops rewriting history batches without ``cohort``'s records covered by a purge.
+
+    Args:
+        batches: ``(key, value)`` of every history batch.
+        cohort: the purged cohort.
+        covered: user -> rseq bound (records of that user with a lower rseq go).
+
+    Returns the ops and the number of records erased.
+
+    Raises:
+        StorageError: a batch holding a covered user's id does not decode.
+    """
+    ops: list[Op] = []
+    erased = 0
+    if not covered:
+        return ops, erased
+    users = np.array(sorted(covered), dtype=np.uint64)
+    # a substring test skips the batches holding no covered user without decoding them
+    patterns = [user_bytes(int(u)) for u in users.tolist()]
+    for key, raw in batches:
+        if not any(p in raw for p in patterns):
+            continue
+        b = decode_batch(0, 0, raw, key)
+        if cohort not in b.cohorts:
+            continue
+        ci = b.cohorts.index(cohort)
+        mask = (b.ci == ci) & np.isin(b.u, users)
+        if not mask.any():
+            continue
+        bounds = np.array([covered.get(int(u), -1) for u in b.u[mask]], dtype=np.int64)
+        drop = np.zeros(len(b.r), dtype=bool)
+        drop[np.nonzero(mask)[0][b.r[mask] < bounds]] = True
+        n = int(drop.sum())
+        if not n:
+            continue
+        erased += n
+        ops.append(rewrite_batch_op(key, b, np.nonzero(~drop)[0]))
+    return ops, erased
+
+
+def retention_ops(batches: Iterable[tuple[bytes, bytes]], cutoff_ns: int) -> list[Op]:
+    """Ops dropping history records stamped before ``cutoff_ns`` (nanoseconds;
+    retention by age). Aggregates keep them; only the durable history (what
+    re-materialization reads) forgets them.
+
+    Raises:
+        StorageError: a batch does not decode.
+    """
+    ops: list[Op] = []
+    for key, raw in batches:
+        b = decode_batch(0, 0, raw, key)
+        old = b.ts < cutoff_ns
+        if not old.any():
+            continue
+        ops.append(rewrite_batch_op(key, b, np.nonzero(~old)[0]))
+    return ops

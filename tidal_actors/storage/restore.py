@@ -1,0 +1,171 @@
+"""Restore: what any store holds, decoded into a `Restored` before the actors are built.
+
+`parse_store` reads every keyspace through the decoders of `storage.format`, the
+same for the LMDB, read-only and memory stores. Must not do I/O (the store hands it
+the pairs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidal_actors._config import Config
+from tidal_actors._errors import StorageError
+from tidal_actors._types import MembershipStatus, PurgeStatus
+from tidal_actors.storage.format import (
+    HistoryBatch,
+    Keyspace,
+    Tag,
+    decode_batch,
+    decode_cohorts,
+    decode_eviction_state,
+    decode_key,
+    decode_leave_history,
+    decode_manifest,
+    decode_map,
+    decode_membership,
+    decode_status,
+    decode_tombstone,
+    undecodable,
+    unseal,
+)
+
+__all__ = ["SNAPSHOT_FORMAT", "Restored", "SnapshotKey", "parse_store", "snapshot_key"]
+
+SNAPSHOT_FORMAT = 4
+
+
+@dataclass
+class Restored:
+    """Everything read back at open, before the actors are built."""
+
+    @property
+    def statuses_pending(self) -> bool:
+        """Whether a purge's re-materialization was interrupted (resume it)."""
+        return any(not s.rematerialized for s, _ in self.statuses.values())
+
+    memberships: dict[int, tuple[MembershipStatus, int | None]] = field(default_factory=dict)
+    histories: dict[int, list[list[int | None]]] = field(default_factory=dict)
+    cohorts: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    # user -> [(purge id, encoded manifest)]: kept encoded (see CoordinatorState)
+    manifests: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)
+    last_purge_id: int = 0
+    tombstones: set[tuple[int, int]] = field(default_factory=set)
+    eviction: dict[int, tuple[int, list[int], int]] = field(default_factory=dict)
+    batches: list[HistoryBatch] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    statuses: dict[int, tuple[PurgeStatus, int]] = field(default_factory=dict)
+    snapshot_mark: dict[str, Any] | None = None
+    settings: dict[str, Any] | None = None  # the STORE_SETTINGS record (`storage.settings`), if any
+    snapshot_chunks: dict[int, list[bytes | memoryview]] = field(default_factory=dict)  # unsealed
+
+
+def snapshot_key(config: Config) -> list[Any]:
+    """What a ledger snapshot depends on: shard counts, half-lives and bucket width
+    (the forward-decayed sums are stored relative to the half-life). A snapshot is
+    used only under the same key; otherwise the history is replayed."""
+    return [
+        SNAPSHOT_FORMAT,
+        config.ledger_shards,
+        config.membership_shards,
+        config.half_life_ns,
+        sorted([k, v] for k, v in config.half_life_ns_by_type.items()),
+        config.window_width_ns,
+    ]
+
+
+SnapshotKey = list[Any] | Callable[[Restored], list[Any]] | None
+
+
+def parse_store(
+    keyspaces: dict[str, Iterable[tuple[bytes, bytes]]], snapshot_ledgers: SnapshotKey = None
+) -> Restored:
+    """Decode every keyspace's ``(key, value)`` pairs (in key order) into a `Restored`.
+
+    Shared by every store kind, so a restore reads the same layout wherever it lives.
+    With ``snapshot_ledgers`` (a :func:`snapshot_key`) set and a snapshot taken under
+    that key present, the contribution history is not decoded (the snapshot replaces
+    its replay). A callable is asked for the key once the users, items and meta are
+    decoded (a read-only open takes its settings from the store's own record).
+
+    Raises:
+        StorageError: a key or value does not decode (naming its keyspace and the key
+            in hex), or a sealed value fails its CRC-32.
+    """
+    from tidal_actors.storage.settings import decode_settings
+
+    out = Restored()
+
+    def users(key: bytes, value: bytes) -> None:
+        user, tag, _ = decode_key(key)
+        if tag == Tag.COMMUNITY_LEAVE:
+            out.memberships[user] = decode_membership(value)
+        elif tag == Tag.LEAVE_HISTORY:
+            out.histories[user] = decode_leave_history(value)
+        elif tag == Tag.COHORT_ASSIGNMENT:
+            out.cohorts[user] = decode_cohorts(value)
+
+    def items(key: bytes, value: bytes) -> None:
+        user, tag, suffix = decode_key(key)
+        if tag == Tag.PURGE_MANIFEST:
+            decode_manifest(value)  # a corrupt manifest fails the open
+            pid = int.from_bytes(suffix, "big")
+            out.manifests.setdefault(user, []).append((pid, bytes(value)))
+            out.last_purge_id = max(out.last_purge_id, pid)
+        elif tag == Tag.PURGE_TOMBSTONE:
+            out.tombstones.update(decode_tombstone(value))
+        elif tag == Tag.PURGE_STATUS:
+            status, bound = decode_status(value)
+            out.statuses[int(status.purge_id)] = (status, bound)
+
+    def meta(key: bytes, value: bytes) -> None:
+        ident, tag, _ = decode_key(key)
+        if tag == Tag.EVICTION_STATE:
+            out.eviction[ident] = decode_eviction_state(value)
+        elif tag == Tag.STORE_META:
+            out.meta = decode_map(value)
+        elif tag == Tag.SNAPSHOT_MARK:
+            out.snapshot_mark = decode_map(value)
+        elif tag == Tag.STORE_SETTINGS:
+            out.settings = decode_settings(value)
+        elif tag == Tag.SNAPSHOT_CHUNK:
+            out.snapshot_chunks.setdefault(ident, []).append(
+                unseal(value, Keyspace.META.value, key)
+            )
+
+    def history(key: bytes, value: bytes) -> None:
+        shard, tag, suffix = decode_key(key)
+        if tag == Tag.CONTRIBUTION_BATCH:
+            out.batches.append(decode_batch(shard, int.from_bytes(suffix, "big"), value, key))
+
+    _decode_each(keyspaces, Keyspace.USERS, users)
+    _decode_each(keyspaces, Keyspace.ITEMS, items)
+    _decode_each(keyspaces, Keyspace.META, meta)
+    if callable(snapshot_ledgers):
+        snapshot_ledgers = snapshot_ledgers(out)
+    mark = out.snapshot_mark
+    if mark is not None and mark.get("format") != SNAPSHOT_FORMAT:
+        out.snapshot_mark = mark = {}  # another build's snapshot: replay the history instead
+    if mark and snapshot_ledgers is not None and mark.get("key") == snapshot_ledgers:
+        return out
+    _decode_each(keyspaces, Keyspace.HISTORY, history)
+    return out
+
+
+def _decode_each(
+    keyspaces: dict[str, Iterable[tuple[bytes, bytes]]],
+    keyspace: Keyspace,
+    decode: Callable[[bytes, bytes], None],
+) -> None:
+    """``decode(key, value)`` for each pair of ``keyspace``; whatever a corrupt pair
+    makes it raise becomes a StorageError naming the keyspace and the key."""
+    key = b""
+    try:
+        for key, value in keyspaces.get(keyspace.value, ()):
+            decode(key, value)
+    except StorageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - msgpack, numpy and the decoders raise many kinds
+        raise undecodable(keyspace, key, exc) from exc
