@@ -555,7 +555,9 @@ def test_bad_scenarios_are_rejected(data: dict[str, Any], field: str) -> None:
 
 def test_run_simulation_reference_against_itself() -> None:
     result = run_simulation(
-        load_scenario("small"), lambda config, clock: ReferenceModel(config=config, clock=clock)
+        load_scenario("small"),
+        lambda config, clock: ReferenceModel(config=config, clock=clock),
+        reference=ReferenceModel,
     )
     assert result.check.ok and result.check.mismatches == 0
     assert result.counts.signals == 3000 and result.signals_per_s > 0

@@ -9,8 +9,10 @@ every layer shares)::
                                                                                    testing
 
 A module may import from its own layer and from any layer below it; ``cli`` and
-``testing`` sit side by side at the top and do not import each other. The package's
-``__init__`` (the public names) may import anything.
+``testing`` sit side by side at the top. ``testing`` never imports ``cli``; ``cli``
+may import ``testing``, for one reason: ``simulate`` checks the runtime against the
+reference model, and passes it to ``loadsim`` (which imports no oracle). The
+package's ``__init__`` (the public names) may import anything.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "tidal_actors"
 ORDER = ["vocabulary", "core", "storage", "actors", "runtime", "facades", "eventlog", "loadsim"]
 TOP = {"cli", "testing"}
+TOP_ALLOWED = {("cli", "testing")}  # simulate injects the reference model into loadsim
 
 # Import cycles not yet broken, each as its sorted members; the list only shrinks.
 KNOWN_CYCLES: set[tuple[str, ...]] = {
@@ -45,7 +48,6 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("tidal_actors.core.remat", "tidal_actors.storage.format"),
     ("tidal_actors.core.remat", "tidal_actors.storage.stores"),
     ("tidal_actors.loadsim.plot", "tidal_actors.cli.text"),
-    ("tidal_actors.loadsim.simulate", "tidal_actors.testing.reference"),
     ("tidal_actors.storage.snapshot", "tidal_actors.actors.ledger"),
 }
 
@@ -92,7 +94,7 @@ def _allowed(importer: str, imported: str) -> bool:
     if a == b:
         return True
     if a in TOP:
-        return b not in TOP
+        return b not in TOP or (a, b) in TOP_ALLOWED
     if b in TOP or b == "tidal_actors":
         return False
     return ORDER.index(b) < ORDER.index(a)

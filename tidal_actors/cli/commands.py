@@ -706,6 +706,7 @@ def simulate(
         plot_timeline,
         run_simulation,
     )
+    from tidal_actors.testing.reference import ReferenceModel
 
     try:
         scenario = load_scenario(scenario_name).scaled(scale)
@@ -756,7 +757,12 @@ def simulate(
             store = store / "store"
         try:
             result = run_simulation(
-                scenario, open_store, events=events, phase=phase, stop=stop.requested
+                scenario,
+                open_store,
+                reference=ReferenceModel,
+                events=events,
+                phase=phase,
+                stop=stop.requested,
             )
         except Interrupted as exc:  # the store is flushed and closed
             if data_dir is not None:
