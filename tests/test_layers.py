@@ -2,8 +2,8 @@
 imports itself back through others.
 
 Layers, lowest first (``tidal_actors/<layer>/``; the top-level private modules
-``_errors``, ``_types``, ``_clock``, ``_config``, ``_durations`` are the vocabulary
-every layer shares)::
+``_errors``, ``_types``, ``_clock``, ``_config``, ``_durations``, ``_text`` are the
+vocabulary every layer shares)::
 
     vocabulary < core < storage < actors < runtime < facades < eventlog < loadsim < cli
                                                                                    testing
@@ -47,7 +47,6 @@ KNOWN_CYCLES: set[tuple[str, ...]] = {
 KNOWN_UPWARD: set[tuple[str, str]] = {
     ("tidal_actors.core.remat", "tidal_actors.storage.format"),
     ("tidal_actors.core.remat", "tidal_actors.storage.stores"),
-    ("tidal_actors.loadsim.plot", "tidal_actors.cli.text"),
     ("tidal_actors.storage.snapshot", "tidal_actors.actors.ledger"),
 }
 

@@ -38,6 +38,7 @@ from tidal_actors._clock import ManualClock
 from tidal_actors._config import Config
 from tidal_actors._durations import parse_duration
 from tidal_actors._errors import InvalidArgument, TidalError
+from tidal_actors._text import plural
 from tidal_actors.cli.group import TOP_DATA_DIR_HELP, Group, closed_pipe, data_dir_of
 from tidal_actors.cli.inspect import inspect
 from tidal_actors.cli.progress import phase_bars
@@ -53,7 +54,6 @@ from tidal_actors.cli.replay import (
     simulate_target_refusal,
 )
 from tidal_actors.cli.simulate import print_summary
-from tidal_actors.cli.text import plural
 from tidal_actors.cli.timepoints import FORMS, parse_time
 from tidal_actors.eventlog.log import (
     ApplyCounts,

@@ -31,9 +31,9 @@ import click
 from tidal_actors._clock import ManualClock
 from tidal_actors._config import Config
 from tidal_actors._errors import InvalidArgument, TidalError, UnknownCohort, UnknownPurge
+from tidal_actors._text import plural
 from tidal_actors._types import COMMUNITY, MembershipStatus
 from tidal_actors.cli.group import data_dir_of
-from tidal_actors.cli.text import plural
 from tidal_actors.cli.timepoints import FORMS, parse_time
 from tidal_actors.core.validate import check_cohort
 from tidal_actors.storage.format import Keyspace, Tag, decode_key

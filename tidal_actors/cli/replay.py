@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from tidal_actors._errors import InvalidArgument
-from tidal_actors.cli.text import plural
+from tidal_actors._text import plural
 from tidal_actors.eventlog.log import EventRow
 from tidal_actors.eventlog.rebuilds import EventTimeRebuilds, delay_ns_of
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tidal_actors.cli.text import plural
+from tidal_actors._text import plural
 
 __all__ = ["print_summary"]
 

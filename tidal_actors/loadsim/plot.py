@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal_actors._errors import InvalidArgument
-from tidal_actors.cli.text import plural
+from tidal_actors._text import plural
 
 __all__ = ["plot_timeline"]
 
