@@ -33,7 +33,6 @@ KNOWN_CYCLES: set[tuple[str, ...]] = {
         "tidal_actors.storage.lmdb_env",
         "tidal_actors.storage.stores",
     ),
-    ("tidal_actors.cli.commands", "tidal_actors.cli.inspect"),
     (
         "tidal_actors.facades.aio",
         "tidal_actors.facades.aio_asyncio",
