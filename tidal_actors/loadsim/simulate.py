@@ -125,7 +125,8 @@ def _set_up(
     per_user: dict[int, list[str]] = {}
     taken = 0  # fewer than n if ``rows`` stops early (a stop asked for)
     for row in itertools.islice(rows, n):
-        per_user.setdefault(row.user_id, []).append(row.cohort)  # type: ignore[union-attr]
+        assert isinstance(row, AssignRow)  # ``rows`` yields ``events`` in order
+        per_user.setdefault(row.user_id, []).append(row.cohort)
         taken += 1
     if not taken:
         return 0
