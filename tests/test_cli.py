@@ -26,7 +26,8 @@ from tidal_actors._durations import format_duration, parse_duration
 from tidal_actors._errors import InvalidArgument
 from tidal_actors._types import COMMUNITY
 from tidal_actors.cli import commands as cli_module
-from tidal_actors.eventlog.log import HEADER, apply_events, read_events
+from tidal_actors.cli import progress, store
+from tidal_actors.eventlog.log import HEADER, EventLogReader, apply_events, read_events
 from tidal_actors.loadsim.simulate import (
     Scenario,
     builtin_scenarios,
@@ -141,7 +142,7 @@ def run(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iter
         model.clock = clock
         return model
 
-    monkeypatch.setattr(cli_module, "_open_db", open_reference)
+    monkeypatch.setattr(store, "open_db", open_reference)
     runner = CliRunner()
 
     def invoke(*args: object) -> Result:
@@ -473,7 +474,7 @@ class _Lossy(ReferenceModel):
 
 def test_simulate_exits_1_when_the_check_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        cli_module, "_open_db", lambda data_dir, config, clock: _Lossy(config=config, clock=clock)
+        store, "open_db", lambda data_dir, config, clock: _Lossy(config=config, clock=clock)
     )
     res = CliRunner().invoke(cli_module.cli, ["simulate", "--scenario", "small"])
     assert res.exit_code == 1, res.output
@@ -555,7 +556,9 @@ def test_bad_scenarios_are_rejected(data: dict[str, Any], field: str) -> None:
 
 def test_run_simulation_reference_against_itself() -> None:
     result = run_simulation(
-        load_scenario("small"), lambda config, clock: ReferenceModel(config=config, clock=clock)
+        load_scenario("small"),
+        lambda config, clock: ReferenceModel(config=config, clock=clock),
+        reference=ReferenceModel,
     )
     assert result.check.ok and result.check.mismatches == 0
     assert result.counts.signals == 3000 and result.signals_per_s > 0
@@ -669,12 +672,12 @@ def test_the_replay_bar_says_it_counts_bytes_and_shows_rows(
     log = tmp_path / "hand.csv"
     log.write_text(HAND_LOG)
     screen = Terminal()
-    monkeypatch.setattr(cli_module.sys, "stderr", screen)
-    reader = cli_module.EventLogReader(log)
+    monkeypatch.setattr(progress.sys, "stderr", screen)
+    reader = EventLogReader(log)
     size = log.stat().st_size
-    with cli_module._bar(size, "B", False, "hand.csv: bytes of the file read") as bar:
+    with progress.read_bar(size, "B", False, "hand.csv: bytes of the file read") as bar:
         bar.mininterval = bar.miniters = 0  # draw every update, not 10 a second
-        rows = list(cli_module._with_progress(reader, bar, lambda: reader.bytes_read))
+        rows = list(progress.with_progress(reader, bar, lambda: reader.bytes_read))
         assert bar.n == size  # the whole file read
     # the last state drawn (the bar is cleared when it closes)
     shown = [ln for ln in screen.getvalue().replace("\r", "\n").splitlines() if ln.strip()][-1]

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tidal_actors._text import plural
 from tidal_actors.cli import commands as cli_module
-from tidal_actors.cli.text import plural
 
 from . import test_cli
 from .test_cli import HAND_FLAGS, HAND_LOG, ROOT, H, Run, T, _subprocess_run

@@ -34,6 +34,7 @@ from tidal_actors._clock import ManualClock
 from tidal_actors._config import Config
 from tidal_actors._types import COMMUNITY
 from tidal_actors.cli import commands as cli_module
+from tidal_actors.cli import store
 from tidal_actors.eventlog.log import (
     AssignRow,
     EventLogReader,
@@ -202,7 +203,7 @@ def _expected_rebuild_times(
 def _open_read_only(data_dir: Path, at_ns: int) -> Any:
     from tidal_actors.facades.blocking import TidalDb, open_core
 
-    state = json.loads((data_dir / cli_module.STATE_FILE).read_text())
+    state = json.loads((data_dir / store.STATE_FILE).read_text())
     config = Config.from_mapping(state["config"])
     return TidalDb(open_core(str(data_dir), config, ManualClock(at_ns), read_only=True))
 
@@ -575,7 +576,7 @@ def test_two_replays_at_different_speeds_record_the_same_purge_statuses(tmp_path
 def test_the_go_on_command_keeps_skip_invalid():
     """``--skip-rows N`` counts valid rows when invalid ones were skipped: the command
     printed to go on must skip them the same way, or it stops at a row already passed."""
-    from tidal_actors.cli.replay import go_on_command
+    from tidal_actors.cli.safety import go_on_command
 
     cmd = go_on_command(Path("log.csv"), Path("db dir"), 551, skip_invalid=True)
     assert (

@@ -20,7 +20,7 @@ import msgpack
 import pytest
 
 from tidal_actors import COMMUNITY, Config, InvalidArgument, ManualClock, StorageError, TidalDb
-from tidal_actors.cli import commands as cli_module
+from tidal_actors.cli import store
 from tidal_actors.cli.timepoints import parse_time
 from tidal_actors.storage.format import Tag, encode_key
 
@@ -171,7 +171,7 @@ def test_inspect_of_a_replay_still_running_reads_at_its_latest_event(writer) -> 
     time; inspect then reads at the latest event in the store, not at the wall clock
     (years after the log's events, where every score has decayed to nothing)."""
     _, path = writer
-    cli_module._write_state(path, SETTINGS, None, "replay log.csv")
+    store.write_state(path, SETTINGS, None, "replay log.csv")
     res = _subprocess_run("inspect", "top", "readers", "--data-dir", path)
     assert res.code == 0, res
     assert f"at {T0} " in res.out and "score 6.0" in res.out, res  # 3 x 2.0 at T0

@@ -93,7 +93,11 @@ def test_every_phase_is_announced_with_its_size() -> None:
     users = len({r.user_id for r in events})
     seen, phase = _recording()
     result = run_simulation(
-        scenario, lambda c, k: ReferenceModel(config=c, clock=k), events=events, phase=phase
+        scenario,
+        lambda c, k: ReferenceModel(config=c, clock=k),
+        reference=ReferenceModel,
+        events=events,
+        phase=phase,
     )  # type: ignore[arg-type]
     assert result.check.ok
     counted = {label: (total, done) for label, total, done in seen}

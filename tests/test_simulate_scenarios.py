@@ -13,12 +13,8 @@ from click.testing import CliRunner
 
 from tidal_actors.cli import commands as cli_module
 from tidal_actors.eventlog.log import AssignRow, LeaveRow, RejoinRow, SignalRow
-from tidal_actors.loadsim.simulate import (
-    Latency,
-    _differences,
-    generate_events,
-    load_scenario,
-)
+from tidal_actors.loadsim.check import differences
+from tidal_actors.loadsim.simulate import Latency, generate_events, load_scenario
 
 SCALE = "0.003"  # 300 users, 150 entities, 6,000 signals: a few seconds each
 
@@ -123,8 +119,8 @@ def test_assign_upfront_comes_first_and_keeps_the_old_scenarios_unchanged() -> N
 
 def test_differences_name_what_changed() -> None:
     before = {"rows": [("c", 1, 1, 1.0, 1, 1.0)], "users": {7: ("a",)}}
-    assert _differences(before, {"rows": [("c", 1, 1, 1.0, 1, 1.0)], "users": {7: ("a",)}}) == []
-    diff = _differences(
+    assert differences(before, {"rows": [("c", 1, 1, 1.0, 1, 1.0)], "users": {7: ("a",)}}) == []
+    diff = differences(
         before, {"rows": [("c", 1, 1, 1.0000000000000002, 1, 1.0)], "users": {7: ("b",)}}
     )
     assert len(diff) == 2 and "row ('c', 1, 1)" in diff[0] and "user 7" in diff[1]

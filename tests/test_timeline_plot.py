@@ -79,7 +79,9 @@ def test_a_short_runs_plot_spans_the_run_and_labels_every_line(
     scenario = load_scenario(name)
     if name == "restart":
         scenario = scenario.scaled(0.02)  # 40 signal batches: enough for a curve
-    result = run_simulation(scenario, lambda c, k: ReferenceModel(config=c, clock=k))
+    result = run_simulation(
+        scenario, lambda c, k: ReferenceModel(config=c, clock=k), reference=ReferenceModel
+    )
     rows = result.timeline
     assert len(rows) >= 5  # a curve, not a point (0.5 s intervals gave one or none)
     fig = _figure_of(result, tmp_path / "p.png", monkeypatch)

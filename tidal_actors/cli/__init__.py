@@ -1,5 +1,7 @@
-"""The ``tidal-actors`` command line: one module per command (``replay``, ``inspect``,
-``simulate``), the group's own options in `group`, shared wording in `text`."""
+"""The ``tidal-actors`` command line: one module per command (`replay`, `inspect`,
+`simulate`), assembled into the group in `commands`; the group's own behaviour and
+exit statuses in `group`; the data directory and its settings file in `store`; what
+keeps a store safe across runs in `safety`; the printed summaries in `summary`."""
 
 from tidal_actors.cli.commands import main
 

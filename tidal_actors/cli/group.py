@@ -1,14 +1,19 @@
 """The ``tidal-actors`` command group's own behaviour, apart from its commands.
 
-Owns: a closed standard output ending a command quietly (exit status 141, as Unix
-tools do), and ``--data-dir`` given before the subcommand (``tidal-actors --data-dir
-D inspect user 1``), which is the same as giving it after the subcommand; giving two
-different directories is a usage error. ``cli.py`` owns the commands.
+Owns: the exit statuses (0 ok, 2 bad input: a bad row, argument, config or
+scenario; 1 the run failed: the check of ``simulate`` found a difference, or the
+runtime raised; 130 stopped by Ctrl-C, `loadsim.interrupt`) and ending a command
+with one (:func:`fail`); a closed standard output ending a command quietly (exit
+status 141, as Unix tools do); and ``--data-dir`` given before the subcommand
+(``tidal-actors --data-dir D inspect user 1``), which is the same as giving it after
+the subcommand; giving two different directories is a usage error. The commands are
+in `replay`, `inspect` and `simulate`, assembled in `commands`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -16,8 +21,23 @@ from typing import Any, NoReturn
 
 import click
 
-__all__ = ["EXIT_CLOSED_PIPE", "Group", "closed_pipe", "data_dir_of"]
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_CLOSED_PIPE",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "Group",
+    "closed_pipe",
+    "data_dir_of",
+    "fail",
+    "write_json",
+]
 
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""The run failed: simulate's check found a difference, or the runtime raised."""
+EXIT_BAD_INPUT = 2
+"""Bad input: a bad row, argument, config or scenario (click's usage errors too)."""
 EXIT_CLOSED_PIPE = 141
 """Exit status when standard output's reader went away (``... | head -1``): 128 +
 SIGPIPE, what a shell reports for a Unix tool killed by it."""
@@ -26,6 +46,23 @@ TOP_DATA_DIR_HELP = (
     "The subcommand's data directory (replay, inspect, simulate): the "
     "same as --data-dir after the subcommand."
 )
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """End the command: ``message`` on standard error, exit status ``code``."""
+    click.echo(f"tidal-actors: error: {message}", err=True)
+    sys.exit(code)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as indented JSON to ``path`` (``--report-out``); a file that
+    cannot be written ends the command with exit status 2."""
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc}", EXIT_BAD_INPUT)
 
 
 def closed_pipe() -> NoReturn:

@@ -4,7 +4,7 @@ Owns the ``inspect`` group and its subcommands (``users``, ``user``, ``cohorts``
 ``top``, ``manifests``, ``purge``). ``--data-dir`` is taken after the subcommand
 (``inspect user 1 --data-dir D``) or before it (``inspect --data-dir D user 1``,
 ``tidal-actors --data-dir D inspect user 1``).
-The store is opened read-only through ``cli._open_db`` (looked up at call time so
+The store is opened read-only through ``store.open_db`` (looked up at call time so
 that the tests can swap the database for the reference model): read once, in one
 LMDB read transaction, beside a writer in another process if there is one (a note
 on standard error then says that the output is a consistent snapshot as of that
@@ -19,31 +19,22 @@ from __future__ import annotations
 
 import difflib
 import re
-import time
-from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from tidal_actors._clock import ManualClock
-from tidal_actors._config import Config
-from tidal_actors._errors import InvalidArgument, TidalError, UnknownCohort, UnknownPurge
+from tidal_actors._errors import InvalidArgument, UnknownPurge
+from tidal_actors._text import plural
 from tidal_actors._types import COMMUNITY, MembershipStatus
-from tidal_actors.cli.group import data_dir_of
-from tidal_actors.cli.text import plural
-from tidal_actors.cli.timepoints import FORMS, parse_time
+from tidal_actors.cli.group import EXIT_BAD_INPUT, data_dir_of, fail
+from tidal_actors.cli.inspect_store import inspected, known_cohorts, user_ids
+from tidal_actors.cli.timepoints import FORMS, stamp
 from tidal_actors.core.validate import check_cohort
-from tidal_actors.storage.format import Keyspace, Tag, decode_key
-from tidal_actors.storage.lmdb_lock import attached_process
-from tidal_actors.storage.settings import describe
 
 __all__ = ["inspect"]
 
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
 ID = click.IntRange(0, 2**64 - 1)
 _DATA_DIR_HELP = (
     "A data directory written by replay or simulate (required; after the "
@@ -58,12 +49,6 @@ _AT_HELP = (
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _cli() -> Any:
-    from tidal_actors.cli import commands as cli  # at call time: commands imports this module
-
-    return cli
 
 
 def _data_dir_option(f: F) -> F:
@@ -87,106 +72,7 @@ def inspect(data_dir: Path | None) -> None:
     Read-only, also beside a running writer (a replay, an application): the store is
     read once, and what is shown is a consistent snapshot as of that read. Scores are
     read with the settings the store records. Nothing is written to the store."""
-    del data_dir  # each subcommand reads it (`_cli_group.data_dir_of`)
-
-
-@contextmanager
-def _inspected(data_dir: Path | None, at: str | None = None) -> Iterator[tuple[Any, int]]:
-    """The database in ``data_dir`` (read-only) and the read time (int ns): ``at``
-    (`_timepoints` forms) or the default, the last event replayed into the directory
-    (the wall clock if none is recorded)."""
-    cli = _cli()
-    if data_dir is None:  # checked here, not by click, so that `inspect top --help` works
-        raise click.UsageError("Missing option '--data-dir'.")
-    if not data_dir.is_dir():  # given before the subcommand, the path is checked here
-        cli._fail(f"{data_dir}: no such directory", EXIT_BAD_INPUT)
-    if not any(data_dir.iterdir()):
-        cli._fail(f"{data_dir}: empty directory, not a tidal_actors data directory", EXIT_BAD_INPUT)
-    if not (data_dir / "tidal.lock").exists() and not (data_dir / cli.STATE_FILE).exists():
-        # inspecting must not create a store where there was none
-        cli._fail(f"{data_dir}: not a tidal_actors data directory (no tidal.lock)", EXIT_BAD_INPUT)
-    state = cli._read_state(data_dir)
-    from_file = cli._stored_config(data_dir)
-    last = state.get("last_event_ns")
-    if at is not None:
-        try:  # the form, before anything is opened; an offset is resolved below
-            parse_time(at, "--at", 2**62)
-        except InvalidArgument as exc:
-            cli._fail(str(exc), EXIT_BAD_INPUT)
-    # scores decay: read at the last replayed event by default, not at the wall clock
-    clock = ManualClock(last if isinstance(last, int) else time.time_ns())
-    writer = attached_process(data_dir)
-    try:
-        with cli._open_db(data_dir, from_file or Config(), clock, read_only=True) as db:
-            default_at = clock.now_ns()
-            latest = getattr(db, "latest_event_ns", None)
-            if (
-                not isinstance(last, int)
-                and latest is not None
-                and str(state.get("source", "")).startswith(("replay ", "simulate "))
-            ):
-                default_at = latest  # a replay still running: the event time it has reached
-            read_at = default_at if at is None else parse_time(at, "--at", default_at)
-            clock.set(read_at)
-            _notes(data_dir, db, writer, from_file is not None)
-            yield db, read_at
-    except InvalidArgument as exc:
-        cli._fail(str(exc), EXIT_BAD_INPUT)
-    except (UnknownPurge, UnknownCohort) as exc:  # asked for what the store does not hold
-        cli._fail(str(exc), EXIT_BAD_INPUT)
-    except TidalError as exc:
-        cli._fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
-
-
-def _notes(data_dir: Path, db: Any, writer: int | None, from_file: bool) -> None:
-    """On standard error: a writer beside the read, settings the store does not record."""
-    note = _cli_note
-    if writer is not None and hasattr(db, "read_at_ns"):
-        note(
-            f"process {writer} has {data_dir} open: what follows is a consistent snapshot "
-            f"of the store as of its read at {_cli()._iso(db.read_at_ns)}; later writes "
-            "are not shown"
-        )
-    if not getattr(db, "recorded_settings", True):
-        source = f"those of {data_dir / _cli().STATE_FILE}" if from_file else "the default settings"
-        note(
-            f"{data_dir} records no settings (written before stores recorded them): "
-            f"read with {source}, {describe(db.config)}"
-        )
-
-
-def _cli_note(message: str) -> None:
-    click.echo(f"tidal-actors: note: {message}", err=True)
-
-
-def user_ids(db: Any) -> list[int]:
-    """The users ``db`` holds a record of (a cohort assignment, a leave, a manifest),
-    ascending. A user who only ever signalled to @community has none and is not
-    listed. Reads the store's keys (no value decoded beyond what the open did)."""
-    store = getattr(getattr(db, "_core", None), "store", None)
-    if store is not None and hasattr(store, "raw_keys"):
-        ids = {decode_key(k)[0] for k in store.raw_keys(Keyspace.USERS)}
-        ids.update(
-            user
-            for user, tag, _ in map(decode_key, store.raw_keys(Keyspace.ITEMS))
-            if tag == Tag.PURGE_MANIFEST
-        )
-        return sorted(ids)
-    # the reference model (the tests' stand-in): the users it holds state of
-    held: set[int] = set()
-    for name in ("_cohorts", "_status", "_history", "_manifests"):
-        held.update(getattr(db, name, {}))
-    return sorted(held)
-
-
-def _known_cohorts(db: Any, at: int) -> tuple[Counter[str], Counter[str]]:
-    """Per cohort: the aggregate keys with a contribution at ``at``, and the members
-    (users assigned to it now). ``@community`` is among the keys' cohorts only."""
-    keys = Counter(r[0] for r in db.aggregate_rows(at))
-    members: Counter[str] = Counter()
-    for user in user_ids(db):
-        members.update(db.cohorts_of(user))
-    return keys, members
+    del data_dir  # each subcommand reads it (`group.data_dir_of`)
 
 
 # ---------------------------------------------------------------- subcommands
@@ -197,7 +83,7 @@ def _known_cohorts(db: Any, at: int) -> tuple[Counter[str], Counter[str]]:
 @click.pass_context
 def inspect_users(ctx: click.Context, data_dir: Path | None) -> None:
     """Every user the store holds a record of, with status and cohort count."""
-    with _inspected(data_dir_of(ctx, data_dir)) as (db, _):
+    with inspected(data_dir_of(ctx, data_dir)) as (db, _):
         rows = [
             (u, db.community_layer_status(u).status, len(db.cohorts_of(u))) for u in user_ids(db)
         ]
@@ -222,8 +108,7 @@ def inspect_user(ctx: click.Context, user_id: int, data_dir: Path | None) -> Non
 
     A user the store has no record of (no cohort, leave or manifest) is said to be
     so, exit status 0: a user who only signalled to @community leaves none."""
-    stamp = _cli()._stamp
-    with _inspected(data_dir_of(ctx, data_dir)) as (db, _):
+    with inspected(data_dir_of(ctx, data_dir)) as (db, _):
         known = user_id in user_ids(db)
         membership = db.community_layer_status(user_id)
         history = db.community_leave_history(user_id)
@@ -267,12 +152,12 @@ def inspect_user(ctx: click.Context, user_id: int, data_dir: Path | None) -> Non
 @click.pass_context
 def inspect_cohorts(ctx: click.Context, at_text: str | None, data_dir: Path | None) -> None:
     """Every cohort (and @community) with its members and its aggregate keys."""
-    with _inspected(data_dir_of(ctx, data_dir), at_text) as (db, at):
-        keys, members = _known_cohorts(db, at)
+    with inspected(data_dir_of(ctx, data_dir), at_text) as (db, at):
+        keys, members = known_cohorts(db, at)
     names = sorted(set(keys) | set(members) | {COMMUNITY})
     out = click.echo
     out(
-        f"{plural(len(names) - 1, 'cohort')} and {COMMUNITY} at {_cli()._stamp(at)} "
+        f"{plural(len(names) - 1, 'cohort')} and {COMMUNITY} at {stamp(at)} "
         "(keys: (entity, signal type) pairs with a contribution)"
     )
     out(f"  {'cohort':<32}{'members':>10}{'keys':>10}")
@@ -314,17 +199,16 @@ def inspect_top(
 
     A cohort the store does not know (no member, no contribution) is an error
     (exit 2) naming the closest known names; `inspect cohorts` lists them."""
-    cli = _cli()
     try:
         check_cohort(cohort, allow_community=True)
     except InvalidArgument as exc:
-        cli._fail(str(exc), EXIT_BAD_INPUT)
+        fail(str(exc), EXIT_BAD_INPUT)
     unknown: list[str] | None = None
-    with _inspected(data_dir_of(ctx, data_dir), at_text) as (db, at):
+    with inspected(data_dir_of(ctx, data_dir), at_text) as (db, at):
         rows = db.aggregate_rows(at)
         present = sorted({r[2] for r in rows if r[0] == cohort})
         if not present and cohort != COMMUNITY:
-            keys, members = _known_cohorts(db, at)
+            keys, members = known_cohorts(db, at)
             if cohort not in keys and cohort not in members:
                 unknown = sorted(set(keys) | set(members) | {COMMUNITY})
         types = [signal_type] if signal_type is not None else present
@@ -338,13 +222,13 @@ def inspect_top(
             if close
             else "; `tidal-actors inspect cohorts` lists them"
         )
-        cli._fail(
+        fail(
             f"invalid cohort={cohort!r}: no such cohort in {data_dir_of(ctx, data_dir)} "
             f"(no member, no contribution){hint}",
             EXIT_BAD_INPUT,
         )
     out = click.echo
-    out(f"cohort {cohort} at {cli._stamp(at)}")
+    out(f"cohort {cohort} at {stamp(at)}")
     if not types:
         out("  no contributions")
     for t, top in tops:
@@ -359,8 +243,7 @@ def inspect_top(
 @click.pass_context
 def inspect_manifests(ctx: click.Context, user_id: int, data_dir: Path | None) -> None:
     """Each purge manifest of USER_ID with its entries, oldest first."""
-    stamp = _cli()._stamp
-    with _inspected(data_dir_of(ctx, data_dir)) as (db, _):
+    with inspected(data_dir_of(ctx, data_dir)) as (db, _):
         manifests = db.list_purge_manifests(user_id)
         statuses = (
             {m.purge_id: db.purge_status(m.purge_id) for m in manifests}
@@ -384,7 +267,6 @@ def inspect_manifests(ctx: click.Context, user_id: int, data_dir: Path | None) -
 
 
 def _purge_state(st: Any) -> str:
-    stamp = _cli()._stamp
     if st.rematerialized:
         more = st.excluded_by_rematerialization
         return (
@@ -407,16 +289,16 @@ def _purge_state(st: Any) -> str:
 def inspect_purge(ctx: click.Context, purge_id: str, data_dir: Path | None) -> None:
     """Where purge PURGE_ID (32 hex digits, as listed by `manifests`) stands."""
     if not re.fullmatch(r"[0-9a-fA-F]{32}", purge_id):
-        _cli()._fail(f"invalid purge_id={purge_id!r}: must be 32 hex digits", EXIT_BAD_INPUT)
+        fail(f"invalid purge_id={purge_id!r}: must be 32 hex digits", EXIT_BAD_INPUT)
     pid = int(purge_id, 16)
     where = data_dir_of(ctx, data_dir)
-    with _inspected(where) as (db, _):
+    with inspected(where) as (db, _):
         try:
             st = db.purge_status(pid)
         except UnknownPurge:
             st = None
     if st is None:
-        _cli()._fail(f"no purge with id {purge_id.lower()} in {where}", EXIT_BAD_INPUT)
+        fail(f"no purge with id {purge_id.lower()} in {where}", EXIT_BAD_INPUT)
     click.echo(f"purge {st.purge_id}")
     click.echo(f"  user        {st.user_id}")
     click.echo(f"  cohort      {st.cohort}")

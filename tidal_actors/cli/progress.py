@@ -1,10 +1,11 @@
 """Progress bars of the command line (tqdm, on standard error, only on a terminal).
 
-Owns `phase_bars`: a `_phases.PhaseFn` drawing one bar per phase of ``simulate``
+Owns `phase_bars`: a `phases.PhaseFn` drawing one bar per phase of ``simulate``
 (set-up, the run, the reference model, the check, closing and reopening the store),
 so that no phase longer than a second passes in silence. A phase that cannot be
 counted shows the seconds it has taken, redrawn four times a second by a thread of
-its own, which stops with the phase.
+its own, which stops with the phase. And `read_bar` with `with_progress`: the bar of
+a log being read by ``replay`` (its bytes, the rows so far beside them).
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from tqdm import tqdm
 
+from tidal_actors.eventlog.log import EventRow
 from tidal_actors.loadsim.phases import PhaseFn, Tick
 
-__all__ = ["bar", "phase_bars"]
+__all__ = ["bar", "phase_bars", "read_bar", "with_progress"]
+
+_PROGRESS_EVERY = 1024  # rows between progress-bar updates
 
 
 def bar(total: int | None, unit: str, quiet: bool, desc: str) -> tqdm[Any]:
@@ -71,3 +75,34 @@ def phase_bars(quiet: bool, prefix: str = "") -> PhaseFn:
                     ticker.join()
 
     return phase
+
+
+def read_bar(total: int, unit: str, quiet: bool, desc: str) -> tqdm[Any]:
+    """A bar of ``total`` units (a file's bytes) on standard error, scaled (kB, MB),
+    left off when ``quiet`` or not on a terminal."""
+    return tqdm(
+        total=total,
+        unit=unit,
+        unit_scale=True,
+        desc=desc,
+        file=sys.stderr,
+        disable=quiet or not sys.stderr.isatty(),
+        leave=False,
+        dynamic_ncols=True,
+    )
+
+
+def with_progress(
+    rows: Iterable[EventRow], bar: tqdm[Any], position: Callable[[], int] | None = None
+) -> Iterator[EventRow]:
+    """Yield ``rows``, moving ``bar`` every few rows (to ``position()``, the bytes of
+    the file read, or by count) and showing the rows so far beside it."""
+    n = 0
+    for row in rows:
+        yield row
+        n += 1
+        if n % _PROGRESS_EVERY == 0:
+            bar.set_postfix_str(f"{n:,} rows", refresh=False)
+            bar.update((position() if position else n) - bar.n)
+    bar.set_postfix_str(f"{n:,} rows", refresh=False)
+    bar.update((position() if position else n) - bar.n)

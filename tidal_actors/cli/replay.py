@@ -1,223 +1,378 @@
-"""The pieces of ``tidal-actors replay`` and ``simulate`` that keep a store safe
-across runs.
+"""``tidal-actors replay``: apply an event log, each row at its own ``ts_ns``.
 
-Owns: refusing a ``--data-dir`` that already holds a store unless ``--append`` says
-so (replaying a log into it again would apply every row twice) and one that holds
-other files (a store is not made among them), and simulate's
-refusal of one; the rows a replay takes (``--skip-rows``, and a stop at a row
-boundary on Ctrl-C); the purged cohorts a stopped replay leaves waiting, as kept in
-the settings file; the command that goes on from where a replay stopped; what an
-interrupted simulation prints. ``cli.py`` owns the commands themselves.
+Owns the command's options and its run: the rows read (`eventlog.log`), applied in
+batches, purged cohorts rebuilt in event time (`eventlog.rebuilds`), the
+``--scores-out`` CSV and the ``--report-out`` JSON. The rules that keep a store
+safe across runs (``--append``, ``--skip-rows``) are in `safety`, the data
+directory and its settings file in `store`, the printed summary in `summary`.
 """
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import csv
+import sys
+import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import click
 
-from tidal_actors._errors import InvalidArgument
-from tidal_actors.cli.text import plural
-from tidal_actors.eventlog.log import EventRow
-from tidal_actors.eventlog.rebuilds import EventTimeRebuilds, delay_ns_of
+from tidal_actors._clock import ManualClock
+from tidal_actors._durations import parse_duration
+from tidal_actors._errors import InvalidArgument, TidalError
+from tidal_actors._text import plural
+from tidal_actors.cli import store
+from tidal_actors.cli.group import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    data_dir_of,
+    fail,
+    write_json,
+)
+from tidal_actors.cli.progress import phase_bars, read_bar, with_progress
+from tidal_actors.cli.safety import (
+    PENDING_KEY,
+    RowFeed,
+    check_replay_target,
+    go_on_command,
+    rebuilds_from_state,
+)
+from tidal_actors.cli.summary import print_replay_summary
+from tidal_actors.cli.timepoints import FORMS, parse_time
+from tidal_actors.eventlog.log import ApplyCounts, EventLogError, EventLogReader, apply_events
+from tidal_actors.loadsim.interrupt import EXIT_INTERRUPTED, STOP_NOTICE, StopOnSigint
 
-__all__ = [
-    "PENDING_KEY",
-    "STATE_FILE",
-    "RowFeed",
-    "check_replay_target",
-    "go_on_command",
-    "holds_store",
-    "rebuilds_from_state",
-    "report_interrupted_simulation",
-    "simulate_target_refusal",
-]
+__all__ = ["SCORES_HEADER", "duration_option", "replay", "time_point_option", "write_scores"]
 
-STATE_FILE = "tidal-actors-cli.json"
-"""The settings file ``replay`` and ``simulate --data-dir`` keep beside a store."""
-STORE_FILES = ("data.mdb", "tidal.lock", STATE_FILE)
-"""Files whose presence means a directory holds a tidal_actors store (or held one)."""
-PENDING_KEY = "pending_rematerializations"
-"""Settings-file key: purged cohorts a stopped replay left waiting (name -> due ns)."""
-
-
-def holds_store(data_dir: Path) -> bool:
-    """Whether ``data_dir`` (an existing directory) holds a store or its settings file."""
-    return any((data_dir / name).exists() for name in STORE_FILES)
-
-
-def check_replay_target(data_dir: Path | None, append: bool) -> None:
-    """Refuse a ``--data-dir`` that is not empty, unless it holds a store and
-    ``append`` (``--append``) says to add to it.
-
-    A missing or empty directory (or no ``--data-dir``: an ephemeral store) is fine.
-
-    Raises:
-        click.BadParameter: (exit status 2) the directory holds a store and
-            ``--append`` was not given (the message names ``--append``); or it holds
-            other files and no store, with or without ``--append`` (the message says
-            to use a new or empty directory: a store is not made among other files).
-    """
-    if data_dir is None or not data_dir.is_dir() or not any(data_dir.iterdir()):
-        return
-    if not holds_store(data_dir):
-        raise click.BadParameter(
-            f"{str(data_dir)!r} is not empty and holds no tidal_actors store (it holds other "
-            "files)"
-            + (", so there is no store to --append to" if append else "")
-            + ". Replay into a new or empty directory.",
-            param_hint="'--data-dir'",
-        )
-    if append:
-        return
-    raise click.BadParameter(
-        f"{str(data_dir)!r} already holds a tidal_actors store: replaying into it applies "
-        "the log on top of what it holds (every signal, leave and purge again, scores "
-        "doubled for a log replayed twice). Pass --append to add this log to it, or "
-        "choose a new or empty directory.",
-        param_hint="'--data-dir'",
-    )
+SCORES_HEADER = (
+    "cohort",
+    "entity_id",
+    "signal_type",
+    "decay_score",
+    "window_count",
+    "window_weight",
+)
+"""The header of ``--scores-out``: one aggregate row per line, scores as ``repr``."""
 
 
-def rebuilds_from_state(
-    rematerialize_after_ms: float | None, state: Mapping[str, Any]
-) -> EventTimeRebuilds:
-    """The replay's re-materialization schedule: the configured delay (float ms, or
-    None: at the end only), and the cohorts a stopped replay left waiting in
-    ``state`` (the settings file's mapping; ``{}`` for a new store).
-
-    Raises:
-        InvalidArgument: the settings file's ``pending_rematerializations`` is not a
-            mapping of cohort names to int ns or null (field named).
-    """
-    pending = state.get(PENDING_KEY) or {}
-    if not isinstance(pending, dict):
-        raise InvalidArgument(PENDING_KEY, pending, "must be a mapping of cohort names to int ns")
-    return EventTimeRebuilds(delay_ns_of(rematerialize_after_ms), pending)
+def duration_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """Option callback: a duration (90d, 12h, 30m, 15s, 250ms, plain ns) as int ns > 0."""
+    if value is None:
+        return None
+    try:
+        ns = parse_duration(value, f"--{(param.name or 'duration').replace('_', '-')}")
+    except InvalidArgument as exc:
+        raise click.BadParameter(f"{value!r}: {exc.reason}", ctx, param) from None
+    if ns <= 0:
+        raise click.BadParameter(f"{value!r}: must be positive", ctx, param)
+    return ns
 
 
-class RowFeed:
-    """The rows a replay applies: ``rows`` less the first ``skip``, stopping at a row
-    boundary once ``stop()`` is true (checked before each row is taken, also while
-    skipping).
-
-    Attributes:
-        skip: how many rows to skip (int >= 0; valid rows, as a replay counts them).
-        skipped: how many have been skipped so far.
-        cut: whether ``stop()`` ended the feed before the rows ran out.
-    """
-
-    def __init__(self, rows: Iterable[EventRow], skip: int, stop: Callable[[], bool]) -> None:
-        self._rows = rows
-        self.skip = skip
-        self._stop = stop
-        self.skipped = 0
-        self.cut = False
-
-    def __iter__(self) -> Iterator[EventRow]:
-        it = iter(self._rows)
-        while True:
-            if self._stop():
-                self.cut = True
-                return
-            try:
-                row = next(it)
-            except StopIteration:
-                return
-            if self.skipped < self.skip:
-                self.skipped += 1
-                continue
-            yield row
-
-    @property
-    def short(self) -> bool:
-        """Whether the rows ran out before ``skip`` of them were skipped."""
-        return not self.cut and self.skipped < self.skip
+def time_point_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Option callback: check a `timepoints` form early (an offset is resolved later)."""
+    if value is not None:
+        try:
+            parse_time(value, "--at", 2**62)
+        except InvalidArgument as exc:
+            raise click.BadParameter(f"{value!r}: {exc.reason}", ctx, param) from None
+    return value
 
 
-def go_on_command(
-    events: Path,
-    data_dir: Path,
-    next_skip: int,
-    skip_invalid: bool = False,
-    outputs: Mapping[str, Path | None] | None = None,
-) -> str:
-    """The command that applies the rest of ``events`` to ``data_dir`` after a replay
-    stopped with ``next_skip`` rows (int) applied to it in all. ``skip_invalid``: the
-    replay skipped invalid rows, so ``next_skip`` counts valid rows only, and the rest
-    must be read the same way. ``outputs``: option -> path (``--scores-out``,
-    ``--report-out``) the stopped replay was asked to write, which the rest writes."""
-    extra = "".join(
-        f" {opt} {shlex.quote(str(p))}" for opt, p in (outputs or {}).items() if p is not None
-    )
-    return (
-        f"tidal-actors replay {shlex.quote(str(events))} --data-dir "
-        f"{shlex.quote(str(data_dir))} --skip-rows {next_skip} --append"
-        + (" --skip-invalid" if skip_invalid else "")
-        + extra
-    )
-
-
-def simulate_target_refusal(data_dir: Path, state: Mapping[str, Any]) -> str:
-    """The error for ``simulate --data-dir`` on a directory that is not empty; ``state``
-    is its settings file's mapping (``{}`` if none), which names what wrote it."""
-    source, stopped = state.get("source"), state.get("stopped")
-    held = ""
-    if isinstance(source, str):
-        held = f": it holds the store of `tidal-actors {source}`"
-        if isinstance(stopped, dict) and isinstance(stopped.get("after_rows"), int):
-            of = stopped.get("of_rows")
-            held += (
-                f", interrupted after {stopped['after_rows']:,}"
-                + (f" of {of:,}" if isinstance(of, int) else "")
-                + (
-                    " row"
-                    if (of if isinstance(of, int) else stopped["after_rows"]) == 1
-                    else " rows"
+def write_scores(path: Path, rows: Iterable[tuple[str, int, int, float, int, float]]) -> int:
+    """Write ``rows`` (``aggregate_rows``) as the ``--scores-out`` CSV; returns how
+    many. A file that cannot be written ends the command with exit status 2."""
+    n = 0
+    try:
+        with open(path, "w", encoding="utf-8", newline="") as fh:
+            writer = csv.writer(fh, lineterminator="\n")
+            writer.writerow(SCORES_HEADER)
+            for cohort, entity_id, signal_type, score, count, weight in rows:
+                writer.writerow(
+                    (
+                        cohort,
+                        entity_id,
+                        signal_type,
+                        repr(float(score)),
+                        int(count),
+                        repr(float(weight)),
+                    )
                 )
-            )
-    return (
-        f"--data-dir {data_dir} is not empty{held}. simulate needs a new or empty "
-        "directory (its check compares the store with a reference model that starts "
-        "empty, and a simulation cannot be resumed): choose another directory or "
-        f"delete this one; `tidal-actors inspect --data-dir {data_dir} ...` reads it"
-    )
+                n += 1
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc}", EXIT_BAD_INPUT)
+    return n
 
 
-def report_interrupted_simulation(
-    exc: Any, total_rows: int, data_dir: Path | None, store: Path | None
+def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
+    """How much counter ``name`` grew from ``before`` to ``after`` (``stats()``)."""
+    return int(after.get(name, 0)) - int(before.get(name, 0))
+
+
+@click.command()
+@click.argument(
+    "events", metavar="EVENTS.csv", type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Store the state here (created if absent) instead of an ephemeral store. "
+    "It must be new or empty, or hold a store and --append be given.",
+)
+@click.option(
+    "--append",
+    is_flag=True,
+    help="Add the log to the store already in --data-dir (its settings are kept). "
+    "Without it such a directory is refused: replaying a log into a store "
+    "that holds it applies every row again.",
+)
+@click.option(
+    "--skip-rows",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="Skip the first N rows of the log (rows as the summary counts them), e.g. "
+    "to go on after a stopped replay with --append.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Settings file (as config/default.toml). Default: the data directory's "
+    "settings from an earlier run, else the defaults.",
+)
+@click.option(
+    "--half-life",
+    metavar="DURATION",
+    callback=duration_option,
+    help="Decay half-life, e.g. 7d (overrides --config).",
+)
+@click.option(
+    "--window-width",
+    metavar="DURATION",
+    callback=duration_option,
+    help="Window bucket width, e.g. 1h.",
+)
+@click.option(
+    "--window-buckets", type=click.IntRange(min=1), metavar="N", help="Buckets per window read."
+)
+@click.option(
+    "--at",
+    "at_text",
+    metavar="TIME",
+    callback=time_point_option,
+    help=f"Read --scores-out at this time: {FORMS}. Default: the log's last ts_ns "
+    "(an offset is from it).",
+)
+@click.option(
+    "--scores-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write every aggregate row (cohort, entity, type) as CSV here.",
+)
+@click.option(
+    "--report-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write counts and timing as JSON here.",
+)
+@click.option("--skip-invalid", is_flag=True, help="Skip and count bad rows instead of stopping.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=1024,
+    show_default=True,
+    metavar="N",
+    help="Longest run of signals sent in one signal_batch call.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.pass_context
+def replay(
+    ctx: click.Context,
+    events: Path,
+    data_dir: Path | None,
+    append: bool,
+    skip_rows: int,
+    config_file: Path | None,
+    half_life: int | None,
+    window_width: int | None,
+    window_buckets: int | None,
+    at_text: str | None,
+    scores_out: Path | None,
+    report_out: Path | None,
+    skip_invalid: bool,
+    batch_size: int,
+    quiet: bool,
 ) -> None:
-    """Print what an interrupted ``simulate`` did (``exc``: an ``Interrupted`` with
-    the counts; ``total_rows``: the scenario's rows) and where its store is."""
-    c = exc.counts
-    out = click.echo
-    if exc.phase == "check":
-        out(
-            f"interrupted before the check: all {plural(exc.rows, 'row')} applied, not compared "
-            "with the reference model"
+    """Apply the event log EVENTS.csv, each row at its own ts_ns.
+
+    The format is ts_ns,op,user_id,cohort,entity_id,signal_type,weight with ops
+    assign, signal, leave, rejoin, purge (see the README). A bad row stops the replay
+    with exit status 2; every row before it stays applied (and durable with
+    --data-dir). Ctrl-C stops it at a row boundary with exit status 130, the store
+    flushed and closed, and prints how to go on (--skip-rows N --append).
+    Durations: 90d, 12h, 30m, 15s, 250ms or integer nanoseconds.
+    """
+    data_dir = data_dir_of(ctx, data_dir)
+    check_replay_target(data_dir, append)
+    config = store.build_config(data_dir, config_file, half_life, window_width, window_buckets)
+    state = store.read_state(data_dir) if data_dir is not None and data_dir.is_dir() else {}
+    try:
+        # purged cohorts are rebuilt in event time (see eventlog.rebuilds), not by the
+        # runtime's wall-clock timer, which the replay's database has off
+        rebuilds = rebuilds_from_state(config.rematerialize_after_ms, state)
+    except InvalidArgument as exc:
+        fail(
+            f"{data_dir / store.STATE_FILE if data_dir else store.STATE_FILE}: {exc}",
+            EXIT_BAD_INPUT,
         )
-    else:
-        out(f"interrupted after {exc.rows:,} of {plural(total_rows, 'row')}")
-    if c is not None:
-        out(
-            f"  applied    {plural(c.signals, 'signal')}, {plural(c.assigns, 'assign')}, "
-            f"{plural(c.leaves, 'leave')}, {plural(c.rejoins, 'rejoin')}, {plural(c.purges, 'purge')}"
+    clock = ManualClock(0)
+    reader = EventLogReader(events, skip_invalid=skip_invalid)
+    counts = ApplyCounts()
+    error: EventLogError | None = None
+    scores_written: int | None = None
+    source = f"replay {events}"
+    stop = StopOnSigint(STOP_NOTICE)
+    with stop:
+        try:
+            size = events.stat().st_size
+            phase = phase_bars(quiet, f"replay {events.name}: ")
+            with store.opened(
+                data_dir, config.replace(rematerialize_after_ms=None), clock, phase
+            ) as db:
+                if data_dir is not None:  # before the first row: it survives a kill
+                    store.write_state(data_dir, config, None, source)
+                before = dict(db.stats())
+                started = time.perf_counter()
+                # rows are not known before the end: the bar is the file's bytes read
+                with read_bar(size, "B", quiet, f"{events.name}: bytes of the file read") as bar:
+                    feed = RowFeed(
+                        with_progress(reader, bar, lambda: reader.bytes_read),
+                        skip_rows,
+                        stop.requested,
+                    )
+                    try:
+                        apply_events(
+                            db, feed, clock, batch_size=batch_size, counts=counts, rebuilds=rebuilds
+                        )
+                    except EventLogError as exc:
+                        error = exc
+                complete = error is None and not feed.cut and not feed.short
+                with phase("flush, and the rebuilds still due", None, ""):
+                    db.flush()
+                    if complete:
+                        # the rebuilds still due run now, each at its due event time: the
+                        # scores written and the store left do not depend on the replay's speed
+                        last = state.get("last_event_ns")
+                        end = (
+                            counts.max_ts_ns
+                            if counts.max_ts_ns is not None
+                            else last
+                            if isinstance(last, int)
+                            else clock.now_ns()
+                        )
+                        rebuilds.finish(db, clock, end)
+                elapsed = time.perf_counter() - started
+                after = dict(db.stats())
+                last_ts = counts.max_ts_ns or 0
+                at = last_ts if at_text is None else parse_time(at_text, "--at", last_ts)
+                if scores_out is not None and complete:
+                    with phase("write the scores", None, ""):
+                        scores_written = write_scores(scores_out, db.aggregate_rows(at))
+            next_skip = skip_rows + counts.rows
+            if data_dir is not None:
+                stopped = (
+                    None
+                    if complete
+                    else {
+                        "after_rows": next_skip,
+                        "why": "bad row" if error else "interrupted" if feed.cut else "short log",
+                    }
+                )
+                store.write_state(
+                    data_dir,
+                    config,
+                    counts.max_ts_ns,
+                    source,
+                    **{PENDING_KEY: rebuilds.pending(), "stopped": stopped},
+                )
+        except OSError as exc:
+            fail(str(exc), EXIT_BAD_INPUT)
+        except InvalidArgument as exc:
+            fail(str(exc), EXIT_BAD_INPUT)
+        except TidalError as exc:
+            fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
+
+    report = {
+        "events": str(events),
+        "data_dir": None if data_dir is None else str(data_dir),
+        "rows": counts.rows,
+        "skipped_first_rows": feed.skipped,
+        "signals": counts.signals,
+        "forwarded": _delta(after, before, "forwarded"),
+        "gated": _delta(after, before, "gated"),
+        "contribution_records": _delta(after, before, "records"),
+        "purges": counts.purges,
+        "retracted_records": _delta(after, before, "retracted"),
+        "manifests": counts.manifests,
+        "leaves": counts.leaves,
+        "rejoins": counts.rejoins,
+        "assigns": counts.assigns,
+        "skipped_rows": reader.skipped,
+        "first_ts_ns": counts.first_ts_ns,
+        "last_ts_ns": counts.max_ts_ns,
+        "rows_back_in_time": counts.back_in_time,
+        "at_ns": at,
+        "elapsed_s": elapsed,
+        "signals_per_s": counts.signals / elapsed if elapsed > 0 else 0.0,
+        "error": None if error is None else str(error),
+        "interrupted": feed.cut,
+        "next_skip_rows": None if complete else next_skip,
+        "rematerializations": [[c, t] for c, t in rebuilds.done],
+    }
+    if report_out is not None:
+        write_json(report_out, report)
+
+    go_on: str | None = None
+    if not complete and not feed.short:
+        go_on = (
+            (f"fix {error.path}:{error.line}, then: " if error is not None else "")
+            + go_on_command(
+                events,
+                data_dir,
+                next_skip,
+                skip_invalid,
+                {"--scores-out": scores_out, "--report-out": report_out},
+            )
+            if data_dir is not None
+            else "nothing was kept (no --data-dir): replay the whole log again"
         )
-    if data_dir is not None:
-        out(
-            f"  store      {data_dir} (flushed and closed; `tidal-actors inspect --data-dir "
-            f"{shlex.quote(str(data_dir))} ...` reads it)"
+    print_replay_summary(
+        click.echo,
+        report,
+        skip_errors=reader.skip_errors,
+        scores_written=scores_written,
+        scores_out=scores_out,
+        report_out=report_out,
+        complete=complete,
+        waiting=len(rebuilds.pending()),
+        go_on=go_on,
+    )
+    accepted = _delta(after, before, "signals")
+    if accepted != counts.signals:
+        click.echo(
+            f"tidal-actors: warning: sent {counts.signals} signals, the database "
+            f"counted {accepted}",
+            err=True,
         )
-        out(
-            "  to go on   a simulation cannot be resumed: run it again with a new or empty "
-            "--data-dir"
+    if error is not None:
+        click.echo(f"tidal-actors: error: {error}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    if feed.short:
+        fail(
+            f"invalid --skip-rows={skip_rows}: the log has only {feed.skipped:,} rows",
+            EXIT_BAD_INPUT,
         )
-    else:
-        out(
-            f"  store      {'temporary, deleted' if store is not None else 'ephemeral'}: "
-            "nothing was kept"
+    if feed.cut:
+        click.echo(
+            f"tidal-actors: interrupted after {plural(next_skip, 'row')} of {events}", err=True
         )
-    click.echo(f"tidal-actors: interrupted after {plural(exc.rows, 'row')}", err=True)
+        sys.exit(EXIT_INTERRUPTED)

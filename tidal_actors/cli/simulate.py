@@ -1,171 +1,215 @@
-"""What ``tidal-actors simulate`` prints: a short summary, and the internals on demand.
+"""``tidal-actors simulate``: generate a seeded scenario, run it measured, and check
+it against the reference model.
 
-Owns the summary a newcomer reads (what ran, throughput beside the reference model,
-latency percentiles, the reopen and the check) and the ``--verbose`` lines (timings
-of each part, counters, memory and the ledgers' structures); ``--report-out`` holds
-every figure either way. Reads a `_simulate.SimulationResult`; computes nothing.
+Owns the command's options and its run: the scenario loaded and scaled
+(`loadsim.scenario`), the rows generated, the measured run and the check
+(`loadsim.simulate.run_simulation`, given the runtime's factory and the oracle,
+``tidal_actors.testing.ReferenceModel``), ``--events-out``, ``--report-out`` and
+``--plot``. What it prints is in `summary`; the refusal of a directory that is not
+empty and what a stopped run prints are in `safety`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import dataclasses
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from tidal_actors.cli.text import plural
+import click
 
-__all__ = ["print_summary"]
+from tidal_actors._clock import ManualClock
+from tidal_actors._config import Config
+from tidal_actors._errors import InvalidArgument, TidalError
+from tidal_actors.cli import store
+from tidal_actors.cli.group import EXIT_BAD_INPUT, EXIT_FAILED, data_dir_of, fail, write_json
+from tidal_actors.cli.progress import phase_bars
+from tidal_actors.cli.safety import (
+    holds_store,
+    report_interrupted_simulation,
+    simulate_target_refusal,
+)
+from tidal_actors.cli.summary import print_summary
+from tidal_actors.cli.timepoints import iso
+from tidal_actors.loadsim.interrupt import EXIT_INTERRUPTED, STOP_NOTICE, Interrupted, StopOnSigint
+
+__all__ = ["simulate"]
 
 
-def print_summary(
-    out: Callable[[str], Any],
-    result: Any,
-    events: list[Any],
-    generated_s: float,
+@click.command()
+@click.option(
+    "--scenario",
+    "scenario_name",
+    metavar="FILE.toml|NAME",
+    help="Scenario file, or a built-in name (default, small, eviction, steady, "
+    "churn, purge-heavy, restart). Default: the built-in default scenario.",
+)
+@click.option(
+    "--scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    metavar="F",
+    help="Multiply users, entities, signals and the log cap by F (0.01: a quick run).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Run the runtime on a store here (must be new or empty). A scenario "
+    "with persistent = true or restart_at uses a temporary one otherwise.",
+)
+@click.option("--seed", type=int, metavar="N", help="Override the scenario's seed.")
+@click.option(
+    "--events-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the generated event log here (replayable).",
+)
+@click.option(
+    "--report-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the run's figures (counts, throughput, latency percentiles, "
+    "memory, restore time, the timeline, the check) as JSON here.",
+)
+@click.option(
+    "--plot",
+    "plot_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE.png",
+    help="Draw throughput and latency over the run (needs the 'plot' extra).",
+)
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="Also print timings, counters and memory (--report-out has them all).",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@click.pass_context
+def simulate(
+    ctx: click.Context,
+    scenario_name: str | None,
+    scale: float,
     data_dir: Path | None,
+    seed: int | None,
+    events_out: Path | None,
+    report_out: Path | None,
+    plot_out: Path | None,
     verbose: bool,
-    iso: Callable[[int], str],
+    quiet: bool,
 ) -> None:
-    """Print the run's summary with ``out`` (``verbose``: the internals too)."""
-    scenario, c, check = result.scenario, result.counts, result.check
-    config = scenario.build_config()
-    with_events = len({r.user_id for r in events})
-    idle = scenario.users - with_events
-    out(
-        f"scenario {scenario.name} (seed {scenario.seed}): {plural(scenario.users, 'user')}"
-        + (f" ({idle:,} of them without any event)" if idle > 0 else "")
-        + f", {plural(scenario.cohorts, 'cohort')}, {plural(scenario.entities, 'entity', 'entities')}, "
-        f"{plural(len(scenario.signal_types), 'signal type')}"
-    )
-    where = (
-        "on the store " + str(data_dir)
-        if data_dir is not None
-        else "on a temporary store"
-        if scenario.durable
-        else "in memory (no store)"
-    )
-    out(
-        f"  ran        {plural(result.events, 'row')} {where}: {plural(c.signals, 'signal')}, "
-        f"{plural(c.assigns, 'assign')}, {plural(c.leaves, 'leave')}, "
-        f"{plural(c.rejoins, 'rejoin')}, {plural(c.purges, 'purge')}"
-    )
-    if c.purges:
-        out(
-            f"  purges     {plural(c.manifest_entries, 'record')} retracted in "
-            f"{plural(c.manifests, 'manifest')}; {plural(c.manifest_evicted, 'record')} the log "
-            "had evicted before the purge (reported as evicted)"
-        )
-    out(
-        f"  throughput {result.signals_per_s:>10,.0f} signals/s through the runtime "
-        f"(actors, {result.runtime_s:.3f} s)"
-    )
-    out(
-        f"             {result.reference_signals_per_s:>10,.0f} signals/s through the reference "
-        f"model (single-threaded, in memory, {result.reference_s:.3f} s)"
-    )
-    out(
-        "             (the model is a single-threaded in-memory fold: a runtime that also "
-        "routes, logs and persists is expected to be slower)"
-    )
-    if verbose:
-        _internals(out, result, generated_s, config)
-    out(f"  latency    {'ms:':<12}{'p50':>10}{'p99':>10}{'p99.9':>10}{'max':>10}{'count':>13}")
-    for op, q in result.latency.items():
-        name = "signal ack" if op == "signal" else op
-        out(
-            f"    {name:<19}{q['p50_ms']:>10.3f}{q['p99_ms']:>10.3f}{q['p99_9_ms']:>10.3f}"
-            f"{q['max_ms']:>10.3f}{int(q['count']):>13,}"
-        )
-    if "signal" in result.latency:
-        out(
-            "    (signal ack: a signal_batch call's time, weighted by its signals: one slow "
-            "batch can set p99 to max)"
-        )
-    if result.restart is not None:
-        r = result.restart
-        out(
-            f"  restart    after {r['after_rows']:,} rows: reopened in {r['restore_s']:.3f} s, "
-            f"{_verdict(r['differences'])}"
-        )
-        for line in r["differences"]:
-            out(f"    {line}")
-    if result.restore_s is not None:
-        out(
-            f"  restore    {result.restore_s:.3f} s to reopen the store at the end, "
-            f"{_verdict(result.reopen_differences)}"
-        )
-        for line in result.reopen_differences:
-            out(f"    {line}")
-    if check.ok:
-        which = (
-            "every user with an event"
-            if check.users == with_events
-            else f"a sample of the {with_events:,} users with an event"
-        )
-        out(
-            f"  check      OK: the runtime agrees with the reference model on "
-            f"{plural(check.aggregate_rows, 'aggregate row')}, {plural(check.users, 'user')} "
-            f"({which}) and {plural(check.manifests, 'manifest')}, read at {iso(result.at_ns)} "
-            "(event time)"
-        )
-    else:
-        out(
-            f"  check      FAILED: {plural(check.mismatches, 'difference')} from the reference model"
-        )
-        for line in check.details:
-            out(f"    {line}")
-    if not verbose:
-        out(
-            "  (--verbose adds timings, counters and memory; --report-out FILE writes every "
-            "figure as JSON)"
-        )
+    """Generate a seeded scenario, run it measured, and check it against the reference model.
 
+    The rows go through the runtime (every call timed: p50/p99/p99.9 of signal
+    acknowledgement, leave and purge; peak memory and memory per retained
+    contribution; restore time on a store) and through the single-threaded reference
+    model; every aggregate row, user status, leave history, cohort set and manifest
+    must agree (floats to relative 1e-9), and a reopened store must answer exactly
+    as before it closed. Exit status 1 if not.
+    """
+    import tempfile
 
-def _verdict(differences: list[str]) -> str:
-    return (
-        "every figure equal" if not differences else f"{plural(len(differences), 'figure')} changed"
-    )
+    from tidal_actors.eventlog.log import write_events
 
+    data_dir = data_dir_of(ctx, data_dir)
+    from tidal_actors.loadsim.simulate import (
+        generate_events,
+        load_scenario,
+        plot_timeline,
+        run_simulation,
+    )
+    from tidal_actors.testing.reference import ReferenceModel
 
-def _internals(out: Callable[[str], Any], result: Any, generated_s: float, config: Any) -> None:
-    """The ``--verbose`` lines."""
-    s, mem = result.stats, result.memory
-    rows_per_s = result.events / result.runtime_s if result.runtime_s > 0 else 0.0
-    out(
-        f"  timings    generated in {generated_s:.2f} s; "
-        + (
-            f"set-up (every user joins its cohorts up front, 16 callers, not measured) "
-            f"{result.setup_s:.2f} s; "
-            if result.setup_s
-            else ""
-        )
-        + f"run {result.runtime_s:.3f} s ({rows_per_s:,.0f} rows/s, "
-        f"{config.membership_shards} membership / {config.ledger_shards} ledger shards); "
-        f"reference model {result.reference_s:.3f} s"
-    )
-    out(
-        f"  counters   forwarded {s.get('forwarded', 0):,}, gated {s.get('gated', 0):,}, "
-        f"records {s.get('records', 0):,}, retracted {s.get('retracted', 0):,}"
-    )
-    if not mem:
-        return
-    out(
-        f"  memory     peak {mem['peak_bytes'] / 2**20:,.1f} MiB, end "
-        f"{mem['end_bytes'] / 2**20:,.1f} MiB above the start (RSS); "
-        f"{plural(mem['retained_records'], 'contribution record')} retained"
-    )
-    per = mem.get("bytes_per_retained_record")
-    if per is not None:
-        out(
-            f"             {per:,.1f} B per retained record (RSS)"
-            + (
-                f", {mem['structure_bytes_per_retained_record']:,.1f} B in the ledgers' structures"
-                if mem.get("structure_bytes_per_retained_record")
-                else ""
+    try:
+        scenario = load_scenario(scenario_name).scaled(scale)
+    except InvalidArgument as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    if seed is not None:
+        scenario = scenario.with_seed(seed)
+    if plot_out is not None:
+        try:  # checked before the run, which can take many minutes
+            import matplotlib  # noqa: F401
+        except ImportError:
+            fail(
+                "--plot needs matplotlib: pip install -e '.[plot]' (from the repository's folder)",
+                EXIT_BAD_INPUT,
             )
-        )
-    if mem.get("structures"):
-        out(
-            "             "
-            + ", ".join(f"{k} {v / 2**20:,.1f} MiB" for k, v in mem["structures"].items())
-        )
+    if data_dir is not None and data_dir.exists() and any(data_dir.iterdir()):
+        state = store.read_state(data_dir) if holds_store(data_dir) else {}
+        fail(simulate_target_refusal(data_dir, state), EXIT_BAD_INPUT)
+    if data_dir is not None and not scenario.persistent:
+        # a run on a store ends, like any persistent one, with a close and a timed reopen
+        scenario = dataclasses.replace(scenario, persistent=True)
+    config = scenario.build_config()
+
+    phase = phase_bars(quiet, f"simulate {scenario.name}: ")
+    started = time.perf_counter()
+    with phase("generate the events", None, ""):
+        events = generate_events(scenario)
+    generated_s = time.perf_counter() - started
+    if events_out is not None:
+        try:
+            write_events(events_out, events)
+        except OSError as exc:
+            fail(f"cannot write {events_out}: {exc}", EXIT_BAD_INPUT)
+
+    source = f"simulate {scenario.name} seed {scenario.seed}"
+
+    def open_store(cfg: Config, clk: ManualClock) -> Any:
+        db = store.open_db(store_dir, cfg, clk)
+        if data_dir is not None and not (data_dir / store.STATE_FILE).exists():
+            store.write_state(data_dir, config, None, source)  # before the first row
+        return db
+
+    stop = StopOnSigint(STOP_NOTICE)
+    with stop, contextlib.ExitStack() as stack:
+        store_dir = data_dir
+        if store_dir is None and scenario.durable:
+            store_dir = Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="tidal-simulate-"))
+            )
+            store_dir = store_dir / "store"
+        try:
+            result = run_simulation(
+                scenario,
+                open_store,
+                reference=ReferenceModel,
+                events=events,
+                phase=phase,
+                stop=stop.requested,
+            )
+        except Interrupted as exc:  # the store is flushed and closed
+            if data_dir is not None:
+                store.write_state(
+                    data_dir,
+                    config,
+                    exc.counts.max_ts_ns,
+                    source,
+                    stopped={
+                        "after_rows": exc.rows,
+                        "of_rows": len(events),
+                        "why": "interrupted",
+                        "phase": exc.phase,
+                    },
+                )
+            report_interrupted_simulation(exc, len(events), data_dir, store_dir)
+            sys.exit(EXIT_INTERRUPTED)
+        except InvalidArgument as exc:
+            fail(str(exc), EXIT_BAD_INPUT)
+        except TidalError as exc:
+            fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
+    if data_dir is not None:
+        store.write_state(data_dir, config, result.at_ns, source, stopped=None)
+
+    print_summary(click.echo, result, events, generated_s, data_dir, verbose, iso)
+    if report_out is not None:
+        write_json(report_out, result.report())
+    if plot_out is not None:
+        try:
+            plot_timeline(result, plot_out)
+        except InvalidArgument as exc:
+            fail(str(exc), EXIT_BAD_INPUT)
+        click.echo(f"  plot       {plot_out}")
+    if not result.ok:
+        sys.exit(EXIT_FAILED)

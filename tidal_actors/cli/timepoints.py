@@ -5,7 +5,8 @@ or date-time as the command line prints them (``2018-08-30``,
 ``2018-08-30T14:55:23Z``, ``2018-08-30 14:55:23.830 UTC``; an explicit offset such
 as ``+02:00`` is honoured, no offset means UTC); or an offset from the command's
 default read time in `_durations` syntax, its unit required (``-1d``, ``+90m``; a
-bare ``-1`` is refused, not read as one nanosecond back). Must not read clocks.
+bare ``-1`` is refused, not read as one nanosecond back). And how the command line
+prints a time point for people (:func:`iso`, :func:`stamp`). Must not read clocks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import re
 from tidal_actors._durations import parse_duration
 from tidal_actors._errors import InvalidArgument
 
-__all__ = ["FORMS", "parse_time"]
+__all__ = ["FORMS", "iso", "parse_time", "stamp"]
 
 FORMS = (
     "integer ns since the epoch, a UTC date or date-time (2018-08-30, "
@@ -25,6 +26,21 @@ FORMS = (
 )
 _MAX_NS = 2**63 - 1
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+
+
+def iso(ns: int | None) -> str:
+    """``ns`` (int ns since the epoch) as a UTC time to the millisecond, for people
+    (``"2018-08-30 14:55:23.830 UTC"``; ``"-"`` for None)."""
+    if ns is None:
+        return "-"
+    moment = _dt.datetime.fromtimestamp(ns // 1_000_000_000, tz=_dt.UTC)
+    return f"{moment:%Y-%m-%d %H:%M:%S}.{ns // 1_000_000 % 1000:03d} UTC"
+
+
+def stamp(ns: int | None) -> str:
+    """``ns`` as itself and as :func:`iso` (``"1535640923830000000 (2018-08-30
+    14:55:23.830 UTC)"``; ``"-"`` for None)."""
+    return "-" if ns is None else f"{ns} ({iso(ns)})"
 
 
 def parse_time(text: str, field: str = "--at", default_ns: int | None = None) -> int:

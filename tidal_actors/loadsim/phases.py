@@ -1,6 +1,6 @@
 """Phases of a long run (``simulate``), as seen by whoever shows progress.
 
-Owns the small contract between `_simulate` and a progress display: `PhaseFn`
+Owns the small contract between `simulate` and a progress display: `PhaseFn`
 ``(label, total) -> context manager yielding tick(n)``, a display that shows
 nothing (`no_phase`), and `ticking`, which moves a tick along an iterable. Must not
 import a display library (tqdm lives in the command line's `_cli_progress`).

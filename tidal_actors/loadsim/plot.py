@@ -1,6 +1,6 @@
 """``simulate --plot``: throughput and latency over a run, as a PNG (matplotlib).
 
-Owns the drawing only; the figures come from a `_simulate.SimulationResult` (its
+Owns the drawing only; the figures come from a `report.SimulationResult` (its
 timeline, whose interval was chosen from the run's length, and each sparse
 operation's calls). Every line and mark has a legend entry, the title says what was
 run, and the time axis is in milliseconds for runs under two seconds. matplotlib is
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal_actors._errors import InvalidArgument
-from tidal_actors.cli.text import plural
+from tidal_actors._text import plural
 
 __all__ = ["plot_timeline"]
 
@@ -40,7 +40,7 @@ _DENSE = 500
 
 
 def _stretches(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """``rows`` (`_timeline.CallLog.timeline`) in runs of adjoining intervals: a
+    """``rows`` (`timeline.CallLog.timeline`) in runs of adjoining intervals: a
     restart's pause separates two."""
     parts: list[list[dict[str, Any]]] = []
     for r in rows:

@@ -1,4 +1,4 @@
-"""Wording shared by the command line's printed output."""
+"""Wording shared by printed output: the command line's and the load simulation's plots."""
 
 from __future__ import annotations
 

@@ -1,0 +1,158 @@
+"""The data directory a command runs on: opening its database, and the settings file
+kept beside the store.
+
+A data directory written by ``replay`` or ``simulate`` also holds
+``tidal-actors-cli.json`` (:data:`STATE_FILE`, written before the first row): the
+settings it was written with and the last event time, so that ``inspect`` reads
+scores with the right half-lives at the right time and a later ``replay --append``
+into the same directory keeps its settings unless told otherwise; and, after a
+stopped run, where it stopped and (replay) the purged cohorts still waiting for
+their rebuild.
+
+Every command opens its database through :func:`open_db`, looked up on this module
+at call time (``store.open_db(...)``), so that the tests can swap the runtime for
+the reference model in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tidal_actors._clock import ManualClock
+from tidal_actors._config import Config
+from tidal_actors._errors import InvalidArgument
+from tidal_actors.cli.group import EXIT_BAD_INPUT, fail
+from tidal_actors.loadsim.phases import PhaseFn
+
+__all__ = [
+    "STATE_FILE",
+    "build_config",
+    "open_db",
+    "opened",
+    "read_state",
+    "stored_config",
+    "write_state",
+]
+
+STATE_FILE = "tidal-actors-cli.json"
+"""The settings file ``replay`` and ``simulate --data-dir`` keep beside a store."""
+
+
+def open_db(
+    data_dir: Path | None, config: Config, clock: ManualClock, read_only: bool = False
+) -> Any:
+    """Open the runtime: ``TidalDb`` on ``data_dir`` (None: ephemeral, nothing on disk;
+    the directory is created if absent); ``read_only`` (inspect): one read of the
+    store, beside a writer if there is one, with the settings the store records;
+    nothing is written (`facades.readonly`).
+
+    Raises:
+        TidalError: from ``TidalDb.open`` (a store another process holds, a bad store).
+    """
+    from tidal_actors.facades.blocking import TidalDb
+
+    if read_only and data_dir is not None:
+        return TidalDb.open(os.fspath(data_dir), config=config, clock=clock, read_only=True)
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    return TidalDb.open(
+        os.fspath(data_dir) if data_dir is not None else None, config=config, clock=clock
+    )
+
+
+@contextlib.contextmanager
+def opened(
+    data_dir: Path | None, config: Config, clock: ManualClock, phase: PhaseFn
+) -> Iterator[Any]:
+    """:func:`open_db`, its open and its close (a restore, a snapshot) shown as phases."""
+    with phase("open the store" if data_dir is not None else "open", None, ""):
+        db = open_db(data_dir, config, clock)
+    try:
+        yield db
+    finally:
+        with phase("close the store" if data_dir is not None else "close", None, ""):
+            db.close()
+
+
+def read_state(data_dir: Path) -> dict[str, Any]:
+    """The settings file's mapping (``{}`` when there is none); an unreadable file
+    ends the command with exit status 2."""
+    try:
+        with open(data_dir / STATE_FILE, encoding="utf-8") as fh:
+            state = json.load(fh)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        fail(f"{data_dir / STATE_FILE}: unreadable ({exc})", EXIT_BAD_INPUT)
+    return state if isinstance(state, dict) else {}
+
+
+def write_state(
+    data_dir: Path, config: Config, last_event_ns: int | None, source: str, **extra: Any
+) -> None:
+    """Write the settings file (atomically): ``config``, the last event time (int ns,
+    never moved back), what wrote it, and ``extra`` keys (a None value removes one)."""
+    state = read_state(data_dir)
+    previous = state.get("last_event_ns")
+    if isinstance(previous, int) and (last_event_ns is None or previous > last_event_ns):
+        last_event_ns = previous
+    state.update(
+        format=1, config=dataclasses.asdict(config), last_event_ns=last_event_ns, source=source
+    )
+    for key, value in extra.items():
+        if value is None:
+            state.pop(key, None)
+        else:
+            state[key] = value
+    tmp = data_dir / (STATE_FILE + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(state, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    os.replace(tmp, data_dir / STATE_FILE)
+
+
+def stored_config(data_dir: Path | None) -> Config | None:
+    """The settings the directory's settings file records (None: no directory, no
+    file, or no settings in it); bad settings end the command with exit status 2."""
+    if data_dir is None or not data_dir.is_dir():
+        return None
+    mapping = read_state(data_dir).get("config")
+    if not isinstance(mapping, dict):
+        return None
+    try:
+        return Config.from_mapping(mapping)
+    except InvalidArgument as exc:
+        fail(f"{data_dir / STATE_FILE}: {exc}", EXIT_BAD_INPUT)
+
+
+def build_config(
+    data_dir: Path | None,
+    config_file: Path | None,
+    half_life: int | None,
+    window_width: int | None,
+    window_buckets: int | None,
+) -> Config:
+    """Settings: ``--config`` file, else the data directory's, else defaults; then the
+    flags (int ns, or None for unset). A bad setting ends the command with exit
+    status 2."""
+    try:
+        if config_file is not None:
+            config = Config.from_toml(config_file)
+        else:
+            config = stored_config(data_dir) or Config()
+        changes: dict[str, Any] = {}
+        if half_life is not None:
+            changes["half_life_ns"] = half_life
+        if window_width is not None:
+            changes["window_width_ns"] = window_width
+        if window_buckets is not None:
+            changes["window_buckets"] = window_buckets
+        return config.replace(**changes) if changes else config
+    except InvalidArgument as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
