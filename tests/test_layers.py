@@ -31,12 +31,6 @@ KNOWN_CYCLES: set[tuple[str, ...]] = {
         "tidal_actors.storage.stores",
     ),
     ("tidal_actors.cli.commands", "tidal_actors.cli.inspect"),
-    (
-        "tidal_actors.facades.aio",
-        "tidal_actors.facades.aio_asyncio",
-        "tidal_actors.facades.aio_trio",
-    ),
-    ("tidal_actors.facades.blocking", "tidal_actors.facades.readonly"),
 }
 
 # Cross-layer imports the restructure has not yet turned around. Each entry is

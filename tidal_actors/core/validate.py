@@ -13,12 +13,10 @@ import math
 import operator
 import struct
 from array import array
-from collections.abc import Mapping, Sequence
-from itertools import compress
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgpack
-import numpy as np
 
 from tidal_actors._errors import InvalidArgument
 from tidal_actors._types import COMMUNITY
@@ -28,9 +26,10 @@ __all__ = [
     "check_context",
     "check_id",
     "check_k",
+    "check_purge_id",
+    "check_signal",
     "check_timestamp",
     "check_weight",
-    "shard_split",
     "signal_columns",
     "to_f32",
 ]
@@ -38,14 +37,14 @@ __all__ = [
 U64 = 2**64
 I63 = 2**63
 MAX_COHORT_BYTES = 200
+SignalTuple = tuple[int, int, int, float, int, bytes | None]
+"""A checked signal: user, entity, type, float32-rounded weight, int ns, packed context."""
 _F32 = struct.Struct("<f")
 F32_MAX = 3.4028234663852886e38
 _INT = {int}
 _FLOAT = {float}
 _NONE = {type(None)}
 _INT_OR_NONE = {int, type(None)}
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # _codec.membership_shard_of, vectorized
-_SHIFT = np.uint64(32)
 
 
 def _is_boolish(value: object) -> bool:
@@ -157,6 +156,68 @@ def check_k(value: object) -> int:
     return v
 
 
+def check_signal(
+    user_id: Any,
+    entity_id: Any,
+    signal_type: Any,
+    weight: Any = 1.0,
+    timestamp_ns: Any = None,
+    context: Any = None,
+    *,
+    now: Callable[[], int],
+) -> SignalTuple:
+    """One signal's arguments checked: ``(user, entity, type, weight_f32, ts, context)``.
+
+    The common case (plain ints in range, a float weight that is finite, ``>= 0`` and
+    within the float32 range, an int or None timestamp, no context) is checked inline;
+    anything else goes through `check_id`, `check_weight`, `check_timestamp` and
+    `check_context` in argument order, which name the first bad one. A None timestamp
+    becomes ``now()``, called once the arguments passed. `signal_columns` is the same
+    check over columns.
+
+    Raises:
+        InvalidArgument: the first bad argument (``user_id``, ``entity_id``,
+            ``signal_type``, ``weight``, ``timestamp_ns`` or ``context``).
+    """
+    if (
+        type(user_id) is int
+        and 0 <= user_id < U64
+        and type(entity_id) is int
+        and 0 <= entity_id < U64
+        and type(signal_type) is int
+        and 0 <= signal_type < U64
+        and type(weight) is float
+        and 0.0 <= weight <= F32_MAX
+        and context is None
+    ):
+        if timestamp_ns is None:
+            timestamp_ns = now()
+        elif type(timestamp_ns) is not int or not 0 <= timestamp_ns < I63:
+            timestamp_ns = check_timestamp("timestamp_ns", timestamp_ns)
+        return (
+            user_id,
+            entity_id,
+            signal_type,
+            _F32.unpack(_F32.pack(weight))[0],
+            timestamp_ns,
+            None,
+        )
+    u = check_id("user_id", user_id)
+    e = check_id("entity_id", entity_id)
+    t = check_id("signal_type", signal_type)
+    w = check_weight(weight)
+    ts = None if timestamp_ns is None else check_timestamp("timestamp_ns", timestamp_ns)
+    cx = None if context is None else check_context(context)
+    return (u, e, t, w, now() if ts is None else ts, cx)
+
+
+def check_purge_id(value: object) -> int:
+    """A purge id: int in ``[0, 2**128)`` (a :class:`PurgeId`)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**128:
+        raise InvalidArgument("purge_id", value, "must be a PurgeId (int in [0, 2**128))")
+    return int(value)
+
+
 def signal_columns(
     signals: Sequence[Any], signal_type: type
 ) -> tuple[tuple[Any, ...], bool] | None:
@@ -196,12 +257,3 @@ def signal_columns(
             return None
     # a C float cast rounds to nearest, as struct's "<f" does (the range is checked)
     return (us, es, ts_, array("f", ws).tolist(), tss, cxs), has_none
-
-
-def shard_split(items: list[Any], users: Sequence[int], shards: int) -> list[list[Any]]:
-    """``items`` split by membership shard of ``users`` (``_codec.membership_shard_of``
-    computed on a uint64 array, where the multiply wraps modulo 2**64), order kept."""
-    if shards == 1:
-        return [items]
-    shard = ((np.array(users, dtype=np.uint64) * _GOLDEN) >> _SHIFT) % np.uint64(shards)
-    return [list(compress(items, (shard == m).tolist())) for m in range(shards)]

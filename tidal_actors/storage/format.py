@@ -38,16 +38,17 @@ import msgpack
 
 from tidal_actors._errors import StorageError
 from tidal_actors._types import ContributionRecord, MembershipStatus, PurgeId, PurgeManifest
+from tidal_actors.core.sharding import ledger_shard_of, membership_shard_of  # re-exported
 
 __all__ = [
     "Keyspace",
     "Tag",
     "decode_key",
     "decode_manifest",
-    "encode_batch",
-    "encode_manifest",
     "decode_membership",
+    "encode_batch",
     "encode_key",
+    "encode_manifest",
     "encode_membership",
     "ledger_shard_of",
     "membership_capacity",
@@ -173,20 +174,6 @@ def decode_membership(raw: bytes) -> tuple[MembershipStatus, int | None]:
     status_byte, left_at = _MEMBERSHIP.unpack(raw)
     status = MembershipStatus(status_byte)
     return status, (left_at if status is MembershipStatus.Left else None)
-
-
-_GOLDEN = 0x9E3779B97F4A7C15
-_MASK64 = (1 << 64) - 1
-
-
-def membership_shard_of(user_id: int, shards: int) -> int:
-    """Stable membership shard of a user: Fibonacci hashing of the 64-bit id."""
-    return (((user_id * _GOLDEN) & _MASK64) >> 32) % shards
-
-
-def ledger_shard_of(cohort: str, shards: int) -> int:
-    """Stable ledger shard of a cohort: CRC-32 of its UTF-8 name (never ``hash()``)."""
-    return zlib.crc32(cohort.encode("utf-8")) % shards
 
 
 def membership_capacity(total: int, shard: int, shards: int) -> int:
