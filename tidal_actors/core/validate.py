@@ -14,7 +14,7 @@ import operator
 import struct
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, SupportsIndex
 
 import msgpack
 
@@ -56,8 +56,10 @@ def _as_int(field: str, value: object) -> int:
         raise InvalidArgument(field, value, "must be an int (bool and float are not)")
     if isinstance(value, int):
         return int(value)
+    if not isinstance(value, SupportsIndex):  # numpy integer scalars have __index__
+        raise InvalidArgument(field, value, "must be an int")
     try:
-        return operator.index(value)  # type: ignore[arg-type]  # numpy integer scalars
+        return operator.index(value)
     except TypeError:
         raise InvalidArgument(field, value, "must be an int") from None
 
@@ -143,7 +145,8 @@ def check_context(value: object) -> bytes | None:
     if not isinstance(value, Mapping):
         raise InvalidArgument("context", value, "must be a mapping or None")
     try:
-        return msgpack.packb(value)  # type: ignore[no-any-return]
+        packed: bytes = msgpack.packb(value)
+        return packed
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidArgument("context", value, f"must be msgpack-encodable: {exc}") from None
 
@@ -157,12 +160,12 @@ def check_k(value: object) -> int:
 
 
 def check_signal(
-    user_id: Any,
-    entity_id: Any,
-    signal_type: Any,
-    weight: Any = 1.0,
-    timestamp_ns: Any = None,
-    context: Any = None,
+    user_id: object,
+    entity_id: object,
+    signal_type: object,
+    weight: object = 1.0,
+    timestamp_ns: object = None,
+    context: object = None,
     *,
     now: Callable[[], int],
 ) -> SignalTuple:

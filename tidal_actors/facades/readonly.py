@@ -31,7 +31,7 @@ from tidal_actors.storage.stores import Restored, snapshot_key
 __all__ = ["open_snapshot"]
 
 
-def _recorded_config(path: Any, config: Config, out: Restored) -> Config:
+def _recorded_config(path: str | os.PathLike[str], config: Config, out: Restored) -> Config:
     """``config`` with what the store records: its settings record and, from its
     format record, ``membership_shards`` (which a store written before settings were
     recorded holds already)."""

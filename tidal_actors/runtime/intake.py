@@ -114,7 +114,7 @@ class Intake:
         else:
             self.host.force((M.MEMBERSHIP, m), M.SignalBatch(items))
 
-    def room_needed(self, user_id: Any) -> int | None:
+    def room_needed(self, user_id: object) -> int | None:
         """The membership shard a signal of ``user_id`` would have to wait for: its
         buffer would fill a batch and its mailbox is full; None if no wait is needed
         (or ``user_id`` is invalid: the signal call says so)."""
@@ -125,7 +125,7 @@ class Intake:
             return None
         return None if self.host.has_room((M.MEMBERSHIP, m)) else m
 
-    def shards_to_wait_for(self, user_id: Any) -> list[int]:
+    def shards_to_wait_for(self, user_id: object) -> list[int]:
         """`room_needed` as a list: the shards an async signal call waits for."""
         m = self.room_needed(user_id)
         return [] if m is None else [m]

@@ -352,7 +352,7 @@ class DeterministicHost:
     def when_room(self, address: M.Address, fn: Callable[[], None]) -> bool:
         return True
 
-    def settle(self, reply: Any, timeout: float) -> bool:
+    def settle(self, reply: Reply, timeout: float) -> bool:
         """Deliver messages until ``reply`` is done or nothing is left; ``timeout`` is ignored."""
         while not reply.done and self.step():
             pass
