@@ -271,20 +271,6 @@ class Core(Operations):
                 )
             raise DatabaseClosed("the database is closed")
 
-    def carryerror_of(self, reply: Reply) -> None:
-        """Keep the StorageError ``reply`` (an abandoned flush's) settled with, for the
-        next flush or ``close()`` to raise."""
-        err = error_of(reply)
-        if err is not None:
-            with self._carry_lock:
-                self._carried.append(err)
-
-    def take_carried(self) -> list[StorageError]:
-        """The errors abandoned flushes left (see `FlushCall`), now taken."""
-        with self._carry_lock:
-            out, self._carried = self._carried, []
-        return out
-
     def disown(self) -> None:
         """In a forked child: mark this database closed without touching the store, the
         actors or the lock (they are the parent's). See `_forget_in_child`."""

@@ -11,6 +11,7 @@ never reaches an actor, storage or an aggregate.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,7 @@ from tidal_actors.core.validate import (
     check_purge_id,
     check_timestamp,
 )
-from tidal_actors.runtime.call import Call, FlushCall
+from tidal_actors.runtime.call import Call, FlushCall, error_of
 from tidal_actors.runtime.host import StoreLike
 from tidal_actors.runtime.intake import Intake
 from tidal_actors.storage.format import ledger_shard_of
@@ -51,12 +52,22 @@ class Operations(Intake):
     store: StoreLike
     persistence: Persistence
     _nl: int
-
-    def take_carried(self) -> list[StorageError]:
-        raise NotImplementedError
+    _carried: list[StorageError]  # errors of flushes nobody read (`FlushCall`)
+    _carry_lock: threading.Lock
 
     def carry_error_of(self, reply: Reply) -> None:
-        raise NotImplementedError
+        """Keep the StorageError ``reply`` (an abandoned flush's) settled with, for the
+        next flush or ``close()`` to raise."""
+        err = error_of(reply)
+        if err is not None:
+            with self._carry_lock:
+                self._carried.append(err)
+
+    def take_carried(self) -> list[StorageError]:
+        """The errors abandoned flushes left (see `FlushCall`), now taken."""
+        with self._carry_lock:
+            out, self._carried = self._carried, []
+        return out
 
     def _send(self, m: int, message: object, closing: bool = False) -> None:
         """Send to membership shard ``m`` after whatever it has buffered, in order.

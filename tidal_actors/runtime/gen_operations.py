@@ -86,8 +86,8 @@ def harness_doc(op: Operation) -> str:
             f"``Harness.run(call)`` delivers until it is done and returns the result "
             f"(``{op.result}``) or raises the error."
         )
-    first, _, rest = op.doc.partition("\n")
-    return f"{first}\n\n{_wrap(how)}\n{rest}" if rest else f"{first}\n\n{_wrap(how)}"
+    first, _, rest = op.doc.partition("\n\n")  # after the summary paragraph
+    return f"{first}\n\n{_wrap(how)}\n\n{rest}" if rest else f"{first}\n\n{_wrap(how)}"
 
 
 def _wrap(text: str, width: int = 84) -> str:

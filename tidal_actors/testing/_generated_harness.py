@@ -211,12 +211,12 @@ class HarnessOperations(HarnessCalls):
         self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
     ) -> Call[float]:
         """``sum(w_i * 2 ** (-(at - t_i) / half_life))`` over the key's unretracted
+        contributions with ``t_i <= at`` (forward decay, Cormode et al., ICDE 2009);
+        0.0 if none (also for a cohort never seen).
 
         Sends at once and returns its `Call`; nothing is delivered until a step:
         ``Harness.run(call)`` delivers until it is done and returns the result (``float``)
         or raises the error.
-        contributions with ``t_i <= at`` (forward decay, Cormode et al., ICDE 2009);
-        0.0 if none (also for a cohort never seen).
 
         Args:
             cohort: a cohort name or ``@community``.
@@ -233,12 +233,12 @@ class HarnessOperations(HarnessCalls):
         self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
     ) -> Call[WindowCount]:
         """Count and weight sum of the key's contributions in buckets
+        ``b(at)-n+1 .. b(at)``, where ``b(t) = t // window_width_ns`` and
+        ``n = window_buckets``; ``WindowCount(0, 0.0)`` if none.
 
         Sends at once and returns its `Call`; nothing is delivered until a step:
         ``Harness.run(call)`` delivers until it is done and returns the result
         (``WindowCount``) or raises the error.
-        ``b(at)-n+1 .. b(at)``, where ``b(t) = t // window_width_ns`` and
-        ``n = window_buckets``; ``WindowCount(0, 0.0)`` if none.
 
         Raises:
             InvalidArgument: a bad argument (as :meth:`read_decay_score`).
@@ -249,11 +249,11 @@ class HarnessOperations(HarnessCalls):
         self, cohort: str, signal_type: int, k: int, at_ns: int | None = None
     ) -> Call[list[tuple[int, float]]]:
         """Up to ``k`` ``(entity_id, decay score)`` with score > 0 at ``at``, highest
+        first (ties: lower entity_id first).
 
         Sends at once and returns its `Call`; nothing is delivered until a step:
         ``Harness.run(call)`` delivers until it is done and returns the result
         (``list[tuple[int, float]]``) or raises the error.
-        first (ties: lower entity_id first).
 
         Raises:
             InvalidArgument: a bad argument; ``k`` must be an int in ``[1, 2**31)``.
@@ -264,11 +264,11 @@ class HarnessOperations(HarnessCalls):
         self, at_ns: int | None = None
     ) -> Call[list[tuple[str, int, int, float, int, float]]]:
         """Every key with an unretracted contribution, as ``(cohort, entity_id,
+        signal_type, decay_score, window_count, window_weight)`` at ``at``, sorted.
 
         Sends at once and returns its `Call`; nothing is delivered until a step:
         ``Harness.run(call)`` delivers until it is done and returns the result
         (``list[tuple[str, int, int, float, int, float]]``) or raises the error.
-        signal_type, decay_score, window_count, window_weight)`` at ``at``, sorted.
 
         Raises:
             InvalidArgument: bad ``at_ns``.
@@ -277,16 +277,16 @@ class HarnessOperations(HarnessCalls):
 
     def stats(self) -> Call[dict[str, int]]:
         """Counters since open: ``signals``, ``forwarded``, ``gated``, ``records``
-
-        Sends at once and returns its `Call`; nothing is delivered until a step:
-        ``Harness.run(call)`` delivers until it is done and returns the result (``dict[str,
-        int]``) or raises the error.
         (contribution records made), ``records_in`` (records the ledgers received),
         ``purges``, ``retracted``, ``log_records``, ``keys``, ``log_bytes``,
         ``detail_rows`` (contribution records whose detail is held in memory: the
         log's and those not yet settled), ``settled_buckets`` ((key, bucket) sums of
         the records whose detail was dropped), ``handler_errors``, ``commits``,
         ``failed_writes``.
+
+        Sends at once and returns its `Call`; nothing is delivered until a step:
+        ``Harness.run(call)`` delivers until it is done and returns the result (``dict[str,
+        int]``) or raises the error.
 
         Raises:
             DatabaseClosed: the database is closed (as every method).
@@ -307,16 +307,16 @@ class HarnessOperations(HarnessCalls):
 
     def rematerialize(self, cohort: str) -> Call[RematerializationReport]:
         """Rebuild ``cohort``'s aggregates from the contribution history, leaving out
-
-        Sends at once and returns its `Call`; nothing is delivered until a step:
-        ``Harness.run(call)`` delivers until it is done and returns the result
-        (``RematerializationReport``) or raises the error.
         every record a purge covered (also those the contribution log had evicted,
         which the live retraction could not reach), then erase those records from
         the durable history. Runs in chunks on the cohort's ledger shard: other
         cohorts' signals are not held up; signals to the cohort that arrive meanwhile
         are counted once. A purge starts one of these by itself; this call runs one
         now and waits for it.
+
+        Sends at once and returns its `Call`; nothing is delivered until a step:
+        ``Harness.run(call)`` delivers until it is done and returns the result
+        (``RematerializationReport``) or raises the error.
 
         Returns a :class:`RematerializationReport` (``matched_live`` False means the
         rebuild changed the aggregates: evicted records of a purged pair were left
@@ -345,13 +345,13 @@ class HarnessOperations(HarnessCalls):
 
     def compact(self) -> Call[dict[str, int]]:
         """Commit everything, drop history past ``Config.history_retention_ns`` (if
+        set), and rewrite the LMDB file without free pages, so the bytes of erased
+        records are gone from disk. Returns the data file size before and after
+        (``{"bytes_before": int, "bytes_after": int}``; zeros when ephemeral).
 
         Sends at once and returns its `Call`; nothing is delivered until a step:
         ``Harness.run(call)`` delivers until it is done and returns the result (``dict[str,
         int]``) or raises the error.
-        set), and rewrite the LMDB file without free pages, so the bytes of erased
-        records are gone from disk. Returns the data file size before and after
-        (``{"bytes_before": int, "bytes_after": int}``; zeros when ephemeral).
 
         Another process with the LMDB environment open (a backup tool, ``mdb_stat``:
         see README, Guarantees) makes it refuse: replacing the file under it would lose
