@@ -74,8 +74,8 @@ def new_trio_workers(baseline: set[threading.Thread]) -> list[threading.Thread]:
 def test_every_tidaldb_method_has_an_async_twin_with_the_same_signature() -> None:
     methods = [
         name
-        for name, value in vars(TidalDb).items()
-        if not name.startswith("_") and inspect.isfunction(value)
+        for name, value in inspect.getmembers(TidalDb, inspect.isfunction)
+        if not name.startswith("_")
     ]
     # the brief names these explicitly; make sure the walk found them
     assert {
@@ -636,7 +636,7 @@ async def test_every_method_raises_database_closed_after_exit() -> None:
         "purge_status": (1,),
         "compact": (),
     }
-    twins = {n for n, v in vars(TidalDb).items() if inspect.isfunction(v) and not n.startswith("_")}
+    twins = {n for n, _ in inspect.getmembers(TidalDb, inspect.isfunction) if not n.startswith("_")}
     assert set(calls) == twins - {"close"}
     for name, args in calls.items():
         with pytest.raises(DatabaseClosed):

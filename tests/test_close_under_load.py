@@ -278,7 +278,7 @@ def test_a_call_that_found_the_database_open_is_refused_once_close_has_begun(
     db.signal_with_context(1, 5, 0, 1.0, T0)
     db.flush()
     core = db._core
-    real = core._shard if call == "purge" else core.now
+    real = core._shard_of if call == "purge" else core.now
     real_stop = core.host.stop
     stopping = threading.Event()
 
@@ -294,7 +294,7 @@ def test_a_call_that_found_the_database_open_is_refused_once_close_has_begun(
     core.host.stop = stop
 
     if call == "purge":
-        core._shard = stalled
+        core._shard_of = stalled
         run = lambda: db.request_community_purge(1, "c")  # noqa: E731
     elif call == "signal":
         core.now = stalled

@@ -12,14 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidal_actors import InvalidArgument, Signal, TidalDb
+from tidal_actors.core.sharding import membership_shard_of, shard_split
 from tidal_actors.core.validate import (
     check_id,
     check_timestamp,
     check_weight,
-    shard_split,
     signal_columns,
 )
-from tidal_actors.storage.format import membership_shard_of
 
 ids = st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2**63, 2**64 - 1]))
 weights = st.one_of(

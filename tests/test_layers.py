@@ -25,20 +25,6 @@ ORDER = ["vocabulary", "core", "storage", "actors", "runtime", "facades", "event
 TOP = {"cli", "testing"}
 TOP_ALLOWED = {("cli", "testing")}  # simulate injects the reference model into loadsim
 
-# Import cycles not yet broken, each as its sorted members; the list only shrinks.
-KNOWN_CYCLES: set[tuple[str, ...]] = {
-    (
-        "tidal_actors.facades.aio",
-        "tidal_actors.facades.aio_asyncio",
-        "tidal_actors.facades.aio_trio",
-    ),
-    ("tidal_actors.facades.blocking", "tidal_actors.facades.readonly"),
-}
-
-# Cross-layer imports the restructure has not yet turned around. Each entry is
-# (importer, imported); the list only shrinks.
-KNOWN_UPWARD: set[tuple[str, str]] = {}
-
 
 def _modules() -> dict[str, Path]:
     out = {}
@@ -128,7 +114,4 @@ def test_no_import_cycles() -> None:
     for m in sorted(graph):
         if m not in index:
             strongconnect(m)
-    assert cycles <= KNOWN_CYCLES, sorted(cycles - KNOWN_CYCLES)
-    assert cycles == KNOWN_CYCLES, (
-        f"broken, drop from KNOWN_CYCLES: {sorted(KNOWN_CYCLES - cycles)}"
-    )
+    assert not cycles, sorted(cycles)

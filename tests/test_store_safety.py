@@ -727,14 +727,14 @@ def test_random_bit_flips_open_or_raise_a_storage_error(tmp_path):
 
 def test_restored_values_that_do_not_fit_together_are_a_storage_error(tmp_path, monkeypatch):
     """The last line: whatever restoring decoded values raises is a StorageError."""
-    from tidal_actors.runtime import engine as _core
+    from tidal_actors.runtime import restore
 
     path = _build(tmp_path / "s", crashed=True)
 
     def broken(*args):
         raise IndexError("index 7 is out of bounds")
 
-    monkeypatch.setattr(_core, "_replay_history", broken)
+    monkeypatch.setattr(restore, "_replay_history", broken)
     with pytest.raises(StorageError, match=f"cannot restore from {path}: IndexError: index 7"):
         TidalDb.open(path, config=CFG, clock=ManualClock(T0))
     monkeypatch.undo()

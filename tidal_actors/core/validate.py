@@ -1,6 +1,6 @@
 """Intake validation: every public argument is checked here before any message is sent.
 
-Owns the intake rules ("Bad input"): ids are ints in ``[0, 2**64)`` (bool is not
+Owns the rules of issue 2 ("Bad input"): ids are ints in ``[0, 2**64)`` (bool is not
 an int; numpy integers are taken as their values), weights finite and ``>= 0``
 (rounded once to float32, spec: ``weight: f32``), timestamps ints in ``[0, 2**63)``,
 cohort names non-empty strings of at most 200 UTF-8 bytes, ``@``-names reserved.
@@ -13,12 +13,10 @@ import math
 import operator
 import struct
 from array import array
-from collections.abc import Mapping, Sequence
-from itertools import compress
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, SupportsIndex
 
 import msgpack
-import numpy as np
 
 from tidal_actors._errors import InvalidArgument
 from tidal_actors._types import COMMUNITY
@@ -28,9 +26,10 @@ __all__ = [
     "check_context",
     "check_id",
     "check_k",
+    "check_purge_id",
+    "check_signal",
     "check_timestamp",
     "check_weight",
-    "shard_split",
     "signal_columns",
     "to_f32",
 ]
@@ -38,14 +37,14 @@ __all__ = [
 U64 = 2**64
 I63 = 2**63
 MAX_COHORT_BYTES = 200
+SignalTuple = tuple[int, int, int, float, int, bytes | None]
+"""A checked signal: user, entity, type, float32-rounded weight, int ns, packed context."""
 _F32 = struct.Struct("<f")
 F32_MAX = 3.4028234663852886e38
 _INT = {int}
 _FLOAT = {float}
 _NONE = {type(None)}
 _INT_OR_NONE = {int, type(None)}
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # storage.format.membership_shard_of, vectorized
-_SHIFT = np.uint64(32)
 
 
 def _is_boolish(value: object) -> bool:
@@ -57,8 +56,10 @@ def _as_int(field: str, value: object) -> int:
         raise InvalidArgument(field, value, "must be an int (bool and float are not)")
     if isinstance(value, int):
         return int(value)
+    if not isinstance(value, SupportsIndex):  # numpy integer scalars have __index__
+        raise InvalidArgument(field, value, "must be an int")
     try:
-        return operator.index(value)  # type: ignore[arg-type]  # numpy integer scalars
+        return operator.index(value)
     except TypeError:
         raise InvalidArgument(field, value, "must be an int") from None
 
@@ -93,7 +94,7 @@ def check_weight(value: object, field: str = "weight") -> float:
     if _is_boolish(value) or isinstance(value, (str, bytes)):
         raise InvalidArgument(field, value, "must be a finite number >= 0")
     try:
-        w = float(value)  # type: ignore[arg-type]  # any object: float() raises if it cannot
+        w = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError):
         raise InvalidArgument(field, value, "must be a finite number >= 0") from None
     if not math.isfinite(w) or w < 0.0:
@@ -158,6 +159,68 @@ def check_k(value: object) -> int:
     return v
 
 
+def check_signal(
+    user_id: object,
+    entity_id: object,
+    signal_type: object,
+    weight: object = 1.0,
+    timestamp_ns: object = None,
+    context: object = None,
+    *,
+    now: Callable[[], int],
+) -> SignalTuple:
+    """One signal's arguments checked: ``(user, entity, type, weight_f32, ts, context)``.
+
+    The common case (plain ints in range, a float weight that is finite, ``>= 0`` and
+    within the float32 range, an int or None timestamp, no context) is checked inline;
+    anything else goes through `check_id`, `check_weight`, `check_timestamp` and
+    `check_context` in argument order, which name the first bad one. A None timestamp
+    becomes ``now()``, called once the arguments passed. `signal_columns` is the same
+    check over columns.
+
+    Raises:
+        InvalidArgument: the first bad argument (``user_id``, ``entity_id``,
+            ``signal_type``, ``weight``, ``timestamp_ns`` or ``context``).
+    """
+    if (
+        type(user_id) is int
+        and 0 <= user_id < U64
+        and type(entity_id) is int
+        and 0 <= entity_id < U64
+        and type(signal_type) is int
+        and 0 <= signal_type < U64
+        and type(weight) is float
+        and 0.0 <= weight <= F32_MAX
+        and context is None
+    ):
+        if timestamp_ns is None:
+            timestamp_ns = now()
+        elif type(timestamp_ns) is not int or not 0 <= timestamp_ns < I63:
+            timestamp_ns = check_timestamp("timestamp_ns", timestamp_ns)
+        return (
+            user_id,
+            entity_id,
+            signal_type,
+            _F32.unpack(_F32.pack(weight))[0],
+            timestamp_ns,
+            None,
+        )
+    u = check_id("user_id", user_id)
+    e = check_id("entity_id", entity_id)
+    t = check_id("signal_type", signal_type)
+    w = check_weight(weight)
+    ts = None if timestamp_ns is None else check_timestamp("timestamp_ns", timestamp_ns)
+    cx = None if context is None else check_context(context)
+    return (u, e, t, w, now() if ts is None else ts, cx)
+
+
+def check_purge_id(value: object) -> int:
+    """A purge id: int in ``[0, 2**128)`` (a :class:`PurgeId`)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**128:
+        raise InvalidArgument("purge_id", value, "must be a PurgeId (int in [0, 2**128))")
+    return int(value)
+
+
 def signal_columns(
     signals: Sequence[Any], signal_type: type
 ) -> tuple[tuple[Any, ...], bool] | None:
@@ -197,12 +260,3 @@ def signal_columns(
             return None
     # a C float cast rounds to nearest, as struct's "<f" does (the range is checked)
     return (us, es, ts_, array("f", ws).tolist(), tss, cxs), has_none
-
-
-def shard_split(items: list[Any], users: Sequence[int], shards: int) -> list[list[Any]]:
-    """``items`` split by membership shard of ``users`` (``storage.format.membership_shard_of``
-    computed on a uint64 array, where the multiply wraps modulo 2**64), order kept."""
-    if shards == 1:
-        return [items]
-    shard = ((np.array(users, dtype=np.uint64) * _GOLDEN) >> _SHIFT) % np.uint64(shards)
-    return [list(compress(items, (shard == m).tolist())) for m in range(shards)]

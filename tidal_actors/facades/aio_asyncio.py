@@ -1,7 +1,7 @@
 """`AsyncTidalDb` under asyncio: parking, wake-ups, checkpoints, open and close.
 
-Owns what is asyncio's in the async facade; the operations are `_aio.AsyncTidalDb`'s
-and the waiting logic `_aio_base.LoopFacade`'s. A task parks on a future of the
+Owns what is asyncio's in the async facade; the operations are `aio_db.AsyncTidalDb`'s
+and the waiting logic `aio_base.LoopFacade`'s. A task parks on a future of the
 running loop; actor threads resolve it with ``loop.call_soon_threadsafe``. The only
 threads are the actors' own and one thread, for a moment, to open and to close the
 store (not the loop's default executor, which the application may keep busy).
@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 from tidal_actors._clock import Clock
 from tidal_actors._config import Config
 from tidal_actors._errors import WrongThread
-from tidal_actors.facades.aio import AsyncTidalDb
 from tidal_actors.facades.aio_base import open_blocking
+from tidal_actors.facades.aio_db import AsyncTidalDb
 from tidal_actors.runtime.engine import Core
 
 __all__ = ["AsyncioTidalDb", "open_asyncio"]

@@ -1,12 +1,12 @@
 """What the async facades share, whatever the event loop: waiting for replies and for
 room, without ever blocking the loop.
 
-Owns the loop-independent half of `AsyncTidalDb`. A subclass per loop (`_aio_trio`,
-`_aio_asyncio`) supplies four things: a one-shot event a task parks on (``_new_event``),
+Owns the loop-independent half of `AsyncTidalDb`. A subclass per loop (`aio_trio`,
+`aio_asyncio`) supplies four things: a one-shot event a task parks on (``_new_event``),
 a thread-safe way to run a function in the loop (``_post``: trio's
 ``TrioToken.run_sync_soon``, asyncio's ``loop.call_soon_threadsafe``), the checkpoints
 around queueing, and how to close (shielded, in one worker thread). It must not know
-the operations (`_aio.AsyncTidalDb` declares them, once, for both loops).
+the operations (generated from the operation table, once, for both loops).
 
 Theory of operation
 -------------------
@@ -33,7 +33,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 from tidal_actors._clock import Clock
 from tidal_actors._config import Config
@@ -43,6 +43,8 @@ from tidal_actors.facades.blocking import open_core
 from tidal_actors.runtime.engine import Call, Core
 
 __all__ = ["LoopFacade", "open_blocking"]
+
+T = TypeVar("T")
 
 # Real-time budgets of the closing worker thread (seconds): replies still in flight
 # get this long to settle before the store is closed under them, and the actor threads
@@ -127,7 +129,7 @@ class LoopFacade:
         self._unsettled.discard(reply)
         self._post(event.set)
 
-    async def _run(self, call: Call) -> Any:
+    async def _run(self, call: Call[T]) -> T:
         core = self._core
         replies = call.replies
         events: list[tuple[Reply, Event]] = []

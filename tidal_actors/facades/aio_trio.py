@@ -1,7 +1,7 @@
 """`AsyncTidalDb` under trio: parking, wake-ups, checkpoints, open and close.
 
-Owns what is trio's in the async facade; the operations are `_aio.AsyncTidalDb`'s and
-the waiting logic `_aio_base.LoopFacade`'s. A task parks with
+Owns what is trio's in the async facade; the operations are `aio_db.AsyncTidalDb`'s and
+the waiting logic `aio_base.LoopFacade`'s. A task parks with
 ``wait_task_rescheduled``; actor threads wake it with ``TrioToken.run_sync_soon``. The
 only threads are the actors' own and one trio worker, for a moment, to open and to
 close the store.
@@ -28,8 +28,8 @@ import trio.testing
 from tidal_actors._clock import Clock
 from tidal_actors._config import Config
 from tidal_actors._errors import WrongThread
-from tidal_actors.facades.aio import AsyncTidalDb
 from tidal_actors.facades.aio_base import open_blocking
+from tidal_actors.facades.aio_db import AsyncTidalDb
 from tidal_actors.runtime.engine import Core
 
 __all__ = ["TrioTidalDb", "open_trio"]

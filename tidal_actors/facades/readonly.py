@@ -1,8 +1,9 @@
-"""``TidalDb.open(path, read_only=True)``: a store read beside its writer.
+"""``TidalDb.open(path, read_only=True)``: a store read beside its writer (the
+`ReadOnlyTidalDb` facade is in `facades.blocking`).
 
 Owns the read-only open: the store is read once, in one LMDB read transaction
-(`_lmdb_reader.SnapshotStore`), with the settings the store records
-(`_settings`), and restored the way a writer's open after a crash restores it
+(`storage.lmdb_reader.SnapshotStore`), with the settings the store records
+(`storage.settings`), and restored the way a writer's open after a crash restores it
 (membership and manifests read back, the aggregates and the contribution log
 rebuilt from the snapshot or the durable history). The in-memory aggregates live in
 the writer's process; what a reader sees is what was durable at its read, a
@@ -14,19 +15,23 @@ write method of the database raises StorageError.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from tidal_actors._clock import Clock
 from tidal_actors._config import Config
-from tidal_actors._errors import DatabaseClosed, InvalidArgument, StorageError, TidalError
-from tidal_actors.facades.blocking import TidalDb
+from tidal_actors._errors import InvalidArgument, StorageError
+from tidal_actors.runtime.engine import Core, check_meta
+from tidal_actors.runtime.host import Host
+from tidal_actors.runtime.pykka_host import PykkaHost
+from tidal_actors.storage.lmdb_reader import SnapshotStore
 from tidal_actors.storage.settings import SETTINGS_KEY, with_recorded
 from tidal_actors.storage.stores import Restored, snapshot_key
 
-__all__ = ["ReadOnlyTidalDb", "open_snapshot"]
+__all__ = ["open_snapshot"]
 
 
-def _recorded_config(path: Any, config: Config, out: Restored) -> Config:
+def _recorded_config(path: str | os.PathLike[str], config: Config, out: Restored) -> Config:
     """``config`` with what the store records: its settings record and, from its
     format record, ``membership_shards`` (which a store written before settings were
     recorded holds already)."""
@@ -44,16 +49,15 @@ def _recorded_config(path: Any, config: Config, out: Restored) -> Config:
 
 
 def open_snapshot(
-    path: str | os.PathLike[str], config: Config, clock: Clock, host_factory: Any = None
-) -> Any:
+    path: str | os.PathLike[str],
+    config: Config,
+    clock: Clock,
+    host_factory: Callable[[Config, Clock, bool], Host] | None = None,
+) -> Core:
     """A `Core` on a read-only snapshot of the store at ``path`` (see the module doc).
 
     ``store.recorded_settings`` tells whether the store recorded its settings (if
     not, ``config``'s are used) and ``store.read_at_ns`` when it was read."""
-    from tidal_actors.runtime.engine import Core, check_meta
-    from tidal_actors.runtime.pykka_host import PykkaHost
-    from tidal_actors.storage.lmdb_reader import SnapshotStore
-
     store = SnapshotStore(path, config)
     resolved = [config]
 
@@ -71,59 +75,3 @@ def open_snapshot(
     except BaseException:
         store.close()
         raise
-
-
-class ReadOnlyTidalDb(TidalDb):
-    """A `TidalDb` opened with ``read_only=True``: every read works, on what the store
-    held at the open; every write raises StorageError and changes nothing."""
-
-    @property
-    def recorded_settings(self) -> bool:
-        """Whether the store recorded the settings it was written with (then they are
-        ``config``'s); a store written before that records none, and the config given
-        to the open (or the defaults) is read with."""
-        return bool(getattr(self._core.store, "recorded_settings", False))
-
-    @property
-    def read_at_ns(self) -> int:
-        """The wall-clock time (int ns) of the one read this view holds."""
-        return int(self._core.store.read_at_ns)
-
-    @property
-    def latest_event_ns(self) -> int | None:
-        """The time (int ns) of the latest contribution in the durable history, when
-        the open replayed it (None when it restored a clean-close snapshot instead, or
-        the history is empty): where a log being replayed into the store has got to."""
-        return self._core.store.latest_event_ns  # type: ignore[no-any-return]
-
-    def _refuse(self, what: str) -> TidalError:
-        if self._core.closed:
-            return DatabaseClosed(f"the database at {self._core.store.path} is closed")
-        return StorageError(f"{self._core.store.path} is open read-only: {what} refused")
-
-    def signal_with_context(self, *args: Any, **kwargs: Any) -> None:
-        raise self._refuse("signal_with_context")
-
-    def signal_batch(self, *args: Any, **kwargs: Any) -> None:
-        raise self._refuse("signal_batch")
-
-    def assign_cohort(self, *args: Any, **kwargs: Any) -> None:
-        raise self._refuse("assign_cohort")
-
-    def unassign_cohort(self, *args: Any, **kwargs: Any) -> None:
-        raise self._refuse("unassign_cohort")
-
-    def leave_community_layer(self, *args: Any, **kwargs: Any) -> None:
-        raise self._refuse("leave_community_layer")
-
-    def rejoin_community_layer(self, *args: Any, **kwargs: Any) -> None:
-        raise self._refuse("rejoin_community_layer")
-
-    def request_community_purge(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._refuse("request_community_purge")
-
-    def rematerialize(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._refuse("rematerialize")
-
-    def compact(self) -> dict[str, int]:
-        raise self._refuse("compact")

@@ -26,7 +26,6 @@ the capacity (at most a buffer's worth). The flusher thread only offers.
 from __future__ import annotations
 
 import contextlib
-import struct
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -35,22 +34,11 @@ from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed, InvalidArgument
 from tidal_actors._types import Signal
 from tidal_actors.actors import messages as M
-from tidal_actors.core.validate import (
-    check_context,
-    check_id,
-    check_timestamp,
-    check_weight,
-    shard_split,
-    signal_columns,
-)
-from tidal_actors.storage.format import membership_shard_of
+from tidal_actors.core.sharding import membership_shard_of, shard_split
+from tidal_actors.core.validate import U64, check_signal, signal_columns
+from tidal_actors.runtime.host import Host
 
 __all__ = ["Buffer", "Intake"]
-
-_U64 = 2**64
-_I63 = 2**63
-_F32 = struct.Struct("<f")
-_F32_MAX = 3.4028234663852886e38
 
 
 class Buffer:
@@ -63,45 +51,11 @@ class Buffer:
         self.items: list[M.SignalTuple] = []
 
 
-def _fast_signal(
-    u: Any, e: Any, t: Any, w: Any, ts: Any = None, cx: Any = None
-) -> tuple[Any, ...] | None:
-    """The common case (plain ints, a finite float weight, no context) checked inline;
-    None sends the signal through the full checks of `_checked_signal`."""
-    if (
-        type(u) is int
-        and 0 <= u < _U64
-        and type(e) is int
-        and 0 <= e < _U64
-        and type(t) is int
-        and 0 <= t < _U64
-        and type(w) is float
-        and 0.0 <= w <= _F32_MAX
-        and cx is None
-        and (ts is None or (type(ts) is int and 0 <= ts < _I63))
-    ):
-        return (u, e, t, _F32.unpack(_F32.pack(w))[0], ts, None)
-    return None
-
-
-def _checked_signal(
-    u: Any, e: Any, t: Any, w: Any = 1.0, ts: Any = None, cx: Any = None
-) -> tuple[Any, ...]:
-    return (
-        check_id("user_id", u),
-        check_id("entity_id", e),
-        check_id("signal_type", t),
-        check_weight(w),
-        None if ts is None else check_timestamp("timestamp_ns", ts),
-        None if cx is None else check_context(cx),
-    )
-
-
 class Intake:
     """Signal calls and the sending of buffered signals (see the module doc)."""
 
     config: Config
-    host: Any
+    host: Host
     closed: bool
     nonblocking: bool
     _nm: int
@@ -111,6 +65,10 @@ class Intake:
     _close_lock: threading.Lock
     _batch_calls: int
     _batch_calls_done: threading.Condition
+
+    def _shard_of(self, user_id: int) -> int:
+        """The membership shard of a (checked) user id."""
+        return 0 if self._nm == 1 else membership_shard_of(user_id, self._nm)
 
     def check_open(self) -> None:
         raise NotImplementedError
@@ -156,16 +114,21 @@ class Intake:
         else:
             self.host.force((M.MEMBERSHIP, m), M.SignalBatch(items))
 
-    def room_needed(self, user_id: Any) -> int | None:
+    def room_needed(self, user_id: object) -> int | None:
         """The membership shard a signal of ``user_id`` would have to wait for: its
         buffer would fill a batch and its mailbox is full; None if no wait is needed
         (or ``user_id`` is invalid: the signal call says so)."""
-        if type(user_id) is not int or not 0 <= user_id < _U64:
+        if type(user_id) is not int or not 0 <= user_id < U64:
             return None
-        m = 0 if self._nm == 1 else membership_shard_of(user_id, self._nm)
+        m = self._shard_of(user_id)
         if len(self._buffers[m].items) + 1 < self._steps[m]:
             return None
         return None if self.host.has_room((M.MEMBERSHIP, m)) else m
+
+    def shards_to_wait_for(self, user_id: object) -> list[int]:
+        """`room_needed` as a list: the shards an async signal call waits for."""
+        m = self.room_needed(user_id)
+        return [] if m is None else [m]
 
     def full_shards(self) -> list[int]:
         """The membership shards whose mailboxes are full now."""
@@ -190,34 +153,10 @@ class Intake:
     ) -> None:
         if self.closed:
             self.check_open()
-        if (  # the common case checked inline (`_fast_signal`, without its call)
-            type(user_id) is int
-            and 0 <= user_id < _U64
-            and type(entity_id) is int
-            and 0 <= entity_id < _U64
-            and type(signal_type) is int
-            and 0 <= signal_type < _U64
-            and type(weight) is float
-            and 0.0 <= weight <= _F32_MAX
-            and context is None
-        ):
-            if timestamp_ns is None:
-                timestamp_ns = self.now()
-            elif type(timestamp_ns) is not int or not 0 <= timestamp_ns < _I63:
-                timestamp_ns = check_timestamp("timestamp_ns", timestamp_ns)
-            item: tuple[Any, ...] = (
-                user_id,
-                entity_id,
-                signal_type,
-                _F32.unpack(_F32.pack(weight))[0],
-                timestamp_ns,
-                None,
-            )
-        else:
-            item = _checked_signal(user_id, entity_id, signal_type, weight, timestamp_ns, context)
-            if item[4] is None:
-                item = (item[0], item[1], item[2], item[3], self.now(), item[5])
-        m = 0 if self._nm == 1 else membership_shard_of(item[0], self._nm)
+        item = check_signal(
+            user_id, entity_id, signal_type, weight, timestamp_ns, context, now=self.now
+        )
+        m = self._shard_of(item[0])
         buf = self._buffers[m]
         reserved = False
         if not self.nonblocking and len(buf.items) + 1 >= self._steps[m]:
@@ -247,31 +186,31 @@ class Intake:
         sigs = signals if type(signals) is list else list(signals)
         checked = signal_columns(sigs, Signal)
         per_shard: list[list[M.SignalTuple]]
-        now: int | None = None
         if checked is not None:  # the common case, checked column by column
             (us, es, ts_, ws, tss, cxs), has_none = checked
             if has_none:
-                now = self.now()
-                tss = tuple([now if t is None else t for t in tss])
+                at = self.now()
+                tss = tuple([at if t is None else t for t in tss])
             per_shard = shard_split(list(zip(us, es, ts_, ws, tss, cxs)), us, nm)
         else:
             per_shard = [[] for _ in range(nm)]
+            stamp: list[int] = []
+
+            def stamp_now() -> int:  # one clock read for the batch, taken when needed
+                if not stamp:
+                    stamp.append(self.now())
+                return stamp[0]
+
             for i, s in enumerate(sigs):
                 if not isinstance(s, Signal):
                     raise InvalidArgument(f"signals[{i}]", s, "must be a Signal")
-                item = _fast_signal(*s)
-                if item is None:
-                    try:
-                        item = _checked_signal(*s)
-                    except InvalidArgument as exc:
-                        raise InvalidArgument(
-                            f"signals[{i}].{exc.field}", exc.value, exc.reason
-                        ) from None
-                if item[4] is None:
-                    if now is None:
-                        now = self.now()
-                    item = (item[0], item[1], item[2], item[3], now, item[5])
-                per_shard[0 if nm == 1 else membership_shard_of(item[0], nm)].append(item)
+                try:
+                    item = check_signal(*s, now=stamp_now)
+                except InvalidArgument as exc:
+                    raise InvalidArgument(
+                        f"signals[{i}].{exc.field}", exc.value, exc.reason
+                    ) from None
+                per_shard[self._shard_of(item[0])].append(item)
         steps = self._steps
         shards = [m for m, items in enumerate(per_shard) if items]
         if not self.nonblocking:

@@ -36,6 +36,7 @@ from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.reply import Reply
 
 __all__ = ["PykkaHost"]
 
@@ -349,7 +350,7 @@ class PykkaHost:
         actor's thread, or when it stops) and False is returned."""
         return self._inbox(address).when_room(fn)
 
-    def settle(self, reply: Any, timeout: float) -> bool:
+    def settle(self, reply: Reply, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for ``reply`` (threads do the work)."""
         return bool(reply.wait(timeout))
 

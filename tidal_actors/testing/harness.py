@@ -36,14 +36,13 @@ import collections
 import dataclasses
 import random
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tidal_actors._clock import ManualClock
 from tidal_actors._config import Config
 from tidal_actors._errors import ActorFailure, DatabaseClosed, InvalidArgument, StorageError
-from tidal_actors._types import Signal
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.ledger import LedgerShard
@@ -51,10 +50,12 @@ from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import EMPTY, LogRecord, Prepared
-from tidal_actors.runtime.engine import Call, Core, build_states, check_meta
+from tidal_actors.runtime.call import Call
+from tidal_actors.runtime.engine import Core, build_states, check_meta
 from tidal_actors.runtime.pykka_host import HostContext
 from tidal_actors.storage.format import Tag, decode_key, ledger_shard_of
 from tidal_actors.storage.stores import LmdbStore, MemoryStore, NullStore
+from tidal_actors.testing._generated_harness import HarnessOperations
 
 __all__ = [
     "FACADE",
@@ -73,6 +74,7 @@ FACADE: M.Address = ("facade", 0)
 """The sender address of messages the caller's operations send."""
 
 Ordering = Literal["mailbox", "pair"]
+T = TypeVar("T")
 
 
 class HarnessStuck(RuntimeError):
@@ -350,7 +352,7 @@ class DeterministicHost:
     def when_room(self, address: M.Address, fn: Callable[[], None]) -> bool:
         return True
 
-    def settle(self, reply: Any, timeout: float) -> bool:
+    def settle(self, reply: Reply, timeout: float) -> bool:
         """Deliver messages until ``reply`` is done or nothing is left; ``timeout`` is ignored."""
         while not reply.done and self.step():
             pass
@@ -737,7 +739,7 @@ def _open_store(store: Any, config: Config) -> tuple[Any, str | None]:
     return store, None
 
 
-class Harness:
+class Harness(HarnessOperations):
     """Drive the real actor behaviours message by message, in a seeded order.
 
     The operations have ``TidalDb``'s names and arguments; each validates at once
@@ -765,6 +767,8 @@ class Harness:
         h.run(leave)
         print(h.trace())
     """
+
+    schedule: Schedule
 
     def __init__(
         self,
@@ -848,7 +852,7 @@ class Harness:
                 raise HarnessStuck(f"still delivering after {max_steps} steps")
         return n
 
-    def run(self, call: Call) -> Any:
+    def run(self, call: Call[T]) -> T:
         """Deliver until ``call`` is done, then return its result (or raise its error).
 
         Raises:
@@ -899,97 +903,6 @@ class Harness:
         self.schedule.event(f"clock = {int(now_ns)}")
 
     # -- operations ---------------------------------------------------------------------
-
-    def _call(self, call: Call) -> Call:
-        self._calls += 1
-        many = len(call.replies) > 1
-        for k, r in enumerate(call.replies):
-            self.schedule.label(r, f"{call.name}#{self._calls}" + (f".{k}" if many else ""))
-            self.core.track(r)
-        return call
-
-    @staticmethod
-    def _done(name: str) -> Call:
-        return Call(name, [])
-
-    def signal_with_context(
-        self,
-        user_id: int,
-        entity_id: int,
-        signal_type: int,
-        weight: float = 1.0,
-        timestamp_ns: int | None = None,
-        context: Mapping[str, Any] | None = None,
-    ) -> Call:
-        """Enqueue one signal (one message); the handle is done at once (no reply)."""
-        self.core.signal_with_context(
-            user_id, entity_id, signal_type, weight, timestamp_ns, context
-        )
-        return self._done("signal_with_context")
-
-    def signal_batch(self, signals: Iterable[Signal]) -> Call:
-        """Enqueue many signals, one message each, after validating all of them."""
-        self.core.signal_batch(signals)
-        return self._done("signal_batch")
-
-    def assign_cohort(self, user_id: int, cohort: str) -> Call:
-        return self._call(self.core.assign_cohort(user_id, cohort))
-
-    def unassign_cohort(self, user_id: int, cohort: str) -> Call:
-        return self._call(self.core.unassign_cohort(user_id, cohort))
-
-    def cohorts_of(self, user_id: int) -> Call:
-        return self._call(self.core.cohorts_of(user_id))
-
-    def leave_community_layer(self, user_id: int) -> Call:
-        return self._call(self.core.leave_community_layer(user_id))
-
-    def rejoin_community_layer(self, user_id: int) -> Call:
-        return self._call(self.core.rejoin_community_layer(user_id))
-
-    def community_layer_status(self, user_id: int) -> Call:
-        return self._call(self.core.community_layer_status(user_id))
-
-    def community_leave_history(self, user_id: int) -> Call:
-        return self._call(self.core.community_leave_history(user_id))
-
-    def request_community_purge(self, user_id: int, cohort_name: str) -> Call:
-        return self._call(self.core.request_community_purge(user_id, cohort_name))
-
-    def list_purge_manifests(self, user_id: int) -> Call:
-        """Asks the purge coordinator directly: it sees the purges already committed."""
-        return self._call(self.core.list_purge_manifests(user_id))
-
-    def read_decay_score(
-        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
-    ) -> Call:
-        return self._call(self.core.read_decay_score(cohort, entity_id, signal_type, at_ns))
-
-    def read_window(
-        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
-    ) -> Call:
-        return self._call(self.core.read_window(cohort, entity_id, signal_type, at_ns))
-
-    def top_entities(self, cohort: str, signal_type: int, k: int, at_ns: int | None = None) -> Call:
-        return self._call(self.core.top_entities(cohort, signal_type, k, at_ns))
-
-    def aggregate_rows(self, at_ns: int | None = None) -> Call:
-        return self._call(self.core.aggregate_rows(at_ns))
-
-    def stats(self) -> Call:
-        return self._call(self.core.stats())
-
-    def flush(self) -> Call:
-        return self._call(self.core.flush())
-
-    def rematerialize(self, cohort: str) -> Call:
-        return self._call(self.core.rematerialize(cohort))
-
-    def purge_status(self, purge_id: int) -> Call:
-        return self._call(self.core.purge_status(purge_id))
-
-    def compact(self) -> Call:
-        return self._call(self.core.compact())
 
     def tick(self) -> None:
         """Send the purge coordinator the ``Tick`` that the pykka facade sends every

@@ -25,6 +25,7 @@ import struct
 import zlib
 
 from tidal_actors._errors import StorageError
+from tidal_actors.core.sharding import ledger_shard_of, membership_shard_of  # re-exported
 
 __all__ = [
     "SEAL_MAGIC",
@@ -175,20 +176,6 @@ def undecodable(keyspace: Keyspace, key: bytes, exc: BaseException) -> StorageEr
     return StorageError(
         f"cannot decode {keyspace.value} key {bytes(key).hex()}: {type(exc).__name__}: {exc}"
     )
-
-
-_GOLDEN = 0x9E3779B97F4A7C15
-_MASK64 = (1 << 64) - 1
-
-
-def membership_shard_of(user_id: int, shards: int) -> int:
-    """Stable membership shard of a user: Fibonacci hashing of the 64-bit id."""
-    return (((user_id * _GOLDEN) & _MASK64) >> 32) % shards
-
-
-def ledger_shard_of(cohort: str, shards: int) -> int:
-    """Stable ledger shard of a cohort: CRC-32 of its UTF-8 name (never ``hash()``)."""
-    return zlib.crc32(cohort.encode("utf-8")) % shards
 
 
 def membership_capacity(total: int, shard: int, shards: int) -> int:
