@@ -46,7 +46,6 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("tidal_actors.core.remat", "tidal_actors.storage.stores"),
     ("tidal_actors.loadsim.plot", "tidal_actors.cli.text"),
     ("tidal_actors.loadsim.simulate", "tidal_actors.testing.reference"),
-    ("tidal_actors.storage.snapshot", "tidal_actors.actors.ledger"),
 }
 
 

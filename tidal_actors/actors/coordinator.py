@@ -21,6 +21,7 @@ from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import Prepared
 from tidal_actors.core.eviction import advance_watermark
 from tidal_actors.core.remat import encode_status
+from tidal_actors.core.states import CoordinatorState
 from tidal_actors.storage.format import (
     Keyspace,
     Tag,
@@ -30,34 +31,6 @@ from tidal_actors.storage.format import (
     ledger_shard_of,
     membership_capacity,
 )
-
-
-class CoordinatorState:
-    """Restorable state of the purge coordinator."""
-
-    def __init__(self, membership_shards: int) -> None:
-        self.live_from = [0] * membership_shards
-        # per membership shard: rseqs drained by purges at or above its watermark
-        # (sorted int64 arrays; rebuilt at restore from the purges' tombstones)
-        self.drained: list[np.ndarray] = [
-            np.zeros(0, dtype=np.int64) for _ in range(membership_shards)
-        ]
-        # user -> encoded manifests (`encode_manifest`, as stored), in purge id order:
-        # bytes, not PurgeManifest objects, whose ContributionRecord entries (tuple
-        # subclasses, never untracked) the cyclic GC would walk in every full
-        # collection, a thousand more after each purge
-        self.manifests: dict[int, list[bytes]] = {}
-        self.last_purge_id = 0
-        # purge id -> (status, rseq bound of the purge)
-        self.statuses: dict[int, tuple[PurgeStatus, int]] = {}
-
-    def covered(self, cohort: str) -> dict[int, int]:
-        """user -> highest rseq bound over that user's purges of ``cohort``."""
-        out: dict[int, int] = {}
-        for status, bound in self.statuses.values():
-            if status.cohort == cohort and bound > out.get(status.user_id, -1):
-                out[status.user_id] = bound
-        return out
 
 
 class PurgeCoordinator(Behaviour):
@@ -415,6 +388,3 @@ class PurgeCoordinator(Behaviour):
         msg.reply.set_result(
             [decode_manifest(raw) for raw in self.state.manifests.get(msg.user, [])]
         )
-
-
-# -- persistence ----------------------------------------------------------------------

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Any
 
-from tidal_actors._config import Config
 from tidal_actors._errors import UnknownCohort
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour, Context
-from tidal_actors.core.aggregates import Aggregates
-from tidal_actors.core.contrib_log import EMPTY, ContributionLog, encode_history_columns
+from tidal_actors.core.contrib_log import EMPTY, encode_history_columns
+from tidal_actors.core.states import LedgerState
 from tidal_actors.storage.format import (
     Keyspace,
     Tag,
@@ -20,88 +18,6 @@ from tidal_actors.storage.format import (
     membership_capacity,
     seal,
 )
-from tidal_actors.storage.history import HistoryReader
-
-SETTLE_MIN = 16_384
-SETTLE_STEP = 32_768
-
-
-class LedgerState:
-    """Restorable state of one ledger shard."""
-
-    def __init__(self, config: Config) -> None:
-        self.aggregates = Aggregates(
-            config.half_life_for, config.window_width_ns, config.window_buckets
-        )
-        self.log = ContributionLog(self.aggregates)
-        self.batch_seq = 0
-        self.rseq_seen: dict[int, int] = {}
-        self.live_from: dict[int, tuple[int, int]] = {}
-        # the durable history, read back by re-materialization and by reads inside
-        # settled buckets (None: an ephemeral database, or not wired yet)
-        self.history: HistoryReader | None = None
-        # (batch seq, first detail row) of the history batches written since the
-        # open and not yet known committed: their rows are not settled
-        self.unconfirmed: deque[tuple[int, int]] = deque()
-
-    def raise_floors(self, caps: list[int], in_flight: dict[int, dict[Any, int]]) -> None:
-        """Trim from the log what is surely evicted: a lower bound of each membership
-        shard's watermark from the records seen and its share of the log cap.
-
-        Args:
-            caps: each membership shard's share of ``max_contribution_log_entries``.
-            in_flight: membership shard -> {marker: bound} of purges in flight.
-        """
-        log = self.log
-        for m, top in self.rseq_seen.items():
-            open_ = in_flight.get(m)
-            if open_:
-                # a purge in flight drains records, room no ledger can count yet: trim
-                # only what was evicted when the first of them was taken (the
-                # watermark never goes back; the purges before it have committed)
-                top = min(top, min(open_.values()) - 1)
-            live_from, drained = self.live_from.get(m, (0, 0))
-            floor = max(live_from, top + 1 - caps[m] - drained)
-            if floor > log.floor.get(m, 0):
-                log.set_floor(m, floor)
-
-    def wire_history(self, reader: HistoryReader) -> None:
-        """Read settled records back from ``reader`` (a durable store's history)."""
-        self.history = reader
-        agg = self.aggregates
-        agg.settled_detail = lambda k, lo, hi: reader.settled_detail(
-            agg.key(k), lo, hi, agg.settled_upto
-        )
-
-    def settle(self, durable: bool, force: bool = False) -> int:
-        """Drop the detail rows no purge can name any more (`Aggregates.settle`):
-        before the contribution log's first row (its head, once compacted, and the
-        rows held for purges in flight) and, in a durable database, before the first row of a
-        history batch not yet committed (a row is dropped only once the history
-        holds it). Only once at least ``SETTLE_MIN`` rows can go, and at most
-        ``SETTLE_STEP`` a call, unless ``force``. Returns the rows dropped."""
-        agg = self.aggregates
-        if durable and self.history is None:
-            return 0  # nothing to read them back from: keep them
-        limit = agg.row_end
-        if durable:
-            assert self.history is not None
-            top = self.history.committed()
-            pending = self.unconfirmed
-            while pending and pending[0][0] < top:
-                pending.popleft()
-            if pending:
-                limit = pending[0][1]
-        low = self.log.first_row()
-        cut = min(limit, agg.row_end if low is None else low) - agg.row_base
-        if cut <= 0 or (not force and cut < SETTLE_MIN):
-            return 0
-        self.log.compact_head()  # may move held pairs' rows to held_rows: ask again
-        low = self.log.first_row()
-        upto = min(limit, agg.row_end if low is None else low)
-        if not force:  # a bounded step per message, so no handler stalls on it
-            upto = min(upto, agg.row_base + SETTLE_STEP)
-        return agg.settle(upto)
 
 
 class LedgerShard(Behaviour):

@@ -19,6 +19,7 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour, Context
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.routes import COMMUNITY_ONLY, GATED, RouteTable
+from tidal_actors.core.states import MembershipState
 from tidal_actors.storage.format import (
     Keyspace,
     Tag,
@@ -26,17 +27,6 @@ from tidal_actors.storage.format import (
     encode_membership,
     ledger_shard_of,
 )
-
-
-class MembershipState:
-    """Restorable state of one membership shard."""
-
-    def __init__(self) -> None:
-        self.status: dict[int, tuple[MembershipStatus, int | None]] = {}
-        self.history: dict[int, list[list[int | None]]] = {}
-        self.cohorts: dict[int, tuple[str, ...]] = {}
-        self.next_rseq = 0
-
 
 _CONTROL_WRITES = (M.Assign, M.Unassign, M.Leave, M.Rejoin)
 
@@ -387,10 +377,3 @@ class MembershipShard(Behaviour):
         part = M.BarrierPart(msg)
         for li in msg.ledgers:
             self.ctx.tell((M.LEDGER, li), part)
-
-
-# -- ledger -------------------------------------------------------------------------
-
-
-# settle detail rows once at least this many can go, at most SETTLE_STEP a
-# message (`LedgerState.settle`)

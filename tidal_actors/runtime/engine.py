@@ -29,11 +29,12 @@ from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed, InvalidArgument, StorageError, TidalError
 from tidal_actors._types import WindowCount
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.coordinator import CoordinatorState, PurgeCoordinator
-from tidal_actors.actors.ledger import LedgerShard, LedgerState
-from tidal_actors.actors.membership import MembershipShard, MembershipState
+from tidal_actors.actors.coordinator import PurgeCoordinator
+from tidal_actors.actors.ledger import LedgerShard
+from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.reply import Reply
+from tidal_actors.core.states import CoordinatorState, LedgerState, MembershipState
 from tidal_actors.core.validate import (
     check_cohort,
     check_id,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import msgpack
 
 from tidal_actors._config import Config
-from tidal_actors.actors.ledger import LedgerState
+from tidal_actors.core.states import LedgerState
 
 __all__ = ["decode_ledger", "encode_ledger"]
 
