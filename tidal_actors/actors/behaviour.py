@@ -113,17 +113,19 @@ class Behaviour:
         self._loss = err
         self._lost_batches += 1
 
-    def report_loss(self, barrier: M.Barrier) -> None:
-        """Hand what `note_loss` recorded to a barrier that reports losses (a flush's
-        or close's: their caller is told)."""
-        if barrier.reports_loss and self._loss is not None:
-            err = StorageError(
-                f"{self.address[0]}[{self.address[1]}] lost {self._lost_batches} signal "
-                f"batch(es) since the last flush; last: {self._loss}"
-            )
-            err.__cause__ = self._loss
-            barrier.lost.append(err)
-            self._loss, self._lost_batches = None, 0
+    def take_loss(self, barrier: M.Barrier) -> tuple[BaseException, ...]:
+        """What `note_loss` recorded, as one StorageError, for a barrier that reports
+        losses (a flush's or close's: their caller is told); () if none or if the
+        barrier does not report them (the loss then waits for one that does)."""
+        if not barrier.reports_loss or self._loss is None:
+            return ()
+        err = StorageError(
+            f"{self.address[0]}[{self.address[1]}] lost {self._lost_batches} signal "
+            f"batch(es) since the last flush; last: {self._loss}"
+        )
+        err.__cause__ = self._loss
+        self._loss, self._lost_batches = None, 0
+        return (err,)
 
     def on_idle(self) -> None:
         """Called by the host when the mailbox is empty after a message."""

@@ -56,6 +56,8 @@ class LedgerShard(Behaviour):
         self._in_flight: dict[int, dict[Any, int]] = {}
         self._ended_early: set[Any] = set()
         self._jobs: dict[Any, Any] = {}
+        # barrier id -> (parts received, losses they reported)
+        self._barrier_parts: dict[int, tuple[int, tuple[BaseException, ...]]] = {}
 
     def _on_attribute(self, msg: M.Attribute) -> None:
         st = self.state
@@ -109,22 +111,18 @@ class LedgerShard(Behaviour):
 
     def _on_barrier_part(self, msg: M.BarrierPart) -> None:
         b = msg.barrier
-        self.report_loss(b)
-        n = b.counts.get(self.index, 0) + 1
-        b.counts[self.index] = n
+        key = b.barrier_id
+        n, lost = self._barrier_parts.get(key, (0, ()))
+        n, lost = n + 1, lost + msg.lost
         if n < b.parts:
+            self._barrier_parts[key] = (n, lost)
             return
+        self._barrier_parts.pop(key, None)
         if b.action is not None:
             self._read(b.action)
             return
-        if b.durable:
-            self.ctx.tell(M.PERSIST_ADDR, M.BarrierPart(b))
-            return
-        with b.lock:
-            b.done_ledgers += 1
-            last = b.done_ledgers == len(b.ledgers)
-        if last:
-            b.reply.set_result(None)
+        # persistence counts the ledgers reached (and commits first, if durable)
+        self.ctx.tell(M.PERSIST_ADDR, M.BarrierPart(b, lost + self.take_loss(b)))
 
     def on_idle(self) -> None:
         # history batches committed since the last message may let rows settle

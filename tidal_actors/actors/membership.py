@@ -373,7 +373,8 @@ class MembershipShard(Behaviour):
             self.note_loss(err)
 
     def _on_barrier(self, msg: M.Barrier) -> None:
-        self.report_loss(msg)
-        part = M.BarrierPart(msg)
+        lost = self.take_loss(msg)
         for li in msg.ledgers:
-            self.ctx.tell((M.LEDGER, li), part)
+            # the loss goes once, with the part to the first ledger
+            self.ctx.tell((M.LEDGER, li), M.BarrierPart(msg, lost))
+            lost = ()

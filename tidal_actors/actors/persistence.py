@@ -41,7 +41,8 @@ class Persistence(Behaviour):
         self.store = store
         self._writes: list[M.Write] = []
         self._ops = 0
-        self._barriers: dict[int, int] = {}
+        # barrier id -> (ledgers reached, losses their parts reported)
+        self._barriers: dict[int, tuple[int, tuple[BaseException, ...]]] = {}
         self.commits = 0
         self.failed_writes = 0
         self._unreported: BaseException | None = None
@@ -161,15 +162,17 @@ class Persistence(Behaviour):
 
     def _on_barrier_part(self, msg: M.BarrierPart) -> None:
         b = msg.barrier
-        key = id(b)
-        n = self._barriers.get(key, 0) + 1
+        key = b.barrier_id
+        n, lost = self._barriers.get(key, (0, ()))
+        n, lost = n + 1, lost + msg.lost
         if n < len(b.ledgers):
-            self._barriers[key] = n
+            self._barriers[key] = (n, lost)
             return
         self._barriers.pop(key, None)
-        self.commit()
+        if b.durable:
+            self.commit()
         if b.reports_loss:  # a flush (or close): its caller hears of every loss
-            self._report(b.reply, b.lost)
+            self._report(b.reply, list(lost))
         else:  # a sync before a rebuild or a compaction: losses wait for the flush
             b.reply.set_result(None)
         if b.then is not None:

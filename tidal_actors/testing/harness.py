@@ -110,8 +110,8 @@ class FaultReport:
     lost_writes: int = 0
 
 
-# fields left out of the trace: wall-clock measurements and synchronization objects
-_VOLATILE_FIELDS = frozenset({"seconds", "lock", "counts", "done_ledgers"})
+# fields left out of the trace: wall-clock measurements
+_VOLATILE_FIELDS = frozenset({"seconds"})
 
 
 def _empty_prepared() -> Prepared:
@@ -307,7 +307,7 @@ class DeterministicHost:
         self._sender: M.Address = FACADE
         self._prepared_by: dict[int, int] = {}
         self._barriers_seen: dict[int, M.Barrier] = {}
-        self._failed_barriers: dict[int, M.Barrier] = {}
+        self._failed_barriers: set[int] = set()
 
     # -- the PykkaHost interface ----------------------------------------------------
 
@@ -434,7 +434,7 @@ class DeterministicHost:
         finally:
             self._sender = prev
         if type(msg) is M.BarrierPart and address == M.PERSIST_ADDR and msg.barrier.reply.done:
-            self._barriers_seen.pop(id(msg.barrier), None)
+            self._barriers_seen.pop(msg.barrier.barrier_id, None)
 
     def _intercept(self, address: M.Address, msg: object) -> tuple[str, bool]:
         """Supervisor bookkeeping at a delivery: (note for the trace, drop it?)."""
@@ -444,9 +444,9 @@ class DeterministicHost:
                 return " [injected: this write fails]", False
             if kind is M.BarrierPart:
                 b = msg.barrier  # type: ignore[attr-defined]
-                if id(b) in self._failed_barriers:
+                if b.barrier_id in self._failed_barriers:
                     return " [dropped: its flush already failed in a persistence crash]", True
-                self._barriers_seen[id(b)] = b
+                self._barriers_seen[b.barrier_id] = b
         elif address[0] == M.LEDGER:
             if kind is M.PreparePurge:
                 self._prepared_by[msg.purge_id] = self.incarnation[address]  # type: ignore[attr-defined]
@@ -669,7 +669,7 @@ class DeterministicHost:
         err = StorageError("persistence crashed before committing this write")
         for msg in queued:
             if isinstance(msg, M.BarrierPart):
-                self._barriers_seen[id(msg.barrier)] = msg.barrier
+                self._barriers_seen[msg.barrier.barrier_id] = msg.barrier
             elif msg not in writes and isinstance(getattr(msg, "reply", None), Reply):
                 self._fail(
                     msg.reply,  # type: ignore[attr-defined]
@@ -678,12 +678,11 @@ class DeterministicHost:
                 )
         for key, b in list(self._barriers_seen.items()):
             # parts already counted by the crashed incarnation are gone: fail the
-            # flush (and keep the barrier, so its id is never reused while parts of
-            # it may still arrive and be dropped)
+            # flush (parts of it that still arrive are dropped by its id)
             self._fail(
                 b.reply, StorageError("persistence crashed before this flush committed"), report
             )
-            self._failed_barriers[key] = b
+            self._failed_barriers.add(key)
         self._barriers_seen.clear()
         new = Persistence(self.ctx, old.store)
         new.commits, new.failed_writes, new.handler_errors = (
