@@ -17,6 +17,7 @@ from tidal_actors._types import (
 )
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.recovery import LedgerRecovery, RecoverLedger
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import Prepared
 from tidal_actors.core.eviction import advance_watermark
@@ -59,6 +60,10 @@ class PurgeCoordinator(Behaviour):
         self._remat_due: dict[str, float] = {}
         self._drains: list[Reply] = []
         self._remat_seq = 0
+        # ledger restarts waiting for the purge being committed (`_on_recover`)
+        self._recoveries: list[RecoverLedger] = []
+        # membership shard -> marker number of its newest purge ended (`LedgerRecovery`)
+        self._ended_upto: dict[int, int] = {}
         self.purges = 0
         cfg = ctx.config
         self._caps = [
@@ -76,6 +81,7 @@ class PurgeCoordinator(Behaviour):
             (M.ResumeRematerialization, self._on_resume),
             (M.Tick, self._on_tick),
             (M.Drain, self._on_drain),
+            (RecoverLedger, self._on_recover),
         ):
             self.on(kind, fn)
 
@@ -131,6 +137,7 @@ class PurgeCoordinator(Behaviour):
             for li in range(self.ctx.config.ledger_shards):
                 self.ctx.tell((M.LEDGER, li), gone)
             req.reply.set_exception(exc)
+            self._ended(req)
         self._start_remat()
         self._next_purge()
 
@@ -209,6 +216,7 @@ class PurgeCoordinator(Behaviour):
         for i in range(self.ctx.config.ledger_shards):
             self.ctx.tell((M.LEDGER, i), update)
         self._pending = None
+        self._ended(req)
         req.reply.set_result((p["pid"], p["manifest"]))
         self._schedule_remat(req.cohort)
         self._start_remat()  # one held back while this purge was in progress
@@ -351,6 +359,43 @@ class PurgeCoordinator(Behaviour):
                 w.set_exception(error)
         self._next_purge()
         self._start_remat()
+
+    def _ended(self, req: M.Purge) -> None:
+        """``req`` committed or was abandoned: a restarting ledger hears of it, and
+        the ledger restarts waiting for its commit go ahead."""
+        if req.marker is not None:
+            m, n = req.mshard, req.marker[1]
+            self._ended_upto[m] = max(self._ended_upto.get(m, -1), n)
+        recoveries, self._recoveries = self._recoveries, []
+        for msg in recoveries:
+            self._on_recover(msg)
+
+    def _on_recover(self, msg: RecoverLedger) -> None:
+        """A ledger shard restarts from the store (`actors.recovery`): end what waits on
+        the failed incarnation's memory, wait for a commit under way, then answer with
+        the purges in flight."""
+        li = msg.ledger
+        p = self._pending
+        on_li = (
+            p is not None and ledger_shard_of(p["msg"].cohort, self.ctx.config.ledger_shards) == li
+        )
+        if p is not None and "manifest" in p:
+            self._recoveries.append(msg)  # answered once the commit is in (`_ended`)
+            return
+        if on_li:  # its preparation may have died with the shard: nothing is committed
+            self._fail_pending(ActorFailure(f"ledger[{li}] restarted during this purge"))
+        r = self._remat  # a rebuild whose job died with the shard (no result yet)
+        nl = self.ctx.config.ledger_shards
+        if r is not None and "updates" not in r and ledger_shard_of(r["cohort"], nl) == li:
+            self._remat_finished(
+                error=ActorFailure(f"ledger[{li}] restarted during this re-materialization")
+            )
+        purges = [self._pending["msg"]] if self._pending is not None else []
+        in_flight = tuple(
+            M.PurgeMarker(q.marker, q.mshard, q.user, q.cohort, q.next_rseq)
+            for q in purges + self._waiting
+        )
+        msg.reply.set_result(LedgerRecovery(in_flight, dict(self._ended_upto)))
 
     def on_error(self, message: object, err: BaseException) -> None:
         """A failure while a purge or a re-materialization waits on this message ends

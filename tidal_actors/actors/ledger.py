@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from tidal_actors._errors import UnknownCohort
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.recovery import LedgerRecovery
 from tidal_actors.core.contrib_log import EMPTY, encode_history_columns
 from tidal_actors.core.states import LedgerState
 from tidal_actors.storage.format import (
@@ -56,8 +58,66 @@ class LedgerShard(Behaviour):
         self._in_flight: dict[int, dict[Any, int]] = {}
         self._ended_early: set[Any] = set()
         self._jobs: dict[Any, Any] = {}
-        # barrier id -> (parts received, losses they reported)
-        self._barrier_parts: dict[int, tuple[int, tuple[BaseException, ...]]] = {}
+        # barrier id -> (barrier, parts received, losses they reported)
+        self._barrier_parts: dict[int, tuple[M.Barrier, int, tuple[BaseException, ...]]] = {}
+        # purges prepared by this incarnation, not applied yet (`_on_apply`)
+        self._prepared: set[int] = set()
+        # set by `restarted`: markers already registered, and per membership shard
+        # the marker number of its newest purge ended before the restart
+        self._restored: set[Any] = set()
+        self._ended_upto: dict[int, int] = {}
+
+    COUNTERS = ("records_in", "retracted", "purges_applied", "history_batches", "handler_errors")
+
+    @classmethod
+    def restarted(
+        cls,
+        ctx: Context,
+        index: int,
+        state: LedgerState,
+        recovery: LedgerRecovery,
+        counters: Mapping[str, int] | None = None,
+    ) -> LedgerShard:
+        """The shard rebuilt after a failure (`actors.recovery`).
+
+        Args:
+            ctx: the host's context.
+            index: the shard's index.
+            state: its state as restored from the store (``build_states``), read
+                after every write of the failed incarnation was committed.
+            recovery: the coordinator's answer: each purge in flight is registered
+                as if its marker had just come (the pair held at its cohort's shard,
+                trimming bounded by it); a marker or an end of a purge that ended
+                before is recognised by its number.
+            counters: the ``stats()`` counters to carry over (`COUNTERS`).
+        """
+        new = cls(ctx, index, state)
+        new._ended_upto = dict(recovery.ended_upto)
+        for marker in recovery.in_flight:
+            new._on_marker(marker)
+            new._restored.add(marker.marker)
+        for name in cls.COUNTERS:
+            if counters is not None and name in counters:
+                setattr(new, name, counters[name])
+        state.raise_floors(new._caps, new._in_flight)
+        return new
+
+    def counters(self) -> dict[str, int]:
+        """The ``stats()`` counters of this incarnation (`COUNTERS`)."""
+        return {name: getattr(self, name) for name in self.COUNTERS}
+
+    def held_messages(self) -> list[object]:
+        """The messages received and not fully handled: purge preparations waiting
+        for their marker, and the parts of barriers still waiting for others."""
+        parts: list[object] = []
+        for b, n, lost in self._barrier_parts.values():
+            parts += [M.BarrierPart(b, lost)] + [M.BarrierPart(b)] * (n - 1)
+        return [*self._parked.values(), *parts]
+
+    def _ended_before(self, marker: Any) -> bool:
+        """Whether ``marker``'s purge ended before this incarnation started."""
+        upto = self._ended_upto.get(marker[0])
+        return upto is not None and marker[1] <= upto
 
     def _on_attribute(self, msg: M.Attribute) -> None:
         st = self.state
@@ -112,10 +172,10 @@ class LedgerShard(Behaviour):
     def _on_barrier_part(self, msg: M.BarrierPart) -> None:
         b = msg.barrier
         key = b.barrier_id
-        n, lost = self._barrier_parts.get(key, (0, ()))
+        _, n, lost = self._barrier_parts.get(key, (b, 0, ()))
         n, lost = n + 1, lost + msg.lost
         if n < b.parts:
-            self._barrier_parts[key] = (n, lost)
+            self._barrier_parts[key] = (b, n, lost)
             return
         self._barrier_parts.pop(key, None)
         if b.action is not None:
@@ -161,8 +221,13 @@ class LedgerShard(Behaviour):
         r.reply.set_result(value)
 
     def _on_marker(self, msg: M.PurgeMarker) -> None:
+        if msg.marker in self._restored:  # registered at the restart already
+            self._restored.discard(msg.marker)
+            return
         if msg.marker in self._ended_early:
             self._ended_early.discard(msg.marker)
+        elif self._ended_before(msg.marker):
+            return
         else:
             self._in_flight.setdefault(msg.mshard, {})[msg.marker] = msg.bound
         if not self._owns(msg.cohort):
@@ -181,6 +246,7 @@ class LedgerShard(Behaviour):
             self._markers.discard(msg.marker)
         try:
             prepared = self.state.log.prepare(msg.user, msg.cohort, msg.live_from, msg.bound)
+            self._prepared.add(msg.purge_id)
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, prepared))
         except Exception as exc:
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, EMPTY, exc))
@@ -197,7 +263,7 @@ class LedgerShard(Behaviour):
             del open_[marker]
             if not open_:
                 del self._in_flight[mshard]
-        else:
+        elif not self._ended_before(marker):
             self._ended_early.add(marker)
 
     def _on_abandoned(self, msg: M.PurgeAbandoned) -> None:
@@ -206,6 +272,11 @@ class LedgerShard(Behaviour):
         self._end_purge(msg.mshard, msg.marker)
 
     def _on_apply(self, msg: M.ApplyPurge) -> None:
+        if msg.purge_id not in self._prepared:
+            # prepared by an incarnation before a restart: its rows are not this
+            # state's, and the state restored after the commit leaves them out already
+            return
+        self._prepared.discard(msg.purge_id)
         self.state.aggregates.retract_rows(msg.prepared.rows)
         self.state.log.apply(msg.user, msg.cohort, msg.prepared)
         self.retracted += len(msg.prepared.records)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from itertools import repeat
 from typing import Any
 
@@ -29,6 +29,10 @@ from tidal_actors.storage.format import (
 )
 
 _CONTROL_WRITES = (M.Assign, M.Unassign, M.Leave, M.Rejoin)
+
+
+def _nothing() -> None:
+    """The apply step of a write in doubt at a restart: the restored state has it."""
 
 
 class MembershipShard(Behaviour):
@@ -72,6 +76,54 @@ class MembershipShard(Behaviour):
         ):
             self.on(kind, fn)
 
+    COUNTERS = ("signals", "forwarded", "gated", "records", "handler_errors")
+
+    @classmethod
+    def restarted(
+        cls,
+        ctx: Context,
+        index: int,
+        state: MembershipState,
+        incarnation: int,
+        in_doubt: Mapping[int, Reply] | None = None,
+        counters: Mapping[str, int] | None = None,
+    ) -> MembershipShard:
+        """The shard rebuilt after a failure (`actors.recovery`).
+
+        Args:
+            ctx: the host's context.
+            index: the shard's index.
+            state: its state as restored from the store (``build_states``), read
+                after every record the failed incarnation numbered was committed.
+            incarnation: how many incarnations came before (>= 1): write tokens and
+                purge markers start at ``incarnation << 40``, above any earlier one.
+            in_doubt: token -> reply of the control writes the failed incarnation
+                sent and had not heard back about (`in_doubt`): each caller gets
+                the write's outcome when its ``Committed`` comes (the state read from
+                the store holds it if it committed).
+            counters: the ``stats()`` counters to carry over (`COUNTERS`).
+        """
+        new = cls(ctx, index, state)
+        new._token = incarnation << 40
+        for token, reply in (in_doubt or {}).items():
+            new._pending[token] = (_nothing, reply)
+        for name in cls.COUNTERS:
+            if counters is not None and name in counters:
+                setattr(new, name, counters[name])
+        return new
+
+    def counters(self) -> dict[str, int]:
+        """The ``stats()`` counters of this incarnation (`COUNTERS`)."""
+        return {name: getattr(self, name) for name in self.COUNTERS}
+
+    def in_doubt(self) -> dict[int, Reply]:
+        """token -> reply of the control writes sent and not answered yet."""
+        return {token: reply for token, (_apply, reply) in self._pending.items()}
+
+    def held_messages(self) -> list[object]:
+        """The messages received and set aside behind a pending commit, in order."""
+        return list(self._stash)
+
     def _ledger(self, cohort: str) -> int:
         li = self._ledger_of.get(cohort)
         if li is None:
@@ -106,7 +158,8 @@ class MembershipShard(Behaviour):
             return
         super().receive(message)
         if self._stash and not self._pending:
-            while not self._pending and self._stash:
+            # a failure stops the run: the supervisor hands the rest to the next incarnation
+            while not self._pending and self._stash and self.fault is None:
                 message = self._take_stashed()
                 if type(message) in _CONTROL_WRITES:
                     self._receive_group(message)

@@ -7,6 +7,7 @@ from typing import Any
 from tidal_actors._errors import ActorFailure, StorageError, TidalError
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.recovery import LoadStore
 from tidal_actors.actors.reply import Reply
 
 
@@ -52,6 +53,7 @@ class Persistence(Behaviour):
             (M.BarrierPart, self._on_barrier_part),
             (M.EraseHistory, self._on_erase),
             (M.Compact, self._on_compact),
+            (LoadStore, self._on_load),
         ):
             self.on(kind, fn)
 
@@ -125,6 +127,12 @@ class Persistence(Behaviour):
         except Exception as exc:  # noqa: BLE001 - the coordinator must hear back
             error = _write_error(exc)
         self._ack(M.Write(msg.ops, msg.reply), error)
+
+    def _on_load(self, msg: LoadStore) -> None:
+        """Read the store for a shard restarting (`actors.recovery`), after committing
+        what waits (so the restored state holds every write sent before)."""
+        self.commit()
+        msg.reply.set_result(self.store.load())
 
     def _on_compact(self, msg: M.Compact) -> None:
         self.commit()

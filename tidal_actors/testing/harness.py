@@ -21,13 +21,15 @@ Theory of operation (FoundationDB-style deterministic simulation):
   ``on_idle`` (persistence group-commits there), exactly as the pykka host does.
 * Same seed and same calls: same deliveries, same trace, byte for byte.
 * The host is the supervisor of the fault calls: it drops a crashed shard's mailbox,
-  answers the callers whose messages were lost, and restarts the shard from storage.
-  What a crash means for the messages in flight is spelled out in
-  :meth:`Harness.crash_shard` and :meth:`Harness.crash_persistence`. To answer the
-  callers of a crashed incarnation it reads that incarnation's in-flight bookkeeping
-  (``MembershipShard._pending``/``_stash``, ``Persistence._writes``/``_unreported``)
-  and acknowledges lost writes through ``Persistence._ack``, as a supervisor that
-  shares the process may.
+  answers the callers whose messages were lost, and restarts the shard from storage
+  through the product's restore step (``runtime.supervision.restore_ledger`` and
+  ``restore_membership``, after the exchange of ``actors.recovery``), as the pykka
+  host does after a handler failure. What a crash means for the messages in flight
+  is spelled out in :meth:`Harness.crash_shard` and :meth:`Harness.crash_persistence`.
+  A crashed shard is read only through its public hand-over methods (``in_doubt``,
+  ``held_messages``, ``counters``); a crashed persistence actor through its pending
+  writes (``Persistence._writes``/``_unreported``), whose writers are answered through
+  ``Persistence._ack``, as a supervisor that shares the process may.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ import dataclasses
 import random
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tidal_actors._clock import ManualClock
@@ -49,11 +50,13 @@ from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.ledger import LedgerShard
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.persistence import Persistence
+from tidal_actors.actors.recovery import FaultReport, LoadStore, RecoverLedger
 from tidal_actors.actors.reply import Reply
-from tidal_actors.core.contrib_log import EMPTY, LogRecord, Prepared
-from tidal_actors.runtime.engine import Call, Core, build_states, check_meta
+from tidal_actors.core.contrib_log import LogRecord, Prepared
+from tidal_actors.runtime.engine import Call, Core, check_meta
 from tidal_actors.runtime.pykka_host import HostContext
-from tidal_actors.storage.format import Tag, decode_key, ledger_shard_of
+from tidal_actors.runtime.supervision import carried_over, restore_ledger, restore_membership
+from tidal_actors.storage.format import Tag, decode_key
 from tidal_actors.storage.stores import LmdbStore, MemoryStore, NullStore
 
 __all__ = [
@@ -83,40 +86,8 @@ class HarnessStuck(RuntimeError):
     """
 
 
-@dataclass
-class FaultReport:
-    """What an injected crash did, for the test to account for.
-
-    Attributes:
-        address: the actor that crashed.
-        dropped: descriptions of the messages lost with its mailbox (and stash),
-            in the trace's notation.
-        lost_signals: signals dropped before their membership shard handled them,
-            as ``(user, entity, signal_type, weight, timestamp_ns, context)``.
-        lost_records: attributions dropped before their ledger shard applied them.
-        failed: labels of the handles that got an error because of the crash.
-        in_doubt: labels of control operations whose write was already on its way
-            to persistence; each is answered by the write's outcome on restart.
-        lost_writes: writes persistence had taken but not committed (persistence
-            crash only); their writers got a ``StorageError``.
-    """
-
-    address: M.Address
-    dropped: list[str] = field(default_factory=list)
-    lost_signals: list[M.SignalTuple] = field(default_factory=list)
-    lost_records: list[LogRecord] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    in_doubt: list[str] = field(default_factory=list)
-    lost_writes: int = 0
-
-
 # fields left out of the trace: wall-clock measurements
 _VOLATILE_FIELDS = frozenset({"seconds"})
-
-
-def _empty_prepared() -> Prepared:
-    """A preparation that retracts nothing (list fields empty, numbers 0)."""
-    return EMPTY
 
 
 def _addr(a: M.Address) -> str:
@@ -261,13 +232,14 @@ class Schedule:
 class _Down:
     """A crashed shard waiting for its restart."""
 
-    __slots__ = ("lost_markers", "markers", "old", "orphans")
+    __slots__ = ("carry", "old", "orphans")
 
     def __init__(self, old: Behaviour) -> None:
         self.old = old
+        # in-doubt control writes: token -> (reply, label)
         self.orphans: dict[Any, tuple[Reply, str]] = {}
-        self.markers: set[Any] = set()
-        self.lost_markers: list[M.PurgeMarker] = []
+        # what the next incarnation takes over (`runtime.supervision.carried_over`)
+        self.carry: list[object] = []
 
 
 class DeterministicHost:
@@ -305,7 +277,6 @@ class DeterministicHost:
         self._stopped: set[M.Address] = set()
         self._closed = False
         self._sender: M.Address = FACADE
-        self._prepared_by: dict[int, int] = {}
         self._barriers_seen: dict[int, M.Barrier] = {}
         self._failed_barriers: set[int] = set()
 
@@ -447,16 +418,6 @@ class DeterministicHost:
                 if b.barrier_id in self._failed_barriers:
                     return " [dropped: its flush already failed in a persistence crash]", True
                 self._barriers_seen[b.barrier_id] = b
-        elif address[0] == M.LEDGER:
-            if kind is M.PreparePurge:
-                self._prepared_by[msg.purge_id] = self.incarnation[address]  # type: ignore[attr-defined]
-            elif kind is M.ApplyPurge:
-                by = self._prepared_by.pop(msg.purge_id, None)  # type: ignore[attr-defined]
-                if by is not None and by != self.incarnation[address]:
-                    return (
-                        " [dropped: prepared by a crashed incarnation; the restored state has it]",
-                        True,
-                    )
         return "", False
 
     def pending(self) -> dict[M.Address, list[object]]:
@@ -500,41 +461,19 @@ class DeterministicHost:
             report.lost_signals.extend(msg.signals)
         elif isinstance(msg, M.Attribute):
             report.lost_records.extend(LogRecord(*r) for r in msg.records)
-        elif isinstance(msg, M.PreparePurge):
-            # the coordinator waits for this answer: tell it the preparation failed,
-            # so the purge fails whole (nothing committed, nothing retracted)
-            prev, self._sender = self._sender, address
-            try:
-                self.tell(
-                    M.COORD_ADDR,
-                    M.PurgePrepared(msg.purge_id, _empty_prepared(), ActorFailure(why)),
-                )
-            finally:
-                self._sender = prev
+        elif isinstance(
+            msg,
+            (M.PreparePurge, M.RematStart, M.RematStep, M.PurgeMarker, M.PurgeAbandoned),
+        ):
+            pass  # the coordinator ends or lists that purge or rebuild at the restart
         elif isinstance(msg, (M.ApplyPurge, M.EvictionUpdate)):
             pass  # committed before it was sent: the state restored from storage has it
-        elif type(msg).__name__ == "RematStart":
-            self._remat_failed(address, msg.token, msg.cohort, why)  # type: ignore[attr-defined]
-        elif type(msg).__name__ == "RematStep":
-            pass  # its job died with the shard: answered from the crashed incarnation's jobs
         elif isinstance(msg, M.BarrierPart):
             self._fail(msg.barrier.reply, ActorFailure(why), report)
         else:
             reply = getattr(msg, "reply", None)
             if isinstance(reply, Reply):
                 self._fail(reply, ActorFailure(why), report)
-
-    def _remat_failed(self, address: M.Address, token: Any, cohort: str, why: str) -> None:
-        """Tell the coordinator a re-materialization died with its ledger shard, so it
-        is not waited for forever (the coordinator fails or retries it)."""
-        done = getattr(M, "RematDone", None)
-        if done is None:
-            return
-        prev, self._sender = self._sender, address
-        try:
-            self.tell(M.COORD_ADDR, done(token, cohort, error=ActorFailure(why)))
-        finally:
-            self._sender = prev
 
     def crash(self, address: M.Address) -> FaultReport:
         """Crash a membership or ledger shard; it restarts from storage once nothing
@@ -554,34 +493,26 @@ class DeterministicHost:
         old = self.behaviours[address]
         down = _Down(old)
         report = FaultReport(address)
-        is_committed: Callable[[object], bool] = lambda m: type(m) is M.Committed  # noqa: E731
-        lost = self._take_queue(
-            address, keep=is_committed if address[0] == M.MEMBERSHIP else lambda m: False
-        )
+        lost: list[object]
         if isinstance(old, MembershipShard):
+            # a Committed waiting here answers a write of this incarnation: kept for
+            # the next one, which answers the write's caller (`MembershipShard.restarted`)
+            lost = old.held_messages()
+            lost += self._take_queue(address, keep=lambda m: isinstance(m, M.Committed))
             # a control operation whose write is on its way: its outcome is decided by
             # persistence; the caller is answered with it at the restart
-            for token, (_apply, reply) in old._pending.items():
+            for token, reply in old.in_doubt().items():
                 label = self.schedule.label(reply)
                 down.orphans[token] = (reply, label)
                 report.in_doubt.append(label)
-            lost = list(old._stash) + lost
         else:
-            # a purge preparation parked until its marker arrives dies with the shard;
-            # a marker lost with the mailbox counts as arrived at the restart (the
-            # records sent before it are lost with it, and reported as such)
-            lost = list(getattr(old, "_parked", {}).values()) + lost
-            down.lost_markers = [m for m in lost if isinstance(m, M.PurgeMarker)]
-            down.markers = {m.marker for m in down.lost_markers}
+            assert isinstance(old, LedgerShard)
+            # barrier parts it counted stay counted; a purge preparation waiting for
+            # its marker dies with it (the coordinator abandons the purge at the restart)
+            down.carry, lost = carried_over(old.held_messages())
+            lost += self._take_queue(address)
         for msg in lost:
             self._drop(address, msg, report)
-        for token, job in list(getattr(old, "_jobs", {}).items()):
-            self._remat_failed(
-                address,
-                token,
-                getattr(job, "cohort", ""),
-                f"{_addr(address)} crashed during a re-materialization",
-            )
         self._down[address] = down
         self.schedule.event(
             f"crash {_addr(address)}: {len(report.dropped)} message(s) dropped, "
@@ -590,65 +521,70 @@ class DeterministicHost:
         )
         return report
 
+    def _ask(self, sender: M.Address, address: M.Address, make: Callable[[Reply], object]) -> Any:
+        """Send ``make(reply)`` from ``sender`` and deliver until the reply comes."""
+        reply = Reply("restart")
+        prev, self._sender = self._sender, sender
+        try:
+            self.tell(address, make(reply))
+        finally:
+            self._sender = prev
+        while not reply.done and (keys := self._deliverable()):
+            self._deliver_from(keys)
+        if not reply.done:
+            raise HarnessStuck(f"{_addr(sender)} cannot restart: {address} did not answer")
+        return reply.result()
+
     def _restart(self, address: M.Address) -> None:
-        down = self._down.pop(address)
+        """Restart a crashed shard through the product's restore step
+        (`runtime.supervision`): nothing else can run, so every write its crashed
+        incarnation caused is committed, and no barrier through the ledgers is needed
+        before the store is read."""
+        down = self._down[address]  # nothing is delivered to it until it is replaced
         old = down.old
-        mstates, lstates, _ = build_states(self.config, self.store.load(), self.store)
-        kind, i = address
+        i = address[1]
+        store, n = self.store, self.incarnation[address]
         new: Behaviour
-        carry: tuple[str, ...]
-        if kind == M.MEMBERSHIP:
-            new = MembershipShard(self.ctx, i, mstates[i])
-            carry = ("signals", "forwarded", "gated", "records", "handler_errors")
-            # every Committed waiting here answers a write of the crashed incarnation
-            # (the new one has sent none yet): settle the in-doubt callers with it
-            for msg in self._take_queue(address, keep=lambda m: type(m) is not M.Committed):
-                entry = down.orphans.pop(msg.token, None)  # type: ignore[attr-defined]
-                if entry is not None:
-                    reply, label = entry
-                    err = msg.error  # type: ignore[attr-defined]
-                    if err is None:
-                        reply.set_result(None)
-                    else:
-                        reply.set_exception(err)
-                    self.schedule.event(
-                        f"{label} in doubt at the crash: {'committed' if err is None else 'failed'}"
-                    )
-            for reply, label in down.orphans.values():
-                reply.set_exception(
-                    ActorFailure(f"{_addr(address)} crashed; the outcome is unknown")
-                )
-                self.schedule.event(f"{label} in doubt at the crash: outcome unknown")
-        else:
-            new = LedgerShard(self.ctx, i, lstates[i])
-            carry = (
-                "records_in",
-                "retracted",
-                "purges_applied",
-                "history_batches",
-                "handler_errors",
+        if isinstance(old, LedgerShard):
+            recovery = self._ask(address, M.COORD_ADDR, lambda r: RecoverLedger(i, r))
+            restored = self._ask(address, M.PERSIST_ADDR, LoadStore)
+            new = restore_ledger(
+                self.config, self.ctx, restored, store, i, recovery, old.counters()
             )
-            # markers that arrived stay facts: the records sent before them were delivered
-            new._markers = set(old._markers) | down.markers  # type: ignore[attr-defined]
-            # so do purges in flight: the restarted shard trims no further than before
-            in_flight = {m: dict(v) for m, v in old._in_flight.items()}  # type: ignore[attr-defined]
-            for msg in down.lost_markers:
-                in_flight.setdefault(msg.mshard, {})[msg.marker] = msg.bound
-            new._in_flight = in_flight
-            new._ended_early = set(old._ended_early)  # type: ignore[attr-defined]
-            new.state.log.holds = {k: list(v) for k, v in old.state.log.holds.items()}  # type: ignore[attr-defined]
-            for msg in down.lost_markers:
-                if ledger_shard_of(msg.cohort, self.config.ledger_shards) == i:
-                    new.state.log.hold(msg.user, msg.cohort, msg.bound)
-        for name in carry:
-            setattr(new, name, getattr(old, name))
+        else:
+            assert isinstance(old, MembershipShard)
+            restored = self._ask(address, M.PERSIST_ADDR, LoadStore)
+            committed = {
+                m.token: m.error
+                for m in self.pending().get(address, [])
+                if isinstance(m, M.Committed)
+            }
+            in_doubt: dict[Any, Reply] = {}
+            for token, (reply, label) in down.orphans.items():
+                if token in committed:
+                    in_doubt[token] = reply
+                    outcome = "committed" if committed[token] is None else "failed"
+                else:
+                    reply.set_exception(
+                        ActorFailure(f"{_addr(address)} crashed; the outcome is unknown")
+                    )
+                    outcome = "outcome unknown"
+                self.schedule.event(f"{label} in doubt at the crash: {outcome}")
+            new = restore_membership(
+                self.config, self.ctx, restored, store, i, n, in_doubt, old.counters()
+            )
+        del self._down[address]
         self.behaviours[address] = new
-        self.incarnation[address] += 1
+        self.incarnation[address] = n + 1
         if self.on_replace is not None:
             self.on_replace(address, new)
-        self.schedule.event(
-            f"restart {_addr(address)} from storage (incarnation {self.incarnation[address]})"
-        )
+        self.schedule.event(f"restart {_addr(address)} from storage (incarnation {n + 1})")
+        prev, self._sender = self._sender, address
+        try:
+            for msg in down.carry:
+                new.receive(msg)
+        finally:
+            self._sender = prev
 
     def crash_persistence(self) -> FaultReport:
         """Crash and restart the persistence actor. See :meth:`Harness.crash_persistence`."""
@@ -794,14 +730,6 @@ class Harness:
         check_meta(store, self.config, restored)
         self.host = DeterministicHost(self.config, self.clock, store.durable, self.schedule, store)
         self.core = Core(self.config, self.clock, store, restored, self.host, buffered=False)
-        self.host.on_replace = self._on_replace
-
-    def _on_replace(self, address: M.Address, behaviour: Behaviour) -> None:
-        # Core keeps these for stats() and for the snapshot it writes at close
-        if isinstance(behaviour, Persistence):
-            self.core.persistence = behaviour
-        elif isinstance(behaviour, LedgerShard):
-            self.core.ledgers[address[1]] = behaviour
 
     def __enter__(self) -> Harness:
         return self
@@ -1070,8 +998,11 @@ class Harness:
           what the store holds, at the first step at which nothing else can be
           delivered: by then every write the crashed incarnation caused is
           committed (or failed), so the restored state holds every acknowledged
-          operation and record numbering never repeats. A retraction prepared by the
-          crashed incarnation but arriving after the restart is dropped (the
+          operation and record numbering never repeats. A restarting ledger shard
+          asks the coordinator for the purges in flight (`actors.recovery`); a purge
+          waiting for its preparation there, or a re-materialization running there,
+          fails with ``ActorFailure``. A retraction prepared by the crashed
+          incarnation but arriving after the restart is ignored by the shard (the
           restored state already leaves those records out: tombstones).
         * Counters (``stats()``) carry over.
 
