@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import collections
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from itertools import repeat
-from typing import Any
 
 import msgpack
 import numpy as np
@@ -16,7 +14,8 @@ from tidal_actors._types import (
     MembershipStatus,
 )
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.behaviour import Context
+from tidal_actors.actors.control_writes import ControlWrites
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.routes import COMMUNITY_ONLY, GATED, RouteTable
 from tidal_actors.core.states import MembershipState
@@ -28,14 +27,12 @@ from tidal_actors.storage.format import (
     ledger_shard_of,
 )
 
-_CONTROL_WRITES = (M.Assign, M.Unassign, M.Leave, M.Rejoin)
-
 
 def _nothing() -> None:
     """The apply step of a write in doubt at a restart: the restored state has it."""
 
 
-class MembershipShard(Behaviour):
+class MembershipShard(ControlWrites):
     """Gate and fan-out for the users hashed to this shard (spec: leave-stop-forward).
 
     Holds each user's status, leave history and cohorts; attributes each forwarded
@@ -56,13 +53,7 @@ class MembershipShard(Behaviour):
         for u in {*self.left, *self.state.cohorts}:
             self._update_route(u)
         self.signals = self.forwarded = self.gated = self.records = 0
-        # the control writes committing now, by token: (apply, reply)
-        self._pending: dict[int, tuple[Callable[[], Any], Reply]] = {}
-        self._group: list[M.Write] | None = None
-        self._stash: collections.deque[object] = collections.deque()
-        self._stashed_batches = 0
-        self._stashed_signals = 0
-        self._token = 0
+        self._init_control_writes()
         for kind, fn in (
             (M.SignalBatch, self._on_signals),
             (M.Assign, self._on_assign),
@@ -72,7 +63,6 @@ class MembershipShard(Behaviour):
             (M.QueryUser, self._on_query),
             (M.PurgeRequest, self._on_purge),
             (M.Barrier, self._on_barrier),
-            (M.Committed, self._on_committed),
         ):
             self.on(kind, fn)
 
@@ -116,14 +106,6 @@ class MembershipShard(Behaviour):
         """The ``stats()`` counters of this incarnation (`COUNTERS`)."""
         return {name: getattr(self, name) for name in self.COUNTERS}
 
-    def in_doubt(self) -> dict[int, Reply]:
-        """token -> reply of the control writes sent and not answered yet."""
-        return {token: reply for token, (_apply, reply) in self._pending.items()}
-
-    def held_messages(self) -> list[object]:
-        """The messages received and set aside behind a pending commit, in order."""
-        return list(self._stash)
-
     def _ledger(self, cohort: str) -> int:
         li = self._ledger_of.get(cohort)
         if li is None:
@@ -148,62 +130,6 @@ class MembershipShard(Behaviour):
                 self._rid[u] = (
                     GATED if r == GATED else self.routes.route_of(self.state.cohorts.get(u, ()))
                 )
-
-    def receive(self, message: object) -> None:
-        if self._pending and type(message) is not M.Committed:
-            self._stash.append(message)
-            if type(message) is M.SignalBatch:
-                self._stashed_batches += 1
-                self._stashed_signals += len(message.signals)
-            return
-        super().receive(message)
-        if self._stash and not self._pending:
-            # a failure stops the run: the supervisor hands the rest to the next incarnation
-            while not self._pending and self._stash and self.fault is None:
-                message = self._take_stashed()
-                if type(message) in _CONTROL_WRITES:
-                    self._receive_group(message)
-                else:
-                    super().receive(message)
-            self.room_made()
-
-    def _take_stashed(self) -> object:
-        message = self._stash.popleft()
-        if type(message) is M.SignalBatch:
-            self._stashed_batches -= 1
-            self._stashed_signals -= len(message.signals)
-        return message
-
-    def _receive_group(self, first: Any) -> None:
-        """Handle ``first`` and the control writes on distinct users right behind it in
-        the stash as one group: their writes go to persistence back to back, which
-        commits writes waiting together in one transaction (and, should it fail, each
-        on its own, so an error fails only its own writer)."""
-        self._group = []
-        users = {first.user}
-        try:
-            super().receive(first)
-            while (
-                self._stash
-                and type(self._stash[0]) in _CONTROL_WRITES
-                and self._stash[0].user not in users  # type: ignore[attr-defined]
-            ):
-                message: Any = self._take_stashed()
-                users.add(message.user)
-                super().receive(message)
-        finally:
-            group, self._group = self._group, None
-        for write in group:
-            self.ctx.tell(M.PERSIST_ADDR, write)
-
-    def held(self) -> int:
-        # signal batches stashed while a control write commits count as still queued,
-        # so the mailbox capacity bounds the signals in flight here too (control
-        # messages are not bounded in the mailbox either)
-        return self._stashed_batches
-
-    def held_units(self) -> int:
-        return self._stashed_signals
 
     # signals: the hot path
     def _on_signals(self, msg: M.SignalBatch) -> None:
@@ -263,33 +189,6 @@ class MembershipShard(Behaviour):
                     ctx,
                 ),
             )
-
-    # control operations: applied only once committed
-    def _write(
-        self, ops: list[tuple[str, bytes, bytes | None]], apply: Callable[[], Any], reply: Reply
-    ) -> None:
-        self._token += 1
-        self._pending[self._token] = (apply, reply)
-        write = M.Write(ops, (self.address, self._token))
-        if self._group is not None:  # joins the group being formed (`_receive_group`)
-            self._group.append(write)
-        else:
-            self.ctx.tell(M.PERSIST_ADDR, write)
-
-    def _on_committed(self, msg: M.Committed) -> None:
-        pending = self._pending.pop(msg.token, None)
-        if pending is None:
-            return
-        apply, reply = pending
-        if msg.error is not None:
-            reply.set_exception(msg.error)
-            return
-        try:
-            value = apply()
-        except Exception as exc:
-            reply.set_exception(self.failure(msg, exc))
-            raise
-        reply.set_result(value)
 
     def _cohort_ops(
         self, user: int, cohorts: tuple[str, ...]

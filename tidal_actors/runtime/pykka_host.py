@@ -304,8 +304,7 @@ class PykkaHost:
             self._supervise,
         )
         self._stopped = threading.Event()
-        # restarts failed shards once persistence (the store's owner) is started
-        self.supervisor: Supervisor | None = None
+        self.supervisor: Supervisor | None = None  # set once persistence is started
         # told each behaviour that replaces a failed one (set by the engine)
         self.on_replace: Callable[[M.Address, Behaviour], None] | None = None
 
@@ -318,8 +317,7 @@ class PykkaHost:
             self._refs[b.address] = self._actor_cls.start(b)
 
     def _supervise(self, actor: Any) -> None:
-        """``actor``'s behaviour failed (`Behaviour.fault`): restart or resume it
-        (`Supervisor.failed`), on the actor's thread."""
+        """``actor``'s behaviour failed: restart or resume it (`Supervisor.failed`)."""
         old: Behaviour = actor.behaviour
         if self.supervisor is None:
             old.fault = None
