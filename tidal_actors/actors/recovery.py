@@ -7,7 +7,7 @@ store holds, through the restore step of the shard itself
 :meth:`MembershipShard.restarted <tidal_actors.actors.membership.MembershipShard.restarted>`),
 and reports what was lost in a :class:`FaultReport`. The supervisors are the pykka
 host (``runtime.supervision``) and the deterministic host of the test harness
-(``testing.harness``); both run the same exchange and the same restore step.
+(``testing.faults``); both run the same exchange and the same restore step.
 
 What a restarted shard needs besides the store:
 
