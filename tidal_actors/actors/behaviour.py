@@ -141,6 +141,10 @@ class Behaviour:
         self._loss, self._lost_batches = None, 0
         return (err,)
 
+    def resume(self) -> None:
+        """Called by a supervisor that keeps this behaviour after a `fault` (cleared
+        first): carry on with what it had set aside."""
+
     def on_idle(self) -> None:
         """Called by the host when the mailbox is empty after a message."""
 

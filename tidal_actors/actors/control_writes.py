@@ -52,8 +52,13 @@ class ControlWrites(Behaviour):
                 self._stashed_signals += len(message.signals)
             return
         super().receive(message)
+        self.resume()
+
+    def resume(self) -> None:
+        """Handle what the stash holds, until a write is pending again. A failure
+        stops the run: a supervisor hands the rest to the next incarnation, or calls
+        this again to resume."""
         if self._stash and not self._pending:
-            # a failure stops the run: the supervisor hands the rest to the next incarnation
             while not self._pending and self._stash and self.fault is None:
                 message = self._take_stashed()
                 if type(message) in CONTROL_WRITES:

@@ -241,6 +241,8 @@ class LedgerShard(Behaviour):
     def _on_prepare(self, msg: M.PreparePurge) -> None:
         if msg.marker is not None:
             if msg.marker not in self._markers:
+                if self._ended_before(msg.marker):
+                    return  # abandoned when this shard restarted: nobody waits for it
                 self._parked[msg.marker] = msg  # the user's earlier records are still coming
                 return
             self._markers.discard(msg.marker)

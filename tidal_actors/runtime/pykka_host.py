@@ -321,6 +321,7 @@ class PykkaHost:
         old: Behaviour = actor.behaviour
         if self.supervisor is None:
             old.fault = None
+            old.resume()
             return
         new = self.supervisor.failed(old)
         if new is not old:

@@ -138,6 +138,8 @@ class Supervisor:
                 report.action = "restarted"
             except Exception as err:  # noqa: BLE001 - keep serving with what there is
                 report.cause += f"; the restart failed: {err!r}"
+        if new is old:
+            old.resume()
         self.reports.append(report)
         log.error(
             "%s[%d] failed on %s (%s): %s",

@@ -195,6 +195,9 @@ class DeterministicHost(FaultInjection):
         prev, self._sender = self._sender, address
         try:
             behaviour.receive(msg)
+            if behaviour.fault is not None:  # a handler failure (not a crash): resumed
+                behaviour.fault = None
+                behaviour.resume()
             if self._mailbox_empty(address):
                 try:
                     behaviour.on_idle()
