@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from tidal_actors import COMMUNITY, Config, ManualClock, Signal, TidalDb
-from tidal_actors.actors import ledger as _behaviours
+from tidal_actors.core import states as _behaviours
 from tidal_actors.testing import ReferenceModel
 
 from .conftest import SEC, T0

@@ -14,9 +14,10 @@ from tidal_actors import COMMUNITY, Config
 from tidal_actors._clock import ManualClock
 from tidal_actors._types import MembershipStatus
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.membership import MembershipShard, MembershipState
+from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.core.contrib_log import LogRecord
 from tidal_actors.core.routes import COMMUNITY_ONLY, GATED, RouteTable
+from tidal_actors.core.states import MembershipState
 from tidal_actors.storage.format import ledger_shard_of
 
 

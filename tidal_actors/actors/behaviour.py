@@ -5,7 +5,9 @@ a host-supplied context; none knows how it is hosted (pykka threads or the
 deterministic test host). Rules every behaviour keeps:
 
 * A handler never lets an exception escape: it is counted, and a reply waiting on the
-  message gets an :class:`ActorFailure` with the cause attached.
+  message gets an :class:`ActorFailure` with the cause attached. An exception that is
+  not a :class:`TidalError` is kept in ``fault`` for the host's supervisor, which
+  restarts a membership or ledger shard from the store (`runtime.supervision`).
 * No handler waits on another actor. Where a step needs another actor's answer (a
   commit, a purge's prepared set) the behaviour sends a request and *stashes* the
   messages that arrive meanwhile, so its own order is kept without blocking a thread.
@@ -74,6 +76,9 @@ class Behaviour:
         # no flush has reported yet: the next flush's barrier carries it to its caller
         self._loss: BaseException | None = None
         self._lost_batches = 0
+        # the first unexpected failure (not a TidalError) and its message: a
+        # supervisor that restarts the behaviour reads it (`fault`)
+        self.fault: tuple[object, BaseException] | None = None
 
     def on(self, kind: type, fn: Callable[[Any], None]) -> None:
         self._handlers[kind] = fn
@@ -88,6 +93,8 @@ class Behaviour:
         except Exception as exc:  # noqa: BLE001 - the actor must keep serving
             self.handler_errors += 1
             self.last_error = exc
+            if self.fault is None and not isinstance(exc, TidalError):
+                self.fault = (message, exc)
             err = self.failure(message, exc)
             reply = getattr(message, "reply", None)
             if isinstance(reply, Reply):
@@ -113,17 +120,30 @@ class Behaviour:
         self._loss = err
         self._lost_batches += 1
 
-    def report_loss(self, barrier: M.Barrier) -> None:
-        """Hand what `note_loss` recorded to a barrier that reports losses (a flush's
-        or close's: their caller is told)."""
-        if barrier.reports_loss and self._loss is not None:
-            err = StorageError(
-                f"{self.address[0]}[{self.address[1]}] lost {self._lost_batches} signal "
-                f"batch(es) since the last flush; last: {self._loss}"
-            )
-            err.__cause__ = self._loss
-            barrier.lost.append(err)
-            self._loss, self._lost_batches = None, 0
+    def take_over_loss(self, old: Behaviour) -> None:
+        """Report, at the next flush, what ``old`` (the incarnation this one replaces
+        after a restart) recorded with `note_loss` and did not report."""
+        if old._loss is not None:
+            self._loss = old._loss
+            self._lost_batches += old._lost_batches
+
+    def take_loss(self, barrier: M.Barrier) -> tuple[BaseException, ...]:
+        """What `note_loss` recorded, as one StorageError, for a barrier that reports
+        losses (a flush's or close's: their caller is told); () if none or if the
+        barrier does not report them (the loss then waits for one that does)."""
+        if not barrier.reports_loss or self._loss is None:
+            return ()
+        err = StorageError(
+            f"{self.address[0]}[{self.address[1]}] lost {self._lost_batches} signal "
+            f"batch(es) since the last flush; last: {self._loss}"
+        )
+        err.__cause__ = self._loss
+        self._loss, self._lost_batches = None, 0
+        return (err,)
+
+    def resume(self) -> None:
+        """Called by a supervisor that keeps this behaviour after a `fault` (cleared
+        first): carry on with what it had set aside."""
 
     def on_idle(self) -> None:
         """Called by the host when the mailbox is empty after a message."""

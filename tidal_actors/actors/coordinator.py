@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
-from tidal_actors._errors import ActorFailure, UnknownCohort, UnknownPurge
+from tidal_actors._errors import ActorFailure, UnknownPurge
 from tidal_actors._types import (
     PurgeId,
     PurgeManifest,
     PurgeStatus,
-    RematerializationReport,
 )
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.behaviour import Context
+from tidal_actors.actors.recovery import LedgerRecovery, RecoverLedger
+from tidal_actors.actors.rematerializer import Rematerializer
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import Prepared
 from tidal_actors.core.eviction import advance_watermark
+from tidal_actors.core.states import CoordinatorState
 from tidal_actors.storage.format import (
     decode_manifest,
     encode_manifest,
@@ -31,35 +32,7 @@ from tidal_actors.storage.format import (
 )
 
 
-class CoordinatorState:
-    """Restorable state of the purge coordinator."""
-
-    def __init__(self, membership_shards: int) -> None:
-        self.live_from = [0] * membership_shards
-        # per membership shard: rseqs drained by purges at or above its watermark
-        # (sorted int64 arrays; rebuilt at restore from the purges' tombstones)
-        self.drained: list[np.ndarray] = [
-            np.zeros(0, dtype=np.int64) for _ in range(membership_shards)
-        ]
-        # user -> encoded manifests (`encode_manifest`, as stored), in purge id order:
-        # bytes, not PurgeManifest objects, whose ContributionRecord entries (tuple
-        # subclasses, never untracked) the cyclic GC would walk in every full
-        # collection, a thousand more after each purge
-        self.manifests: dict[int, list[bytes]] = {}
-        self.last_purge_id = 0
-        # purge id -> (status, rseq bound of the purge)
-        self.statuses: dict[int, tuple[PurgeStatus, int]] = {}
-
-    def covered(self, cohort: str) -> dict[int, int]:
-        """user -> highest rseq bound over that user's purges of ``cohort``."""
-        out: dict[int, int] = {}
-        for status, bound in self.statuses.values():
-            if status.cohort == cohort and bound > out.get(status.user_id, -1):
-                out[status.user_id] = bound
-        return out
-
-
-class PurgeCoordinator(Behaviour):
+class PurgeCoordinator(Rematerializer):
     """Serializes purges: prepare at the ledger, commit manifest, apply, reply.
 
     Owns purge ids, manifests, and each membership shard's eviction watermark (the
@@ -79,12 +52,12 @@ class PurgeCoordinator(Behaviour):
         self._pending: dict[str, Any] | None = None
         # purges not started yet, in arrival order (`_next_purge`)
         self._waiting: list[M.Purge] = []
-        self._remat: dict[str, Any] | None = None
-        self._remat_queue: list[str] = []
-        self._remat_waiters: dict[str, list[Reply]] = {}
-        self._remat_due: dict[str, float] = {}
         self._drains: list[Reply] = []
-        self._remat_seq = 0
+        self._init_remat()
+        # ledger restarts waiting for the purge being committed (`_on_recover`)
+        self._recoveries: list[RecoverLedger] = []
+        # membership shard -> marker number of its newest purge ended (`LedgerRecovery`)
+        self._ended_upto: dict[int, int] = {}
         self.purges = 0
         cfg = ctx.config
         self._caps = [
@@ -97,11 +70,8 @@ class PurgeCoordinator(Behaviour):
             (M.Committed, self._on_committed),
             (M.QueryManifests, self._on_query),
             (M.QueryPurge, self._on_query_purge),
-            (M.Rematerialize, self._on_rematerialize),
-            (M.RematDone, self._on_remat_done),
-            (M.ResumeRematerialization, self._on_resume),
-            (M.Tick, self._on_tick),
             (M.Drain, self._on_drain),
+            (RecoverLedger, self._on_recover),
         ):
             self.on(kind, fn)
 
@@ -157,6 +127,7 @@ class PurgeCoordinator(Behaviour):
             for li in range(self.ctx.config.ledger_shards):
                 self.ctx.tell((M.LEDGER, li), gone)
             req.reply.set_exception(exc)
+            self._ended(req)
         self._start_remat()
         self._next_purge()
 
@@ -224,146 +195,48 @@ class PurgeCoordinator(Behaviour):
         for i in range(self.ctx.config.ledger_shards):
             self.ctx.tell((M.LEDGER, i), update)
         self._pending = None
+        self._ended(req)
         req.reply.set_result((p["pid"], p["manifest"]))
         self._schedule_remat(req.cohort)
         self._start_remat()  # one held back while this purge was in progress
         self._next_purge()
 
-    # -- re-materialization (issue 7): one cohort at a time, purges of it wait ------
+    def _ended(self, req: M.Purge) -> None:
+        """``req`` committed or was abandoned: a restarting ledger hears of it, and
+        the ledger restarts waiting for its commit go ahead."""
+        if req.marker is not None:
+            m, n = req.mshard, req.marker[1]
+            self._ended_upto[m] = max(self._ended_upto.get(m, -1), n)
+        recoveries, self._recoveries = self._recoveries, []
+        for msg in recoveries:
+            self._on_recover(msg)
 
-    def _schedule_remat(self, cohort: str) -> None:
-        """Re-materialize ``cohort`` ``Config.rematerialize_after_ms`` from now (wall
-        time), coalescing the purges that land meanwhile into one rebuild."""
-        delay = self.ctx.config.rematerialize_after_ms
-        if delay is None:
-            return
-        if cohort not in self._remat_due:
-            self._remat_due[cohort] = self._monotonic() + delay / 1000.0
-
-    def _monotonic(self) -> float:
-        # an operational delay, not domain time: the host's monotonic seconds (the
-        # deterministic harness supplies its own)
-        fn = getattr(self.ctx, "monotonic", None)
-        return float(fn()) if fn is not None else time.monotonic()
-
-    def _on_tick(self, msg: M.Tick) -> None:
-        now = self._monotonic()
-        for cohort, due in list(self._remat_due.items()):
-            if due <= now:
-                del self._remat_due[cohort]
-                self._queue_remat(cohort)
-
-    @property
-    def remat_due(self) -> bool:
-        """Whether a scheduled re-materialization waits for a tick (read by the host)."""
-        return bool(self._remat_due)
-
-    def _queue_remat(self, cohort: str, waiter: Reply | None = None) -> None:
-        self._remat_due.pop(cohort, None)
-        if waiter is not None:
-            self._remat_waiters.setdefault(cohort, []).append(waiter)
-        running = self._remat is not None and self._remat["cohort"] == cohort
-        if not running and cohort not in self._remat_queue:
-            self._remat_queue.append(cohort)
-        self._start_remat()
-
-    def _start_remat(self) -> None:
-        """Start the next queued re-materialization, skipping a cohort whose purge is
-        in progress (its retraction must reach the ledger before the rebuild starts;
-        it is started again when that purge ends)."""
-        if self._remat is not None or not self._remat_queue:
-            return
-        busy = self._pending["msg"].cohort if self._pending is not None else None
-        ready = [c for c in self._remat_queue if c != busy]
-        if not ready:
-            return
-        cohort = ready[0]
-        self._remat_queue.remove(cohort)
-        self._remat_seq += 1
-        token = ("remat", self._remat_seq)
-        # the purges it covers: every one committed so far (later ones of this cohort
-        # wait, deferred, until it ends)
-        self._remat = {
-            "cohort": cohort,
-            "token": token,
-            "covered": self.state.covered(cohort),
-            "upto": self.state.last_purge_id,
-        }
-        li = ledger_shard_of(cohort, self.ctx.config.ledger_shards)
-        self.ctx.tell((M.LEDGER, li), M.RematStart(cohort, self._remat["covered"], token))
-
-    def _on_rematerialize(self, msg: M.Rematerialize) -> None:
-        self._queue_remat(msg.cohort, msg.reply)
-
-    def _on_resume(self, msg: M.ResumeRematerialization) -> None:
-        for status, _ in sorted(self.state.statuses.values(), key=lambda x: x[0].purge_id):
-            if not status.rematerialized:
-                self._queue_remat(status.cohort)
-
-    def _on_remat_done(self, msg: M.RematDone) -> None:
-        r = self._remat
-        if r is None or r["token"] != msg.token:
-            return
-        cohort = r["cohort"]
-        if msg.error is not None and not isinstance(msg.error, UnknownCohort):
-            self._remat_finished(error=msg.error)
-            return
-        # an unknown cohort has nothing to rebuild: its purges are done all the same
-        r["waiter_error"] = msg.error
-        now = self.ctx.clock.now_ns()
-        per_user = dict(msg.per_user or {})
-        updates: list[tuple[PurgeStatus, int]] = []
-        for pid, (status, bound) in sorted(self.state.statuses.items(), reverse=True):
-            if status.cohort != cohort or status.rematerialized or pid > r["upto"]:
-                continue
-            extra = per_user.pop(status.user_id, 0)  # counted on the pair's latest purge
-            updates.append(
-                (
-                    PurgeStatus(
-                        status.purge_id,
-                        status.user_id,
-                        cohort,
-                        status.retracted_live,
-                        True,
-                        now,
-                        extra,
-                    ),
-                    bound,
-                )
-            )
-        r["updates"] = updates
-        r["report"] = RematerializationReport(
-            cohort, msg.read, msg.excluded, msg.seconds, msg.matched
+    def _on_recover(self, msg: RecoverLedger) -> None:
+        """A ledger shard restarts from the store (`actors.recovery`): end what waits on
+        the failed incarnation's memory, wait for a commit under way, then answer with
+        the purges in flight."""
+        li = msg.ledger
+        p = self._pending
+        on_li = (
+            p is not None and ledger_shard_of(p["msg"].cohort, self.ctx.config.ledger_shards) == li
         )
-        ops: list[tuple[str, bytes, bytes | None]] = [status_op(s, b) for s, b in updates]
-        # erase only what the purges this rebuild completes cover: an earlier purge's
-        # records went in the same transaction that marked it re-materialized (the
-        # latest purge of a pair has its highest bound, which covers the earlier ones)
-        erase: dict[int, int] = {}
-        for status, bound in updates:
-            erase[status.user_id] = max(erase.get(status.user_id, -1), bound)
-        self.ctx.tell(M.PERSIST_ADDR, M.EraseHistory(cohort, erase, ops, (self.address, msg.token)))
-
-    def _remat_committed(self, msg: M.Committed) -> None:
-        r = self._remat
-        assert r is not None
-        if msg.error is not None:
-            self._remat_finished(error=msg.error)
+        if p is not None and "manifest" in p:
+            self._recoveries.append(msg)  # answered once the commit is in (`_ended`)
             return
-        for status, bound in r["updates"]:
-            self.state.statuses[int(status.purge_id)] = (status, bound)
-        self._remat_finished(report=r["report"], error=r["waiter_error"])
-
-    def _remat_finished(self, report: Any = None, error: BaseException | None = None) -> None:
-        r, self._remat = self._remat, None
-        assert r is not None
-        for w in self._remat_waiters.pop(r["cohort"], []):
-            if error is None:
-                w.set_result(report)
-            else:
-                w.set_exception(error)
-        self._next_purge()
-        self._start_remat()
+        if on_li:  # its preparation may have died with the shard: nothing is committed
+            self._fail_pending(ActorFailure(f"ledger[{li}] restarted during this purge"))
+        r = self._remat  # a rebuild whose job died with the shard (no result yet)
+        nl = self.ctx.config.ledger_shards
+        if r is not None and "updates" not in r and ledger_shard_of(r["cohort"], nl) == li:
+            self._remat_finished(
+                error=ActorFailure(f"ledger[{li}] restarted during this re-materialization")
+            )
+        purges = [self._pending["msg"]] if self._pending is not None else []
+        in_flight = tuple(
+            M.PurgeMarker(q.marker, q.mshard, q.user, q.cohort, q.next_rseq)
+            for q in purges + self._waiting
+        )
+        msg.reply.set_result(LedgerRecovery(in_flight, dict(self._ended_upto)))
 
     def on_error(self, message: object, err: BaseException) -> None:
         """A failure while a purge or a re-materialization waits on this message ends
@@ -401,6 +274,3 @@ class PurgeCoordinator(Behaviour):
         msg.reply.set_result(
             [decode_manifest(raw) for raw in self.state.manifests.get(msg.user, [])]
         )
-
-
-# -- persistence ----------------------------------------------------------------------

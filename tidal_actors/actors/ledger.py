@@ -3,98 +3,16 @@
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
-from tidal_actors._config import Config
 from tidal_actors._errors import UnknownCohort
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour, Context
-from tidal_actors.core.aggregates import Aggregates
-from tidal_actors.core.contrib_log import EMPTY, ContributionLog
+from tidal_actors.actors.recovery import LedgerRecovery
+from tidal_actors.core.contrib_log import EMPTY
+from tidal_actors.core.states import LedgerState
 from tidal_actors.storage.format import batch_op, ledger_shard_of, membership_capacity
-from tidal_actors.storage.history import HistoryReader
-
-SETTLE_MIN = 16_384
-SETTLE_STEP = 32_768
-
-
-class LedgerState:
-    """Restorable state of one ledger shard."""
-
-    def __init__(self, config: Config) -> None:
-        self.aggregates = Aggregates(
-            config.half_life_for, config.window_width_ns, config.window_buckets
-        )
-        self.log = ContributionLog(self.aggregates)
-        self.batch_seq = 0
-        self.rseq_seen: dict[int, int] = {}
-        self.live_from: dict[int, tuple[int, int]] = {}
-        # the durable history, read back by re-materialization and by reads inside
-        # settled buckets (None: an ephemeral database, or not wired yet)
-        self.history: HistoryReader | None = None
-        # (batch seq, first detail row) of the history batches written since the
-        # open and not yet known committed: their rows are not settled
-        self.unconfirmed: deque[tuple[int, int]] = deque()
-
-    def raise_floors(self, caps: list[int], in_flight: dict[int, dict[Any, int]]) -> None:
-        """Trim from the log what is surely evicted: a lower bound of each membership
-        shard's watermark from the records seen and its share of the log cap.
-
-        Args:
-            caps: each membership shard's share of ``max_contribution_log_entries``.
-            in_flight: membership shard -> {marker: bound} of purges in flight.
-        """
-        log = self.log
-        for m, top in self.rseq_seen.items():
-            open_ = in_flight.get(m)
-            if open_:
-                # a purge in flight drains records, room no ledger can count yet: trim
-                # only what was evicted when the first of them was taken (the
-                # watermark never goes back; the purges before it have committed)
-                top = min(top, min(open_.values()) - 1)
-            live_from, drained = self.live_from.get(m, (0, 0))
-            floor = max(live_from, top + 1 - caps[m] - drained)
-            if floor > log.floor.get(m, 0):
-                log.set_floor(m, floor)
-
-    def wire_history(self, reader: HistoryReader) -> None:
-        """Read settled records back from ``reader`` (a durable store's history)."""
-        self.history = reader
-        agg = self.aggregates
-        agg.settled_detail = lambda k, lo, hi: reader.settled_detail(
-            agg.key(k), lo, hi, agg.settled_upto
-        )
-
-    def settle(self, durable: bool, force: bool = False) -> int:
-        """Drop the detail rows no purge can name any more (`Aggregates.settle`):
-        before the contribution log's first row (its head, once compacted, and the
-        rows held for purges in flight) and, in a durable database, before the first row of a
-        history batch not yet committed (a row is dropped only once the history
-        holds it). Only once at least ``SETTLE_MIN`` rows can go, and at most
-        ``SETTLE_STEP`` a call, unless ``force``. Returns the rows dropped."""
-        agg = self.aggregates
-        if durable and self.history is None:
-            return 0  # nothing to read them back from: keep them
-        limit = agg.row_end
-        if durable:
-            assert self.history is not None
-            top = self.history.committed()
-            pending = self.unconfirmed
-            while pending and pending[0][0] < top:
-                pending.popleft()
-            if pending:
-                limit = pending[0][1]
-        low = self.log.first_row()
-        cut = min(limit, agg.row_end if low is None else low) - agg.row_base
-        if cut <= 0 or (not force and cut < SETTLE_MIN):
-            return 0
-        self.log.compact_head()  # may move held pairs' rows to held_rows: ask again
-        low = self.log.first_row()
-        upto = min(limit, agg.row_end if low is None else low)
-        if not force:  # a bounded step per message, so no handler stalls on it
-            upto = min(upto, agg.row_base + SETTLE_STEP)
-        return agg.settle(upto)
 
 
 class LedgerShard(Behaviour):
@@ -133,6 +51,66 @@ class LedgerShard(Behaviour):
         self._in_flight: dict[int, dict[Any, int]] = {}
         self._ended_early: set[Any] = set()
         self._jobs: dict[Any, Any] = {}
+        # barrier id -> (barrier, parts received, losses they reported)
+        self._barrier_parts: dict[int, tuple[M.Barrier, int, tuple[BaseException, ...]]] = {}
+        # purges prepared by this incarnation, not applied yet (`_on_apply`)
+        self._prepared: set[int] = set()
+        # set by `restarted`: markers already registered, and per membership shard
+        # the marker number of its newest purge ended before the restart
+        self._restored: set[Any] = set()
+        self._ended_upto: dict[int, int] = {}
+
+    COUNTERS = ("records_in", "retracted", "purges_applied", "history_batches", "handler_errors")
+
+    @classmethod
+    def restarted(
+        cls,
+        ctx: Context,
+        index: int,
+        state: LedgerState,
+        recovery: LedgerRecovery,
+        counters: Mapping[str, int] | None = None,
+    ) -> LedgerShard:
+        """The shard rebuilt after a failure (`actors.recovery`).
+
+        Args:
+            ctx: the host's context.
+            index: the shard's index.
+            state: its state as restored from the store (``build_states``), read
+                after every write of the failed incarnation was committed.
+            recovery: the coordinator's answer: each purge in flight is registered
+                as if its marker had just come (the pair held at its cohort's shard,
+                trimming bounded by it); a marker or an end of a purge that ended
+                before is recognised by its number.
+            counters: the ``stats()`` counters to carry over (`COUNTERS`).
+        """
+        new = cls(ctx, index, state)
+        new._ended_upto = dict(recovery.ended_upto)
+        for marker in recovery.in_flight:
+            new._on_marker(marker)
+            new._restored.add(marker.marker)
+        for name in cls.COUNTERS:
+            if counters is not None and name in counters:
+                setattr(new, name, counters[name])
+        state.raise_floors(new._caps, new._in_flight)
+        return new
+
+    def counters(self) -> dict[str, int]:
+        """The ``stats()`` counters of this incarnation (`COUNTERS`)."""
+        return {name: getattr(self, name) for name in self.COUNTERS}
+
+    def held_messages(self) -> list[object]:
+        """The messages received and not fully handled: purge preparations waiting
+        for their marker, and the parts of barriers still waiting for others."""
+        parts: list[object] = []
+        for b, n, lost in self._barrier_parts.values():
+            parts += [M.BarrierPart(b, lost)] + [M.BarrierPart(b)] * (n - 1)
+        return [*self._parked.values(), *parts]
+
+    def _ended_before(self, marker: Any) -> bool:
+        """Whether ``marker``'s purge ended before this incarnation started."""
+        upto = self._ended_upto.get(marker[0])
+        return upto is not None and marker[1] <= upto
 
     def _on_attribute(self, msg: M.Attribute) -> None:
         st = self.state
@@ -182,22 +160,18 @@ class LedgerShard(Behaviour):
 
     def _on_barrier_part(self, msg: M.BarrierPart) -> None:
         b = msg.barrier
-        self.report_loss(b)
-        n = b.counts.get(self.index, 0) + 1
-        b.counts[self.index] = n
+        key = b.barrier_id
+        _, n, lost = self._barrier_parts.get(key, (b, 0, ()))
+        n, lost = n + 1, lost + msg.lost
         if n < b.parts:
+            self._barrier_parts[key] = (b, n, lost)
             return
+        self._barrier_parts.pop(key, None)
         if b.action is not None:
             self._read(b.action)
             return
-        if b.durable:
-            self.ctx.tell(M.PERSIST_ADDR, M.BarrierPart(b))
-            return
-        with b.lock:
-            b.done_ledgers += 1
-            last = b.done_ledgers == len(b.ledgers)
-        if last:
-            b.reply.set_result(None)
+        # persistence counts the ledgers reached (and commits first, if durable)
+        self.ctx.tell(M.PERSIST_ADDR, M.BarrierPart(b, lost + self.take_loss(b)))
 
     def on_idle(self) -> None:
         # history batches committed since the last message may let rows settle
@@ -236,8 +210,13 @@ class LedgerShard(Behaviour):
         r.reply.set_result(value)
 
     def _on_marker(self, msg: M.PurgeMarker) -> None:
+        if msg.marker in self._restored:  # registered at the restart already
+            self._restored.discard(msg.marker)
+            return
         if msg.marker in self._ended_early:
             self._ended_early.discard(msg.marker)
+        elif self._ended_before(msg.marker):
+            return
         else:
             self._in_flight.setdefault(msg.mshard, {})[msg.marker] = msg.bound
         if not self._owns(msg.cohort):
@@ -251,11 +230,14 @@ class LedgerShard(Behaviour):
     def _on_prepare(self, msg: M.PreparePurge) -> None:
         if msg.marker is not None:
             if msg.marker not in self._markers:
+                if self._ended_before(msg.marker):
+                    return  # abandoned when this shard restarted: nobody waits for it
                 self._parked[msg.marker] = msg  # the user's earlier records are still coming
                 return
             self._markers.discard(msg.marker)
         try:
             prepared = self.state.log.prepare(msg.user, msg.cohort, msg.live_from, msg.bound)
+            self._prepared.add(msg.purge_id)
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, prepared))
         except Exception as exc:
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, EMPTY, exc))
@@ -272,7 +254,7 @@ class LedgerShard(Behaviour):
             del open_[marker]
             if not open_:
                 del self._in_flight[mshard]
-        else:
+        elif not self._ended_before(marker):
             self._ended_early.add(marker)
 
     def _on_abandoned(self, msg: M.PurgeAbandoned) -> None:
@@ -281,6 +263,11 @@ class LedgerShard(Behaviour):
         self._end_purge(msg.mshard, msg.marker)
 
     def _on_apply(self, msg: M.ApplyPurge) -> None:
+        if msg.purge_id not in self._prepared:
+            # prepared by an incarnation before a restart: its rows are not this
+            # state's, and the state restored after the commit leaves them out already
+            return
+        self._prepared.discard(msg.purge_id)
         self.state.aggregates.retract_rows(msg.prepared.rows)
         self.state.log.apply(msg.user, msg.cohort, msg.prepared)
         self.retracted += len(msg.prepared.records)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import collections
-from collections.abc import Callable
+from collections.abc import Mapping
 from itertools import repeat
-from typing import Any
 
 import numpy as np
 
@@ -15,26 +13,19 @@ from tidal_actors._types import (
     MembershipStatus,
 )
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.behaviour import Context
+from tidal_actors.actors.control_writes import ControlWrites
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.routes import COMMUNITY_ONLY, GATED, RouteTable
+from tidal_actors.core.states import MembershipState
 from tidal_actors.storage.format import cohorts_op, ledger_shard_of, membership_ops
 
 
-class MembershipState:
-    """Restorable state of one membership shard."""
-
-    def __init__(self) -> None:
-        self.status: dict[int, tuple[MembershipStatus, int | None]] = {}
-        self.history: dict[int, list[list[int | None]]] = {}
-        self.cohorts: dict[int, tuple[str, ...]] = {}
-        self.next_rseq = 0
+def _nothing() -> None:
+    """The apply step of a write in doubt at a restart: the restored state has it."""
 
 
-_CONTROL_WRITES = (M.Assign, M.Unassign, M.Leave, M.Rejoin)
-
-
-class MembershipShard(Behaviour):
+class MembershipShard(ControlWrites):
     """Gate and fan-out for the users hashed to this shard (spec: leave-stop-forward).
 
     Holds each user's status, leave history and cohorts; attributes each forwarded
@@ -55,13 +46,7 @@ class MembershipShard(Behaviour):
         for u in {*self.left, *self.state.cohorts}:
             self._update_route(u)
         self.signals = self.forwarded = self.gated = self.records = 0
-        # the control writes committing now, by token: (apply, reply)
-        self._pending: dict[int, tuple[Callable[[], Any], Reply]] = {}
-        self._group: list[M.Write] | None = None
-        self._stash: collections.deque[object] = collections.deque()
-        self._stashed_batches = 0
-        self._stashed_signals = 0
-        self._token = 0
+        self._init_control_writes()
         for kind, fn in (
             (M.SignalBatch, self._on_signals),
             (M.Assign, self._on_assign),
@@ -71,9 +56,48 @@ class MembershipShard(Behaviour):
             (M.QueryUser, self._on_query),
             (M.PurgeRequest, self._on_purge),
             (M.Barrier, self._on_barrier),
-            (M.Committed, self._on_committed),
         ):
             self.on(kind, fn)
+
+    COUNTERS = ("signals", "forwarded", "gated", "records", "handler_errors")
+
+    @classmethod
+    def restarted(
+        cls,
+        ctx: Context,
+        index: int,
+        state: MembershipState,
+        incarnation: int,
+        in_doubt: Mapping[int, Reply] | None = None,
+        counters: Mapping[str, int] | None = None,
+    ) -> MembershipShard:
+        """The shard rebuilt after a failure (`actors.recovery`).
+
+        Args:
+            ctx: the host's context.
+            index: the shard's index.
+            state: its state as restored from the store (``build_states``), read
+                after every record the failed incarnation numbered was committed.
+            incarnation: how many incarnations came before (>= 1): write tokens and
+                purge markers start at ``incarnation << 40``, above any earlier one.
+            in_doubt: token -> reply of the control writes the failed incarnation
+                sent and had not heard back about (`in_doubt`): each caller gets
+                the write's outcome when its ``Committed`` comes (the state read from
+                the store holds it if it committed).
+            counters: the ``stats()`` counters to carry over (`COUNTERS`).
+        """
+        new = cls(ctx, index, state)
+        new._token = incarnation << 40
+        for token, reply in (in_doubt or {}).items():
+            new._pending[token] = (_nothing, reply)
+        for name in cls.COUNTERS:
+            if counters is not None and name in counters:
+                setattr(new, name, counters[name])
+        return new
+
+    def counters(self) -> dict[str, int]:
+        """The ``stats()`` counters of this incarnation (`COUNTERS`)."""
+        return {name: getattr(self, name) for name in self.COUNTERS}
 
     def _ledger(self, cohort: str) -> int:
         li = self._ledger_of.get(cohort)
@@ -99,61 +123,6 @@ class MembershipShard(Behaviour):
                 self._rid[u] = (
                     GATED if r == GATED else self.routes.route_of(self.state.cohorts.get(u, ()))
                 )
-
-    def receive(self, message: object) -> None:
-        if self._pending and type(message) is not M.Committed:
-            self._stash.append(message)
-            if type(message) is M.SignalBatch:
-                self._stashed_batches += 1
-                self._stashed_signals += len(message.signals)
-            return
-        super().receive(message)
-        if self._stash and not self._pending:
-            while not self._pending and self._stash:
-                message = self._take_stashed()
-                if type(message) in _CONTROL_WRITES:
-                    self._receive_group(message)
-                else:
-                    super().receive(message)
-            self.room_made()
-
-    def _take_stashed(self) -> object:
-        message = self._stash.popleft()
-        if type(message) is M.SignalBatch:
-            self._stashed_batches -= 1
-            self._stashed_signals -= len(message.signals)
-        return message
-
-    def _receive_group(self, first: Any) -> None:
-        """Handle ``first`` and the control writes on distinct users right behind it in
-        the stash as one group: their writes go to persistence back to back, which
-        commits writes waiting together in one transaction (and, should it fail, each
-        on its own, so an error fails only its own writer)."""
-        self._group = []
-        users = {first.user}
-        try:
-            super().receive(first)
-            while (
-                self._stash
-                and type(self._stash[0]) in _CONTROL_WRITES
-                and self._stash[0].user not in users  # type: ignore[attr-defined]
-            ):
-                message: Any = self._take_stashed()
-                users.add(message.user)
-                super().receive(message)
-        finally:
-            group, self._group = self._group, None
-        for write in group:
-            self.ctx.tell(M.PERSIST_ADDR, write)
-
-    def held(self) -> int:
-        # signal batches stashed while a control write commits count as still queued,
-        # so the mailbox capacity bounds the signals in flight here too (control
-        # messages are not bounded in the mailbox either)
-        return self._stashed_batches
-
-    def held_units(self) -> int:
-        return self._stashed_signals
 
     # signals: the hot path
     def _on_signals(self, msg: M.SignalBatch) -> None:
@@ -213,33 +182,6 @@ class MembershipShard(Behaviour):
                     ctx,
                 ),
             )
-
-    # control operations: applied only once committed
-    def _write(
-        self, ops: list[tuple[str, bytes, bytes | None]], apply: Callable[[], Any], reply: Reply
-    ) -> None:
-        self._token += 1
-        self._pending[self._token] = (apply, reply)
-        write = M.Write(ops, (self.address, self._token))
-        if self._group is not None:  # joins the group being formed (`_receive_group`)
-            self._group.append(write)
-        else:
-            self.ctx.tell(M.PERSIST_ADDR, write)
-
-    def _on_committed(self, msg: M.Committed) -> None:
-        pending = self._pending.pop(msg.token, None)
-        if pending is None:
-            return
-        apply, reply = pending
-        if msg.error is not None:
-            reply.set_exception(msg.error)
-            return
-        try:
-            value = apply()
-        except Exception as exc:
-            reply.set_exception(self.failure(msg, exc))
-            raise
-        reply.set_result(value)
 
     def _cohort_ops(
         self, user: int, cohorts: tuple[str, ...]
@@ -368,14 +310,8 @@ class MembershipShard(Behaviour):
             self.note_loss(err)
 
     def _on_barrier(self, msg: M.Barrier) -> None:
-        self.report_loss(msg)
-        part = M.BarrierPart(msg)
+        lost = self.take_loss(msg)
         for li in msg.ledgers:
-            self.ctx.tell((M.LEDGER, li), part)
-
-
-# -- ledger -------------------------------------------------------------------------
-
-
-# settle detail rows once at least this many can go, at most SETTLE_STEP a
-# message (`LedgerState.settle`)
+            # the loss goes once, with the part to the first ledger
+            self.ctx.tell((M.LEDGER, li), M.BarrierPart(msg, lost))
+            lost = ()

@@ -8,7 +8,7 @@ signal (DESIGN.md "What things cost here").
 
 from __future__ import annotations
 
-import threading
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,16 +197,27 @@ class Read:
     reply: Reply
 
 
-@dataclass(slots=True, eq=False)
+_barrier_ids = itertools.count(1)
+
+
+def _next_barrier_id() -> int:
+    return next(_barrier_ids)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Barrier:
     """Travels membership -> ledgers (-> persistence); the action runs once every
     membership shard's part has reached a ledger, so everything sent before it has
     been applied there (FIFO per sender/receiver pair).
 
     ``action`` is a :class:`Read` run at the single target ledger, or None for a sync
-    of ``ledgers`` that replies once all of them are reached (and, with ``durable``,
-    once persistence has committed everything sent before; then persistence sends
+    of ``ledgers`` that replies once all of them are reached (persistence counts
+    them; with ``durable`` it first commits everything sent before, then sends
     ``then``, an ``(address, message)``, if given).
+
+    A barrier holds no shared mutable state: each receiver counts the parts it got
+    by ``barrier_id`` (unique in the process), and the losses it reports travel in
+    the parts (:class:`BarrierPart`), so a copy of it serves as well as the object.
     """
 
     ledgers: tuple[int, ...]
@@ -215,14 +226,9 @@ class Barrier:
     action: Read | None = None
     durable: bool = False
     then: tuple[Address, object] | None = None
-    # a flush's (and close's) barrier: the shards hand it the signals they lost
+    # a flush's (and close's) barrier: the shards report the signals they lost
     reports_loss: bool = False
-    counts: dict[int, int] = field(default_factory=dict)
-    done_ledgers: int = 0
-    # signals lost on their way (a handler failed on their batch), reported by the
-    # reply of a barrier that ``reports_loss``: each shard it passes adds its loss
-    lost: list[BaseException] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    barrier_id: int = field(default_factory=_next_barrier_id)
 
     def __repr__(self) -> str:
         kind = self.action.kind if self.action else ("flush" if self.durable else "sync")
@@ -231,7 +237,12 @@ class Barrier:
 
 @dataclass(frozen=True, slots=True)
 class BarrierPart:
+    """One sender's part of ``barrier``, with the losses it reports: signals lost on
+    their way (a handler failed on their batch) at the senders so far, said to the
+    caller of a barrier that ``reports_loss``."""
+
     barrier: Barrier
+    lost: tuple[BaseException, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

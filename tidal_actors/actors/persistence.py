@@ -7,6 +7,7 @@ from typing import Any
 from tidal_actors._errors import ActorFailure, StorageError, TidalError
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.recovery import LoadStore
 from tidal_actors.actors.reply import Reply
 
 
@@ -41,7 +42,8 @@ class Persistence(Behaviour):
         self.store = store
         self._writes: list[M.Write] = []
         self._ops = 0
-        self._barriers: dict[int, int] = {}
+        # barrier id -> (ledgers reached, losses their parts reported)
+        self._barriers: dict[int, tuple[int, tuple[BaseException, ...]]] = {}
         self.commits = 0
         self.failed_writes = 0
         self._unreported: BaseException | None = None
@@ -51,6 +53,7 @@ class Persistence(Behaviour):
             (M.BarrierPart, self._on_barrier_part),
             (M.EraseHistory, self._on_erase),
             (M.Compact, self._on_compact),
+            (LoadStore, self._on_load),
         ):
             self.on(kind, fn)
 
@@ -125,6 +128,12 @@ class Persistence(Behaviour):
             error = _write_error(exc)
         self._ack(M.Write(msg.ops, msg.reply), error)
 
+    def _on_load(self, msg: LoadStore) -> None:
+        """Read the store for a shard restarting (`actors.recovery`), after committing
+        what waits (so the restored state holds every write sent before)."""
+        self.commit()
+        msg.reply.set_result(self.store.load())
+
     def _on_compact(self, msg: M.Compact) -> None:
         self.commit()
         cfg = self.ctx.config
@@ -161,15 +170,17 @@ class Persistence(Behaviour):
 
     def _on_barrier_part(self, msg: M.BarrierPart) -> None:
         b = msg.barrier
-        key = id(b)
-        n = self._barriers.get(key, 0) + 1
+        key = b.barrier_id
+        n, lost = self._barriers.get(key, (0, ()))
+        n, lost = n + 1, lost + msg.lost
         if n < len(b.ledgers):
-            self._barriers[key] = n
+            self._barriers[key] = (n, lost)
             return
         self._barriers.pop(key, None)
-        self.commit()
+        if b.durable:
+            self.commit()
         if b.reports_loss:  # a flush (or close): its caller hears of every loss
-            self._report(b.reply, b.lost)
+            self._report(b.reply, list(lost))
         else:  # a sync before a rebuild or a compaction: losses wait for the flush
             b.reply.set_result(None)
         if b.then is not None:

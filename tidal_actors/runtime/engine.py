@@ -25,10 +25,12 @@ from tidal_actors._clock import Clock
 from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed, StorageError, TidalError
 from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.coordinator import PurgeCoordinator
 from tidal_actors.actors.ledger import LedgerShard
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.persistence import Persistence
+from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.call import Call, combined, error_of
 from tidal_actors.runtime.engine_ops import Operations
@@ -155,6 +157,7 @@ class Core(Operations):
         behaviours += self.ledgers
         behaviours += [MembershipShard(ctx, i, s) for i, s in enumerate(mstates)]
         host.start(behaviours)
+        host.on_replace = self._replaced
         if (
             restored.statuses_pending
             and config.rematerialize_after_ms is not None
@@ -170,6 +173,20 @@ class Core(Operations):
                 target=self._flush_loop, name="tidal-flusher", daemon=True
             )
             self._flusher.start()
+
+    def _replaced(self, address: M.Address, behaviour: Behaviour) -> None:
+        """The host restarted the actor at ``address`` (`runtime.supervision`): keep
+        the new one for stats() and for the snapshot written at close."""
+        if isinstance(behaviour, Persistence):
+            self.persistence = behaviour
+        elif isinstance(behaviour, LedgerShard):
+            self.ledgers[address[1]] = behaviour
+
+    def fault_reports(self) -> list[FaultReport]:
+        """The handler failures the host's supervisor dealt with, oldest first (the
+        last ``REPORTS_KEPT``; `runtime.supervision`); empty under a host without one."""
+        supervisor = getattr(self.host, "supervisor", None)
+        return [] if supervisor is None else list(supervisor.reports)
 
     # -- lifetime -----------------------------------------------------------------
 

@@ -29,6 +29,9 @@ class Host(Protocol):
     """
 
     behaviours: dict[M.Address, Behaviour]
+    on_replace: Callable[[M.Address, Behaviour], None] | None
+    """Called with the address and the new behaviour when the host restarts a shard
+    (`runtime.supervision`, or the harness's ``crash_shard``)."""
 
     @property
     def ctx(self) -> Context:

@@ -36,7 +36,9 @@ from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.reply import Reply
+from tidal_actors.runtime.supervision import Supervisor
 
 __all__ = ["PykkaHost"]
 
@@ -201,24 +203,29 @@ class _Mailbox(queue.Queue):  # type: ignore[type-arg]
 
 
 def _actor_class(
-    capacity: int, budget_s: float | None, started: list[Any]
+    capacity: int, budget_s: float | None, started: list[Any], supervise: Callable[[Any], None]
 ) -> type[pykka.ThreadingActor]:
     class _Actor(pykka.ThreadingActor):
         use_daemon_thread = True
 
         def __init__(self, behaviour: Behaviour) -> None:
             super().__init__()
-            self.behaviour = behaviour
             self.actor_inbox.stopped = self.actor_stopped  # type: ignore[attr-defined]
-            self.actor_inbox.held = behaviour.held  # type: ignore[attr-defined]
-            self.actor_inbox.held_units = behaviour.held_units  # type: ignore[attr-defined]
+            self.host(behaviour)
             if not behaviour.time_bounded:
                 self.actor_inbox._budget_s = None  # type: ignore[attr-defined]
-            behaviour.room_made = self.actor_inbox.room_made  # type: ignore[attr-defined,method-assign]
             self.thread: threading.Thread | None = None
             self.load_units = self.load_msgs = 0
             self.load_s = 0.0
             started.append(self)
+
+        def host(self, behaviour: Behaviour) -> None:
+            """Run ``behaviour`` from now on (at the start, and after a restart)."""
+            self.behaviour = behaviour
+            inbox: Any = self.actor_inbox
+            inbox.held = behaviour.held
+            inbox.held_units = behaviour.held_units
+            behaviour.room_made = inbox.room_made  # type: ignore[method-assign]
 
         def _start_actor_loop(self) -> None:
             # pykka does not keep its thread; we do, to join it at stop
@@ -240,6 +247,8 @@ def _actor_class(
             held = behaviour.held_units()
             started = time.perf_counter()
             behaviour.receive(message)
+            if behaviour.fault is not None:
+                supervise(self)
             done = units(message) + held - behaviour.held_units()
             if done > 0:
                 self.load_units += done
@@ -290,15 +299,37 @@ class PykkaHost:
         self._actors: list[Any] = []
         budget = config.inflight_budget_ms
         self._actor_cls = _actor_class(
-            config.mailbox_capacity, None if budget is None else budget / 1000.0, self._actors
+            config.mailbox_capacity,
+            None if budget is None else budget / 1000.0,
+            self._actors,
+            self._supervise,
         )
         self._stopped = threading.Event()
+        self.supervisor: Supervisor | None = None  # set once persistence is started
+        # told each behaviour that replaces a failed one (set by the engine)
+        self.on_replace: Callable[[M.Address, Behaviour], None] | None = None
 
     def start(self, behaviours: list[Behaviour]) -> None:
         """Start actors: persistence first, so every sender finds its receiver."""
         for b in behaviours:
             self.behaviours[b.address] = b
+            if isinstance(b, Persistence) and self.supervisor is None:
+                self.supervisor = Supervisor(self.config, self.ctx, b.store)
             self._refs[b.address] = self._actor_cls.start(b)
+
+    def _supervise(self, actor: Any) -> None:
+        """``actor``'s behaviour failed: restart or resume it (`Supervisor.failed`)."""
+        old: Behaviour = actor.behaviour
+        if self.supervisor is None:
+            old.fault = None
+            old.resume()
+            return
+        new = self.supervisor.failed(old)
+        if new is not old:
+            actor.host(new)
+            self.behaviours[new.address] = new
+            if self.on_replace is not None:
+                self.on_replace(new.address, new)
 
     def tell(self, address: M.Address, message: object) -> None:
         """Send ``message`` to ``address``. Raises DatabaseClosed once the actor is gone."""

@@ -18,9 +18,7 @@ import numpy as np
 
 from tidal_actors._config import Config
 from tidal_actors._errors import InvalidArgument, StorageError
-from tidal_actors.actors.coordinator import CoordinatorState
-from tidal_actors.actors.ledger import LedgerState
-from tidal_actors.actors.membership import MembershipState
+from tidal_actors.core.states import CoordinatorState, LedgerState, MembershipState
 from tidal_actors.storage.format import (
     Keyspace,
     Tag,

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
 from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import ContributionLog
 from tidal_actors.core.remat import Rebuild, RematConfig, settled_mask
+from tidal_actors.core.states import HistorySource
 from tidal_actors.storage.format import Op, decode_batch, rewrite_batch_op, user_bytes
 from tidal_actors.storage.history import HistoryReader
 
@@ -38,7 +39,7 @@ class RematState(Protocol):
 
     aggregates: Aggregates
     log: ContributionLog
-    history: HistoryReader | None
+    history: HistorySource | None
 
 
 class RematJob:
@@ -60,7 +61,8 @@ class RematJob:
     ) -> None:
         self.state = state
         self.cohort = cohort
-        self.history = state.history
+        # a durable ledger's history is always wired with a `HistoryReader`
+        self.history = cast(HistoryReader | None, state.history)
         self.rebuild = Rebuild(
             state.aggregates, cohort, covered, config, durable=self.history is not None
         )

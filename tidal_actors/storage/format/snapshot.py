@@ -27,7 +27,7 @@ __all__ = ["LedgerSnapshot", "decode_ledger", "encode_ledger", "snapshot_chunk_o
 
 
 class LedgerSnapshot(Protocol):
-    """What a snapshot holds of a ledger shard's state (``actors.ledger.LedgerState``)."""
+    """What a snapshot holds of a ledger shard's state (``core.states.LedgerState``)."""
 
     log: ContributionLog
     aggregates: Aggregates

@@ -1,0 +1,308 @@
+"""Shards that recover by themselves: a failed shard restarts from the store.
+
+Under the pykka host a handler that raises unexpectedly in a durable database
+restarts its membership or ledger shard from the store (`runtime.supervision`), and
+the deterministic harness's ``crash_shard`` restarts a crashed one; both go through
+the same restore step (``LedgerShard.restarted``, ``MembershipShard.restarted``), which
+the tests below watch. What was lost is in a ``FaultReport``; the state afterwards
+equals the reference model's over what was acknowledged, live and after a reopen.
+The coordinator and persistence do not restart: a failure there is answered, the
+actor resumes, and the report says so (``action == "resumed"``); the harness refuses
+to crash them as shards.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tidal_actors import (
+    COMMUNITY,
+    ActorFailure,
+    Config,
+    InvalidArgument,
+    ManualClock,
+    StorageError,
+    TidalDb,
+)
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.ledger import LedgerShard
+from tidal_actors.actors.membership import MembershipShard
+from tidal_actors.actors.recovery import FaultReport
+from tidal_actors.core.contrib_log import ContributionLog
+from tidal_actors.core.routes import RouteTable
+from tidal_actors.testing import Harness, ReferenceModel
+
+from ._differential import Blocking, Recorder, assert_matches
+from .conftest import SEC, T0
+
+# one ledger shard: a signal's records travel in one message, so a loss is whole
+CFG = Config(membership_shards=2, ledger_shards=1, rematerialize_after_ms=None)
+USERS = range(1, 7)
+
+
+def _once(cls: type, name: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make ``cls.name`` raise RuntimeError on its next call only; returns a list
+    that gets one item when it has raised."""
+    real = getattr(cls, name)
+    raised: list[int] = []
+
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        if not raised:
+            raised.append(1)
+            raise RuntimeError(f"injected fault in {cls.__name__}.{name}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cls, name, fn)
+    return raised
+
+
+def _spy_restarts(monkeypatch: pytest.MonkeyPatch) -> list[M.Address]:
+    """Record each call of the shards' restore step (the product code both hosts use)."""
+    calls: list[M.Address] = []
+    for cls in (LedgerShard, MembershipShard):
+        real = cls.restarted.__func__  # type: ignore[attr-defined]
+
+        def spy(klass: type, ctx: Any, index: int, *args: Any, _real: Any = real) -> Any:
+            shard = _real(klass, ctx, index, *args)
+            calls.append(shard.address)
+            return shard
+
+        monkeypatch.setattr(cls, "restarted", classmethod(spy))
+    return calls
+
+
+class _Both:
+    """Applies each operation to the database and to the reference model."""
+
+    def __init__(self, db: TidalDb, model: ReferenceModel) -> None:
+        self.db, self.model = db, model
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        def call(*args: Any) -> None:
+            getattr(self.db, name)(*args)
+            getattr(self.model, name)(*args)
+
+        return call
+
+
+def _first_phase(both: _Both) -> None:
+    for u, c in ((1, "red"), (2, "blue"), (3, "red"), (4, "blue")):
+        both.assign_cohort(u, c)
+    for i in range(24):
+        both.signal_with_context(1 + i % 6, i % 3, i % 2, 1.0 + i, T0 - (i + 1) * SEC)
+    both.leave_community_layer(5)
+
+
+def _open(path: str, clock: ManualClock) -> TidalDb:
+    return TidalDb.open(path, config=CFG, clock=clock)
+
+
+def _signals(db: TidalDb, start: int) -> list[tuple[int, int, int, float, int]]:
+    out = [
+        (1 + i % 6, i % 3, i % 2, 0.5 + i, T0 - (100 + i) * SEC) for i in range(start, start + 12)
+    ]
+    for s in out:
+        db.signal_with_context(*s)
+    return out
+
+
+def _only_report(db: TidalDb) -> FaultReport:
+    reports = db._core.fault_reports()
+    assert len(reports) == 1, reports
+    return reports[0]
+
+
+# -- the pykka host -------------------------------------------------------------------
+
+
+def test_a_ledger_handler_failure_restarts_the_shard_from_the_store(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = ManualClock(T0)
+    path = str(tmp_path / "db")
+    model = ReferenceModel(CFG, clock)
+    restarts = _spy_restarts(monkeypatch)
+    with _open(path, clock) as db:
+        _first_phase(_Both(db, model))
+        db.flush()
+        # the aggregates take the batch, then the log fails: a half-updated shard
+        raised = _once(ContributionLog, "append_columns", monkeypatch)
+        sent = _signals(db, 0)
+        with caplog.at_level(logging.ERROR, "tidal_actors"), pytest.raises(StorageError) as info:
+            db.flush()  # the batch it failed on is lost, and said so
+        assert raised and "lost 1 signal batch" in str(info.value)
+        report = _only_report(db)
+        assert report.address == (M.LEDGER, 0) and report.action == "restarted"
+        assert "injected fault" in report.cause and "ledger[0] failed" in caplog.text
+        lost = {(rec.user, rec.ts) for rec in report.lost_records}
+        assert lost and lost <= {(s[0], s[4]) for s in sent}
+        assert restarts == [(M.LEDGER, 0)]
+        for s in sent:
+            if (s[0], s[4]) not in lost:
+                model.signal_with_context(*s)
+        # the restarted shard serves on: more signals, a purge, reads
+        _Both(db, model).request_community_purge(1, "red")
+        both = _Both(db, model)
+        for s in _signals(db, 50):
+            model.signal_with_context(*s)
+        both.flush()
+        assert_matches(db, model, USERS, exact_ids=False, where="live: ")
+        assert db.stats()["handler_errors"] == 1
+    with _open(path, clock) as db:  # what it serves is what the store holds
+        assert_matches(db, model, USERS, exact_ids=False, where="reopened: ")
+
+
+def test_a_membership_failure_after_the_commit_restarts_with_the_committed_state(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = ManualClock(T0)
+    path = str(tmp_path / "db")
+    model = ReferenceModel(CFG, clock)
+    restarts = _spy_restarts(monkeypatch)
+    with _open(path, clock) as db:
+        _first_phase(_Both(db, model))
+        # the write commits, applying it fails: resumed, the shard would not hold
+        # what the store holds; restarted, it does
+        _once(MembershipShard, "_set_cohorts", monkeypatch)
+        with pytest.raises(ActorFailure):
+            db.assign_cohort(6, "red")
+        model.assign_cohort(6, "red")
+        # the caller is answered first; the next call to the shard comes after its restart
+        assert db.cohorts_of(6) == frozenset({"red"})
+        report = _only_report(db)
+        address = report.address
+        assert address[0] == M.MEMBERSHIP and report.action == "restarted"
+        assert restarts == [address]
+        _Both(db, model).leave_community_layer(6)
+        for s in _signals(db, 0):
+            model.signal_with_context(*s)
+        db.flush()
+        assert_matches(db, model, USERS, exact_ids=False, where="live: ")
+    with _open(path, clock) as db:
+        assert_matches(db, model, USERS, exact_ids=False, where="reopened: ")
+
+
+def test_a_membership_failure_on_signals_loses_that_batch_only(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = ManualClock(T0)
+    path = str(tmp_path / "db")
+    model = ReferenceModel(CFG, clock)
+    with _open(path, clock) as db:
+        _first_phase(_Both(db, model))
+        db.flush()
+        _once(RouteTable, "expand", monkeypatch)
+        sent = _signals(db, 0)
+        with pytest.raises(StorageError, match="lost 1 signal batch"):
+            db.flush()
+        report = _only_report(db)
+        assert report.action == "restarted" and report.lost_signals
+        lost = {(s[0], s[4]) for s in report.lost_signals}
+        for s in sent:
+            if (s[0], s[4]) not in lost:
+                model.signal_with_context(*s)
+        for s in _signals(db, 40):  # record numbers go on where the store left them
+            model.signal_with_context(*s)
+        _Both(db, model).request_community_purge(2, COMMUNITY)
+        assert_matches(db, model, USERS, exact_ids=False, where="live: ")
+    with _open(path, clock) as db:
+        assert_matches(db, model, USERS, exact_ids=False, where="reopened: ")
+
+
+def test_an_ephemeral_database_resumes_the_shard_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with TidalDb.open(config=CFG, clock=ManualClock(T0)) as db:
+        db.assign_cohort(1, "red")
+        _once(MembershipShard, "_set_cohorts", monkeypatch)
+        with pytest.raises(ActorFailure):
+            db.assign_cohort(2, "red")
+        assert db.cohorts_of(1) == frozenset({"red"})
+        report = _only_report(db)
+        assert report.action == "resumed"  # nothing durable to restart from
+
+
+def test_the_coordinator_cannot_restart_it_resumes_and_reports(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tidal_actors.actors import coordinator
+
+    real = coordinator.encode_manifest
+    monkeypatch.setattr(coordinator, "encode_manifest", _failing_once(real))
+    with _open(str(tmp_path / "db"), ManualClock(T0)) as db:
+        db.assign_cohort(1, "red")
+        db.signal_with_context(1, 1, 1, 1.0, T0 - SEC)
+        with pytest.raises(ActorFailure):
+            db.request_community_purge(1, "red")
+        _pid, manifest = db.request_community_purge(1, "red")  # later purges run
+        assert len(manifest.entries) == 1
+        report = _only_report(db)
+        assert report.address == M.COORD_ADDR and report.action == "resumed"
+
+
+def _failing_once(real: Callable[..., Any]) -> Callable[..., Any]:
+    raised: list[int] = []
+
+    def fn(*args: Any) -> Any:
+        if not raised:
+            raised.append(1)
+            raise RuntimeError("injected fault")
+        return real(*args)
+
+    return fn
+
+
+# -- the harness --------------------------------------------------------------------
+
+
+def _harness_workload(r: Recorder) -> None:
+    t0 = r.h.clock.now_ns()
+    for u, c in ((1, "red"), (2, "blue"), (3, "red"), (4, "blue")):
+        r.assign_cohort(u, c)
+    for i in range(10):
+        r.signal_with_context(1 + i % 5, i % 3, i % 2, 1.0 + i, t0 - (i + 1) * SEC)
+    r.request_community_purge(1, "red")
+    r.leave_community_layer(2)
+    for i in range(10, 20):
+        r.signal_with_context(1 + i % 5, i % 3, i % 2, 1.0 + i, t0 - (i + 1) * SEC)
+
+
+@pytest.mark.parametrize("address", [(M.LEDGER, 0), (M.MEMBERSHIP, 0), (M.MEMBERSHIP, 1)])
+@pytest.mark.parametrize("crash_at", [4, 15, 30])
+def test_the_harness_crash_restarts_through_the_same_step(
+    address: M.Address, crash_at: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    restarts = _spy_restarts(monkeypatch)
+    for seed in range(4):
+        restarts.clear()
+        h = Harness(seed=seed, config=CFG)
+        r = Recorder(h)
+        _harness_workload(r)
+        for _ in range(crash_at):
+            h.step()
+        report = h.crash_shard(address)
+        h.run_until_idle()
+        assert restarts == [address]
+        lost = {(s[0], s[4]) for s in report.lost_signals}
+        lost |= {(rec.user, rec.ts) for rec in report.lost_records}
+        model = r.model(
+            CFG,
+            skip=lambda name, args, lost=lost: (
+                name == "signal_with_context" and (args[0], args[4]) in lost
+            ),
+        )
+        where = f"seed {seed}, {address} at {crash_at}: "
+        assert_matches(Blocking(h), model, USERS, exact_ids=False, where=where)
+        h.close_and_reopen()
+        assert_matches(Blocking(h), model, USERS, exact_ids=False, where="reopened " + where)
+
+
+def test_the_harness_cannot_crash_the_coordinator_or_persistence_as_a_shard() -> None:
+    h = Harness(seed=0, config=CFG)
+    for address in (M.COORD_ADDR, M.PERSIST_ADDR):
+        with pytest.raises(InvalidArgument, match="membership or ledger"):
+            h.crash_shard(address)

@@ -1,0 +1,106 @@
+"""Restarting a shard from durable state: the messages of the exchange and the report.
+
+A membership or ledger shard whose handler failed unexpectedly may have half-updated
+state, so its supervisor does not resume it: it rebuilds the shard from what the
+store holds, through the restore step of the shard itself
+(:meth:`LedgerShard.restarted <tidal_actors.actors.ledger.LedgerShard.restarted>`,
+:meth:`MembershipShard.restarted <tidal_actors.actors.membership.MembershipShard.restarted>`),
+and reports what was lost in a :class:`FaultReport`. The supervisors are the pykka
+host (``runtime.supervision``) and the deterministic host of the test harness
+(``testing.faults``); both run the same exchange and the same restore step.
+
+What a restarted shard needs besides the store:
+
+* A ledger shard: the purges in flight (their markers may have reached the failed
+  incarnation, which held the pairs' rows for them and trimmed the log no further
+  than their bounds) and, per membership shard, the newest purge that has ended (so
+  a marker or an end of a purge that ended before the restart is recognised). The
+  coordinator owns both and answers :class:`RecoverLedger` with a
+  :class:`LedgerRecovery`; it first ends what depended on the failed incarnation's
+  memory: a purge waiting for that shard's preparation is abandoned, a
+  re-materialization running there fails (their callers get ``ActorFailure``), and a
+  purge whose commit is under way is waited for, so the store read afterwards holds
+  its tombstones.
+* A membership shard: nothing; it waits until every record it numbered is committed
+  (a durable barrier through the ledgers to persistence), so the record numbers read
+  back from the history are never handed out again.
+
+Then the store is read by its owner, persistence (:class:`LoadStore`: it commits
+what waits first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tidal_actors.actors.messages import Address, PurgeMarker, SignalTuple
+from tidal_actors.actors.reply import Reply
+from tidal_actors.core.contrib_log import LogRecord
+
+__all__ = ["FaultReport", "LedgerRecovery", "LoadStore", "RecoverLedger"]
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverLedger:
+    """Supervisor -> coordinator: ledger shard ``ledger`` restarts; ``reply`` gets a
+    :class:`LedgerRecovery` once nothing the failed incarnation held is pending."""
+
+    ledger: int
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRecovery:
+    """What a restarting ledger shard learns from the coordinator.
+
+    Attributes:
+        in_flight: the purges in progress or waiting, as their markers.
+        ended_upto: membership shard -> the marker number (``marker[1]``) of its
+            newest purge that has ended (committed or abandoned); a shard's purges
+            end in the order they were taken.
+    """
+
+    in_flight: tuple[PurgeMarker, ...] = ()
+    ended_upto: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadStore:
+    """Supervisor -> persistence: commit what waits, then ``reply`` gets ``store.load()``."""
+
+    reply: Reply
+
+
+@dataclass
+class FaultReport:
+    """What a shard failure, or an injected crash, did, for the application or the
+    test to account for.
+
+    Attributes:
+        address: the actor that failed.
+        action: ``"restarted"`` (rebuilt from the store), ``"resumed"`` (kept as it
+            was: an actor that cannot restart, or a database with no durable
+            state), or ``"down"`` (an injected crash waiting for its restart).
+        cause: the exception's ``repr`` (empty for an injected crash).
+        dropped: descriptions of the messages lost (the one a handler failed on;
+            for an injected crash, the mailbox and stash, in the trace's notation).
+        lost_signals: signals dropped before their membership shard handled them,
+            as ``(user, entity, signal_type, weight, timestamp_ns, context)``.
+        lost_records: attributions dropped before their ledger shard applied them.
+        failed: labels of the handles or replies that got an error because of it.
+        in_doubt: labels of control operations whose write was already on its way
+            to persistence; each is answered by the write's outcome on restart.
+        lost_writes: writes persistence had taken but not committed (persistence
+            crash only); their writers got a ``StorageError``.
+    """
+
+    address: Address
+    action: Literal["restarted", "resumed", "down"] = "down"
+    cause: str = ""
+    dropped: list[str] = field(default_factory=list)
+    lost_signals: list[SignalTuple] = field(default_factory=list)
+    lost_records: list[LogRecord] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    in_doubt: list[str] = field(default_factory=list)
+    lost_writes: int = 0

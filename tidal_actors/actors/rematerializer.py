@@ -1,0 +1,183 @@
+"""The coordinator's re-materialization of cohorts after purges, one at a time.
+
+A purge schedules its cohort's rebuild ``Config.rematerialize_after_ms`` later (wall
+time, coalescing the purges that land meanwhile); `rematerialize` asks for one now.
+The rebuild runs at the cohort's ledger shard (`core.remat.RematJob`), then the
+purged records are erased from the history and the purges marked re-materialized in
+one transaction. A purge of the cohort being rebuilt waits for it, and so do the
+later purges of its membership shard (`PurgeCoordinator._next_purge`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tidal_actors._errors import UnknownCohort
+from tidal_actors._types import PurgeStatus, RematerializationReport
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.reply import Reply
+from tidal_actors.core.states import CoordinatorState
+from tidal_actors.storage.format import ledger_shard_of, status_op
+
+__all__ = ["Rematerializer"]
+
+
+class Rematerializer(Behaviour):
+    """The re-materialization half of `PurgeCoordinator` (its base class)."""
+
+    state: CoordinatorState
+    _pending: dict[str, Any] | None
+
+    def _init_remat(self) -> None:
+        self._remat: dict[str, Any] | None = None
+        self._remat_queue: list[str] = []
+        self._remat_waiters: dict[str, list[Reply]] = {}
+        self._remat_due: dict[str, float] = {}
+        self._remat_seq = 0
+        for kind, fn in (
+            (M.Rematerialize, self._on_rematerialize),
+            (M.RematDone, self._on_remat_done),
+            (M.ResumeRematerialization, self._on_resume),
+            (M.Tick, self._on_tick),
+        ):
+            self.on(kind, fn)
+
+    def _next_purge(self) -> None:
+        """Start the next waiting purge (`PurgeCoordinator._next_purge`)."""
+        raise NotImplementedError
+
+    def _schedule_remat(self, cohort: str) -> None:
+        """Re-materialize ``cohort`` ``Config.rematerialize_after_ms`` from now (wall
+        time), coalescing the purges that land meanwhile into one rebuild."""
+        delay = self.ctx.config.rematerialize_after_ms
+        if delay is None:
+            return
+        if cohort not in self._remat_due:
+            self._remat_due[cohort] = self._monotonic() + delay / 1000.0
+
+    def _monotonic(self) -> float:
+        # an operational delay, not domain time: the host's monotonic seconds (the
+        # deterministic harness supplies its own)
+        fn = getattr(self.ctx, "monotonic", None)
+        return float(fn()) if fn is not None else time.monotonic()
+
+    def _on_tick(self, msg: M.Tick) -> None:
+        now = self._monotonic()
+        for cohort, due in list(self._remat_due.items()):
+            if due <= now:
+                del self._remat_due[cohort]
+                self._queue_remat(cohort)
+
+    @property
+    def remat_due(self) -> bool:
+        """Whether a scheduled re-materialization waits for a tick (read by the host)."""
+        return bool(self._remat_due)
+
+    def _queue_remat(self, cohort: str, waiter: Reply | None = None) -> None:
+        self._remat_due.pop(cohort, None)
+        if waiter is not None:
+            self._remat_waiters.setdefault(cohort, []).append(waiter)
+        running = self._remat is not None and self._remat["cohort"] == cohort
+        if not running and cohort not in self._remat_queue:
+            self._remat_queue.append(cohort)
+        self._start_remat()
+
+    def _start_remat(self) -> None:
+        """Start the next queued re-materialization, skipping a cohort whose purge is
+        in progress (its retraction must reach the ledger before the rebuild starts;
+        it is started again when that purge ends)."""
+        if self._remat is not None or not self._remat_queue:
+            return
+        busy = self._pending["msg"].cohort if self._pending is not None else None
+        ready = [c for c in self._remat_queue if c != busy]
+        if not ready:
+            return
+        cohort = ready[0]
+        self._remat_queue.remove(cohort)
+        self._remat_seq += 1
+        token = ("remat", self._remat_seq)
+        # the purges it covers: every one committed so far (later ones of this cohort
+        # wait, deferred, until it ends)
+        self._remat = {
+            "cohort": cohort,
+            "token": token,
+            "covered": self.state.covered(cohort),
+            "upto": self.state.last_purge_id,
+        }
+        li = ledger_shard_of(cohort, self.ctx.config.ledger_shards)
+        self.ctx.tell((M.LEDGER, li), M.RematStart(cohort, self._remat["covered"], token))
+
+    def _on_rematerialize(self, msg: M.Rematerialize) -> None:
+        self._queue_remat(msg.cohort, msg.reply)
+
+    def _on_resume(self, msg: M.ResumeRematerialization) -> None:
+        for status, _ in sorted(self.state.statuses.values(), key=lambda x: x[0].purge_id):
+            if not status.rematerialized:
+                self._queue_remat(status.cohort)
+
+    def _on_remat_done(self, msg: M.RematDone) -> None:
+        r = self._remat
+        if r is None or r["token"] != msg.token:
+            return
+        cohort = r["cohort"]
+        if msg.error is not None and not isinstance(msg.error, UnknownCohort):
+            self._remat_finished(error=msg.error)
+            return
+        # an unknown cohort has nothing to rebuild: its purges are done all the same
+        r["waiter_error"] = msg.error
+        now = self.ctx.clock.now_ns()
+        per_user = dict(msg.per_user or {})
+        updates: list[tuple[PurgeStatus, int]] = []
+        for pid, (status, bound) in sorted(self.state.statuses.items(), reverse=True):
+            if status.cohort != cohort or status.rematerialized or pid > r["upto"]:
+                continue
+            extra = per_user.pop(status.user_id, 0)  # counted on the pair's latest purge
+            updates.append(
+                (
+                    PurgeStatus(
+                        status.purge_id,
+                        status.user_id,
+                        cohort,
+                        status.retracted_live,
+                        True,
+                        now,
+                        extra,
+                    ),
+                    bound,
+                )
+            )
+        r["updates"] = updates
+        r["report"] = RematerializationReport(
+            cohort, msg.read, msg.excluded, msg.seconds, msg.matched
+        )
+        ops: list[tuple[str, bytes, bytes | None]] = [status_op(s, b) for s, b in updates]
+        # erase only what the purges this rebuild completes cover: an earlier purge's
+        # records went in the same transaction that marked it re-materialized (the
+        # latest purge of a pair has its highest bound, which covers the earlier ones)
+        erase: dict[int, int] = {}
+        for status, bound in updates:
+            erase[status.user_id] = max(erase.get(status.user_id, -1), bound)
+        self.ctx.tell(M.PERSIST_ADDR, M.EraseHistory(cohort, erase, ops, (self.address, msg.token)))
+
+    def _remat_committed(self, msg: M.Committed) -> None:
+        r = self._remat
+        assert r is not None
+        if msg.error is not None:
+            self._remat_finished(error=msg.error)
+            return
+        for status, bound in r["updates"]:
+            self.state.statuses[int(status.purge_id)] = (status, bound)
+        self._remat_finished(report=r["report"], error=r["waiter_error"])
+
+    def _remat_finished(self, report: Any = None, error: BaseException | None = None) -> None:
+        r, self._remat = self._remat, None
+        assert r is not None
+        for w in self._remat_waiters.pop(r["cohort"], []):
+            if error is None:
+                w.set_result(report)
+            else:
+                w.set_exception(error)
+        self._next_purge()
+        self._start_remat()

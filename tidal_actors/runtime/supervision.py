@@ -1,0 +1,197 @@
+"""Supervision: a shard whose handler failed restarts from the store.
+
+A handler that raises something other than a :class:`TidalError` (the errors a
+handler answers on purpose: unknown cohort, storage full ...) may have left its
+behaviour's state half-updated. Its caller has the error already (``ActorFailure``,
+`Behaviour.receive`); then the supervisor of the host it runs on acts:
+
+* A membership or ledger shard of a durable database is restarted: the exchange of
+  `actors.recovery` (the coordinator's answer for a ledger, a durable barrier through
+  the ledgers for a membership shard), the store read by persistence, then the
+  shard's own restore step (`restore_ledger`, `restore_membership`). What the
+  failed incarnation held unhandled goes to the new one: a membership shard's
+  stashed messages, a ledger's barrier parts; a ledger's purge preparation waiting
+  for its marker is dropped (the coordinator abandoned that purge). The deterministic
+  test host restarts a crashed shard through the same two functions.
+* Anything else is resumed as it is: the coordinator and persistence change their
+  state only after a commit, and a failure ends the purge, rebuild or write it hit
+  with the error (`PurgeCoordinator.on_error`, `Persistence.commit`); an ephemeral
+  database has nothing to restart a shard from.
+
+Each failure gives a :class:`FaultReport` (``action`` says which), logged on the
+``tidal_actors`` logger at ERROR, kept in `Supervisor.reports` (the last
+``REPORTS_KEPT``) and passed to `Supervisor.on_fault` if set.
+
+The restart runs on the failed actor's thread and waits for the coordinator and
+persistence (up to ``RESTART_WAIT_S`` seconds each step). No cycle of waits can form:
+persistence waits on no actor, the coordinator's messages to a shard never wait for
+room, and a ledger waits only on persistence.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tidal_actors._config import Config
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.ledger import LedgerShard
+from tidal_actors.actors.membership import MembershipShard
+from tidal_actors.actors.recovery import FaultReport, LedgerRecovery, LoadStore, RecoverLedger
+from tidal_actors.actors.reply import Reply
+from tidal_actors.core.contrib_log import LogRecord
+from tidal_actors.runtime.engine import build_states
+from tidal_actors.storage.stores import Restored
+
+__all__ = ["REPORTS_KEPT", "RESTART_WAIT_S", "Supervisor", "restore_ledger", "restore_membership"]
+
+log = logging.getLogger("tidal_actors")
+
+RESTART_WAIT_S = 60.0
+REPORTS_KEPT = 100
+
+
+def restore_ledger(
+    config: Config,
+    ctx: Context,
+    restored: Restored,
+    store: Any,
+    index: int,
+    recovery: LedgerRecovery,
+    counters: Mapping[str, int] | None = None,
+) -> LedgerShard:
+    """Ledger shard ``index`` rebuilt from ``restored`` (what ``store.load()`` read
+    after the exchange) and the coordinator's ``recovery`` (`LedgerShard.restarted`)."""
+    _, lstates, _ = build_states(config, restored, store)
+    return LedgerShard.restarted(ctx, index, lstates[index], recovery, counters)
+
+
+def restore_membership(
+    config: Config,
+    ctx: Context,
+    restored: Restored,
+    store: Any,
+    index: int,
+    incarnation: int,
+    in_doubt: Mapping[int, Reply] | None = None,
+    counters: Mapping[str, int] | None = None,
+) -> MembershipShard:
+    """Membership shard ``index`` rebuilt from ``restored`` (`MembershipShard.restarted`)."""
+    mstates, _, _ = build_states(config, restored, store)
+    return MembershipShard.restarted(ctx, index, mstates[index], incarnation, in_doubt, counters)
+
+
+def carried_over(held: list[object]) -> tuple[list[object], list[object]]:
+    """``held`` (a failed ledger's `held_messages`) split into what its next
+    incarnation takes (barrier parts: the messages before them were applied and are
+    in the store) and what is dropped (purge preparations: the coordinator abandoned
+    their purge when the shard restarted)."""
+    keep: list[object] = [m for m in held if isinstance(m, M.BarrierPart)]
+    return keep, [m for m in held if not isinstance(m, M.BarrierPart)]
+
+
+def account(report: FaultReport, message: object) -> None:
+    """Add ``message``, lost to a failure, to ``report``."""
+    report.dropped.append(type(message).__name__)
+    if isinstance(message, M.SignalBatch):
+        report.lost_signals.extend(message.signals)
+    elif isinstance(message, M.Attribute):
+        report.lost_records.extend(LogRecord(*r) for r in message.records)
+    reply = getattr(message, "reply", None)
+    if isinstance(reply, Reply):
+        report.failed.append(reply.label or type(message).__name__)
+
+
+class Supervisor:
+    """Restarts a failed shard of a `PykkaHost` from the store (see the module).
+
+    Args:
+        config: the database's settings.
+        ctx: the host's context (``tell`` included).
+        store: the store persistence owns (``durable`` says whether a shard can
+            restart from it).
+    """
+
+    def __init__(self, config: Config, ctx: Context, store: Any) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.store = store
+        self.reports: collections.deque[FaultReport] = collections.deque(maxlen=REPORTS_KEPT)
+        self.on_fault: Callable[[FaultReport], None] | None = None
+        self._incarnation: dict[M.Address, int] = {}
+
+    def failed(self, old: Behaviour) -> Behaviour:
+        """``old`` failed (`Behaviour.fault`): the behaviour to host from now on."""
+        assert old.fault is not None
+        message, exc = old.fault
+        old.fault = None
+        report = FaultReport(old.address, "resumed", repr(exc))
+        account(report, message)
+        new: Behaviour = old
+        kind = old.address[0]
+        if kind in (M.MEMBERSHIP, M.LEDGER) and getattr(self.store, "durable", False):
+            try:
+                new = self._restart(old, report)
+                report.action = "restarted"
+            except Exception as err:  # noqa: BLE001 - keep serving with what there is
+                report.cause += f"; the restart failed: {err!r}"
+        if new is old:
+            old.resume()
+        self.reports.append(report)
+        log.error(
+            "%s[%d] failed on %s (%s): %s",
+            *old.address,
+            type(message).__name__,
+            report.cause,
+            report.action,
+        )
+        if self.on_fault is not None:
+            try:
+                self.on_fault(report)
+            except Exception:  # noqa: BLE001 - an application callback must not stop the actor
+                log.exception("FaultReport callback failed")
+        return new
+
+    def _ask(self, address: M.Address, make: Callable[[Reply], object], label: str) -> Any:
+        reply = Reply(label)
+        self.ctx.tell(address, make(reply))
+        return reply.get(RESTART_WAIT_S)
+
+    def _restart(self, old: Behaviour, report: FaultReport) -> Behaviour:
+        index = old.address[1]
+        n = self._incarnation.get(old.address, 1)  # incarnations so far
+        self._incarnation[old.address] = n + 1
+        if isinstance(old, LedgerShard):
+            recovery = self._ask(M.COORD_ADDR, lambda r: RecoverLedger(index, r), "recover")
+            restored = self._ask(M.PERSIST_ADDR, LoadStore, "load-store")
+            ledger = restore_ledger(
+                self.config, self.ctx, restored, self.store, index, recovery, old.counters()
+            )
+            ledger.take_over_loss(old)
+            keep, dropped = carried_over(old.held_messages())
+            for msg in dropped:
+                report.dropped.append(type(msg).__name__)
+            for msg in keep:
+                ledger.receive(msg)
+            return ledger
+        assert isinstance(old, MembershipShard)
+        # every record this shard numbered is applied and committed before the read
+        ledgers = tuple(range(self.config.ledger_shards))
+        sync = Reply("restart-sync")
+        barrier = M.Barrier(ledgers, 1, sync, durable=True)
+        for li in ledgers:
+            self.ctx.tell((M.LEDGER, li), M.BarrierPart(barrier))
+        sync.get(RESTART_WAIT_S)
+        restored = self._ask(M.PERSIST_ADDR, LoadStore, "load-store")
+        in_doubt = old.in_doubt()
+        report.in_doubt.extend(r.label for r in in_doubt.values())
+        shard = restore_membership(
+            self.config, self.ctx, restored, self.store, index, n, in_doubt, old.counters()
+        )
+        shard.take_over_loss(old)
+        for msg in old.held_messages():
+            shard.receive(msg)
+        return shard

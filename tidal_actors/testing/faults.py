@@ -1,0 +1,302 @@
+"""Fault injection of the deterministic host: crashed shards and persistence.
+
+:class:`FaultInjection` is the base class of
+:class:`~tidal_actors.testing.sim_host.DeterministicHost` that drops a crashed
+actor's mailbox, answers the callers whose messages were lost (a
+:class:`~tidal_actors.actors.recovery.FaultReport` says what), and restarts the
+actor: a membership or ledger shard through the product's restore step
+(``runtime.supervision.restore_ledger`` and ``restore_membership``, after the exchange
+of ``actors.recovery``), as the pykka host does after a handler failure. A crashed
+shard is read only through its public hand-over methods (``in_doubt``,
+``held_messages``, ``counters``); a crashed persistence actor through its pending
+writes (``Persistence._writes``/``_unreported``), whose writers are answered through
+``Persistence._ack``, as a supervisor that shares the process may. What a crash
+means for the messages in flight is spelled out in
+:meth:`Harness.crash_shard <tidal_actors.testing.harness.Harness.crash_shard>` and
+:meth:`Harness.crash_persistence <tidal_actors.testing.harness.Harness.crash_persistence>`.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+from tidal_actors._config import Config
+from tidal_actors._errors import ActorFailure, DatabaseClosed, InvalidArgument, StorageError
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.ledger import LedgerShard
+from tidal_actors.actors.membership import MembershipShard
+from tidal_actors.actors.persistence import Persistence
+from tidal_actors.actors.recovery import FaultReport, LoadStore, RecoverLedger
+from tidal_actors.actors.reply import Reply
+from tidal_actors.core.contrib_log import LogRecord
+from tidal_actors.runtime.pykka_host import HostContext
+from tidal_actors.runtime.supervision import carried_over, restore_ledger, restore_membership
+from tidal_actors.testing.schedule import HarnessStuck, Schedule, addr
+
+__all__ = ["FaultInjection", "FaultReport"]
+
+
+class _Down:
+    """A crashed shard waiting for its restart."""
+
+    __slots__ = ("carry", "old", "orphans")
+
+    def __init__(self, old: Behaviour) -> None:
+        self.old = old
+        # in-doubt control writes: token -> (reply, label)
+        self.orphans: dict[Any, tuple[Reply, str]] = {}
+        # what the next incarnation takes over (`runtime.supervision.carried_over`)
+        self.carry: list[object] = []
+
+
+class FaultInjection:
+    """Crash and restart of actors; the base class of ``DeterministicHost``, whose
+    mailboxes and delivery it uses."""
+
+    config: Config
+    store: Any
+    ctx: HostContext
+    schedule: Schedule
+    behaviours: dict[M.Address, Behaviour]
+    incarnation: dict[M.Address, int]
+    on_replace: Callable[[M.Address, Behaviour], None] | None
+    _queues: dict[Any, collections.deque[tuple[M.Address, object]]]
+    _down: dict[M.Address, _Down]
+    _closed: bool
+    _sender: M.Address
+    _barriers_seen: dict[int, M.Barrier]
+    _failed_barriers: set[int]
+
+    def tell(self, address: M.Address, message: object) -> None:
+        raise NotImplementedError
+
+    def pending(self) -> dict[M.Address, list[object]]:
+        raise NotImplementedError
+
+    def _keys_to(self, address: M.Address) -> list[Any]:
+        raise NotImplementedError
+
+    def _deliverable(self) -> list[Any]:
+        raise NotImplementedError
+
+    def _deliver_from(self, keys: list[Any]) -> None:
+        raise NotImplementedError
+
+    def _fail(self, reply: Reply, exc: BaseException, report: FaultReport) -> None:
+        if reply.set_exception(exc):
+            report.failed.append(self.schedule.label(reply))
+
+    def _take_queue(
+        self, address: M.Address, keep: Callable[[object], bool] = lambda m: False
+    ) -> list[object]:
+        """Remove and return the messages waiting for ``address``, except those ``keep`` holds."""
+        out: list[object] = []
+        for k in self._keys_to(address):
+            q = self._queues[k]
+            rest = collections.deque(item for item in q if keep(item[1]))
+            out.extend(m for _, m in q if not keep(m))
+            self._queues[k] = rest
+        return out
+
+    def _drop(self, address: M.Address, msg: object, report: FaultReport) -> None:
+        """Account for one message lost with a crashed shard."""
+        sched = self.schedule
+        report.dropped.append(sched.describe(msg))
+        why = f"{addr(address)} crashed before handling {type(msg).__name__}"
+        if isinstance(msg, M.SignalBatch):
+            report.lost_signals.extend(msg.signals)
+        elif isinstance(msg, M.Attribute):
+            report.lost_records.extend(LogRecord(*r) for r in msg.records)
+        elif isinstance(
+            msg,
+            (M.PreparePurge, M.RematStart, M.RematStep, M.PurgeMarker, M.PurgeAbandoned),
+        ):
+            pass  # the coordinator ends or lists that purge or rebuild at the restart
+        elif isinstance(msg, (M.ApplyPurge, M.EvictionUpdate)):
+            pass  # committed before it was sent: the state restored from storage has it
+        elif isinstance(msg, M.BarrierPart):
+            self._fail(msg.barrier.reply, ActorFailure(why), report)
+        else:
+            reply = getattr(msg, "reply", None)
+            if isinstance(reply, Reply):
+                self._fail(reply, ActorFailure(why), report)
+
+    def crash(self, address: M.Address) -> FaultReport:
+        """Crash a membership or ledger shard; it restarts from storage once nothing
+        else can run. See :meth:`Harness.crash_shard`."""
+        if address not in self.behaviours or address[0] not in (M.MEMBERSHIP, M.LEDGER):
+            raise InvalidArgument(
+                "address", address, "must be a membership or ledger shard's address"
+            )
+        if address in self._down:
+            raise InvalidArgument("address", address, "has crashed already and not restarted yet")
+        if self._closed:
+            raise DatabaseClosed("the harness is closed")
+        if self.store is None or not getattr(self.store, "durable", False):
+            raise InvalidArgument(
+                "store", self.store, "a shard restarts from storage: use a durable store"
+            )
+        old = self.behaviours[address]
+        down = _Down(old)
+        report = FaultReport(address)
+        lost: list[object]
+        if isinstance(old, MembershipShard):
+            # a Committed waiting here answers a write of this incarnation: kept for
+            # the next one, which answers the write's caller (`MembershipShard.restarted`)
+            lost = old.held_messages()
+            lost += self._take_queue(address, keep=lambda m: isinstance(m, M.Committed))
+            # a control operation whose write is on its way: its outcome is decided by
+            # persistence; the caller is answered with it at the restart
+            for token, reply in old.in_doubt().items():
+                label = self.schedule.label(reply)
+                down.orphans[token] = (reply, label)
+                report.in_doubt.append(label)
+        else:
+            assert isinstance(old, LedgerShard)
+            # barrier parts it counted stay counted; a purge preparation waiting for
+            # its marker dies with it (the coordinator abandons the purge at the restart)
+            down.carry, lost = carried_over(old.held_messages())
+            lost += self._take_queue(address)
+        for msg in lost:
+            self._drop(address, msg, report)
+        self._down[address] = down
+        self.schedule.event(
+            f"crash {addr(address)}: {len(report.dropped)} message(s) dropped, "
+            f"{len(report.lost_signals)} signal(s) and {len(report.lost_records)} record(s) lost, "
+            f"{len(report.failed)} handle(s) failed, {len(report.in_doubt)} in doubt"
+        )
+        return report
+
+    def _ask(self, sender: M.Address, address: M.Address, make: Callable[[Reply], object]) -> Any:
+        """Send ``make(reply)`` from ``sender`` and deliver until the reply comes."""
+        reply = Reply("restart")
+        prev, self._sender = self._sender, sender
+        try:
+            self.tell(address, make(reply))
+        finally:
+            self._sender = prev
+        while not reply.done and (keys := self._deliverable()):
+            self._deliver_from(keys)
+        if not reply.done:
+            raise HarnessStuck(f"{addr(sender)} cannot restart: {address} did not answer")
+        return reply.result()
+
+    def _restart(self, address: M.Address) -> None:
+        """Restart a crashed shard through the product's restore step
+        (`runtime.supervision`): nothing else can run, so every write its crashed
+        incarnation caused is committed, and no barrier through the ledgers is needed
+        before the store is read."""
+        down = self._down[address]  # nothing is delivered to it until it is replaced
+        old = down.old
+        i = address[1]
+        store, n = self.store, self.incarnation[address]
+        new: Behaviour
+        if isinstance(old, LedgerShard):
+            recovery = self._ask(address, M.COORD_ADDR, lambda r: RecoverLedger(i, r))
+            restored = self._ask(address, M.PERSIST_ADDR, LoadStore)
+            new = restore_ledger(
+                self.config, self.ctx, restored, store, i, recovery, old.counters()
+            )
+        else:
+            assert isinstance(old, MembershipShard)
+            restored = self._ask(address, M.PERSIST_ADDR, LoadStore)
+            committed = {
+                m.token: m.error
+                for m in self.pending().get(address, [])
+                if isinstance(m, M.Committed)
+            }
+            in_doubt: dict[Any, Reply] = {}
+            for token, (reply, label) in down.orphans.items():
+                if token in committed:
+                    in_doubt[token] = reply
+                    outcome = "committed" if committed[token] is None else "failed"
+                else:
+                    reply.set_exception(
+                        ActorFailure(f"{addr(address)} crashed; the outcome is unknown")
+                    )
+                    outcome = "outcome unknown"
+                self.schedule.event(f"{label} in doubt at the crash: {outcome}")
+            new = restore_membership(
+                self.config, self.ctx, restored, store, i, n, in_doubt, old.counters()
+            )
+        del self._down[address]
+        self.behaviours[address] = new
+        self.incarnation[address] = n + 1
+        if self.on_replace is not None:
+            self.on_replace(address, new)
+        self.schedule.event(f"restart {addr(address)} from storage (incarnation {n + 1})")
+        prev, self._sender = self._sender, address
+        try:
+            for msg in down.carry:
+                new.receive(msg)
+        finally:
+            self._sender = prev
+
+    def crash_persistence(self) -> FaultReport:
+        """Crash and restart the persistence actor. See :meth:`Harness.crash_persistence`."""
+        if self._closed:
+            raise DatabaseClosed("the harness is closed")
+        address = M.PERSIST_ADDR
+        old = self.behaviours[address]
+        assert isinstance(old, Persistence)
+        report = FaultReport(address)
+        queued = self._take_queue(address)
+        lost = list(old._writes) + queued
+        # writes (and history erasures) are answered by the restarted incarnation below
+        writes: list[Any] = [
+            m for m in lost if isinstance(getattr(m, "ops", None), list) and hasattr(m, "reply")
+        ]
+        report.lost_writes = len(writes)
+        report.dropped = [self.schedule.describe(m) for m in lost]
+        err = StorageError("persistence crashed before committing this write")
+        for msg in queued:
+            if isinstance(msg, M.BarrierPart):
+                self._barriers_seen[msg.barrier.barrier_id] = msg.barrier
+            elif msg not in writes and isinstance(getattr(msg, "reply", None), Reply):
+                self._fail(
+                    msg.reply,  # type: ignore[attr-defined]
+                    StorageError(f"persistence crashed before handling {type(msg).__name__}"),
+                    report,
+                )
+        for key, b in list(self._barriers_seen.items()):
+            # parts already counted by the crashed incarnation are gone: fail the
+            # flush (parts of it that still arrive are dropped by its id)
+            self._fail(
+                b.reply, StorageError("persistence crashed before this flush committed"), report
+            )
+            self._failed_barriers.add(key)
+        self._barriers_seen.clear()
+        new = Persistence(self.ctx, old.store)
+        new.commits, new.failed_writes, new.handler_errors = (
+            old.commits,
+            old.failed_writes,
+            old.handler_errors,
+        )
+        new._unreported = old._unreported
+        self.behaviours[address] = new
+        self.incarnation[address] += 1
+        if self.on_replace is not None:
+            self.on_replace(address, new)
+        prev, self._sender = self._sender, address
+        try:
+            # the restarted actor answers every write it lost: a writer waiting for the
+            # commit gets the error (nothing applied); a lost history write is counted
+            # and reported by the next flush
+            for w in writes:
+                if isinstance(w.reply, Reply):
+                    report.failed.append(self.schedule.label(w.reply))
+                elif w.reply is not None:
+                    report.failed.append(
+                        f"{addr(w.reply[0])}/token={self.schedule.value(w.reply[1])}"
+                    )
+                new._ack(w, err)
+        finally:
+            self._sender = prev
+        self.schedule.event(
+            f"crash persistence[0]: {report.lost_writes} uncommitted write(s) lost, "
+            f"{len(report.failed)} writer(s) told; restarted (incarnation {self.incarnation[address]})"
+        )
+        return report

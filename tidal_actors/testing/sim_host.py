@@ -1,0 +1,238 @@
+"""The deterministic host: the real actor behaviours, one delivery at a time.
+
+:class:`DeterministicHost` implements the pykka host's interface
+(``runtime.pykka_host.PykkaHost``) for the message-driven harness. It must not change
+what a behaviour does: the behaviours, messages, validation and restore are the
+production ones; only the hosting differs.
+
+Theory of operation (FoundationDB-style deterministic simulation):
+
+* One thread, no timers. ``tell`` appends to the receiver's FIFO mailbox and returns;
+  nothing is delivered until :meth:`DeterministicHost.step` picks a non-empty mailbox
+  with the seeded ``random.Random`` and delivers its oldest message. One mailbox per
+  receiver, as under pykka, so the order between one sender and one receiver is FIFO
+  and a message sent (causally) earlier to a receiver is delivered earlier. With
+  ``ordering="pair"`` there is one queue per sender/receiver pair instead: only the
+  per-pair FIFO order is kept, which is what a networked host would guarantee (and
+  not enough: purge exactness relies on the causal order one mailbox per receiver
+  gives; see ``test_purge_is_exact_with_fifo_per_pair_only``).
+* After a delivery that leaves the receiver's mailbox empty the host calls its
+  ``on_idle`` (persistence group-commits there), exactly as the pykka host does.
+* Same seed and same calls: same deliveries, same trace, byte for byte
+  (:class:`~tidal_actors.testing.schedule.Schedule`).
+* The host is the supervisor of the fault calls (its base class,
+  :class:`~tidal_actors.testing.faults.FaultInjection`).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+from tidal_actors._config import Config
+from tidal_actors._errors import DatabaseClosed
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.reply import Reply
+from tidal_actors.runtime.pykka_host import HostContext
+from tidal_actors.testing.faults import FaultInjection, _Down
+from tidal_actors.testing.schedule import FACADE, Schedule, addr
+
+__all__ = ["DeterministicHost"]
+
+
+class DeterministicHost(FaultInjection):
+    """Hosts behaviours with explicit, seeded, one-at-a-time delivery (PykkaHost's interface).
+
+    Args:
+        config, clock, durable: as for ``PykkaHost``.
+        schedule: the delivery order and trace to use (default: a new one, seed 0).
+        store: the store the behaviours were restored from; needed to restart a
+            crashed shard from storage.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        clock: Any,
+        durable: bool,
+        schedule: Schedule | None = None,
+        store: Any = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.schedule = schedule if schedule is not None else Schedule()
+        self.store = store
+        self.ctx = HostContext(config, clock, durable, self.tell)
+        # operational delays (re-materialization after a purge) run on the manual
+        # clock here, so they are as deterministic as everything else
+        self.ctx.monotonic = lambda: clock.now_ns() / 1e9
+        self.behaviours: dict[M.Address, Behaviour] = {}
+        self.incarnation: dict[M.Address, int] = {}
+        self.on_replace: Callable[[M.Address, Behaviour], None] | None = None
+        self._pair = self.schedule.ordering == "pair"
+        self._queues: dict[Any, collections.deque[tuple[M.Address, object]]] = {}
+        self._down: dict[M.Address, _Down] = {}
+        self._stopped: set[M.Address] = set()
+        self._closed = False
+        self._sender: M.Address = FACADE
+        self._barriers_seen: dict[int, M.Barrier] = {}
+        self._failed_barriers: set[int] = set()
+
+    # -- the PykkaHost interface ----------------------------------------------------
+
+    def start(self, behaviours: list[Behaviour]) -> None:
+        """Register behaviours; nothing runs until a delivery."""
+        for b in behaviours:
+            self.behaviours[b.address] = b
+            self.incarnation[b.address] = 1
+
+    def tell(self, address: M.Address, message: object) -> None:
+        """Append ``message`` to the receiver's mailbox. Raises DatabaseClosed once it is stopped."""
+        if self._closed or address in self._stopped or address not in self.behaviours:
+            raise DatabaseClosed(f"no actor at {address}")
+        key: Any = (self._sender, address) if self._pair else address
+        q = self._queues.get(key)
+        if q is None:
+            q = self._queues[key] = collections.deque()
+        q.append((self._sender, message))
+
+    def offer(self, address: M.Address, message: object) -> bool:
+        """Mailboxes here are unbounded: always sent."""
+        self.tell(address, message)
+        return True
+
+    def force(self, address: M.Address, message: object) -> None:
+        self.tell(address, message)
+
+    def has_room(self, address: M.Address) -> bool:
+        return True
+
+    def reserve(self, address: M.Address) -> None:
+        """Mailboxes here are unbounded: there is always room."""
+
+    def release(self, address: M.Address) -> None:
+        pass
+
+    def put_reserved(self, address: M.Address, message: object) -> None:
+        self.tell(address, message)
+
+    def when_room(self, address: M.Address, fn: Callable[[], None]) -> bool:
+        return True
+
+    def settle(self, reply: Reply, timeout: float) -> bool:
+        """Deliver messages until ``reply`` is done or nothing is left; ``timeout`` is ignored."""
+        while not reply.done and self.step():
+            pass
+        return bool(reply.done)
+
+    def stop(self, order: list[str]) -> None:
+        """Stop kind by kind in ``order``, each draining its mailboxes first (as PykkaHost)."""
+        for kind in order:
+            while True:
+                keys = [k for k in self._deliverable() if self._receiver(k)[0] == kind]
+                if not keys:
+                    break
+                self._deliver_from(keys)
+            for a in self.behaviours:
+                if a[0] == kind:
+                    self._stopped.add(a)
+        self._closed = True
+        self._queues.clear()
+        self._down.clear()
+
+    # -- delivery ---------------------------------------------------------------------
+
+    def _receiver(self, key: Any) -> M.Address:
+        return key[1] if self._pair else key  # type: ignore[no-any-return]
+
+    def _deliverable(self) -> list[Any]:
+        return sorted(
+            k
+            for k, q in self._queues.items()
+            if q and (a := self._receiver(k)) not in self._down and a not in self._stopped
+        )
+
+    def _mailbox_empty(self, address: M.Address) -> bool:
+        if not self._pair:
+            return not self._queues.get(address)
+        return not any(q for k, q in self._queues.items() if k[1] == address)
+
+    def _keys_to(self, address: M.Address) -> list[Any]:
+        return sorted(k for k in self._queues if self._receiver(k) == address)
+
+    def step(self) -> bool:
+        """Deliver one message (or restart a crashed shard once nothing else can run).
+
+        Returns False when there is nothing to do.
+        """
+        if self._closed:
+            return False
+        keys = self._deliverable()
+        if keys:
+            self._deliver_from(keys)
+            return True
+        if self._down:
+            self._restart(min(self._down))
+            return True
+        return False
+
+    def _deliver_from(self, keys: list[Any]) -> None:
+        key = keys[0] if len(keys) == 1 else keys[self.schedule.rng.randrange(len(keys))]
+        sender, msg = self._queues[key].popleft()
+        self._deliver(self._receiver(key), sender, msg)
+
+    def _deliver(self, address: M.Address, sender: M.Address, msg: object) -> None:
+        sched = self.schedule
+        sched.steps += 1
+        note, drop = self._intercept(address, msg)
+        sched.lines.append(
+            f"{sched.steps:>6} {addr(address)} <- {addr(sender)}: {sched.describe(msg)}{note}"
+        )
+        if drop:
+            return
+        behaviour = self.behaviours[address]
+        prev, self._sender = self._sender, address
+        try:
+            behaviour.receive(msg)
+            if behaviour.fault is not None:  # a handler failure (not a crash): resumed
+                behaviour.fault = None
+                behaviour.resume()
+            if self._mailbox_empty(address):
+                try:
+                    behaviour.on_idle()
+                except Exception as exc:  # noqa: BLE001 - as PykkaHost: the actor keeps serving
+                    behaviour.handler_errors += 1
+                    behaviour.last_error = exc
+        finally:
+            self._sender = prev
+        if type(msg) is M.BarrierPart and address == M.PERSIST_ADDR and msg.barrier.reply.done:
+            self._barriers_seen.pop(msg.barrier.barrier_id, None)
+
+    def _intercept(self, address: M.Address, msg: object) -> tuple[str, bool]:
+        """Supervisor bookkeeping at a delivery: (note for the trace, drop it?)."""
+        kind = type(msg)
+        if address == M.PERSIST_ADDR:
+            if kind is M.Write and self.schedule.take(msg):  # type: ignore[arg-type]
+                return " [injected: this write fails]", False
+            if kind is M.BarrierPart:
+                b = msg.barrier  # type: ignore[attr-defined]
+                if b.barrier_id in self._failed_barriers:
+                    return " [dropped: its flush already failed in a persistence crash]", True
+                self._barriers_seen[b.barrier_id] = b
+        return "", False
+
+    def pending(self) -> dict[M.Address, list[object]]:
+        """Messages waiting, by receiver (FIFO order per queue), crashed shards included."""
+        out: dict[M.Address, list[object]] = {}
+        for k in sorted(self._queues):
+            q = self._queues[k]
+            if q:
+                out.setdefault(self._receiver(k), []).extend(m for _, m in q)
+        return out
+
+    @property
+    def down(self) -> list[M.Address]:
+        """Crashed shards not restarted yet."""
+        return sorted(self._down)
