@@ -3,6 +3,7 @@ implementation of the semantics), the message-driven harness (the real actor
 behaviours under a deterministic, seeded host with fault injection) and the pytest
 plugin."""
 
+from tidal_actors.runtime.call import Call
 from tidal_actors.testing.harness import (
     FACADE,
     START_NS,
@@ -17,6 +18,7 @@ from tidal_actors.testing.reference import ReferenceModel
 __all__ = [
     "FACADE",
     "START_NS",
+    "Call",
     "DeterministicHost",
     "FaultReport",
     "Harness",
