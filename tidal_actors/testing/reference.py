@@ -65,7 +65,7 @@ class ReferenceModel(ReferenceAggregates):
             re-materialization rebuilds from every record and leaves out all that a
             purge covered, evicted ones included) or an ephemeral one (False: there
             is no history to rebuild from, so the records the log had evicted when
-            their purge came stay in the aggregates; ``core.remat.RematJob``).
+            their purge came stay in the aggregates; ``core.remat``).
     """
 
     def __init__(

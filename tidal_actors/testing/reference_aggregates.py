@@ -42,7 +42,7 @@ class ReferenceAggregates:
         clock: where "now" comes from (int ns) for reads without ``at_ns``.
         history: model a durable history (True: :meth:`rematerialize` rebuilds from
             every record and leaves out all that a purge covered) or none (False:
-            :meth:`rematerialize` changes nothing; ``core.remat.RematJob``).
+            :meth:`rematerialize` changes nothing; ``core.remat``).
     """
 
     def __init__(self, config: Config, clock: Clock, history: bool) -> None:
