@@ -74,10 +74,9 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
 
 7. Re-materialization.
    After purges of a cohort (coalesced over ``rematerialize_after_ms``,
-   `actors.rematerializer.Rematerializer._schedule_remat`) its aggregates are
-   rebuilt from the records no purge covers (per user the highest bound,
-   `CoordinatorState.covered`): `core.remat.Rebuild`, run by
-   `storage.rematerialize.RematJob`; installed unless equal
+   `Rematerializer._schedule_remat`) its aggregates are rebuilt from the records
+   no purge covers (per user the highest bound, `CoordinatorState.covered`):
+   `core.remat.Rebuild`, run by `storage.rematerialize.RematJob`; installed unless equal
    (`core.aggregates.Aggregates.same_cohort`, `Aggregates.install_cohort`). Without
    a durable history the evicted records stay.
 
