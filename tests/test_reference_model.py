@@ -1,13 +1,17 @@
 """The reference model against values computed by hand (arithmetic in the comments).
 
 The model is the oracle of the differential tests, so nothing here is checked against
-the model itself: every expected number is worked out below from the semantics in
-issue 2 and the specs.
+the model itself: every expected number is worked out below from the semantics
+(docs/semantics.md) and the specs. The model stays independent of the runtime: its
+modules import only the vocabulary, intake validation and the shard hash
+(`test_the_model_imports_nothing_of_the_runtime`).
 """
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +37,34 @@ E, T = 7, 1  # an entity id and a signal type
 
 def model(clock: ManualClock | None = None, **cfg: object) -> ReferenceModel:
     return ReferenceModel(Config(**cfg), clock or ManualClock(0))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- independence
+
+TESTING = Path(__file__).resolve().parents[1] / "tidal_actors" / "testing"
+VOCABULARY = {f"tidal_actors.{m}" for m in ("_clock", "_config", "_errors", "_types")}
+ALLOWED = VOCABULARY | {"tidal_actors.core.validate", "tidal_actors.storage.format"}
+
+
+def test_the_model_imports_nothing_of_the_runtime() -> None:
+    """The oracle shares only vocabulary, intake checks and the shard hash and log
+    capacity with the product, so a bug in the product's rules cannot hide in it."""
+    for name in ("reference.py", "reference_aggregates.py"):
+        tree = ast.parse((TESTING / name).read_text(encoding="utf-8"))
+        imported = {
+            node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module
+            if node.module.startswith("tidal_actors")
+        } | {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+            if alias.name.startswith("tidal_actors")
+        }
+        own = {"tidal_actors.testing.reference_aggregates"}
+        assert imported - own <= ALLOWED, (name, sorted(imported - own - ALLOWED))
 
 
 # ---------------------------------------------------------------- decay

@@ -88,8 +88,14 @@ class DatabaseLocked(TidalError):
 class ActorFailure(TidalError):
     """A handler raised unexpectedly; the cause is attached as ``__cause__``.
 
-    The actor that raised keeps serving: the message that failed is the only one
-    affected.
+    The message the handler failed on is the one lost. In a durable database a
+    membership or ledger shard that failed is then restarted from the store (its
+    state is what was committed, so a control operation whose write had committed
+    is applied even though its caller got this error); in an ephemeral database, and
+    for the purge coordinator and persistence (which change state only after a
+    commit), the actor resumes as it was. Each failure is logged on the
+    ``tidal_actors`` logger at ERROR with a ``FaultReport``
+    (``runtime.supervision``; docs/guarantees.md, "A handler failure").
     """
 
 

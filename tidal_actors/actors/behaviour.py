@@ -19,10 +19,11 @@ deterministic test host). Rules every behaviour keeps:
   message overtakes another on the same sender/receiver pair (there is no priority
   lane), so the argument above holds as it is. What a control operation waits behind
   is bounded instead: a host bounds each load-carrying mailbox by time
-  (``Config.inflight_budget_ms`` of the receiver's measured work, `_host`), and the
-  facade sizes each shard's signal batches to the same budget, so a leave waits for
-  the batch in hand plus at most a budget's worth of queued signals at its membership
-  shard, and each hop of a purge (membership, ledger, persistence) likewise. A leave
+  (``Config.inflight_budget_ms`` of the receiver's measured work,
+  `runtime.pykka_host`), and the facade sizes each shard's signal batches to the
+  same budget, so a leave waits for the batch in hand plus at most a budget's worth
+  of queued signals at its membership shard, and each hop of a purge (membership,
+  ledger, persistence) likewise. A leave
   is therefore still ordered after every signal submitted before it was called
   (those are ahead of it in the FIFO) and before every signal submitted after it
   returned (the gate is closed when it returns); a purge still covers every record

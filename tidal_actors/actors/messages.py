@@ -97,7 +97,7 @@ class Attribute:
     ``rseqs`` (int64) increase; ``users``, ``entities``, ``types`` are uint64;
     ``weights`` float64 holding float32 values; ``timestamps`` int64 ns; ``cohorts``
     a list of names. ``contexts`` maps a record's index in the batch to its context's
-    msgpack bytes (packed at the call, `_validate.check_context`).
+    msgpack bytes (packed at the call, `core.validate.check_context`).
     """
 
     mshard: int

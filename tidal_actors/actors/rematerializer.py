@@ -2,9 +2,9 @@
 
 A purge schedules its cohort's rebuild ``Config.rematerialize_after_ms`` later (wall
 time, coalescing the purges that land meanwhile); `rematerialize` asks for one now.
-The rebuild runs at the cohort's ledger shard (`core.remat.RematJob`), then the
-purged records are erased from the history and the purges marked re-materialized in
-one transaction. A purge of the cohort being rebuilt waits for it, and so do the
+The rebuild runs at the cohort's ledger shard (`storage.rematerialize.RematJob`
+stepping a `core.remat.Rebuild`), then the purged records are erased from the history
+and the purges marked re-materialized in one transaction. A purge of the cohort being rebuilt waits for it, and so do the
 later purges of its membership shard (`PurgeCoordinator._next_purge`).
 """
 

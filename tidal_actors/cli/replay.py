@@ -205,7 +205,7 @@ def replay(
     """Apply the event log EVENTS.csv, each row at its own ts_ns.
 
     The format is ts_ns,op,user_id,cohort,entity_id,signal_type,weight with ops
-    assign, signal, leave, rejoin, purge (see the README). A bad row stops the replay
+    assign, signal, leave, rejoin, purge (see docs/cli.md). A bad row stops the replay
     with exit status 2; every row before it stays applied (and durable with
     --data-dir). Ctrl-C stops it at a row boundary with exit status 130, the store
     flushed and closed, and prints how to go on (--skip-rows N --append).

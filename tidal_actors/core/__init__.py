@@ -53,7 +53,7 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
    `core.eviction.advance_watermark` (`actors.coordinator.PurgeCoordinator._on_purge`)
    and committed with the purge. A ledger trims its log up to a *floor*, a lower
    bound of the watermark it can prove by itself
-   (`actors.ledger.LedgerState.raise_floors`,
+   (`core.states.LedgerState.raise_floors`,
    `core.contrib_log.ContributionLog.set_floor`).
    An evicted record is unretractable.
 
@@ -74,16 +74,16 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
 
 7. Re-materialization.
    After purges of a cohort (coalesced over ``rematerialize_after_ms``,
-   `PurgeCoordinator._schedule_remat`) its aggregates are rebuilt from the records
+   `Rematerializer._schedule_remat`) its aggregates are rebuilt from the records
    no purge covers (per user the highest bound, `CoordinatorState.covered`):
-   `core.remat.RematJob`; installed unless equal
+   `core.remat.Rebuild`, run by `storage.rematerialize.RematJob`; installed unless equal
    (`core.aggregates.Aggregates.same_cohort`, `Aggregates.install_cohort`). Without
    a durable history the evicted records stay.
 
 8. Settling (bounded memory).
    Detail rows no purge can name any more (out of the log, not held, committed to
    the history when there is one) are folded into per-(key, bucket) sums:
-   `core.settling.Settling.settle`, when: `actors.ledger.LedgerState.settle`; the
+   `core.settling.Settling.settle`, when: `core.states.LedgerState.settle`; the
    sums: `core.settled.SettledBuckets`.
 
 9. Intake: what a public argument must be.

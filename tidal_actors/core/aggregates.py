@@ -69,7 +69,7 @@ __all__ = ["Aggregates", "AggregatesSnapshot"]
 
 
 class AggregatesSnapshot(TypedDict):
-    """`Aggregates.dump`: the whole state as msgpack-able values (`storage.snapshot`)."""
+    """`Aggregates.dump`: the whole state as msgpack-able values (`storage.format.snapshot`)."""
 
     names: list[str]  # cohort id -> name
     n: int  # key ids allotted

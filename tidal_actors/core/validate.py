@@ -1,9 +1,10 @@
 """Intake validation: every public argument is checked here before any message is sent.
 
-Owns the rules of issue 2 ("Bad input"): ids are ints in ``[0, 2**64)`` (bool is not
-an int; numpy integers are taken as their values), weights finite and ``>= 0``
-(rounded once to float32, spec: ``weight: f32``), timestamps ints in ``[0, 2**63)``,
-cohort names non-empty strings of at most 200 UTF-8 bytes, ``@``-names reserved.
+Owns the intake rules (docs/semantics.md, "Intake"): ids are ints in ``[0, 2**64)``
+(bool is not an int; numpy integers are taken as their values), weights finite and
+``>= 0`` (rounded once to float32, spec: ``weight: f32``), timestamps ints in
+``[0, 2**63)``, cohort names non-empty strings of at most 200 UTF-8 bytes,
+``@``-names reserved.
 Must not touch state: a failed check raises `InvalidArgument` and nothing else happens.
 """
 

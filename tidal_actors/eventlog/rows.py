@@ -5,7 +5,7 @@ The format is ``ts_ns,op,user_id,cohort,entity_id,signal_type,weight`` with ops
 ``assign``, ``signal``, ``leave``, ``rejoin``, ``purge``; `reader` turns a file into
 these rows, `writer` writes them, `apply` drives a database through them.
 
-Format rules (the README documents them for users):
+Format rules (docs/cli.md, "The event log format", documents them for users):
 
 - UTF-8, comma-separated, RFC 4180 quoting; the first line is the header naming the
   seven columns (any order). Blank lines are ignored.

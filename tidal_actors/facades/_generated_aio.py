@@ -338,8 +338,8 @@ class AsyncOperations(LoopFacade):
         (``{"bytes_before": int, "bytes_after": int}``; zeros when ephemeral).
 
         Another process with the LMDB environment open (a backup tool, ``mdb_stat``:
-        see README, Guarantees) makes it refuse: replacing the file under it would lose
-        the store.
+        see docs/guarantees.md, "One writer per directory") makes it refuse: replacing
+        the file under it would lose the store.
 
         Cancellation: applied completely (sent when the call begins).
 

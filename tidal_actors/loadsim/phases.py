@@ -3,7 +3,7 @@
 Owns the small contract between `simulate` and a progress display: `PhaseFn`
 ``(label, total) -> context manager yielding tick(n)``, a display that shows
 nothing (`no_phase`), and `ticking`, which moves a tick along an iterable. Must not
-import a display library (tqdm lives in the command line's `_cli_progress`).
+import a display library (tqdm lives in the command line's `cli.progress`).
 """
 
 from __future__ import annotations

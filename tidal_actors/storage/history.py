@@ -16,7 +16,7 @@ cohort exactly (`storage.rematerialize.RematJob`) and answer a read inside an ol
   purge tombstoned (those it retracted live).
 
 Which records a ledger still holds in memory and which it must read here is the
-ledger's rule (`actors.ledger.LedgerState.settle`): a record's detail row is
+ledger's rule (`core.states.LedgerState.settle`): a record's detail row is
 dropped only once its batch is committed (``top``), so whatever is not held is in
 the history, unless a purge's re-materialization erased it (then it is covered and
 left out anyway) or ``history_retention_ns`` dropped it (older than the retention:

@@ -35,7 +35,7 @@ HISTORY_BATCHES = 32  # history batches folded a step
 
 class RematState(Protocol):
     """What a re-materialization uses of a ledger shard's state
-    (``actors.ledger.LedgerState``)."""
+    (``core.states.LedgerState``)."""
 
     aggregates: Aggregates
     log: ContributionLog

@@ -354,8 +354,8 @@ class HarnessOperations(HarnessCalls):
         int]``) or raises the error.
 
         Another process with the LMDB environment open (a backup tool, ``mdb_stat``:
-        see README, Guarantees) makes it refuse: replacing the file under it would lose
-        the store.
+        see docs/guarantees.md, "One writer per directory") makes it refuse: replacing
+        the file under it would lose the store.
 
         Raises:
             StorageError: another process has the environment open (its pid named), or

@@ -1,6 +1,6 @@
 """Every byte layout of the store: keys, tags, values, and the writes that store them.
 
-One package, three modules, all without I/O:
+One package, four modules, all without I/O:
 
 * `keys` -- the key layout (``encode_key``), the table of tags (``Tag``, with each
   value's shape), the keyspaces, the seal of large values (CRC-32), the error for a
