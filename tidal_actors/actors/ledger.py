@@ -131,9 +131,9 @@ class LedgerShard(Behaviour):
                 rows.start,
             )
         seen = st.rseq_seen
-        top = int(rs[-1])  # rseqs increase within a message
-        if top >= seen.get(m, -1):
-            seen[m] = top
+        last = int(rs[-1])  # rseqs increase within a message
+        if last >= seen.get(m, -1):
+            seen[m] = last
         st.raise_floors(self._caps, self._in_flight)
         self._settle()
 
@@ -236,7 +236,7 @@ class LedgerShard(Behaviour):
                 return
             self._markers.discard(msg.marker)
         try:
-            prepared = self.state.log.prepare(msg.user, msg.cohort, msg.live_from, msg.bound)
+            prepared = self.state.log.prepare(msg.user, msg.cohort, msg.watermark, msg.bound)
             self._prepared.add(msg.purge_id)
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, prepared))
         except Exception as exc:
@@ -329,8 +329,8 @@ class LedgerShard(Behaviour):
         return True
 
     def _on_eviction(self, msg: M.EvictionUpdate) -> None:
-        self.state.live_from[msg.mshard] = (msg.live_from, msg.drained_pending)
-        self.state.log.set_floor(msg.mshard, msg.live_from)
+        self.state.watermarks[msg.mshard] = (msg.watermark, msg.drained)
+        self.state.log.set_floor(msg.mshard, msg.watermark)
         if msg.marker is not None:
             self._end_purge(msg.mshard, msg.marker)
         self._settle()

@@ -78,12 +78,12 @@ class PurgeRequest:
 
 @dataclass(frozen=True, slots=True)
 class Purge:
-    """Membership -> coordinator: ``next_rseq`` is the shard's record count then."""
+    """Membership -> coordinator: ``bound`` is the shard's record count then."""
 
     user: int
     cohort: str
     mshard: int
-    next_rseq: int
+    bound: int
     now_ns: int
     reply: Reply
     marker: Any = None
@@ -157,7 +157,7 @@ class PreparePurge:
     purge_id: int
     user: int
     cohort: str
-    live_from: int
+    watermark: int
     bound: int
     marker: Any = None
 
@@ -183,8 +183,8 @@ class EvictionUpdate:
     after the purge of ``marker`` committed."""
 
     mshard: int
-    live_from: int
-    drained_pending: int
+    watermark: int
+    drained: int
     marker: Any = None
 
 
