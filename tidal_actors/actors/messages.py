@@ -22,6 +22,11 @@ MEMBERSHIP, LEDGER, COORDINATOR, PERSISTENCE = "membership", "ledger", "coordina
 COORD_ADDR: Address = (COORDINATOR, 0)
 PERSIST_ADDR: Address = (PERSISTENCE, 0)
 
+# a purge's marker: (membership shard, a number from its token counter, increasing)
+Marker = tuple[int, int]
+# a re-materialization's token: ("remat", sequence number at the coordinator)
+RematToken = tuple[str, int]
+
 # one signal on the wire: (user, entity, signal_type, weight_f32, ts_ns, context msgpack bytes|None)
 SignalTuple = tuple[int, int, int, float, int, Any]
 
@@ -86,7 +91,7 @@ class Purge:
     bound: int
     now_ns: int
     reply: Reply
-    marker: Any = None
+    marker: Marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +164,7 @@ class PreparePurge:
     cohort: str
     watermark: int
     bound: int
-    marker: Any = None
+    marker: Marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +190,7 @@ class EvictionUpdate:
     mshard: int
     watermark: int
     drained: int
-    marker: Any = None
+    marker: Marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,19 +288,19 @@ class RematStart:
 
     cohort: str
     covered: dict[int, int]
-    token: Any
+    token: RematToken
 
 
 @dataclass(frozen=True, slots=True)
 class RematStep:
     """Ledger -> itself: fold the next chunk of a running re-materialization."""
 
-    token: Any
+    token: RematToken
 
 
 @dataclass(frozen=True, slots=True)
 class RematDone:
-    token: Any
+    token: RematToken
     cohort: str
     read: int = 0
     excluded: int = 0
@@ -354,7 +359,7 @@ class PurgeAbandoned:
     waiting for its eviction update; the cohort's ledger drops its hold
     (`ContributionLog.release`)."""
 
-    marker: tuple[int, int]
+    marker: Marker
     mshard: int
     user: int
     cohort: str
@@ -374,7 +379,7 @@ class PurgeMarker:
     purge's eviction update (or `PurgeAbandoned`) comes the ledger trims that shard's
     records only as far as the watermark when the purge was taken (at ``bound``)."""
 
-    marker: tuple[int, int]
+    marker: Marker
     mshard: int
     user: int
     cohort: str

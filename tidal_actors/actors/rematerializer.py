@@ -34,7 +34,7 @@ class RematInFlight:
     `UnknownCohort` ends its purges all the same)."""
 
     cohort: str
-    token: tuple[str, int]
+    token: M.RematToken
     covered: dict[int, int]
     upto: int
     updates: list[tuple[PurgeStatus, int]] | None = None
