@@ -404,7 +404,7 @@ def test_records_evicted_between_prepare_and_apply_stay_counted(monkeypatch) -> 
 
     add(1, range(0, 3))  # rseq 0-2: user 1, before the purge
     log.hold(1, "c", 3)  # the purge's marker: bound 3
-    first = log.prepare(1, "c", live_from=0, bound=3)
+    first = log.prepare(1, "c", watermark=0, bound=3)
     assert len(first.records) == 3 and first.evicted == 0
     add(1, range(3, 5))  # rseq 3-4: user 1, after the purge's bound
     add(2, range(5, 10))
@@ -415,7 +415,7 @@ def test_records_evicted_between_prepare_and_apply_stay_counted(monkeypatch) -> 
     # rseq 0-2 were in the first manifest; rseq 3-4 were evicted and reported by no one
     assert pair_positions(log.index[(1, "c")])[0] == 2
     log.hold(1, "c", 10)
-    second = log.prepare(1, "c", live_from=8, bound=10)
+    second = log.prepare(1, "c", watermark=8, bound=10)
     assert second.records == [] and second.evicted == 2
     agg.retract_rows(second.rows)
     log.apply(1, "c", second)
@@ -444,7 +444,7 @@ def test_records_evicted_before_a_late_preparation_are_not_its_own(monkeypatch) 
     add(2, range(6, 10))
     log.set_floor(0, 5)  # rseq 0-4 evicted: user 1's 0-1 (before) and 2-4 (after)
     assert log.base == 5 and log.held_rows[(1, "c")].size == 5
-    first = log.prepare(1, "c", live_from=1, bound=2)
+    first = log.prepare(1, "c", watermark=1, bound=2)
     # rseq 0 was evicted when the purge was taken, rseq 1 was live: an entry
     assert first.evicted == 1 and [r.timestamp_ns for r in first.records] == [10]
     agg.retract_rows(first.rows)
@@ -452,7 +452,7 @@ def test_records_evicted_before_a_late_preparation_are_not_its_own(monkeypatch) 
     assert pair_positions(log.index[(1, "c")])[0] == 3  # rseq 2-4, reported by no one yet
     assert log.holds == {} and log.held_rows == {}
     log.hold(1, "c", 12)
-    second = log.prepare(1, "c", live_from=5, bound=12)
+    second = log.prepare(1, "c", watermark=5, bound=12)
     assert second.evicted == 3 and [r.timestamp_ns for r in second.records] == [50]  # rseq 5, live
 
 
@@ -476,4 +476,4 @@ def test_a_failed_purge_releases_its_hold(monkeypatch) -> None:  # type: ignore[
     assert log.holds == {(1, "c"): [3]}
     log.release(1, "c", 3)
     assert log.holds == {} and log.held_rows == {} and pair_positions(log.index[(1, "c")])[0] == 3
-    assert log.prepare(1, "c", live_from=4, bound=8).evicted == 3
+    assert log.prepare(1, "c", watermark=4, bound=8).evicted == 3

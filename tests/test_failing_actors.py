@@ -307,9 +307,9 @@ def test_a_producer_waiting_on_a_stopped_actors_mailbox_hears_database_closed():
     import types
 
     from tidal_actors import DatabaseClosed
-    from tidal_actors.runtime.pykka_host import _Mailbox
+    from tidal_actors.runtime.mailbox import Mailbox
 
-    box = _Mailbox(1)
+    box = Mailbox(1)
     box.stopped = threading.Event()
     item = types.SimpleNamespace(message=M.SignalBatch([]))
     box.put(item)

@@ -11,7 +11,7 @@ import pytest
 
 from tidal_actors import Config, InvalidArgument, ManualClock, TidalDb
 from tidal_actors.actors import messages as M
-from tidal_actors.runtime.pykka_host import _Mailbox, units
+from tidal_actors.runtime.mailbox import Mailbox, units
 
 from .conftest import T0
 
@@ -33,7 +33,7 @@ def test_units_of_each_kind_of_message() -> None:
 
 
 def test_the_budget_bounds_the_queued_load_in_time() -> None:
-    box = _Mailbox(capacity=64, budget_s=0.002)
+    box = Mailbox(capacity=64, budget_s=0.002)
     assert box.has_room()
     box.put(batch(100))
     assert box.has_room()  # not measured yet: only the capacity bounds it
@@ -51,18 +51,18 @@ def test_the_budget_bounds_the_queued_load_in_time() -> None:
 
 
 def test_one_message_always_fits_and_the_capacity_still_holds() -> None:
-    box = _Mailbox(capacity=2, budget_s=0.002)
+    box = Mailbox(capacity=2, budget_s=0.002)
     box.handled(1, 1.0)  # one second a signal: any signal is over the budget
     assert box.offer(batch(1000))  # an empty mailbox takes a message
     assert not box.has_room()
-    unbounded = _Mailbox(capacity=2, budget_s=None)
+    unbounded = Mailbox(capacity=2, budget_s=None)
     unbounded.handled(1, 1.0)
     assert unbounded.offer(batch(1000)) and unbounded.offer(batch(1000))
     assert not unbounded.offer(batch(1))  # the capacity: 2 messages
 
 
 def test_a_room_waiter_is_called_once_room_is_made() -> None:
-    box = _Mailbox(capacity=1, budget_s=None)
+    box = Mailbox(capacity=1, budget_s=None)
     calls: list[int] = []
     assert box.when_room(lambda: calls.append(0))  # room now: not registered
     box.put(batch(1))

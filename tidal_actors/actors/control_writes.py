@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
@@ -21,6 +21,7 @@ from tidal_actors.actors.reply import Reply
 __all__ = ["CONTROL_WRITES", "ControlWrites"]
 
 CONTROL_WRITES = (M.Assign, M.Unassign, M.Leave, M.Rejoin)
+ControlWrite = M.Assign | M.Unassign | M.Leave | M.Rejoin
 
 
 class ControlWrites(Behaviour):
@@ -62,7 +63,7 @@ class ControlWrites(Behaviour):
             while not self._pending and self._stash and self.fault is None:
                 message = self._take_stashed()
                 if type(message) in CONTROL_WRITES:
-                    self._receive_group(message)
+                    self._receive_group(cast(ControlWrite, message))
                 else:
                     super().receive(message)
             self.room_made()
@@ -74,7 +75,7 @@ class ControlWrites(Behaviour):
             self._stashed_signals -= len(message.signals)
         return message
 
-    def _receive_group(self, first: Any) -> None:
+    def _receive_group(self, first: ControlWrite) -> None:
         """Handle ``first`` and the control writes on distinct users right behind it in
         the stash as one group: their writes go to persistence back to back, which
         commits writes waiting together in one transaction (and, should it fail, each
@@ -86,9 +87,9 @@ class ControlWrites(Behaviour):
             while (
                 self._stash
                 and type(self._stash[0]) in CONTROL_WRITES
-                and self._stash[0].user not in users  # type: ignore[attr-defined]
+                and cast(ControlWrite, self._stash[0]).user not in users
             ):
-                message: Any = self._take_stashed()
+                message = cast(ControlWrite, self._take_stashed())
                 users.add(message.user)
                 super().receive(message)
         finally:

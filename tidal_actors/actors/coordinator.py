@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,6 +32,31 @@ from tidal_actors.storage.format import (
 )
 
 
+@dataclass(slots=True)
+class PurgeCommit:
+    """What a prepared purge commits: its manifest (as an object and as stored), the
+    ledger's preparation, its membership shard's drained rseqs after it (a sorted
+    int64 array) and its status."""
+
+    manifest: PurgeManifest
+    manifest_bytes: bytes
+    prepared: Prepared
+    drained: np.ndarray
+    status: PurgeStatus
+
+
+@dataclass(slots=True)
+class PendingPurge:
+    """The purge in progress: its request, its id, its membership shard's watermark
+    as of its bound (`advance_watermark`), and, once the ledger has prepared it, what
+    it commits (``commit``; None while the preparation is under way)."""
+
+    request: M.Purge
+    purge_id: PurgeId
+    watermark: int
+    commit: PurgeCommit | None = None
+
+
 class PurgeCoordinator(Rematerializer):
     """Serializes purges: prepare at the ledger, commit manifest, apply, reply.
 
@@ -49,7 +74,7 @@ class PurgeCoordinator(Rematerializer):
     def __init__(self, ctx: Context, state: CoordinatorState | None = None) -> None:
         super().__init__(ctx)
         self.state = state or CoordinatorState(ctx.config.membership_shards)
-        self._pending: dict[str, Any] | None = None
+        self._pending: PendingPurge | None = None
         # purges not started yet, in arrival order (`_next_purge`)
         self._waiting: list[M.Purge] = []
         self._drains: list[Reply] = []
@@ -92,7 +117,7 @@ class PurgeCoordinator(Rematerializer):
         shard's as of its bound, so one shard's purges commit in the order they were
         taken. Purges of other shards go ahead."""
         while self._pending is None and self._waiting:
-            remat = self._remat["cohort"] if self._remat is not None else None
+            remat = self._remat.cohort if self._remat is not None else None
             blocked: set[int] = set()
             for i, p in enumerate(self._waiting):
                 if p.mshard in blocked:
@@ -109,21 +134,21 @@ class PurgeCoordinator(Rematerializer):
     def _on_purge(self, msg: M.Purge) -> None:
         st = self.state
         pid = PurgeId(max(st.last_purge_id + 1, msg.now_ns << 64))
-        live_from = advance_watermark(
-            st.live_from[msg.mshard], st.drained[msg.mshard], msg.next_rseq, self._caps[msg.mshard]
+        watermark = advance_watermark(
+            st.watermarks[msg.mshard], st.drained[msg.mshard], msg.bound, self._caps[msg.mshard]
         )
-        self._pending = {"msg": msg, "pid": pid, "live_from": live_from}
+        self._pending = PendingPurge(msg, pid, watermark)
         li = ledger_shard_of(msg.cohort, self.ctx.config.ledger_shards)
         self.ctx.tell(
             (M.LEDGER, li),
-            M.PreparePurge(pid, msg.user, msg.cohort, live_from, msg.next_rseq, msg.marker),
+            M.PreparePurge(pid, msg.user, msg.cohort, watermark, msg.bound, msg.marker),
         )
 
     def _fail_pending(self, exc: BaseException) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
-            req: M.Purge = pending["msg"]
-            gone = M.PurgeAbandoned(req.marker, req.mshard, req.user, req.cohort, req.next_rseq)
+            req = pending.request
+            gone = M.PurgeAbandoned(req.marker, req.mshard, req.user, req.cohort, req.bound)
             for li in range(self.ctx.config.ledger_shards):
                 self.ctx.tell((M.LEDGER, li), gone)
             req.reply.set_exception(exc)
@@ -133,73 +158,78 @@ class PurgeCoordinator(Rematerializer):
 
     def _on_prepared(self, msg: M.PurgePrepared) -> None:
         p = self._pending
-        if p is None or p["pid"] != msg.purge_id:
+        if p is None or p.purge_id != msg.purge_id:
             return
         if msg.error is not None:
             err = ActorFailure(f"purge prepare failed: {msg.error!r}")
             err.__cause__ = msg.error
             self._fail_pending(err)
             return
-        req: M.Purge = p["msg"]
+        req = p.request
         prepared: Prepared = msg.prepared
         manifest = PurgeManifest(
-            p["pid"],
+            p.purge_id,
             req.user,
             req.cohort,
             req.now_ns,
             tuple(prepared.records),
             prepared.evicted,
         )
-        live_from = p["live_from"]
+        watermark = p.watermark
         old = self.state.drained[req.mshard]
-        old = old[int(np.searchsorted(old, live_from)) :]
+        old = old[int(np.searchsorted(old, watermark)) :]
         # the retracted records were live, so not drained yet: a sorted merge, O(n)
         new = np.sort(np.array(prepared.rseqs, dtype=np.int64))
         drained = np.insert(old, np.searchsorted(old, new), new)
         encoded = encode_manifest(manifest)
-        p.update(manifest=manifest, manifest_bytes=encoded, prepared=prepared, drained=drained)
+        pid = p.purge_id
+        status = PurgeStatus(pid, req.user, req.cohort, len(prepared.records), False, None, 0)
+        p.commit = PurgeCommit(manifest, encoded, prepared, drained, status)
         ops: list[tuple[str, bytes, bytes | None]] = [
-            manifest_op(req.user, p["pid"], encoded),
-            eviction_state_op(req.mshard, live_from, req.next_rseq),  # drained: from tombstones
+            manifest_op(req.user, pid, encoded),
+            eviction_state_op(req.mshard, watermark, req.bound),  # drained: from tombstones
         ]
         if prepared.records:
-            ops.append(tombstone_op(req.user, p["pid"], prepared.mshards, prepared.rseqs))
-        status = PurgeStatus(p["pid"], req.user, req.cohort, len(prepared.records), False, None, 0)
-        p["status"] = status
-        ops.append(status_op(status, req.next_rseq))
-        self.ctx.tell(M.PERSIST_ADDR, M.Write(ops, (self.address, p["pid"])))
+            ops.append(tombstone_op(req.user, pid, prepared.mshards, prepared.rseqs))
+        ops.append(status_op(status, req.bound))
+        self.ctx.tell(M.PERSIST_ADDR, M.Write(ops, (self.address, pid)))
 
     def _on_committed(self, msg: M.Committed) -> None:
-        if self._remat is not None and msg.token == self._remat["token"]:
+        if self._remat is not None and msg.token == self._remat.token:
             self._remat_committed(msg)
             return
         p = self._pending
-        if p is None or p["pid"] != msg.token:
+        if p is None or p.purge_id != msg.token:
             return
         if msg.error is not None:
             self._fail_pending(msg.error)
             return
-        req: M.Purge = p["msg"]
+        c = p.commit
+        assert c is not None  # the write is sent once the purge is prepared
+        req = p.request
         st = self.state
-        st.last_purge_id = int(p["pid"])
-        st.live_from[req.mshard] = p["live_from"]
-        st.drained[req.mshard] = p["drained"]
-        st.manifests.setdefault(req.user, []).append(p["manifest_bytes"])
-        st.statuses[int(p["pid"])] = (p["status"], req.next_rseq)
+        st.last_purge_id = int(p.purge_id)
+        st.watermarks[req.mshard] = p.watermark
+        st.drained[req.mshard] = c.drained
+        st.manifests.setdefault(req.user, []).append(c.manifest_bytes)
+        st.statuses[int(p.purge_id)] = (c.status, req.bound)
         self.purges += 1
         li = ledger_shard_of(req.cohort, self.ctx.config.ledger_shards)
         self.ctx.tell(
-            (M.LEDGER, li), M.ApplyPurge(int(p["pid"]), req.user, req.cohort, p["prepared"])
+            (M.LEDGER, li), M.ApplyPurge(int(p.purge_id), req.user, req.cohort, c.prepared)
         )
-        update = M.EvictionUpdate(req.mshard, p["live_from"], len(p["drained"]), req.marker)
+        update = M.EvictionUpdate(req.mshard, p.watermark, len(c.drained), req.marker)
         for i in range(self.ctx.config.ledger_shards):
             self.ctx.tell((M.LEDGER, i), update)
         self._pending = None
         self._ended(req)
-        req.reply.set_result((p["pid"], p["manifest"]))
+        req.reply.set_result((p.purge_id, c.manifest))
         self._schedule_remat(req.cohort)
         self._start_remat()  # one held back while this purge was in progress
         self._next_purge()
+
+    def _purging_cohort(self) -> str | None:
+        return self._pending.request.cohort if self._pending is not None else None
 
     def _ended(self, req: M.Purge) -> None:
         """``req`` committed or was abandoned: a restarting ledger hears of it, and
@@ -218,22 +248,22 @@ class PurgeCoordinator(Rematerializer):
         li = msg.ledger
         p = self._pending
         on_li = (
-            p is not None and ledger_shard_of(p["msg"].cohort, self.ctx.config.ledger_shards) == li
+            p is not None and ledger_shard_of(p.request.cohort, self.ctx.config.ledger_shards) == li
         )
-        if p is not None and "manifest" in p:
+        if p is not None and p.commit is not None:
             self._recoveries.append(msg)  # answered once the commit is in (`_ended`)
             return
         if on_li:  # its preparation may have died with the shard: nothing is committed
             self._fail_pending(ActorFailure(f"ledger[{li}] restarted during this purge"))
         r = self._remat  # a rebuild whose job died with the shard (no result yet)
         nl = self.ctx.config.ledger_shards
-        if r is not None and "updates" not in r and ledger_shard_of(r["cohort"], nl) == li:
+        if r is not None and r.updates is None and ledger_shard_of(r.cohort, nl) == li:
             self._remat_finished(
                 error=ActorFailure(f"ledger[{li}] restarted during this re-materialization")
             )
-        purges = [self._pending["msg"]] if self._pending is not None else []
+        purges = [self._pending.request] if self._pending is not None else []
         in_flight = tuple(
-            M.PurgeMarker(q.marker, q.mshard, q.user, q.cohort, q.next_rseq)
+            M.PurgeMarker(q.marker, q.mshard, q.user, q.cohort, q.bound)
             for q in purges + self._waiting
         )
         msg.reply.set_result(LedgerRecovery(in_flight, dict(self._ended_upto)))
@@ -242,9 +272,9 @@ class PurgeCoordinator(Rematerializer):
         """A failure while a purge or a re-materialization waits on this message ends
         it with the error, so its caller is answered and later purges proceed."""
         token = getattr(message, "purge_id", None) or getattr(message, "token", None)
-        if self._remat is not None and token == self._remat["token"]:
+        if self._remat is not None and token == self._remat.token:
             self._remat_finished(error=err)
-        elif self._pending is not None and token == self._pending["pid"]:
+        elif self._pending is not None and token == self._pending.purge_id:
             self._fail_pending(err)
 
     def _on_drain(self, msg: M.Drain) -> None:

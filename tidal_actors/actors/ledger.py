@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidal_actors._errors import UnknownCohort
 from tidal_actors.actors import messages as M
@@ -13,6 +13,9 @@ from tidal_actors.actors.recovery import LedgerRecovery
 from tidal_actors.core.contrib_log import EMPTY
 from tidal_actors.core.states import LedgerState
 from tidal_actors.storage.format import batch_op, ledger_shard_of, membership_capacity
+
+if TYPE_CHECKING:
+    from tidal_actors.storage.rematerialize import RematJob
 
 
 class LedgerShard(Behaviour):
@@ -44,20 +47,20 @@ class LedgerShard(Behaviour):
             (M.PurgeAbandoned, self._on_abandoned),
         ):
             self.on(kind, fn)
-        self._markers: set[Any] = set()
-        self._parked: dict[Any, M.PreparePurge] = {}
+        self._markers: set[M.Marker] = set()
+        self._parked: dict[M.Marker, M.PreparePurge] = {}
         # purges in flight by membership shard, marker -> bound (their marker came,
         # their eviction update or abandonment not yet); those whose end came first
-        self._in_flight: dict[int, dict[Any, int]] = {}
-        self._ended_early: set[Any] = set()
-        self._jobs: dict[Any, Any] = {}
+        self._in_flight: dict[int, dict[M.Marker, int]] = {}
+        self._ended_early: set[M.Marker] = set()
+        self._jobs: dict[M.RematToken, RematJob] = {}
         # barrier id -> (barrier, parts received, losses they reported)
         self._barrier_parts: dict[int, tuple[M.Barrier, int, tuple[BaseException, ...]]] = {}
         # purges prepared by this incarnation, not applied yet (`_on_apply`)
         self._prepared: set[int] = set()
         # set by `restarted`: markers already registered, and per membership shard
         # the marker number of its newest purge ended before the restart
-        self._restored: set[Any] = set()
+        self._restored: set[M.Marker] = set()
         self._ended_upto: dict[int, int] = {}
 
     COUNTERS = ("records_in", "retracted", "purges_applied", "history_batches", "handler_errors")
@@ -107,7 +110,7 @@ class LedgerShard(Behaviour):
             parts += [M.BarrierPart(b, lost)] + [M.BarrierPart(b)] * (n - 1)
         return [*self._parked.values(), *parts]
 
-    def _ended_before(self, marker: Any) -> bool:
+    def _ended_before(self, marker: M.Marker) -> bool:
         """Whether ``marker``'s purge ended before this incarnation started."""
         upto = self._ended_upto.get(marker[0])
         return upto is not None and marker[1] <= upto
@@ -131,9 +134,9 @@ class LedgerShard(Behaviour):
                 rows.start,
             )
         seen = st.rseq_seen
-        top = int(rs[-1])  # rseqs increase within a message
-        if top >= seen.get(m, -1):
-            seen[m] = top
+        last = int(rs[-1])  # rseqs increase within a message
+        if last >= seen.get(m, -1):
+            seen[m] = last
         st.raise_floors(self._caps, self._in_flight)
         self._settle()
 
@@ -236,7 +239,7 @@ class LedgerShard(Behaviour):
                 return
             self._markers.discard(msg.marker)
         try:
-            prepared = self.state.log.prepare(msg.user, msg.cohort, msg.live_from, msg.bound)
+            prepared = self.state.log.prepare(msg.user, msg.cohort, msg.watermark, msg.bound)
             self._prepared.add(msg.purge_id)
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, prepared))
         except Exception as exc:
@@ -247,7 +250,7 @@ class LedgerShard(Behaviour):
         """Whether ``cohort``'s aggregates and log live on this ledger shard."""
         return ledger_shard_of(cohort, self.ctx.config.ledger_shards) == self.index
 
-    def _end_purge(self, mshard: int, marker: Any) -> None:
+    def _end_purge(self, mshard: int, marker: M.Marker) -> None:
         """The purge of ``marker`` committed or failed: trimming ``mshard`` may resume."""
         open_ = self._in_flight.get(mshard)
         if open_ is not None and marker in open_:
@@ -290,7 +293,7 @@ class LedgerShard(Behaviour):
         if msg.token in self._jobs and not self._advance(msg.token):
             self.ctx.tell(self.address, M.RematStep(msg.token))  # let other messages in
 
-    def _advance(self, token: Any) -> bool:
+    def _advance(self, token: M.RematToken) -> bool:
         """One chunk of a running re-materialization; True once it has finished.
 
         Called from its own step messages and after each attribution batch, so a
@@ -329,8 +332,8 @@ class LedgerShard(Behaviour):
         return True
 
     def _on_eviction(self, msg: M.EvictionUpdate) -> None:
-        self.state.live_from[msg.mshard] = (msg.live_from, msg.drained_pending)
-        self.state.log.set_floor(msg.mshard, msg.live_from)
+        self.state.watermarks[msg.mshard] = (msg.watermark, msg.drained)
+        self.state.log.set_floor(msg.mshard, msg.watermark)
         if msg.marker is not None:
             self._end_purge(msg.mshard, msg.marker)
         self._settle()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from itertools import repeat
+from typing import cast
 
 import numpy as np
 
@@ -266,7 +267,8 @@ class MembershipShard(ControlWrites):
             status, left_at = self.state.status.get(u, (MembershipStatus.Active, None))
             msg.reply.set_result(CommunityMembership(u, status, left_at))
         elif msg.kind == "history":
-            msg.reply.set_result([LeaveEpoch(a, b) for a, b in self.state.history.get(u, [])])  # type: ignore[arg-type]
+            epochs = self.state.history.get(u, [])  # [left_at, rejoined_at | None] each
+            msg.reply.set_result([LeaveEpoch(cast(int, a), b) for a, b in epochs])
         elif msg.kind == "cohorts":
             msg.reply.set_result(frozenset(self.state.cohorts.get(u, ())))
         elif msg.kind == "stats":

@@ -22,6 +22,11 @@ MEMBERSHIP, LEDGER, COORDINATOR, PERSISTENCE = "membership", "ledger", "coordina
 COORD_ADDR: Address = (COORDINATOR, 0)
 PERSIST_ADDR: Address = (PERSISTENCE, 0)
 
+# a purge's marker: (membership shard, a number from its token counter, increasing)
+Marker = tuple[int, int]
+# a re-materialization's token: ("remat", sequence number at the coordinator)
+RematToken = tuple[str, int]
+
 # one signal on the wire: (user, entity, signal_type, weight_f32, ts_ns, context msgpack bytes|None)
 SignalTuple = tuple[int, int, int, float, int, Any]
 
@@ -78,15 +83,15 @@ class PurgeRequest:
 
 @dataclass(frozen=True, slots=True)
 class Purge:
-    """Membership -> coordinator: ``next_rseq`` is the shard's record count then."""
+    """Membership -> coordinator: ``bound`` is the shard's record count then."""
 
     user: int
     cohort: str
     mshard: int
-    next_rseq: int
+    bound: int
     now_ns: int
     reply: Reply
-    marker: Any = None
+    marker: Marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,9 +162,9 @@ class PreparePurge:
     purge_id: int
     user: int
     cohort: str
-    live_from: int
+    watermark: int
     bound: int
-    marker: Any = None
+    marker: Marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,9 +188,9 @@ class EvictionUpdate:
     after the purge of ``marker`` committed."""
 
     mshard: int
-    live_from: int
-    drained_pending: int
-    marker: Any = None
+    watermark: int
+    drained: int
+    marker: Marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,19 +288,19 @@ class RematStart:
 
     cohort: str
     covered: dict[int, int]
-    token: Any
+    token: RematToken
 
 
 @dataclass(frozen=True, slots=True)
 class RematStep:
     """Ledger -> itself: fold the next chunk of a running re-materialization."""
 
-    token: Any
+    token: RematToken
 
 
 @dataclass(frozen=True, slots=True)
 class RematDone:
-    token: Any
+    token: RematToken
     cohort: str
     read: int = 0
     excluded: int = 0
@@ -354,7 +359,7 @@ class PurgeAbandoned:
     waiting for its eviction update; the cohort's ledger drops its hold
     (`ContributionLog.release`)."""
 
-    marker: tuple[int, int]
+    marker: Marker
     mshard: int
     user: int
     cohort: str
@@ -374,7 +379,7 @@ class PurgeMarker:
     purge's eviction update (or `PurgeAbandoned`) comes the ledger trims that shard's
     records only as far as the watermark when the purge was taken (at ``bound``)."""
 
-    marker: tuple[int, int]
+    marker: Marker
     mshard: int
     user: int
     cohort: str

@@ -11,7 +11,7 @@ later purges of its membership shard (`PurgeCoordinator._next_purge`).
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
 
 from tidal_actors._errors import UnknownCohort
 from tidal_actors._types import PurgeStatus, RematerializationReport
@@ -21,17 +21,34 @@ from tidal_actors.actors.reply import Reply
 from tidal_actors.core.states import CoordinatorState
 from tidal_actors.storage.format import ledger_shard_of, status_op
 
-__all__ = ["Rematerializer"]
+__all__ = ["RematInFlight", "Rematerializer"]
+
+
+@dataclass(slots=True)
+class RematInFlight:
+    """The re-materialization in progress: its cohort, the token its messages carry,
+    the purges it covers (``covered``: user -> highest bound, `CoordinatorState.covered`;
+    ``upto``: the last purge id committed when it started) and, once the rebuild is
+    done, what it commits: the purges' new statuses with their bounds (``updates``;
+    None until then), the report, and the error its waiters get (an
+    `UnknownCohort` ends its purges all the same)."""
+
+    cohort: str
+    token: M.RematToken
+    covered: dict[int, int]
+    upto: int
+    updates: list[tuple[PurgeStatus, int]] | None = None
+    report: RematerializationReport | None = None
+    waiter_error: BaseException | None = None
 
 
 class Rematerializer(Behaviour):
     """The re-materialization half of `PurgeCoordinator` (its base class)."""
 
     state: CoordinatorState
-    _pending: dict[str, Any] | None
 
     def _init_remat(self) -> None:
-        self._remat: dict[str, Any] | None = None
+        self._remat: RematInFlight | None = None
         self._remat_queue: list[str] = []
         self._remat_waiters: dict[str, list[Reply]] = {}
         self._remat_due: dict[str, float] = {}
@@ -46,6 +63,10 @@ class Rematerializer(Behaviour):
 
     def _next_purge(self) -> None:
         """Start the next waiting purge (`PurgeCoordinator._next_purge`)."""
+        raise NotImplementedError
+
+    def _purging_cohort(self) -> str | None:
+        """The cohort of the purge in progress, if any (`PurgeCoordinator`)."""
         raise NotImplementedError
 
     def _schedule_remat(self, cohort: str) -> None:
@@ -79,7 +100,7 @@ class Rematerializer(Behaviour):
         self._remat_due.pop(cohort, None)
         if waiter is not None:
             self._remat_waiters.setdefault(cohort, []).append(waiter)
-        running = self._remat is not None and self._remat["cohort"] == cohort
+        running = self._remat is not None and self._remat.cohort == cohort
         if not running and cohort not in self._remat_queue:
             self._remat_queue.append(cohort)
         self._start_remat()
@@ -90,7 +111,7 @@ class Rematerializer(Behaviour):
         it is started again when that purge ends)."""
         if self._remat is not None or not self._remat_queue:
             return
-        busy = self._pending["msg"].cohort if self._pending is not None else None
+        busy = self._purging_cohort()
         ready = [c for c in self._remat_queue if c != busy]
         if not ready:
             return
@@ -100,14 +121,10 @@ class Rematerializer(Behaviour):
         token = ("remat", self._remat_seq)
         # the purges it covers: every one committed so far (later ones of this cohort
         # wait, deferred, until it ends)
-        self._remat = {
-            "cohort": cohort,
-            "token": token,
-            "covered": self.state.covered(cohort),
-            "upto": self.state.last_purge_id,
-        }
+        covered = self.state.covered(cohort)
+        self._remat = RematInFlight(cohort, token, covered, self.state.last_purge_id)
         li = ledger_shard_of(cohort, self.ctx.config.ledger_shards)
-        self.ctx.tell((M.LEDGER, li), M.RematStart(cohort, self._remat["covered"], token))
+        self.ctx.tell((M.LEDGER, li), M.RematStart(cohort, covered, token))
 
     def _on_rematerialize(self, msg: M.Rematerialize) -> None:
         self._queue_remat(msg.cohort, msg.reply)
@@ -119,19 +136,19 @@ class Rematerializer(Behaviour):
 
     def _on_remat_done(self, msg: M.RematDone) -> None:
         r = self._remat
-        if r is None or r["token"] != msg.token:
+        if r is None or r.token != msg.token:
             return
-        cohort = r["cohort"]
+        cohort = r.cohort
         if msg.error is not None and not isinstance(msg.error, UnknownCohort):
             self._remat_finished(error=msg.error)
             return
         # an unknown cohort has nothing to rebuild: its purges are done all the same
-        r["waiter_error"] = msg.error
+        r.waiter_error = msg.error
         now = self.ctx.clock.now_ns()
         per_user = dict(msg.per_user or {})
         updates: list[tuple[PurgeStatus, int]] = []
         for pid, (status, bound) in sorted(self.state.statuses.items(), reverse=True):
-            if status.cohort != cohort or status.rematerialized or pid > r["upto"]:
+            if status.cohort != cohort or status.rematerialized or pid > r.upto:
                 continue
             extra = per_user.pop(status.user_id, 0)  # counted on the pair's latest purge
             updates.append(
@@ -148,10 +165,8 @@ class Rematerializer(Behaviour):
                     bound,
                 )
             )
-        r["updates"] = updates
-        r["report"] = RematerializationReport(
-            cohort, msg.read, msg.excluded, msg.seconds, msg.matched
-        )
+        r.updates = updates
+        r.report = RematerializationReport(cohort, msg.read, msg.excluded, msg.seconds, msg.matched)
         ops: list[tuple[str, bytes, bytes | None]] = [status_op(s, b) for s, b in updates]
         # erase only what the purges this rebuild completes cover: an earlier purge's
         # records went in the same transaction that marked it re-materialized (the
@@ -167,14 +182,17 @@ class Rematerializer(Behaviour):
         if msg.error is not None:
             self._remat_finished(error=msg.error)
             return
-        for status, bound in r["updates"]:
+        assert r.updates is not None  # the history's erasure is sent once they are known
+        for status, bound in r.updates:
             self.state.statuses[int(status.purge_id)] = (status, bound)
-        self._remat_finished(report=r["report"], error=r["waiter_error"])
+        self._remat_finished(report=r.report, error=r.waiter_error)
 
-    def _remat_finished(self, report: Any = None, error: BaseException | None = None) -> None:
+    def _remat_finished(
+        self, report: RematerializationReport | None = None, error: BaseException | None = None
+    ) -> None:
         r, self._remat = self._remat, None
         assert r is not None
-        for w in self._remat_waiters.pop(r["cohort"], []):
+        for w in self._remat_waiters.pop(r.cohort, []):
             if error is None:
                 w.set_result(report)
             else:

@@ -93,33 +93,35 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
 
 Glossary of eviction terms
 ==========================
-One name per concept; the current names that mean each are listed (``rseq``: a
-record's sequence number in its membership shard, from 0).
+One name per concept (``rseq``: a record's sequence number in its membership shard,
+from 0); a collection of one value per membership shard takes the plural.
 
 *record count* (``next_rseq``)
     The number of records a membership shard has sent so far, i.e. the rseq its next
-    record gets. Current names: ``next_rseq`` (`MembershipState.next_rseq`,
-    `Purge.next_rseq`, `advance_watermark`), ``bound`` (a purge's: the record count
-    when it was taken; `Prepared.bound`, `PurgeMarker.bound`,
-    `ContributionLog.prepare`),
-    ``top`` (in `LedgerState.raise_floors`: the highest rseq the ledger has seen, a
-    record count minus one). Inside core the name is ``next_rseq``.
+    record gets (`MembershipState.next_rseq`, `advance_watermark`). A ledger knows
+    a lower bound of it: one past the highest rseq it has received
+    (`LedgerState.rseq_seen`, `LedgerState.raise_floors`).
 
-*watermark* (``E``)
+*bound*
+    A purge's bound: its membership shard's record count when the purge was taken.
+    The purge covers the pair's records below it (`Purge.bound`, `PurgeMarker.bound`,
+    `PreparePurge.bound`, `Prepared.bound`, `ContributionLog.prepare`); a purge
+    status is stored with it (`CoordinatorState.statuses`).
+
+*watermark*
     Per membership shard, the rseq below which the contribution log has evicted:
-    a record is live while ``rseq >= watermark``. Current names: ``live_from``
-    (`CoordinatorState.live_from`, `LedgerState.live_from`, `Prepared.live_from`,
-    `PreparePurge.live_from`, `EvictionUpdate.live_from`, the argument of
-    `ContributionLog.prepare`), ``E`` (in formulas). Inside core the name is
-    ``watermark`` (`advance_watermark`).
+    a record is live while ``rseq >= watermark`` (`advance_watermark`,
+    `CoordinatorState.watermarks`, `LedgerState.watermarks`, `Prepared.watermark`,
+    `PreparePurge.watermark`, `EvictionUpdate.watermark`, the argument of
+    `ContributionLog.prepare`).
 
 *floor*
     A ledger's lower bound of a membership shard's watermark: every record below it
-    is surely evicted, so the log may trim it before the next purge says so. Current
-    names: ``floor`` (`ContributionLog.floor`, `ContributionLog.set_floor`,
-    `LedgerState.raise_floors`).
+    is surely evicted, so the log may trim it before the next purge says so
+    (`ContributionLog.floor`, `ContributionLog.set_floor`, `LedgerState.raise_floors`).
 
 *drained*
     Records at or above the watermark that a purge retracted: they leave the FIFO
-    and free their place (`CoordinatorState.drained`, `EvictionUpdate.drained_pending`).
+    and free their place (`CoordinatorState.drained`, their rseqs;
+    `EvictionUpdate.drained`, their count).
 """

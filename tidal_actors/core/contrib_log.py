@@ -62,7 +62,7 @@ class Prepared(NamedTuple):
     rows: list[int]
     records: list[ContributionRecord]
     evicted: int
-    live_from: int
+    watermark: int
     mshards: list[int]
     rseqs: list[int]
     bound: int = 0
@@ -212,10 +212,10 @@ class ContributionLog(PairIndex):
             del lst[8 : k * 8]
             I64.pack_into(lst, 0, trimmed)
 
-    def prepare(self, user: int, cohort: str, live_from: int, bound: int) -> Prepared:
+    def prepare(self, user: int, cohort: str, watermark: int, bound: int) -> Prepared:
         """What purging (user, cohort) retracts, without changing anything.
 
-        ``live_from`` is the eviction watermark E of the user's membership shard:
+        ``watermark`` is the eviction watermark of the user's membership shard:
         records with a lower rseq count as evicted. ``bound`` is that shard's record
         count when the purge was taken: records from then on were submitted after
         the purge and are left alone.
@@ -223,7 +223,7 @@ class ContributionLog(PairIndex):
         lst = self.index.get((user, cohort))
         held = self.held_rows.get((user, cohort))
         if lst is None and held is None:
-            return EMPTY._replace(live_from=live_from, bound=bound)
+            return EMPTY._replace(watermark=watermark, bound=bound)
         items = (
             np.frombuffer(bytes(lst), dtype=np.int64)
             if lst is not None
@@ -245,7 +245,7 @@ class ContributionLog(PairIndex):
         alive = k != DEAD
         pos, rows, rel, k = pos[alive], rows[alive], rel[alive], k[alive]
         rseq = agg.view("row_rseq")[rel]
-        old = rseq < live_from
+        old = rseq < watermark
         evicted += int(np.count_nonzero(old))
         take = ~old & (rseq < bound)
         pos, rows, rel, k = pos[take], rows[take], rel[take], k[take]
@@ -267,7 +267,7 @@ class ContributionLog(PairIndex):
             rows.tolist(),
             records,
             evicted,
-            live_from,
+            watermark,
             agg.view("row_mshard")[rel].tolist(),
             rseq[take].tolist(),
             bound,
@@ -301,7 +301,7 @@ class ContributionLog(PairIndex):
         else:  # trimmed records after this purge's bound: evicted, not reported yet
             carried = self._fold_held(pair, prepared.bound)
         if pair in self.index:
-            self._keep_live(user, cohort, prepared.live_from, carried)
+            self._keep_live(user, cohort, prepared.watermark, carried)
 
     def _keep_live(self, user: int, cohort: str, watermark: int, carried: int) -> None:
         lst = self.index.get((user, cohort))

@@ -67,8 +67,10 @@ class LedgerState:
         )
         self.log = ContributionLog(self.aggregates)
         self.batch_seq = 0
+        # membership shard -> the highest rseq received from it
         self.rseq_seen: dict[int, int] = {}
-        self.live_from: dict[int, tuple[int, int]] = {}
+        # membership shard -> (watermark, drained count), from its last eviction update
+        self.watermarks: dict[int, tuple[int, int]] = {}
         # the durable history, read back by re-materialization and by reads inside
         # settled buckets (None: an ephemeral database, or not wired yet)
         self.history: HistorySource | None = None
@@ -85,15 +87,16 @@ class LedgerState:
             in_flight: membership shard -> {marker: bound} of purges in flight.
         """
         log = self.log
-        for m, top in self.rseq_seen.items():
+        for m, seen in self.rseq_seen.items():
+            next_rseq = seen + 1  # the record count this ledger knows of
             open_ = in_flight.get(m)
             if open_:
                 # a purge in flight drains records, room no ledger can count yet: trim
                 # only what was evicted when the first of them was taken (the
                 # watermark never goes back; the purges before it have committed)
-                top = min(top, min(open_.values()) - 1)
-            live_from, drained = self.live_from.get(m, (0, 0))
-            floor = max(live_from, top + 1 - caps[m] - drained)
+                next_rseq = min(next_rseq, min(open_.values()))
+            watermark, drained = self.watermarks.get(m, (0, 0))
+            floor = max(watermark, next_rseq - caps[m] - drained)
             if floor > log.floor.get(m, 0):
                 log.set_floor(m, floor)
 
@@ -140,7 +143,8 @@ class CoordinatorState:
     """Restorable state of the purge coordinator."""
 
     def __init__(self, membership_shards: int) -> None:
-        self.live_from = [0] * membership_shards
+        # per membership shard: its eviction watermark
+        self.watermarks = [0] * membership_shards
         # per membership shard: rseqs drained by purges at or above its watermark
         # (sorted int64 arrays; rebuilt at restore from the purges' tombstones)
         self.drained: list[np.ndarray] = [

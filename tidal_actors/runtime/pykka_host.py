@@ -22,11 +22,10 @@ room again.
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, cast
 
 import pykka
 from pykka._envelope import Envelope  # what ActorRef.tell puts; offer/force bypass tell
@@ -38,182 +37,42 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.reply import Reply
+from tidal_actors.runtime.mailbox import Mailbox, units
 from tidal_actors.runtime.supervision import Supervisor
 
 __all__ = ["PykkaHost"]
 
-_BOUNDED = (M.SignalBatch, M.Attribute)
+
+def _mailbox(ref: pykka.ActorRef[pykka.ThreadingActor]) -> Mailbox:
+    """The mailbox of an actor `_actor_class` made (its `_create_actor_inbox`)."""
+    return cast(Mailbox, ref.actor_inbox)
 
 
-def units(msg: object) -> int:
-    """The work a load message carries (0: not load): signals, records, or one write."""
-    kind = type(msg)
-    if kind is M.SignalBatch:
-        return len(msg.signals)  # type: ignore[attr-defined]
-    if kind is M.Attribute:
-        return len(msg.rseqs)  # type: ignore[attr-defined]
-    if kind is M.Write and msg.reply is None:  # type: ignore[attr-defined]
-        return 1
-    return 0
+class _Hosted(Protocol):
+    """What the host reads of an actor `_actor_class` made."""
 
+    behaviour: Behaviour
+    thread: threading.Thread | None
 
-class _Mailbox(queue.Queue):  # type: ignore[type-arg]
-    """Unbounded queue that holds back load-carrying messages past a capacity."""
-
-    def __init__(self, capacity: int, budget_s: float | None = None) -> None:
-        super().__init__()
-        self._cap = capacity
-        self._budget_s = budget_s
-        self._units = 0  # the load queued, in units (`units`)
-        self._reserved = 0  # room promised to producers about to put (`reserve`)
-        self.unit_s = 0.0  # the actor's seconds per unit (moving average; 0: not measured)
-        self.stopped: threading.Event | None = None  # the owning actor's, set once it runs
-        # messages the behaviour has taken out but holds aside (`Behaviour.held`): they
-        # count against the capacity, so holding them back does not let producers run on
-        self.held: Callable[[], int] = lambda: 0
-        self.held_units: Callable[[], int] = lambda: 0
-        self._room_waiters: list[Callable[[], None]] = []
-
-    def _full(self) -> bool:  # under self.mutex
-        if self._qsize() + self.held() + self._reserved >= self._cap:
-            return True
-        if self._budget_s is None:
-            return False
-        load = self._units + self.held_units()
-        return load > 0 and load * self.unit_s >= self._budget_s
-
-    def _put(self, item: Any) -> None:
-        super()._put(item)
-        self._units += units(getattr(item, "message", None))
-
-    def _get(self) -> Any:
-        item = super()._get()
-        self._units -= units(getattr(item, "message", None))
-        return item
-
-    def handled(self, n: int, seconds: float) -> None:
-        """The actor took ``seconds`` over a message of ``n`` units (n > 0)."""
-        per = seconds / n
-        self.unit_s = per if self.unit_s == 0.0 else 0.8 * self.unit_s + 0.2 * per
-
-    def room_made(self) -> None:
-        """Wake producers waiting for room (the behaviour released what it held)."""
-        with self.not_full:
-            self.not_full.notify_all()
-        self._call_room_waiters()
-
-    def _call_room_waiters(self) -> None:
-        if not self._room_waiters:
-            return
-        stopped = self.stopped
-        with self.mutex:
-            if self._full() and not (stopped is not None and stopped.is_set()):
-                return
-            waiters, self._room_waiters = self._room_waiters, []
-        for fn in waiters:
-            with contextlib.suppress(Exception):  # a waiter gone must not hurt the actor
-                fn()
-
-    def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        item = super().get(block, timeout)
-        if self._room_waiters:
-            self._call_room_waiters()
-        return item
-
-    def has_room(self) -> bool:
-        with self.mutex:
-            return not self._full()
-
-    def when_room(self, fn: Callable[[], None]) -> bool:
-        """True if there is room now; else ``fn`` is called (once, from the actor's
-        thread, or at stop) when there is, and False is returned."""
-        with self.mutex:
-            if not self._full():
-                return True
-            self._room_waiters.append(fn)
-        stopped = self.stopped
-        if stopped is not None and stopped.is_set():
-            self._call_room_waiters()
-        return False
-
-    def reserve(self) -> None:
-        """Wait for room, then hold it for a `put_reserved` (or give it back with
-        `release`): a producer waits here before it takes a lock of its own, so it
-        never waits for room while holding one.
-
-        Raises:
-            DatabaseClosed: the actor stopped meanwhile.
-        """
-        with self.not_full:
-            self._wait_for_room()
-            self._reserved += 1
-
-    def _wait_for_room(self) -> None:
-        """Wait (``not_full`` held) until there is room.
-
-        Raises:
-            DatabaseClosed: the actor stopped while the producer waited: what is put
-                now would be dropped unseen, so the producer hears about it.
-        """
-        stopped = self.stopped
-        while self._full() and not (stopped and stopped.is_set()):
-            self.not_full.wait(0.05)
-        if stopped is not None and stopped.is_set():
-            raise DatabaseClosed("the actor stopped before taking this message")
-
-    def release(self) -> None:
-        """Give back a reservation that was not used."""
-        with self.not_full:
-            self._reserved -= 1
-            self.not_full.notify()
-        self._call_room_waiters()
-
-    def put_reserved(self, item: Any) -> None:
-        """Put ``item`` in the room `reserve` held for it (never waits)."""
-        with self.not_full:
-            self._reserved -= 1
-            self._put(item)
-            self.unfinished_tasks += 1
-            self.not_empty.notify()
-
-    def offer(self, item: Any) -> bool:
-        """Put ``item`` if there is room (never waits); False if there was none."""
-        with self.not_full:
-            if self._full():
-                return False
-            self._put(item)
-            self.unfinished_tasks += 1
-            self.not_empty.notify()
-        return True
-
-    def force(self, item: Any) -> None:
-        """Put ``item`` past the capacity (never waits)."""
-        super().put(item)
-
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        msg = getattr(item, "message", None)
-        if type(msg) in _BOUNDED or (type(msg) is M.Write and msg.reply is None):
-            with self.not_full:
-                self._wait_for_room()
-                self._put(item)
-                self.unfinished_tasks += 1
-                self.not_empty.notify()
-            return
-        super().put(item, block, timeout)
+    def host(self, behaviour: Behaviour) -> None: ...
 
 
 def _actor_class(
-    capacity: int, budget_s: float | None, started: list[Any], supervise: Callable[[Any], None]
+    capacity: int,
+    budget_s: float | None,
+    started: list[_Hosted],
+    supervise: Callable[[_Hosted], None],
 ) -> type[pykka.ThreadingActor]:
     class _Actor(pykka.ThreadingActor):
         use_daemon_thread = True
 
         def __init__(self, behaviour: Behaviour) -> None:
             super().__init__()
-            self.actor_inbox.stopped = self.actor_stopped  # type: ignore[attr-defined]
+            self.mailbox = cast(Mailbox, self.actor_inbox)  # `_create_actor_inbox`'s
+            self.mailbox.stopped = self.actor_stopped
             self.host(behaviour)
             if not behaviour.time_bounded:
-                self.actor_inbox._budget_s = None  # type: ignore[attr-defined]
+                self.mailbox._budget_s = None
             self.thread: threading.Thread | None = None
             self.load_units = self.load_msgs = 0
             self.load_s = 0.0
@@ -222,9 +81,10 @@ def _actor_class(
         def host(self, behaviour: Behaviour) -> None:
             """Run ``behaviour`` from now on (at the start, and after a restart)."""
             self.behaviour = behaviour
-            inbox: Any = self.actor_inbox
+            inbox = self.mailbox
             inbox.held = behaviour.held
             inbox.held_units = behaviour.held_units
+            # the behaviour's hook (a no-op method) becomes its mailbox's wake-up
             behaviour.room_made = inbox.room_made  # type: ignore[method-assign]
 
         def _start_actor_loop(self) -> None:
@@ -236,8 +96,8 @@ def _actor_class(
             self.thread.start()
 
         @staticmethod
-        def _create_actor_inbox() -> Any:
-            return _Mailbox(capacity, budget_s)
+        def _create_actor_inbox() -> Mailbox:
+            return Mailbox(capacity, budget_s)
 
         def on_receive(self, message: Any) -> None:
             # time the load: handling it, and the idle work it causes (persistence
@@ -268,7 +128,7 @@ def _actor_class(
                 self._sample()
 
         def _sample(self) -> None:
-            self.actor_inbox.handled(self.load_units, self.load_s)  # type: ignore[attr-defined]
+            self.mailbox.handled(self.load_units, self.load_s)
             self.load_units = self.load_msgs = 0
             self.load_s = 0.0
 
@@ -294,9 +154,9 @@ class PykkaHost:
     def __init__(self, config: Config, clock: Clock, durable: bool) -> None:
         self.config = config
         self.ctx = HostContext(config, clock, durable, self.tell)
-        self._refs: dict[M.Address, pykka.ActorRef[Any]] = {}
+        self._refs: dict[M.Address, pykka.ActorRef[pykka.ThreadingActor]] = {}
         self.behaviours: dict[M.Address, Behaviour] = {}
-        self._actors: list[Any] = []
+        self._actors: list[_Hosted] = []
         budget = config.inflight_budget_ms
         self._actor_cls = _actor_class(
             config.mailbox_capacity,
@@ -317,9 +177,9 @@ class PykkaHost:
                 self.supervisor = Supervisor(self.config, self.ctx, b.store)
             self._refs[b.address] = self._actor_cls.start(b)
 
-    def _supervise(self, actor: Any) -> None:
+    def _supervise(self, actor: _Hosted) -> None:
         """``actor``'s behaviour failed: restart or resume it (`Supervisor.failed`)."""
-        old: Behaviour = actor.behaviour
+        old = actor.behaviour
         if self.supervisor is None:
             old.fault = None
             old.resume()
@@ -341,11 +201,11 @@ class PykkaHost:
         except pykka.ActorDeadError:
             raise DatabaseClosed(f"actor {address} has stopped") from None
 
-    def _inbox(self, address: M.Address) -> _Mailbox:
+    def _inbox(self, address: M.Address) -> Mailbox:
         ref = self._refs.get(address)
         if ref is None or not ref.is_alive():
             raise DatabaseClosed(f"no actor at {address}")
-        return ref.actor_inbox  # type: ignore[return-value]
+        return _mailbox(ref)
 
     def offer(self, address: M.Address, message: object) -> bool:
         """Send ``message`` if the mailbox has room; False (nothing sent) if not."""
@@ -359,13 +219,13 @@ class PykkaHost:
         return self._inbox(address).has_room()
 
     def reserve(self, address: M.Address) -> None:
-        """Wait for room at ``address`` and hold it (see `_Mailbox.reserve`)."""
+        """Wait for room at ``address`` and hold it (see `Mailbox.reserve`)."""
         self._inbox(address).reserve()
 
     def release(self, address: M.Address) -> None:
         ref = self._refs.get(address)
         if ref is not None:
-            ref.actor_inbox.release()  # type: ignore[attr-defined]
+            _mailbox(ref).release()
 
     def put_reserved(self, address: M.Address, message: object) -> None:
         """Send ``message`` into the room reserved for it."""
@@ -374,7 +234,7 @@ class PykkaHost:
     def unit_s(self, address: M.Address) -> float:
         """The actor's measured seconds per unit of load (0.0 until measured)."""
         ref = self._refs.get(address)
-        return 0.0 if ref is None else float(ref.actor_inbox.unit_s)  # type: ignore[attr-defined]
+        return 0.0 if ref is None else _mailbox(ref).unit_s
 
     def when_room(self, address: M.Address, fn: Callable[[], None]) -> bool:
         """True if ``address`` has room now; else ``fn()`` runs once it has (from the
@@ -393,7 +253,7 @@ class PykkaHost:
                 if address[0] == kind:
                     with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
                         ref.stop(block=True, timeout=30)
-                    ref.actor_inbox._call_room_waiters()  # type: ignore[attr-defined]  # nobody waits on a stopped actor
+                    _mailbox(ref)._call_room_waiters()  # nobody waits on a stopped actor
         self._refs.clear()
         for actor in self._actors:
             if actor.thread is not None and actor.thread is not threading.current_thread():

@@ -86,9 +86,9 @@ def _build_states(
         if cohorts:
             mstates[membership_shard_of(user, nm)].cohorts[user] = cohorts
     coord = CoordinatorState(nm)
-    for m, (live_from, _listed, next_rseq) in restored.eviction.items():
+    for m, (watermark, _listed, next_rseq) in restored.eviction.items():
         if m < nm:
-            coord.live_from[m] = live_from
+            coord.watermarks[m] = watermark
             mstates[m].next_rseq = max(mstates[m].next_rseq, next_rseq)
     # the drained set of each shard: the purges' tombstones at or above its watermark
     # (older stores also listed it in the eviction state)
@@ -96,7 +96,7 @@ def _build_states(
         listed = restored.eviction.get(m, (0, [], 0))[1]
         drained_rs = {r for mm, r in restored.tombstones if mm == m} | set(listed)
         arr = np.array(sorted(drained_rs), dtype=np.int64)
-        coord.drained[m] = arr[arr >= coord.live_from[m]]
+        coord.drained[m] = arr[arr >= coord.watermarks[m]]
     for pid, (status, bound) in restored.statuses.items():
         coord.statuses[pid] = (status, bound)
     for user, manifests in restored.manifests.items():
@@ -109,16 +109,16 @@ def _build_states(
     if mark and mark.get("key") == snapshot_key(config):
         lstates = [_decode_snapshot(restored, i, config) for i in range(nl)]
         for ls in lstates:
-            for m, top in ls.rseq_seen.items():
+            for m, seen in ls.rseq_seen.items():
                 if m < nm:
-                    mstates[m].next_rseq = max(mstates[m].next_rseq, top + 1)
+                    mstates[m].next_rseq = max(mstates[m].next_rseq, seen + 1)
         return mstates, lstates, coord
     lstates = [LedgerState(config) for _ in range(nl)]
     _replay_history(restored, mstates, lstates, coord)
     for ls in lstates:
         for m in range(nm):
-            ls.live_from[m] = (coord.live_from[m], len(coord.drained[m]))
-            ls.log.set_floor(m, coord.live_from[m])
+            ls.watermarks[m] = (coord.watermarks[m], len(coord.drained[m]))
+            ls.log.set_floor(m, coord.watermarks[m])
     return mstates, lstates, coord
 
 
@@ -195,7 +195,7 @@ def _replay_history(
     for status, bound in restored.statuses.values():
         key = (status.user_id, status.cohort)
         reported[key] = max(reported.get(key, -1), bound)
-    watermarks = np.array(coord.live_from, dtype=np.int64)
+    watermarks = np.array(coord.watermarks, dtype=np.int64)
     shard_of_name = [ledger_shard_of(c, nl) for c in names]
     ledger_of = np.array(shard_of_name, dtype=np.int64)[ccol]
     # every cohort the history or a purge names is known to its shard (so that
@@ -237,11 +237,11 @@ def _replay_history(
         )
         seen = ls.rseq_seen
         for m in np.unique(ms).tolist():
-            top = int(rs[ms == m].max())
-            if top >= mstates[m].next_rseq:
-                mstates[m].next_rseq = top + 1
-            if top > seen.get(m, -1):
-                seen[m] = top
+            last = int(rs[ms == m].max())
+            if last >= mstates[m].next_rseq:
+                mstates[m].next_rseq = last + 1
+            if last > seen.get(m, -1):
+                seen[m] = last
 
 
 def snapshot_delete_ops(restored: Restored) -> list[tuple[str, bytes, bytes | None]]:

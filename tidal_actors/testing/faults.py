@@ -255,9 +255,9 @@ class FaultInjection:
         for msg in queued:
             if isinstance(msg, M.BarrierPart):
                 self._barriers_seen[msg.barrier.barrier_id] = msg.barrier
-            elif msg not in writes and isinstance(getattr(msg, "reply", None), Reply):
+            elif msg not in writes and isinstance(reply := getattr(msg, "reply", None), Reply):
                 self._fail(
-                    msg.reply,  # type: ignore[attr-defined]
+                    reply,
                     StorageError(f"persistence crashed before handling {type(msg).__name__}"),
                     report,
                 )

@@ -212,12 +212,11 @@ class DeterministicHost(FaultInjection):
 
     def _intercept(self, address: M.Address, msg: object) -> tuple[str, bool]:
         """Supervisor bookkeeping at a delivery: (note for the trace, drop it?)."""
-        kind = type(msg)
         if address == M.PERSIST_ADDR:
-            if kind is M.Write and self.schedule.take(msg):  # type: ignore[arg-type]
+            if type(msg) is M.Write and self.schedule.take(msg):
                 return " [injected: this write fails]", False
-            if kind is M.BarrierPart:
-                b = msg.barrier  # type: ignore[attr-defined]
+            if type(msg) is M.BarrierPart:
+                b = msg.barrier
                 if b.barrier_id in self._failed_barriers:
                     return " [dropped: its flush already failed in a persistence crash]", True
                 self._barriers_seen[b.barrier_id] = b

@@ -62,7 +62,7 @@ class Tag(enum.IntEnum):
     COHORT_ASSIGNMENT    0x13   users       user / empty / msgpack [cohort names]
     CONTRIBUTION_BATCH   0x14   history     ledger shard / batch seq 8B BE / sealed msgpack
     PURGE_TOMBSTONE      0x15   items       user / purge_id 16B BE / msgpack [[mshard, rseq]]
-    EVICTION_STATE       0x16   meta        membership shard / empty / msgpack [E, [], next]
+    EVICTION_STATE       0x16   meta        membership shard / empty / msgpack [watermark, [], next]
     PURGE_STATUS         0x17   items       user / purge_id 16B BE / msgpack status
     STORE_META           0x18   meta        0 / empty / msgpack {format, shards}
     SNAPSHOT_CHUNK       0x19   meta        ledger shard / chunk 4B BE / sealed msgpack

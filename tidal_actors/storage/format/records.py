@@ -194,19 +194,19 @@ def decode_status(raw: bytes) -> tuple[PurgeStatus, int]:
 # meta keyspace -------------------------------------------------------------------
 
 
-def eviction_state_op(mshard: int, live_from: int, next_rseq: int) -> Op:
+def eviction_state_op(mshard: int, watermark: int, next_rseq: int) -> Op:
     """The write of a membership shard's eviction state: msgpack ``[watermark, [],
     next rseq]`` (the drained rseqs are read back from the tombstones)."""
     key = encode_key(mshard, Tag.EVICTION_STATE)
-    return (Keyspace.META.value, key, _packb([live_from, [], next_rseq]))
+    return (Keyspace.META.value, key, _packb([watermark, [], next_rseq]))
 
 
 def decode_eviction_state(raw: bytes) -> tuple[int, list[int], int]:
     """``(watermark, drained rseqs, next rseq)``."""
-    live_from, drained, next_rseq = msgpack.unpackb(raw)
-    if not (_is_int(live_from) and _is_int(next_rseq) and all(map(_is_int, drained))):
+    watermark, drained, next_rseq = msgpack.unpackb(raw)
+    if not (_is_int(watermark) and _is_int(next_rseq) and all(map(_is_int, drained))):
         raise ValueError("not [watermark, [drained rseqs], next rseq]")
-    return live_from, list(drained), next_rseq
+    return watermark, list(drained), next_rseq
 
 
 def decode_map(raw: bytes) -> dict[Any, Any]:

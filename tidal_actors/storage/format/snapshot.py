@@ -33,7 +33,7 @@ class LedgerSnapshot(Protocol):
     aggregates: Aggregates
     batch_seq: int
     rseq_seen: dict[int, int]
-    live_from: dict[int, tuple[int, int]]
+    watermarks: dict[int, tuple[int, int]]
 
 
 S = TypeVar("S", bound=LedgerSnapshot)
@@ -65,7 +65,7 @@ def encode_ledger(ls: LedgerSnapshot) -> list[bytes]:
         "idata": bytes(index_data),
         "batch_seq": ls.batch_seq,
         "rseq_seen": ls.rseq_seen,
-        "live_from": {m: list(v) for m, v in ls.live_from.items()},
+        "live_from": {m: list(v) for m, v in ls.watermarks.items()},
     }
     return [cast(bytes, msgpack.packb(head)), cast(bytes, msgpack.packb(agg.dump()))]
 
@@ -95,7 +95,7 @@ def decode_ledger(chunks: Sequence[bytes | memoryview], ls: S) -> S:
         pos += size
     ls.batch_seq = head["batch_seq"]
     ls.rseq_seen = dict(head["rseq_seen"])
-    ls.live_from = {m: (v[0], v[1]) for m, v in head["live_from"].items()}
+    ls.watermarks = {m: (v[0], v[1]) for m, v in head["live_from"].items()}
     agg.load(msgpack.unpackb(chunks[1], strict_map_key=False))
     return ls
 

@@ -1,0 +1,182 @@
+"""The bounded mailbox of a pykka actor (`runtime.pykka_host`).
+
+FIFO and unbounded for control traffic; messages that carry load (signal batches,
+attributions, history writes; ``units`` counts their work) wait for room once it holds
+``Config.mailbox_capacity`` messages, or once the load it holds would take its actor
+more than ``Config.inflight_budget_ms`` to work through (queued units times the
+actor's measured seconds per unit, a moving average). ``offer``, ``force``,
+``reserve``/``put_reserved`` and ``when_room`` serve producers that must not wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from pykka._envelope import Envelope  # what ActorRef.tell puts; offer/force bypass tell
+
+from tidal_actors._errors import DatabaseClosed
+from tidal_actors.actors import messages as M
+
+__all__ = ["Mailbox", "units"]
+
+_BOUNDED = (M.SignalBatch, M.Attribute)
+
+
+def units(msg: object) -> int:
+    """The work a load message carries (0: not load): signals, records, or one write."""
+    if type(msg) is M.SignalBatch:
+        return len(msg.signals)
+    if type(msg) is M.Attribute:
+        return len(msg.rseqs)
+    if type(msg) is M.Write and msg.reply is None:
+        return 1
+    return 0
+
+
+class Mailbox(queue.Queue[Envelope[Any]]):
+    """Unbounded queue that holds back load-carrying messages past a capacity."""
+
+    def __init__(self, capacity: int, budget_s: float | None = None) -> None:
+        super().__init__()
+        self._cap = capacity
+        self._budget_s = budget_s
+        self._units = 0  # the load queued, in units (`units`)
+        self._reserved = 0  # room promised to producers about to put (`reserve`)
+        self.unit_s = 0.0  # the actor's seconds per unit (moving average; 0: not measured)
+        self.stopped: threading.Event | None = None  # the owning actor's, set once it runs
+        # messages the behaviour has taken out but holds aside (`Behaviour.held`): they
+        # count against the capacity, so holding them back does not let producers run on
+        self.held: Callable[[], int] = lambda: 0
+        self.held_units: Callable[[], int] = lambda: 0
+        self._room_waiters: list[Callable[[], None]] = []
+
+    def _full(self) -> bool:  # under self.mutex
+        if self._qsize() + self.held() + self._reserved >= self._cap:
+            return True
+        if self._budget_s is None:
+            return False
+        load = self._units + self.held_units()
+        return load > 0 and load * self.unit_s >= self._budget_s
+
+    def _put(self, item: Envelope[Any]) -> None:
+        super()._put(item)
+        self._units += units(item.message)
+
+    def _get(self) -> Envelope[Any]:
+        item = super()._get()
+        self._units -= units(item.message)
+        return item
+
+    def handled(self, n: int, seconds: float) -> None:
+        """The actor took ``seconds`` over a message of ``n`` units (n > 0)."""
+        per = seconds / n
+        self.unit_s = per if self.unit_s == 0.0 else 0.8 * self.unit_s + 0.2 * per
+
+    def room_made(self) -> None:
+        """Wake producers waiting for room (the behaviour released what it held)."""
+        with self.not_full:
+            self.not_full.notify_all()
+        self._call_room_waiters()
+
+    def _call_room_waiters(self) -> None:
+        if not self._room_waiters:
+            return
+        stopped = self.stopped
+        with self.mutex:
+            if self._full() and not (stopped is not None and stopped.is_set()):
+                return
+            waiters, self._room_waiters = self._room_waiters, []
+        for fn in waiters:
+            with contextlib.suppress(Exception):  # a waiter gone must not hurt the actor
+                fn()
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Envelope[Any]:
+        item = super().get(block, timeout)
+        if self._room_waiters:
+            self._call_room_waiters()
+        return item
+
+    def has_room(self) -> bool:
+        with self.mutex:
+            return not self._full()
+
+    def when_room(self, fn: Callable[[], None]) -> bool:
+        """True if there is room now; else ``fn`` is called (once, from the actor's
+        thread, or at stop) when there is, and False is returned."""
+        with self.mutex:
+            if not self._full():
+                return True
+            self._room_waiters.append(fn)
+        stopped = self.stopped
+        if stopped is not None and stopped.is_set():
+            self._call_room_waiters()
+        return False
+
+    def reserve(self) -> None:
+        """Wait for room, then hold it for a `put_reserved` (or give it back with
+        `release`): a producer waits here before it takes a lock of its own, so it
+        never waits for room while holding one.
+
+        Raises:
+            DatabaseClosed: the actor stopped meanwhile.
+        """
+        with self.not_full:
+            self._wait_for_room()
+            self._reserved += 1
+
+    def _wait_for_room(self) -> None:
+        """Wait (``not_full`` held) until there is room.
+
+        Raises:
+            DatabaseClosed: the actor stopped while the producer waited: what is put
+                now would be dropped unseen, so the producer hears about it.
+        """
+        stopped = self.stopped
+        while self._full() and not (stopped and stopped.is_set()):
+            self.not_full.wait(0.05)
+        if stopped is not None and stopped.is_set():
+            raise DatabaseClosed("the actor stopped before taking this message")
+
+    def release(self) -> None:
+        """Give back a reservation that was not used."""
+        with self.not_full:
+            self._reserved -= 1
+            self.not_full.notify()
+        self._call_room_waiters()
+
+    def put_reserved(self, item: Envelope[Any]) -> None:
+        """Put ``item`` in the room `reserve` held for it (never waits)."""
+        with self.not_full:
+            self._reserved -= 1
+            self._put(item)
+            self.unfinished_tasks += 1
+            self.not_empty.notify()
+
+    def offer(self, item: Envelope[Any]) -> bool:
+        """Put ``item`` if there is room (never waits); False if there was none."""
+        with self.not_full:
+            if self._full():
+                return False
+            self._put(item)
+            self.unfinished_tasks += 1
+            self.not_empty.notify()
+        return True
+
+    def force(self, item: Envelope[Any]) -> None:
+        """Put ``item`` past the capacity (never waits)."""
+        super().put(item)
+
+    def put(self, item: Envelope[Any], block: bool = True, timeout: float | None = None) -> None:
+        msg = item.message
+        if type(msg) in _BOUNDED or (type(msg) is M.Write and msg.reply is None):
+            with self.not_full:
+                self._wait_for_room()
+                self._put(item)
+                self.unfinished_tasks += 1
+                self.not_empty.notify()
+            return
+        super().put(item, block, timeout)
