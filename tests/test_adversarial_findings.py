@@ -151,7 +151,7 @@ def test_reopening_with_another_half_life_rebuilds_instead_of_misreading_the_sna
         assert db.read_decay_score(COMMUNITY, 1, 1) == 2**-0.5
 
 
-# -- second adversarial round (issue 6 session) ------------------------------------
+# -- found by a second adversarial review ------------------------------------------
 
 
 def _drop_snapshot(path: str) -> None:

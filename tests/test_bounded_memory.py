@@ -1,11 +1,9 @@
-"""Memory bounded by the log cap (issue 13, item 9).
+"""Memory bounded by the log cap.
 
-Before the fix every contribution ever attributed kept a 33-byte detail row in
-memory and in every close-time snapshot, whatever the log cap or the history
-retention. A ledger now drops the detail of records no purge can name any more
+A ledger drops the 33-byte detail row of records no purge can name any more
 (out of the contribution log and, in a durable database, committed to the
-history) and keeps their sums per (key, bucket) (`Aggregates.settle`). What it no
-longer holds it reads back from the durable history: re-materialization
+history) and keeps their sums per (key, bucket) (`Aggregates.settle`). What it does not
+hold it reads back from the durable history: re-materialization
 (`storage.rematerialize.RematJob`) and reads inside a settled bucket (`Aggregates._past_terms`).
 In an ephemeral database nothing holds that detail: a purge's re-materialization
 cannot reach settled records (they stay, as the spec says of evicted entries),

@@ -1,4 +1,4 @@
-"""The command line's first-hour rough edges (issue 17): option placement, listing a
+"""The command line's first-hour rough edges: option placement, listing a
 store's users and cohorts, unknown cohorts, wording, closed pipes, ``python -m``,
 timestamps going backwards.
 

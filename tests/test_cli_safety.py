@@ -176,7 +176,7 @@ def _generated_log(rows: int, seed: int, purge_every: int, step_ns: int = S) -> 
 def _expected_rebuild_times(
     rows: list[EventRow], delay_ns: int, complete: bool
 ) -> list[int | None]:
-    """By hand, the README's rule: the rematerialized_at_ns of each purge row in order
+    """By hand, the rule of docs/cli.md: the rematerialized_at_ns of each purge row in order
     (None: still pending). A purge of cohort c at ts makes c due at ts + delay unless
     c is due already; c is rebuilt at its due time before the first row at or after
     it; at the end of a complete replay, every cohort still due at its due time."""

@@ -1,5 +1,5 @@
 """Config takes the command line's duration syntax ("7d", "250ms") in TOML and in
-Config(...); a bare number is in the unit the setting's name ends with (issue 17.10)."""
+Config(...); a bare number is in the unit the setting's name ends with."""
 
 from __future__ import annotations
 

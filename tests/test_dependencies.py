@@ -1,5 +1,5 @@
 """`import tidal_actors` loads no command-line-only library, and the package's own
-metadata pins no build tool into a user's environment (issue 17.14)."""
+metadata pins no build tool into a user's environment."""
 
 from __future__ import annotations
 

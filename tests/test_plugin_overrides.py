@@ -1,6 +1,6 @@
 """The pytest plugin's Config and clock start are overridable the pytest way: a
 ``tidal_config`` / ``tidal_clock_start`` fixture in the user's conftest, and the
-``tidal_config`` / ``tidal_clock_start`` markers (issue 17.11). Each test runs a small
+``tidal_config`` / ``tidal_clock_start`` markers. Each test runs a small
 user suite with pytester, in a subprocess so the plugin loads from its entry point as
 it does for a user."""
 

@@ -1,4 +1,4 @@
-"""The issue-6 load scenarios (steady, churn, purge-heavy, restart), scaled down, end to
+"""The load scenarios (steady, churn, purge-heavy, restart), scaled down, end to
 end through ``tidal-actors simulate``: figures printed and written as JSON, latency
 percentiles from HdrHistograms, memory, restore time, the plot, and the check against
 the reference model; plus the pieces (scaling, storms, up-front assignment)."""
