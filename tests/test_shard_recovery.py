@@ -306,3 +306,70 @@ def test_the_harness_cannot_crash_the_coordinator_or_persistence_as_a_shard() ->
     for address in (M.COORD_ADDR, M.PERSIST_ADDR):
         with pytest.raises(InvalidArgument, match="membership or ledger"):
             h.crash_shard(address)
+
+
+# -- review fixes ---------------------------------------------------------------------
+
+
+def test_a_purge_whose_marker_reached_the_ledger_before_its_restart_completes(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The membership shard tells the ledgers its marker, then the coordinator the
+    purge; a ledger restarting between the two took the marker, and the coordinator
+    cannot list the purge yet: the new incarnation takes the marker over from the
+    old one, so the preparation does not wait for it forever."""
+    import threading
+    import time
+
+    from tidal_actors.storage.format import membership_shard_of
+
+    u1 = 1
+    u2 = next(u for u in range(2, 100) if membership_shard_of(u, 2) != membership_shard_of(u1, 2))
+    at_marker = threading.Event()
+
+    def slow_on_purge(self: MembershipShard, msg: M.PurgeRequest) -> None:
+        # as the product's, the thread preempted between its tells
+        self._token += 1
+        marker = (self.index, self._token)
+        bound = self.state.next_rseq
+        for li in range(self.ctx.config.ledger_shards):
+            self.ctx.tell(
+                (M.LEDGER, li), M.PurgeMarker(marker, self.index, msg.user, msg.cohort, bound)
+            )
+        at_marker.set()
+        time.sleep(0.3)
+        self.ctx.tell(
+            M.COORD_ADDR,
+            M.Purge(msg.user, msg.cohort, self.index, bound, msg.now_ns, msg.reply, marker),
+        )
+
+    monkeypatch.setattr(MembershipShard, "_on_purge", slow_on_purge)
+    clock = ManualClock(T0)
+    db = _open(str(tmp_path / "db"), clock)
+    try:
+        db.assign_cohort(u1, "red")
+        db.signal_with_context(u1, 7, 1, 2.0, T0 - SEC)
+        db.flush()
+        out: dict[str, Any] = {}
+
+        def purge() -> None:
+            try:
+                out["r"] = db.request_community_purge(u1, "red")
+            except Exception as exc:  # noqa: BLE001 - checked below
+                out["r"] = exc
+
+        t = threading.Thread(target=purge, daemon=True)
+        t.start()
+        assert at_marker.wait(10)
+        raised = _once(ContributionLog, "append_columns", monkeypatch)
+        db.signal_with_context(u2, 8, 1, 1.0, T0 - 1)  # another user's batch fails
+        t.join(10)
+        assert not t.is_alive(), "the purge hangs"
+        assert raised
+        _, manifest = out["r"]
+        assert [(e.user_id, e.weight) for e in manifest.entries] == [(u1, 2.0)]
+        assert db.read_decay_score("red", 7, 1, T0) == 0.0
+        assert _only_report(db).action == "restarted"
+    finally:
+        with pytest.raises(StorageError, match="lost 1 signal batch"):
+            db.close()

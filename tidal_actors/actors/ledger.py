@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tidal_actors._errors import UnknownCohort
@@ -59,6 +59,9 @@ class LedgerShard(Behaviour):
         # the marker number of its newest purge ended before the restart
         self._restored: set[Any] = set()
         self._ended_upto: dict[int, int] = {}
+        # the markers this incarnation registered as in flight, until their purge
+        # ends: a next incarnation takes them over (`restarted`, ``inherited``)
+        self._notes: dict[Any, M.PurgeMarker] = {}
 
     COUNTERS = ("records_in", "retracted", "purges_applied", "history_batches", "handler_errors")
 
@@ -70,6 +73,7 @@ class LedgerShard(Behaviour):
         state: LedgerState,
         recovery: LedgerRecovery,
         counters: Mapping[str, int] | None = None,
+        inherited: Iterable[M.PurgeMarker] = (),
     ) -> LedgerShard:
         """The shard rebuilt after a failure (`actors.recovery`).
 
@@ -83,12 +87,23 @@ class LedgerShard(Behaviour):
                 trimming bounded by it); a marker or an end of a purge that ended
                 before is recognised by its number.
             counters: the ``stats()`` counters to carry over (`COUNTERS`).
+            inherited: the markers the failed incarnation took and whose purge had
+                not ended (`marker_notes`). They do not come again, and a purge whose
+                marker came before the coordinator got its request is not in
+                ``recovery.in_flight`` (the membership shard tells the ledgers first):
+                each is registered as if it had just come.
         """
         new = cls(ctx, index, state)
         new._ended_upto = dict(recovery.ended_upto)
+        taken = {note.marker: note for note in inherited}
         for marker in recovery.in_flight:
             new._on_marker(marker)
-            new._restored.add(marker.marker)
+            if marker.marker not in taken:
+                new._restored.add(marker.marker)
+        known = {marker.marker for marker in recovery.in_flight}
+        for key, note in taken.items():
+            if key not in known and not new._ended_before(key):
+                new._on_marker(note)
         for name in cls.COUNTERS:
             if counters is not None and name in counters:
                 setattr(new, name, counters[name])
@@ -98,6 +113,10 @@ class LedgerShard(Behaviour):
     def counters(self) -> dict[str, int]:
         """The ``stats()`` counters of this incarnation (`COUNTERS`)."""
         return {name: getattr(self, name) for name in self.COUNTERS}
+
+    def marker_notes(self) -> list[M.PurgeMarker]:
+        """The markers this incarnation took whose purge has not ended here."""
+        return list(self._notes.values())
 
     def held_messages(self) -> list[object]:
         """The messages received and not fully handled: purge preparations waiting
@@ -219,6 +238,7 @@ class LedgerShard(Behaviour):
             return
         else:
             self._in_flight.setdefault(msg.mshard, {})[msg.marker] = msg.bound
+            self._notes[msg.marker] = msg
         if not self._owns(msg.cohort):
             return
         self.state.log.hold(msg.user, msg.cohort, msg.bound)
@@ -249,6 +269,7 @@ class LedgerShard(Behaviour):
 
     def _end_purge(self, mshard: int, marker: Any) -> None:
         """The purge of ``marker`` committed or failed: trimming ``mshard`` may resume."""
+        self._notes.pop(marker, None)
         open_ = self._in_flight.get(mshard)
         if open_ is not None and marker in open_:
             del open_[marker]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tidal_actors._config import Config
@@ -62,11 +62,13 @@ def restore_ledger(
     index: int,
     recovery: LedgerRecovery,
     counters: Mapping[str, int] | None = None,
+    inherited: Iterable[M.PurgeMarker] = (),
 ) -> LedgerShard:
     """Ledger shard ``index`` rebuilt from ``restored`` (what ``store.load()`` read
-    after the exchange) and the coordinator's ``recovery`` (`LedgerShard.restarted`)."""
+    after the exchange), the coordinator's ``recovery`` and the markers the failed
+    incarnation took (``inherited``, `LedgerShard.restarted`)."""
     _, lstates, _ = build_states(config, restored, store)
-    return LedgerShard.restarted(ctx, index, lstates[index], recovery, counters)
+    return LedgerShard.restarted(ctx, index, lstates[index], recovery, counters, inherited)
 
 
 def restore_membership(
@@ -168,7 +170,14 @@ class Supervisor:
             recovery = self._ask(M.COORD_ADDR, lambda r: RecoverLedger(index, r), "recover")
             restored = self._ask(M.PERSIST_ADDR, LoadStore, "load-store")
             ledger = restore_ledger(
-                self.config, self.ctx, restored, self.store, index, recovery, old.counters()
+                self.config,
+                self.ctx,
+                restored,
+                self.store,
+                index,
+                recovery,
+                old.counters(),
+                old.marker_notes(),
             )
             ledger.take_over_loss(old)
             keep, dropped = carried_over(old.held_messages())
