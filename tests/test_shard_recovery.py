@@ -373,3 +373,66 @@ def test_a_purge_whose_marker_reached_the_ledger_before_its_restart_completes(
     finally:
         with pytest.raises(StorageError, match="lost 1 signal batch"):
             db.close()
+
+
+def _fail_load(db: TidalDb, monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
+    """Make the store's next ``times`` loads (a restart's read) raise RuntimeError."""
+    store = db._core.store
+    real = store.load
+    raised: list[int] = []
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        if len(raised) < times:
+            raised.append(1)
+            raise RuntimeError("injected fault in store.load")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "load", load)
+    return raised
+
+
+CFG1 = Config(membership_shards=1, ledger_shards=1, rematerialize_after_ms=None)
+
+
+@pytest.mark.parametrize("load_failures", [1, 100])
+def test_a_failed_restart_is_tried_again_or_fences_the_shard(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, load_failures: int
+) -> None:
+    """A shard whose restart fails is never resumed half-updated: a transient store
+    error is tried again; a lasting one fences the shard (every message to it fails,
+    no snapshot at close), and the reopened database serves what the store holds."""
+    path = str(tmp_path / "db")
+    clock = ManualClock(T0)
+    db = TidalDb.open(path, config=CFG1, clock=clock)
+    db.assign_cohort(1, "red")
+    db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+    db.flush()
+    before = db.read_decay_score("red", 7, 1, T0)
+    assert before > 0
+    raised = _once(ContributionLog, "append_columns", monkeypatch)
+    loads = _fail_load(db, monkeypatch, load_failures)
+    db.signal_with_context(1, 7, 1, 5.0, T0 - 1)  # the aggregates take it, the log fails
+    with pytest.raises((StorageError, ActorFailure)):
+        db.flush()
+    assert raised and loads
+    report = next(r for r in db._core.fault_reports() if r.address == (M.LEDGER, 0))
+    if load_failures == 1:
+        assert report.action == "restarted" and "store.load" in report.cause
+        assert db.read_decay_score("red", 7, 1, T0) == before  # the lost signal is gone
+        db.close()
+    else:
+        assert report.action == "fenced"
+        with pytest.raises(ActorFailure, match="fenced"):
+            db.read_decay_score("red", 7, 1, T0)
+        db.signal_with_context(1, 7, 1, 1.0, T0 - 1)
+        with pytest.raises((StorageError, ActorFailure), match="fenced"):
+            db.flush()
+        with pytest.raises((StorageError, ActorFailure)):
+            db.close()
+        monkeypatch.undo()
+    with TidalDb.open(path, config=CFG1, clock=clock) as db:
+        assert db.read_decay_score("red", 7, 1, T0) == before
+        db.request_community_purge(1, "red")
+        assert db.read_decay_score("red", 7, 1, T0) == 0.0
+    with TidalDb.open(path, config=CFG1, clock=clock) as db:
+        assert db.read_decay_score("red", 7, 1, T0) == 0.0

@@ -81,7 +81,8 @@ class FaultReport:
         address: the actor that failed.
         action: ``"restarted"`` (rebuilt from the store), ``"resumed"`` (kept as it
             was: an actor that cannot restart, or a database with no durable
-            state), or ``"down"`` (an injected crash waiting for its restart).
+            state), ``"fenced"`` (its restart failed every time: every message to it
+            fails until the database is reopened, `runtime.supervision.Fenced`), or ``"down"`` (an injected crash waiting for its restart).
         cause: the exception's ``repr`` (empty for an injected crash).
         dropped: descriptions of the messages lost (the one a handler failed on;
             for an injected crash, the mailbox and stash, in the trace's notation).
@@ -96,7 +97,7 @@ class FaultReport:
     """
 
     address: Address
-    action: Literal["restarted", "resumed", "down"] = "down"
+    action: Literal["restarted", "resumed", "fenced", "down"] = "down"
     cause: str = ""
     dropped: list[str] = field(default_factory=list)
     lost_signals: list[SignalTuple] = field(default_factory=list)
