@@ -436,3 +436,38 @@ def test_a_failed_restart_is_tried_again_or_fences_the_shard(
         assert db.read_decay_score("red", 7, 1, T0) == 0.0
     with TidalDb.open(path, config=CFG1, clock=clock) as db:
         assert db.read_decay_score("red", 7, 1, T0) == 0.0
+
+
+def test_a_rebuild_that_failed_with_its_ledger_is_queued_again(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild step fails (the ledger restarts and the rebuild ends with an error):
+    the purge's re-materialization is scheduled again, so it completes and the
+    purged user's evicted records leave the aggregates."""
+    import time
+
+    from tidal_actors.storage.rematerialize import RematJob
+
+    raised = _once(RematJob, "step", monkeypatch)
+    cfg = Config(
+        membership_shards=1,
+        ledger_shards=1,
+        max_contribution_log_entries=10,
+        rematerialize_after_ms=50,
+    )
+    with TidalDb.open(str(tmp_path / "db"), clock=ManualClock(T0), config=cfg) as db:
+        db.assign_cohort(1, "red")
+        for i in range(5):
+            db.signal_with_context(1, 7, 1, 1.0, T0 - 100 + i)
+        for i in range(20):
+            db.signal_with_context(2, 8, 1, 1.0, T0 - 50 + i)
+        db.flush()
+        pid, manifest = db.request_community_purge(1, COMMUNITY)
+        assert (len(manifest.entries), manifest.evicted) == (0, 5)  # all evicted
+        deadline = time.monotonic() + 30
+        while not db.purge_status(pid).rematerialized and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert raised
+        assert db.purge_status(pid).rematerialized
+        assert db.read_decay_score(COMMUNITY, 7, 1, T0) == 0.0
+        assert db.read_decay_score(COMMUNITY, 8, 1, T0) == pytest.approx(20.0, rel=1e-6)
