@@ -471,3 +471,54 @@ def test_a_rebuild_that_failed_with_its_ledger_is_queued_again(
         assert db.purge_status(pid).rematerialized
         assert db.read_decay_score(COMMUNITY, 7, 1, T0) == 0.0
         assert db.read_decay_score(COMMUNITY, 8, 1, T0) == pytest.approx(20.0, rel=1e-6)
+
+
+def test_a_crash_failing_the_first_step_of_a_two_step_call_ends_it() -> None:
+    """A rebuild's barrier fails with the crashed membership shard, so its second
+    message is never sent: the handle is done with the barrier's error."""
+    h = Harness(seed=0, config=CFG)
+    t0 = h.clock.now_ns()
+    h.assign_cohort(1, "red")
+    h.signal_with_context(1, 1, 1, 1.0, t0 - SEC)
+    h.request_community_purge(1, "red")
+    rm = h.rematerialize("red")
+    report = h.crash_shard((M.MEMBERSHIP, 0))
+    h.run_until_idle()
+    assert report.failed == ["rematerialize#3.0"]
+    assert rm.done
+    with pytest.raises(ActorFailure, match="crashed"):
+        rm.result()
+
+
+def test_the_blocking_facade_stops_waiting_when_a_first_reply_fails() -> None:
+    """The blocking facade waits for a call, not for each reply in turn."""
+    import threading
+
+    from tidal_actors.actors.reply import Reply
+    from tidal_actors.facades.blocking_base import BlockingBase
+    from tidal_actors.runtime.call import Call
+
+    class _Core:
+        def track(self, reply: Reply) -> None:
+            pass
+
+        def untrack(self, reply: Reply) -> None:
+            pass
+
+    first, second = Reply("sync"), Reply("action")  # the second is never settled
+    call: Call[int] = Call("two-step", [first, second], lambda v: v[1])
+    timer = threading.Timer(0.05, first.set_exception, (ActorFailure("barrier failed"),))
+    timer.start()
+    out: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            BlockingBase(_Core())._run(call)  # type: ignore[arg-type]
+        except ActorFailure as exc:
+            out["err"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "the facade waits for a reply that never comes"
+    assert "barrier failed" in str(out["err"])
