@@ -522,3 +522,74 @@ def test_the_blocking_facade_stops_waiting_when_a_first_reply_fails() -> None:
     t.join(10)
     assert not t.is_alive(), "the facade waits for a reply that never comes"
     assert "barrier failed" in str(out["err"])
+
+
+def test_an_attribution_failing_after_its_history_write_is_in_doubt_not_lost(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger sent the batch's history write, then failed: the restart reads it
+    back, so the report says in doubt (not lost) and the flush reports no loss."""
+    from tidal_actors.core.states import LedgerState
+
+    path = str(tmp_path / "db")
+    clock = ManualClock(T0)
+    with TidalDb.open(path, config=CFG1, clock=clock) as db:
+        db.assign_cohort(1, "red")
+        db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+        db.flush()
+        raised = _once(LedgerState, "raise_floors", monkeypatch)  # after the write
+        db.signal_with_context(1, 7, 1, 5.0, T0 - 1)
+        db.flush()  # no loss to report
+        assert raised
+        report = _only_report(db)
+        assert report.action == "restarted" and report.in_doubt
+        assert not report.lost_records and not report.dropped
+        model = ReferenceModel(CFG1, clock)
+        model.assign_cohort(1, "red")
+        model.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+        model.signal_with_context(1, 7, 1, 5.0, T0 - 1)
+        expected = model.read_decay_score("red", 7, 1, T0)
+        assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(expected)
+    with TidalDb.open(path, config=CFG1, clock=clock) as db:
+        assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(expected)
+
+
+def test_a_signal_batch_failing_halfway_through_its_fan_out_is_in_doubt(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The membership shard failed after sending one ledger its records: the report
+    says the batch is in doubt rather than listing its signals as lost."""
+    from tidal_actors.storage.format import ledger_shard_of
+
+    cfg = Config(membership_shards=1, ledger_shards=2, rematerialize_after_ms=None)
+    other = next(
+        c
+        for c in ("red", "blue", "green", "teal", "gold")
+        if ledger_shard_of(c, 2) == 1 - ledger_shard_of(COMMUNITY, 2)
+    )
+    sent: list[int] = []
+
+    def tell(address: M.Address, message: object) -> None:
+        if isinstance(message, M.Attribute) and sent:
+            sent.clear()
+            raise RuntimeError("injected fault in the fan-out")
+        real_tell(address, message)
+        if isinstance(message, M.Attribute) and armed:
+            sent.append(1)
+
+    armed = False
+    with TidalDb.open(str(tmp_path / "db"), config=cfg, clock=ManualClock(T0)) as db:
+        db.assign_cohort(1, other)
+        db.flush()
+        ctx = db._core.host.ctx
+        real_tell = ctx.tell
+        monkeypatch.setattr(ctx, "tell", tell)
+        armed = True
+        db.signal_with_context(1, 7, 1, 5.0, T0 - 1)
+        with pytest.raises(StorageError, match="lost 1 signal batch"):
+            db.flush()
+        armed = False
+        report = _only_report(db)
+        assert report.address == (M.MEMBERSHIP, 0) and report.action == "restarted"
+        assert report.in_doubt and "SignalBatch" in report.in_doubt[0]
+        assert not report.lost_signals

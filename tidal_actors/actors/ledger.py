@@ -59,6 +59,10 @@ class LedgerShard(Behaviour):
         # the marker number of its newest purge ended before the restart
         self._restored: set[Any] = set()
         self._ended_upto: dict[int, int] = {}
+        # whether the attribution being handled has sent its history write, and so
+        # survives a failure after it (`on_error`); read by the supervisor
+        self._sent_write = False
+        self.fault_in_doubt: str | None = None
         # the markers this incarnation registered as in flight, until their purge
         # ends: a next incarnation takes them over (`restarted`, ``inherited``)
         self._notes: dict[Any, M.PurgeMarker] = {}
@@ -132,6 +136,7 @@ class LedgerShard(Behaviour):
         return upto is not None and marker[1] <= upto
 
     def _on_attribute(self, msg: M.Attribute) -> None:
+        self._sent_write = False
         st = self.state
         m, rs, us = msg.mshard, msg.rseqs, msg.users
         rows = st.aggregates.add_columns(
@@ -172,10 +177,16 @@ class LedgerShard(Behaviour):
             self.state.unconfirmed.append((seq, first_row))
         self.history_batches += 1
         self.ctx.tell(M.PERSIST_ADDR, M.Write([batch_op(self.index, seq, cols, contexts)]))
+        self._sent_write = True
 
     def on_error(self, message: object, err: BaseException) -> None:
         if isinstance(message, M.Attribute):
-            self.note_loss(err)
+            if self._sent_write:
+                # its history write is on its way, committed before a restart reads
+                # the store: the batch is not lost (whether it commits, the flush says)
+                self.fault_in_doubt = "Attribute (its history write was sent)"
+            else:
+                self.note_loss(err)
 
     def _on_barrier_part(self, msg: M.BarrierPart) -> None:
         b = msg.barrier

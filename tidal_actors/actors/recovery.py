@@ -91,7 +91,13 @@ class FaultReport:
         lost_records: attributions dropped before their ledger shard applied them.
         failed: labels of the handles or replies that got an error because of it.
         in_doubt: labels of control operations whose write was already on its way
-            to persistence; each is answered by the write's outcome on restart.
+            to persistence; each is answered by the write's outcome on restart. Also
+            a message the failure hit after part of it took effect, described, and
+            then not in ``dropped``/``lost_signals``/``lost_records``: an attribution
+            whose history write was sent (it is in the store, so it survives the
+            restart; the flush reports no loss for it), or a signal batch some ledger
+            shards got their records of before its membership shard failed (those
+            records are applied, the others lost; the flush reports the batch lost).
         lost_writes: writes persistence had taken but not committed (persistence
             crash only); their writers got a ``StorageError``.
     """

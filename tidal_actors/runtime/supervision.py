@@ -185,7 +185,15 @@ class Supervisor:
         message, exc = old.fault
         old.fault = None
         report = FaultReport(old.address, "resumed", repr(exc))
-        account(report, message)
+        doubt = getattr(old, "fault_in_doubt", None)
+        if doubt is not None:  # partly applied or persisted: not lost for sure
+            old.fault_in_doubt = None  # type: ignore[attr-defined]
+            report.in_doubt.append(doubt)
+            reply = getattr(message, "reply", None)
+            if isinstance(reply, Reply):
+                report.failed.append(reply.label or type(message).__name__)
+        else:
+            account(report, message)
         new: Behaviour = old
         kind = old.address[0]
         if kind in (M.MEMBERSHIP, M.LEDGER) and getattr(self.store, "durable", False):
