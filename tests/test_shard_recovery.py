@@ -593,3 +593,61 @@ def test_a_signal_batch_failing_halfway_through_its_fan_out_is_in_doubt(
         assert report.address == (M.MEMBERSHIP, 0) and report.action == "restarted"
         assert report.in_doubt and "SignalBatch" in report.in_doubt[0]
         assert not report.lost_signals
+
+
+def test_a_rebuild_step_failing_during_an_attribution_keeps_the_batch(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running rebuild advances after each attribution batch; its step failing there
+    ends the rebuild with the error, and the unrelated batch is applied and kept."""
+    import sys
+    import threading
+
+    from tidal_actors.storage.rematerialize import RematJob
+
+    real_step = RematJob.step
+    fired: list[int] = []
+
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if fired:
+            return real_step(self, *args, **kwargs)
+        if sys._getframe(2).f_code.co_name == "_on_attribute":
+            fired.append(1)
+            raise RuntimeError("injected fault in RematJob.step")
+        return False  # not done: the rebuild waits for an attribution
+
+    monkeypatch.setattr(RematJob, "step", step)
+    path = str(tmp_path / "db")
+    clock = ManualClock(T0)
+    with TidalDb.open(path, config=CFG1, clock=clock) as db:
+        db.assign_cohort(1, "red")
+        db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+        db.flush()
+        out: dict[str, Any] = {}
+
+        def rebuild() -> None:
+            try:
+                out["r"] = db.rematerialize("red")
+            except Exception as exc:  # noqa: BLE001 - checked below
+                out["r"] = exc
+
+        t = threading.Thread(target=rebuild, daemon=True)
+        t.start()
+        import time
+
+        time.sleep(0.2)
+        db.signal_with_context(1, 7, 1, 5.0, T0 - 1)
+        db.flush()  # the batch is not lost
+        t.join(10)
+        assert fired and not t.is_alive()
+        assert isinstance(out["r"], ActorFailure)
+        report = _only_report(db)
+        assert report.in_doubt and not report.lost_records
+        model = ReferenceModel(CFG1, clock)
+        model.assign_cohort(1, "red")
+        model.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+        model.signal_with_context(1, 7, 1, 5.0, T0 - 1)
+        expected = model.read_decay_score("red", 7, 1, T0)
+        assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(expected)
+    with TidalDb.open(path, config=CFG1, clock=clock) as db:
+        assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(expected)

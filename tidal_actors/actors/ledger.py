@@ -62,6 +62,7 @@ class LedgerShard(Behaviour):
         # whether the attribution being handled has sent its history write, and so
         # survives a failure after it (`on_error`); read by the supervisor
         self._sent_write = False
+        self._applied = False  # ... and whether it was applied whole
         self.fault_in_doubt: str | None = None
         # the markers this incarnation registered as in flight, until their purge
         # ends: a next incarnation takes them over (`restarted`, ``inherited``)
@@ -136,15 +137,22 @@ class LedgerShard(Behaviour):
         return upto is not None and marker[1] <= upto
 
     def _on_attribute(self, msg: M.Attribute) -> None:
-        self._sent_write = False
+        self._sent_write = self._applied = False
         st = self.state
         m, rs, us = msg.mshard, msg.rseqs, msg.users
         rows = st.aggregates.add_columns(
             m, rs, us, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps
         )
+        # a rebuild step failing here ends that rebuild (`_advance`), not this batch:
+        # the batch is applied first, then the failure is raised (so counted and the
+        # shard restarted) with the batch written (`on_error`)
+        step_error: Exception | None = None
         if self._jobs:
             for token in list(self._jobs):
-                self._advance(token)
+                try:
+                    self._advance(token)
+                except Exception as exc:  # noqa: BLE001 - raised below
+                    step_error = step_error or exc
         log = st.log
         log.append_columns(us.tolist(), msg.cohorts, rows)
         self.records_in += len(rows)
@@ -160,6 +168,9 @@ class LedgerShard(Behaviour):
             seen[m] = top
         st.raise_floors(self._caps, self._in_flight)
         self._settle()
+        if step_error is not None:
+            self._applied = True
+            raise step_error
 
     def _settle(self) -> None:
         """Drop detail rows no purge can name (`LedgerState.settle`); not while a
@@ -181,7 +192,9 @@ class LedgerShard(Behaviour):
 
     def on_error(self, message: object, err: BaseException) -> None:
         if isinstance(message, M.Attribute):
-            if self._sent_write:
+            if self._applied:  # a rebuild step failed after it (`_on_attribute`)
+                self.fault_in_doubt = "Attribute (applied; a re-materialization step failed)"
+            elif self._sent_write:
                 # its history write is on its way, committed before a restart reads
                 # the store: the batch is not lost (whether it commits, the flush says)
                 self.fault_in_doubt = "Attribute (its history write was sent)"
