@@ -651,3 +651,35 @@ def test_a_rebuild_step_failing_during_an_attribution_keeps_the_batch(
         assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(expected)
     with TidalDb.open(path, config=CFG1, clock=clock) as db:
         assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(expected)
+
+
+def test_a_ledger_restart_names_the_purge_it_ended_in_its_report() -> None:
+    """The coordinator ends a purge prepared at the restarting ledger: its answer
+    names the purge's reply, so the FaultReport's ``failed`` lists what callers got."""
+    from tidal_actors.actors.coordinator import PurgeCoordinator
+    from tidal_actors.actors.recovery import LedgerRecovery, RecoverLedger
+    from tidal_actors.actors.reply import Reply
+
+    class _Ctx:
+        config = CFG
+        clock = ManualClock(T0)
+        durable = True
+
+        def __init__(self) -> None:
+            self.sent: list[tuple[M.Address, object]] = []
+
+        def tell(self, address: M.Address, message: object) -> None:
+            self.sent.append((address, message))
+
+    ctx = _Ctx()
+    coord = PurgeCoordinator(ctx)  # type: ignore[arg-type]
+    caller = Reply("purge-caller")
+    coord.receive(M.Purge(1, "red", 0, 1, T0, caller, (0, 1)))
+    assert any(isinstance(m, M.PreparePurge) for _, m in ctx.sent)
+    answer = Reply("recover")
+    coord.receive(RecoverLedger(0, answer))
+    recovery = answer.get(1)
+    assert isinstance(recovery, LedgerRecovery)
+    assert recovery.failed == ("purge-caller",)
+    with pytest.raises(ActorFailure, match="restarted during this purge"):
+        caller.result()

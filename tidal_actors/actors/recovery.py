@@ -59,10 +59,14 @@ class LedgerRecovery:
         ended_upto: membership shard -> the marker number (``marker[1]``) of its
             newest purge that has ended (committed or abandoned); a shard's purges
             end in the order they were taken.
+        failed: labels of the replies the coordinator failed because of the
+            restart (a purge prepared there, a rebuild running there), for
+            `FaultReport.failed`.
     """
 
     in_flight: tuple[PurgeMarker, ...] = ()
     ended_upto: dict[int, int] = field(default_factory=dict)
+    failed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

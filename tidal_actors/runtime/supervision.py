@@ -245,6 +245,7 @@ class Supervisor:
         self._incarnation[old.address] = n + 1
         if isinstance(old, LedgerShard):
             recovery = self._ask(M.COORD_ADDR, lambda r: RecoverLedger(index, r), "recover")
+            report.failed.extend(f for f in recovery.failed if f not in report.failed)
             restored = self._ask(M.PERSIST_ADDR, LoadStore, "load-store")
             ledger = restore_ledger(
                 self.config,
