@@ -171,6 +171,7 @@ class LedgerShard(Behaviour):
         if step_error is not None:
             self._applied = True
             raise step_error
+        self._sent_write = False  # handled: nothing of it is in doubt
 
     def _settle(self) -> None:
         """Drop detail rows no purge can name (`LedgerState.settle`); not while a
@@ -192,14 +193,19 @@ class LedgerShard(Behaviour):
 
     def on_error(self, message: object, err: BaseException) -> None:
         if isinstance(message, M.Attribute):
+            doubt = None
             if self._applied:  # a rebuild step failed after it (`_on_attribute`)
-                self.fault_in_doubt = "Attribute (applied; a re-materialization step failed)"
+                doubt = "Attribute (applied; a re-materialization step failed)"
             elif self._sent_write:
                 # its history write is on its way, committed before a restart reads
                 # the store: the batch is not lost (whether it commits, the flush says)
-                self.fault_in_doubt = "Attribute (its history write was sent)"
+                doubt = "Attribute (its history write was sent)"
+            if doubt is not None:
+                if self.fault is not None and self.fault[0] is message:  # for the supervisor
+                    self.fault_in_doubt = doubt
             else:
                 self.note_loss(err)
+            self._sent_write = self._applied = False
 
     def _on_barrier_part(self, msg: M.BarrierPart) -> None:
         b = msg.barrier

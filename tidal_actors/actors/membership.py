@@ -188,6 +188,7 @@ class MembershipShard(ControlWrites):
                 ),
             )
             self._fanned += 1
+        self._fanned = 0  # handled: nothing of it is in doubt
 
     def _cohort_ops(
         self, user: int, cohorts: tuple[str, ...]
@@ -314,10 +315,12 @@ class MembershipShard(ControlWrites):
     def on_error(self, message: object, err: BaseException) -> None:
         if isinstance(message, M.SignalBatch):
             self.note_loss(err)
-            if self._fanned:  # some ledgers got their part: partly applied
+            faulted = self.fault is not None and self.fault[0] is message
+            if self._fanned and faulted:  # some ledgers got their part: partly applied
                 self.fault_in_doubt = (
                     f"SignalBatch (sent to {self._fanned} ledger shard(s) before failing)"
                 )
+            self._fanned = 0
 
     def _on_barrier(self, msg: M.Barrier) -> None:
         lost = self.take_loss(msg)
