@@ -306,3 +306,380 @@ def test_the_harness_cannot_crash_the_coordinator_or_persistence_as_a_shard() ->
     for address in (M.COORD_ADDR, M.PERSIST_ADDR):
         with pytest.raises(InvalidArgument, match="membership or ledger"):
             h.crash_shard(address)
+
+
+# -- review fixes ---------------------------------------------------------------------
+
+
+def test_a_purge_whose_marker_reached_the_ledger_before_its_restart_completes(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The membership shard tells the ledgers its marker, then the coordinator the
+    purge; a ledger restarting between the two took the marker, and the coordinator
+    cannot list the purge yet: the new incarnation takes the marker over from the
+    old one, so the preparation does not wait for it forever."""
+    import threading
+    import time
+
+    from tidal_actors.storage.format import membership_shard_of
+
+    u1 = 1
+    u2 = next(u for u in range(2, 100) if membership_shard_of(u, 2) != membership_shard_of(u1, 2))
+    at_marker = threading.Event()
+
+    def slow_on_purge(self: MembershipShard, msg: M.PurgeRequest) -> None:
+        # as the product's, the thread preempted between its tells
+        self._token += 1
+        marker = (self.index, self._token)
+        bound = self.state.next_rseq
+        for li in range(self.ctx.config.ledger_shards):
+            self.ctx.tell(
+                (M.LEDGER, li), M.PurgeMarker(marker, self.index, msg.user, msg.cohort, bound)
+            )
+        at_marker.set()
+        time.sleep(0.3)
+        self.ctx.tell(
+            M.COORD_ADDR,
+            M.Purge(msg.user, msg.cohort, self.index, bound, msg.now_ns, msg.reply, marker),
+        )
+
+    monkeypatch.setattr(MembershipShard, "_on_purge", slow_on_purge)
+    clock = ManualClock(T0)
+    db = _open(str(tmp_path / "db"), clock)
+    try:
+        db.assign_cohort(u1, "red")
+        db.signal_with_context(u1, 7, 1, 2.0, T0 - SEC)
+        db.flush()
+        out: dict[str, Any] = {}
+
+        def purge() -> None:
+            try:
+                out["r"] = db.request_community_purge(u1, "red")
+            except Exception as exc:  # noqa: BLE001 - checked below
+                out["r"] = exc
+
+        t = threading.Thread(target=purge, daemon=True)
+        t.start()
+        assert at_marker.wait(10)
+        raised = _once(ContributionLog, "append_columns", monkeypatch)
+        db.signal_with_context(u2, 8, 1, 1.0, T0 - 1)  # another user's batch fails
+        t.join(10)
+        assert not t.is_alive(), "the purge hangs"
+        assert raised
+        _, manifest = out["r"]
+        assert [(e.user_id, e.weight) for e in manifest.entries] == [(u1, 2.0)]
+        assert db.read_decay_score("red", 7, 1, T0) == 0.0
+        assert _only_report(db).action == "restarted"
+    finally:
+        with pytest.raises(StorageError, match="lost 1 signal batch"):
+            db.close()
+
+
+def _fail_load(db: TidalDb, monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
+    """Make the store's next ``times`` loads (a restart's read) raise RuntimeError."""
+    store = db._core.store
+    real = store.load
+    raised: list[int] = []
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        if len(raised) < times:
+            raised.append(1)
+            raise RuntimeError("injected fault in store.load")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "load", load)
+    return raised
+
+
+CFG1 = Config(membership_shards=1, ledger_shards=1, rematerialize_after_ms=None)
+
+
+@pytest.mark.parametrize("load_failures", [1, 100])
+def test_a_failed_restart_is_tried_again_or_fences_the_shard(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, load_failures: int
+) -> None:
+    """A shard whose restart fails is never resumed half-updated: a transient store
+    error is tried again; a lasting one fences the shard (every message to it fails,
+    no snapshot at close), and the reopened database serves what the store holds."""
+    path = str(tmp_path / "db")
+    clock = ManualClock(T0)
+    db = TidalDb.open(path, config=CFG1, clock=clock)
+    db.assign_cohort(1, "red")
+    db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+    db.flush()
+    before = db.read_decay_score("red", 7, 1, T0)
+    assert before > 0
+    raised = _once(ContributionLog, "append_columns", monkeypatch)
+    loads = _fail_load(db, monkeypatch, load_failures)
+    db.signal_with_context(1, 7, 1, 5.0, T0 - 1)  # the aggregates take it, the log fails
+    with pytest.raises((StorageError, ActorFailure)):
+        db.flush()
+    assert raised and loads
+    report = next(r for r in db._core.fault_reports() if r.address == (M.LEDGER, 0))
+    if load_failures == 1:
+        assert report.action == "restarted" and "store.load" in report.cause
+        assert db.read_decay_score("red", 7, 1, T0) == before  # the lost signal is gone
+        db.close()
+    else:
+        assert report.action == "fenced"
+        with pytest.raises(ActorFailure, match="fenced"):
+            db.read_decay_score("red", 7, 1, T0)
+        db.signal_with_context(1, 7, 1, 1.0, T0 - 1)
+        with pytest.raises((StorageError, ActorFailure), match="fenced"):
+            db.flush()
+        with pytest.raises((StorageError, ActorFailure)):
+            db.close()
+        monkeypatch.undo()
+    with TidalDb.open(path, config=CFG1, clock=clock) as db:
+        assert db.read_decay_score("red", 7, 1, T0) == before
+        db.request_community_purge(1, "red")
+        assert db.read_decay_score("red", 7, 1, T0) == 0.0
+    with TidalDb.open(path, config=CFG1, clock=clock) as db:
+        assert db.read_decay_score("red", 7, 1, T0) == 0.0
+
+
+def test_a_rebuild_that_failed_with_its_ledger_is_queued_again(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild step fails (the ledger restarts and the rebuild ends with an error):
+    the purge's re-materialization is scheduled again, so it completes and the
+    purged user's evicted records leave the aggregates."""
+    import time
+
+    from tidal_actors.storage.rematerialize import RematJob
+
+    raised = _once(RematJob, "step", monkeypatch)
+    cfg = Config(
+        membership_shards=1,
+        ledger_shards=1,
+        max_contribution_log_entries=10,
+        rematerialize_after_ms=50,
+    )
+    with TidalDb.open(str(tmp_path / "db"), clock=ManualClock(T0), config=cfg) as db:
+        db.assign_cohort(1, "red")
+        for i in range(5):
+            db.signal_with_context(1, 7, 1, 1.0, T0 - 100 + i)
+        for i in range(20):
+            db.signal_with_context(2, 8, 1, 1.0, T0 - 50 + i)
+        db.flush()
+        pid, manifest = db.request_community_purge(1, COMMUNITY)
+        assert (len(manifest.entries), manifest.evicted) == (0, 5)  # all evicted
+        deadline = time.monotonic() + 30
+        while not db.purge_status(pid).rematerialized and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert raised
+        assert db.purge_status(pid).rematerialized
+        assert db.read_decay_score(COMMUNITY, 7, 1, T0) == 0.0
+        assert db.read_decay_score(COMMUNITY, 8, 1, T0) == pytest.approx(20.0, rel=1e-6)
+
+
+def test_a_crash_failing_the_first_step_of_a_two_step_call_ends_it() -> None:
+    """A rebuild's barrier fails with the crashed membership shard, so its second
+    message is never sent: the handle is done with the barrier's error."""
+    h = Harness(seed=0, config=CFG)
+    t0 = h.clock.now_ns()
+    h.assign_cohort(1, "red")
+    h.signal_with_context(1, 1, 1, 1.0, t0 - SEC)
+    h.request_community_purge(1, "red")
+    rm = h.rematerialize("red")
+    report = h.crash_shard((M.MEMBERSHIP, 0))
+    h.run_until_idle()
+    assert report.failed == ["rematerialize#3.0"]
+    assert rm.done
+    with pytest.raises(ActorFailure, match="crashed"):
+        rm.result()
+
+
+def test_the_blocking_facade_stops_waiting_when_a_first_reply_fails() -> None:
+    """The blocking facade waits for a call, not for each reply in turn."""
+    import threading
+
+    from tidal_actors.actors.reply import Reply
+    from tidal_actors.facades.blocking_base import BlockingBase
+    from tidal_actors.runtime.call import Call
+
+    class _Core:
+        def track(self, reply: Reply) -> None:
+            pass
+
+        def untrack(self, reply: Reply) -> None:
+            pass
+
+    first, second = Reply("sync"), Reply("action")  # the second is never settled
+    call: Call[int] = Call("two-step", [first, second], lambda v: v[1])
+    timer = threading.Timer(0.05, first.set_exception, (ActorFailure("barrier failed"),))
+    timer.start()
+    out: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            BlockingBase(_Core())._run(call)  # type: ignore[arg-type]
+        except ActorFailure as exc:
+            out["err"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "the facade waits for a reply that never comes"
+    assert "barrier failed" in str(out["err"])
+
+
+def test_an_attribution_failing_after_its_history_write_is_in_doubt_not_lost(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger sent the batch's history write, then failed: the restart reads it
+    back, so the report says in doubt (not lost) and the flush reports no loss."""
+    from tidal_actors.core.states import LedgerState
+
+    path = str(tmp_path / "db")
+    clock = ManualClock(T0)
+    with TidalDb.open(path, config=CFG1, clock=clock) as db:
+        db.assign_cohort(1, "red")
+        db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+        db.flush()
+        raised = _once(LedgerState, "raise_floors", monkeypatch)  # after the write
+        db.signal_with_context(1, 7, 1, 5.0, T0 - 1)
+        db.flush()  # no loss to report
+        assert raised
+        report = _only_report(db)
+        assert report.action == "restarted" and report.in_doubt
+        assert not report.lost_records and not report.dropped
+        model = ReferenceModel(CFG1, clock)
+        model.assign_cohort(1, "red")
+        model.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+        model.signal_with_context(1, 7, 1, 5.0, T0 - 1)
+        expected = model.read_decay_score("red", 7, 1, T0)
+        assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(expected)
+    with TidalDb.open(path, config=CFG1, clock=clock) as db:
+        assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(expected)
+
+
+def test_a_signal_batch_failing_halfway_through_its_fan_out_is_in_doubt(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The membership shard failed after sending one ledger its records: the report
+    says the batch is in doubt rather than listing its signals as lost."""
+    from tidal_actors.storage.format import ledger_shard_of
+
+    cfg = Config(membership_shards=1, ledger_shards=2, rematerialize_after_ms=None)
+    other = next(
+        c
+        for c in ("red", "blue", "green", "teal", "gold")
+        if ledger_shard_of(c, 2) == 1 - ledger_shard_of(COMMUNITY, 2)
+    )
+    sent: list[int] = []
+
+    def tell(address: M.Address, message: object) -> None:
+        if isinstance(message, M.Attribute) and sent:
+            sent.clear()
+            raise RuntimeError("injected fault in the fan-out")
+        real_tell(address, message)
+        if isinstance(message, M.Attribute) and armed:
+            sent.append(1)
+
+    armed = False
+    with TidalDb.open(str(tmp_path / "db"), config=cfg, clock=ManualClock(T0)) as db:
+        db.assign_cohort(1, other)
+        db.flush()
+        ctx = db._core.host.ctx
+        real_tell = ctx.tell
+        monkeypatch.setattr(ctx, "tell", tell)
+        armed = True
+        db.signal_with_context(1, 7, 1, 5.0, T0 - 1)
+        with pytest.raises(StorageError, match="lost 1 signal batch"):
+            db.flush()
+        armed = False
+        report = _only_report(db)
+        assert report.address == (M.MEMBERSHIP, 0) and report.action == "restarted"
+        assert report.in_doubt and "SignalBatch" in report.in_doubt[0]
+        assert not report.lost_signals
+
+
+def test_a_rebuild_step_failing_during_an_attribution_keeps_the_batch(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running rebuild advances after each attribution batch; its step failing there
+    ends the rebuild with the error, and the unrelated batch is applied and kept."""
+    import sys
+    import threading
+
+    from tidal_actors.storage.rematerialize import RematJob
+
+    real_step = RematJob.step
+    fired: list[int] = []
+
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if fired:
+            return real_step(self, *args, **kwargs)
+        if sys._getframe(2).f_code.co_name == "_on_attribute":
+            fired.append(1)
+            raise RuntimeError("injected fault in RematJob.step")
+        return False  # not done: the rebuild waits for an attribution
+
+    monkeypatch.setattr(RematJob, "step", step)
+    path = str(tmp_path / "db")
+    clock = ManualClock(T0)
+    with TidalDb.open(path, config=CFG1, clock=clock) as db:
+        db.assign_cohort(1, "red")
+        db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+        db.flush()
+        out: dict[str, Any] = {}
+
+        def rebuild() -> None:
+            try:
+                out["r"] = db.rematerialize("red")
+            except Exception as exc:  # noqa: BLE001 - checked below
+                out["r"] = exc
+
+        t = threading.Thread(target=rebuild, daemon=True)
+        t.start()
+        import time
+
+        time.sleep(0.2)
+        db.signal_with_context(1, 7, 1, 5.0, T0 - 1)
+        db.flush()  # the batch is not lost
+        t.join(10)
+        assert fired and not t.is_alive()
+        assert isinstance(out["r"], ActorFailure)
+        report = _only_report(db)
+        assert report.in_doubt and not report.lost_records
+        model = ReferenceModel(CFG1, clock)
+        model.assign_cohort(1, "red")
+        model.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+        model.signal_with_context(1, 7, 1, 5.0, T0 - 1)
+        expected = model.read_decay_score("red", 7, 1, T0)
+        assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(expected)
+    with TidalDb.open(path, config=CFG1, clock=clock) as db:
+        assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(expected)
+
+
+def test_a_ledger_restart_names_the_purge_it_ended_in_its_report() -> None:
+    """The coordinator ends a purge prepared at the restarting ledger: its answer
+    names the purge's reply, so the FaultReport's ``failed`` lists what callers got."""
+    from tidal_actors.actors.coordinator import PurgeCoordinator
+    from tidal_actors.actors.recovery import LedgerRecovery, RecoverLedger
+    from tidal_actors.actors.reply import Reply
+
+    class _Ctx:
+        config = CFG
+        clock = ManualClock(T0)
+        durable = True
+
+        def __init__(self) -> None:
+            self.sent: list[tuple[M.Address, object]] = []
+
+        def tell(self, address: M.Address, message: object) -> None:
+            self.sent.append((address, message))
+
+    ctx = _Ctx()
+    coord = PurgeCoordinator(ctx)  # type: ignore[arg-type]
+    caller = Reply("purge-caller")
+    coord.receive(M.Purge(1, "red", 0, 1, T0, caller, (0, 1)))
+    assert any(isinstance(m, M.PreparePurge) for _, m in ctx.sent)
+    answer = Reply("recover")
+    coord.receive(RecoverLedger(0, answer))
+    recovery = answer.get(1)
+    assert isinstance(recovery, LedgerRecovery)
+    assert recovery.failed == ("purge-caller",)
+    with pytest.raises(ActorFailure, match="restarted during this purge"):
+        caller.result()

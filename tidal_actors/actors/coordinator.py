@@ -253,11 +253,15 @@ class PurgeCoordinator(Rematerializer):
         if p is not None and p.commit is not None:
             self._recoveries.append(msg)  # answered once the commit is in (`_ended`)
             return
+        failed: list[str] = []  # the replies failed here, for the FaultReport
         if on_li:  # its preparation may have died with the shard: nothing is committed
+            assert p is not None
+            failed.append(p.request.reply.label or "purge")
             self._fail_pending(ActorFailure(f"ledger[{li}] restarted during this purge"))
         r = self._remat  # a rebuild whose job died with the shard (no result yet)
         nl = self.ctx.config.ledger_shards
         if r is not None and r.updates is None and ledger_shard_of(r.cohort, nl) == li:
+            failed += [w.label or "rematerialize" for w in self._remat_waiters.get(r.cohort, [])]
             self._remat_finished(
                 error=ActorFailure(f"ledger[{li}] restarted during this re-materialization")
             )
@@ -266,7 +270,7 @@ class PurgeCoordinator(Rematerializer):
             M.PurgeMarker(q.marker, q.mshard, q.user, q.cohort, q.bound)
             for q in purges + self._waiting
         )
-        msg.reply.set_result(LedgerRecovery(in_flight, dict(self._ended_upto)))
+        msg.reply.set_result(LedgerRecovery(in_flight, dict(self._ended_upto), tuple(failed)))
 
     def on_error(self, message: object, err: BaseException) -> None:
         """A failure while a purge or a re-materialization waits on this message ends

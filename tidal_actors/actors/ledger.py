@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tidal_actors._errors import UnknownCohort
@@ -62,6 +62,14 @@ class LedgerShard(Behaviour):
         # the marker number of its newest purge ended before the restart
         self._restored: set[M.Marker] = set()
         self._ended_upto: dict[int, int] = {}
+        # whether the attribution being handled has sent its history write, and so
+        # survives a failure after it (`on_error`); read by the supervisor
+        self._sent_write = False
+        self._applied = False  # ... and whether it was applied whole
+        self.fault_in_doubt: str | None = None
+        # the markers this incarnation registered as in flight, until their purge
+        # ends: a next incarnation takes them over (`restarted`, ``inherited``)
+        self._notes: dict[Any, M.PurgeMarker] = {}
 
     COUNTERS = ("records_in", "retracted", "purges_applied", "history_batches", "handler_errors")
 
@@ -73,6 +81,7 @@ class LedgerShard(Behaviour):
         state: LedgerState,
         recovery: LedgerRecovery,
         counters: Mapping[str, int] | None = None,
+        inherited: Iterable[M.PurgeMarker] = (),
     ) -> LedgerShard:
         """The shard rebuilt after a failure (`actors.recovery`).
 
@@ -86,12 +95,23 @@ class LedgerShard(Behaviour):
                 trimming bounded by it); a marker or an end of a purge that ended
                 before is recognised by its number.
             counters: the ``stats()`` counters to carry over (`COUNTERS`).
+            inherited: the markers the failed incarnation took and whose purge had
+                not ended (`marker_notes`). They do not come again, and a purge whose
+                marker came before the coordinator got its request is not in
+                ``recovery.in_flight`` (the membership shard tells the ledgers first):
+                each is registered as if it had just come.
         """
         new = cls(ctx, index, state)
         new._ended_upto = dict(recovery.ended_upto)
+        taken = {note.marker: note for note in inherited}
         for marker in recovery.in_flight:
             new._on_marker(marker)
-            new._restored.add(marker.marker)
+            if marker.marker not in taken:
+                new._restored.add(marker.marker)
+        known = {marker.marker for marker in recovery.in_flight}
+        for key, note in taken.items():
+            if key not in known and not new._ended_before(key):
+                new._on_marker(note)
         for name in cls.COUNTERS:
             if counters is not None and name in counters:
                 setattr(new, name, counters[name])
@@ -101,6 +121,10 @@ class LedgerShard(Behaviour):
     def counters(self) -> dict[str, int]:
         """The ``stats()`` counters of this incarnation (`COUNTERS`)."""
         return {name: getattr(self, name) for name in self.COUNTERS}
+
+    def marker_notes(self) -> list[M.PurgeMarker]:
+        """The markers this incarnation took whose purge has not ended here."""
+        return list(self._notes.values())
 
     def held_messages(self) -> list[object]:
         """The messages received and not fully handled: purge preparations waiting
@@ -116,14 +140,22 @@ class LedgerShard(Behaviour):
         return upto is not None and marker[1] <= upto
 
     def _on_attribute(self, msg: M.Attribute) -> None:
+        self._sent_write = self._applied = False
         st = self.state
         m, rs, us = msg.mshard, msg.rseqs, msg.users
         rows = st.aggregates.add_columns(
             m, rs, us, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps
         )
+        # a rebuild step failing here ends that rebuild (`_advance`), not this batch:
+        # the batch is applied first, then the failure is raised (so counted and the
+        # shard restarted) with the batch written (`on_error`)
+        step_error: Exception | None = None
         if self._jobs:
             for token in list(self._jobs):
-                self._advance(token)
+                try:
+                    self._advance(token)
+                except Exception as exc:  # noqa: BLE001 - raised below
+                    step_error = step_error or exc
         log = st.log
         log.append_columns(us.tolist(), msg.cohorts, rows)
         self.records_in += len(rows)
@@ -139,6 +171,10 @@ class LedgerShard(Behaviour):
             seen[m] = last
         st.raise_floors(self._caps, self._in_flight)
         self._settle()
+        if step_error is not None:
+            self._applied = True
+            raise step_error
+        self._sent_write = False  # handled: nothing of it is in doubt
 
     def _settle(self) -> None:
         """Drop detail rows no purge can name (`LedgerState.settle`); not while a
@@ -156,10 +192,23 @@ class LedgerShard(Behaviour):
             self.state.unconfirmed.append((seq, first_row))
         self.history_batches += 1
         self.ctx.tell(M.PERSIST_ADDR, M.Write([batch_op(self.index, seq, cols, contexts)]))
+        self._sent_write = True
 
     def on_error(self, message: object, err: BaseException) -> None:
         if isinstance(message, M.Attribute):
-            self.note_loss(err)
+            doubt = None
+            if self._applied:  # a rebuild step failed after it (`_on_attribute`)
+                doubt = "Attribute (applied; a re-materialization step failed)"
+            elif self._sent_write:
+                # its history write is on its way, committed before a restart reads
+                # the store: the batch is not lost (whether it commits, the flush says)
+                doubt = "Attribute (its history write was sent)"
+            if doubt is not None:
+                if self.fault is not None and self.fault[0] is message:  # for the supervisor
+                    self.fault_in_doubt = doubt
+            else:
+                self.note_loss(err)
+            self._sent_write = self._applied = False
 
     def _on_barrier_part(self, msg: M.BarrierPart) -> None:
         b = msg.barrier
@@ -222,6 +271,7 @@ class LedgerShard(Behaviour):
             return
         else:
             self._in_flight.setdefault(msg.mshard, {})[msg.marker] = msg.bound
+            self._notes[msg.marker] = msg
         if not self._owns(msg.cohort):
             return
         self.state.log.hold(msg.user, msg.cohort, msg.bound)
@@ -252,6 +302,7 @@ class LedgerShard(Behaviour):
 
     def _end_purge(self, mshard: int, marker: M.Marker) -> None:
         """The purge of ``marker`` committed or failed: trimming ``mshard`` may resume."""
+        self._notes.pop(marker, None)
         open_ = self._in_flight.get(mshard)
         if open_ is not None and marker in open_:
             del open_[marker]

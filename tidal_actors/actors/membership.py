@@ -47,6 +47,10 @@ class MembershipShard(ControlWrites):
         for u in {*self.left, *self.state.cohorts}:
             self._update_route(u)
         self.signals = self.forwarded = self.gated = self.records = 0
+        # ledger shards the batch being handled was sent to, for `on_error`; a
+        # failure after the first makes the batch in doubt (read by the supervisor)
+        self._fanned = 0
+        self.fault_in_doubt: str | None = None
         self._init_control_writes()
         for kind, fn in (
             (M.SignalBatch, self._on_signals),
@@ -132,6 +136,7 @@ class MembershipShard(ControlWrites):
         and sent to each ledger shard as columns."""
         signals = msg.signals
         n = len(signals)
+        self._fanned = 0
         if not n:
             return
         us, es, ts_, ws, tss, cxs = zip(*signals)
@@ -183,6 +188,8 @@ class MembershipShard(ControlWrites):
                     ctx,
                 ),
             )
+            self._fanned += 1
+        self._fanned = 0  # handled: nothing of it is in doubt
 
     def _cohort_ops(
         self, user: int, cohorts: tuple[str, ...]
@@ -310,6 +317,12 @@ class MembershipShard(ControlWrites):
     def on_error(self, message: object, err: BaseException) -> None:
         if isinstance(message, M.SignalBatch):
             self.note_loss(err)
+            faulted = self.fault is not None and self.fault[0] is message
+            if self._fanned and faulted:  # some ledgers got their part: partly applied
+                self.fault_in_doubt = (
+                    f"SignalBatch (sent to {self._fanned} ledger shard(s) before failing)"
+                )
+            self._fanned = 0
 
     def _on_barrier(self, msg: M.Barrier) -> None:
         lost = self.take_loss(msg)

@@ -59,10 +59,14 @@ class LedgerRecovery:
         ended_upto: membership shard -> the marker number (``marker[1]``) of its
             newest purge that has ended (committed or abandoned); a shard's purges
             end in the order they were taken.
+        failed: labels of the replies the coordinator failed because of the
+            restart (a purge prepared there, a rebuild running there), for
+            `FaultReport.failed`.
     """
 
     in_flight: tuple[PurgeMarker, ...] = ()
     ended_upto: dict[int, int] = field(default_factory=dict)
+    failed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +85,8 @@ class FaultReport:
         address: the actor that failed.
         action: ``"restarted"`` (rebuilt from the store), ``"resumed"`` (kept as it
             was: an actor that cannot restart, or a database with no durable
-            state), or ``"down"`` (an injected crash waiting for its restart).
+            state), ``"fenced"`` (its restart failed every time: every message to it
+            fails until the database is reopened, `runtime.supervision.Fenced`), or ``"down"`` (an injected crash waiting for its restart).
         cause: the exception's ``repr`` (empty for an injected crash).
         dropped: descriptions of the messages lost (the one a handler failed on;
             for an injected crash, the mailbox and stash, in the trace's notation).
@@ -90,13 +95,19 @@ class FaultReport:
         lost_records: attributions dropped before their ledger shard applied them.
         failed: labels of the handles or replies that got an error because of it.
         in_doubt: labels of control operations whose write was already on its way
-            to persistence; each is answered by the write's outcome on restart.
+            to persistence; each is answered by the write's outcome on restart. Also
+            a message the failure hit after part of it took effect, described, and
+            then not in ``dropped``/``lost_signals``/``lost_records``: an attribution
+            whose history write was sent (it is in the store, so it survives the
+            restart; the flush reports no loss for it), or a signal batch some ledger
+            shards got their records of before its membership shard failed (those
+            records are applied, the others lost; the flush reports the batch lost).
         lost_writes: writes persistence had taken but not committed (persistence
             crash only); their writers got a ``StorageError``.
     """
 
     address: Address
-    action: Literal["restarted", "resumed", "down"] = "down"
+    action: Literal["restarted", "resumed", "fenced", "down"] = "down"
     cause: str = ""
     dropped: list[str] = field(default_factory=list)
     lost_signals: list[SignalTuple] = field(default_factory=list)

@@ -21,7 +21,12 @@ from tidal_actors.actors.reply import Reply
 from tidal_actors.core.states import CoordinatorState
 from tidal_actors.storage.format import ledger_shard_of, status_op
 
-__all__ = ["RematInFlight", "Rematerializer"]
+__all__ = ["REMAT_RETRIES", "REMAT_RETRY_S", "RematInFlight", "Rematerializer"]
+
+# a failed rebuild is tried again after REMAT_RETRY_S, doubling, at most REMAT_RETRIES
+# times in a row
+REMAT_RETRY_S = 0.1
+REMAT_RETRIES = 6
 
 
 @dataclass(slots=True)
@@ -53,6 +58,8 @@ class Rematerializer(Behaviour):
         self._remat_waiters: dict[str, list[Reply]] = {}
         self._remat_due: dict[str, float] = {}
         self._remat_seq = 0
+        # cohort -> rebuilds of it failed in a row (`_retry_remat`)
+        self._remat_failures: dict[str, int] = {}
         for kind, fn in (
             (M.Rematerialize, self._on_rematerialize),
             (M.RematDone, self._on_remat_done),
@@ -126,6 +133,22 @@ class Rematerializer(Behaviour):
         li = ledger_shard_of(cohort, self.ctx.config.ledger_shards)
         self.ctx.tell((M.LEDGER, li), M.RematStart(cohort, covered, token))
 
+    def _retry_remat(self, cohort: str) -> None:
+        """A rebuild of ``cohort`` failed (a ledger restart, a failing step, a failed
+        commit): its purges still wait for one, so it is scheduled again, after
+        ``REMAT_RETRY_S`` doubling per failure in a row, at most ``REMAT_RETRIES``
+        times (then the next open resumes it, `ResumeRematerialization`)."""
+        if not any(
+            s.cohort == cohort and not s.rematerialized for s, _ in self.state.statuses.values()
+        ):
+            return
+        n = self._remat_failures.get(cohort, 0)
+        if n >= REMAT_RETRIES:
+            return
+        self._remat_failures[cohort] = n + 1
+        due = self._monotonic() + REMAT_RETRY_S * 2**n
+        self._remat_due[cohort] = min(due, self._remat_due.get(cohort, due))
+
     def _on_rematerialize(self, msg: M.Rematerialize) -> None:
         self._queue_remat(msg.cohort, msg.reply)
 
@@ -192,6 +215,10 @@ class Rematerializer(Behaviour):
     ) -> None:
         r, self._remat = self._remat, None
         assert r is not None
+        if error is None or isinstance(error, UnknownCohort):
+            self._remat_failures.pop(r.cohort, None)
+        else:
+            self._retry_remat(r.cohort)
         for w in self._remat_waiters.pop(r.cohort, []):
             if error is None:
                 w.set_result(report)

@@ -32,6 +32,11 @@ class Reply:
     def done(self) -> bool:
         return self._event.is_set()
 
+    @property
+    def error(self) -> BaseException | None:
+        """The error it was settled with (None: a value, or not settled yet)."""
+        return self._exc
+
     def _settle(self, value: Any, exc: BaseException | None) -> bool:
         with self._lock:
             if self._event.is_set():

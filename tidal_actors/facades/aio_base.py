@@ -33,7 +33,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from tidal_actors._clock import Clock
 from tidal_actors._config import Config
@@ -122,32 +122,33 @@ class LoopFacade:
         self._check_loop()
         return self._core
 
-    def _settled(self, event: Event, reply: Reply) -> None:
-        # In the actor thread that settled ``reply``: forget it, post the wake-up. No
-        # lock: set.discard of identity-hashed objects is atomic under the GIL, and a
-        # lock shared with the loop's thread would make the loop wait on actors.
+    def _settled(self, call: Call[Any], event: Event, reply: Reply) -> None:
+        # In the actor thread that settled ``reply``: forget it, post the wake-up once
+        # the call is done. No lock: set.discard of identity-hashed objects is atomic
+        # under the GIL, and a lock shared with the loop's thread would make the loop
+        # wait on actors.
         self._unsettled.discard(reply)
-        self._post(event.set)
+        if call.done:
+            self._post(event.set)
 
     async def _run(self, call: Call[T]) -> T:
         core = self._core
         replies = call.replies
-        events: list[tuple[Reply, Event]] = []
+        # woken once every reply has come, or one failed (`Call.done`)
+        event: Event | None = None
         for r in replies:
             core.track(r)
             if not r.done:
-                ev = self._new_event()
+                if event is None:
+                    event = self._new_event()
                 self._unsettled.add(r)
-                r.add_done_callback(functools.partial(self._settled, ev))
-                events.append((r, ev))
+                r.add_done_callback(functools.partial(self._settled, call, event))
         delivered = False
         try:
             parked = False
-            for r, ev in events:
-                if r.done:
-                    continue
+            if event is not None and not call.done:
                 parked = True
-                await ev.wait()
+                await event.wait()
             if not parked:
                 await self._checkpoint_after()
             delivered = True
@@ -157,6 +158,8 @@ class LoopFacade:
                 call.abandon()  # cancelled: what only this caller would hear goes on
             for r in replies:
                 core.untrack(r)
+                if delivered:  # failed early: a later step may never be sent
+                    self._unsettled.discard(r)
 
     async def _wait_room(self, shards: list[int]) -> None:
         """Park until each membership shard in ``shards`` has had room (cancellable)."""

@@ -9,8 +9,10 @@ themselves are generated from the operation table (``_generated_blocking``).
 
 from __future__ import annotations
 
+import threading
 from typing import TypeVar
 
+from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.call import Call
 from tidal_actors.runtime.engine import Core
 
@@ -30,8 +32,19 @@ class BlockingBase:
         for r in call.replies:
             core.track(r)
         try:
-            for r in call.replies:
-                r.wait()
+            if len(call.replies) == 1:
+                call.replies[0].wait()
+            elif call.replies:
+                # until every reply has come, or one failed (`Call.done`)
+                done = threading.Event()
+
+                def check(_: Reply) -> None:
+                    if call.done:
+                        done.set()
+
+                for r in call.replies:
+                    r.add_done_callback(check)
+                done.wait()
             return call.result()
         finally:
             for r in call.replies:

@@ -20,8 +20,10 @@ T = TypeVar("T")
 class Call(Generic[T]):
     """An operation in flight: its replies and how to turn their values into the result.
 
-    ``done`` says whether every reply has arrived; ``result()`` returns the result (a
-    ``T``; or raises the operation's error, or RuntimeError if not done yet). Without
+    ``done`` says whether every reply has arrived, or one has failed (the later ones
+    of a multi-step operation, such as a barrier and then the action, may never be
+    sent then); ``result()`` returns the result (a ``T``; or raises the operation's
+    error: the first failed reply's, or RuntimeError if not done yet). Without
     ``finish`` the result is the first reply's value (None without replies).
     """
 
@@ -39,9 +41,20 @@ class Call(Generic[T]):
 
     @property
     def done(self) -> bool:
-        return all(r.done for r in self.replies)
+        return all(r.done for r in self.replies) or self.error is not None
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error of the first reply (in order) that failed, if any has."""
+        for r in self.replies:
+            if r.done and r.error is not None:
+                return r.error
+        return None
 
     def result(self) -> T:
+        err = self.error
+        if err is not None:
+            raise err
         values = [r.result() for r in self.replies]
         if self.finish is not None:
             return self.finish(values)

@@ -117,6 +117,7 @@ class Core(Operations):
         self.store = store
         self.host = host
         self.closed = False
+        self.fenced = False  # a shard was fenced (`_replaced`)
         self.pid = os.getpid()  # the process that opened it: the only one that may use it
         self._carried: list[StorageError] = []  # errors of flushes nobody read (`FlushCall`)
         self._carry_lock = threading.Lock()
@@ -177,7 +178,11 @@ class Core(Operations):
     def _replaced(self, address: M.Address, behaviour: Behaviour) -> None:
         """The host restarted the actor at ``address`` (`runtime.supervision`): keep
         the new one for stats() and for the snapshot written at close."""
-        if isinstance(behaviour, Persistence):
+        if getattr(behaviour, "fenced", False):
+            # fenced (`runtime.supervision.Fenced`): the state it held may be
+            # half-updated, so no snapshot is written; the next open reads the store
+            self.fenced = True
+        elif isinstance(behaviour, Persistence):
             self.persistence = behaviour
         elif isinstance(behaviour, LedgerShard):
             self.ledgers[address[1]] = behaviour
@@ -250,7 +255,7 @@ class Core(Operations):
                 # would be missing from a snapshot: then none is written, and the next
                 # open replays the history, which honours every tombstone.
                 applied = sum(b.purges_applied for b in self.ledgers)
-                if applied == self.coordinator.purges:
+                if applied == self.coordinator.purges and not self.fenced:
                     with contextlib.suppress(StorageError):
                         self.store.commit(
                             snapshot_write_ops(self.config, [b.state for b in self.ledgers])
@@ -265,6 +270,13 @@ class Core(Operations):
                     "sent since the last flush may not be durable"
                 )
         errors = self.take_carried() + ([lost] if lost is not None else [])
+        if self.fenced and lost is None:
+            errors.append(
+                StorageError(
+                    "closed with a fenced shard (its restart failed): what it was sent "
+                    "since the failure is lost; the next open restores it from the store"
+                )
+            )
         if errors:
             # closed, but signals acknowledged since the last flush are not durable:
             # never silently (close() returning means they are)

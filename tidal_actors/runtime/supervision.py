@@ -13,6 +13,10 @@ behaviour's state half-updated. Its caller has the error already (``ActorFailure
   stashed messages, a ledger's barrier parts; a ledger's purge preparation waiting
   for its marker is dropped (the coordinator abandoned that purge). The deterministic
   test host restarts a crashed shard through the same two functions.
+  A restart that fails (say a transient store error) is tried again
+  (``RESTART_RETRY_S``); if every try fails the shard is fenced (:class:`Fenced`):
+  its half-updated state is never served, written or snapshotted again, every
+  message to it fails with ``ActorFailure``, and a reopen restores it from the store.
 * Anything else is resumed as it is: the coordinator and persistence change their
   state only after a commit, and a failure ends the purge, rebuild or write it hit
   with the error (`PurgeCoordinator.on_error`, `Persistence.commit`); an ephemeral
@@ -32,26 +36,76 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tidal_actors._config import Config
+from tidal_actors._errors import ActorFailure
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour, Context
 from tidal_actors.actors.ledger import LedgerShard
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.recovery import FaultReport, LedgerRecovery, LoadStore, RecoverLedger
 from tidal_actors.actors.reply import Reply
-from tidal_actors.core.contrib_log import LogRecord
+from tidal_actors.core.contrib_log import EMPTY, LogRecord
 from tidal_actors.runtime.engine import build_states
 from tidal_actors.storage.stores import Restored
 
-__all__ = ["REPORTS_KEPT", "RESTART_WAIT_S", "Supervisor", "restore_ledger", "restore_membership"]
+__all__ = [
+    "REPORTS_KEPT",
+    "RESTART_RETRY_S",
+    "RESTART_WAIT_S",
+    "Fenced",
+    "Supervisor",
+    "restore_ledger",
+    "restore_membership",
+]
 
 log = logging.getLogger("tidal_actors")
 
 RESTART_WAIT_S = 60.0
 REPORTS_KEPT = 100
+# a restart that fails (a transient store error) is tried again after each delay
+RESTART_RETRY_S = (0.05, 0.25, 1.0)
+
+
+class Fenced(Behaviour):
+    """Stands in for a shard whose restart failed every time: its state may be
+    half-updated, so nothing is served from it. Every message fails with
+    :class:`ActorFailure` (its reply, a barrier's reply, or the coordinator's wait
+    for a preparation or a rebuild), so writes and flushes are refused with a clear
+    error; the engine writes no snapshot at close (`Engine._replaced`), and the
+    next open restores the shard from the durable store.
+    """
+
+    fenced = True
+
+    def __init__(self, ctx: Context, address: M.Address, error: ActorFailure) -> None:
+        super().__init__(ctx)
+        self.address = address
+        self.error = error
+
+    def receive(self, message: object) -> None:
+        err = self.error
+        self.handler_errors += 1
+        for reply in _replies(message):
+            reply.set_exception(err)
+        if isinstance(message, M.PreparePurge):
+            self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(message.purge_id, EMPTY, err))
+        elif isinstance(message, M.RematStart):
+            self.ctx.tell(M.COORD_ADDR, M.RematDone(message.token, message.cohort, error=err))
+
+
+def _replies(message: object) -> list[Reply]:
+    """The replies waiting on ``message``: its own, or its barrier's (and the read's)."""
+    out: list[Reply] = []
+    barrier = message.barrier if isinstance(message, M.BarrierPart) else message
+    for obj in (message, barrier, getattr(barrier, "action", None)):
+        reply = getattr(obj, "reply", None)
+        if isinstance(reply, Reply) and reply not in out:
+            out.append(reply)
+    return out
 
 
 def restore_ledger(
@@ -62,11 +116,13 @@ def restore_ledger(
     index: int,
     recovery: LedgerRecovery,
     counters: Mapping[str, int] | None = None,
+    inherited: Iterable[M.PurgeMarker] = (),
 ) -> LedgerShard:
     """Ledger shard ``index`` rebuilt from ``restored`` (what ``store.load()`` read
-    after the exchange) and the coordinator's ``recovery`` (`LedgerShard.restarted`)."""
+    after the exchange), the coordinator's ``recovery`` and the markers the failed
+    incarnation took (``inherited``, `LedgerShard.restarted`)."""
     _, lstates, _ = build_states(config, restored, store)
-    return LedgerShard.restarted(ctx, index, lstates[index], recovery, counters)
+    return LedgerShard.restarted(ctx, index, lstates[index], recovery, counters, inherited)
 
 
 def restore_membership(
@@ -129,15 +185,38 @@ class Supervisor:
         message, exc = old.fault
         old.fault = None
         report = FaultReport(old.address, "resumed", repr(exc))
-        account(report, message)
+        doubt = getattr(old, "fault_in_doubt", None)
+        if doubt is not None:  # partly applied or persisted: not lost for sure
+            old.fault_in_doubt = None  # type: ignore[attr-defined]
+            report.in_doubt.append(doubt)
+            reply = getattr(message, "reply", None)
+            if isinstance(reply, Reply):
+                report.failed.append(reply.label or type(message).__name__)
+        else:
+            account(report, message)
         new: Behaviour = old
         kind = old.address[0]
         if kind in (M.MEMBERSHIP, M.LEDGER) and getattr(self.store, "durable", False):
-            try:
-                new = self._restart(old, report)
-                report.action = "restarted"
-            except Exception as err:  # noqa: BLE001 - keep serving with what there is
-                report.cause += f"; the restart failed: {err!r}"
+            # its state may be half-updated: restarted, or else fenced, never resumed
+            for delay in (*RESTART_RETRY_S, None):
+                try:
+                    new = self._restart(old, report)
+                    report.action = "restarted"
+                    break
+                except Exception as err:  # noqa: BLE001 - tried again, then fenced
+                    report.cause += f"; the restart failed: {err!r}"
+                    if delay is not None:
+                        time.sleep(delay)
+            else:
+                fence = ActorFailure(
+                    f"{kind}[{old.address[1]}] is fenced: it failed and could not restart "
+                    f"from the store ({report.cause}); reopen the database"
+                )
+                new = Fenced(self.ctx, old.address, fence)
+                report.action = "fenced"
+                held = getattr(old, "held_messages", list)
+                for msg in held():
+                    new.receive(msg)
         if new is old:
             old.resume()
         self.reports.append(report)
@@ -166,9 +245,17 @@ class Supervisor:
         self._incarnation[old.address] = n + 1
         if isinstance(old, LedgerShard):
             recovery = self._ask(M.COORD_ADDR, lambda r: RecoverLedger(index, r), "recover")
+            report.failed.extend(f for f in recovery.failed if f not in report.failed)
             restored = self._ask(M.PERSIST_ADDR, LoadStore, "load-store")
             ledger = restore_ledger(
-                self.config, self.ctx, restored, self.store, index, recovery, old.counters()
+                self.config,
+                self.ctx,
+                restored,
+                self.store,
+                index,
+                recovery,
+                old.counters(),
+                old.marker_notes(),
             )
             ledger.take_over_loss(old)
             keep, dropped = carried_over(old.held_messages())
