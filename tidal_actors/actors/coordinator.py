@@ -234,9 +234,8 @@ class PurgeCoordinator(Rematerializer):
     def _ended(self, req: M.Purge) -> None:
         """``req`` committed or was abandoned: a restarting ledger hears of it, and
         the ledger restarts waiting for its commit go ahead."""
-        if req.marker is not None:
-            m, n = req.mshard, req.marker[1]
-            self._ended_upto[m] = max(self._ended_upto.get(m, -1), n)
+        m, n = req.mshard, req.marker[1]
+        self._ended_upto[m] = max(self._ended_upto.get(m, -1), n)
         recoveries, self._recoveries = self._recoveries, []
         for msg in recoveries:
             self._on_recover(msg)

@@ -281,13 +281,12 @@ class LedgerShard(Behaviour):
             self._on_prepare(parked)
 
     def _on_prepare(self, msg: M.PreparePurge) -> None:
-        if msg.marker is not None:
-            if msg.marker not in self._markers:
-                if self._ended_before(msg.marker):
-                    return  # abandoned when this shard restarted: nobody waits for it
-                self._parked[msg.marker] = msg  # the user's earlier records are still coming
-                return
-            self._markers.discard(msg.marker)
+        if msg.marker not in self._markers:
+            if self._ended_before(msg.marker):
+                return  # abandoned when this shard restarted: nobody waits for it
+            self._parked[msg.marker] = msg  # the user's earlier records are still coming
+            return
+        self._markers.discard(msg.marker)
         try:
             prepared = self.state.log.prepare(msg.user, msg.cohort, msg.watermark, msg.bound)
             self._prepared.add(msg.purge_id)
@@ -385,8 +384,7 @@ class LedgerShard(Behaviour):
     def _on_eviction(self, msg: M.EvictionUpdate) -> None:
         self.state.watermarks[msg.mshard] = (msg.watermark, msg.drained)
         self.state.log.set_floor(msg.mshard, msg.watermark)
-        if msg.marker is not None:
-            self._end_purge(msg.mshard, msg.marker)
+        self._end_purge(msg.mshard, msg.marker)
         self._settle()
 
 
