@@ -69,7 +69,7 @@ class LedgerShard(Behaviour):
         self.fault_in_doubt: str | None = None
         # the markers this incarnation registered as in flight, until their purge
         # ends: a next incarnation takes them over (`restarted`, ``inherited``)
-        self._notes: dict[Any, M.PurgeMarker] = {}
+        self._notes: dict[M.Marker, M.PurgeMarker] = {}
 
     COUNTERS = ("records_in", "retracted", "purges_applied", "history_batches", "handler_errors")
 
