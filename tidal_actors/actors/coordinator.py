@@ -112,17 +112,19 @@ class PurgeCoordinator(Rematerializer):
     def _next_purge(self) -> None:
         """Start the first waiting purge that may run, if none is in progress.
 
-        A purge of the cohort being re-materialized waits for the rebuild, and so do
-        the later purges of its membership shard: each purge's watermark is the
-        shard's as of its bound, so one shard's purges commit in the order they were
-        taken. Purges of other shards go ahead."""
+        A rebuild of the purge's cohort in progress gives way to it
+        (`Rematerializer._yield_remat`) unless it has given way ``REMAT_YIELDS`` times
+        in a row or its result is committing; then the purge waits for the rebuild,
+        and so do the later purges of its membership shard: each purge's watermark is
+        the shard's as of its bound, so one shard's purges commit in the order they
+        were taken. Purges of other shards go ahead."""
         while self._pending is None and self._waiting:
-            remat = self._remat.cohort if self._remat is not None else None
             blocked: set[int] = set()
             for i, p in enumerate(self._waiting):
                 if p.mshard in blocked:
                     continue
-                if p.cohort == remat:
+                remat = self._remat.cohort if self._remat is not None else None
+                if p.cohort == remat and not self._yield_remat():
                     blocked.add(p.mshard)
                     continue
                 del self._waiting[i]

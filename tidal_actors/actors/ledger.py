@@ -43,6 +43,7 @@ class LedgerShard(Behaviour):
             (M.EvictionUpdate, self._on_eviction),
             (M.RematStart, self._on_remat_start),
             (M.RematStep, self._on_remat_step),
+            (M.RematAbort, self._on_remat_abort),
             (M.PurgeMarker, self._on_marker),
             (M.PurgeAbandoned, self._on_abandoned),
         ):
@@ -342,6 +343,12 @@ class LedgerShard(Behaviour):
     def _on_remat_step(self, msg: M.RematStep) -> None:
         if msg.token in self._jobs and not self._advance(msg.token):
             self.ctx.tell(self.address, M.RematStep(msg.token))  # let other messages in
+
+    def _on_remat_abort(self, msg: M.RematAbort) -> None:
+        # nothing of a rebuild is visible before `RematJob.finish`: dropping it
+        # leaves the live state as it is (settling resumes)
+        if self._jobs.pop(msg.token, None) is not None:
+            self._settle()
 
     def _advance(self, token: M.RematToken) -> bool:
         """One chunk of a running re-materialization; True once it has finished.

@@ -292,6 +292,15 @@ class RematStart:
 
 
 @dataclass(frozen=True, slots=True)
+class RematAbort:
+    """Coordinator -> ledger: drop the running re-materialization ``token`` (a purge
+    of its cohort goes first; the cohort is rebuilt again after it). A no-op if the
+    rebuild has finished or never started."""
+
+    token: RematToken
+
+
+@dataclass(frozen=True, slots=True)
 class RematStep:
     """Ledger -> itself: fold the next chunk of a running re-materialization."""
 

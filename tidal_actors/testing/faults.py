@@ -112,7 +112,14 @@ class FaultInjection:
             report.lost_records.extend(LogRecord(*r) for r in msg.records)
         elif isinstance(
             msg,
-            (M.PreparePurge, M.RematStart, M.RematStep, M.PurgeMarker, M.PurgeAbandoned),
+            (
+                M.PreparePurge,
+                M.RematStart,
+                M.RematStep,
+                M.RematAbort,
+                M.PurgeMarker,
+                M.PurgeAbandoned,
+            ),
         ):
             pass  # the coordinator ends or lists that purge or rebuild at the restart
         elif isinstance(msg, (M.ApplyPurge, M.EvictionUpdate)):
