@@ -87,8 +87,9 @@ class Adds(KeyState):
         np.maximum.at(self.latest_t_max, kf, tf)
         np.maximum.at(self.t_max, k, ts)
         if not every:
+            rest = ~fast & ~self._add_newer(k, b, x, w, wf, ts, ~fast)
             slow = self._add_one
-            for i in np.flatnonzero(~fast).tolist():
+            for i in np.flatnonzero(rest).tolist():
                 slow(int(k[i]), int(ts[i]), float(w[i]))
         self.row_key.frombytes(k.astype(np.uint32).tobytes())
         self.row_ts.frombytes(ts.tobytes())
@@ -271,6 +272,66 @@ class Adds(KeyState):
         self.latest_t_max[first:last] = nt
         self.latest_b[first:last] = nt // self._width
         self.live[first:last] = 1
+
+    def _add_newer(
+        self,
+        k: np.ndarray,
+        b: np.ndarray,
+        x: np.ndarray,
+        w: np.ndarray,
+        wf: np.ndarray,
+        ts: np.ndarray,
+        cand: np.ndarray,
+    ) -> np.ndarray:
+        """Add, in bulk, the records among ``cand`` (a mask) that open a key's newer
+        bucket: each such key's latest bucket moves to ``older`` once, the newest
+        bucket its records reach in this batch becomes its latest, and the records
+        in that bucket are added to it. Returns the mask of the records added; the
+        others (an earlier bucket, a landmark move) are `_add_one`'s.
+
+        Equal to adding them one by one, in order: a key's moves in between (a batch
+        crossing two buckets of it) leave the same older buckets, filled by
+        `_add_one` with the records of the buckets in between."""
+        newer: np.ndarray = cand & (x <= RENORMALIZE_AT) & (b > self.latest_b[k])
+        if not newer.any():
+            return newer
+        kn, bn = k[newer], b[newer]
+        keys, at = np.unique(kn, return_inverse=True)
+        top = np.full(len(keys), np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(top, at, bn)
+        counts = self.latest_count[keys]
+        moving = np.flatnonzero(counts)
+        if len(moving):
+            mk = keys[moving]
+            older = self.older
+            get = older.get
+            for key, cb, cn, cw, cf, ct in zip(
+                mk.tolist(),
+                self.latest_b[mk].tolist(),
+                counts[moving].tolist(),
+                self.latest_wsum[mk].tolist(),
+                self.latest_fd[mk].tolist(),
+                self.latest_t_max[mk].tolist(),
+            ):
+                o = get(key)
+                if o is None:
+                    older[key] = {cb: (cn, cw, cf, ct)}
+                else:
+                    o[cb] = (cn, cw, cf, ct)
+        self.latest_b[keys] = top
+        self.latest_count[keys] = 0
+        self.latest_wsum[keys] = 0.0
+        self.latest_fd[keys] = 0.0
+        self.latest_t_max[keys] = np.iinfo(np.int64).min
+        added: np.ndarray = newer.copy()
+        added[newer] = bn == top[at]
+        ka = k[added]
+        np.add.at(self.fd_sum, ka, wf[added])
+        np.add.at(self.latest_count, ka, 1)
+        np.add.at(self.latest_wsum, ka, w[added])
+        np.add.at(self.latest_fd, ka, wf[added])
+        np.maximum.at(self.latest_t_max, ka, ts[added])
+        return added
 
     def _add_one(self, k: int, ts: int, w: float) -> None:
         """Add one contribution to key ``k`` (a newer or older bucket, or a landmark move)."""
