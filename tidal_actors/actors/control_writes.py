@@ -111,7 +111,11 @@ class ControlWrites(Behaviour):
     ) -> None:
         self._token += 1
         self._pending[self._token] = (apply, reply)
-        write = M.Write(ops, (self.address, self._token))
+        # ahead: it writes only its user's records in ``users``, which no history,
+        # purge or eviction write depends on, and the signals it changes the fate of
+        # are the ones after it (stashed until it is applied): persistence may commit
+        # it before the history writes queued there
+        write = M.Write(ops, (self.address, self._token), ahead=True)
         if self._group is not None:  # joins the group being formed (`_receive_group`)
             self._group.append(write)
         else:

@@ -253,10 +253,13 @@ class BarrierPart:
 @dataclass(frozen=True, slots=True)
 class Write:
     """Ops: ``(keyspace, key, value)``; value None deletes. Reply: a Reply, or an
-    ``(address, token)`` to which a :class:`Committed` is told, or None."""
+    ``(address, token)`` to which a :class:`Committed` is told, or None. ``ahead``:
+    it depends on no write queued before it, so persistence may commit it first
+    (`Persistence`; a membership shard's control write, `ControlWrites._write`)."""
 
     ops: list[tuple[str, bytes, bytes | None]]
     reply: Any = None
+    ahead: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -251,7 +251,7 @@ class FaultInjection:
         assert isinstance(old, Persistence)
         report = FaultReport(address)
         queued = self._take_queue(address)
-        lost = list(old._writes) + queued
+        lost = old.uncommitted() + queued
         # writes (and history erasures) are answered by the restarted incarnation below
         writes: list[Any] = [
             m for m in lost if isinstance(getattr(m, "ops", None), list) and hasattr(m, "reply")
