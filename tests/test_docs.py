@@ -260,3 +260,28 @@ def test_operation_signatures_in_the_docs_use_the_parameter_names() -> None:
             assert names == [n for n in want if n in names], f"{path.name}: {name}({args}) order"
             checked += 1
     assert checked >= 5  # the semantics page's reads and purge, at least
+
+
+def test_the_ranges_on_the_configuration_page_are_the_codes() -> None:
+    """A setting whose row says ``in (lo, hi]`` or ``in [lo, hi]`` takes ``hi`` and
+    refuses just past it (and ``lo`` when the interval is open there)."""
+    from tidal_actors import InvalidArgument
+
+    text = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    ranges = re.findall(r"^\| `(\w+)` .*?\bin ([(\[])([\d,.]+), ([\d,.]+)\]", section, re.M)
+    assert {name for name, *_ in ranges} >= {
+        "signal_flush_interval_ms",
+        "inflight_budget_ms",
+        "rematerialize_after_ms",
+    }
+    for name, opening, lo_text, hi_text in ranges:
+        lo, hi = float(lo_text.replace(",", "")), float(hi_text.replace(",", ""))
+        assert getattr(Config(**{name: hi}), name) == hi
+        for bad in [hi * 1.001] + ([lo] if opening == "(" else [lo - 1]):
+            try:
+                Config(**{name: bad})
+            except InvalidArgument as exc:
+                assert exc.field == name
+            else:
+                raise AssertionError(f"{name}={bad} accepted; the docs say {opening}{lo}, {hi}]")
