@@ -81,7 +81,7 @@ def _forget_in_child() -> None:
     the child raises `DatabaseClosed`. The child cannot open that store again (py-lmdb
     keeps one environment per file in a process): a process started with
     multiprocessing's "spawn" or "forkserver" method can, once the parent has closed
-    it."""
+    it, and so can a child forked before its parent opened the store."""
     for core in list(_OPEN_CORES):
         core.disown()
     _OPEN_CORES.clear()
@@ -296,8 +296,11 @@ class Core(Operations):
             if self.pid != os.getpid():
                 raise DatabaseClosed(
                     f"this database was opened by process {self.pid} and this process "
-                    f"({os.getpid()}) is a fork of it: a forked child cannot use it; open "
-                    "the store in the child (after the parent has closed it) instead"
+                    f"({os.getpid()}) is a fork of it: a forked child can neither use it nor "
+                    "open its store (py-lmdb keeps one environment per file in a process); "
+                    "use the store in a process started with multiprocessing's 'spawn' or "
+                    "'forkserver' method (once the parent has closed it), or fork before "
+                    "opening the store"
                 )
             raise DatabaseClosed("the database is closed")
 
