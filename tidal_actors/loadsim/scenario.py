@@ -302,9 +302,7 @@ def _scenario_from_mapping(data: Mapping[str, Any], source: str) -> Scenario:
     try:  # validate the settings now, not halfway through a run
         scenario.build_config()
     except InvalidArgument as exc:
-        raise InvalidArgument(
-            exc.field, exc.value, f"{exc.reason} (in {source})"
-        ) from None
+        raise InvalidArgument(exc.field, exc.value, f"{exc.reason} (in {source})") from None
     return scenario
 
 
