@@ -7,9 +7,10 @@ fan-out (forward-decayed score, bucketed window, one contribution record per coh
 in the same process: each ingestion figure is the median of three rounds, each round
 timing the simple loop and then the runtime, and its ratio the median of the three
 rounds' ratios. The simple loop is not the best plain code for the work: the tight
-loop of ``bench/bench_ingest.py`` does more (latest-bucket moves) at about three times
-its rate, so a ratio here is against an untuned loop; ``bench_ingest.py`` holds the
-ratios against the tight loop and a vectorized fold. Purge latency: 100 users' purges (p99 is the
+loop of ``bench/bench_ingest.py`` does more (latest-bucket moves, landmark moves) at
+1.4-1.9 times its CPU rate (docs/performance.md), so a ratio here is against an
+untuned loop; ``bench_ingest.py`` holds the ratios against the tight loop and a
+vectorized fold. Purge latency: 100 users' purges (p99 is the
 99th). Memory per retained record: RSS above the start once settled (a collection
 and malloc_trim), and the bytes of the ledgers' structures by part.
 """
