@@ -113,8 +113,9 @@ class VectorFold:
 
     Keys are packed into one int64 code (cohort id << 48 | type << 40 | entity), so
     entities must be below 2**40, types below 256 and cohorts fewer than 2**15
-    (`fold` raises ValueError otherwise); a sorted table of codes with
-    ``searchsorted`` gives dense key ids (no dict). Per key: ``fd``, ``landmark``,
+    (ValueError otherwise, from the constructor or `fold`); sorted tables of codes
+    (`_key_ids`) with ``searchsorted`` give dense key ids (no dict). Users are found
+    the same way, in a sorted table of user ids. Per key: ``fd``, ``landmark``,
     ``half_life``, ``latest_b``, ``latest_count``, ``latest_wsum`` columns. Older
     buckets and the log are columnar chunks, one per batch (`older`, `log`).
     """
