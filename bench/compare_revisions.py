@@ -4,8 +4,8 @@ Run: ``python bench/compare_revisions.py BEFORE [AFTER] [--pairs 5] [--signals 1
 (``AFTER`` defaults to the working tree). Each revision is checked out in a temporary
 git worktree and imported from there; the two alternate, one process each per turn,
 so both meet the same machine noise. Every process times ``bench_core``'s workload
-(batch ephemeral ingestion, 2 ledger shards) three times beside the plain loop, and
-reports the rate, its ratio to the plain loop and the process CPU per signal
+(batch ephemeral ingestion, 2 ledger shards) three times beside `bench_core.simple_loop`, and
+reports the rate, its ratio to that loop and the process CPU per signal
 (microseconds; less noisy than wall time with threads). The medians over all rounds
 are printed per revision. The benchmark code itself is this working tree's
 ``bench_core``, the same for both.
@@ -33,7 +33,7 @@ n = {n}
 signals = bc.workload(n, 10_000)
 cohorts = bc.cohorts_for(10_000)
 for _ in range(3):
-    base = bc.plain_loop(signals, cohorts)
+    base = bc.simple_loop(signals, cohorts)
     with TidalDb.open(None, config=Config(ledger_shards=2)) as db:
         for u, cs in cohorts.items():
             for c in cs:
@@ -89,7 +89,7 @@ def main() -> None:
             ratio = statistics.median(r[1] for r in rows)
             cpu = statistics.median(r[2] for r in rows)
             print(
-                f"{rev:<14} signals/s {rate:>9,.0f}  ratio to plain loop {ratio:.3f}"
+                f"{rev:<14} signals/s {rate:>9,.0f}  ratio to simple loop {ratio:.3f}"
                 f"  CPU {cpu:.2f} us/signal  ({len(rows)} rounds)"
             )
     finally:
