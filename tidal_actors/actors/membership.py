@@ -75,6 +75,7 @@ class MembershipShard(ControlWrites):
         incarnation: int,
         in_doubt: Mapping[int, Reply] | None = None,
         counters: Mapping[str, int] | None = None,
+        numbered: int = 0,
     ) -> MembershipShard:
         """The shard rebuilt after a failure (`actors.recovery`).
 
@@ -90,7 +91,13 @@ class MembershipShard(ControlWrites):
                 the write's outcome when its ``Committed`` comes (the state read from
                 the store holds it if it committed).
             counters: the ``stats()`` counters to carry over (`COUNTERS`).
+            numbered: the records the failed incarnation numbered (its
+                ``next_rseq``). Numbering goes on from there even where the store
+                holds fewer: a record whose history write failed is still live in
+                its ledger, and a number handed out twice would let a purge of one
+                user tombstone another user's record.
         """
+        state.next_rseq = max(state.next_rseq, numbered)
         new = cls(ctx, index, state)
         new._token = incarnation << 40
         for token, reply in (in_doubt or {}).items():

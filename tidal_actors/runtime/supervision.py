@@ -134,10 +134,14 @@ def restore_membership(
     incarnation: int,
     in_doubt: Mapping[int, Reply] | None = None,
     counters: Mapping[str, int] | None = None,
+    numbered: int = 0,
 ) -> MembershipShard:
-    """Membership shard ``index`` rebuilt from ``restored`` (`MembershipShard.restarted`)."""
+    """Membership shard ``index`` rebuilt from ``restored`` (`MembershipShard.restarted`;
+    ``numbered``: the failed incarnation's ``next_rseq``)."""
     mstates, _, _ = build_states(config, restored, store)
-    return MembershipShard.restarted(ctx, index, mstates[index], incarnation, in_doubt, counters)
+    return MembershipShard.restarted(
+        ctx, index, mstates[index], incarnation, in_doubt, counters, numbered
+    )
 
 
 def carried_over(held: list[object]) -> tuple[list[object], list[object]]:
@@ -276,7 +280,15 @@ class Supervisor:
         in_doubt = old.in_doubt()
         report.in_doubt.extend(r.label for r in in_doubt.values())
         shard = restore_membership(
-            self.config, self.ctx, restored, self.store, index, n, in_doubt, old.counters()
+            self.config,
+            self.ctx,
+            restored,
+            self.store,
+            index,
+            n,
+            in_doubt,
+            old.counters(),
+            old.state.next_rseq,
         )
         shard.take_over_loss(old)
         for msg in old.held_messages():

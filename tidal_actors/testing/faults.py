@@ -220,7 +220,15 @@ class FaultInjection:
                     outcome = "outcome unknown"
                 self.schedule.event(f"{label} in doubt at the crash: {outcome}")
             new = restore_membership(
-                self.config, self.ctx, restored, store, i, n, in_doubt, old.counters()
+                self.config,
+                self.ctx,
+                restored,
+                store,
+                i,
+                n,
+                in_doubt,
+                old.counters(),
+                old.state.next_rseq,
             )
         del self._down[address]
         self.behaviours[address] = new
