@@ -9,21 +9,25 @@ model's, every caller is answered, every loss is reported.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
 
 from tidal_actors import (
     COMMUNITY,
+    ActorFailure,
     Config,
     ManualClock,
     StorageError,
+    TidalDb,
 )
 from tidal_actors.actors import messages as M
+from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.testing import Harness, ReferenceModel
 
 from ._differential import Blocking
-from .conftest import SEC
+from .conftest import SEC, T0
 
 CFG1 = Config(membership_shards=1, ledger_shards=1, rematerialize_after_ms=None)
 
@@ -80,3 +84,75 @@ def test_a_membership_restart_never_numbers_a_record_twice(tmp_path: Any) -> Non
     )
     assert b.read_decay_score(COMMUNITY, 20, 1, t0) == pytest.approx(want)
     h.close()
+
+
+# -- a fenced membership shard and its control writes in doubt --------------------------
+
+
+def _fail_load(db: TidalDb, monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
+    store = db._core.store
+    real = store.load
+    raised: list[int] = []
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        if len(raised) < times:
+            raised.append(1)
+            raise RuntimeError("injected fault in store.load")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "load", load)
+    return raised
+
+
+def test_a_fenced_membership_shard_answers_its_control_writes_in_doubt(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two assigns are group-committed; applying the first fails, and the restart
+    fails every time (the shard is fenced). The second assign's write was sent
+    before the failure: its caller must be answered, not left waiting."""
+    path = str(tmp_path / "db")
+    db = TidalDb.open(path, config=CFG1, clock=ManualClock(T0))
+    try:
+        db.assign_cohort(9, "red")
+        store = db._core.store
+        real_commit = store.commit
+        slow = threading.Event()
+
+        def commit(ops: Any) -> Any:
+            if slow.is_set():
+                slow.clear()
+                time.sleep(0.4)  # assigns 2 and 3 are stashed meanwhile
+            return real_commit(ops)
+
+        monkeypatch.setattr(store, "commit", commit)
+        real_set = MembershipShard._set_cohorts
+
+        def set_cohorts(self: MembershipShard, user: int, cohorts: tuple[str, ...]) -> None:
+            if user == 2:
+                raise RuntimeError("injected fault applying assign(2)")
+            real_set(self, user, cohorts)
+
+        monkeypatch.setattr(MembershipShard, "_set_cohorts", set_cohorts)
+        slow.set()
+        t1, _ = _in_thread(lambda: db.assign_cohort(1, "red"))
+        time.sleep(0.1)
+        _fail_load(db, monkeypatch, 1000)
+        t2, out2 = _in_thread(lambda: db.assign_cohort(2, "red"))
+        time.sleep(0.05)
+        t3, out3 = _in_thread(lambda: db.assign_cohort(3, "red"))
+        for t in (t1, t2, t3):
+            t.join(15)
+        assert isinstance(out2.get("r"), ActorFailure)
+        assert not t3.is_alive(), "assign(3), in doubt at a fenced shard, waits forever"
+        report = next(r for r in db._core.fault_reports() if r.address == (M.MEMBERSHIP, 0))
+        assert report.action == "fenced"
+        assert any("assign" in label for label in report.in_doubt), report
+        assert isinstance(out3["r"], ActorFailure)
+    finally:
+        monkeypatch.undo()
+        with pytest.raises((StorageError, ActorFailure)):
+            db.close()
+    with TidalDb.open(path, config=CFG1, clock=ManualClock(T0)) as db:
+        # the group's write committed: the store holds both assigns
+        assert db.cohorts_of(2) == frozenset({"red"})
+        assert db.cohorts_of(3) == frozenset({"red"})

@@ -218,6 +218,19 @@ class Supervisor:
                 )
                 new = Fenced(self.ctx, old.address, fence)
                 report.action = "fenced"
+                # control writes sent and not answered: their Committed reaches the
+                # fence, which cannot apply them; their callers learn it now
+                pending = getattr(old, "in_doubt", dict)
+                for reply in pending().values():
+                    label = reply.label or "control write"
+                    if label not in report.in_doubt:
+                        report.in_doubt.append(label)
+                    doubt = ActorFailure(
+                        f"{fence}; this control write was sent to the store before the "
+                        "failure: whether it committed, the reopened database says"
+                    )
+                    doubt.__cause__ = exc
+                    reply.set_exception(doubt)
                 held = getattr(old, "held_messages", list)
                 for msg in held():
                     new.receive(msg)
@@ -278,7 +291,7 @@ class Supervisor:
         sync.get(RESTART_WAIT_S)
         restored = self._ask(M.PERSIST_ADDR, LoadStore, "load-store")
         in_doubt = old.in_doubt()
-        report.in_doubt.extend(r.label for r in in_doubt.values())
+        report.in_doubt.extend(r.label for r in in_doubt.values() if r.label not in report.in_doubt)
         shard = restore_membership(
             self.config,
             self.ctx,
