@@ -156,3 +156,53 @@ def test_a_fenced_membership_shard_answers_its_control_writes_in_doubt(
         # the group's write committed: the store holds both assigns
         assert db.cohorts_of(2) == frozenset({"red"})
         assert db.cohorts_of(3) == frozenset({"red"})
+
+
+# -- a purge request failing halfway at its membership shard ----------------------------
+
+CAPPED = Config(
+    membership_shards=1,
+    ledger_shards=1,
+    max_contribution_log_entries=10,
+    rematerialize_after_ms=None,
+)
+
+
+def _capped_run(path: str, monkeypatch: pytest.MonkeyPatch, fault: bool) -> dict[str, int]:
+    """User 1's purge request fails after its marker went to the ledgers (or, without
+    ``fault``, is never made); then user 2 sends 200 signals. The log's stats."""
+    with TidalDb.open(path, config=CAPPED, clock=ManualClock(T0)) as db:
+        db.assign_cohort(1, "red")
+        db.signal_with_context(1, 7, 1, 1.0, T0 - SEC)
+        db.flush()
+        if fault:
+            ctx = db._core.host.ctx
+            real_tell = ctx.tell
+
+            def tell(address: M.Address, message: object) -> None:
+                if isinstance(message, M.Purge):
+                    monkeypatch.setattr(ctx, "tell", real_tell)
+                    raise RuntimeError("injected fault sending the purge to the coordinator")
+                real_tell(address, message)
+
+            monkeypatch.setattr(ctx, "tell", tell)
+            with pytest.raises(ActorFailure):
+                db.request_community_purge(1, "red")
+        for i in range(200):
+            db.signal_with_context(2, 8, 1, 1.0, T0 - 1000 + i)
+        db.flush()
+        stats = db.stats()
+        return {k: stats[k] for k in ("log_records", "detail_rows")}
+
+
+def test_a_purge_request_failing_after_its_marker_does_not_pin_the_log(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The membership shard sent the purge's marker to the ledgers, then failed
+    before the coordinator got the purge: no purge will end that marker, so the
+    ledgers must not keep trimming pinned at its bound (the log would outgrow its
+    cap and hold every detail row until a reopen)."""
+    want = _capped_run(str(tmp_path / "plain"), monkeypatch, fault=False)
+    assert want["log_records"] <= 12
+    got = _capped_run(str(tmp_path / "faulted"), monkeypatch, fault=True)
+    assert got == want

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from itertools import repeat
 from typing import cast
@@ -314,12 +315,23 @@ class MembershipShard(ControlWrites):
         marker = (self.index, self._token)
         bound = self.state.next_rseq
         note = M.PurgeMarker(marker, self.index, msg.user, msg.cohort, bound)
-        for li in range(self.ctx.config.ledger_shards):
-            self.ctx.tell((M.LEDGER, li), note)
-        self.ctx.tell(
-            M.COORD_ADDR,
-            M.Purge(msg.user, msg.cohort, self.index, bound, msg.now_ns, msg.reply, marker),
-        )
+        told: list[int] = []
+        try:
+            for li in range(self.ctx.config.ledger_shards):
+                self.ctx.tell((M.LEDGER, li), note)
+                told.append(li)
+            self.ctx.tell(
+                M.COORD_ADDR,
+                M.Purge(msg.user, msg.cohort, self.index, bound, msg.now_ns, msg.reply, marker),
+            )
+        except Exception:
+            # the coordinator never got the purge, so nothing would end its marker:
+            # the ledgers that took it stop holding trimming back for it
+            gone = M.PurgeAbandoned(marker, self.index, msg.user, msg.cohort, bound)
+            for li in told:
+                with contextlib.suppress(Exception):
+                    self.ctx.tell((M.LEDGER, li), gone)
+            raise
 
     def on_error(self, message: object, err: BaseException) -> None:
         if isinstance(message, M.SignalBatch):
