@@ -279,6 +279,14 @@ class PurgeCoordinator(Rematerializer):
             self._remat_finished(error=err)
         elif self._pending is not None and token == self._pending.purge_id:
             self._fail_pending(err)
+        # a failure after a purge or rebuild ended (past its commit) skipped starting
+        # the next one: the purges and rebuilds waiting would wait for another message
+        try:
+            self._start_remat()
+            self._next_purge()
+        except Exception as exc:  # noqa: BLE001 - counted; the next message tries again
+            self.handler_errors += 1
+            self.last_error = exc
 
     def _on_drain(self, msg: M.Drain) -> None:
         self._drains.append(msg.reply)
