@@ -279,3 +279,85 @@ def test_a_coordinator_failure_after_a_commit_still_retracts_the_purge() -> None
     live = h.run(h.read_decay_score("red", 7, 1, t0))
     assert live == 0.0, f"the purged record is still served: {live}"
     purge.result()  # the purge committed: its caller is not told it failed
+
+
+# -- the harness: a handler failure, as under the pykka host ----------------------------
+
+
+def _once(cls: type, name: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    real = getattr(cls, name)
+    raised: list[int] = []
+
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        if not raised:
+            raised.append(1)
+            raise RuntimeError(f"injected fault in {cls.__name__}.{name}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cls, name, fn)
+    return raised
+
+
+def test_a_harness_handler_failure_restarts_the_ledger_and_reports_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The aggregates take a batch, then the log fails on it: under the harness as
+    under the pykka host, the half-updated ledger is restarted from the store (the
+    batch is lost and said so), not resumed still counting the batch."""
+    from tidal_actors.core.contrib_log import ContributionLog
+
+    h = Harness(seed=1, config=CFG1, store=f"lmdb:{tmp_path / 'db'}")
+    b = Blocking(h)
+    t0 = h.clock.now_ns()
+    b.assign_cohort(1, "red")
+    b.signal_with_context(1, 7, 1, 2.0, t0 - SEC)
+    b.flush()
+    raised = _once(ContributionLog, "append_columns", monkeypatch)
+    b.signal_with_context(1, 7, 1, 5.0, t0 - 1)
+    with pytest.raises(StorageError, match="lost 1 signal batch"):
+        b.flush()
+    assert raised
+    reports = h.core.fault_reports()
+    assert [(r.address, r.action) for r in reports] == [((M.LEDGER, 0), "restarted")]
+    lost = sorted((rec.user, rec.cohort, rec.weight) for rec in reports[0].lost_records)
+    assert lost == [(1, COMMUNITY, 5.0), (1, "red", 5.0)]
+    model = ReferenceModel(CFG1, ManualClock(t0))
+    model.assign_cohort(1, "red")
+    model.signal_with_context(1, 7, 1, 2.0, t0 - SEC)
+    want = model.read_decay_score("red", 7, 1, t0)
+    assert b.read_decay_score("red", 7, 1, t0) == pytest.approx(want)
+    b.signal_with_context(1, 7, 1, 1.0, t0 - 2)
+    model.signal_with_context(1, 7, 1, 1.0, t0 - 2)
+    b.flush()
+    _, manifest = b.request_community_purge(1, "red")
+    assert sorted(e.weight for e in manifest.entries) == [1.0, 2.0]
+    assert b.read_decay_score("red", 7, 1, t0) == 0.0
+    h.close_and_reopen()
+    assert Blocking(h).read_decay_score("red", 7, 1, t0) == 0.0
+    h.close()
+
+
+def test_a_harness_membership_failure_on_apply_restarts_with_the_committed_state(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The assign commits, applying it fails: the caller gets ActorFailure, and the
+    restarted shard holds what the store holds (the user is assigned, and routes
+    its signals there)."""
+    h = Harness(seed=2, config=CFG1, store=f"lmdb:{tmp_path / 'db'}")
+    b = Blocking(h)
+    t0 = h.clock.now_ns()
+    _once(MembershipShard, "_set_cohorts", monkeypatch)
+    with pytest.raises(ActorFailure):
+        b.assign_cohort(1, "red")
+    assert b.cohorts_of(1) == frozenset({"red"})
+    b.signal_with_context(1, 7, 1, 2.0, t0 - SEC)
+    b.flush()
+    model = ReferenceModel(CFG1, ManualClock(t0))
+    model.assign_cohort(1, "red")
+    model.signal_with_context(1, 7, 1, 2.0, t0 - SEC)
+    assert b.read_decay_score("red", 7, 1, t0) == pytest.approx(
+        model.read_decay_score("red", 7, 1, t0)
+    )
+    reports = h.core.fault_reports()
+    assert [(r.address, r.action) for r in reports] == [((M.MEMBERSHIP, 0), "restarted")]
+    h.close()

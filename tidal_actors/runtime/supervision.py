@@ -165,6 +165,26 @@ def account(report: FaultReport, message: object) -> None:
         report.failed.append(reply.label or type(message).__name__)
 
 
+def take_fault(old: Behaviour) -> tuple[object, BaseException, FaultReport]:
+    """``old``'s handler failure (`Behaviour.fault`, then cleared): the message, the
+    exception and the report of what it lost (``action`` "resumed" until a
+    supervisor restarts or fences the shard)."""
+    assert old.fault is not None
+    message, exc = old.fault
+    old.fault = None
+    report = FaultReport(old.address, "resumed", repr(exc))
+    doubt = getattr(old, "fault_in_doubt", None)
+    if doubt is not None:  # partly applied or persisted: not lost for sure
+        old.fault_in_doubt = None  # type: ignore[attr-defined]
+        report.in_doubt.append(doubt)
+        reply = getattr(message, "reply", None)
+        if isinstance(reply, Reply):
+            report.failed.append(reply.label or type(message).__name__)
+    else:
+        account(report, message)
+    return message, exc, report
+
+
 class Supervisor:
     """Restarts a failed shard of a `PykkaHost` from the store (see the module).
 
@@ -185,19 +205,7 @@ class Supervisor:
 
     def failed(self, old: Behaviour) -> Behaviour:
         """``old`` failed (`Behaviour.fault`): the behaviour to host from now on."""
-        assert old.fault is not None
-        message, exc = old.fault
-        old.fault = None
-        report = FaultReport(old.address, "resumed", repr(exc))
-        doubt = getattr(old, "fault_in_doubt", None)
-        if doubt is not None:  # partly applied or persisted: not lost for sure
-            old.fault_in_doubt = None  # type: ignore[attr-defined]
-            report.in_doubt.append(doubt)
-            reply = getattr(message, "reply", None)
-            if isinstance(reply, Reply):
-                report.failed.append(reply.label or type(message).__name__)
-        else:
-            account(report, message)
+        message, exc, report = take_fault(old)
         new: Behaviour = old
         kind = old.address[0]
         if kind in (M.MEMBERSHIP, M.LEDGER) and getattr(self.store, "durable", False):

@@ -19,6 +19,7 @@ means for the messages in flight is spelled out in
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -33,10 +34,17 @@ from tidal_actors.actors.recovery import FaultReport, LoadStore, RecoverLedger
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import LogRecord
 from tidal_actors.runtime.pykka_host import HostContext
-from tidal_actors.runtime.supervision import carried_over, restore_ledger, restore_membership
+from tidal_actors.runtime.supervision import (
+    carried_over,
+    restore_ledger,
+    restore_membership,
+    take_fault,
+)
 from tidal_actors.testing.schedule import HarnessStuck, Schedule, addr
 
 __all__ = ["FaultInjection", "FaultReport"]
+
+log = logging.getLogger("tidal_actors")
 
 
 class _Down:
@@ -69,6 +77,8 @@ class FaultInjection:
     _sender: M.Address
     _barriers_seen: dict[int, M.Barrier]
     _failed_barriers: set[int]
+    # the handler failures supervised (`supervise`), for `Core.fault_reports`
+    reports: collections.deque[FaultReport]
 
     def tell(self, address: M.Address, message: object) -> None:
         raise NotImplementedError
@@ -170,6 +180,43 @@ class FaultInjection:
         )
         return report
 
+    def supervise(self, address: M.Address, old: Behaviour) -> None:
+        """A handler of ``old`` raised unexpectedly (`Behaviour.fault`): what the pykka
+        host's supervisor does (`runtime.supervision.Supervisor.failed`). A membership
+        or ledger shard of a durable store goes down, keeping its mailbox, and
+        restarts from the store once nothing else can run (what it held unhandled
+        goes to the next incarnation, as after a crash); anything else resumes.
+        The report is kept in ``reports`` and logged."""
+        message, _exc, report = take_fault(old)
+        durable = getattr(self.store, "durable", False)
+        if address[0] in (M.MEMBERSHIP, M.LEDGER) and durable and not self._closed:
+            down = _Down(old)
+            if isinstance(old, MembershipShard):
+                for token, reply in old.in_doubt().items():
+                    label = self.schedule.label(reply)
+                    down.orphans[token] = (reply, label)
+                    report.in_doubt.append(label)
+                down.carry = old.held_messages()
+            else:
+                assert isinstance(old, LedgerShard)
+                down.carry, dropped = carried_over(old.held_messages())
+                report.dropped.extend(type(m).__name__ for m in dropped)
+            self._down[address] = down
+            report.action = "restarted"
+        else:
+            old.resume()
+        self.reports.append(report)
+        self.schedule.event(
+            f"{addr(address)} failed on {type(message).__name__}: {report.cause} ({report.action})"
+        )
+        log.error(
+            "%s[%d] failed on %s (%s): %s",
+            *address,
+            type(message).__name__,
+            report.cause,
+            report.action,
+        )
+
     def _ask(self, sender: M.Address, address: M.Address, make: Callable[[Reply], object]) -> Any:
         """Send ``make(reply)`` from ``sender`` and deliver until the reply comes."""
         reply = Reply("restart")
@@ -198,7 +245,14 @@ class FaultInjection:
             recovery = self._ask(address, M.COORD_ADDR, lambda r: RecoverLedger(i, r))
             restored = self._ask(address, M.PERSIST_ADDR, LoadStore)
             new = restore_ledger(
-                self.config, self.ctx, restored, store, i, recovery, old.counters()
+                self.config,
+                self.ctx,
+                restored,
+                store,
+                i,
+                recovery,
+                old.counters(),
+                old.marker_notes(),
             )
         else:
             assert isinstance(old, MembershipShard)
@@ -230,6 +284,7 @@ class FaultInjection:
                 old.counters(),
                 old.state.next_rseq,
             )
+        new.take_over_loss(old)  # signals it lost and no flush has reported yet
         del self._down[address]
         self.behaviours[address] = new
         self.incarnation[address] = n + 1
