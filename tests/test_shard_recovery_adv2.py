@@ -46,6 +46,17 @@ def _in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
     return t, out
 
 
+def _report_of(db: TidalDb, address: M.Address) -> Any:
+    """The first FaultReport of ``address`` (kept a moment after its caller's error)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for report in db._core.fault_reports():
+            if report.address == address:
+                return report
+        time.sleep(0.01)
+    raise AssertionError(f"no FaultReport for {address}")
+
+
 # -- record numbers after a membership restart ------------------------------------------
 
 
@@ -361,3 +372,51 @@ def test_a_harness_membership_failure_on_apply_restarts_with_the_committed_state
     reports = h.core.fault_reports()
     assert [(r.address, r.action) for r in reports] == [((M.MEMBERSHIP, 0), "restarted")]
     h.close()
+
+
+# -- a ledger failing on a barrier's part -----------------------------------------------
+
+
+@pytest.mark.parametrize("call", ["flush", "read", "rematerialize"])
+def test_a_ledger_failing_on_a_barrier_part_answers_the_barrier(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """A flush, a read and a rebuild's sync travel through the ledgers as barrier
+    parts; a ledger whose handler fails on one restarts, and the caller waiting on
+    the barrier must be answered (ActorFailure), not left waiting."""
+    from tidal_actors.actors.ledger import LedgerShard
+
+    with TidalDb.open(str(tmp_path / "db"), config=CFG1, clock=ManualClock(T0)) as db:
+        db.assign_cohort(1, "red")
+        db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+        db.flush()
+        real = LedgerShard._on_barrier_part
+        raised: list[int] = []
+
+        def part(self: LedgerShard, msg: M.BarrierPart) -> None:
+            if not raised:
+                raised.append(1)
+                raise RuntimeError("injected fault on a barrier part")
+            real(self, msg)
+
+        ledger = db._core.host.behaviours[(M.LEDGER, 0)]
+        monkeypatch.setitem(ledger._handlers, M.BarrierPart, part.__get__(ledger))
+        fn = {
+            "flush": db.flush,
+            "read": lambda: db.read_decay_score("red", 7, 1, T0),
+            "rematerialize": lambda: db.rematerialize("red"),
+        }[call]
+        t, out = _in_thread(fn)
+        t.join(10)
+        assert raised
+        assert not t.is_alive(), f"{call} waits forever for the barrier"
+        assert isinstance(out["r"], ActorFailure)
+        report = _report_of(db, (M.LEDGER, 0))
+        assert report.action == "restarted" and report.failed
+        # the restarted ledger serves the next one
+        model = ReferenceModel(CFG1, ManualClock(T0))
+        model.assign_cohort(1, "red")
+        model.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+        assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(
+            model.read_decay_score("red", 7, 1, T0)
+        )

@@ -43,7 +43,7 @@ from typing import Any
 from tidal_actors._config import Config
 from tidal_actors._errors import ActorFailure
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.behaviour import Behaviour, Context, replies_of
 from tidal_actors.actors.ledger import LedgerShard
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.recovery import FaultReport, LedgerRecovery, LoadStore, RecoverLedger
@@ -89,23 +89,12 @@ class Fenced(Behaviour):
     def receive(self, message: object) -> None:
         err = self.error
         self.handler_errors += 1
-        for reply in _replies(message):
+        for reply in replies_of(message):
             reply.set_exception(err)
         if isinstance(message, M.PreparePurge):
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(message.purge_id, EMPTY, err))
         elif isinstance(message, M.RematStart):
             self.ctx.tell(M.COORD_ADDR, M.RematDone(message.token, message.cohort, error=err))
-
-
-def _replies(message: object) -> list[Reply]:
-    """The replies waiting on ``message``: its own, or its barrier's (and the read's)."""
-    out: list[Reply] = []
-    barrier = message.barrier if isinstance(message, M.BarrierPart) else message
-    for obj in (message, barrier, getattr(barrier, "action", None)):
-        reply = getattr(obj, "reply", None)
-        if isinstance(reply, Reply) and reply not in out:
-            out.append(reply)
-    return out
 
 
 def restore_ledger(
@@ -160,8 +149,7 @@ def account(report: FaultReport, message: object) -> None:
         report.lost_signals.extend(message.signals)
     elif isinstance(message, M.Attribute):
         report.lost_records.extend(LogRecord(*r) for r in message.records)
-    reply = getattr(message, "reply", None)
-    if isinstance(reply, Reply):
+    for reply in replies_of(message):
         report.failed.append(reply.label or type(message).__name__)
 
 
@@ -177,8 +165,7 @@ def take_fault(old: Behaviour) -> tuple[object, BaseException, FaultReport]:
     if doubt is not None:  # partly applied or persisted: not lost for sure
         old.fault_in_doubt = None  # type: ignore[attr-defined]
         report.in_doubt.append(doubt)
-        reply = getattr(message, "reply", None)
-        if isinstance(reply, Reply):
+        for reply in replies_of(message):
             report.failed.append(reply.label or type(message).__name__)
     else:
         account(report, message)
