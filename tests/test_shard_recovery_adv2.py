@@ -420,3 +420,68 @@ def test_a_ledger_failing_on_a_barrier_part_answers_the_barrier(
         assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(
             model.read_decay_score("red", 7, 1, T0)
         )
+
+
+# -- a rebuild the coordinator failed at a ledger restart -------------------------------
+
+CAP4 = Config(
+    membership_shards=1,
+    ledger_shards=1,
+    max_contribution_log_entries=4,
+    rematerialize_after_ms=None,
+)
+
+
+def test_a_rebuild_failed_at_a_ledger_restart_is_not_applied_by_the_next_incarnation(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The coordinator starts a rebuild right after a purge commits: the ledger's
+    mailbox holds the purge's retraction, then the rebuild's start. The ledger fails
+    on the retraction and restarts; the coordinator fails the rebuild (its caller
+    gets ActorFailure, the purge stays not re-materialized). The next incarnation
+    must not then run that rebuild anyway, or the live aggregates leave out the
+    purged user's evicted records while the store (and the reference model) keep
+    them."""
+    from tidal_actors.core.aggregates import Aggregates
+
+    hit = 0
+    for seed in range(12):
+        h = Harness(seed=seed, config=CAP4, store=f"lmdb:{tmp_path / str(seed)}")
+        t0 = h.clock.now_ns()
+        model = ReferenceModel(CAP4, ManualClock(t0))
+        for obj in (h, model):
+            obj.assign_cohort(1, "red")
+            for i in range(6):
+                obj.signal_with_context(1, i, 1, 1.0 + i, t0 - (10 - i) * SEC)
+            obj.signal_with_context(2, 9, 1, 1.0, t0 - SEC)
+        h.run_until_idle()
+        raised = _once(Aggregates, "retract_rows", monkeypatch)
+        purge = h.request_community_purge(1, "red")
+        rebuild = h.rematerialize("red")
+        h.run_until_idle()
+        monkeypatch.undo()
+        _, manifest = purge.result()
+        model.request_community_purge(1, "red")
+        assert manifest.evicted > 0
+        b = Blocking(h)
+        rebuilt = rebuild.done and not isinstance(_error(rebuild), ActorFailure)
+        if raised and not rebuilt:
+            hit += 1
+            (status,) = [b.purge_status(m.purge_id) for m in b.list_purge_manifests(1)]
+            assert not status.rematerialized
+            for e in range(6):
+                want = model.read_decay_score("red", e, 1, t0)
+                got = b.read_decay_score("red", e, 1, t0)
+                assert got == pytest.approx(want, abs=1e-12), (
+                    f"seed {seed}: entity {e}: live {got}, the store and the model {want}"
+                )
+        h.close()
+    assert hit, "no seed made the rebuild fail with the ledger"
+
+
+def _error(call: Any) -> BaseException | None:
+    try:
+        call.result()
+    except Exception as exc:  # noqa: BLE001 - returned
+        return exc
+    return None

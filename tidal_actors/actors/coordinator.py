@@ -259,8 +259,10 @@ class PurgeCoordinator(Rematerializer):
             self._fail_pending(ActorFailure(f"ledger[{li}] restarted during this purge"))
         r = self._remat  # a rebuild whose job died with the shard (no result yet)
         nl = self.ctx.config.ledger_shards
+        ended: tuple[M.RematToken, ...] = ()
         if r is not None and r.updates is None and ledger_shard_of(r.cohort, nl) == li:
             failed += [w.label or "rematerialize" for w in self._remat_waiters.get(r.cohort, [])]
+            ended = (r.token,)  # its start may still be on its way to the shard
             self._remat_finished(
                 error=ActorFailure(f"ledger[{li}] restarted during this re-materialization")
             )
@@ -269,7 +271,9 @@ class PurgeCoordinator(Rematerializer):
             M.PurgeMarker(q.marker, q.mshard, q.user, q.cohort, q.bound)
             for q in purges + self._waiting
         )
-        msg.reply.set_result(LedgerRecovery(in_flight, dict(self._ended_upto), tuple(failed)))
+        msg.reply.set_result(
+            LedgerRecovery(in_flight, dict(self._ended_upto), tuple(failed), ended)
+        )
 
     def on_error(self, message: object, err: BaseException) -> None:
         """A failure while a purge or a re-materialization waits on this message ends
