@@ -485,3 +485,57 @@ def _error(call: Any) -> BaseException | None:
     except Exception as exc:  # noqa: BLE001 - returned
         return exc
     return None
+
+
+# -- the harness: a restart that fails --------------------------------------------------
+
+
+@pytest.mark.parametrize("failures", [1, 100])
+def test_a_harness_restart_that_fails_is_tried_again_or_fences_the_shard(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, failures: int
+) -> None:
+    """As under the pykka host: the coordinator failing on a ledger's recovery makes
+    the restart fail; it is tried again, and a shard whose every try fails is
+    fenced (its callers get ActorFailure), never left down with the harness raising
+    out of ``step``."""
+    from tidal_actors.actors.recovery import RecoverLedger
+
+    h = Harness(seed=0, config=CFG1, store=f"lmdb:{tmp_path / 'db'}")
+    b = Blocking(h)
+    t0 = h.clock.now_ns()
+    b.assign_cohort(1, "red")
+    b.signal_with_context(1, 7, 1, 2.0, t0 - SEC)
+    b.flush()
+    coord = h.behaviour(M.COORD_ADDR)
+    real = coord._handlers[RecoverLedger]
+    calls: list[int] = []
+
+    def recover(msg: RecoverLedger) -> None:
+        calls.append(1)
+        if len(calls) <= failures:
+            raise RuntimeError("injected fault in the coordinator's recovery")
+        real(msg)
+
+    monkeypatch.setitem(coord._handlers, RecoverLedger, recover)
+    report = h.crash_shard((M.LEDGER, 0))
+    h.run_until_idle()
+    model = ReferenceModel(CFG1, ManualClock(t0))
+    model.assign_cohort(1, "red")
+    model.signal_with_context(1, 7, 1, 2.0, t0 - SEC)
+    want = model.read_decay_score("red", 7, 1, t0)
+    if failures == 1:
+        assert len(calls) == 2 and report.action == "down"
+        assert b.read_decay_score("red", 7, 1, t0) == pytest.approx(want)
+        h.close()
+    else:
+        assert len(calls) == 4 and report.action == "fenced"
+        with pytest.raises(ActorFailure, match="fenced"):
+            b.read_decay_score("red", 7, 1, t0)
+        with pytest.raises(ActorFailure, match="fenced"):
+            b.flush()
+        with pytest.raises((StorageError, ActorFailure)):
+            h.close()
+    monkeypatch.undo()
+    h = Harness(seed=0, config=CFG1, store=f"lmdb:{tmp_path / 'db'}")
+    assert Blocking(h).read_decay_score("red", 7, 1, t0) == pytest.approx(want)
+    h.close()

@@ -35,6 +35,8 @@ from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import LogRecord
 from tidal_actors.runtime.pykka_host import HostContext
 from tidal_actors.runtime.supervision import (
+    RESTART_RETRY_S,
+    Fenced,
     carried_over,
     restore_ledger,
     restore_membership,
@@ -50,14 +52,15 @@ log = logging.getLogger("tidal_actors")
 class _Down:
     """A crashed shard waiting for its restart."""
 
-    __slots__ = ("carry", "old", "orphans")
+    __slots__ = ("carry", "old", "orphans", "report")
 
-    def __init__(self, old: Behaviour) -> None:
+    def __init__(self, old: Behaviour, report: FaultReport) -> None:
         self.old = old
         # in-doubt control writes: token -> (reply, label)
         self.orphans: dict[Any, tuple[Reply, str]] = {}
         # what the next incarnation takes over (`runtime.supervision.carried_over`)
         self.carry: list[object] = []
+        self.report = report  # updated if the restart fails and the shard is fenced
 
 
 class FaultInjection:
@@ -150,8 +153,8 @@ class FaultInjection:
                 "store", self.store, "a shard restarts from storage: use a durable store"
             )
         old = self.behaviours[address]
-        down = _Down(old)
         report = FaultReport(address)
+        down = _Down(old, report)
         lost: list[object]
         if isinstance(old, MembershipShard):
             # a Committed waiting here answers a write of this incarnation: kept for
@@ -190,7 +193,7 @@ class FaultInjection:
         message, _exc, report = take_fault(old)
         durable = getattr(self.store, "durable", False)
         if address[0] in (M.MEMBERSHIP, M.LEDGER) and durable and not self._closed:
-            down = _Down(old)
+            down = _Down(old, report)
             if isinstance(old, MembershipShard):
                 for token, reply in old.in_doubt().items():
                     label = self.schedule.label(reply)
@@ -230,6 +233,44 @@ class FaultInjection:
         if not reply.done:
             raise HarnessStuck(f"{addr(sender)} cannot restart: {address} did not answer")
         return reply.result()
+
+    def restart(self, address: M.Address) -> None:
+        """Restart the down shard at ``address`` as the pykka host's supervisor does: a
+        restart that fails is tried again (as many times as ``RESTART_RETRY_S`` has
+        delays, none waited for here); if every try fails the shard is fenced
+        (`runtime.supervision.Fenced`)."""
+        causes: list[str] = []
+        for _ in range(len(RESTART_RETRY_S) + 1):
+            try:
+                self._restart(address)
+                return
+            except HarnessStuck:
+                raise
+            except Exception as err:  # noqa: BLE001 - tried again, then fenced
+                causes.append(repr(err))
+                self.schedule.event(f"restart {addr(address)} failed: {err!r}")
+        down = self._down.pop(address)
+        report = down.report
+        report.cause += "".join(f"; the restart failed: {c}" for c in causes)
+        report.action = "fenced"
+        fence = ActorFailure(
+            f"{address[0]}[{address[1]}] is fenced: it could not restart from the store "
+            f"({causes[-1]}); reopen the database"
+        )
+        for reply, label in down.orphans.values():
+            if reply.set_exception(fence) and label not in report.in_doubt:
+                report.in_doubt.append(label)
+        new = Fenced(self.ctx, address, fence)
+        self.behaviours[address] = new
+        if self.on_replace is not None:
+            self.on_replace(address, new)
+        self.schedule.event(f"fence {addr(address)}")
+        prev, self._sender = self._sender, address
+        try:
+            for msg in down.carry:
+                new.receive(msg)
+        finally:
+            self._sender = prev
 
     def _restart(self, address: M.Address) -> None:
         """Restart a crashed shard through the product's restore step

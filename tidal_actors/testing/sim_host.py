@@ -178,7 +178,7 @@ class DeterministicHost(FaultInjection):
             self._deliver_from(keys)
             return True
         if self._down:
-            self._restart(min(self._down))
+            self.restart(min(self._down))
             return True
         return False
 
