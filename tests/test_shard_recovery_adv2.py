@@ -8,6 +8,7 @@ model's, every caller is answered, every loss is reported.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -539,3 +540,54 @@ def test_a_harness_restart_that_fails_is_tried_again_or_fences_the_shard(
     h = Harness(seed=0, config=CFG1, store=f"lmdb:{tmp_path / 'db'}")
     assert Blocking(h).read_decay_score("red", 7, 1, t0) == pytest.approx(want)
     h.close()
+
+
+# -- a failure while the restarted shard takes over what the failed one held ------------
+
+
+def test_a_failure_on_a_carried_over_message_restarts_the_shard_again(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Applying a committed assign fails; a signal batch was stashed behind the
+    commit and goes to the restarted shard, whose handler fails on it too. That
+    second failure is supervised at once (reported, the shard restarted again), not
+    left on a half-updated shard until some later message comes."""
+    from tidal_actors.core.routes import RouteTable
+
+    db = TidalDb.open(str(tmp_path / "db"), config=CFG1, clock=ManualClock(T0))
+    try:
+        db.assign_cohort(9, "red")
+        store = db._core.store
+        real_commit = store.commit
+        slow = threading.Event()
+
+        def commit(ops: Any) -> Any:
+            if slow.is_set():
+                slow.clear()
+                time.sleep(0.4)  # the signal batch is stashed meanwhile
+            return real_commit(ops)
+
+        monkeypatch.setattr(store, "commit", commit)
+        _once(MembershipShard, "_set_cohorts", monkeypatch)
+        expand_raised = _once(RouteTable, "expand", monkeypatch)
+        slow.set()
+        t, out = _in_thread(lambda: db.assign_cohort(1, "red"))
+        time.sleep(0.1)
+        db.signal_with_context(2, 8, 1, 1.0, T0 - SEC)
+        t.join(10)
+        assert isinstance(out["r"], ActorFailure)
+        deadline = time.monotonic() + 5
+        while len(db._core.fault_reports()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert expand_raised
+        reports = db._core.fault_reports()
+        assert [(r.address, r.action, r.dropped) for r in reports] == [
+            ((M.MEMBERSHIP, 0), "restarted", ["Committed"]),
+            ((M.MEMBERSHIP, 0), "restarted", ["SignalBatch"]),
+        ]
+        with pytest.raises(StorageError, match="lost 1 signal batch"):
+            db.flush()
+        assert db.cohorts_of(1) == frozenset({"red"})  # committed before the failure
+    finally:
+        with contextlib.suppress(StorageError):
+            db.close()

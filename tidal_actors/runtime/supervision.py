@@ -299,6 +299,10 @@ class Supervisor:
             old.state.next_rseq,
         )
         shard.take_over_loss(old)
-        for msg in old.held_messages():
+        held = old.held_messages()
+        for i, msg in enumerate(held):
             shard.receive(msg)
+            if shard.fault is not None:  # the rest waits for the next incarnation
+                shard.set_aside(held[i + 1 :])
+                break
         return shard

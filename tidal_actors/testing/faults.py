@@ -334,8 +334,13 @@ class FaultInjection:
         self.schedule.event(f"restart {addr(address)} from storage (incarnation {n + 1})")
         prev, self._sender = self._sender, address
         try:
-            for msg in down.carry:
+            for i, msg in enumerate(down.carry):
                 new.receive(msg)
+                if new.fault is not None:  # failed on what it took over
+                    self.supervise(address, new)
+                    if address in self._down:  # down again: the rest goes to the next
+                        self._down[address].carry.extend(down.carry[i + 1 :])
+                        break
         finally:
             self._sender = prev
 
