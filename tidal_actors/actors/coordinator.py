@@ -204,29 +204,55 @@ class PurgeCoordinator(Rematerializer):
         if msg.error is not None:
             self._fail_pending(msg.error)
             return
+        self._purge_committed(p)
+
+    def _purge_committed(self, p: PendingPurge) -> None:
+        """``p``'s manifest, tombstones and watermark are committed: the purge is done,
+        whatever fails from here on. So each step runs even if one before it failed
+        (the first failure is raised at the end): the state takes the commit, the
+        ledgers retract and move their watermark, the caller gets the manifest, and
+        the next rebuild or purge starts."""
         c = p.commit
         assert c is not None  # the write is sent once the purge is prepared
         req = p.request
-        st = self.state
-        st.last_purge_id = int(p.purge_id)
-        st.watermarks[req.mshard] = p.watermark
-        st.drained[req.mshard] = c.drained
-        st.manifests.setdefault(req.user, []).append(c.manifest_bytes)
-        st.statuses[int(p.purge_id)] = (c.status, req.bound)
-        self.purges += 1
-        li = ledger_shard_of(req.cohort, self.ctx.config.ledger_shards)
-        self.ctx.tell(
-            (M.LEDGER, li), M.ApplyPurge(int(p.purge_id), req.user, req.cohort, c.prepared)
-        )
-        update = M.EvictionUpdate(req.mshard, p.watermark, len(c.drained), req.marker)
-        for i in range(self.ctx.config.ledger_shards):
-            self.ctx.tell((M.LEDGER, i), update)
         self._pending = None
-        self._ended(req)
-        req.reply.set_result((p.purge_id, c.manifest))
-        self._schedule_remat(req.cohort)
-        self._start_remat()  # one held back while this purge was in progress
-        self._next_purge()
+
+        def take() -> None:
+            st = self.state
+            st.last_purge_id = max(st.last_purge_id, int(p.purge_id))
+            st.watermarks[req.mshard] = p.watermark
+            st.drained[req.mshard] = c.drained
+            st.manifests.setdefault(req.user, []).append(c.manifest_bytes)
+            st.statuses[int(p.purge_id)] = (c.status, req.bound)
+            self.purges += 1
+
+        def retract() -> None:
+            li = ledger_shard_of(req.cohort, self.ctx.config.ledger_shards)
+            self.ctx.tell(
+                (M.LEDGER, li), M.ApplyPurge(int(p.purge_id), req.user, req.cohort, c.prepared)
+            )
+
+        def evict() -> None:
+            update = M.EvictionUpdate(req.mshard, p.watermark, len(c.drained), req.marker)
+            for i in range(self.ctx.config.ledger_shards):
+                self.ctx.tell((M.LEDGER, i), update)
+
+        def answer() -> None:
+            req.reply.set_result((p.purge_id, c.manifest))
+            self._ended(req)
+
+        def go_on() -> None:
+            self._schedule_remat(req.cohort)
+            self._start_remat()  # one held back while this purge was in progress
+
+        failure: Exception | None = None
+        for step in (take, retract, evict, answer, go_on, self._next_purge):
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - raised once every step ran
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def _purging_cohort(self) -> str | None:
         return self._pending.request.cohort if self._pending is not None else None
@@ -282,7 +308,16 @@ class PurgeCoordinator(Rematerializer):
         if self._remat is not None and token == self._remat.token:
             self._remat_finished(error=err)
         elif self._pending is not None and token == self._pending.purge_id:
-            self._fail_pending(err)
+            p = self._pending
+            if type(message) is M.Committed and message.error is None and p.commit is not None:
+                # its write committed: the purge is completed, never abandoned
+                try:
+                    self._purge_committed(p)
+                except Exception as exc:  # noqa: BLE001 - counted; each step ran
+                    self.handler_errors += 1
+                    self.last_error = exc
+            else:
+                self._fail_pending(err)
         # a failure after a purge or rebuild ended (past its commit) skipped starting
         # the next one: the purges and rebuilds waiting would wait for another message
         try:
