@@ -773,3 +773,77 @@ def test_a_rebuild_whose_commit_fails_leaves_the_live_state_as_the_store(
         want = model.read_decay_score("red", e, 1, t0)
         assert b.read_decay_score("red", e, 1, t0) == pytest.approx(want, abs=1e-12)
     h.close()
+
+
+# -- the coordinator failing as it starts a purge ---------------------------------------
+
+
+def test_a_purge_failing_as_the_coordinator_starts_it_releases_its_marker(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The coordinator fails computing a purge's watermark: the caller gets
+    ActorFailure, and the purge's marker, which every ledger took, must be released
+    (else trimming stays pinned at its bound and the log outgrows its cap)."""
+    from tidal_actors.actors import coordinator
+
+    want = _capped_run(str(tmp_path / "plain"), monkeypatch, fault=False)
+    real = coordinator.advance_watermark
+    raised: list[int] = []
+
+    def advance(*args: Any) -> Any:
+        if not raised:
+            raised.append(1)
+            raise RuntimeError("injected fault starting the purge")
+        return real(*args)
+
+    monkeypatch.setattr(coordinator, "advance_watermark", advance)
+    with TidalDb.open(str(tmp_path / "faulted"), config=CAPPED, clock=ManualClock(T0)) as db:
+        db.assign_cohort(1, "red")
+        db.signal_with_context(1, 7, 1, 1.0, T0 - SEC)
+        db.flush()
+        with pytest.raises(ActorFailure):
+            db.request_community_purge(1, "red")
+        for i in range(200):
+            db.signal_with_context(2, 8, 1, 1.0, T0 - 1000 + i)
+        db.flush()
+        assert raised
+        assert db.stats()["log_records"] == want["log_records"]
+
+
+def test_a_purge_failing_once_started_does_not_block_the_next() -> None:
+    """The coordinator fails sending a purge's preparation to its ledger, after it
+    took the purge as the one in progress: the purge is abandoned, and the next
+    purge runs (it would otherwise wait forever behind it)."""
+    h = Harness(seed=0, config=CFG1, store="memory")
+    t0 = h.clock.now_ns()
+    h.run(h.assign_cohort(1, "red"))
+    h.run(h.assign_cohort(2, "red"))
+    h.signal_with_context(1, 7, 1, 1.0, t0 - SEC)
+    h.signal_with_context(2, 8, 1, 2.0, t0 - SEC)
+    h.run(h.flush())
+    ctx = h.host.ctx
+    real_tell = ctx.tell
+    raised: list[int] = []
+
+    def tell(address: M.Address, message: object) -> None:
+        if isinstance(message, M.PreparePurge) and not raised:
+            raised.append(1)
+            raise RuntimeError("injected fault sending the preparation")
+        real_tell(address, message)
+
+    ctx.tell = tell  # type: ignore[method-assign]
+    first = h.request_community_purge(1, "red")
+    second = h.request_community_purge(2, "red")
+    h.run_until_idle()
+    ctx.tell = real_tell  # type: ignore[method-assign]
+    assert raised and first.done and second.done, "the second purge waits forever"
+    with pytest.raises(ActorFailure):
+        first.result()
+    _, manifest = second.result()
+    assert [(e.user_id, e.weight) for e in manifest.entries] == [(2, 2.0)]
+    assert h.run(h.read_decay_score("red", 7, 1, t0)) > 0  # user 1's purge failed
+    assert h.run(h.read_decay_score("red", 8, 1, t0)) == 0.0
+    # the first purge, asked again, is exact
+    _, manifest = h.run(h.request_community_purge(1, "red"))
+    assert [(e.user_id, e.weight) for e in manifest.entries] == [(1, 1.0)]
+    h.close()

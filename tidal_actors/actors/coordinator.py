@@ -147,14 +147,18 @@ class PurgeCoordinator(Rematerializer):
     def _fail_pending(self, exc: BaseException) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
-            req = pending.request
-            gone = M.PurgeAbandoned(req.marker, req.mshard, req.user, req.cohort, req.bound)
-            for li in range(self.ctx.config.ledger_shards):
-                self.ctx.tell((M.LEDGER, li), gone)
-            req.reply.set_exception(exc)
-            self._ended(req)
+            self._abandon(pending.request, exc)
         self._start_remat()
         self._next_purge()
+
+    def _abandon(self, req: M.Purge, exc: BaseException) -> None:
+        """``req`` failed before its commit: every ledger stops waiting for it (its
+        marker came to each), and its caller gets ``exc``."""
+        gone = M.PurgeAbandoned(req.marker, req.mshard, req.user, req.cohort, req.bound)
+        for li in range(self.ctx.config.ledger_shards):
+            self.ctx.tell((M.LEDGER, li), gone)
+        req.reply.set_exception(exc)
+        self._ended(req)
 
     def _on_prepared(self, msg: M.PurgePrepared) -> None:
         p = self._pending
@@ -305,7 +309,16 @@ class PurgeCoordinator(Rematerializer):
         """A failure while a purge or a re-materialization waits on this message ends
         it with the error, so its caller is answered and later purges proceed."""
         token = getattr(message, "purge_id", None) or getattr(message, "token", None)
-        if self._remat is not None and token == self._remat.token:
+        if type(message) is M.Purge:  # failed while starting
+            try:
+                if self._pending is not None and self._pending.request is message:
+                    self._fail_pending(err)
+                else:
+                    self._abandon(message, err)
+            except Exception as exc:  # noqa: BLE001 - counted
+                self.handler_errors += 1
+                self.last_error = exc
+        elif self._remat is not None and token == self._remat.token:
             self._remat_finished(error=err)
         elif self._pending is not None and token == self._pending.purge_id:
             p = self._pending
