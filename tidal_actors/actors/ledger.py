@@ -63,6 +63,8 @@ class LedgerShard(Behaviour):
         # the marker number of its newest purge ended before the restart
         self._restored: set[M.Marker] = set()
         self._ended_upto: dict[int, int] = {}
+        # re-materializations the coordinator ended at the restart (`_on_remat_start`)
+        self._ended_remats: set[M.RematToken] = set()
         # whether the attribution being handled has sent its history write, and so
         # survives a failure after it (`on_error`); read by the supervisor
         self._sent_write = False
@@ -94,7 +96,8 @@ class LedgerShard(Behaviour):
             recovery: the coordinator's answer: each purge in flight is registered
                 as if its marker had just come (the pair held at its cohort's shard,
                 trimming bounded by it); a marker or an end of a purge that ended
-                before is recognised by its number.
+                before is recognised by its number; the start of a re-materialization
+                it ended is ignored.
             counters: the ``stats()`` counters to carry over (`COUNTERS`).
             inherited: the markers the failed incarnation took and whose purge had
                 not ended (`marker_notes`). They do not come again, and a purge whose
@@ -104,6 +107,7 @@ class LedgerShard(Behaviour):
         """
         new = cls(ctx, index, state)
         new._ended_upto = dict(recovery.ended_upto)
+        new._ended_remats = set(recovery.ended_remats)
         taken = {note.marker: note for note in inherited}
         for marker in recovery.in_flight:
             new._on_marker(marker)
@@ -331,6 +335,10 @@ class LedgerShard(Behaviour):
     def _on_remat_start(self, msg: M.RematStart) -> None:
         from tidal_actors.storage.rematerialize import RematJob
 
+        if msg.token in self._ended_remats:
+            # ended by the coordinator when this shard restarted: nobody commits it
+            self._ended_remats.discard(msg.token)
+            return
         try:
             self._jobs[msg.token] = RematJob(self.state, msg.cohort, msg.covered, self.ctx.config)
         except Exception as exc:  # answer the coordinator (and its caller), then count it

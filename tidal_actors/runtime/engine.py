@@ -189,9 +189,11 @@ class Core(Operations):
 
     def fault_reports(self) -> list[FaultReport]:
         """The handler failures the host's supervisor dealt with, oldest first (the
-        last ``REPORTS_KEPT``; `runtime.supervision`); empty under a host without one."""
+        last ``REPORTS_KEPT``; `runtime.supervision`, or the deterministic host's
+        `testing.faults`); empty under a host without one."""
         supervisor = getattr(self.host, "supervisor", None)
-        return [] if supervisor is None else list(supervisor.reports)
+        reports = getattr(self.host if supervisor is None else supervisor, "reports", None)
+        return [] if reports is None else list(reports)
 
     # -- lifetime -----------------------------------------------------------------
 
