@@ -27,12 +27,24 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["COHORT_BITS", "GONE", "Counts", "Run", "encode", "fits", "group", "order", "span"]
+__all__ = [
+    "COHORT_BITS",
+    "GONE",
+    "LOADED",
+    "Counts",
+    "Run",
+    "encode",
+    "fits",
+    "group",
+    "order",
+    "span",
+]
 
 COHORT_BITS = 20
 _MASK = np.uint64((1 << COHORT_BITS) - 1)
 _SHIFT = np.uint64(COHORT_BITS)
 GONE = -1  # the position of a removed entry
+LOADED = -1  # the level of a run loaded whole (`Run`): merged with no other
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -145,8 +157,8 @@ def match(table: Key, query: Key) -> I64:
 class Run:
     """Entries (pair key, log position) sorted by key, then position; ``dead``
     entries are tombstones (position `GONE`). ``p0 .. p1`` bounds the positions
-    the run covers; ``level`` counts the merges it took (`PairIndex` merges runs of
-    one level together)."""
+    the run covers; ``level`` counts the merges it took (`PairStore` merges runs of
+    one level together; `LOADED`: none)."""
 
     __slots__ = ("dead", "k", "level", "p0", "p1", "pos", "u")
 

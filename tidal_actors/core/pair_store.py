@@ -10,11 +10,12 @@ positions (`pair_positions` reads it).
 Layout (`pair_runs`): cohorts are the aggregates' cohort ids
 (`Aggregates.cohort_id_for`); appended records wait in a pending buffer and, once
 ``FLUSH_AT`` of them (or before any read), are sorted by pair key into a run (one
-`np.argsort`). ``FANOUT`` runs of one level merge into one run of the next level, up
-to level ``TOP_LEVEL``: a record is merged at most ``TOP_LEVEL`` times, and a log of
-``n`` records has about ``n / (FLUSH_AT * FANOUT ** TOP_LEVEL)`` runs plus at most
-``(FANOUT - 1) * TOP_LEVEL`` smaller ones. A pair is found with `np.searchsorted` in
-each run. Positions the log's compaction drops become counts (`Counts`). No
+`np.argsort`). ``FANOUT`` runs of one level (the merges a run took) merge into one
+run of the next level, and a run of ``TOP_SIZE`` entries is not merged again: a
+record is merged about twice, and a log of ``n`` records has about ``n / TOP_SIZE``
+runs plus fewer than ``FANOUT`` a level below (more levels only for runs flushed
+small, by reads between appends). A pair is found with `np.searchsorted` in each
+run. Positions the log's compaction drops become counts (`Counts`). No
 threads, no I/O.
 """
 
@@ -37,7 +38,7 @@ __all__ = [
     "FANOUT",
     "FLUSH_AT",
     "I64",
-    "TOP_LEVEL",
+    "TOP_SIZE",
     "PairStore",
     "entry_bytes",
     "pair_positions",
@@ -46,7 +47,7 @@ __all__ = [
 I64 = struct.Struct("=q")  # native int64, as the snapshot's array('q') bytes
 FLUSH_AT = 4096  # pending records sorted into a run at once
 FANOUT = 8  # runs of one level merged together
-TOP_LEVEL = 2  # runs of this level are not merged again
+TOP_SIZE = FLUSH_AT * FANOUT**2  # entries of a run not merged again
 
 Slices = list[tuple[Run, int, int]]
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -93,6 +94,8 @@ class PairStore:
         self._pn += n
         if self._pn >= FLUSH_AT:
             self._flush(merge=True)
+        elif len(self.runs) >= FANOUT:  # small runs flushed by reads merge here too
+            self._merge()
 
     def _cids(self, cohorts: Sequence[str] | npt.NDArray[Any]) -> npt.NDArray[np.int64]:
         if isinstance(cohorts, np.ndarray):
@@ -131,9 +134,9 @@ class PairStore:
         runs = self.runs
         while len(runs) >= FANOUT:
             level = runs[-1].level
-            if level >= TOP_LEVEL or any(r.level != level for r in runs[-FANOUT:]):
-                return
             group = runs[-FANOUT:]
+            if any(r.level != level or len(r) >= TOP_SIZE for r in group):
+                return
             del runs[-FANOUT:]
             key = pr.concat([(r.k, r.u) for r in group])
             pos = np.concatenate([r.pos for r in group])
@@ -280,7 +283,7 @@ class PairStore:
             o = pr.order(*ekey)
             p = pos[o]
             self.runs.append(
-                Run(pr.take(ekey, o), p, int(pos.min()), int(pos.max()) + 1, TOP_LEVEL)
+                Run(pr.take(ekey, o), p, int(pos.min()), int(pos.max()) + 1, pr.LOADED)
             )
         nz = counts != 0
         if nz.any():
