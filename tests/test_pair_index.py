@@ -8,6 +8,8 @@ same preparations, entries, held rows and snapshot index."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -257,7 +259,7 @@ def test_pair_index_equals_a_plain_model(users, cohorts, ops) -> None:  # type: 
         mp.setattr(contrib_log_mod, "_COMPACT_MIN", COMPACT_MIN)
         mp.setattr(pair_store_mod, "FLUSH_AT", 4)  # small runs, merged often
         mp.setattr(pair_store_mod, "FANOUT", 2)
-        mp.setattr(pair_store_mod, "TOP_SIZE", 16)
+        mp.setattr(pair_store_mod, "TOP_SIZE", 24)
         mp.setattr(Counts, "FOLD_AT", 2)
         agg = _agg()
         log, model = ContributionLog(agg), Model(agg)
@@ -347,12 +349,14 @@ def test_prepare_finds_a_pair_among_many_runs() -> None:
 def test_runs_stay_few_when_reads_flush_small_runs() -> None:
     """Reads between small appends flush small runs; they merge level by level, so
     3,000 appends of 2 records, each followed by a read, leave fewer than FANOUT runs
-    a level: runs of 2 * FANOUT**level entries, 6,000 entries in all, levels 0-3."""
+    on each level: runs of 2 * FANOUT**level entries, 6,000 in all."""
     agg = _agg()
     log = ContributionLog(agg)
     for i in range(3000):
         log.append_columns([1, 2], ["c", "c"], [2 * i, 2 * i + 1])
         log.entry(1, "c")
-    assert len(log.runs) < pair_store_mod.FANOUT * 4
+    fan = pair_store_mod.FANOUT
+    levels = 1 + int(math.log(6000 / 2, fan))
+    assert len(log.runs) <= (fan - 1) * levels
     e = log.entry(2, "c")
     assert e is not None and e[1].tolist() == list(range(1, 6000, 2))

@@ -43,6 +43,7 @@ __all__ = [
 COHORT_BITS = 20
 _MASK = np.uint64((1 << COHORT_BITS) - 1)
 _SHIFT = np.uint64(COHORT_BITS)
+_U64_MAX = 2**64 - 1
 GONE = -1  # the position of a removed entry
 LOADED = -1  # the level of a run loaded whole (`Run`): merged with no other
 
@@ -87,18 +88,22 @@ def order(k: U64, u: U64 | None) -> I64:
 
 
 def span(k: U64, u: U64 | None, user: int, cid: int) -> tuple[int, int]:
-    """``(a, b)``: the slice of sorted keys equal to the pair (user, cid)."""
+    """``(a, b)``: the slice of sorted keys equal to the pair (user, cid); one
+    `searchsorted` call for both ends (of a code and the next one)."""
     if u is None:
         if user >> (64 - COHORT_BITS) or cid >> COHORT_BITS:
             return 0, 0  # no narrow code: not among narrow keys
-        code = np.uint64((user << COHORT_BITS) | cid)
-        return int(np.searchsorted(k, code)), int(np.searchsorted(k, code, "right"))
-    uu = np.uint64(user)
-    a, b = int(np.searchsorted(u, uu)), int(np.searchsorted(u, uu, "right"))
+        code = (user << COHORT_BITS) | cid  # below 2**64 - 1: code + 1 fits
+        a, b = k.searchsorted(np.array([code, code + 1], dtype=np.uint64)).tolist()
+        return a, b
+    if user == _U64_MAX:
+        a, b = int(u.searchsorted(np.uint64(user))), len(u)
+    else:
+        a, b = u.searchsorted(np.array([user, user + 1], dtype=np.uint64)).tolist()
     if a == b:
         return a, a
-    sub, c = k[a:b], np.uint64(cid)
-    return a + int(np.searchsorted(sub, c)), a + int(np.searchsorted(sub, c, "right"))
+    c0, c1 = k[a:b].searchsorted(np.array([cid, cid + 1], dtype=np.uint64)).tolist()
+    return a + c0, a + c1
 
 
 def group(k: U64, u: U64 | None) -> I64:

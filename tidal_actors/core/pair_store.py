@@ -11,11 +11,11 @@ Layout (`pair_runs`): cohorts are the aggregates' cohort ids
 (`Aggregates.cohort_id_for`); appended records wait in a pending buffer and, once
 ``FLUSH_AT`` of them (or before any read), are sorted by pair key into a run (one
 `np.argsort`). ``FANOUT`` runs of one level (the merges a run took) merge into one
-run of the next level, and a run of ``TOP_SIZE`` entries is not merged again: a
-record is merged about twice, and a log of ``n`` records has about ``n / TOP_SIZE``
-runs plus fewer than ``FANOUT`` a level below (more levels only for runs flushed
-small, by reads between appends). A pair is found with `np.searchsorted` in each
-run. Positions the log's compaction drops become counts (`Counts`). No
+run of the next level unless that run would hold more than ``TOP_SIZE`` entries
+(which bounds the pause a merge takes): a record is merged two or three times, and
+a log of ``n`` records has about ``n * FANOUT / TOP_SIZE`` runs at most, plus fewer
+than ``FANOUT`` on each smaller level. A pair is found with one `np.searchsorted`
+per run. Positions the log's compaction drops become counts (`Counts`). No
 threads, no I/O.
 """
 
@@ -46,8 +46,8 @@ __all__ = [
 
 I64 = struct.Struct("=q")  # native int64, as the snapshot's array('q') bytes
 FLUSH_AT = 4096  # pending records sorted into a run at once
-FANOUT = 8  # runs of one level merged together
-TOP_SIZE = FLUSH_AT * FANOUT**2  # entries of a run not merged again
+FANOUT = 4  # runs of one level merged together
+TOP_SIZE = 1 << 19  # most entries a merge makes (its sort stalls appends: ~10-40 ms)
 
 Slices = list[tuple[Run, int, int]]
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -135,7 +135,7 @@ class PairStore:
         while len(runs) >= FANOUT:
             level = runs[-1].level
             group = runs[-FANOUT:]
-            if any(r.level != level or len(r) >= TOP_SIZE for r in group):
+            if any(r.level != level for r in group) or sum(map(len, group)) > TOP_SIZE:
                 return
             del runs[-FANOUT:]
             key = pr.concat([(r.k, r.u) for r in group])
