@@ -14,6 +14,11 @@ records/s of each and their ratio (median of the rounds' ratios), the index's by
 per record, and the time to find one pair's positions (`ContributionLog.entry`
 against a dict lookup) at the end.
 
+``--purge N``: instead, `bench_core.purge_at_full_log` with the log at N records
+(100 purges of a user's 1,000 contributions through the runtime), timing the log's
+own part of each purge, `ContributionLog.prepare` and `ContributionLog.apply`,
+in place.
+
 Run: ``python bench/bench_pair_index.py`` (``--records N``, default 5,000,000;
 ``--quick``: 500,000; ``--rounds R``, default 3; ``--json FILE``).
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import struct
@@ -142,18 +148,59 @@ def run(n_records: int, rounds: int, wide: bool) -> dict[str, float]:
     }
 
 
+def purge_parts(n_records: int) -> dict[str, float]:
+    """`bench_core.purge_at_full_log` at ``n_records``, with the time of the log's
+    prepare and apply of each purge."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_core
+
+    times: dict[str, list[float]] = {"prepare": [], "apply": []}
+    saved = {name: getattr(ContributionLog, name) for name in times}
+
+    def timed(name: str):  # type: ignore[no-untyped-def]
+        inner = saved[name]
+
+        def call(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            try:
+                return inner(self, *args, **kwargs)
+            finally:
+                times[name].append(time.perf_counter() - t)
+
+        return call
+
+    for name in times:
+        setattr(ContributionLog, name, timed(name))
+    try:
+        p50, p99, _, retained, parts = bench_core.purge_at_full_log(n_records, 1000, 100)
+    finally:
+        for name, fn in saved.items():
+            setattr(ContributionLog, name, fn)
+    out = {"log_records": retained, "purge_p50_ms": p50, "purge_p99_ms": p99}
+    for name, lat in times.items():
+        lat = sorted(lat[-100:])  # the purges' (the set-up purges none)
+        out[f"{name}_p50_ms"] = statistics.median(lat) * 1e3
+        out[f"{name}_max_ms"] = lat[-1] * 1e3
+    out["pair_index_bytes_per_record"] = parts["pair_index"] / max(retained, 1)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--records", type=int, default=5_000_000)
     ap.add_argument("--quick", action="store_true", help="500,000 records")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--purge", type=int, help="time purges at a log of this many records")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
     n = 500_000 if args.quick else args.records
     out: dict[str, float] = {}
-    for label, wide in (("narrow", False), ("wide", True)):
-        for k, v in run(n, args.rounds, wide).items():
-            out[f"{label}_{k}"] = v
+    if args.purge:
+        out = purge_parts(args.purge)
+    else:
+        for label, wide in (("narrow", False), ("wide", True)):
+            for k, v in run(n, args.rounds, wide).items():
+                out[f"{label}_{k}"] = v
     width = max(len(k) for k in out)
     for k, v in out.items():
         print(f"{k:<{width}}  {v:,.3f}" if isinstance(v, float) else f"{k:<{width}}  {v:,}")
