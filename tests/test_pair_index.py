@@ -22,7 +22,7 @@ from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import ContributionLog, Prepared
 from tidal_actors.core.key_state import DEAD
 from tidal_actors.core.pair_index import pair_positions
-from tidal_actors.core.pair_runs import Counts
+from tidal_actors.core.pair_runs import GONE, Counts, Run
 
 USERS = [0, 1, 7, 2**40, 2**44 + 3, 2**63, 2**64 - 1]  # 2**44 up: no narrow pair code
 COHORTS = ["a", "b", "c"]
@@ -360,3 +360,18 @@ def test_runs_stay_few_when_reads_flush_small_runs() -> None:
     assert len(log.runs) <= (fan - 1) * levels
     e = log.entry(2, "c")
     assert e is not None and e[1].tolist() == list(range(1, 6000, 2))
+
+
+def test_a_run_spanning_2_to_the_32_positions_keeps_int64_offsets() -> None:
+    """Offsets are uint32 while a run spans fewer than 2**32 - 1 positions, int64
+    beyond; positions, tombstones and rebasing read the same either way."""
+    key = (np.array([1, 1, 2], dtype=np.uint64), None)
+    for p1, dtype in ((2**20, np.uint32), (2**33, np.int64)):
+        pos = np.array([3, p1 - 2, 7], dtype=np.int64)
+        r = Run(key, pos, 0, p1, 0)
+        assert r.off.dtype == dtype and r.positions().tolist() == pos.tolist()
+        r.kill(0, 2, np.array([True, False]))
+        assert r.positions().tolist() == [GONE, p1 - 2, 7] and r.dead == 1
+        r.keep(r.live())
+        r.rebase(5)
+        assert r.positions().tolist() == [p1 - 2, 7] and r.p0 == 5

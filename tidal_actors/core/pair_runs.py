@@ -161,33 +161,64 @@ def match(table: Key, query: Key) -> I64:
 
 class Run:
     """Entries (pair key, log position) sorted by key, then position; ``dead``
-    entries are tombstones (position `GONE`). ``p0 .. p1`` bounds the positions
-    the run covers; ``level`` counts the merges it took (`PairStore` merges runs of
-    one level together; `LOADED`: none)."""
+    entries are tombstones. ``p0 .. p1`` bounds the positions the run covers; a
+    position is stored as its offset from ``p0``, a uint32 (4 bytes) when the run
+    spans fewer than ``2**32 - 1`` positions, else an int64; a tombstone's offset
+    is the dtype's largest value. ``level`` counts the merges the run took
+    (`PairStore` merges runs of one level together; `LOADED`: none)."""
 
-    __slots__ = ("dead", "k", "level", "p0", "p1", "pos", "u")
+    __slots__ = ("dead", "k", "level", "off", "p0", "p1", "u")
+
+    off: npt.NDArray[Any]  # uint32 or int64
 
     def __init__(self, key: Key, pos: I64, p0: int, p1: int, level: int) -> None:
+        """``pos``: the entries' positions (int64, ``p0 <= pos < p1``, none `GONE`)."""
         self.k, self.u = key
-        self.pos = pos
+        dtype = np.uint32 if p1 - p0 < 0xFFFFFFFF else np.int64
+        self.off = (pos - p0).astype(dtype)
         self.p0, self.p1 = p0, p1
         self.level = level
         self.dead = 0
 
     def __len__(self) -> int:
-        return len(self.pos)
+        return len(self.off)
+
+    def _gone(self) -> int:
+        return int(np.iinfo(self.off.dtype).max)
+
+    def live(self) -> npt.NDArray[np.bool_]:
+        """Which entries are not tombstones."""
+        live: npt.NDArray[np.bool_] = self.off != self._gone()
+        return live
+
+    def positions(self, a: int = 0, b: int | None = None) -> I64:
+        """The positions of entries ``a .. b`` (int64; `GONE` for a tombstone)."""
+        off = self.off[a:b]
+        pos = off.astype(np.int64) + self.p0
+        pos[off == self._gone()] = GONE
+        return pos
+
+    def kill(self, a: int, b: int, mask: npt.NDArray[np.bool_]) -> None:
+        """Make entries ``a .. b`` where ``mask`` is true tombstones (live ones)."""
+        self.off[a:b][mask] = self._gone()
+        self.dead += int(np.count_nonzero(mask))
 
     def keep(self, mask: npt.NDArray[np.bool_]) -> None:
-        """Keep only the entries where ``mask`` is true (drops tombstones too)."""
+        """Keep only the entries where ``mask`` is true."""
         self.k, self.u = take((self.k, self.u), mask)
-        self.pos = self.pos[mask]
-        self.dead = int(np.count_nonzero(self.pos == GONE))
+        self.off = self.off[mask]
+        self.dead = int(np.count_nonzero(self.off == self._gone()))
+
+    def rebase(self, p0: int) -> None:
+        """Positions below ``p0`` are gone: offsets from ``p0`` on (no tombstones)."""
+        self.off -= self.off.dtype.type(p0 - self.p0)
+        self.p0 = p0
 
     def widen(self) -> None:
         self.k, self.u = widen(self.k)
 
     def nbytes(self) -> int:
-        return self.k.nbytes + self.pos.nbytes + (0 if self.u is None else self.u.nbytes)
+        return self.k.nbytes + self.off.nbytes + (0 if self.u is None else self.u.nbytes)
 
 
 class Counts:

@@ -139,7 +139,7 @@ class PairStore:
                 return
             del runs[-FANOUT:]
             key = pr.concat([(r.k, r.u) for r in group])
-            pos = np.concatenate([r.pos for r in group])
+            pos = np.concatenate([r.positions() for r in group])
             if any(r.dead for r in group):
                 live = pos != GONE
                 key, pos = pr.take(key, live), pos[live]
@@ -161,7 +161,7 @@ class PairStore:
         """The slices' positions, tombstones included, in order."""
         if not slices:
             return _EMPTY
-        return np.concatenate([r.pos[a:b] for r, a, b in slices])
+        return np.concatenate([r.positions(a, b) for r, a, b in slices])
 
     def _remove(self, slices: Slices, gone: npt.NDArray[np.bool_]) -> None:
         """Tombstone the slices' entries where ``gone`` (over `_raw`) is true; a run
@@ -173,10 +173,9 @@ class PairStore:
             k = int(np.count_nonzero(m))
             if not k:
                 continue
-            r.pos[a:b][m] = GONE
-            r.dead += k
+            r.kill(a, b, m)
             if r.dead * 2 >= len(r):
-                r.keep(r.pos != GONE)
+                r.keep(r.live())
                 if not len(r):
                     self.runs.remove(r)
 
@@ -195,7 +194,7 @@ class PairStore:
         self._flush()
         self.counts.fold()
         key = pr.concat([(r.k, r.u) for r in self.runs])
-        pos = np.concatenate([r.pos for r in self.runs]) if self.runs else _EMPTY
+        pos = np.concatenate([r.positions() for r in self.runs]) if self.runs else _EMPTY
         live = pos != GONE
         key, pos = pr.take(key, live), pos[live]
         o = pr.order(*key)
@@ -246,7 +245,8 @@ class PairStore:
         runs, base = self.runs, self.base
         while runs and runs[0].p0 < base:
             r = runs[0]
-            cut = (r.pos != GONE) & (r.pos < base)
+            p = r.positions()
+            cut = (p != GONE) & (p < base)
             if cut.any():
                 key = pr.take((r.k, r.u), cut)
                 starts = pr.group(*key)
@@ -255,8 +255,8 @@ class PairStore:
             if r.p1 <= base:
                 del runs[0]
                 continue
-            r.keep(r.pos >= base)
-            r.p0 = base
+            r.keep(p >= base)
+            r.rebase(base)
             if not len(r):
                 del runs[0]
         if keys:
