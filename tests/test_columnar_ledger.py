@@ -109,6 +109,42 @@ def test_batches_equal_one_at_a_time(
         assert getattr(one, name) == getattr(batched, name)
 
 
+class _OneByOne(Aggregates):
+    """Aggregates whose records outside the latest bucket all go through `_add_one`
+    (no bulk bucket moves): the sequential definition of a bucket move."""
+
+    def _add_newer(self, k, b, x, w, wf, ts, cand):  # type: ignore[no-untyped-def]
+        import numpy as np
+
+        return np.zeros(len(k), dtype=bool)
+
+
+@settings(max_examples=200, deadline=None)
+@given(records, st.integers(1, 20), st.integers(0, 13_000))
+def test_bulk_bucket_moves_equal_moving_one_record_at_a_time(
+    raw: list[tuple[str, int, int, float, int]], step: int, at: int
+) -> None:
+    """Batches that open newer buckets (moving each key's latest bucket to its older
+    ones in bulk) leave the buckets that adding each record on its own leaves."""
+    recs = _recs(raw)
+    seq, bulk = _OneByOne(HALF.__getitem__, WIDTH, 4), _agg()
+    for k in range(0, len(recs), step):
+        seq.add_many(recs[k : k + step])
+        bulk.add_many(recs[k : k + step])
+    assert _close(_reads(seq, at), _reads(bulk, at))
+    assert list(seq.latest_b) == list(bulk.latest_b)
+    assert list(seq.latest_count) == list(bulk.latest_count)
+    assert list(seq.latest_t_max) == list(bulk.latest_t_max)
+    assert {k: {b: (v[0], v[3]) for b, v in o.items()} for k, o in seq.older.items() if o} == {
+        k: {b: (v[0], v[3]) for b, v in o.items()} for k, o in bulk.older.items() if o
+    }
+    for k, o in seq.older.items():
+        for b, v in o.items():
+            got = bulk.older[k][b]
+            assert math.isclose(v[1], got[1], rel_tol=1e-12, abs_tol=1e-12)
+            assert math.isclose(v[2], got[2], rel_tol=1e-9, abs_tol=1e-12)
+
+
 @settings(max_examples=200, deadline=None)
 @given(records, st.integers(0, 13_000), st.booleans(), st.data())
 def test_bulk_load_equals_one_at_a_time(raw, at, retract, data) -> None:  # type: ignore[no-untyped-def]

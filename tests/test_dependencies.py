@@ -57,3 +57,12 @@ def test_no_runtime_dependency_on_build_tools():
     # the CLI's libraries stay installed by a plain `pip install`
     assert {"click", "tqdm", "hdrhistogram"} <= names
     assert meta["build-system"]["requires"] == ["setuptools>=68"]  # an isolated build env only
+
+
+def test_the_test_extra_installs_what_the_plot_tests_need():
+    """`.ci/run` installs `.[test]`: without the plot extra's packages in it, the plot
+    tests would always skip there."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert set(extras["plot"]) <= set(extras["test"])

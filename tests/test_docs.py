@@ -238,3 +238,50 @@ def test_every_code_reference_in_the_rules_index_and_the_design_docs_resolves() 
                 broken.append(f"{label}: `{ref}`: {why}")
     assert checked >= 30, f"only {checked} references found; is the pattern still right?"
     assert not broken, "references that do not resolve:\n" + "\n".join(broken)
+
+
+def test_operation_signatures_in_the_docs_use_the_parameter_names() -> None:
+    """A backticked ``op(a, b, c=None)`` whose arguments are all names (a signature,
+    not a call with values) names the operation's parameters, in their order."""
+    from tidal_actors.runtime.operations import OPERATIONS
+
+    params = {op.name: [p.name for p in op.params] for op in OPERATIONS}
+    pattern = re.compile(r"`(?:[\w.]+\.)?(\w+)\(([^`()]*)\)`")
+    ident = re.compile(r"[a-z_]\w*(=None)?$")
+    checked = 0
+    for path in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for name, args in pattern.findall(path.read_text(encoding="utf-8")):
+            parts = [a.strip() for a in args.split(",") if a.strip()]
+            if name not in params or not parts or not all(ident.match(a) for a in parts):
+                continue
+            names = [a.split("=")[0] for a in parts]
+            want = params[name]
+            assert all(n in want for n in names), f"{path.name}: {name}({args}): params {want}"
+            assert names == [n for n in want if n in names], f"{path.name}: {name}({args}) order"
+            checked += 1
+    assert checked >= 5  # the semantics page's reads and purge, at least
+
+
+def test_the_ranges_on_the_configuration_page_are_the_codes() -> None:
+    """A setting whose row says ``in (lo, hi]`` or ``in [lo, hi]`` takes ``hi`` and
+    refuses just past it (and ``lo`` when the interval is open there)."""
+    from tidal_actors import InvalidArgument
+
+    text = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    ranges = re.findall(r"^\| `(\w+)` .*?\bin ([(\[])([\d,.]+), ([\d,.]+)\]", section, re.M)
+    assert {name for name, *_ in ranges} >= {
+        "signal_flush_interval_ms",
+        "inflight_budget_ms",
+        "rematerialize_after_ms",
+    }
+    for name, opening, lo_text, hi_text in ranges:
+        lo, hi = float(lo_text.replace(",", "")), float(hi_text.replace(",", ""))
+        assert getattr(Config(**{name: hi}), name) == hi
+        for bad in [hi * 1.001] + ([lo] if opening == "(" else [lo - 1]):
+            try:
+                Config(**{name: bad})
+            except InvalidArgument as exc:
+                assert exc.field == name
+            else:
+                raise AssertionError(f"{name}={bad} accepted; the docs say {opening}{lo}, {hi}]")

@@ -103,8 +103,9 @@ def test_forked_child_leaves_the_parents_database_alone(tmp_path, ledger_shards,
         else:
             child_pid = int(line[1])
         report = json.loads(out.read_text())
-        assert "forked child cannot use it" in report["signal"]
-        assert "forked child cannot use it" in report["flush"]
+        for call in ("signal", "flush"):  # the advice given is one that works
+            assert "forked child can neither use it nor open its store" in report[call]
+            assert "'spawn' or 'forkserver'" in report[call]
         assert "'spawn' or 'forkserver'" in report["open"]  # not a py-lmdb error
         assert report["seconds"] < 5.0
         # the parent still holds the directory lock: a second opener is refused
@@ -124,3 +125,37 @@ def test_forked_child_leaves_the_parents_database_alone(tmp_path, ledger_shards,
     finally:
         if child_pid is not None:
             os.kill(child_pid, signal.SIGKILL)
+
+
+_FORK_FIRST = textwrap.dedent(
+    """
+    import os, sys
+    from tidal_actors import Config, ManualClock, TidalDb
+
+    path = sys.argv[1]
+    cfg = Config(rematerialize_after_ms=None)
+    pid = os.fork()  # before this process opened the store: the child may open it
+    if pid == 0:
+        with TidalDb.open(path, config=cfg, clock=ManualClock({t0})) as db:
+            db.assign_cohort(1, "c")
+            db.signal_with_context(1, 7, 1, 3.0)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    with TidalDb.open(path, config=cfg, clock=ManualClock({t0})) as db:
+        print(db.read_window("c", 7, 1).count, db.read_decay_score("c", 7, 1))
+    """
+)
+
+
+def test_a_child_forked_before_the_open_uses_the_store(tmp_path):
+    """The advice the errors above give: fork first, then open."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORK_FIRST.format(t0=T0), str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    count, score = proc.stdout.split()
+    assert (int(count), float(score)) == (1, 3.0)  # one signal of weight 3.0, read at its time

@@ -82,3 +82,55 @@ def test_sixteen_threads_of_assigns_persist_exactly(tmp_path: Path) -> None:
         for k in range(callers):
             for i in range(per):
                 assert again.cohorts_of(k * per + i) == frozenset({f"c{i % 3}", f"d{k % 2}"})
+
+
+class _Recording:
+    """Wraps a store: the keyspaces of each transaction committed, in order."""
+
+    def __init__(self, store) -> None:  # type: ignore[no-untyped-def]
+        self.store = store
+        self.transactions: list[set[str]] = []
+
+    def commit(self, ops):  # type: ignore[no-untyped-def]
+        ops = list(ops)
+        self.transactions.append({op[0] for op in ops})
+        return self.store.commit(ops)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.store, name)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_control_write_commits_ahead_of_the_history_writes_queued_with_it(seed: int) -> None:
+    """Persistence commits a membership shard's control write on its own, not in the
+    transaction of the history batches queued around it (``Write.ahead``); the state
+    is the model's all the same."""
+    from tidal_actors.storage.stores import MemoryStore
+
+    cfg = Config(ledger_shards=2, membership_shards=2)
+    h = Harness(seed=seed, config=cfg, store=MemoryStore())
+    model = ReferenceModel(cfg, h.clock)
+    persistence = _persist(h)
+    recording = _Recording(persistence.store)
+    persistence.store = recording
+    for u in range(8):
+        h.run(h.assign_cohort(u, "a"))
+        model.assign_cohort(u, "a")
+    h.run_until_idle()
+    recording.transactions.clear()
+    calls = []
+    for u in range(8):  # signals, and leaves among them: history and control writes together
+        h.signal_with_context(u, 1, 0, 1.0 + u)
+        model.signal_with_context(u, 1, 0, 1.0 + u)
+        if u % 3 == 0:
+            calls.append(h.leave_community_layer(u))
+            model.leave_community_layer(u)
+    h.run_until_idle()
+    for call in calls:
+        h.run(call)
+    mixed = [t for t in recording.transactions if "users" in t and "history" in t]
+    assert not mixed, recording.transactions
+    assert sum("users" in t for t in recording.transactions) >= 1
+    assert sorted(h.run(h.aggregate_rows())) == sorted(model.aggregate_rows())
+    for u in range(8):
+        assert h.run(h.community_layer_status(u)) == model.community_layer_status(u)

@@ -10,6 +10,8 @@ Every field is documented in `config/default.toml`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -75,7 +77,8 @@ class Config:
 
     Raises:
         InvalidArgument: a setting is out of range or a duration string is malformed
-            (the error names the setting and the value).
+            (the error names the setting and the value); an unknown setting, here or
+            in `replace` (the error names it and the closest settings).
     """
 
     half_life_ns: int = 7 * DAY_NS
@@ -253,11 +256,43 @@ class Config:
         """Load a TOML file (see ``config/default.toml``).
 
         Raises:
-            InvalidArgument: unreadable or malformed file, or a bad setting.
+            InvalidArgument: unreadable or malformed file, or a bad setting (the
+                message names the file).
         """
         try:
             with open(path, "rb") as fh:
                 data = tomllib.load(fh)
         except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise InvalidArgument("config", str(path), f"cannot load: {exc}") from exc
-        return cls.from_mapping(data)
+        try:
+            return cls.from_mapping(data)
+        except InvalidArgument as exc:
+            raise InvalidArgument(exc.field, exc.value, f"{exc.reason} (in {path})") from None
+
+
+def _checked_init(init: Any) -> Any:
+    """Wrap the dataclass ``__init__`` so that an unknown setting, or more positional
+    arguments than there are settings, raises `InvalidArgument` naming it (and the
+    closest setting names) instead of a bare ``TypeError``. The signature stays the
+    dataclass's (``inspect.signature`` follows ``__wrapped__``)."""
+    names = [f.name for f in dataclasses.fields(Config)]
+
+    @functools.wraps(init)
+    def __init__(self: Config, *args: Any, **kwargs: Any) -> None:
+        for key, value in kwargs.items():
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise InvalidArgument(key, value, f"not a setting of Config{hint}")
+        if len(args) > len(names):
+            raise InvalidArgument(
+                "Config",
+                args,
+                f"takes at most {len(names)} positional settings ({', '.join(names)})",
+            )
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+setattr(Config, "__init__", _checked_init(Config.__init__))  # noqa: B010 - mypy refuses a plain assignment

@@ -177,7 +177,12 @@ class RematerializationReport:
     Attributes:
         cohort: the cohort rebuilt.
         records_read: durable contribution records read for it.
-        records_excluded: records left out because their (user, cohort) was purged.
+        records_excluded: covered records the rebuild left out that no live
+            retraction had removed already: the ones the contribution log had
+            evicted before their purge (found in the durable history or among the
+            held detail rows, and not erased by an earlier rebuild). After one purge,
+            its manifest's ``evicted`` count, less the records ``history_retention_ns``
+            dropped. Always 0 on an ephemeral database (nothing is left out there).
         seconds: wall time taken.
         matched_live: whether the rebuilt aggregates equalled the live ones (to
             relative 1e-9) before they were swapped in.

@@ -5,7 +5,8 @@ a host-supplied context; none knows how it is hosted (pykka threads or the
 deterministic test host). Rules every behaviour keeps:
 
 * A handler never lets an exception escape: it is counted, and a reply waiting on the
-  message gets an :class:`ActorFailure` with the cause attached. An exception that is
+  message (for a barrier's part, the barrier's) gets an :class:`ActorFailure` with the
+  cause attached. An exception that is
   not a :class:`TidalError` is kept in ``fault`` for the host's supervisor, which
   restarts a membership or ledger shard from the store (`runtime.supervision`).
 * No handler waits on another actor. Where a step needs another actor's answer (a
@@ -48,6 +49,18 @@ from tidal_actors._config import Config
 from tidal_actors._errors import ActorFailure, StorageError, TidalError
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.reply import Reply
+
+
+def replies_of(message: object) -> list[Reply]:
+    """The replies waiting on ``message``: its own, or, for a barrier's part, the
+    barrier's (and its read's), whose caller waits for every part."""
+    out: list[Reply] = []
+    barrier = message.barrier if isinstance(message, M.BarrierPart) else message
+    for obj in (message, barrier, getattr(barrier, "action", None)):
+        reply = getattr(obj, "reply", None)
+        if isinstance(reply, Reply) and reply not in out:
+            out.append(reply)
+    return out
 
 
 class Context(Protocol):
@@ -97,8 +110,7 @@ class Behaviour:
             if self.fault is None and not isinstance(exc, TidalError):
                 self.fault = (message, exc)
             err = self.failure(message, exc)
-            reply = getattr(message, "reply", None)
-            if isinstance(reply, Reply):
+            for reply in replies_of(message):
                 reply.set_exception(err)
             self.on_error(message, err)
 

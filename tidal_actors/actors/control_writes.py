@@ -45,12 +45,18 @@ class ControlWrites(Behaviour):
         """The messages received and set aside behind a pending commit, in order."""
         return list(self._stash)
 
-    def receive(self, message: object) -> None:
-        if self._pending and type(message) is not M.Committed:
+    def set_aside(self, messages: list[object]) -> None:
+        """Put ``messages`` at the end of the stash, unhandled (what a failed
+        incarnation held and this one could not take: `held_messages` hands them on)."""
+        for message in messages:
             self._stash.append(message)
             if type(message) is M.SignalBatch:
                 self._stashed_batches += 1
                 self._stashed_signals += len(message.signals)
+
+    def receive(self, message: object) -> None:
+        if self._pending and type(message) is not M.Committed:
+            self.set_aside([message])
             return
         super().receive(message)
         self.resume()
@@ -111,7 +117,11 @@ class ControlWrites(Behaviour):
     ) -> None:
         self._token += 1
         self._pending[self._token] = (apply, reply)
-        write = M.Write(ops, (self.address, self._token))
+        # ahead: it writes only its user's records in ``users``, which no history,
+        # purge or eviction write depends on, and the signals it changes the fate of
+        # are the ones after it (stashed until it is applied): persistence may commit
+        # it before the history writes queued there
+        write = M.Write(ops, (self.address, self._token), ahead=True)
         if self._group is not None:  # joins the group being formed (`_receive_group`)
             self._group.append(write)
         else:

@@ -112,17 +112,19 @@ class PurgeCoordinator(Rematerializer):
     def _next_purge(self) -> None:
         """Start the first waiting purge that may run, if none is in progress.
 
-        A purge of the cohort being re-materialized waits for the rebuild, and so do
-        the later purges of its membership shard: each purge's watermark is the
-        shard's as of its bound, so one shard's purges commit in the order they were
-        taken. Purges of other shards go ahead."""
+        A rebuild of the purge's cohort in progress gives way to it
+        (`Rematerializer._yield_remat`) unless it has given way ``REMAT_YIELDS`` times
+        in a row or its result is committing; then the purge waits for the rebuild,
+        and so do the later purges of its membership shard: each purge's watermark is
+        the shard's as of its bound, so one shard's purges commit in the order they
+        were taken. Purges of other shards go ahead."""
         while self._pending is None and self._waiting:
-            remat = self._remat.cohort if self._remat is not None else None
             blocked: set[int] = set()
             for i, p in enumerate(self._waiting):
                 if p.mshard in blocked:
                     continue
-                if p.cohort == remat:
+                remat = self._remat.cohort if self._remat is not None else None
+                if p.cohort == remat and not self._yield_remat():
                     blocked.add(p.mshard)
                     continue
                 del self._waiting[i]
@@ -147,14 +149,18 @@ class PurgeCoordinator(Rematerializer):
     def _fail_pending(self, exc: BaseException) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
-            req = pending.request
-            gone = M.PurgeAbandoned(req.marker, req.mshard, req.user, req.cohort, req.bound)
-            for li in range(self.ctx.config.ledger_shards):
-                self.ctx.tell((M.LEDGER, li), gone)
-            req.reply.set_exception(exc)
-            self._ended(req)
+            self._abandon(pending.request, exc)
         self._start_remat()
         self._next_purge()
+
+    def _abandon(self, req: M.Purge, exc: BaseException) -> None:
+        """``req`` failed before its commit: every ledger stops waiting for it (its
+        marker came to each), and its caller gets ``exc``."""
+        gone = M.PurgeAbandoned(req.marker, req.mshard, req.user, req.cohort, req.bound)
+        for li in range(self.ctx.config.ledger_shards):
+            self.ctx.tell((M.LEDGER, li), gone)
+        req.reply.set_exception(exc)
+        self._ended(req)
 
     def _on_prepared(self, msg: M.PurgePrepared) -> None:
         p = self._pending
@@ -204,29 +210,55 @@ class PurgeCoordinator(Rematerializer):
         if msg.error is not None:
             self._fail_pending(msg.error)
             return
+        self._purge_committed(p)
+
+    def _purge_committed(self, p: PendingPurge) -> None:
+        """``p``'s manifest, tombstones and watermark are committed: the purge is done,
+        whatever fails from here on. So each step runs even if one before it failed
+        (the first failure is raised at the end): the state takes the commit, the
+        ledgers retract and move their watermark, the caller gets the manifest, and
+        the next rebuild or purge starts."""
         c = p.commit
         assert c is not None  # the write is sent once the purge is prepared
         req = p.request
-        st = self.state
-        st.last_purge_id = int(p.purge_id)
-        st.watermarks[req.mshard] = p.watermark
-        st.drained[req.mshard] = c.drained
-        st.manifests.setdefault(req.user, []).append(c.manifest_bytes)
-        st.statuses[int(p.purge_id)] = (c.status, req.bound)
-        self.purges += 1
-        li = ledger_shard_of(req.cohort, self.ctx.config.ledger_shards)
-        self.ctx.tell(
-            (M.LEDGER, li), M.ApplyPurge(int(p.purge_id), req.user, req.cohort, c.prepared)
-        )
-        update = M.EvictionUpdate(req.mshard, p.watermark, len(c.drained), req.marker)
-        for i in range(self.ctx.config.ledger_shards):
-            self.ctx.tell((M.LEDGER, i), update)
         self._pending = None
-        self._ended(req)
-        req.reply.set_result((p.purge_id, c.manifest))
-        self._schedule_remat(req.cohort)
-        self._start_remat()  # one held back while this purge was in progress
-        self._next_purge()
+
+        def take() -> None:
+            st = self.state
+            st.last_purge_id = max(st.last_purge_id, int(p.purge_id))
+            st.watermarks[req.mshard] = p.watermark
+            st.drained[req.mshard] = c.drained
+            st.manifests.setdefault(req.user, []).append(c.manifest_bytes)
+            st.statuses[int(p.purge_id)] = (c.status, req.bound)
+            self.purges += 1
+
+        def retract() -> None:
+            li = ledger_shard_of(req.cohort, self.ctx.config.ledger_shards)
+            self.ctx.tell(
+                (M.LEDGER, li), M.ApplyPurge(int(p.purge_id), req.user, req.cohort, c.prepared)
+            )
+
+        def evict() -> None:
+            update = M.EvictionUpdate(req.mshard, p.watermark, len(c.drained), req.marker)
+            for i in range(self.ctx.config.ledger_shards):
+                self.ctx.tell((M.LEDGER, i), update)
+
+        def answer() -> None:
+            req.reply.set_result((p.purge_id, c.manifest))
+            self._ended(req)
+
+        def go_on() -> None:
+            self._schedule_remat(req.cohort)
+            self._start_remat()  # one held back while this purge was in progress
+
+        failure: Exception | None = None
+        for step in (take, retract, evict, answer, go_on, self._next_purge):
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - raised once every step ran
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def _purging_cohort(self) -> str | None:
         return self._pending.request.cohort if self._pending is not None else None
@@ -259,8 +291,10 @@ class PurgeCoordinator(Rematerializer):
             self._fail_pending(ActorFailure(f"ledger[{li}] restarted during this purge"))
         r = self._remat  # a rebuild whose job died with the shard (no result yet)
         nl = self.ctx.config.ledger_shards
+        ended: tuple[M.RematToken, ...] = ()
         if r is not None and r.updates is None and ledger_shard_of(r.cohort, nl) == li:
             failed += [w.label or "rematerialize" for w in self._remat_waiters.get(r.cohort, [])]
+            ended = (r.token,)  # its start may still be on its way to the shard
             self._remat_finished(
                 error=ActorFailure(f"ledger[{li}] restarted during this re-materialization")
             )
@@ -269,16 +303,44 @@ class PurgeCoordinator(Rematerializer):
             M.PurgeMarker(q.marker, q.mshard, q.user, q.cohort, q.bound)
             for q in purges + self._waiting
         )
-        msg.reply.set_result(LedgerRecovery(in_flight, dict(self._ended_upto), tuple(failed)))
+        msg.reply.set_result(
+            LedgerRecovery(in_flight, dict(self._ended_upto), tuple(failed), ended)
+        )
 
     def on_error(self, message: object, err: BaseException) -> None:
         """A failure while a purge or a re-materialization waits on this message ends
         it with the error, so its caller is answered and later purges proceed."""
         token = getattr(message, "purge_id", None) or getattr(message, "token", None)
-        if self._remat is not None and token == self._remat.token:
+        if type(message) is M.Purge:  # failed while starting
+            try:
+                if self._pending is not None and self._pending.request is message:
+                    self._fail_pending(err)
+                else:
+                    self._abandon(message, err)
+            except Exception as exc:  # noqa: BLE001 - counted
+                self.handler_errors += 1
+                self.last_error = exc
+        elif self._remat is not None and token == self._remat.token:
             self._remat_finished(error=err)
         elif self._pending is not None and token == self._pending.purge_id:
-            self._fail_pending(err)
+            p = self._pending
+            if type(message) is M.Committed and message.error is None and p.commit is not None:
+                # its write committed: the purge is completed, never abandoned
+                try:
+                    self._purge_committed(p)
+                except Exception as exc:  # noqa: BLE001 - counted; each step ran
+                    self.handler_errors += 1
+                    self.last_error = exc
+            else:
+                self._fail_pending(err)
+        # a failure after a purge or rebuild ended (past its commit) skipped starting
+        # the next one: the purges and rebuilds waiting would wait for another message
+        try:
+            self._start_remat()
+            self._next_purge()
+        except Exception as exc:  # noqa: BLE001 - counted; the next message tries again
+            self.handler_errors += 1
+            self.last_error = exc
 
     def _on_drain(self, msg: M.Drain) -> None:
         self._drains.append(msg.reply)

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from tidal_actors._errors import UnknownCohort
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.behaviour import Context
+from tidal_actors.actors.ledger_remat import LedgerRebuilds
 from tidal_actors.actors.recovery import LedgerRecovery
 from tidal_actors.core.contrib_log import EMPTY
 from tidal_actors.core.states import LedgerState
 from tidal_actors.storage.format import batch_op, ledger_shard_of, membership_capacity
 
 if TYPE_CHECKING:
-    from tidal_actors.storage.rematerialize import RematJob
+    pass
 
 
-class LedgerShard(Behaviour):
+class LedgerShard(LedgerRebuilds):
     """Aggregates, contribution log and durable history of the cohorts hashed here."""
 
     def __init__(self, ctx: Context, index: int, state: LedgerState | None = None) -> None:
@@ -41,8 +40,6 @@ class LedgerShard(Behaviour):
             (M.PreparePurge, self._on_prepare),
             (M.ApplyPurge, self._on_apply),
             (M.EvictionUpdate, self._on_eviction),
-            (M.RematStart, self._on_remat_start),
-            (M.RematStep, self._on_remat_step),
             (M.PurgeMarker, self._on_marker),
             (M.PurgeAbandoned, self._on_abandoned),
         ):
@@ -53,7 +50,7 @@ class LedgerShard(Behaviour):
         # their eviction update or abandonment not yet); those whose end came first
         self._in_flight: dict[int, dict[M.Marker, int]] = {}
         self._ended_early: set[M.Marker] = set()
-        self._jobs: dict[M.RematToken, RematJob] = {}
+        self._init_rebuilds()
         # barrier id -> (barrier, parts received, losses they reported)
         self._barrier_parts: dict[int, tuple[M.Barrier, int, tuple[BaseException, ...]]] = {}
         # purges prepared by this incarnation, not applied yet (`_on_apply`)
@@ -93,7 +90,8 @@ class LedgerShard(Behaviour):
             recovery: the coordinator's answer: each purge in flight is registered
                 as if its marker had just come (the pair held at its cohort's shard,
                 trimming bounded by it); a marker or an end of a purge that ended
-                before is recognised by its number.
+                before is recognised by its number; the start of a re-materialization
+                it ended is ignored.
             counters: the ``stats()`` counters to carry over (`COUNTERS`).
             inherited: the markers the failed incarnation took and whose purge had
                 not ended (`marker_notes`). They do not come again, and a purge whose
@@ -103,6 +101,7 @@ class LedgerShard(Behaviour):
         """
         new = cls(ctx, index, state)
         new._ended_upto = dict(recovery.ended_upto)
+        new._ended_remats = set(recovery.ended_remats)
         taken = {note.marker: note for note in inherited}
         for marker in recovery.in_flight:
             new._on_marker(marker)
@@ -326,60 +325,6 @@ class LedgerShard(Behaviour):
         self.retracted += len(msg.prepared.records)
         self.purges_applied += 1
         self._settle()
-
-    def _on_remat_start(self, msg: M.RematStart) -> None:
-        from tidal_actors.storage.rematerialize import RematJob
-
-        try:
-            self._jobs[msg.token] = RematJob(self.state, msg.cohort, msg.covered, self.ctx.config)
-        except Exception as exc:  # answer the coordinator (and its caller), then count it
-            self.ctx.tell(
-                M.COORD_ADDR, M.RematDone(msg.token, msg.cohort, error=self.failure(msg, exc))
-            )
-            raise
-        self.ctx.tell(self.address, M.RematStep(msg.token))
-
-    def _on_remat_step(self, msg: M.RematStep) -> None:
-        if msg.token in self._jobs and not self._advance(msg.token):
-            self.ctx.tell(self.address, M.RematStep(msg.token))  # let other messages in
-
-    def _advance(self, token: M.RematToken) -> bool:
-        """One chunk of a running re-materialization; True once it has finished.
-
-        Called from its own step messages and after each attribution batch, so a
-        busy mailbox cannot starve it."""
-        job = self._jobs[token]
-        try:
-            if not job.step():
-                return False
-            # known: something was ever attributed here (the key table only grows)
-            known = job.read > 0 or self.state.aggregates.cohort_id(job.cohort) is not None
-            read, excluded, matched, per_user = job.finish()
-            del self._jobs[token]
-            self.ctx.tell(
-                M.COORD_ADDR,
-                M.RematDone(
-                    token,
-                    job.cohort,
-                    read,
-                    excluded,
-                    matched,
-                    per_user,
-                    time.perf_counter() - job.t0,
-                    None
-                    if known
-                    else UnknownCohort(f"nothing was ever attributed to cohort {job.cohort!r}"),
-                ),
-            )
-        except Exception as exc:
-            self._jobs.pop(token, None)
-            # a TidalError as is, anything else as ActorFailure (the caller's error)
-            self.ctx.tell(
-                M.COORD_ADDR,
-                M.RematDone(token, job.cohort, error=self.failure(M.RematStep(token), exc)),
-            )
-            raise
-        return True
 
     def _on_eviction(self, msg: M.EvictionUpdate) -> None:
         self.state.watermarks[msg.mshard] = (msg.watermark, msg.drained)

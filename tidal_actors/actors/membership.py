@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from itertools import repeat
 from typing import cast
@@ -75,6 +76,7 @@ class MembershipShard(ControlWrites):
         incarnation: int,
         in_doubt: Mapping[int, Reply] | None = None,
         counters: Mapping[str, int] | None = None,
+        numbered: int = 0,
     ) -> MembershipShard:
         """The shard rebuilt after a failure (`actors.recovery`).
 
@@ -90,7 +92,13 @@ class MembershipShard(ControlWrites):
                 the write's outcome when its ``Committed`` comes (the state read from
                 the store holds it if it committed).
             counters: the ``stats()`` counters to carry over (`COUNTERS`).
+            numbered: the records the failed incarnation numbered (its
+                ``next_rseq``). Numbering goes on from there even where the store
+                holds fewer: a record whose history write failed is still live in
+                its ledger, and a number handed out twice would let a purge of one
+                user tombstone another user's record.
         """
+        state.next_rseq = max(state.next_rseq, numbered)
         new = cls(ctx, index, state)
         new._token = incarnation << 40
         for token, reply in (in_doubt or {}).items():
@@ -307,12 +315,23 @@ class MembershipShard(ControlWrites):
         marker = (self.index, self._token)
         bound = self.state.next_rseq
         note = M.PurgeMarker(marker, self.index, msg.user, msg.cohort, bound)
-        for li in range(self.ctx.config.ledger_shards):
-            self.ctx.tell((M.LEDGER, li), note)
-        self.ctx.tell(
-            M.COORD_ADDR,
-            M.Purge(msg.user, msg.cohort, self.index, bound, msg.now_ns, msg.reply, marker),
-        )
+        told: list[int] = []
+        try:
+            for li in range(self.ctx.config.ledger_shards):
+                self.ctx.tell((M.LEDGER, li), note)
+                told.append(li)
+            self.ctx.tell(
+                M.COORD_ADDR,
+                M.Purge(msg.user, msg.cohort, self.index, bound, msg.now_ns, msg.reply, marker),
+            )
+        except Exception:
+            # the coordinator never got the purge, so nothing would end its marker:
+            # the ledgers that took it stop holding trimming back for it
+            gone = M.PurgeAbandoned(marker, self.index, msg.user, msg.cohort, bound)
+            for li in told:
+                with contextlib.suppress(Exception):
+                    self.ctx.tell((M.LEDGER, li), gone)
+            raise
 
     def on_error(self, message: object, err: BaseException) -> None:
         if isinstance(message, M.SignalBatch):

@@ -253,10 +253,13 @@ class BarrierPart:
 @dataclass(frozen=True, slots=True)
 class Write:
     """Ops: ``(keyspace, key, value)``; value None deletes. Reply: a Reply, or an
-    ``(address, token)`` to which a :class:`Committed` is told, or None."""
+    ``(address, token)`` to which a :class:`Committed` is told, or None. ``ahead``:
+    it depends on no write queued before it, so persistence may commit it first
+    (`Persistence`; a membership shard's control write, `ControlWrites._write`)."""
 
     ops: list[tuple[str, bytes, bytes | None]]
     reply: Any = None
+    ahead: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +291,15 @@ class RematStart:
 
     cohort: str
     covered: dict[int, int]
+    token: RematToken
+
+
+@dataclass(frozen=True, slots=True)
+class RematAbort:
+    """Coordinator -> ledger: drop the running re-materialization ``token`` (a purge
+    of its cohort goes first; the cohort is rebuilt again after it). A no-op if the
+    rebuild has finished or never started."""
+
     token: RematToken
 
 

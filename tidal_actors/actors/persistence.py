@@ -28,6 +28,12 @@ class Persistence(Behaviour):
     is acknowledged. A failed group is retried write by write, so one bad write fails
     only its own caller. History writes that fail are counted and reported by the
     next flush.
+
+    Writes marked ``ahead`` (control writes, which depend on nothing queued before
+    them) do not wait for the history writes around them: a run of them arriving
+    together is committed on its own as soon as the run ends (the next message is
+    anything else) or the mailbox is empty, so a leave under full ingestion costs a
+    small commit, not one carrying every history batch queued with it.
     """
 
     address = M.PERSIST_ADDR
@@ -41,6 +47,7 @@ class Persistence(Behaviour):
         super().__init__(ctx)
         self.store = store
         self._writes: list[M.Write] = []
+        self._ahead: list[M.Write] = []  # writes that may go first (``Write.ahead``)
         self._ops = 0
         # barrier id -> (ledgers reached, losses their parts reported)
         self._barriers: dict[int, tuple[int, tuple[BaseException, ...]]] = {}
@@ -57,13 +64,31 @@ class Persistence(Behaviour):
         ):
             self.on(kind, fn)
 
+    def receive(self, message: object) -> None:
+        if self._ahead and not (type(message) is M.Write and message.ahead):
+            self._commit(self._take_ahead())  # the run of writes that go first ended
+        super().receive(message)
+
+    def uncommitted(self) -> list[M.Write]:
+        """The writes received and not committed yet, in the order they would commit."""
+        return [*self._ahead, *self._writes]
+
+    def _take_ahead(self) -> list[M.Write]:
+        writes, self._ahead = self._ahead, []
+        return writes
+
     def _on_write(self, msg: M.Write) -> None:
+        if msg.ahead:
+            self._ahead.append(msg)
+            return
         self._writes.append(msg)
         self._ops += len(msg.ops)
         if self._ops >= self.GROUP_LIMIT:
             self.commit()
 
     def on_idle(self) -> None:
+        if self._ahead:
+            self._commit(self._take_ahead())
         if self._writes:
             self.commit()
 
@@ -85,7 +110,10 @@ class Persistence(Behaviour):
 
     def commit(self) -> None:
         """Commit every waiting write in one transaction, then acknowledge each."""
-        writes, self._writes, self._ops = self._writes, [], 0
+        writes, self._writes, self._ops = self._take_ahead() + self._writes, [], 0
+        self._commit(writes)
+
+    def _commit(self, writes: list[M.Write]) -> None:
         if not writes:
             return
         try:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tidal_actors.actors.messages import Address, PurgeMarker, SignalTuple
+from tidal_actors.actors.messages import Address, PurgeMarker, RematToken, SignalTuple
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import LogRecord
 
@@ -62,11 +62,14 @@ class LedgerRecovery:
         failed: labels of the replies the coordinator failed because of the
             restart (a purge prepared there, a rebuild running there), for
             `FaultReport.failed`.
+        ended_remats: the tokens of the re-materializations it ended because of
+            the restart: a start of one still on its way to the shard is ignored.
     """
 
     in_flight: tuple[PurgeMarker, ...] = ()
     ended_upto: dict[int, int] = field(default_factory=dict)
     failed: tuple[str, ...] = ()
+    ended_remats: tuple[RematToken, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,13 @@ A purge schedules its cohort's rebuild ``Config.rematerialize_after_ms`` later (
 time, coalescing the purges that land meanwhile); `rematerialize` asks for one now.
 The rebuild runs at the cohort's ledger shard (`storage.rematerialize.RematJob`
 stepping a `core.remat.Rebuild`), then the purged records are erased from the history
-and the purges marked re-materialized in one transaction. A purge of the cohort being rebuilt waits for it, and so do the
-later purges of its membership shard (`PurgeCoordinator._next_purge`).
+and the purges marked re-materialized in one transaction. A purge of the cohort being
+rebuilt does not wait for the rebuild: the rebuild gives way (`_yield_remat`: dropped
+at its ledger, where nothing of it is visible yet, and started again once the purge
+has ended, covering it too), at most ``REMAT_YIELDS`` times in a row for one cohort so
+that a cohort purged again and again is still rebuilt; past that, or once the
+rebuild's result is committing, the purge waits for it
+(`PurgeCoordinator._next_purge`).
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ from tidal_actors.actors.reply import Reply
 from tidal_actors.core.states import CoordinatorState
 from tidal_actors.storage.format import ledger_shard_of, status_op
 
-__all__ = ["REMAT_RETRIES", "REMAT_RETRY_S", "RematInFlight", "Rematerializer"]
+__all__ = ["REMAT_RETRIES", "REMAT_RETRY_S", "REMAT_YIELDS", "RematInFlight", "Rematerializer"]
 
 # a failed rebuild is tried again after REMAT_RETRY_S, doubling, at most REMAT_RETRIES
 # times in a row
 REMAT_RETRY_S = 0.1
 REMAT_RETRIES = 6
+# a rebuild gives way to a purge of its cohort at most REMAT_YIELDS times in a row
+REMAT_YIELDS = 2
 
 
 @dataclass(slots=True)
@@ -58,8 +65,10 @@ class Rematerializer(Behaviour):
         self._remat_waiters: dict[str, list[Reply]] = {}
         self._remat_due: dict[str, float] = {}
         self._remat_seq = 0
-        # cohort -> rebuilds of it failed in a row (`_retry_remat`)
+        # cohort -> rebuilds of it failed in a row (`_retry_remat`), and given way to
+        # a purge in a row (`_yield_remat`)
         self._remat_failures: dict[str, int] = {}
+        self._remat_yields: dict[str, int] = {}
         for kind, fn in (
             (M.Rematerialize, self._on_rematerialize),
             (M.RematDone, self._on_remat_done),
@@ -124,6 +133,7 @@ class Rematerializer(Behaviour):
             return
         cohort = ready[0]
         self._remat_queue.remove(cohort)
+        self._remat_due.pop(cohort, None)  # it covers every purge committed so far
         self._remat_seq += 1
         token = ("remat", self._remat_seq)
         # the purges it covers: every one committed so far (later ones of this cohort
@@ -132,6 +142,34 @@ class Rematerializer(Behaviour):
         self._remat = RematInFlight(cohort, token, covered, self.state.last_purge_id)
         li = ledger_shard_of(cohort, self.ctx.config.ledger_shards)
         self.ctx.tell((M.LEDGER, li), M.RematStart(cohort, covered, token))
+
+    def _yield_remat(self) -> bool:
+        """Let a purge of the cohort being rebuilt go first: drop the rebuild at its
+        ledger and queue the cohort again (it starts once the purge has ended, since
+        `_start_remat` skips the cohort of the purge in progress, and covers that
+        purge). Its waiters wait for the next rebuild. False, and nothing changes, if
+        the rebuild's result is committing or it gave way ``REMAT_YIELDS`` times in a
+        row already.
+
+        Dropping is safe wherever the rebuild stands: nothing of it is visible before
+        the ledger swaps it in (`core.remat.Rebuild.finish`); if it finished before the
+        `RematAbort` arrived, its `RematDone` is ignored here (another token is
+        current) and the swapped-in state holds every record but those of purges
+        committed before it started, which is the live state those purges left; the
+        purge that follows is prepared after it, at the same ledger, in order."""
+        r = self._remat
+        if r is None or r.updates is not None:
+            return False
+        n = self._remat_yields.get(r.cohort, 0)
+        if n >= REMAT_YIELDS:
+            return False
+        self._remat_yields[r.cohort] = n + 1
+        self._remat = None
+        li = ledger_shard_of(r.cohort, self.ctx.config.ledger_shards)
+        self.ctx.tell((M.LEDGER, li), M.RematAbort(r.token))
+        if r.cohort not in self._remat_queue:
+            self._remat_queue.insert(0, r.cohort)
+        return True
 
     def _retry_remat(self, cohort: str) -> None:
         """A rebuild of ``cohort`` failed (a ledger restart, a failing step, a failed
@@ -215,6 +253,7 @@ class Rematerializer(Behaviour):
     ) -> None:
         r, self._remat = self._remat, None
         assert r is not None
+        self._remat_yields.pop(r.cohort, None)
         if error is None or isinstance(error, UnknownCohort):
             self._remat_failures.pop(r.cohort, None)
         else:

@@ -16,12 +16,29 @@ __all__ = ["Reply"]
 
 
 class Reply:
-    """Set once with a value or an exception; ``get()`` blocks until then."""
+    """Set once with a value or an exception; ``get()`` blocks until then.
 
-    __slots__ = ("__weakref__", "_callbacks", "_event", "_exc", "_lock", "_value", "label")
+    A waiter blocks on ``_gate``, a lock held from creation until the reply is
+    settled (then released for good: each waiter takes it and gives it back, so any
+    number may wait); two plain locks cost less to make and to wake than a
+    ``threading.Event`` (a condition variable with a lock per waiter).
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_callbacks",
+        "_done",
+        "_exc",
+        "_gate",
+        "_lock",
+        "_value",
+        "label",
+    )
 
     def __init__(self, label: str = "") -> None:
-        self._event = threading.Event()
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._done = False
         self._value: Any = None
         self._exc: BaseException | None = None
         self._callbacks: list[Callable[[Reply], None]] = []
@@ -30,7 +47,7 @@ class Reply:
 
     @property
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     @property
     def error(self) -> BaseException | None:
@@ -39,11 +56,12 @@ class Reply:
 
     def _settle(self, value: Any, exc: BaseException | None) -> bool:
         with self._lock:
-            if self._event.is_set():
+            if self._done:
                 return False
             self._value, self._exc = value, exc
-            self._event.set()
+            self._done = True
             callbacks, self._callbacks = self._callbacks, []
+        self._gate.release()
         for cb in callbacks:
             # a waiter that went away must not hurt the actor settling the reply
             with contextlib.suppress(Exception):
@@ -61,17 +79,23 @@ class Reply:
     def add_done_callback(self, fn: Callable[[Reply], None]) -> None:
         """Run ``fn(self)`` once settled (at once if it already is), in the settling thread."""
         with self._lock:
-            if not self._event.is_set():
+            if not self._done:
                 self._callbacks.append(fn)
                 return
         fn(self)
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
+        """Block until settled or ``timeout`` seconds (None: no limit); True if settled."""
+        if self._done:
+            return True
+        gate = self._gate
+        if gate.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            gate.release()
+        return self._done
 
     def result(self) -> Any:
         """The value, or raise the error; raises RuntimeError if not settled yet."""
-        if not self._event.is_set():
+        if not self._done:
             raise RuntimeError(f"reply {self.label!r} has not arrived yet")
         if self._exc is not None:
             raise self._exc
@@ -79,6 +103,6 @@ class Reply:
 
     def get(self, timeout: float | None = None) -> Any:
         """Block until settled (or ``timeout`` seconds), then return or raise."""
-        if not self._event.wait(timeout):
+        if not self.wait(timeout):
             raise TimeoutError(f"no reply to {self.label!r} within {timeout} s")
         return self.result()

@@ -3,7 +3,8 @@ and ``simulate`` (one module each), and :func:`main`, the console script.
 
 Exit statuses (`group`): 0 ok, 2 bad input (a bad row, argument, config or
 scenario), 1 the run failed (the check of ``simulate`` found a difference, or the
-runtime raised), 130 stopped by Ctrl-C (SIGINT) at a row boundary. The commands hold
+runtime raised), 130 stopped by Ctrl-C (SIGINT) at a row boundary, 141 standard
+output closed by its reader (SIGPIPE). The commands hold
 no semantics: rows are read and applied by `eventlog`, scenarios run by `loadsim`,
 every database opened by `store.open_db`.
 """
@@ -35,7 +36,7 @@ def cli(data_dir: Path | None) -> None:
     Exit status: 0 ok, 2 bad input (a bad row, argument, config or scenario),
     1 the run failed (simulate's check found a difference, or the runtime failed),
     130 stopped by Ctrl-C (replay and simulate stop at a row boundary, the store
-    flushed and closed).
+    flushed and closed), 141 standard output closed early (`... | head`), quietly.
     """
 
 

@@ -28,8 +28,9 @@ import click
 from tidal_actors._errors import InvalidArgument, UnknownPurge
 from tidal_actors._text import plural
 from tidal_actors._types import COMMUNITY, MembershipStatus
+from tidal_actors.cli import store
 from tidal_actors.cli.group import EXIT_BAD_INPUT, data_dir_of, fail
-from tidal_actors.cli.inspect_store import inspected, known_cohorts, user_ids
+from tidal_actors.cli.inspect_store import inspected, known_cohorts, note, user_ids
 from tidal_actors.cli.timepoints import FORMS, stamp
 from tidal_actors.core.validate import check_cohort
 
@@ -235,6 +236,27 @@ def inspect_top(
         out(f"  signal type {t}: top {len(top)}")
         for rank, (entity_id, score) in enumerate(top, 1):
             out(f"    {rank:>4}  entity {entity_id:<20}  score {score!r}")
+    if all(score == 0.0 for _, top in tops for _, score in top):
+        # nothing above 0 (or nothing at all): most often a read time far from the data
+        note(
+            f"no score above 0 at {stamp(at)}: scores decay with the read time, and "
+            "contributions stamped after it do not count; --at TIME reads at another "
+            "time (e.g. that of the last signal)"
+            + (
+                ""
+                if at_text is not None
+                else f". The default read time is {_default_at(ctx, data_dir)}"
+            )
+        )
+
+
+def _default_at(ctx: click.Context, data_dir: Path | None) -> str:
+    """Where ``inspect``'s default read time came from, in words."""
+    path = data_dir_of(ctx, data_dir)
+    state = store.read_state(path) if path is not None else {}
+    if isinstance(state.get("last_event_ns"), int):
+        return "the last event replayed into the directory"
+    return "the wall clock: the directory records no last event (no replay or simulate wrote it)"
 
 
 @inspect.command("manifests", context_settings={"ignore_unknown_options": True})

@@ -43,9 +43,15 @@ def inspected(data_dir: Path | None, at: str | None = None) -> Iterator[tuple[An
         fail(f"{data_dir}: no such directory", EXIT_BAD_INPUT)
     if not any(data_dir.iterdir()):
         fail(f"{data_dir}: empty directory, not a tidal_actors data directory", EXIT_BAD_INPUT)
-    if not (data_dir / "tidal.lock").exists() and not (data_dir / store.STATE_FILE).exists():
+    if not any(
+        (data_dir / name).exists() for name in ("tidal.store", "tidal.lock", store.STATE_FILE)
+    ):
         # inspecting must not create a store where there was none
-        fail(f"{data_dir}: not a tidal_actors data directory (no tidal.lock)", EXIT_BAD_INPUT)
+        fail(
+            f"{data_dir}: not a tidal_actors data directory (it holds no tidal.store, "
+            "the file that marks a store; see docs/storage-format.md)",
+            EXIT_BAD_INPUT,
+        )
     state = store.read_state(data_dir)
     from_file = store.stored_config(data_dir)
     last = state.get("last_event_ns")

@@ -212,6 +212,7 @@ def replay(
     Durations: 90d, 12h, 30m, 15s, 250ms or integer nanoseconds.
     """
     data_dir = data_dir_of(ctx, data_dir)
+    store.check_outputs({"--scores-out": scores_out, "--report-out": report_out})
     check_replay_target(data_dir, append)
     config = store.build_config(data_dir, config_file, half_life, window_width, window_buckets)
     state = store.read_state(data_dir) if data_dir is not None and data_dir.is_dir() else {}
@@ -224,6 +225,8 @@ def replay(
             f"{data_dir / store.STATE_FILE if data_dir else store.STATE_FILE}: {exc}",
             EXIT_BAD_INPUT,
         )
+    if data_dir is not None:
+        store.make_data_dir(data_dir)
     clock = ManualClock(0)
     reader = EventLogReader(events, skip_invalid=skip_invalid)
     counts = ApplyCounts()

@@ -37,7 +37,7 @@ __all__ = [
     "simulate_target_refusal",
 ]
 
-STORE_FILES = ("data.mdb", "tidal.lock", STATE_FILE)
+STORE_FILES = ("data.mdb", "tidal.store", "tidal.lock", STATE_FILE)
 """Files whose presence means a directory holds a tidal_actors store (or held one)."""
 PENDING_KEY = "pending_rematerializations"
 """Settings-file key: purged cohorts a stopped replay left waiting (name -> due ns)."""

@@ -113,6 +113,10 @@ def simulate(
     from tidal_actors.eventlog.log import write_events
 
     data_dir = data_dir_of(ctx, data_dir)
+    # checked before the run, which can take many minutes
+    store.check_outputs(
+        {"--events-out": events_out, "--report-out": report_out, "--plot": plot_out}
+    )
     from tidal_actors.loadsim.simulate import (
         generate_events,
         load_scenario,
@@ -135,9 +139,11 @@ def simulate(
                 "--plot needs matplotlib: pip install -e '.[plot]' (from the repository's folder)",
                 EXIT_BAD_INPUT,
             )
-    if data_dir is not None and data_dir.exists() and any(data_dir.iterdir()):
+    if data_dir is not None and data_dir.is_dir() and any(data_dir.iterdir()):
         state = store.read_state(data_dir) if holds_store(data_dir) else {}
         fail(simulate_target_refusal(data_dir, state), EXIT_BAD_INPUT)
+    if data_dir is not None:
+        store.make_data_dir(data_dir)
     if data_dir is not None and not scenario.persistent:
         # a run on a store ends, like any persistent one, with a close and a timed reopen
         scenario = dataclasses.replace(scenario, persistent=True)

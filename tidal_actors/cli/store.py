@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ from tidal_actors.loadsim.phases import PhaseFn
 __all__ = [
     "STATE_FILE",
     "build_config",
+    "check_outputs",
+    "make_data_dir",
     "open_db",
     "opened",
     "read_state",
@@ -60,10 +62,56 @@ def open_db(
     if read_only and data_dir is not None:
         return TidalDb.open(os.fspath(data_dir), config=config, clock=clock, read_only=True)
     if data_dir is not None:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        make_data_dir(data_dir)
     return TidalDb.open(
         os.fspath(data_dir) if data_dir is not None else None, config=config, clock=clock
     )
+
+
+def make_data_dir(data_dir: Path) -> None:
+    """Create ``--data-dir`` (and its parents) if absent. A path that is a file, or a
+    directory that cannot be created or written, ends the command with exit status 2
+    and one line naming it (no traceback)."""
+    for path in (data_dir, *data_dir.parents):
+        if path.exists():
+            if not path.is_dir():
+                where = "" if path == data_dir else f": {path} is a file"
+                fail(f"--data-dir {data_dir} is not a directory{where}", EXIT_BAD_INPUT)
+            break
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        at = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(data_dir) else ""
+        fail(f"cannot create --data-dir {data_dir}: {exc.strerror or exc}{at}", EXIT_BAD_INPUT)
+    if not os.access(data_dir, os.W_OK | os.X_OK):
+        fail(
+            f"--data-dir {data_dir} is not writable (the store needs write access to it)",
+            EXIT_BAD_INPUT,
+        )
+
+
+def check_outputs(outputs: Mapping[str, Path | None]) -> None:
+    """Check the files a command is asked to write (option name -> path, None: not
+    asked) before it does any work: each one's directory exists and is writable, and
+    the file, if it exists, is a writable file. The first that is not ends the
+    command with exit status 2, naming the option and the path; nothing is written."""
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        parent = path.parent
+        if path.is_dir():
+            why = "is a directory"
+        elif not parent.exists():
+            why = f"its directory {parent} does not exist"
+        elif not parent.is_dir():
+            why = f"{parent} is not a directory"
+        elif not os.access(parent, os.W_OK | os.X_OK):
+            why = f"its directory {parent} is not writable"
+        elif path.exists() and not os.access(path, os.W_OK):
+            why = "the file is not writable"
+        else:
+            continue
+        fail(f"cannot write {option} {path}: {why}", EXIT_BAD_INPUT)
 
 
 @contextlib.contextmanager

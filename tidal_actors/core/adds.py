@@ -9,22 +9,28 @@ no I/O.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import is_
+from typing import Any
 
 import numpy as np
 
-from tidal_actors.core.key_state import RENORMALIZE_AT, KeyState
+from tidal_actors.core.bucket_adds import SMALL_BATCH, BucketAdds
+from tidal_actors.core.key_state import RENORMALIZE_AT
 
 __all__ = ["Adds", "Record"]
 
 Record = tuple[int, int, int, str, int, int, float, int]  # LogRecord-shaped
 
 
-class Adds(KeyState):
+def _plain(x: Sequence[Any] | np.ndarray) -> list[Any]:
+    """A column as a list of Python numbers."""
+    return x.tolist() if isinstance(x, np.ndarray) else list(x)
+
+
+class Adds(BucketAdds):
     """Adding contributions (`add_columns`, `add_many`, `load_columns`)."""
 
     __slots__ = ()
@@ -62,6 +68,17 @@ class Adds(KeyState):
         first = self.row_end
         if not n:
             return range(first, first)
+        if n <= SMALL_BATCH:
+            return self._add_small(
+                ms if isinstance(ms, int) else _plain(ms),
+                _plain(rs),
+                _plain(us),
+                cs,
+                _plain(es),
+                _plain(types),
+                _plain(ws),
+                _plain(tss),
+            )
         index = self.index
         es_l = es.tolist() if isinstance(es, np.ndarray) else es
         types_l = types.tolist() if isinstance(types, np.ndarray) else types
@@ -87,8 +104,9 @@ class Adds(KeyState):
         np.maximum.at(self.latest_t_max, kf, tf)
         np.maximum.at(self.t_max, k, ts)
         if not every:
+            rest = ~fast & ~self._add_newer(k, b, x, w, wf, ts, ~fast)
             slow = self._add_one
-            for i in np.flatnonzero(~fast).tolist():
+            for i in np.flatnonzero(rest).tolist():
                 slow(int(k[i]), int(ts[i]), float(w[i]))
         self.row_key.frombytes(k.astype(np.uint32).tobytes())
         self.row_ts.frombytes(ts.tobytes())
@@ -271,62 +289,3 @@ class Adds(KeyState):
         self.latest_t_max[first:last] = nt
         self.latest_b[first:last] = nt // self._width
         self.live[first:last] = 1
-
-    def _add_one(self, k: int, ts: int, w: float) -> None:
-        """Add one contribution to key ``k`` (a newer or older bucket, or a landmark move)."""
-        h = int(self.key_half_life[k])
-        x = (ts - int(self.landmark[k])) / h
-        if x > RENORMALIZE_AT:
-            self._renormalize(k, ts, h)
-            x = 0.0
-        wf = w * 2.0**x
-        self.fd_sum[k] += wf
-        if ts > self.t_max[k]:
-            self.t_max[k] = ts
-        b = ts // self._width
-        cb = int(self.latest_b[k])
-        if b == cb:
-            self.latest_count[k] += 1
-            self.latest_wsum[k] += w
-            self.latest_fd[k] += wf
-            if ts > self.latest_t_max[k]:
-                self.latest_t_max[k] = ts
-        elif b > cb:  # the latest bucket moves to ``older``; the new one is the latest
-            cn = int(self.latest_count[k])
-            if cn:
-                self.older.setdefault(k, {})[cb] = (
-                    cn,
-                    float(self.latest_wsum[k]),
-                    float(self.latest_fd[k]),
-                    int(self.latest_t_max[k]),
-                )
-            self.latest_b[k] = b
-            self.latest_count[k] = 1
-            self.latest_wsum[k] = w
-            self.latest_fd[k] = wf
-            self.latest_t_max[k] = ts
-        else:
-            older = self.older.setdefault(k, {})
-            bk = older.get(b)
-            if bk is None:
-                older[b] = (1, w, wf, ts)
-            else:
-                older[b] = (bk[0] + 1, bk[1] + w, bk[2] + wf, ts if ts > bk[3] else bk[3])
-
-    def _renormalize(self, k: int, new_landmark: int, h: int) -> None:
-        """Move key ``k``'s landmark to ``new_landmark`` (ns), rescaling its sums.
-
-        The rescaled sums carry the rounding of the exponent, ``d = (landmark - new) / h``:
-        a contribution retracted later, computed against the new landmark, differs
-        from its rescaled self by up to ``|d| * ln 2`` units in the last place, so
-        ``rounding_amp`` grows by ``log2(1 + |d| ln 2)`` (see `retract_rows`)."""
-        d = (int(self.landmark[k]) - new_landmark) / h
-        self.rounding_amp[k] += math.log2(1.0 + abs(d) * math.log(2.0))
-        factor = 2.0**d
-        self.fd_sum[k] *= factor
-        self.latest_fd[k] *= factor
-        older = self.older.get(k)
-        if older:
-            for b, bk in older.items():
-                older[b] = (bk[0], bk[1], bk[2] * factor, bk[3])
-        self.landmark[k] = new_landmark

@@ -113,7 +113,9 @@ class AsyncOperations(LoopFacade):
         return await self._run(self._check().unassign_cohort(user_id, cohort))
 
     async def cohorts_of(self, user_id: int) -> frozenset[str]:
-        """The user's cohorts (``@community`` is implicit and not listed).
+        """The user's cohorts (``@community`` is implicit and not listed), as a set:
+        unordered, although a signal is attributed to the cohorts in the order they were
+        assigned (a cohort assigned again after an unassign moves to the end).
 
         Cancellation: a read; nothing to undo.
 

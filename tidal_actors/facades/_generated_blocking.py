@@ -86,7 +86,9 @@ class BlockingOperations(BlockingBase):
         return self._run(self._core.unassign_cohort(user_id, cohort))
 
     def cohorts_of(self, user_id: int) -> frozenset[str]:
-        """The user's cohorts (``@community`` is implicit and not listed).
+        """The user's cohorts (``@community`` is implicit and not listed), as a set:
+        unordered, although a signal is attributed to the cohorts in the order they were
+        assigned (a cohort assigned again after an unassign moves to the end).
 
         Raises:
             InvalidArgument: bad ``user_id`` (not an int in ``[0, 2**64)``).

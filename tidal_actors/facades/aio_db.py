@@ -103,3 +103,4 @@ class AsyncTidalDb(AsyncOperations):
         raise NotImplementedError
 
     aclose = close
+    """The same as `close` (the name ``contextlib.aclosing`` and trio's async resources use)."""

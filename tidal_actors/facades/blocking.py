@@ -109,14 +109,18 @@ class TidalDb(BlockingOperations):
                 the database holds a consistent snapshot as of that read (open again
                 to see later writes), restored as after a crash from what was durable,
                 with the settings the store records (``config`` for the rest, and for
-                a store that records none). Nothing is written; every write method
-                raises StorageError. No lock is held after the open.
+                a store that records none). Nothing of the store is written (LMDB
+                records the reader in ``lock.mdb``'s reader table, so the open needs
+                write access to that file); every write method raises StorageError.
+                No lock is held after the open.
 
         Raises:
             DatabaseLocked: ``path`` is already open, in this or another process
                 (read-only: in this process).
-            StorageError: the store cannot be opened or read (a damaged page, or a
-                value that does not decode: its keyspace and key in hex are named).
+            StorageError: the store cannot be opened or read (``path`` is a file; the
+                file system refused access: the message names the directory and the
+                access needed; a damaged page, or a value that does not decode: its
+                keyspace and key in hex are named).
             StorageFull: LMDB's own records at open do not fit in
                 ``Config.max_map_size_bytes``.
             InvalidArgument: bad ``path``/``config``/``clock``, or a config that does

@@ -299,7 +299,10 @@ def _scenario_from_mapping(data: Mapping[str, Any], source: str) -> Scenario:
         )
     if scenario.purge_own + scenario.purge_other + scenario.purge_community <= 0:
         raise bad("purge_targets", None, "at least one weight must be positive")
-    scenario.build_config()  # validate the settings now, not halfway through a run
+    try:  # validate the settings now, not halfway through a run
+        scenario.build_config()
+    except InvalidArgument as exc:
+        raise InvalidArgument(exc.field, exc.value, f"{exc.reason} (in {source})") from None
     return scenario
 
 

@@ -81,7 +81,7 @@ def _forget_in_child() -> None:
     the child raises `DatabaseClosed`. The child cannot open that store again (py-lmdb
     keeps one environment per file in a process): a process started with
     multiprocessing's "spawn" or "forkserver" method can, once the parent has closed
-    it."""
+    it, and so can a child forked before its parent opened the store."""
     for core in list(_OPEN_CORES):
         core.disown()
     _OPEN_CORES.clear()
@@ -189,9 +189,11 @@ class Core(Operations):
 
     def fault_reports(self) -> list[FaultReport]:
         """The handler failures the host's supervisor dealt with, oldest first (the
-        last ``REPORTS_KEPT``; `runtime.supervision`); empty under a host without one."""
+        last ``REPORTS_KEPT``; `runtime.supervision`, or the deterministic host's
+        `testing.faults`); empty under a host without one."""
         supervisor = getattr(self.host, "supervisor", None)
-        return [] if supervisor is None else list(supervisor.reports)
+        reports = getattr(self.host if supervisor is None else supervisor, "reports", None)
+        return [] if reports is None else list(reports)
 
     # -- lifetime -----------------------------------------------------------------
 
@@ -296,8 +298,11 @@ class Core(Operations):
             if self.pid != os.getpid():
                 raise DatabaseClosed(
                     f"this database was opened by process {self.pid} and this process "
-                    f"({os.getpid()}) is a fork of it: a forked child cannot use it; open "
-                    "the store in the child (after the parent has closed it) instead"
+                    f"({os.getpid()}) is a fork of it: a forked child can neither use it nor "
+                    "open its store (py-lmdb keeps one environment per file in a process); "
+                    "use the store in a process started with multiprocessing's 'spawn' or "
+                    "'forkserver' method (once the parent has closed it), or fork before "
+                    "opening the store"
                 )
             raise DatabaseClosed("the database is closed")
 

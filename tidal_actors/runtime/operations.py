@@ -127,7 +127,9 @@ Raises:
         (USER,),
         "frozenset[str]",
         "reply",
-        f"""The user's cohorts (``@community`` is implicit and not listed).
+        f"""The user's cohorts (``@community`` is implicit and not listed), as a set:
+unordered, although a signal is attributed to the cohorts in the order they were
+assigned (a cohort assigned again after an unassign moves to the end).
 
 {BAD_USER}""",
         READ,

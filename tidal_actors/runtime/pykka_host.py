@@ -190,6 +190,10 @@ class PykkaHost:
             self.behaviours[new.address] = new
             if self.on_replace is not None:
                 self.on_replace(new.address, new)
+            if new.fault is not None:
+                # it failed on what it took over from the failed one: dealt with now,
+                # not after the next message has been handled by a half-updated shard
+                self._supervise(actor)
 
     def tell(self, address: M.Address, message: object) -> None:
         """Send ``message`` to ``address``. Raises DatabaseClosed once the actor is gone."""

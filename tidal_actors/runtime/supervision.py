@@ -43,7 +43,7 @@ from typing import Any
 from tidal_actors._config import Config
 from tidal_actors._errors import ActorFailure
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.behaviour import Behaviour, Context, replies_of
 from tidal_actors.actors.ledger import LedgerShard
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.recovery import FaultReport, LedgerRecovery, LoadStore, RecoverLedger
@@ -89,23 +89,12 @@ class Fenced(Behaviour):
     def receive(self, message: object) -> None:
         err = self.error
         self.handler_errors += 1
-        for reply in _replies(message):
+        for reply in replies_of(message):
             reply.set_exception(err)
         if isinstance(message, M.PreparePurge):
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(message.purge_id, EMPTY, err))
         elif isinstance(message, M.RematStart):
             self.ctx.tell(M.COORD_ADDR, M.RematDone(message.token, message.cohort, error=err))
-
-
-def _replies(message: object) -> list[Reply]:
-    """The replies waiting on ``message``: its own, or its barrier's (and the read's)."""
-    out: list[Reply] = []
-    barrier = message.barrier if isinstance(message, M.BarrierPart) else message
-    for obj in (message, barrier, getattr(barrier, "action", None)):
-        reply = getattr(obj, "reply", None)
-        if isinstance(reply, Reply) and reply not in out:
-            out.append(reply)
-    return out
 
 
 def restore_ledger(
@@ -134,10 +123,14 @@ def restore_membership(
     incarnation: int,
     in_doubt: Mapping[int, Reply] | None = None,
     counters: Mapping[str, int] | None = None,
+    numbered: int = 0,
 ) -> MembershipShard:
-    """Membership shard ``index`` rebuilt from ``restored`` (`MembershipShard.restarted`)."""
+    """Membership shard ``index`` rebuilt from ``restored`` (`MembershipShard.restarted`;
+    ``numbered``: the failed incarnation's ``next_rseq``)."""
     mstates, _, _ = build_states(config, restored, store)
-    return MembershipShard.restarted(ctx, index, mstates[index], incarnation, in_doubt, counters)
+    return MembershipShard.restarted(
+        ctx, index, mstates[index], incarnation, in_doubt, counters, numbered
+    )
 
 
 def carried_over(held: list[object]) -> tuple[list[object], list[object]]:
@@ -156,9 +149,27 @@ def account(report: FaultReport, message: object) -> None:
         report.lost_signals.extend(message.signals)
     elif isinstance(message, M.Attribute):
         report.lost_records.extend(LogRecord(*r) for r in message.records)
-    reply = getattr(message, "reply", None)
-    if isinstance(reply, Reply):
+    for reply in replies_of(message):
         report.failed.append(reply.label or type(message).__name__)
+
+
+def take_fault(old: Behaviour) -> tuple[object, BaseException, FaultReport]:
+    """``old``'s handler failure (`Behaviour.fault`, then cleared): the message, the
+    exception and the report of what it lost (``action`` "resumed" until a
+    supervisor restarts or fences the shard)."""
+    assert old.fault is not None
+    message, exc = old.fault
+    old.fault = None
+    report = FaultReport(old.address, "resumed", repr(exc))
+    doubt = getattr(old, "fault_in_doubt", None)
+    if doubt is not None:  # partly applied or persisted: not lost for sure
+        old.fault_in_doubt = None  # type: ignore[attr-defined]
+        report.in_doubt.append(doubt)
+        for reply in replies_of(message):
+            report.failed.append(reply.label or type(message).__name__)
+    else:
+        account(report, message)
+    return message, exc, report
 
 
 class Supervisor:
@@ -181,19 +192,7 @@ class Supervisor:
 
     def failed(self, old: Behaviour) -> Behaviour:
         """``old`` failed (`Behaviour.fault`): the behaviour to host from now on."""
-        assert old.fault is not None
-        message, exc = old.fault
-        old.fault = None
-        report = FaultReport(old.address, "resumed", repr(exc))
-        doubt = getattr(old, "fault_in_doubt", None)
-        if doubt is not None:  # partly applied or persisted: not lost for sure
-            old.fault_in_doubt = None  # type: ignore[attr-defined]
-            report.in_doubt.append(doubt)
-            reply = getattr(message, "reply", None)
-            if isinstance(reply, Reply):
-                report.failed.append(reply.label or type(message).__name__)
-        else:
-            account(report, message)
+        message, exc, report = take_fault(old)
         new: Behaviour = old
         kind = old.address[0]
         if kind in (M.MEMBERSHIP, M.LEDGER) and getattr(self.store, "durable", False):
@@ -214,6 +213,19 @@ class Supervisor:
                 )
                 new = Fenced(self.ctx, old.address, fence)
                 report.action = "fenced"
+                # control writes sent and not answered: their Committed reaches the
+                # fence, which cannot apply them; their callers learn it now
+                pending = getattr(old, "in_doubt", dict)
+                for reply in pending().values():
+                    label = reply.label or "control write"
+                    if label not in report.in_doubt:
+                        report.in_doubt.append(label)
+                    doubt = ActorFailure(
+                        f"{fence}; this control write was sent to the store before the "
+                        "failure: whether it committed, the reopened database says"
+                    )
+                    doubt.__cause__ = exc
+                    reply.set_exception(doubt)
                 held = getattr(old, "held_messages", list)
                 for msg in held():
                     new.receive(msg)
@@ -274,11 +286,23 @@ class Supervisor:
         sync.get(RESTART_WAIT_S)
         restored = self._ask(M.PERSIST_ADDR, LoadStore, "load-store")
         in_doubt = old.in_doubt()
-        report.in_doubt.extend(r.label for r in in_doubt.values())
+        report.in_doubt.extend(r.label for r in in_doubt.values() if r.label not in report.in_doubt)
         shard = restore_membership(
-            self.config, self.ctx, restored, self.store, index, n, in_doubt, old.counters()
+            self.config,
+            self.ctx,
+            restored,
+            self.store,
+            index,
+            n,
+            in_doubt,
+            old.counters(),
+            old.state.next_rseq,
         )
         shard.take_over_loss(old)
-        for msg in old.held_messages():
+        held = old.held_messages()
+        for i, msg in enumerate(held):
             shard.receive(msg)
+            if shard.fault is not None:  # the rest waits for the next incarnation
+                shard.set_aside(held[i + 1 :])
+                break
         return shard

@@ -36,7 +36,7 @@ from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed, StorageError, StorageFull
 from tidal_actors.storage.format import Keyspace
 from tidal_actors.storage.lmdb_compact import Compaction
-from tidal_actors.storage.lmdb_lock import DirectoryLock, LockProbe
+from tidal_actors.storage.lmdb_lock import DirectoryLock, LockProbe, access_denied
 from tidal_actors.storage.protocol import HistoryMarks, HistoryStore
 
 if TYPE_CHECKING:
@@ -85,6 +85,8 @@ class LmdbStore(Compaction, HistoryStore):
         self.history_marks = HistoryMarks()  # what the ledgers may read back (`storage.history`)
         self.reads_history = True  # the history can be read back while open
         self._closed = False
+        if self.path.exists() and not self.path.is_dir():
+            raise StorageError(f"{self.path} is a file, not a directory: a store is a directory")
         try:
             if read_only and not (self.path / "data.mdb").is_file():
                 raise StorageError(f"{self.path} holds no store (no data.mdb); nothing was read")
@@ -97,7 +99,8 @@ class LmdbStore(Compaction, HistoryStore):
         try:  # a reader takes no lock file of ours: it reads beside a writer
             self._dirlock = DirectoryLock(self.path, exclusive=not read_only)
         except OSError as exc:
-            raise StorageError(f"cannot open LMDB at {self.path}: {exc}") from exc
+            why = access_denied(self.path, read_only, exc)
+            raise StorageError(why or f"cannot open LMDB at {self.path}: {exc}") from exc
         try:
             map_size = config.map_size_bytes
             data = self.path / "data.mdb"
@@ -124,7 +127,8 @@ class LmdbStore(Compaction, HistoryStore):
             self._close_env()
             self._release()
             if isinstance(exc, (lmdb.Error, OSError)):
-                raise StorageError(f"cannot open LMDB at {self.path}: {exc}") from exc
+                why = access_denied(self.path, read_only, exc)
+                raise StorageError(why or f"cannot open LMDB at {self.path}: {exc}") from exc
             raise
 
     def _open_env(self) -> None:

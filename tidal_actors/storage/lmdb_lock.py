@@ -26,7 +26,7 @@ from typing import IO
 
 from tidal_actors._errors import DatabaseLocked
 
-__all__ = ["DirectoryLock", "LockProbe", "attached_process", "fsync_path"]
+__all__ = ["DirectoryLock", "LockProbe", "access_denied", "attached_process", "fsync_path"]
 
 # struct flock: Linux puts the type first, the BSDs (macOS) last
 if sys.platform.startswith("linux"):
@@ -66,6 +66,34 @@ class _Registry:
 
 _REGISTRY = _Registry()
 os.register_at_fork(after_in_child=_REGISTRY.reset_after_fork)
+
+
+def access_denied(path: Path, read_only: bool, exc: BaseException) -> str | None:
+    """The message for an open of the store at ``path`` that the file system refused
+    (``exc``: a `PermissionError`, or py-lmdb's error for ``EACCES``/``EROFS``), naming
+    the access each kind of open needs; None when ``exc`` is not such a refusal.
+
+    A read-only open takes no lock of ours (``tidal.lock`` is not opened), but LMDB
+    records each reader in the reader table of ``lock.mdb`` (creating the file if
+    absent), so it needs write access to that file (or to the directory)."""
+    text = str(exc)
+    denied = isinstance(exc, PermissionError) or any(
+        word in text for word in ("Permission denied", "Read-only file system")
+    )
+    if not denied:
+        return None
+    if read_only:
+        return (
+            f"cannot open the store at {path} read-only: {text}. A read-only open takes "
+            f"no lock of ours but records its reader in LMDB's reader table, "
+            f"{path / 'lock.mdb'}: it needs read access to {path / 'data.mdb'} and write "
+            f"access to {path / 'lock.mdb'} (or, while that file is absent, to the "
+            f"directory {path})"
+        )
+    return (
+        f"cannot open the store at {path}: {text}. The writer needs write access to the "
+        f"directory {path} and to its files (data.mdb, lock.mdb, tidal.lock, tidal.store)"
+    )
 
 
 class DirectoryLock:

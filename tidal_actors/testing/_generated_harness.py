@@ -102,7 +102,9 @@ class HarnessOperations(HarnessCalls):
         return self._call(self.core.unassign_cohort(user_id, cohort))
 
     def cohorts_of(self, user_id: int) -> Call[frozenset[str]]:
-        """The user's cohorts (``@community`` is implicit and not listed).
+        """The user's cohorts (``@community`` is implicit and not listed), as a set:
+        unordered, although a signal is attributed to the cohorts in the order they were
+        assigned (a cohort assigned again after an unassign moves to the end).
 
         Sends at once and returns its `Call`; nothing is delivered until a step:
         ``Harness.run(call)`` delivers until it is done and returns the result

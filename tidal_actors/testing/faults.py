@@ -19,6 +19,7 @@ means for the messages in flight is spelled out in
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -33,23 +34,33 @@ from tidal_actors.actors.recovery import FaultReport, LoadStore, RecoverLedger
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import LogRecord
 from tidal_actors.runtime.pykka_host import HostContext
-from tidal_actors.runtime.supervision import carried_over, restore_ledger, restore_membership
+from tidal_actors.runtime.supervision import (
+    RESTART_RETRY_S,
+    Fenced,
+    carried_over,
+    restore_ledger,
+    restore_membership,
+    take_fault,
+)
 from tidal_actors.testing.schedule import HarnessStuck, Schedule, addr
 
 __all__ = ["FaultInjection", "FaultReport"]
+
+log = logging.getLogger("tidal_actors")
 
 
 class _Down:
     """A crashed shard waiting for its restart."""
 
-    __slots__ = ("carry", "old", "orphans")
+    __slots__ = ("carry", "old", "orphans", "report")
 
-    def __init__(self, old: Behaviour) -> None:
+    def __init__(self, old: Behaviour, report: FaultReport) -> None:
         self.old = old
         # in-doubt control writes: token -> (reply, label)
         self.orphans: dict[Any, tuple[Reply, str]] = {}
         # what the next incarnation takes over (`runtime.supervision.carried_over`)
         self.carry: list[object] = []
+        self.report = report  # updated if the restart fails and the shard is fenced
 
 
 class FaultInjection:
@@ -69,6 +80,8 @@ class FaultInjection:
     _sender: M.Address
     _barriers_seen: dict[int, M.Barrier]
     _failed_barriers: set[int]
+    # the handler failures supervised (`supervise`), for `Core.fault_reports`
+    reports: collections.deque[FaultReport]
 
     def tell(self, address: M.Address, message: object) -> None:
         raise NotImplementedError
@@ -112,7 +125,14 @@ class FaultInjection:
             report.lost_records.extend(LogRecord(*r) for r in msg.records)
         elif isinstance(
             msg,
-            (M.PreparePurge, M.RematStart, M.RematStep, M.PurgeMarker, M.PurgeAbandoned),
+            (
+                M.PreparePurge,
+                M.RematStart,
+                M.RematStep,
+                M.RematAbort,
+                M.PurgeMarker,
+                M.PurgeAbandoned,
+            ),
         ):
             pass  # the coordinator ends or lists that purge or rebuild at the restart
         elif isinstance(msg, (M.ApplyPurge, M.EvictionUpdate)):
@@ -140,8 +160,8 @@ class FaultInjection:
                 "store", self.store, "a shard restarts from storage: use a durable store"
             )
         old = self.behaviours[address]
-        down = _Down(old)
         report = FaultReport(address)
+        down = _Down(old, report)
         lost: list[object]
         if isinstance(old, MembershipShard):
             # a Committed waiting here answers a write of this incarnation: kept for
@@ -170,6 +190,43 @@ class FaultInjection:
         )
         return report
 
+    def supervise(self, address: M.Address, old: Behaviour) -> None:
+        """A handler of ``old`` raised unexpectedly (`Behaviour.fault`): what the pykka
+        host's supervisor does (`runtime.supervision.Supervisor.failed`). A membership
+        or ledger shard of a durable store goes down, keeping its mailbox, and
+        restarts from the store once nothing else can run (what it held unhandled
+        goes to the next incarnation, as after a crash); anything else resumes.
+        The report is kept in ``reports`` and logged."""
+        message, _exc, report = take_fault(old)
+        durable = getattr(self.store, "durable", False)
+        if address[0] in (M.MEMBERSHIP, M.LEDGER) and durable and not self._closed:
+            down = _Down(old, report)
+            if isinstance(old, MembershipShard):
+                for token, reply in old.in_doubt().items():
+                    label = self.schedule.label(reply)
+                    down.orphans[token] = (reply, label)
+                    report.in_doubt.append(label)
+                down.carry = old.held_messages()
+            else:
+                assert isinstance(old, LedgerShard)
+                down.carry, dropped = carried_over(old.held_messages())
+                report.dropped.extend(type(m).__name__ for m in dropped)
+            self._down[address] = down
+            report.action = "restarted"
+        else:
+            old.resume()
+        self.reports.append(report)
+        self.schedule.event(
+            f"{addr(address)} failed on {type(message).__name__}: {report.cause} ({report.action})"
+        )
+        log.error(
+            "%s[%d] failed on %s (%s): %s",
+            *address,
+            type(message).__name__,
+            report.cause,
+            report.action,
+        )
+
     def _ask(self, sender: M.Address, address: M.Address, make: Callable[[Reply], object]) -> Any:
         """Send ``make(reply)`` from ``sender`` and deliver until the reply comes."""
         reply = Reply("restart")
@@ -183,6 +240,44 @@ class FaultInjection:
         if not reply.done:
             raise HarnessStuck(f"{addr(sender)} cannot restart: {address} did not answer")
         return reply.result()
+
+    def restart(self, address: M.Address) -> None:
+        """Restart the down shard at ``address`` as the pykka host's supervisor does: a
+        restart that fails is tried again (as many times as ``RESTART_RETRY_S`` has
+        delays, none waited for here); if every try fails the shard is fenced
+        (`runtime.supervision.Fenced`)."""
+        causes: list[str] = []
+        for _ in range(len(RESTART_RETRY_S) + 1):
+            try:
+                self._restart(address)
+                return
+            except HarnessStuck:
+                raise
+            except Exception as err:  # noqa: BLE001 - tried again, then fenced
+                causes.append(repr(err))
+                self.schedule.event(f"restart {addr(address)} failed: {err!r}")
+        down = self._down.pop(address)
+        report = down.report
+        report.cause += "".join(f"; the restart failed: {c}" for c in causes)
+        report.action = "fenced"
+        fence = ActorFailure(
+            f"{address[0]}[{address[1]}] is fenced: it could not restart from the store "
+            f"({causes[-1]}); reopen the database"
+        )
+        for reply, label in down.orphans.values():
+            if reply.set_exception(fence) and label not in report.in_doubt:
+                report.in_doubt.append(label)
+        new = Fenced(self.ctx, address, fence)
+        self.behaviours[address] = new
+        if self.on_replace is not None:
+            self.on_replace(address, new)
+        self.schedule.event(f"fence {addr(address)}")
+        prev, self._sender = self._sender, address
+        try:
+            for msg in down.carry:
+                new.receive(msg)
+        finally:
+            self._sender = prev
 
     def _restart(self, address: M.Address) -> None:
         """Restart a crashed shard through the product's restore step
@@ -198,7 +293,14 @@ class FaultInjection:
             recovery = self._ask(address, M.COORD_ADDR, lambda r: RecoverLedger(i, r))
             restored = self._ask(address, M.PERSIST_ADDR, LoadStore)
             new = restore_ledger(
-                self.config, self.ctx, restored, store, i, recovery, old.counters()
+                self.config,
+                self.ctx,
+                restored,
+                store,
+                i,
+                recovery,
+                old.counters(),
+                old.marker_notes(),
             )
         else:
             assert isinstance(old, MembershipShard)
@@ -220,8 +322,17 @@ class FaultInjection:
                     outcome = "outcome unknown"
                 self.schedule.event(f"{label} in doubt at the crash: {outcome}")
             new = restore_membership(
-                self.config, self.ctx, restored, store, i, n, in_doubt, old.counters()
+                self.config,
+                self.ctx,
+                restored,
+                store,
+                i,
+                n,
+                in_doubt,
+                old.counters(),
+                old.state.next_rseq,
             )
+        new.take_over_loss(old)  # signals it lost and no flush has reported yet
         del self._down[address]
         self.behaviours[address] = new
         self.incarnation[address] = n + 1
@@ -230,8 +341,13 @@ class FaultInjection:
         self.schedule.event(f"restart {addr(address)} from storage (incarnation {n + 1})")
         prev, self._sender = self._sender, address
         try:
-            for msg in down.carry:
+            for i, msg in enumerate(down.carry):
                 new.receive(msg)
+                if new.fault is not None:  # failed on what it took over
+                    self.supervise(address, new)
+                    if address in self._down:  # down again: the rest goes to the next
+                        self._down[address].carry.extend(down.carry[i + 1 :])
+                        break
         finally:
             self._sender = prev
 
@@ -244,7 +360,7 @@ class FaultInjection:
         assert isinstance(old, Persistence)
         report = FaultReport(address)
         queued = self._take_queue(address)
-        lost = list(old._writes) + queued
+        lost = old.uncommitted() + queued
         # writes (and history erasures) are answered by the restarted incarnation below
         writes: list[Any] = [
             m for m in lost if isinstance(getattr(m, "ops", None), list) and hasattr(m, "reply")

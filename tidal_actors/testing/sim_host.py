@@ -20,7 +20,8 @@ Theory of operation (FoundationDB-style deterministic simulation):
   ``on_idle`` (persistence group-commits there), exactly as the pykka host does.
 * Same seed and same calls: same deliveries, same trace, byte for byte
   (:class:`~tidal_actors.testing.schedule.Schedule`).
-* The host is the supervisor of the fault calls (its base class,
+* The host is the supervisor of the fault calls and of handler failures, which it
+  deals with as the pykka host does (its base class,
   :class:`~tidal_actors.testing.faults.FaultInjection`).
 """
 
@@ -34,8 +35,10 @@ from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.pykka_host import HostContext
+from tidal_actors.runtime.supervision import REPORTS_KEPT
 from tidal_actors.testing.faults import FaultInjection, _Down
 from tidal_actors.testing.schedule import FACADE, Schedule, addr
 
@@ -79,6 +82,7 @@ class DeterministicHost(FaultInjection):
         self._sender: M.Address = FACADE
         self._barriers_seen: dict[int, M.Barrier] = {}
         self._failed_barriers: set[int] = set()
+        self.reports: collections.deque[FaultReport] = collections.deque(maxlen=REPORTS_KEPT)
 
     # -- the PykkaHost interface ----------------------------------------------------
 
@@ -174,7 +178,7 @@ class DeterministicHost(FaultInjection):
             self._deliver_from(keys)
             return True
         if self._down:
-            self._restart(min(self._down))
+            self.restart(min(self._down))
             return True
         return False
 
@@ -196,10 +200,9 @@ class DeterministicHost(FaultInjection):
         prev, self._sender = self._sender, address
         try:
             behaviour.receive(msg)
-            if behaviour.fault is not None:  # a handler failure (not a crash): resumed
-                behaviour.fault = None
-                behaviour.resume()
-            if self._mailbox_empty(address):
+            if behaviour.fault is not None:  # a handler failure: restarted or resumed
+                self.supervise(address, behaviour)
+            if address not in self._down and self._mailbox_empty(address):
                 try:
                     behaviour.on_idle()
                 except Exception as exc:  # noqa: BLE001 - as PykkaHost: the actor keeps serving
