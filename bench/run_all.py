@@ -25,6 +25,7 @@ BENCHES = [  # (name, script, how it hands over its figures: a --json FILE or JS
     ("aio", "bench_aio.py", "stdout"),  # the trio facade
     ("memory", "bench_memory.py", "file"),  # memory bounded by the log cap
     ("control", "bench_control.py", "file"),  # leave and purge under full ingestion, group commit
+    ("pair_index", "bench_pair_index.py", "file"),  # the log's pair index: append, find
     (
         "lateness",
         "bench_loop_lateness.py",

@@ -156,7 +156,7 @@ class LedgerShard(LedgerRebuilds):
                 except Exception as exc:  # noqa: BLE001 - raised below
                     step_error = step_error or exc
         log = st.log
-        log.append_columns(us.tolist(), msg.cohorts, rows)
+        log.append_columns(us, msg.cohorts, rows)
         self.records_in += len(rows)
         if self.ctx.durable:
             self._persist(

@@ -67,7 +67,7 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
    watermark count as evicted, each reported by exactly one manifest; those
    retracted already (by an earlier purge) are neither
    (`core.contrib_log.ContributionLog.prepare`, `ContributionLog.apply`; the pair's
-   count of trimmed records is item 0 of its index entry, `core.pair_index`). While
+   count of trimmed records is item 0 of its index entry, `core.pair_store`). While
    a purge is in flight its pair's trimmed rows are held, not counted
    (`core.pair_index.PairIndex.hold`). A second purge of the same pair retracts
    nothing again (FR-5). Order: prepare, commit manifest + tombstones + watermark in

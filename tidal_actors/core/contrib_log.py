@@ -19,9 +19,7 @@ trims its head lazily once records are surely evicted (below a floor) or drained
 
 from __future__ import annotations
 
-import sys
 from array import array
-from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from typing import NamedTuple
@@ -29,9 +27,11 @@ from typing import NamedTuple
 import numpy as np
 
 from tidal_actors._types import ContributionRecord
+from tidal_actors.core import pair_runs as pr
 from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.key_state import DEAD
-from tidal_actors.core.pair_index import I64, PAIR, PairIndex
+from tidal_actors.core.pair_index import PairIndex
+from tidal_actors.core.pair_runs import GONE
 
 __all__ = ["EMPTY", "ContributionLog", "LogRecord", "Prepared"]
 
@@ -85,22 +85,24 @@ class ContributionLog(PairIndex):
         return len(self.d)
 
     def append_columns(
-        self, users: Sequence[int], cohorts: Sequence[str], rows: Iterable[int]
+        self,
+        users: Sequence[int] | np.ndarray,
+        cohorts: Sequence[str] | np.ndarray,
+        rows: Iterable[int],
     ) -> None:
-        """Append records, given as columns: their users, their cohorts and their detail
-        rows (in order), and index them by (user, cohort)."""
-        index = self.index
-        get = index.get
+        """Append records, given as columns: their users (uint64 values), their
+        cohorts (names, or the aggregates' cohort ids as an integer array) and their
+        detail rows (in order), and index them by (user, cohort) (`pair_index`: in
+        batches, sorted with numpy)."""
         d = self.d
-        start = self.base + len(d)
-        d.extend(rows)
-        pack, pack_new = I64.pack, PAIR.pack
-        for pos, key in enumerate(zip(users, cohorts), start):  # zip reuses its tuple
-            lst = get(key)
-            if lst is None:
-                index[key] = bytearray(pack_new(0, pos))
-            else:
-                lst.extend(pack(pos))
+        n0 = len(d)
+        if isinstance(rows, range) and rows.step == 1:
+            d.frombytes(np.arange(rows.start, rows.stop, dtype=np.int64).tobytes())
+        else:
+            d.extend(rows)
+        n = len(d) - n0
+        if n:
+            self._pend(users, cohorts, n)
 
     def load_columns(
         self,
@@ -132,45 +134,36 @@ class ContributionLog(PairIndex):
         Raises:
             ValueError: the log is not empty.
         """
-        if len(self.d) or self.index:
+        if len(self.d) or not self.empty():
             raise ValueError("load_columns needs an empty log")
         n = len(users)
         if not n:
             return
+        users = np.asarray(users, dtype=np.uint64)
         live = np.asarray(live, dtype=bool)
+        rseqs = np.asarray(rseqs, dtype=np.int64)
         self.d.frombytes(np.ascontiguousarray(rows[live], dtype=np.int64).tobytes())
-        pos = np.full(n, -1, dtype=np.int64)
-        pos[live] = np.arange(self.base, self.base + int(live.sum()), dtype=np.int64)
-        # group by pair; the sort is stable, so each pair's positions stay ascending
-        cids = np.asarray(cids, dtype=np.uint64)
-        shift = np.uint64(max(1, int(cids.max()).bit_length()))
-        if int(users.max()) >> (64 - int(shift)) == 0:  # one uint64 sort key (the usual case)
-            order = np.argsort((users.astype(np.uint64) << shift) | cids, kind="stable")
-        else:
-            order = np.lexsort((cids, users))
-        su, sc = users[order], cids[order]
-        starts = np.flatnonzero(np.r_[True, (su[1:] != su[:-1]) | (sc[1:] != sc[:-1])])
-        ends = np.r_[starts[1:], n]
-        slive = live[order]
-        live_before = np.r_[0, np.cumsum(slive)]  # live records before each sorted slot
-        buf = pos[order][slive].tobytes()
-        index = self.index
-        for a, b, u, c in zip(
-            starts.tolist(), ends.tolist(), su[starts].tolist(), sc[starts].tolist()
-        ):
-            key = (u, names[c])
-            la, lb = int(live_before[a]), int(live_before[b])
-            bound = reported.get(key)
-            if bound is None:
-                evicted = (b - a) - (lb - la)
-            else:
-                grp = order[a:b]
-                evicted = int(np.count_nonzero(~live[grp] & (rseqs[grp] >= bound)))
-            if lb == la and not evicted:
-                continue
-            lst = bytearray(I64.pack(evicted))
-            lst += buf[la * 8 : lb * 8]
-            index[key] = lst
+        lut = np.array([self.agg.cohort_id_for(c) for c in names], dtype=np.int64)
+        acids = lut[np.asarray(cids, dtype=np.int64)]
+        # each record's reported bound (-1: none), matched by pair key
+        bound = np.full(n, -1, dtype=np.int64)
+        rep = [(u, c, b) for (u, c), b in reported.items() if self.agg.cohort_id(c) is not None]
+        wide = not pr.fits(users, acids)
+        if rep:
+            ru = np.array([u for u, _, _ in rep], dtype=np.uint64)
+            rc = np.array([self.agg.cohort_id_for(c) for _, c, _ in rep], dtype=np.int64)
+            wide = wide or not pr.fits(ru, rc)
+            at = pr.match(pr.encode(ru, rc, wide), pr.encode(users, acids, wide))
+            hit = at >= 0
+            bound[hit] = np.array([b for _, _, b in rep], dtype=np.int64)[at[hit]]
+        counted = ~live & (rseqs >= bound)
+        self.load_entries(
+            users,
+            acids,
+            counted.astype(np.int64),
+            np.flatnonzero(live),
+            np.arange(self.base, self.base + int(live.sum()), dtype=np.int64),
+        )
 
     def set_floor(self, mshard: int, floor: int) -> None:
         """Records of ``mshard`` with ``rseq < floor`` are surely evicted; trim them."""
@@ -196,21 +189,12 @@ class ContributionLog(PairIndex):
             self._compact(dead)
 
     def _compact(self, head: int) -> None:
+        self._flush()
         if self.holds:
             self._keep_held_rows(head)
         del self.d[:head]
         self.base += head
-        base = self.base
-        first_pos = PAIR.unpack_from
-        for lst in self.index.values():
-            # trimmed positions become a count: item 0, reported by the next purge
-            if len(lst) < 16 or first_pos(lst)[1] >= base:
-                continue
-            with memoryview(lst) as mv, mv.cast("q") as items:
-                k = bisect_left(items, base, 1)
-                trimmed = items[0] + k - 1
-            del lst[8 : k * 8]
-            I64.pack_into(lst, 0, trimmed)
+        self._trim_runs()  # trimmed positions become counts: item 0
 
     def prepare(self, user: int, cohort: str, watermark: int, bound: int) -> Prepared:
         """What purging (user, cohort) retracts, without changing anything.
@@ -220,17 +204,12 @@ class ContributionLog(PairIndex):
         count when the purge was taken: records from then on were submitted after
         the purge and are left alone.
         """
-        lst = self.index.get((user, cohort))
+        entry = self.entry(user, cohort)
         held = self.held_rows.get((user, cohort))
-        if lst is None and held is None:
+        if entry is None and held is None:
             return EMPTY._replace(watermark=watermark, bound=bound)
-        items = (
-            np.frombuffer(bytes(lst), dtype=np.int64)
-            if lst is not None
-            else np.zeros(1, dtype=np.int64)
-        )
-        evicted = int(items[0])  # folded before the purge's marker: all below its bound
-        pos = items[1:]
+        # item 0 was folded before the purge's marker: all below its bound
+        evicted, pos = entry if entry is not None else (0, np.zeros(0, dtype=np.int64))
         base = self.base
         gone = pos < base  # trimmed away: evicted
         evicted += int(np.count_nonzero(gone))
@@ -300,30 +279,38 @@ class ContributionLog(PairIndex):
             carried = 0
         else:  # trimmed records after this purge's bound: evicted, not reported yet
             carried = self._fold_held(pair, prepared.bound)
-        if pair in self.index:
-            self._keep_live(user, cohort, prepared.watermark, carried)
+        self._keep_live(user, cohort, prepared.watermark, carried)
 
     def _keep_live(self, user: int, cohort: str, watermark: int, carried: int) -> None:
-        lst = self.index.get((user, cohort))
-        if lst is None:
+        """Set the pair's item 0 to ``carried`` and keep only its positions whose rows
+        are not retracted and have an rseq >= ``watermark``; then trim. Nothing if
+        the pair has no entry."""
+        cid = self.agg.cohort_id(cohort)
+        if cid is None:
             return
+        slices = self._slices(user, cid)
+        raw = self._raw(slices)
+        count = self.counts.get(user, cid)
+        if not count and (user, cid) not in self._kept and not (raw != GONE).any():
+            return
+        self._kept.discard((user, cid))
         agg, base = self.agg, self.base
-        pos = np.frombuffer(bytes(lst), dtype=np.int64)[1:]
-        pos = pos[pos >= base]
-        rows = np.frombuffer(self.d, dtype=np.int64)[pos - base] - agg.row_base
-        ok = (agg.view("row_key")[rows] != DEAD) & (agg.view("row_rseq")[rows] >= watermark)
-        keep = pos[ok]
-        if len(keep) or carried:
-            self.index[(user, cohort)] = bytearray(I64.pack(carried) + keep.tobytes())
-        else:
-            del self.index[(user, cohort)]
+        valid = raw >= base  # tombstones are below any base
+        rows = np.frombuffer(self.d, dtype=np.int64)[raw[valid] - base] - agg.row_base
+        keep = np.zeros(len(raw), dtype=bool)
+        keep[valid] = (agg.view("row_key")[rows] != DEAD) & (
+            agg.view("row_rseq")[rows] >= watermark
+        )
+        self._remove(slices, (raw != GONE) & ~keep)
+        if count != carried:
+            self.counts.set(user, cid, carried)
         self.trim()
 
     def drop_retracted(self, user: int, cohort: str) -> None:
         """Drop the pair's positions whose rows were retracted (re-materialization)."""
-        lst = self.index.get((user, cohort))
-        if lst is not None:
-            self._keep_live(user, cohort, -1, I64.unpack_from(lst)[0])
+        entry = self.entry(user, cohort)
+        if entry is not None:
+            self._keep_live(user, cohort, -1, entry[0])
 
     def live_count(self) -> int:
         """Records in the column whose row is not retracted (evicted ones included until trimmed)."""
@@ -349,15 +336,13 @@ class ContributionLog(PairIndex):
             self._compact(self.head - self.base)
 
     def memory(self) -> dict[str, int]:
-        """Bytes held, by part: ``log_column`` and ``pair_index`` (the dict, each
-        pair's tuple and user int, and its position array)."""
-        size = sys.getsizeof
-        index = size(self.index)
-        for key, lst in self.index.items():
-            index += size(key) + size(key[0]) + size(lst)
-        return {"log_column": self.d.buffer_info()[1] * self.d.itemsize, "pair_index": index}
+        """Bytes held, by part: ``log_column`` and ``pair_index`` (its runs, counts
+        and pending records, `PairIndex.index_bytes`)."""
+        return {
+            "log_column": self.d.buffer_info()[1] * self.d.itemsize,
+            "pair_index": self.index_bytes(),
+        }
 
     def nbytes(self) -> int:
         """Approximate bytes held by the column and the index."""
-        idx = sum(len(a) + 57 for a in self.index.values()) + 120 * len(self.index)
-        return self.d.buffer_info()[1] * 8 + idx
+        return self.d.buffer_info()[1] * 8 + self.index_bytes()

@@ -1,55 +1,64 @@
 """Domain core: the contribution log's (user, cohort) index and the holds of purges.
 
-Layout of an index entry: the index maps ``(user_id, cohort)`` to a ``bytearray`` of
-native int64s (`pair_positions` reads it) whose item 0 counts the pair's records
-already trimmed away (evicted, not yet reported by a purge) and whose other items are
-absolute log positions, ascending. A bytearray, not an ``array('q')``: it holds no
-object references, so the cyclic GC does not track it, and a full collection does
-not visit one object per (user, cohort) pair.
-
-A *hold* is a purge announced (its marker reached the ledger) and not yet applied:
-while a pair is held, trimming keeps the detail rows of its trimmed records
-(`PairIndex.held_rows`) instead of folding them into item 0, so the purge still
-sorts each one into listed, evicted or after its bound. No threads, no I/O.
+The index's entries (a pair's count of trimmed records, "item 0", and its log
+positions) and their storage are in `pair_store`. A *hold* is a purge announced (its
+marker reached the ledger) and not yet applied: while a pair is held, trimming keeps
+the detail rows of its trimmed records (`PairIndex.held_rows`) instead of folding
+them into item 0, so the purge still sorts each one into listed, evicted or after
+its bound. No threads, no I/O.
 """
 
 from __future__ import annotations
 
-import struct
-from array import array
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.key_state import DEAD
+from tidal_actors.core.pair_runs import GONE
+from tidal_actors.core.pair_store import I64, PairStore, entry_bytes, pair_positions
 
-__all__ = ["I64", "PAIR", "PairIndex", "pair_positions"]
-
-I64 = struct.Struct("=q")  # native int64, as the snapshot's array('q') bytes
-PAIR = struct.Struct("=qq")  # a new entry: item 0 (trimmed count) and its first position
-
-
-def pair_positions(lst: bytearray) -> tuple[int, list[int]]:
-    """``(trimmed_count, positions)`` of an index entry."""
-    items = np.frombuffer(bytes(lst), dtype=np.int64)
-    return int(items[0]), items[1:].tolist()
+__all__ = ["I64", "PairIndex", "entry_bytes", "pair_positions"]
 
 
-class PairIndex:
+class _IndexView(Mapping[tuple[int, str], bytes]):
+    """The index as a read-only mapping ``(user, cohort) -> entry bytes``."""
+
+    def __init__(self, owner: PairStore) -> None:
+        self._o = owner
+
+    def __getitem__(self, pair: tuple[int, str]) -> bytes:
+        e = self._o.entry(*pair)
+        if e is None:
+            raise KeyError(pair)
+        return entry_bytes(*e)
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        return iter([p for p, _, _ in self._o.entries()])
+
+    def __len__(self) -> int:
+        return len(self._o.entries())
+
+
+class PairIndex(PairStore):
     """The (user, cohort) index of a `ContributionLog`, with the holds of purges in
     flight over it (see the module docstring)."""
 
-    # set by ContributionLog: the detail-row column and the position of its item 0
-    d: array[int]
-    base: int
-
     def __init__(self, aggregates: Aggregates) -> None:
-        self.agg = aggregates
-        self.index: dict[tuple[int, str], bytearray] = {}
+        super().__init__(aggregates)
         # purges announced (their marker came) and not yet applied: pair -> their
         # bounds; and the detail rows of those pairs' records trimmed meanwhile
         self.holds: dict[tuple[int, str], list[int]] = {}
         self.held_rows: dict[tuple[int, str], np.ndarray] = {}
+
+    @property
+    def index(self) -> Mapping[tuple[int, str], bytes]:
+        """The entries as a read-only mapping ``(user, cohort) -> entry bytes``."""
+        return _IndexView(self)
+
+    # -- holds ---------------------------------------------------------------------
 
     def hold(self, user: int, cohort: str, bound: int) -> None:
         """A purge of (user, cohort) with this bound is on its way: its marker came,
@@ -82,11 +91,9 @@ class PairIndex:
         if rows is None:
             return 0
         n = self._unretracted(rows, bound)
-        lst = self.index.get(pair)
-        if lst is not None:
-            I64.pack_into(lst, 0, I64.unpack_from(lst)[0] + n)
-        elif n:
-            self.index[pair] = bytearray(I64.pack(n))
+        if n:
+            user, cid = pair[0], self.agg.cohort_id_for(pair[1])
+            self.counts.set(user, cid, self.counts.get(user, cid) + n)
         return n
 
     def _unretracted(self, rows: np.ndarray, bound: int = 0) -> int:
@@ -99,16 +106,12 @@ class PairIndex:
             )
         )
 
-    def snapshot_index(self) -> list[tuple[tuple[int, str], bytes | bytearray]]:
-        """The (user, cohort) index as a snapshot stores it: held rows (a purge in
-        flight, `hold`) are folded into their pair's count, as if it had failed."""
-        if not self.held_rows:
-            return list(self.index.items())
+    def snapshot_index(self) -> list[tuple[tuple[int, str], bytes]]:
+        """The (user, cohort) index as a snapshot stores it (`entry_bytes`, by user,
+        then cohort id): held rows (a purge in flight, `hold`) are folded into their
+        pair's count, as if it had failed."""
         extra = {pair: self._unretracted(rows) for pair, rows in self.held_rows.items()}
-        out: list[tuple[tuple[int, str], bytes | bytearray]] = []
-        for pair, lst in self.index.items():
-            n = extra.pop(pair, 0)
-            out.append((pair, I64.pack(I64.unpack_from(lst)[0] + n) + bytes(lst[8:]) if n else lst))
+        out = [(p, entry_bytes(n + extra.pop(p, 0), pos)) for p, n, pos in self.entries()]
         out.extend((pair, I64.pack(n)) for pair, n in extra.items() if n)
         return out
 
@@ -118,14 +121,53 @@ class PairIndex:
         d = np.frombuffer(self.d, dtype=np.int64)
         upto = self.base + head
         for pair in self.holds:
-            lst = self.index.get(pair)
-            if lst is None or len(lst) < 16 or PAIR.unpack_from(lst)[1] >= upto:
+            cid = self.agg.cohort_id(pair[1])
+            if cid is None:
                 continue
-            items = np.frombuffer(bytes(lst), dtype=np.int64)
-            pos = items[1:]
-            cut = int(np.searchsorted(pos, upto))
-            rows = d[pos[:cut] - self.base]
+            slices = self._slices(pair[0], cid)
+            raw = self._raw(slices)
+            cut = (raw != GONE) & (raw < upto)
+            if not cut.any():
+                continue
+            rows = d[raw[cut] - self.base]
             old = self.held_rows.get(pair)
             self.held_rows[pair] = rows if old is None else np.concatenate([old, rows])
-            self.index[pair] = bytearray(items[:1].tobytes() + pos[cut:].tobytes())
+            self._remove(slices, cut)
+            self._kept.add((pair[0], cid))
         del d  # no view may outlive this: the column is resized next
+
+    def load_index(
+        self,
+        users: npt.NDArray[np.uint64],
+        cohorts: Sequence[str],
+        lens: npt.NDArray[np.int64],
+        data: bytes,
+    ) -> None:
+        """Fill an empty index from a snapshot's: pair ``i`` is (``users[i]``,
+        ``cohorts[i]``) and its entry the next ``lens[i]`` int64s of ``data``
+        (`entry_bytes`, pair after pair). The aggregates hold their cohort names
+        already (`Aggregates.load`).
+
+        Raises:
+            ValueError: the index is not empty, or ``data`` is not ``sum(lens)`` int64s.
+        """
+        if not self.empty():
+            raise ValueError("load_index needs an empty index")
+        lens = np.asarray(lens, dtype=np.int64)
+        items = np.frombuffer(data, dtype=np.int64)
+        if len(items) != int(lens.sum()):
+            raise ValueError("index data does not match its lengths")
+        starts = np.cumsum(lens) - lens
+        first = np.zeros(len(items), dtype=bool)
+        first[starts] = True
+        cids = self._cids(cohorts)
+        counts = items[starts].copy()
+        bare = np.flatnonzero((lens == 1) & (counts == 0)).tolist()
+        self._kept.update(zip(np.asarray(users)[bare].tolist(), cids[bare].tolist()))
+        self.load_entries(
+            users,
+            cids,
+            counts,
+            np.repeat(np.arange(len(lens), dtype=np.int64), lens - 1),
+            items[~first],
+        )

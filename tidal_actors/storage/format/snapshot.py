@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Protocol, TypeVar, cast
 
 import msgpack
+import numpy as np
 
 from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import ContributionLog
@@ -84,19 +85,17 @@ def decode_ledger(chunks: Sequence[bytes | memoryview], ls: S) -> S:
     for n in _LOG_COLS:
         getattr(log, n).frombytes(head["cols"][n])
     log.floor = dict(head["floor"])
-    users = array("Q")
-    users.frombytes(head["iusers"])
-    lens = array("q")
-    lens.frombytes(head["ilens"])
-    data = head["idata"]  # native int64s, pair after pair
-    pos = 0
-    for u, c, size in zip(users, head["icohorts"], lens):
-        log.index[(u, c)] = bytearray(data[pos * 8 : (pos + size) * 8])
-        pos += size
     ls.batch_seq = head["batch_seq"]
     ls.rseq_seen = dict(head["rseq_seen"])
     ls.watermarks = {m: (v[0], v[1]) for m, v in head["live_from"].items()}
     agg.load(msgpack.unpackb(chunks[1], strict_map_key=False))
+    # after the aggregates: the index keys cohorts by the aggregates' cohort ids
+    log.load_index(
+        np.frombuffer(head["iusers"], dtype=np.uint64),
+        head["icohorts"],
+        np.frombuffer(head["ilens"], dtype=np.int64),
+        head["idata"],  # native int64s, pair after pair
+    )
     return ls
 
 
