@@ -3,12 +3,12 @@
 Run: ``python bench/compare_revisions.py BEFORE [AFTER] [--pairs 5] [--signals 100000]``
 (``AFTER`` defaults to the working tree). Each revision is checked out in a temporary
 git worktree and imported from there; the two alternate, one process each per turn,
-so both meet the same machine noise. Every process times ``bench_core``'s workload
-(batch ephemeral ingestion, 2 ledger shards) three times beside `bench_core.simple_loop`, and
-reports the rate, its ratio to that loop and the process CPU per signal
-(microseconds; less noisy than wall time with threads). The medians over all rounds
-are printed per revision. The benchmark code itself is this working tree's
-``bench_core``, the same for both.
+and which goes first alternates too, so both meet the same machine noise. Every
+process times ``bench_core``'s workload (batch ephemeral ingestion, 2 ledger shards)
+three times beside ``bench_core.simple_loop``, and reports the rate, its ratio to that
+loop and the process CPU per signal (microseconds; less noisy than wall time with
+threads). The medians over all rounds are printed per revision. The benchmark code
+itself is this working tree's ``bench_core``, the same for both.
 """
 
 from __future__ import annotations
@@ -80,8 +80,10 @@ def main() -> None:
         after = args.after or "working tree"
         srcs[after] = worktree(args.after, tmp) if args.after else ROOT
         results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in srcs}
+        order = list(srcs.items())
         for turn in range(args.pairs):
-            for rev, src in srcs.items():
+            # the order alternates, so neither revision always runs first in a turn
+            for rev, src in order if turn % 2 == 0 else order[::-1]:
                 results[rev] += run_rounds(src, args.signals)
                 print(f"turn {turn + 1}/{args.pairs} {rev}: done", file=sys.stderr)
         for rev, rows in results.items():

@@ -8,9 +8,8 @@ actor: a membership or ledger shard through the product's restore step
 (``runtime.supervision.restore_ledger`` and ``restore_membership``, after the exchange
 of ``actors.recovery``), as the pykka host does after a handler failure. A crashed
 shard is read only through its public hand-over methods (``in_doubt``,
-``held_messages``, ``counters``); a crashed persistence actor through its pending
-writes (``Persistence._writes``/``_unreported``), whose writers are answered through
-``Persistence._ack``, as a supervisor that shares the process may. What a crash
+``held_messages``, ``counters``); a crashed persistence actor as
+:mod:`~tidal_actors.testing.persistence_crash` says. What a crash
 means for the messages in flight is spelled out in
 :meth:`Harness.crash_shard <tidal_actors.testing.harness.Harness.crash_shard>` and
 :meth:`Harness.crash_persistence <tidal_actors.testing.harness.Harness.crash_persistence>`.
@@ -24,12 +23,11 @@ from collections.abc import Callable
 from typing import Any
 
 from tidal_actors._config import Config
-from tidal_actors._errors import ActorFailure, DatabaseClosed, InvalidArgument, StorageError
+from tidal_actors._errors import ActorFailure, DatabaseClosed, InvalidArgument
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.ledger import LedgerShard
 from tidal_actors.actors.membership import MembershipShard
-from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport, LoadStore, RecoverLedger
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import LogRecord
@@ -42,6 +40,7 @@ from tidal_actors.runtime.supervision import (
     restore_membership,
     take_fault,
 )
+from tidal_actors.testing.persistence_crash import PersistenceCrash
 from tidal_actors.testing.schedule import HarnessStuck, Schedule, addr
 
 __all__ = ["FaultInjection", "FaultReport"]
@@ -63,7 +62,7 @@ class _Down:
         self.report = report  # updated if the restart fails and the shard is fenced
 
 
-class FaultInjection:
+class FaultInjection(PersistenceCrash):
     """Crash and restart of actors; the base class of ``DeterministicHost``, whose
     mailboxes and delivery it uses."""
 
@@ -350,69 +349,3 @@ class FaultInjection:
                         break
         finally:
             self._sender = prev
-
-    def crash_persistence(self) -> FaultReport:
-        """Crash and restart the persistence actor. See :meth:`Harness.crash_persistence`."""
-        if self._closed:
-            raise DatabaseClosed("the harness is closed")
-        address = M.PERSIST_ADDR
-        old = self.behaviours[address]
-        assert isinstance(old, Persistence)
-        report = FaultReport(address)
-        queued = self._take_queue(address)
-        lost = old.uncommitted() + queued
-        # writes (and history erasures) are answered by the restarted incarnation below
-        writes: list[Any] = [
-            m for m in lost if isinstance(getattr(m, "ops", None), list) and hasattr(m, "reply")
-        ]
-        report.lost_writes = len(writes)
-        report.dropped = [self.schedule.describe(m) for m in lost]
-        err = StorageError("persistence crashed before committing this write")
-        for msg in queued:
-            if isinstance(msg, M.BarrierPart):
-                self._barriers_seen[msg.barrier.barrier_id] = msg.barrier
-            elif msg not in writes and isinstance(reply := getattr(msg, "reply", None), Reply):
-                self._fail(
-                    reply,
-                    StorageError(f"persistence crashed before handling {type(msg).__name__}"),
-                    report,
-                )
-        for key, b in list(self._barriers_seen.items()):
-            # parts already counted by the crashed incarnation are gone: fail the
-            # flush (parts of it that still arrive are dropped by its id)
-            self._fail(
-                b.reply, StorageError("persistence crashed before this flush committed"), report
-            )
-            self._failed_barriers.add(key)
-        self._barriers_seen.clear()
-        new = Persistence(self.ctx, old.store)
-        new.commits, new.failed_writes, new.handler_errors = (
-            old.commits,
-            old.failed_writes,
-            old.handler_errors,
-        )
-        new._unreported = old._unreported
-        self.behaviours[address] = new
-        self.incarnation[address] += 1
-        if self.on_replace is not None:
-            self.on_replace(address, new)
-        prev, self._sender = self._sender, address
-        try:
-            # the restarted actor answers every write it lost: a writer waiting for the
-            # commit gets the error (nothing applied); a lost history write is counted
-            # and reported by the next flush
-            for w in writes:
-                if isinstance(w.reply, Reply):
-                    report.failed.append(self.schedule.label(w.reply))
-                elif w.reply is not None:
-                    report.failed.append(
-                        f"{addr(w.reply[0])}/token={self.schedule.value(w.reply[1])}"
-                    )
-                new._ack(w, err)
-        finally:
-            self._sender = prev
-        self.schedule.event(
-            f"crash persistence[0]: {report.lost_writes} uncommitted write(s) lost, "
-            f"{len(report.failed)} writer(s) told; restarted (incarnation {self.incarnation[address]})"
-        )
-        return report
