@@ -17,6 +17,7 @@ The names of the modules below are importable from here too: scenarios
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import random
 import time
@@ -238,6 +239,12 @@ def run_simulation(
             done = _set_up(db, events, clock, counts, parts, watch)
             setup_s = time.perf_counter() - t
             latency = Latency(interval_s)  # the measured load starts now
+        # what is alive now (the generated rows above all: millions of tracked objects
+        # at full size) is frozen for the measured run, so that the full collections
+        # during it walk what the run creates, not the load generator's rows
+        gc.collect()
+        gc.freeze()
+        run_bar.callback(gc.unfreeze)
         tick = run_bar.enter_context(watch("run (measured)", len(events) - done, "row"))
         latency.start()
         started = time.perf_counter()
