@@ -375,3 +375,22 @@ def test_a_run_spanning_2_to_the_32_positions_keeps_int64_offsets() -> None:
         r.keep(r.live())
         r.rebase(5)
         assert r.positions().tolist() == [p1 - 2, 7] and r.p0 == 5
+
+
+def test_the_largest_narrow_code_is_found() -> None:
+    """User 2**44 - 1 in cohort id 2**20 - 1 packs to 2**64 - 1, the largest narrow
+    code: its slice ends the sorted keys (``code + 1`` does not fit in uint64)."""
+    from tidal_actors.core import pair_runs as pr
+
+    users = np.array([5, 2**44 - 1, 2**44 - 1], np.uint64)
+    cids = np.array([2**20 - 1, 2**20 - 2, 2**20 - 1])
+    assert pr.fits(users, cids)
+    k, u = pr.encode(users, cids, False)
+    assert u is None  # narrow keys: one uint64 each
+    k = np.sort(k)
+    assert int(k[-1]) == 2**64 - 1
+    assert pr.span(k, u, 2**44 - 1, 2**20 - 1) == (2, 3)
+    assert pr.span(k, u, 2**44 - 1, 2**20 - 2) == (1, 2)
+    counts = pr.Counts()
+    counts.add((k, u), np.array([0, 0, 3], np.int64))
+    assert counts.get(2**44 - 1, 2**20 - 1) == 3

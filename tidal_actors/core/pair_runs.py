@@ -93,7 +93,9 @@ def span(k: U64, u: U64 | None, user: int, cid: int) -> tuple[int, int]:
     if u is None:
         if user >> (64 - COHORT_BITS) or cid >> COHORT_BITS:
             return 0, 0  # no narrow code: not among narrow keys
-        code = (user << COHORT_BITS) | cid  # below 2**64 - 1: code + 1 fits
+        code = (user << COHORT_BITS) | cid
+        if code == _U64_MAX:  # the largest code: code + 1 does not fit, it ends the keys
+            return int(k.searchsorted(np.uint64(code))), len(k)
         a, b = k.searchsorted(np.array([code, code + 1], dtype=np.uint64)).tolist()
         return a, b
     if user == _U64_MAX:
