@@ -69,6 +69,11 @@ class Rematerializer(Behaviour):
         # a purge in a row (`_yield_remat`)
         self._remat_failures: dict[str, int] = {}
         self._remat_yields: dict[str, int] = {}
+        # rebuilds that gave way, by token -> cohort; and per cohort the records those
+        # that were swapped in anyway left out (excluded, per user), which the next
+        # rebuild of the cohort no longer finds, so its report and statuses take them
+        self._yielded: dict[M.RematToken, str] = {}
+        self._carried: dict[str, tuple[int, dict[int, int]]] = {}
         for kind, fn in (
             (M.Rematerialize, self._on_rematerialize),
             (M.RematDone, self._on_remat_done),
@@ -153,10 +158,12 @@ class Rematerializer(Behaviour):
 
         Dropping is safe wherever the rebuild stands: nothing of it is visible before
         the ledger swaps it in (`core.remat.Rebuild.finish`); if it finished before the
-        `RematAbort` arrived, its `RematDone` is ignored here (another token is
-        current) and the swapped-in state holds every record but those of purges
-        committed before it started, which is the live state those purges left; the
-        purge that follows is prepared after it, at the same ledger, in order."""
+        `RematAbort` arrived, the swapped-in state holds every record but those of
+        purges committed before it started, which is the live state those purges
+        left; the purge that follows is prepared after it, at the same ledger, in
+        order. Its `RematDone` then only hands on what it left out: the next rebuild
+        of the cohort no longer finds those records, so its report and the purges'
+        statuses count them (`_on_remat_done`)."""
         r = self._remat
         if r is None or r.updates is not None:
             return False
@@ -164,6 +171,7 @@ class Rematerializer(Behaviour):
         if n >= REMAT_YIELDS:
             return False
         self._remat_yields[r.cohort] = n + 1
+        self._yielded[r.token] = r.cohort
         self._remat = None
         li = ledger_shard_of(r.cohort, self.ctx.config.ledger_shards)
         self.ctx.tell((M.LEDGER, li), M.RematAbort(r.token))
@@ -198,6 +206,15 @@ class Rematerializer(Behaviour):
     def _on_remat_done(self, msg: M.RematDone) -> None:
         r = self._remat
         if r is None or r.token != msg.token:
+            cohort = self._yielded.pop(msg.token, None)
+            if cohort is not None and msg.error is None and msg.per_user:
+                # swapped in before it heard it gave way (`_yield_remat`); this comes
+                # before the next rebuild's result (one ledger, in order)
+                excluded, per = self._carried.get(cohort, (0, {}))
+                per = dict(per)
+                for user, n in msg.per_user.items():
+                    per[user] = per.get(user, 0) + n
+                self._carried[cohort] = (excluded + msg.excluded, per)
             return
         cohort = r.cohort
         if msg.error is not None and not isinstance(msg.error, UnknownCohort):
@@ -207,6 +224,11 @@ class Rematerializer(Behaviour):
         r.waiter_error = msg.error
         now = self.ctx.clock.now_ns()
         per_user = dict(msg.per_user or {})
+        for token in [t for t, c in self._yielded.items() if c == cohort]:
+            del self._yielded[token]  # dropped before they finished: no result comes
+        carried, carried_per_user = self._carried.get(cohort, (0, {}))
+        for user, n in carried_per_user.items():
+            per_user[user] = per_user.get(user, 0) + n
         updates: list[tuple[PurgeStatus, int]] = []
         for pid, (status, bound) in sorted(self.state.statuses.items(), reverse=True):
             if status.cohort != cohort or status.rematerialized or pid > r.upto:
@@ -227,7 +249,9 @@ class Rematerializer(Behaviour):
                 )
             )
         r.updates = updates
-        r.report = RematerializationReport(cohort, msg.read, msg.excluded, msg.seconds, msg.matched)
+        r.report = RematerializationReport(
+            cohort, msg.read + carried, msg.excluded + carried, msg.seconds, msg.matched
+        )
         ops: list[tuple[str, bytes, bytes | None]] = [status_op(s, b) for s, b in updates]
         # erase only what the purges this rebuild completes cover: an earlier purge's
         # records went in the same transaction that marked it re-materialized (the
@@ -246,6 +270,7 @@ class Rematerializer(Behaviour):
         assert r.updates is not None  # the history's erasure is sent once they are known
         for status, bound in r.updates:
             self.state.statuses[int(status.purge_id)] = (status, bound)
+        self._carried.pop(r.cohort, None)  # counted in these statuses
         self._remat_finished(report=r.report, error=r.waiter_error)
 
     def _remat_finished(
