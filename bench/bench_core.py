@@ -227,6 +227,17 @@ def purge_at_full_log(
     return statistics.median(lat) * 1e3, p99, per_record, retained, parts
 
 
+def report(out: dict[str, float], json_path: str | None) -> None:
+    """Print ``out`` one figure a line (floats to 3 places) and, given a path, write
+    it there as JSON."""
+    width = max(len(k) for k in out)
+    for k, v in out.items():
+        print(f"{k:<{width}}  {v:,.3f}" if isinstance(v, float) else f"{k:<{width}}  {v:,}")
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump(out, fh, indent=2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
@@ -277,12 +288,7 @@ def main() -> None:
     for part, n in parts.items():
         out[f"structure_{part}_bytes_per_record"] = n / max(retained, 1)
     shutil.rmtree(tmp, ignore_errors=True)
-    width = max(len(k) for k in out)
-    for k, v in out.items():
-        print(f"{k:<{width}}  {v:,.3f}" if isinstance(v, float) else f"{k:<{width}}  {v:,}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=2)
+    report(out, args.json)
 
 
 if __name__ == "__main__":

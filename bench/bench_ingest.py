@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import random
 import shutil
@@ -57,7 +56,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_core import cohorts_for, simple_loop, workload, zipf_entities  # noqa: E402
+from bench_core import cohorts_for, report, simple_loop, workload, zipf_entities  # noqa: E402
 from ingest_baselines import VectorFold, routes_of, tight_loop  # noqa: E402
 
 from tidal_actors import Config, Signal, TidalDb  # noqa: E402
@@ -285,12 +284,7 @@ def main() -> None:
             out.update(measure_shape(name, signals, cohorts, args.rounds, tmp))
             del signals, cohorts
             gc.collect()
-    width = max(len(k) for k in out)
-    for k, v in out.items():
-        print(f"{k:<{width}}  {v:,.3f}" if isinstance(v, float) else f"{k:<{width}}  {v:,}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=2)
+    report(out, args.json)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ Run: ``python bench/bench_pair_index.py`` (``--records N``, default 5,000,000;
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -36,6 +35,10 @@ import time
 from array import array
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_core import report  # noqa: E402
 
 from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import ContributionLog
@@ -151,7 +154,6 @@ def run(n_records: int, rounds: int, wide: bool) -> dict[str, float]:
 def purge_parts(n_records: int) -> dict[str, float]:
     """`bench_core.purge_at_full_log` at ``n_records``, with the time of the log's
     prepare and apply of each purge."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench_core
 
     times: dict[str, list[float]] = {"prepare": [], "apply": []}
@@ -201,12 +203,7 @@ def main() -> None:
         for label, wide in (("narrow", False), ("wide", True)):
             for k, v in run(n, args.rounds, wide).items():
                 out[f"{label}_{k}"] = v
-    width = max(len(k) for k in out)
-    for k, v in out.items():
-        print(f"{k:<{width}}  {v:,.3f}" if isinstance(v, float) else f"{k:<{width}}  {v:,}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=2)
+    report(out, args.json)
 
 
 if __name__ == "__main__":
