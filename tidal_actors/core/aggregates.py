@@ -28,7 +28,9 @@ operations. The parts: `key_state` (columns, detail rows, key ids), `adds`,
   have some). Every bucket that holds a contribution is kept, so a window read at any
   time is exact and ``fd_sum`` is always the sum of the buckets' ``fd`` (re-derived
   with ``math.fsum`` after a retraction to drop rounding residue).
-* Adding a batch: keys are looked up at C speed (``map(index.get, zip(...))``), new
+* Adding a batch: keys are looked up at C speed (``map(index.get, codes)``, the
+  codes computed with numpy: `key_state.KeyCode`, which keeps the index out of the
+  cyclic GC's walks), new
   keys are given ids together, then every contribution that falls in its key's
   latest bucket (the common case) is added with ``np.add.at``; the others (a newer
   bucket, a late contribution, a landmark move) go one by one, after, which gives the
@@ -60,7 +62,7 @@ from typing import Any, NotRequired, TypedDict
 import numpy as np
 
 from tidal_actors.core.adds import Adds
-from tidal_actors.core.key_state import DETAIL_COLUMNS, KEY_COLUMNS
+from tidal_actors.core.key_state import DETAIL_COLUMNS, KEY_COLUMNS, key_code, key_codes
 from tidal_actors.core.reads import Reads
 from tidal_actors.core.retraction import Retraction
 from tidal_actors.core.settling import Settling
@@ -104,9 +106,10 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         )
         columns = sum(getattr(self, name).nbytes for name in KEY_COLUMNS)
         size = sys.getsizeof
-        index = size(self.index) + sum(map(size, self.index))
-        index += sum(size(k[1]) for k in self.index if k[1] > 256)  # small ints are shared
-        index += sum(size(k) for k in self.index.values() if k > 256)
+        index = size(self.index)
+        for code in self.index:  # an int, or a tuple of three ints (`KeyCode`)
+            index += size(code) if isinstance(code, int) else size(code) + sum(map(size, code))
+        index += sum(size(k) for k in self.index.values() if k > 256)  # small ints are shared
         older = size(self.older)
         for k, buckets in self.older.items():
             older += size(buckets) + (size(k) if k > 256 else 0)
@@ -174,7 +177,8 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         for name in KEY_COLUMNS:  # one vectorized copy per column
             if name != "key_cohort":
                 getattr(self, name)[at] = getattr(other, name)[src]
-        self.index.update(zip(((cohort, e, t) for e, t in pairs), ks))
+        cid = self._cohort_id(cohort)
+        self.index.update(zip((key_code(cid, e, t) for e, t in pairs), ks))
         self.cohorts[cohort] = self.cohorts.get(cohort, 0) + len(ks)
         for ok, k in zip(oks, ks):
             if ok in other.older:
@@ -231,11 +235,7 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         live = np.flatnonzero(self.live[:n])
         self.index = dict(
             zip(
-                zip(
-                    map(names.__getitem__, self.key_cohort[live].tolist()),
-                    self.key_entity[live].tolist(),
-                    self.key_type[live].tolist(),
-                ),
+                key_codes(self.key_cohort[live], self.key_entity[live], self.key_type[live]),
                 live.tolist(),
             )
         )

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tidal_actors.core.key_state import RENORMALIZE_AT, KeyState
+from tidal_actors.core.key_state import RENORMALIZE_AT, KeyCode, KeyState, key_code
 
 __all__ = ["SMALL_BATCH", "BucketAdds"]
 
@@ -48,9 +48,10 @@ class BucketAdds(KeyState):
         index = self.index
         ks: list[int] = []
         for c, e, t, ts in zip(cs, es, types, tss):
-            k = index.get((c, e, t))
+            code = key_code(self._cohort_id(c), e, t)
+            k = index.get(code)
             if k is None:
-                k = self._new_key(c, e, t, ts)
+                k = self._new_key(code, c, e, t, ts)
             ks.append(k)
         add = self._add_one
         for k, ts, w in zip(ks, tss, ws):
@@ -64,11 +65,12 @@ class BucketAdds(KeyState):
         self.row_rseq.extend(rs)
         return range(first, first + n)
 
-    def _new_key(self, cohort: str, entity: int, stype: int, ts: int) -> int:
-        """A new key's id, its columns set as of its first contribution at ``ts``."""
+    def _new_key(self, code: KeyCode, cohort: str, entity: int, stype: int, ts: int) -> int:
+        """A new key's id (``code`` its `key_code`), its columns set as of its first
+        contribution at ``ts``."""
         k = self._nkeys
         self._nkeys = k + 1
-        self.index[(cohort, entity, stype)] = k
+        self.index[code] = k
         self._reserve(k + 1)
         self.key_cohort[k] = self._cohort_id(cohort)
         self.cohorts[cohort] = self.cohorts.get(cohort, 0) + 1
