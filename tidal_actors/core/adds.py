@@ -227,16 +227,10 @@ class Adds(BucketAdds):
             wsum = np.add.reduceat(wo, starts)
             fsum = np.add.reduceat(fo, starts)
             tmax = np.maximum.reduceat(to, starts)
-            older = self.older
-            for k, bb, cn, sw, sf, st in zip(
-                ko[starts].tolist(),
-                bo[starts].tolist(),
-                counts.tolist(),
-                wsum.tolist(),
-                fsum.tolist(),
-                tmax.tolist(),
-            ):
-                older.setdefault(k, {})[bb] = (cn, sw, sf, st)
+            self.older.load_sorted(
+                ko[starts],
+                {"b": bo[starts], "count": counts, "wsum": wsum, "fd": fsum, "tmax": tmax},
+            )
         if not every:
             slow = self._add_one
             wl = w.tolist()

@@ -56,13 +56,13 @@ from __future__ import annotations
 
 import math
 import sys
-from array import array
 from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
 from tidal_actors.core.adds import Adds
 from tidal_actors.core.key_state import DETAIL_COLUMNS, KEY_COLUMNS, key_code, key_codes
+from tidal_actors.core.older_buckets import OLDER_COLUMNS
 from tidal_actors.core.reads import Reads
 from tidal_actors.core.retraction import Retraction
 from tidal_actors.core.settling import Settling
@@ -110,13 +110,7 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         for code in self.index:  # an int, or a tuple of three ints (`KeyCode`)
             index += size(code) if isinstance(code, int) else size(code) + sum(map(size, code))
         index += sum(size(k) for k in self.index.values() if k > 256)  # small ints are shared
-        older = size(self.older)
-        for k, buckets in self.older.items():
-            older += size(buckets) + (size(k) if k > 256 else 0)
-            older += sum(
-                size(b) + size(bk) + size(bk[1]) + size(bk[2]) + size(bk[3])
-                for b, bk in buckets.items()
-            )
+        older = self.older.nbytes()
         settled = self.settled.nbytes()
         return {
             "detail_rows": detail,
@@ -182,19 +176,17 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         self.cohorts[cohort] = self.cohorts.get(cohort, 0) + len(ks)
         for ok, k in zip(oks, ks):
             if ok in other.older:
-                self.older[k] = dict(other.older[ok])
+                self.older.replace(k, other.older.of(ok))
 
     # -- snapshots -------------------------------------------------------------------
 
     def dump(self) -> AggregatesSnapshot:
         """The whole state as plain values and bytes (for a snapshot; see `load`)."""
         n = self._nkeys
-        ob: list[int] = []
+        ok, ocols = self.older.dump()
         oflat: list[Any] = []
-        for k, older in self.older.items():
-            for b, bk in older.items():
-                ob.append(k)
-                oflat.extend((b, bk[0], bk[1], bk[2], bk[3]))
+        for row in zip(*(ocols[name].tolist() for name in OLDER_COLUMNS)):
+            oflat.extend(row)
         return {
             "names": self.cohort_names,
             "n": n,
@@ -205,7 +197,7 @@ class Aggregates(Reads, Retraction, Settling, Adds):
                 col.tag: getattr(self, name)[self.row_base - self.phys_base :].tobytes()
                 for name, col in DETAIL_COLUMNS.items()
             },
-            "older_keys": array("q", ob).tobytes(),
+            "older_keys": ok.tobytes(),
             "older": oflat,
             "row_base": self.row_base,
             "settled": self.settled.dump(),
@@ -241,10 +233,11 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         )
         counts = np.bincount(self.key_cohort[:n][self.live[:n] != 0], minlength=len(names)).tolist()
         self.cohorts = {names[c]: m for c, m in enumerate(counts) if m}
-        ok = array("q")
-        ok.frombytes(state["older_keys"])
+        ok = np.frombuffer(state["older_keys"], dtype=np.int64)
         flat = state["older"]
-        older = self.older
-        for i, k in enumerate(ok):
-            j = 5 * i
-            older.setdefault(k, {})[flat[j]] = (flat[j + 1], flat[j + 2], flat[j + 3], flat[j + 4])
+        cols = {
+            name: np.array(flat[i::5], dtype=dtype)
+            for i, (name, dtype) in enumerate(OLDER_COLUMNS.items())
+        }
+        order = np.lexsort((cols["b"], ok))  # the layout a snapshot's writer chose
+        self.older.load_sorted(ok[order], {name: col[order] for name, col in cols.items()})

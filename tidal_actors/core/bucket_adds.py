@@ -114,21 +114,14 @@ class BucketAdds(KeyState):
         moving = np.flatnonzero(counts)
         if len(moving):
             mk = keys[moving]
-            older = self.older
-            get = older.get
-            for key, cb, cn, cw, cf, ct in zip(
-                mk.tolist(),
-                self.latest_b[mk].tolist(),
-                counts[moving].tolist(),
-                self.latest_wsum[mk].tolist(),
-                self.latest_fd[mk].tolist(),
-                self.latest_t_max[mk].tolist(),
-            ):
-                o = get(key)
-                if o is None:
-                    older[key] = {cb: (cn, cw, cf, ct)}
-                else:
-                    o[cb] = (cn, cw, cf, ct)
+            self.older.push_newest(
+                mk,
+                self.latest_b[mk],
+                counts[moving],
+                self.latest_wsum[mk],
+                self.latest_fd[mk],
+                self.latest_t_max[mk],
+            )
         self.latest_b[keys] = top
         self.latest_count[keys] = 0
         self.latest_wsum[keys] = 0.0
@@ -166,11 +159,15 @@ class BucketAdds(KeyState):
         elif b > cb:  # the latest bucket moves to ``older``; the new one is the latest
             cn = int(self.latest_count[k])
             if cn:
-                self.older.setdefault(k, {})[cb] = (
-                    cn,
-                    float(self.latest_wsum[k]),
-                    float(self.latest_fd[k]),
-                    int(self.latest_t_max[k]),
+                self.older.put(
+                    k,
+                    cb,
+                    (
+                        cn,
+                        float(self.latest_wsum[k]),
+                        float(self.latest_fd[k]),
+                        int(self.latest_t_max[k]),
+                    ),
                 )
             self.latest_b[k] = b
             self.latest_count[k] = 1
@@ -178,12 +175,13 @@ class BucketAdds(KeyState):
             self.latest_fd[k] = wf
             self.latest_t_max[k] = ts
         else:
-            older = self.older.setdefault(k, {})
-            bk = older.get(b)
+            bk = self.older.get(k, b)
             if bk is None:
-                older[b] = (1, w, wf, ts)
+                self.older.put(k, b, (1, w, wf, ts))
             else:
-                older[b] = (bk[0] + 1, bk[1] + w, bk[2] + wf, ts if ts > bk[3] else bk[3])
+                self.older.put(
+                    k, b, (bk[0] + 1, bk[1] + w, bk[2] + wf, ts if ts > bk[3] else bk[3])
+                )
 
     def _renormalize(self, k: int, new_landmark: int, h: int) -> None:
         """Move key ``k``'s landmark to ``new_landmark`` (ns), rescaling its sums.
@@ -197,8 +195,5 @@ class BucketAdds(KeyState):
         factor = 2.0**d
         self.fd_sum[k] *= factor
         self.latest_fd[k] *= factor
-        older = self.older.get(k)
-        if older:
-            for b, bk in older.items():
-                older[b] = (bk[0], bk[1], bk[2] * factor, bk[3])
+        self.older.scale_fd(k, factor)
         self.landmark[k] = new_landmark

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from tidal_actors.core.older_buckets import OlderBuckets
 from tidal_actors.core.settled import SettledBuckets
 
 __all__ = [
@@ -209,9 +210,8 @@ class KeyState:
         # key_entity and key_type columns (`key`), not in a list of tuples: a list the cyclic GC would
         # walk item by item in every full collection
         self._nkeys = 0
-        # key id -> b -> (n, w, fd, tmax): tuples of numbers, so the cyclic GC stops
-        # tracking them (and their dicts) and a full collection does not walk them
-        self.older: dict[int, dict[int, tuple[int, float, float, int]]] = {}
+        # each key's earlier buckets, as columns
+        self.older = OlderBuckets()
         # the detail rows (`DETAIL_COLUMNS`)
         self.row_key = array("I")
         self.row_ts = array("q")
@@ -352,7 +352,7 @@ class KeyState:
                 self.cohorts[cohort] = n
             else:
                 del self.cohorts[cohort]
-            self.older.pop(k, None)
+            self.older.drop(k)
             gone.append(k)
         if gone:
             at = np.array(gone, dtype=np.int64)
@@ -374,9 +374,8 @@ class KeyState:
                     int(self.latest_t_max[k]),
                 )
             )
-        older = self.older.get(k)
-        if older:
-            out.extend((b, bk[0], bk[1], bk[2], bk[3]) for b, bk in older.items())
+        if k in self.older:
+            out.extend(self.older.rows(k))
         return out
 
     def key_count(self) -> int:

@@ -156,7 +156,7 @@ class Reads(KeyState):
         counts = np.where(inside, self.latest_count[ks], 0).tolist()
         cw = self.latest_wsum[ks]
         weights = np.where(inside & (cw > 0.0), cw, 0.0).tolist()
-        older = self.older
+        has_older = self.older.have(ks).tolist()
         names = self.cohort_names
         for i, (k, c_id, entity, stype) in enumerate(
             zip(
@@ -166,7 +166,7 @@ class Reads(KeyState):
                 self.key_type[ks].tolist(),
             )
         ):
-            if k in older:
+            if has_older[i]:
                 c, w = self._window(k, at)
             else:
                 c, w = counts[i], weights[i]
