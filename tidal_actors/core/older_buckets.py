@@ -116,6 +116,47 @@ class OlderBuckets:
         self.start[k], self.length[k], self.cap[k] = at, n, cap
         return at
 
+    def _alloc_many(self, caps: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Segments of ``caps`` rows each: free ones of the same size first, the rest
+        handed out in one block."""
+        starts = np.empty(len(caps), dtype=np.int64)
+        todo = np.ones(len(caps), dtype=bool)
+        for cap in np.unique(caps).tolist():
+            free = self._free.get(cap)
+            if not free:
+                continue
+            at = np.flatnonzero(caps == cap)[: len(free)]
+            take = len(at)
+            starts[at] = np.array(free[len(free) - take :], dtype=np.int64)
+            del free[len(free) - take :]
+            todo[at] = False
+        if todo.any():
+            c = caps[todo]
+            ends = self._top + np.cumsum(c)
+            starts[todo] = ends - c
+            self._top = int(ends[-1])
+            self._rows(self._top)
+        return starts
+
+    def _move_many(self, ks: npt.NDArray[np.int64]) -> None:
+        """`_move` of keys ``ks`` (distinct) to segments twice their length (at least
+        ``_FIRST_CAP``), at once."""
+        lens = self.length[ks]
+        caps = np.maximum(2 * lens, _FIRST_CAP)
+        starts = self._alloc_many(caps)
+        if lens.any():
+            offs = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+            src = np.repeat(self.start[ks], lens) + offs
+            dst = np.repeat(starts, lens) + offs
+            for name in OLDER_COLUMNS:
+                col = getattr(self, name)
+                col[dst] = col[src]
+        old = self.cap[ks]
+        for cap in np.unique(old[old > 0]).tolist():
+            self._free.setdefault(cap, array("q")).extend(self.start[ks[old == cap]].tolist())
+        self.start[ks] = starts
+        self.cap[ks] = caps
+
     # -- reading -----------------------------------------------------------------------
 
     def __contains__(self, k: int) -> bool:
@@ -280,8 +321,7 @@ class OlderBuckets:
         self._keys(int(ks.max()) + 1)
         full = self.length[ks] >= self.cap[ks]
         if full.any():
-            for k in ks[full].tolist():
-                self._move(k, max(_FIRST_CAP, 2 * int(self.length[k])))
+            self._move_many(ks[full])
         at = self.start[ks] + self.length[ks]
         self.b[at] = b
         self.count[at] = count
