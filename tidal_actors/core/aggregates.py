@@ -24,9 +24,10 @@ operations. The parts: `key_state` (columns, detail rows, key ids), `adds`,
 * Buckets ``b = t // width`` each hold ``count, weight_sum, fd_sum, t_max_b``. The
   latest bucket sits in columns (``latest_b``, ``latest_count``, ``latest_wsum``,
   ``latest_fd``, ``latest_t_max``): most contributions land there. Earlier buckets
-  are in ``older[k]`` (a dict ``b -> (count, wsum, fd, tmax)``, only for keys that
-  have some). Every bucket that holds a contribution is kept, so a window read at any
-  time is exact and ``fd_sum`` is always the sum of the buckets' ``fd`` (re-derived
+  are rows of ``older`` (`older_buckets.OlderBuckets`: per key a segment of columns
+  ``b, count, wsum, fd, tmax``, sorted by ``b``, only for keys that have some).
+  Every bucket that holds a contribution is kept, so a window read at any time is
+  exact and ``fd_sum`` is always the sum of the buckets' ``fd`` (re-derived
   with ``math.fsum`` after a retraction to drop rounding residue).
 * Adding a batch: keys are looked up at C speed (``map(index.get, codes)``, the
   codes computed with numpy: `key_state.KeyCode`, which keeps the index out of the
