@@ -1,0 +1,285 @@
+"""Adversarial checks of the ledger's key index (`key_state.KeyCode`) and columnar older
+buckets (`older_buckets.OlderBuckets`) through `Aggregates`: ids on both sides of the
+narrow/wide boundary (entity 2**44, type 64, cohort id 2**14), small and large
+batches, late records in earlier buckets, landmark moves, retractions, snapshot round
+trips and re-materialization, each read compared with a plain fold of the records
+left."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+from tidal_actors import COMMUNITY, Config, ManualClock, TidalDb, UnknownCohort
+from tidal_actors.core.aggregates import Aggregates
+from tidal_actors.testing import ReferenceModel
+
+from .conftest import SEC, T0
+
+# half-life (ns) by type: type 63 tiny (landmark moves every few records)
+HALF_LIVES = {0: 5_000, 63: 1, 64: 700, 2**64 - 1: 3_000}
+ENTITIES = [0, 1, 2**44 - 1, 2**44, 2**63, 2**64 - 1, 12_345]
+N_BUCKETS = 4
+FILLER = 2**14  # cohorts made before the wide ones, so these get ids >= 2**14
+
+
+def _hl(t: int) -> int:
+    return HALF_LIVES[t]
+
+
+Rec = tuple[int, str, int, int, float, int]  # (row, cohort, entity, type, weight, ts)
+
+
+class Fold:
+    """The records added and not retracted, and the reads computed from them."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.live: dict[int, Rec] = {}
+
+    def keys(self) -> set[tuple[str, int, int]]:
+        return {(c, e, t) for _r, c, e, t, _w, _ts in self.live.values()}
+
+    def of(self, key: tuple[str, int, int]) -> list[Rec]:
+        return [r for r in self.live.values() if (r[1], r[2], r[3]) == key]
+
+    def score(self, key: tuple[str, int, int], at: int) -> float:
+        h = HALF_LIVES[key[2]]
+        return math.fsum(w * 2.0 ** (-(at - ts) / h) for *_, w, ts in self.of(key) if ts <= at)
+
+    def window(self, key: tuple[str, int, int], at: int) -> tuple[int, float]:
+        hi = at // self.width
+        inside = [w for *_, w, ts in self.of(key) if hi - N_BUCKETS + 1 <= ts // self.width <= hi]
+        return len(inside), math.fsum(inside)
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-250)
+
+
+def _check(agg: Aggregates, fold: Fold, ats: list[int]) -> None:
+    keys = fold.keys()
+    assert agg.key_count() == len(keys)
+    for key in keys:
+        assert agg.key_id(*key) is not None, key
+        for at in ats:
+            assert _close(agg.decay_score(*key, at), fold.score(key, at)), (key, at)
+            n, w = agg.window(*key, at)
+            n2, w2 = fold.window(key, at)
+            assert n == n2 and _close(w, w2), (key, at, (n, w), (n2, w2))
+    at = ats[-1]
+    got = {(c, e, t): (s, n, w) for c, e, t, s, n, w in agg.rows(at)}
+    assert got.keys() == keys
+    for key, (s, n, w) in got.items():
+        n2, w2 = fold.window(key, at)
+        assert _close(s, fold.score(key, at)) and n == n2 and _close(w, w2), key
+    for c in {k[0] for k in keys}:
+        for t in HALF_LIVES:
+            want = sorted(
+                ((e, fold.score((c, e, t), at)) for cc, e, tt in keys if cc == c and tt == t),
+                key=lambda p: (-p[1], p[0]),
+            )
+            # a score below 1e-250 is 0 or subnormal, depending on how it was rounded
+            want = [p for p in want if p[1] > 1e-250]
+            top = [p for p in agg.top(c, t, len(ENTITIES), at) if p[1] > 1e-250]
+            assert [e for e, _ in top] == [e for e, _ in want], (c, t)
+            assert all(_close(s, s2) for (_, s), (_, s2) in zip(top, want))
+
+
+def _snapshot(agg: Aggregates, width: int) -> Aggregates:
+    """``agg`` dumped, through msgpack as a snapshot file holds it, and loaded back."""
+    out = Aggregates(_hl, width, N_BUCKETS)
+    out.load(msgpack.unpackb(msgpack.packb(agg.dump()), strict_map_key=False))
+    return out
+
+
+def _rebuild(agg: Aggregates, fold: Fold, cohort: str, width: int) -> None:
+    """Re-materialize ``cohort``: a fresh fold of its records installed (as `Rebuild`)."""
+    other = Aggregates(_hl, width, N_BUCKETS)
+    recs = sorted(r for r in fold.live.values() if r[1] == cohort)
+    if recs:
+        other.add_many([(0, r, 1, c, e, t, w, ts) for r, c, e, t, w, ts in recs])
+    key_ids = {}
+    for k in other.cohort_key_ids(cohort):
+        _c, e, t = other.key(k)
+        kid = agg.key_id(cohort, e, t)
+        assert kid is not None
+        key_ids[(e, t)] = kid
+    agg.install_cohort(cohort, other, key_ids)
+
+
+def _run(seed: int, width: int, steps: int, filler: bool, origin: int = 1_000) -> None:
+    rng = random.Random(seed)
+    agg = Aggregates(_hl, width, N_BUCKETS)
+    fold = Fold(width)
+    row = 0
+    cohorts = ["a", "b"]
+    if filler:  # 2**14 cohorts of one record each, then retracted: ids stay taken
+        filler_recs = [(0, i, 1, f"f{i}", i, 0, 1.0, 10) for i in range(FILLER)]
+        agg.add_many(filler_recs)
+        assert agg.retract_rows(list(range(FILLER))) == FILLER
+        row = FILLER
+        cohorts += ["w1", "w2"]
+    types = list(HALF_LIVES)
+    pool = [(c, e, t) for c in cohorts for e in ENTITIES for t in types]
+    rng.shuffle(pool)
+    pool = pool[:24]
+    now = origin
+    for _step in range(steps):
+        op = rng.random()
+        if op < 0.55:
+            n = rng.choice([1, 2, 5, 8, 9, 20, 60])
+            recs = []
+            for _ in range(n):
+                c, e, t = rng.choice(pool)
+                now += rng.choice([0, 1, 3, width // 2 + 1, width, 3 * width, 400])
+                ts = now - rng.choice([0, 0, 0, width, 5 * width, 20 * width])
+                ts = max(ts, min(origin, 0))
+                w = float(np.float32(rng.choice([0.5, 1.0, 3.25, 1e-3, 1e6])))
+                recs.append((0, row, 7, c, e, t, w, ts))
+                fold.live[row] = (row, c, e, t, w, ts)
+                row += 1
+            got = agg.add_many(recs)
+            assert list(got) == [r[1] for r in recs]
+        elif op < 0.75 and fold.live:
+            rows = rng.sample(sorted(fold.live), min(len(fold.live), rng.choice([1, 3, 10])))
+            assert agg.retract_rows(rows) == len(rows)
+            for r in rows:
+                del fold.live[r]
+        elif op < 0.85:
+            agg = _snapshot(agg, width)
+        elif fold.live:
+            _rebuild(agg, fold, rng.choice(cohorts), width)
+    ts_all = [r[5] for r in fold.live.values()] or [0]
+    last = max(ts_all)
+    ats = sorted({last, last + 3 * width, last - 2 * width, rng.choice(ts_all)})
+    _check(agg, fold, ats)
+    _check(_snapshot(agg, width), fold, ats)
+    _check(_replayed(fold, width, filler), fold, ats)
+
+
+def _replayed(fold: Fold, width: int, filler: bool) -> Aggregates:
+    """The records left, replayed into fresh aggregates with `load_columns` (a
+    restore from the history), after the filler cohorts when ``filler``."""
+    out = Aggregates(_hl, width, N_BUCKETS)
+    if filler:
+        for i in range(FILLER):
+            out.cohort_id_for(f"f{i}")
+    recs = sorted(fold.live.values())
+    names = sorted({r[1] for r in recs})
+    if recs:
+        rows, cs, es, ts_, ws, tss = zip(*recs)
+        n = len(recs)
+        out.load_columns(
+            np.zeros(n, np.uint8),
+            np.array(rows, np.int64),
+            np.full(n, 7, np.uint64),
+            np.array([names.index(c) for c in cs], np.int64),
+            names,
+            np.array(es, np.uint64),
+            np.array(ts_, np.uint64),
+            np.array(ws, np.float32),
+            np.array(tss, np.int64),
+        )
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_narrow_and_wide_keys_under_adds_retractions_snapshots_and_rebuilds(seed: int) -> None:
+    _run(seed, width=100, steps=60, filler=False)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_cohort_ids_past_the_narrow_field(seed: int) -> None:
+    _run(seed, width=100, steps=60, filler=True)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_ns_buckets(seed: int) -> None:
+    _run(seed, width=1, steps=60, filler=False)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_runtime_with_boundary_ids_matches_the_reference(seed: int, tmp_path: Any) -> None:
+    """TidalDb (persistent on odd seeds: closed and reopened) against the reference
+    model with entities and types on both sides of the narrow field, a type whose
+    half-life is a few ns (landmark moves), late signals, purges and rebuilds."""
+    rng = random.Random(seed)
+    cfg = Config(
+        half_life_ns=30 * SEC,
+        half_life_ns_by_type={63: 7, 64: 5 * SEC},
+        window_width_ns=10 * SEC,
+        window_buckets=4,
+        max_contribution_log_entries=rng.choice([7, 5_000_000]),
+        membership_shards=rng.choice([1, 2]),
+        ledger_shards=rng.choice([1, 2]),
+        rematerialize_after_ms=None,
+    )
+    clock, rclock = ManualClock(T0), ManualClock(T0)
+    path = str(tmp_path / "s") if seed % 2 else None
+    ref = ReferenceModel(cfg, rclock, history=path is not None)
+    db = TidalDb.open(path, config=cfg, clock=clock)
+    cohorts = ["a", "b"]
+    types = [0, 63, 64, 2**64 - 1]
+    try:
+        for step in range(300):
+            op = rng.random()
+            u = rng.randrange(5)
+            if op < 0.6:
+                args = (
+                    u,
+                    rng.choice(ENTITIES),
+                    rng.choice(types),
+                    rng.choice([0.5, 1.0, 2.0]),
+                    T0 + rng.randrange(-5, 60) * SEC + rng.randrange(0, 50),
+                )
+                db.signal_with_context(*args)
+                ref.signal_with_context(*args)
+            elif op < 0.72:
+                c = rng.choice(cohorts)
+                db.assign_cohort(u, c)
+                ref.assign_cohort(u, c)
+            elif op < 0.76:
+                c = rng.choice(cohorts)
+                db.unassign_cohort(u, c)
+                ref.unassign_cohort(u, c)
+            elif op < 0.86:
+                c = rng.choice([*cohorts, COMMUNITY])
+                _, m = db.request_community_purge(u, c)
+                _, rm = ref.request_community_purge(u, c)
+                assert m.entries == rm.entries
+            elif op < 0.9:
+                c = rng.choice([*cohorts, COMMUNITY])
+                try:
+                    ref.rematerialize(c)
+                except UnknownCohort:
+                    with pytest.raises(UnknownCohort):
+                        db.rematerialize(c)
+                else:
+                    db.rematerialize(c)
+            elif op < 0.97:
+                d = rng.randrange(0, 8) * SEC + rng.randrange(0, 30)
+                clock.advance(d)
+                rclock.advance(d)
+            elif path is not None:
+                db.close()
+                db = TidalDb.open(path, config=cfg, clock=clock)
+            if step % 60 == 0:
+                _compare_rows(db, ref, clock.now_ns())
+        for at in (clock.now_ns(), T0 + 17 * SEC, T0 + 17 * SEC + 3):
+            _compare_rows(db, ref, at)
+    finally:
+        db.close()
+
+
+def _compare_rows(db: Any, ref: ReferenceModel, at: int) -> None:
+    rows, expect = db.aggregate_rows(at), ref.aggregate_rows(at)
+    assert [r[:3] for r in rows] == [r[:3] for r in expect]
+    for got, want in zip(rows, expect):
+        assert _close(got[3], want[3]), (got, want)
+        assert got[4] == want[4] and _close(got[5], want[5]), (got, want)
