@@ -17,6 +17,7 @@ import pytest
 
 from tidal_actors import COMMUNITY, Config, ManualClock, TidalDb, UnknownCohort
 from tidal_actors.core.aggregates import Aggregates
+from tidal_actors.core.retraction import Retraction
 from tidal_actors.testing import ReferenceModel
 
 from .conftest import SEC, T0
@@ -283,3 +284,37 @@ def _compare_rows(db: Any, ref: ReferenceModel, at: int) -> None:
     for got, want in zip(rows, expect):
         assert _close(got[3], want[3]), (got, want)
         assert got[4] == want[4] and _close(got[5], want[5]), (got, want)
+
+
+def test_refolds_of_a_growing_key_do_not_leave_its_old_segments_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A key that gains a bucket, then has a dwarfing contribution purged (each purge
+    sums it again, `_refold`, which gives it a segment of its bucket count) holds
+    room for its buckets, not every segment size it went through."""
+    agg = Aggregates(_hl, 10, N_BUCKETS)
+    fold = Fold(10)
+    row = 0
+    refolds = []
+    refold = Retraction._refold
+
+    def counted(self: Retraction, ks: list[int]) -> None:
+        refolds.append(ks)
+        refold(self, ks)
+
+    monkeypatch.setattr(Retraction, "_refold", counted)
+    n = 300
+    for i in range(n):
+        agg.add_many([(0, row, 1, "c", 1, 0, 1.0, i * 10 + 5)])
+        fold.live[row] = (row, "c", 1, 0, 1.0, i * 10 + 5)
+        agg.add_many([(0, row + 1, 1, "c", 1, 0, 1e30, i * 10 + 5)])
+        assert agg.retract_rows([row + 1]) == 1
+        row += 2
+    assert len(refolds) == n  # every purge summed the key again
+    _check(agg, fold, [n * 10 + 5, n * 10 - 20])
+    older = agg.older
+    per_key = older.start.nbytes + older.length.nbytes + older.cap.nbytes
+    # 40 bytes a bucket, a segment at most twice the buckets, the free ones at most
+    # as much again, the columns at most 1.5 times what is handed out or 1024 rows
+    bound = per_key + max(1.5 * 4 * 40 * (n - 1), 1024 * 40)
+    assert agg.memory()["older_buckets"] <= bound
