@@ -318,3 +318,22 @@ def test_refolds_of_a_growing_key_do_not_leave_its_old_segments_behind(
     # as much again, the columns at most 1.5 times what is handed out or 1024 rows
     bound = per_key + max(1.5 * 4 * 40 * (n - 1), 1024 * 40)
     assert agg.memory()["older_buckets"] <= bound
+
+
+def test_memory_counts_the_older_buckets_columns_as_allocated() -> None:
+    """`Aggregates.memory` counts the older buckets' columns as allocated (as the
+    key columns), not only the rows handed out to segments: numpy holds them all."""
+    agg = Aggregates(_hl, 10, N_BUCKETS)
+    row = 0
+    for i in range(4):  # 1,500 keys with 3 earlier buckets each: segments of 2, then 4
+        agg.add_many([(0, row + j, 1, "c", j, 0, 1.0, i * 10 + 5) for j in range(1_500)])
+        row += 1_500
+    # one more key with 3 earlier buckets: its segment of 4 makes the columns grow by half
+    agg.add_many([(0, row + i, 1, "d", 0, 0, 1.0, i * 10 + 5) for i in range(4)])
+    older = agg.older
+    held = sum(
+        getattr(older, name).nbytes
+        for name in ("b", "count", "wsum", "fd", "tmax", "start", "length", "cap")
+    )
+    assert len(older.b) > 1_500 * (2 + 4) + 4  # more rows than handed out to segments
+    assert agg.memory()["older_buckets"] == held

@@ -243,9 +243,10 @@ class OlderBuckets:
         )
 
     def nbytes(self) -> int:
-        """Bytes held: the columns' rows handed out, and the per-key arrays."""
-        row = sum(np.dtype(d).itemsize for d in OLDER_COLUMNS.values())
-        return self._top * row + self.start.nbytes + self.length.nbytes + self.cap.nbytes
+        """Bytes held: the columns as allocated (rows handed out to segments and the
+        room the columns grew by), and the per-key arrays."""
+        cols = sum(int(getattr(self, name).nbytes) for name in OLDER_COLUMNS)
+        return cols + self.start.nbytes + self.length.nbytes + self.cap.nbytes
 
     # -- writing -----------------------------------------------------------------------
 
