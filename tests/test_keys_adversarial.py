@@ -17,6 +17,7 @@ import pytest
 
 from tidal_actors import COMMUNITY, Config, ManualClock, TidalDb, UnknownCohort
 from tidal_actors.core.aggregates import Aggregates
+from tidal_actors.core.key_state import key_code, key_codes
 from tidal_actors.core.retraction import Retraction
 from tidal_actors.testing import ReferenceModel
 
@@ -442,3 +443,23 @@ def test_a_snapshot_with_older_buckets_in_any_order_loads(seed: int) -> None:
     last = max(r[5] for r in fold.live.values())
     _check(out, fold, [last - 1_500, last - 450, last, last + 300])
     assert out.older == agg.older
+
+
+@pytest.mark.parametrize("wide_every", [1, 3, 0])
+def test_key_codes_of_all_wide_mixed_and_all_narrow_batches(wide_every: int) -> None:
+    """`key_codes` gives `key_code` of each key whether every key of the batch is wide
+    (64-bit hashed entity ids), some are, or none."""
+    rng = np.random.default_rng(wide_every)
+    n = 500
+    es = rng.integers(0, 2**44, n, dtype=np.uint64)
+    if wide_every:
+        es[::wide_every] = rng.integers(2**44, 2**64 - 1, len(es[::wide_every]), dtype=np.uint64)
+    cids = rng.integers(0, 2**14 + 5, n).astype(np.int64) if wide_every else np.zeros(n, np.int64)
+    types = rng.choice(np.array([0, 63, 64, 2**64 - 1], dtype=np.uint64), n)
+    if not wide_every:
+        types = types % np.uint64(64)
+    got = key_codes(cids, es, types)
+    want = [key_code(c, e, t) for c, e, t in zip(cids.tolist(), es.tolist(), types.tolist())]
+    assert got == want
+    assert all(type(a) is type(b) for a, b in zip(got, want))
+    assert all(isinstance(x, int) for code in got if isinstance(code, tuple) for x in code)
