@@ -72,12 +72,16 @@ def key_codes(
     e = np.asarray(es, dtype=np.uint64)
     t = np.asarray(types, dtype=np.uint64)
     narrow = (c < 1 << _CID_BITS) & (t < 1 << _TYPE_BITS) & (e < 1 << _ENTITY_BITS)
+    if not narrow.any():  # e.g. 64-bit hashed entity ids: every key a tuple
+        return list(zip(c.tolist(), e.tolist(), t.tolist()))
     codes = (
         (c.astype(np.uint64) << np.uint64(_CID_SHIFT)) | (t << np.uint64(_TYPE_SHIFT)) | e
     ).tolist()
-    if not narrow.all():
-        for i in np.flatnonzero(~narrow).tolist():
-            codes[i] = (int(c[i]), int(e[i]), int(t[i]))
+    if not narrow.all():  # the wide ones' tuples built from lists, not numpy scalars
+        wide = np.flatnonzero(~narrow)
+        tuples = zip(c[wide].tolist(), e[wide].tolist(), t[wide].tolist())
+        for i, code in zip(wide.tolist(), tuples):
+            codes[i] = code
     return codes  # type: ignore[no-any-return]
 
 

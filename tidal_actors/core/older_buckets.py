@@ -10,7 +10,9 @@ Layout: the rows of key ``k`` are one segment of the columns, ``start[k] ..
 start[k] + length[k]``, sorted by ``b``, with room for ``cap[k]`` rows. A key's
 latest bucket moves here when a newer one opens, so it always goes to the end of the
 segment (`push_newest`, vectorized over a batch's keys); a segment that is full moves
-to one of twice the size, and the old one is kept for reuse (free segments by size).
+to the next power of two in size, and the old one is kept for reuse (free segments by
+size). Segment sizes are powers of two (`_room`), except the exact ones `load_sorted`
+hands out, so a freed segment fits the next key that grows to it or is summed again.
 No Python object per bucket: 40 bytes a bucket plus the segments' spare room, and
 nothing the cyclic GC walks (the free lists are a dict of ``array`` objects, which
 hold no references).
@@ -41,6 +43,13 @@ OLDER_COLUMNS: dict[str, type[np.generic]] = {
     "tmax": np.int64,
 }
 _FIRST_CAP = 2  # rows a key's first segment holds
+
+
+def _room(n: int) -> int:
+    """Rows of the segment that holds ``n`` rows: the least power of two at least
+    ``n`` and ``_FIRST_CAP``. Sizes from one short list, so a freed segment is reused
+    by the next key that needs that size."""
+    return max(_FIRST_CAP, 1 << (n - 1).bit_length())
 
 
 class OlderBuckets:
@@ -139,10 +148,13 @@ class OlderBuckets:
         return starts
 
     def _move_many(self, ks: npt.NDArray[np.int64]) -> None:
-        """`_move` of keys ``ks`` (distinct) to segments twice their length (at least
-        ``_FIRST_CAP``), at once."""
+        """`_move` of keys ``ks`` (distinct) to segments of ``_room(length + 1)`` rows,
+        at once."""
         lens = self.length[ks]
-        caps = np.maximum(2 * lens, _FIRST_CAP)
+        # 1 << bit_length(n): the least power of two above n (frexp: n = m * 2**e,
+        # 0.5 <= m < 1, exact for n < 2**53)
+        caps = np.maximum(np.left_shift(1, np.frexp(lens.astype(np.float64))[1]), _FIRST_CAP)
+        caps = caps.astype(np.int64)
         starts = self._alloc_many(caps)
         if lens.any():
             offs = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
@@ -231,9 +243,10 @@ class OlderBuckets:
         )
 
     def nbytes(self) -> int:
-        """Bytes held: the columns' rows handed out, and the per-key arrays."""
-        row = sum(np.dtype(d).itemsize for d in OLDER_COLUMNS.values())
-        return self._top * row + self.start.nbytes + self.length.nbytes + self.cap.nbytes
+        """Bytes held: the columns as allocated (rows handed out to segments and the
+        room the columns grew by), and the per-key arrays."""
+        cols = sum(int(getattr(self, name).nbytes) for name in OLDER_COLUMNS)
+        return cols + self.start.nbytes + self.length.nbytes + self.cap.nbytes
 
     # -- writing -----------------------------------------------------------------------
 
@@ -249,7 +262,7 @@ class OlderBuckets:
             n = int(self.length[k])
             if n == int(self.cap[k]):
                 i = row - int(self.start[k])
-                row = self._move(k, max(_FIRST_CAP, 2 * n)) + i
+                row = self._move(k, _room(n + 1)) + i
             end = int(self.start[k]) + n
             for name in OLDER_COLUMNS:
                 col = getattr(self, name)
@@ -293,7 +306,7 @@ class OlderBuckets:
         n = len(buckets)
         if not n:
             return
-        cap = max(_FIRST_CAP, n)
+        cap = _room(n)
         at = self._alloc(cap)
         bs = sorted(buckets)
         self.b[at : at + n] = bs
