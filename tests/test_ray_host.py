@@ -262,3 +262,59 @@ def test_simulate_and_replay_on_ray_give_the_pykka_hosts_results(
         scores[host] = tmp_path / f"scores-{host}.csv"
         _cli("replay", events, "--host", host, "-q", "--scores-out", scores[host])
     assert scores["ray"].read_text() == scores["pykka"].read_text()
+
+
+@needs_ray
+def test_the_asyncio_facade_waits_for_room_through_ray(ray_session: None) -> None:
+    """A nonblocking core (offer, when_room) over small windows and mailboxes: every
+    signal arrives, none is dropped, and the sums are the reference model's."""
+    import asyncio
+
+    from tidal_actors import open_tidal
+
+    cfg = ray_config(membership_shards=2, mailbox_capacity=2, signal_batch_size=16)
+    model = ReferenceModel(cfg, ManualClock(T0))
+
+    async def main() -> tuple[Any, dict[str, int]]:
+        async with open_tidal(None, config=cfg, clock=ManualClock(T0)) as db:
+            for u in range(8):
+                await db.assign_cohort(u, f"c{u % 3}")
+                model.assign_cohort(u, f"c{u % 3}")
+            for i in range(3000):
+                args = (i % 8, i % 11, 1, 1.0 + i % 3, T0 - i * SEC)
+                await db.signal_with_context(*args)
+                model.signal_with_context(*args)
+            await db.flush()
+            return await db.aggregate_rows(), await db.stats()
+
+    rows, stats = asyncio.run(main())
+    assert stats["signals"] == 3000 and stats["records"] == model.stats()["records"]
+    assert rows_mismatch(rows, model.aggregate_rows()) is None
+
+
+@needs_ray
+def test_a_failed_durable_shard_is_fenced_and_reported(ray_session: None, tmp_path: Path) -> None:
+    """A ledger whose handler raises something unexpected is fenced (this host does
+    not restart shards): the failure reaches the facade's fault reports, and a flush
+    through the fenced shard fails instead of serving half-updated state."""
+    from tidal_actors import ActorFailure, StorageError
+    from tidal_actors.actors import messages as M
+
+    path = str(tmp_path / "store")
+    with (
+        pytest.raises(StorageError, match="closed with a fenced shard"),
+        TidalDb.open(path, config=ray_config(), clock=ManualClock(T0)) as db,
+    ):
+        db.assign_cohort(1, "a")
+        db.signal_with_context(1, 1, 1, 1.0, T0)
+        db.flush()
+        for ledger in ((M.LEDGER, 0), (M.LEDGER, 1)):
+            db._core.host.tell(ledger, M.Tick())  # a ledger has no handler for it
+        with pytest.raises(ActorFailure, match="fenced"):
+            db.flush()
+        reports = db._core.fault_reports()
+        assert {r.address for r in reports} == {(M.LEDGER, 0), (M.LEDGER, 1)}
+        assert {r.action for r in reports} == {"fenced"}
+    # close() said so; the store holds what was committed before the failure
+    with TidalDb.open(path, config=ray_config(host="pykka"), clock=ManualClock(T0)) as again:
+        assert again.read_window("a", 1, 1, T0).weight == 1.0
