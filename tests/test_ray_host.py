@@ -318,3 +318,34 @@ def test_a_failed_durable_shard_is_fenced_and_reported(ray_session: None, tmp_pa
     # close() said so; the store holds what was committed before the failure
     with TidalDb.open(path, config=ray_config(host="pykka"), clock=ManualClock(T0)) as again:
         assert again.read_window("a", 1, 1, T0).weight == 1.0
+
+
+@needs_ray
+def test_a_killed_shard_process_fails_calls_instead_of_hanging(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """SIGKILL of a ledger's process (nothing restarts it under this host yet): the
+    calls waiting and the calls after fail with an error saying they may have been
+    applied; close() refuses to write a snapshot from the lost shard; the store keeps
+    everything flushed before the kill."""
+    import os
+    import signal
+
+    from tidal_actors import ActorFailure, StorageError
+    from tidal_actors.actors import messages as M
+
+    path = str(tmp_path / "store")
+    with (
+        pytest.raises(StorageError, match="closed with a fenced shard"),
+        TidalDb.open(path, config=ray_config(), clock=ManualClock(T0)) as db,
+    ):
+        for u in range(4):
+            db.assign_cohort(u, "a")
+            db.signal_with_context(u, 1, 1, 1.0, T0)
+        db.flush()
+        os.kill(db._core.host.pids()[(M.LEDGER, 0)], signal.SIGKILL)
+        with pytest.raises(ActorFailure, match="may have been applied"):
+            for _ in range(100):  # reads of every ledger until the death is seen
+                db.aggregate_rows()
+    with TidalDb.open(path, config=ray_config(host="pykka"), clock=ManualClock(T0)) as again:
+        assert again.read_window("a", 1, 1, T0).weight == 4.0

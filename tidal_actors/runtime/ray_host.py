@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -41,7 +42,7 @@ import ray
 
 from tidal_actors._clock import Clock, SystemClock
 from tidal_actors._config import Config
-from tidal_actors._errors import DatabaseClosed
+from tidal_actors._errors import ActorFailure, DatabaseClosed
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.persistence import Persistence
@@ -52,10 +53,11 @@ from tidal_actors.runtime.ray_actor import Counters, ShardActor
 from tidal_actors.runtime.ray_links import Links, actor_name, dumps, loads
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, forget, register_serializers
 from tidal_actors.runtime.ray_stores import adopt_map_size
-from tidal_actors.runtime.supervision import REPORTS_KEPT
+from tidal_actors.runtime.supervision import REPORTS_KEPT, Fenced
 
 __all__ = ["START_WAIT_S", "STOP_WAIT_S", "RayHost", "ensure_ray"]
 
+PROBE_S = 1.0  # how often the reply path looks whether an actor's process died (seconds)
 START_WAIT_S = 300.0  # how long start() waits for the actors to be up (seconds)
 STOP_WAIT_S = 120.0  # how long stop() waits for each kind of actor to stop (seconds)
 
@@ -102,6 +104,9 @@ class RayHost:
         self._actors: dict[M.Address, Any] = {}
         self._store: Any = None
         self._stopped = False
+        self._dead: ActorFailure | None = None  # an actor's process died (`_watch`)
+        self._probes: dict[M.Address, Any] = {}
+        self._next_probe = 0.0
 
     # -- lifetime -------------------------------------------------------------------
 
@@ -153,7 +158,8 @@ class RayHost:
             for address, ref in stopping.items():
                 try:
                     data = ray.get(ref, timeout=STOP_WAIT_S)
-                except Exception:  # noqa: BLE001, S112 - its process is gone: nothing to read back
+                except Exception as exc:  # noqa: BLE001 - its process is gone: nothing to read back
+                    self._lost(address, exc)
                     continue
                 self._adopt(address, loads(data, named.__getitem__))
         self.links.closed = True
@@ -179,6 +185,44 @@ class RayHost:
         self.behaviours[address] = ended
         if self.on_replace is not None:
             self.on_replace(address, ended)
+
+    def _lost(self, address: M.Address, exc: BaseException) -> None:
+        """``address``'s state is gone with its process: this process's copy of it is
+        stale, so it is fenced here (`Core._replaced`: no snapshot is written from
+        it, close() says so, and the next open restores from the store)."""
+        err = ActorFailure(f"{address[0]}[{address[1]}]'s process died: {exc}")
+        fence = Fenced(self.ctx, address, err)
+        self.behaviours[address] = fence
+        if self.on_replace is not None:
+            self.on_replace(address, fence)
+
+    def _watch(self) -> None:
+        """Every ``PROBE_S``: an actor whose process died fails every call waiting and
+        every call after (the database must be reopened)."""
+        now = time.monotonic()
+        if self._dead is not None or self._stopped or now < self._next_probe:
+            return
+        self._next_probe = now + PROBE_S
+        refs = list(self._probes.values())
+        done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) if refs else set()
+        for address, ref in list(self._probes.items()):
+            if ref not in done:
+                continue
+            del self._probes[address]
+            try:
+                ray.get(ref, timeout=0)
+            except Exception as exc:  # noqa: BLE001 - the actor died (RayActorError)
+                kind, index = address
+                self._dead = ActorFailure(
+                    f"{kind}[{index}]'s process died ({type(exc).__name__}): calls in flight "
+                    "failed, and each may have been applied; close the database and open it "
+                    "again (the store holds what was committed)"
+                )
+                self.path.fail_all(self._dead)
+                return
+        for address, h in list(self._actors.items()):
+            if address not in self._probes:
+                self._probes[address] = h.ready.remote()
 
     def _fault(self, report: FaultReport) -> None:
         self.reports.append(report)
@@ -224,6 +268,8 @@ class RayHost:
         counts.add_done_callback(done)
 
     def _check(self, address: M.Address) -> None:
+        if self._dead is not None:
+            raise self._dead
         if self._stopped or address not in self._actors:
             raise DatabaseClosed(f"no actor at {address}")
 
@@ -269,6 +315,7 @@ class RayHost:
 
     def _poll(self) -> None:
         self._call_waiters()
+        self._watch()
 
     def _call_waiters(self, everyone: bool = False) -> None:
         with self._waiters_lock:

@@ -189,6 +189,13 @@ class ReplyPath:
                         reply.set_result(value)
             self._poll()
 
+    def fail_all(self, exc: BaseException) -> None:
+        """Settle every reply still waiting with ``exc``."""
+        with self._lock:
+            pending, self._waiting = list(self._waiting.values()), {}
+        for reply in pending:
+            reply.set_exception(exc)
+
     def close(self) -> None:
         """Stop the thread and the sink; replies still waiting get `DatabaseClosed`."""
         self._stop.set()
