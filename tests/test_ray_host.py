@@ -349,3 +349,39 @@ def test_a_killed_shard_process_fails_calls_instead_of_hanging(
                 db.aggregate_rows()
     with TidalDb.open(path, config=ray_config(host="pykka"), clock=ManualClock(T0)) as again:
         assert again.read_window("a", 1, 1, T0).weight == 4.0
+
+
+@needs_ray
+def test_the_store_grows_and_ledgers_read_their_history_from_their_processes(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """A map that must grow many times (persistence grows it in its process; the
+    ledgers' read-only views and the facade's adopt the new size), and rebuilds that
+    read the history back in the ledgers' processes: the same reports and rows as
+    the pykka host, and the store it leaves reads back the same."""
+    from tidal_actors import Signal
+
+    def run(host: str) -> tuple[Any, ...]:
+        cfg = ray_config(
+            host=host, map_size_bytes=65_536, max_contribution_log_entries=2_000, ledger_shards=2
+        )
+        path = str(tmp_path / host)
+        with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
+            for u in range(50):
+                db.assign_cohort(u, f"c{u % 3}")
+            for k in range(12):
+                db.signal_batch(
+                    [Signal(i % 50, i % 97, 1, 1.0, T0 - (k * 1000 + i) * SEC) for i in range(1000)]
+                )
+            _, manifest = db.request_community_purge(7, "c1")
+            report = db.rematerialize("c1")
+            rows = db.aggregate_rows(T0)
+        with TidalDb.open(path, config=cfg.replace(host="pykka"), clock=ManualClock(T0)) as again:
+            assert again.aggregate_rows(T0) == rows
+        return (len(manifest.entries), manifest.evicted, report.records_read,
+                report.records_excluded, rows)  # fmt: skip
+
+    ray_run, pykka_run = run("ray"), run("pykka")
+    assert ray_run == pykka_run
+    assert ray_run[1] > 0  # the purge covered records the log had evicted: read from the history
+    assert (tmp_path / "ray" / "data.mdb").stat().st_size > 16 * 65_536
