@@ -42,7 +42,7 @@ import ray
 
 from tidal_actors._clock import Clock, SystemClock
 from tidal_actors._config import Config
-from tidal_actors._errors import ActorFailure, DatabaseClosed
+from tidal_actors._errors import ActorFailure, DatabaseClosed, InvalidArgument
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.persistence import Persistence
@@ -63,8 +63,14 @@ STOP_WAIT_S = 120.0  # how long stop() waits for each kind of actor to stop (sec
 
 
 def ensure_ray(address: str | None) -> None:
-    """Connect to Ray (``address``: None starts a local instance) unless connected."""
-    if not ray.is_initialized():
+    """Connect to Ray (``address``: None starts a local instance) unless connected.
+
+    Raises:
+        InvalidArgument: Ray cannot be reached at ``address`` (naming ``ray_address``).
+    """
+    if ray.is_initialized():
+        return
+    try:
         ray.init(
             address=address,
             namespace=NAMESPACE,
@@ -72,6 +78,10 @@ def ensure_ray(address: str | None) -> None:
             log_to_driver=False,
             configure_logging=False,
         )
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise InvalidArgument(
+            "ray_address", address, f"cannot connect to Ray: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 class RayHost:
@@ -142,7 +152,20 @@ class RayHost:
             )
             self._actors[b.address] = actor
             self.links.add(b.address, actor)
-        ray.get([a.ready.remote() for a in self._actors.values()], timeout=START_WAIT_S)
+        try:
+            ray.get([a.ready.remote() for a in self._actors.values()], timeout=START_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - an actor could not start: none is left running
+            self._stopped = True
+            self.links.closed = True
+            for h in self._actors.values():
+                with contextlib.suppress(Exception):
+                    ray.kill(h)
+            self._actors.clear()
+            self.path.close()
+            forget(self.path)
+            raise ActorFailure(
+                f"the Ray host could not start its actors: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def stop(self, order: list[str]) -> None:
         """Stop the actors kind by kind in ``order`` (each drains its mailbox and waits

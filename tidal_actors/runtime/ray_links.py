@@ -149,7 +149,7 @@ class Links:
         """Wait until fewer than ``WINDOW - extra`` load calls to ``address`` are out."""
         while True:
             with self._lock:
-                refs = self._pending.get(address, [])
+                refs = list(self._pending.get(address, []))
                 limit = WINDOW - extra - self.reserved.get(address, 0)
                 if len(refs) < max(1, limit):
                     return
