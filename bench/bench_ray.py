@@ -6,7 +6,10 @@ Run: ``python bench/bench_ray.py`` (``--quick`` for a run of about two minutes;
 Figures:
 
 - ``cluster_start_s``: ``ray.init`` of a local instance (2 CPUs, no dashboard), the
-  cost paid once per process; ``open_s_<host>``: opening an ephemeral database (the
+  cost paid once per process; with ``--nodes N`` (N > 1) a local multi-node
+  ``ray.cluster_utils.Cluster`` of N nodes (1 CPU each) started and joined instead,
+  and the ephemeral databases' actors spread over its nodes (a durable database's
+  stay on the facade's node: one store); ``open_s_<host>``: opening an ephemeral database (the
   Ray host starts its actors and waits for them; median of the rounds);
 - ``<shape>_<host>_signals_per_s``: batched ingestion, `bench_core.workload` and
   `bench_core.cohorts_for` over ``--users`` users, ``TidalDb.signal_batch`` of 10,000
@@ -101,6 +104,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--users", type=int, default=1_000)
+    ap.add_argument("--nodes", type=int, default=1, help="nodes of a local multi-node cluster")
     args = ap.parse_args()
     import ray
 
@@ -109,8 +113,19 @@ def main() -> None:
     n = 100_000 if args.quick else 400_000
     rounds = 2 if args.quick else args.rounds
     out: dict[str, float] = {"signals": n, "users": args.users, "rounds": rounds}
+    out["nodes"] = args.nodes
     t = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace=NAMESPACE)
+    cluster = None
+    if args.nodes > 1:
+        from ray.cluster_utils import Cluster
+
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        for _ in range(args.nodes - 1):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+    else:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace=NAMESPACE)
     out["cluster_start_s"] = time.perf_counter() - t
     signals = workload(n, args.users)
     cohorts = cohorts_for(args.users)
@@ -142,6 +157,8 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
     report(out, args.json)
 
 

@@ -135,6 +135,8 @@ class RayHost:
 
             node = ray.get_runtime_context().get_node_id()
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+        else:  # nothing ties an ephemeral database's actors to a node: over the cluster
+            options["scheduling_strategy"] = "SPREAD"
         named = {"ctx": self.ctx, "store": self._store, "clock": self.clock}
         for b in behaviours:
             self.behaviours[b.address] = b
