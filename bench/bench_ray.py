@@ -13,11 +13,13 @@ Figures:
   Ray host starts its actors and waits for them; median of the rounds);
 - ``<shape>_<host>_signals_per_s``: batched ingestion, `bench_core.workload` and
   `bench_core.cohorts_for` over ``--users`` users, ``TidalDb.signal_batch`` of 10,000
-  signals a call, default `Config` (``signal_batch_size`` 1,024: one Ray call per
-  1,024 signals and shard), from the first call until ``flush()`` returns; the
-  cohorts are assigned before the timing. Shapes ``ephemeral`` and ``persistent``
-  (a fresh directory). Each host runs once per round, alternating; a figure is the
-  median of the rounds, ``<shape>_ray_per_pykka`` the median of the rounds' ratios;
+  signals a call, ``Config(ledger_shards=2)`` (``signal_batch_size`` 1,024: one Ray
+  call per 1,024 signals and shard), and ``ray_b4096``: the Ray host with
+  ``signal_batch_size=4096`` (a quarter of the calls); from the first call until
+  ``flush()`` returns; the cohorts are assigned before the timing. Shapes
+  ``ephemeral`` and ``persistent`` (a fresh directory). Each contender runs once per
+  round, in turn; a figure is the median of the rounds, ``<shape>_<ray>_per_pykka``
+  the median of the rounds' ratios;
 - ``status_ms_<host>_p50/p99``: ``community_layer_status`` round trips (facade ->
   membership shard -> reply), on an idle ephemeral database; ``leave_ms_<host>_p50/p99``:
   ``leave_community_layer`` on a persistent one (a durable commit each).
@@ -43,16 +45,23 @@ from bench_core import cohorts_for, report, workload  # noqa: E402
 from tidal_actors import Config, Signal, TidalDb  # noqa: E402
 
 HOSTS = ("pykka", "ray")
+CONTENDERS: dict[str, dict[str, Any]] = {  # the pykka host; the Ray host, two batch sizes
+    "pykka": {"host": "pykka"},
+    "ray": {"host": "ray"},
+    "ray_b4096": {"host": "ray", "signal_batch_size": 4096},
+}
 
 
-def opened(path: str | None, host: str) -> tuple[TidalDb, float]:
+def opened(path: str | None, host: str, **settings: Any) -> tuple[TidalDb, float]:
     t = time.perf_counter()
-    db = TidalDb.open(path, config=Config(ledger_shards=2, host=host))
+    db = TidalDb.open(path, config=Config(ledger_shards=2, host=host, **settings))
     return db, time.perf_counter() - t
 
 
-def ingest(path: str | None, host: str, signals: list[Any], cohorts: dict[int, Any]) -> float:
-    db, _ = opened(path, host)
+def ingest(
+    path: str | None, settings: dict[str, Any], signals: list[Any], cohorts: dict[int, Any]
+) -> float:
+    db, _ = opened(path, **settings)
     with db:
         for u, cs in cohorts.items():
             for c in cs:
@@ -67,7 +76,7 @@ def ingest(path: str | None, host: str, signals: list[Any], cohorts: dict[int, A
         db.flush()
         rate = len(signals) / (time.perf_counter() - t)
         got = db.stats()["signals"]
-        assert got == len(signals), (host, got)
+        assert got == len(signals), (settings, got)
     return rate
 
 
@@ -133,18 +142,19 @@ def main() -> None:
     try:
         opens: dict[str, list[float]] = {h: [] for h in HOSTS}
         for shape in ("ephemeral", "persistent"):
-            rates: dict[str, list[float]] = {h: [] for h in HOSTS}
+            rates: dict[str, list[float]] = {c: [] for c in CONTENDERS}
             for r in range(rounds):
-                for host in HOSTS:
+                for name, settings in CONTENDERS.items():
                     path = (
-                        os.path.join(tmp, f"{shape}-{host}-{r}") if shape == "persistent" else None
+                        os.path.join(tmp, f"{shape}-{name}-{r}") if shape == "persistent" else None
                     )
-                    rates[host].append(ingest(path, host, signals, cohorts))
-            for host in HOSTS:
-                out[f"{shape}_{host}_signals_per_s"] = statistics.median(rates[host])
-            out[f"{shape}_ray_per_pykka"] = statistics.median(
-                [a / b for a, b in zip(rates["ray"], rates["pykka"])]
-            )
+                    rates[name].append(ingest(path, settings, signals, cohorts))
+            for name in CONTENDERS:
+                out[f"{shape}_{name}_signals_per_s"] = statistics.median(rates[name])
+            for name in ("ray", "ray_b4096"):
+                out[f"{shape}_{name}_per_pykka"] = statistics.median(
+                    [a / b for a, b in zip(rates[name], rates["pykka"])]
+                )
         for _ in range(rounds):
             for host in HOSTS:
                 db, s = opened(None, host)
