@@ -18,7 +18,7 @@ from tidal_actors.facades._generated_blocking import BlockingOperations, ReadOnl
 from tidal_actors.facades.readonly import open_snapshot
 from tidal_actors.runtime.engine import Core, check_meta
 from tidal_actors.runtime.host import Host
-from tidal_actors.runtime.pykka_host import PykkaHost
+from tidal_actors.runtime.hosts import host_factory as runtime_host
 from tidal_actors.storage.lmdb_reader import SnapshotStore
 from tidal_actors.storage.protocol import Store
 from tidal_actors.storage.settings import settings_ops
@@ -68,7 +68,7 @@ def open_core(
             ops = settings_ops(config, restored.settings)
             if ops:
                 store.commit(ops)
-        factory = host_factory or PykkaHost
+        factory = host_factory or runtime_host(config)
         host = factory(config, clock, store.durable)
         return Core(config, clock, store, restored, host, buffered=buffered)
     except BaseException:
