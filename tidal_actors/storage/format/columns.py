@@ -36,7 +36,7 @@ pattern), every transform exact modulo 2**64:
 
 The encoder picks, per column, the transform whose items need the fewest bytes,
 plain on a tie (a ledger shard's writes skip the search: ``r`` and ``ts`` delta,
-the others plain). The codec is 0 when LZ4 does not make the body shorter.
+the others plain, ``ci`` as wide as the number of names needs, ``w`` in 4 bytes). The codec is 0 when LZ4 does not make the body shorter.
 Must not do I/O.
 """
 
@@ -92,6 +92,8 @@ _OUT: dict[str, np.dtype[Any]] = {
     "w": np.dtype("<f4"),
     "ts": np.dtype("<i8"),
 }
+_TARGET = {**_OUT, "w": np.dtype("<u4"), "r": np.dtype("<i8"), "u": np.dtype("<i8")}
+_TARGET.update({c: np.dtype("<i8") for c in ("e", "t", "ts")})
 _DELTAS: dict[str, tuple[int, ...]] = {"r": (_DELTA, _MDELTA), "m": (), "ci": (), "w": ()}
 _DELTAS.update({c: (_DELTA,) for c in ("u", "e", "t", "ts")})
 
@@ -182,7 +184,7 @@ def encode_v2(
     Args:
         names: the batch's cohort names, sorted; ``ci`` (ints, one per record)
             indexes them.
-        cols: ``m`` (u8), ``r`` (i64), ``u``, ``e``, ``t`` (u64), ``w`` (float32),
+        cols: ``m`` (u8, or one int for every record), ``r`` (i64), ``u``, ``e``, ``t`` (u64), ``w`` (float32),
             ``ts`` (i64, ns): array-likes of one length, that of ``ci``.
         contexts: record index -> context bytes, or None.
         level: 0 (``LEVEL_WRITE``): each column's transform fixed, LZ4's fast mode,
@@ -192,21 +194,35 @@ def encode_v2(
         one_shard: every record has the same ``m`` (the caller knows it).
     """
     n = len(ci)
-    m = np.asarray(cols["m"], dtype="<u1").astype(np.uint64)
     head = msgpack.packb([names, contexts or None])
     out: list[tuple[int, int, bytes]] = []
     search = level > 0
-    varied = n > 1 and not one_shard and m.max() != m.min()
     plain, delta = (_PLAIN,), ((_PLAIN, _DELTA) if search else (_DELTA,))
     if n < 2:
         delta = plain
-    _column(m, plain, m, out)
-    _column(np.asarray(ci, dtype=np.uint64), plain, m, out)
+    shard = cols["m"]
+    if isinstance(shard, int):  # one membership shard for every record
+        width = _uwidth(shard) if n else 0
+        out.append((width, 0, bytes((shard,)) * n if width else b""))
+        m = np.full(n, shard, dtype=np.uint64)
+        varied = False
+    else:
+        m = np.asarray(shard, dtype="<u1").astype(np.uint64)
+        varied = n > 1 and not one_shard and m.max() != m.min()
+        _column(m, plain, m, out)
+    if search:
+        _column(np.asarray(ci, dtype=np.uint64), plain, m, out)
+    else:  # the width the names need: no pass over the indexes
+        width = _uwidth(len(names) - 1) if n else 0
+        out.append((width, 0, np.asarray(ci).astype(_UDT[width]).tobytes() if width else b""))
     _column(_u64(cols["r"], "<i8"), delta + ((_MDELTA,) if varied else ()), m, out)
     for c in ("u", "e", "t"):
         _column(_u64(cols[c], "<u8"), delta if search else plain, m, out)
-    w = np.ascontiguousarray(np.asarray(cols["w"], dtype="<f4")).view("<u4")
-    _column(w.astype(np.uint64), plain, m, out)
+    w = np.ascontiguousarray(np.asarray(cols["w"], dtype="<f4"))
+    if search:
+        _column(w.view("<u4").astype(np.uint64), plain, m, out)
+    else:  # the float32 bits as they are
+        out.append((4 if n else 0, 0, w.tobytes()))
     _column(_u64(cols["ts"], "<i8"), delta, m, out)
     bases = [b for d, b, _ in out if d >> 4 != _PLAIN]
     body = b"".join(
@@ -327,66 +343,91 @@ def _pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
 
 def decode_columns(parsed: list[Parsed]) -> dict[str, np.ndarray]:
     """The columns of the batches ``parsed``, joined in their order: ``COLUMNS`` by
-    name, ``ci`` as u32 (indexes into each batch's own names), the others in the
-    types `encode_v2` takes. Done per (column, transform, width) over all batches at
-    once, so the cost per batch is a few Python steps, not numpy calls.
-
-    Raises:
-        ValueError: a cohort index past its batch's names.
+    name, ``ci`` indexes into each batch's own names (u8 when every batch has fewer
+    than 256 names, else u32), the others in the types `encode_v2` takes. Done per
+    (column, transform, width) over all batches at once, so the cost per batch is a
+    few Python steps, not numpy calls; a plain column stored at its full width is
+    a read-only view of the joined bytes, as a version 1 batch's columns are.
     """
     ns = np.array([p.n for p in parsed], dtype=np.int64)
     starts = np.zeros(len(parsed), dtype=np.int64)
     np.cumsum(ns[:-1], out=starts[1:])
     total = int(ns.sum())
+    wide_ci = any(len(p.names) >= 256 for p in parsed)
     out: dict[str, np.ndarray] = {}
     for j, name in enumerate(COLUMNS):
+        target = _TARGET[name] if name != "ci" or wide_ci else np.dtype(np.uint8)
         groups: dict[tuple[int, int], list[int]] = {}
         for i, p in enumerate(parsed):
             kind, width = p.cols[j][:2]
             groups.setdefault((kind, width), []).append(i)
-        res = np.zeros(total, dtype=np.int64 if _OUT[name].itemsize == 8 else np.uint32)
+        res: np.ndarray | None = None
         for (kind, width), idx in groups.items():
-            whole = len(idx) == len(parsed)
             seg = ns[idx]
-            if width:
-                raw = b"".join([parsed[i].cols[j][3] for i in idx])
-                dt = _UDT[width] if kind == _PLAIN else _SDT[width]
-                items = np.frombuffer(raw, dtype=dt).astype(res.dtype)
-            else:
-                items = np.zeros(int(seg.sum()), dtype=res.dtype)
-            if kind == _DELTA and len(items):
-                np.cumsum(items, out=items)
-                first = np.zeros(len(idx), dtype=np.int64)
-                np.cumsum(seg[:-1], out=first[1:])
-                before = np.where(seg > 0, items[np.maximum(first - 1, 0)], 0)
-                before[first == 0] = 0
-                bases = np.array([parsed[i].cols[j][2] for i in idx], dtype=np.int64)
-                items += np.repeat(bases - before, seg)
-            elif kind == _MDELTA:
-                m, at = out["m"], 0
-                for i, k in zip(idx, seg.tolist()):
-                    ms, d = m[starts[i] : starts[i] + k], items[at : at + k]
-                    for shard in np.unique(ms).tolist():
-                        sel = np.flatnonzero(ms == shard)
-                        d[sel] = np.cumsum(d[sel])
-                    d += parsed[i].cols[j][2]
-                    at += k
-            if whole:
+            items = _group(parsed, j, kind, width, idx, seg, target, starts, out)
+            if len(groups) == 1:
                 res = items
             else:
+                if res is None:
+                    res = np.empty(total, dtype=target)
                 pos = np.repeat(starts[idx] - np.r_[0, np.cumsum(seg)[:-1]], seg)
                 res[pos + np.arange(len(items))] = items
-        out[name] = _typed(name, res)
+        if res is None:
+            res = np.zeros(total, dtype=target)
+        out[name] = res.view(_OUT[name]) if name in ("w", "r", "u", "e", "t", "ts") else res
     return out
 
 
-def _typed(name: str, a: np.ndarray) -> np.ndarray:
-    dt = _OUT[name]
-    if name == "w":
-        return a.astype(np.uint32).view(dt)
-    if dt.itemsize == 8:
-        return a.view(dt)
-    return a.astype(dt) if name != "ci" else a
+def _group(
+    parsed: list[Parsed],
+    j: int,
+    kind: int,
+    width: int,
+    idx: list[int],
+    seg: np.ndarray,
+    target: np.dtype[Any],
+    starts: np.ndarray,
+    out: dict[str, np.ndarray],
+) -> np.ndarray:
+    """Column ``j`` of the batches ``idx`` (all of one transform and width), joined,
+    as ``target``."""
+    count = int(seg.sum())
+    if kind == _PLAIN:
+        if not width:
+            return np.zeros(count, dtype=target)
+        if width > target.itemsize:
+            raise ValueError(f"column {COLUMNS[j]}: width {width} for {target} values")
+        raw = b"".join([parsed[i].cols[j][3] for i in idx])
+        if width == target.itemsize:
+            return np.frombuffer(raw, dtype=target)
+        return np.frombuffer(raw, dtype=_UDT[width]).astype(target)
+    if width:
+        d = np.frombuffer(b"".join([parsed[i].cols[j][3] for i in idx]), dtype=_SDT[width])
+        v = np.cumsum(d, dtype=np.int64) if kind == _DELTA else d.astype(np.int64)
+    else:
+        v = np.zeros(count, dtype=np.int64)
+    bases = [parsed[i].cols[j][2] for i in idx]
+    if kind == _DELTA:
+        if len(idx) == 1:
+            v += bases[0]
+        elif count:
+            first = np.zeros(len(idx), dtype=np.int64)
+            np.cumsum(seg[:-1], out=first[1:])
+            before = np.zeros(len(idx), dtype=np.int64)
+            inner = first > 0
+            before[inner] = v[first[inner] - 1]
+            v += np.repeat(np.array(bases, dtype=np.int64) - before, seg)
+        return v
+    # transform 2 (r only): the cumulative sums restart at each batch and each shard
+    m, at = out["m"], 0
+    for i, k, base in zip(idx, seg.tolist(), bases):
+        ms, part = m[starts[i] : starts[i] + k], v[at : at + k]
+        for shard in np.unique(ms).tolist():
+            sel = np.flatnonzero(ms == shard)
+            part[sel] = np.cumsum(part[sel])
+        part += base
+        at += k
+    return v
 
 
 def decode_v2(

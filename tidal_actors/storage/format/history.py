@@ -73,12 +73,10 @@ def encode_history_columns(
     names = sorted(set(cs))
     pos = {c: i for i, c in enumerate(names)}
     ci = np.fromiter(map(pos.__getitem__, cs), dtype=np.int64, count=len(cs))
-    n = len(ci)
-    m = np.full(n, ms, dtype=np.uint8) if isinstance(ms, int) else ms
     return encode_v2(
         names,
         ci,
-        {"m": m, "r": rs, "u": us, "e": es, "t": ts_, "w": ws, "ts": tss},
+        {"m": ms, "r": rs, "u": us, "e": es, "t": ts_, "w": ws, "ts": tss},
         contexts,
         level,
         one_shard=isinstance(ms, int),
@@ -225,20 +223,25 @@ def _split_v2(
     """Decode the version 2 batches ``v2`` (index into ``items``, parsed) together
     and put each one's views into ``out``."""
     cols = decode_columns([p for _, p in v2])
+    ns = np.array([p.n for _, p in v2], dtype=np.int64)
+    full = np.flatnonzero(ns).tolist()
+    if full:  # every cohort index within its batch's names: one reduction for all
+        tops = np.maximum.reduceat(cols["ci"], (np.cumsum(ns) - ns)[full])
+        bad = np.flatnonzero(tops >= np.array([len(v2[k][1].names) for k in full]))
+        if len(bad):
+            shard, seq, _, key = items[v2[full[int(bad[0])]][0]]
+            exc = ValueError("a cohort index past the batch's cohort names")
+            raise undecodable(Keyspace.HISTORY, key or batch_key(shard, seq), exc)
     at = 0
     for i, p in v2:
         sl = slice(at, at + p.n)
         at += p.n
         ci = cols["ci"][sl]
-        if p.n and int(ci.max()) >= len(p.names):
-            shard, seq, _, key = items[i]
-            exc = ValueError(f"a cohort index past the batch's {len(p.names)} cohort names")
-            raise undecodable(Keyspace.HISTORY, key or batch_key(shard, seq), exc)
         out[i] = HistoryBatch(
             items[i][0],
             items[i][1],
             p.names,
-            ci.astype(np.uint8) if len(p.names) < 256 else ci,
+            ci if ci.dtype == np.uint8 or len(p.names) >= 256 else ci.astype(np.uint8),
             cols["m"][sl],
             cols["r"][sl],
             cols["u"][sl],
