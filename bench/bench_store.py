@@ -13,10 +13,11 @@ contribution records (default 5,000,000; ``--quick`` 600,000), default config
   leaves it, and after the close that follows, which writes the snapshot again);
   the history batches and blocks before and after;
 * encode and decode rates of the history, MB/s of the columns' own bytes (46 a
-  record: m 1, ci 1, r 8, u 8, e 8, t 8, w 4, ts 8): at a ledger's write (the
-  batches as written), at compaction's settings (the blocks), decoding the blocks
-  and the batches, beside the version 1 layout (a msgpack map of the raw columns,
-  the encoder that wrote it) encoding and decoding the same batches;
+  record: m 1, ci 1, r 8, u 8, e 8, t 8, w 4, ts 8): a ledger's write (the batches
+  as written, encoded from the columns a ledger hands over), beside the version 1
+  encoder (a msgpack map of the raw columns: the code that wrote it) fed the same;
+  compaction's settings a batch; decoding the batches in each layout and the
+  compacted blocks;
 * restore: the open after a clean close (the snapshot) and after a crash (the
   snapshot's mark removed: the history replayed), median of 3 opens each, on the
   store as written, on the compacted store, then on the compacted store with its
@@ -147,53 +148,73 @@ def restores(path: str, n: int = 3) -> tuple[float, float]:
 # -- the encodings --------------------------------------------------------------------------------
 
 
-def v1_payload(b: Any) -> bytes:
-    """The version 1 layout of batch ``b``: the encoder that wrote it (a msgpack map
-    of the raw little-endian columns)."""
+def v1_payload(cols: Any, contexts: Any) -> bytes:
+    """The version 1 layout of a ledger's batch: the encoder that wrote it (a msgpack
+    map of the raw little-endian columns), from the columns a ledger hands it."""
     import msgpack
+    import numpy as np
 
-    payload = {
-        "c": b.cohorts,
-        "ci": b.ci.tobytes(),
-        "m": b.m.tobytes(),
-        "r": b.r.tobytes(),
-        "u": b.u.tobytes(),
-        "e": b.e.tobytes(),
-        "t": b.t.tobytes(),
-        "w": b.w.tobytes(),
-        "ts": b.ts.tobytes(),
+    ms, rs, us, cs, es, ts_, ws, tss = cols
+    names = sorted(set(cs))
+    pos = {c: i for i, c in enumerate(names)}
+    ci = np.fromiter(map(pos.__getitem__, cs), dtype="<u1" if len(names) < 256 else "<u4")
+    payload: dict[str, Any] = {
+        "c": names,
+        "ci": ci.tobytes(),
+        "m": bytes([ms]) * len(cs) if isinstance(ms, int) else np.asarray(ms, "<u1").tobytes(),
+        "r": np.asarray(rs, dtype="<i8").tobytes(),
+        "u": np.asarray(us, dtype="<u8").tobytes(),
+        "e": np.asarray(es, dtype="<u8").tobytes(),
+        "t": np.asarray(ts_, dtype="<u8").tobytes(),
+        "w": np.asarray(ws, dtype="<f4").tobytes(),
+        "ts": np.asarray(tss, dtype="<i8").tobytes(),
     }
-    if b.contexts:
-        payload["x"] = b.contexts
+    if contexts:
+        payload["x"] = contexts
     out: bytes = msgpack.packb(payload)
     return out
 
 
+def ledger_columns(b: Any) -> tuple[Any, ...]:
+    """Batch ``b`` as a ledger hands it to the encoder: one membership shard number
+    (the workload has one), numpy columns, the cohort names a record."""
+    m = int(b.m[0]) if len(b.m) and (b.m == b.m[0]).all() else b.m
+    names = [b.cohorts[i] for i in b.ci.tolist()]
+    return (m, b.r, b.u, names, b.e, b.t, b.w, b.ts)
+
+
 def rates(items: list[tuple[bytes, bytes]], batches: list[Any]) -> dict[str, float]:
     """Encode and decode rates (MB/s of column bytes) over ``batches`` (decoded from
-    the store's history ``items``)."""
+    the store's history ``items``): a ledger's write (`encode_history_columns`) beside
+    the version 1 encoder fed the same columns, compaction's settings a batch, and
+    decoding each layout."""
     from tidal_actors.storage.format import (
         batch_key_shard_seq,
         decode_batches,
+        encode_history_columns,
         merged_payload,
         seal,
     )
-    from tidal_actors.storage.format.columns import LEVEL_COMPACT, LEVEL_WRITE
+    from tidal_actors.storage.format.columns import LEVEL_COMPACT
 
     mb = sum(len(b.r) for b in batches) * COLUMN_BYTES / 1e6
     out: dict[str, float] = {}
+    cols = [(ledger_columns(b), b.contexts) for b in batches]
 
     def timed(fn: Any) -> tuple[float, Any]:
         t = time.perf_counter()
         got = fn()
         return time.perf_counter() - t, got
 
-    s, v2 = timed(lambda: [merged_payload([(b, None)], LEVEL_WRITE) for b in batches])
+    s, v2 = timed(lambda: [encode_history_columns(c, x) for c, x in cols])
     out["encode_write_mb_s"] = mb / s
+    s, v1 = timed(lambda: [v1_payload(c, x) for c, x in cols])
+    out["encode_version_1_mb_s"] = mb / s
+    out["encode_write_over_version_1_time"] = (
+        out["encode_version_1_mb_s"] / out["encode_write_mb_s"]
+    )
     s, _ = timed(lambda: [merged_payload([(b, None)], LEVEL_COMPACT) for b in batches])
     out["encode_compact_settings_per_batch_mb_s"] = mb / s
-    s, v1 = timed(lambda: [v1_payload(b) for b in batches])
-    out["encode_version_1_mb_s"] = mb / s
     keys = [k for k, _ in items]
 
     def decode(payloads: list[bytes]) -> Any:
@@ -265,12 +286,15 @@ def run(records: int) -> dict[str, float]:
             bs = decode_batches([(*batch_key_shard_seq(k), v, k) for k, v in blocks])
             with env.begin(write=True, db=hdb) as txn:
                 for (k, _), b in zip(blocks, bs):
-                    txn.put(k, seal(k, v1_payload(b)))
+                    txn.put(k, seal(k, v1_payload(ledger_columns(b), b.contexts)))
         finally:
             env.close()
+        hb, _ = history_stat(path)  # the same blocks in version 1 (free pages not counted)
+        out["history_bytes_per_record_version_1"] = hb / n
         out["restore_clean_version_1_history_s"], out["restore_crash_version_1_history_s"] = (
             restores(path)
         )
+
         out["restore_crash_version_2_over_version_1"] = (
             out["restore_crash_s"] / out["restore_crash_version_1_history_s"]
         )

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import lz4.block
 import msgpack
@@ -145,7 +145,7 @@ def _mdeltas(v: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 
 def _column(
-    v: np.ndarray, kinds: tuple[int, ...], m: np.ndarray, out: list[tuple[int, int, bytes]]
+    v: np.ndarray, kinds: tuple[int, ...], m: np.ndarray | None, out: list[tuple[int, int, bytes]]
 ) -> None:
     """Append column ``v`` (u64) to ``out`` as ``(descriptor, base, items)``, in the
     transform of ``kinds`` whose items are narrowest (the first on a tie)."""
@@ -154,7 +154,8 @@ def _column(
         if kind == _PLAIN:
             items, w = v, _uwidth(int(v.max())) if len(v) else 0
         else:
-            items = _deltas(v) if kind == _DELTA else _mdeltas(v, m)
+            assert kind == _DELTA or m is not None
+            items = _deltas(v) if kind == _DELTA else _mdeltas(v, cast(np.ndarray, m))
             w = _swidth(int(items.min()), int(items.max()))
         if best is None or w < best[0]:
             best = (w, kind, items)
@@ -168,7 +169,8 @@ def _column(
 
 
 def _u64(a: Any, dtype: str) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(a, dtype=dtype)).view(np.uint64)
+    out: np.ndarray = np.asarray(a, dtype=dtype).view(np.uint64)  # 8-byte items: any layout
+    return out
 
 
 def encode_v2(
@@ -204,14 +206,14 @@ def encode_v2(
     if isinstance(shard, int):  # one membership shard for every record
         width = _uwidth(shard) if n else 0
         out.append((width, 0, bytes((shard,)) * n if width else b""))
-        m = np.full(n, shard, dtype=np.uint64)
+        m = None
         varied = False
     else:
         m = np.asarray(shard, dtype="<u1").astype(np.uint64)
         varied = n > 1 and not one_shard and m.max() != m.min()
         _column(m, plain, m, out)
     if search:
-        _column(np.asarray(ci, dtype=np.uint64), plain, m, out)
+        _column(np.asarray(ci, dtype=np.uint64), plain, None, out)
     else:  # the width the names need: no pass over the indexes
         width = _uwidth(len(names) - 1) if n else 0
         out.append((width, 0, np.asarray(ci).astype(_UDT[width]).tobytes() if width else b""))
@@ -220,7 +222,7 @@ def encode_v2(
         _column(_u64(cols[c], "<u8"), delta if search else plain, m, out)
     w = np.ascontiguousarray(np.asarray(cols["w"], dtype="<f4"))
     if search:
-        _column(w.view("<u4").astype(np.uint64), plain, m, out)
+        _column(w.view("<u4").astype(np.uint64), plain, None, out)
     else:  # the float32 bits as they are
         out.append((4 if n else 0, 0, w.tobytes()))
     _column(_u64(cols["ts"], "<i8"), delta, m, out)
