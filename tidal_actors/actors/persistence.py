@@ -170,6 +170,9 @@ class Persistence(Behaviour):
         the history batches (`storage.history_compact`); then compact the file."""
         self.commit()
         cfg = self.ctx.config
+        check = getattr(self.store, "check_compact", None)  # LMDB: a refusal changes nothing
+        if check is not None:
+            check()
         if self.store.durable:
             from tidal_actors.storage.history_compact import compact_history_ops
             from tidal_actors.storage.rematerialize import retention_ops
