@@ -13,6 +13,9 @@ segment (`push_newest`, vectorized over a batch's keys); a segment that is full 
 to the next power of two in size, and the old one is kept for reuse (free segments by
 size). Segment sizes are powers of two (`_room`), except the exact ones `load_sorted`
 hands out, so a freed segment fits the next key that grows to it or is summed again.
+Keys that grow together leave sizes no key asks for again: once the free segments
+hold more than half as many rows as the keys' segments, every segment moves down into
+one block (`_compact_if_sparse`).
 No Python object per bucket: 40 bytes a bucket plus the segments' spare room, and
 nothing the cyclic GC walks (the free lists are a dict of ``array`` objects, which
 hold no references).
@@ -43,6 +46,7 @@ OLDER_COLUMNS: dict[str, type[np.generic]] = {
     "tmax": np.int64,
 }
 _FIRST_CAP = 2  # rows a key's first segment holds
+COMPACT_FROM = 1024  # rows handed out below which free segments are left as they are
 
 
 def _room(n: int) -> int:
@@ -55,7 +59,19 @@ def _room(n: int) -> int:
 class OlderBuckets:
     """The earlier buckets of every key of one shard's aggregates (see the module)."""
 
-    __slots__ = ("_free", "_top", "b", "cap", "count", "fd", "length", "start", "tmax", "wsum")
+    __slots__ = (
+        "_free",
+        "_free_rows",
+        "_top",
+        "b",
+        "cap",
+        "count",
+        "fd",
+        "length",
+        "start",
+        "tmax",
+        "wsum",
+    )
 
     b: npt.NDArray[np.int64]
     count: npt.NDArray[np.int64]
@@ -72,6 +88,7 @@ class OlderBuckets:
         self.cap = np.zeros(0, np.int64)
         self._top = 0  # rows of the columns handed out to segments so far
         self._free: dict[int, array[int]] = {}  # segment size -> starts of free ones
+        self._free_rows = 0  # rows in free segments
 
     # -- room --------------------------------------------------------------------------
 
@@ -97,9 +114,34 @@ class OlderBuckets:
             col[:have] = getattr(self, name)
             setattr(self, name, col)
 
+    def _compact_if_sparse(self) -> None:
+        """When the free segments hold more than half as many rows as the keys'
+        segments (keys that grew together leave their smaller segments behind, and
+        no key asks for that size again), move every key's segment down into one
+        block and drop the free ones."""
+        held = self._top - self._free_rows
+        if self._top < COMPACT_FROM or 2 * self._free_rows <= held:
+            return
+        ks = np.flatnonzero(self.cap)
+        caps, lens = self.cap[ks], self.length[ks]
+        starts = np.cumsum(caps) - caps
+        offs = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        src = np.repeat(self.start[ks], lens) + offs
+        dst = np.repeat(starts, lens) + offs
+        size = max(1024, held + held // 2)
+        for name, dtype in OLDER_COLUMNS.items():
+            col = np.zeros(size, dtype)
+            col[dst] = getattr(self, name)[src]
+            setattr(self, name, col)
+        self.start[ks] = starts
+        self._top = held
+        self._free = {}
+        self._free_rows = 0
+
     def _alloc(self, cap: int) -> int:
         free = self._free.get(cap)
         if free:
+            self._free_rows -= cap
             return free.pop()
         at = self._top
         self._top = at + cap
@@ -110,6 +152,7 @@ class OlderBuckets:
         cap = int(self.cap[k])
         if cap:
             self._free.setdefault(cap, array("q")).append(int(self.start[k]))
+            self._free_rows += cap
         self.length[k] = self.cap[k] = 0
 
     def _move(self, k: int, cap: int) -> int:
@@ -138,6 +181,7 @@ class OlderBuckets:
             take = len(at)
             starts[at] = np.array(free[len(free) - take :], dtype=np.int64)
             del free[len(free) - take :]
+            self._free_rows -= take * cap
             todo[at] = False
         if todo.any():
             c = caps[todo]
@@ -166,8 +210,10 @@ class OlderBuckets:
         old = self.cap[ks]
         for cap in np.unique(old[old > 0]).tolist():
             self._free.setdefault(cap, array("q")).extend(self.start[ks[old == cap]].tolist())
+        self._free_rows += int(old.sum())
         self.start[ks] = starts
         self.cap[ks] = caps
+        self._compact_if_sparse()
 
     # -- reading -----------------------------------------------------------------------
 
