@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidal_actors.core import older_buckets
+from tidal_actors.core import segments
 from tidal_actors.core.older_buckets import OlderBuckets
 
 KEYS = st.integers(0, 12)
@@ -80,12 +80,12 @@ def test_older_buckets_match_a_dict_model(ops: list[tuple]) -> None:  # type: ig
 @given(st.lists(OPS, max_size=60))
 def test_older_buckets_match_a_dict_model_compacting_at_once(ops: list[tuple]) -> None:  # type: ignore[type-arg]
     """The same, with segments moved down whenever the free ones are sparse enough."""
-    saved = older_buckets.COMPACT_FROM
-    older_buckets.COMPACT_FROM = 0
+    saved = segments.COMPACT_FROM
+    segments.COMPACT_FROM = 0
     try:
         _check_against_the_model(ops)
     finally:
-        older_buckets.COMPACT_FROM = saved
+        segments.COMPACT_FROM = saved
 
 
 def _check_against_the_model(ops: list[tuple]) -> None:  # type: ignore[type-arg]

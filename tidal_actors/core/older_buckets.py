@@ -6,19 +6,11 @@ per (key, bucket) in five numpy columns, ``b`` (bucket index, ``t // width``),
 ``count``, ``wsum`` (weight sum), ``fd`` (forward-decayed sum against the key's
 landmark) and ``tmax`` (latest timestamp in the bucket, ns).
 
-Layout: the rows of key ``k`` are one segment of the columns, ``start[k] ..
-start[k] + length[k]``, sorted by ``b``, with room for ``cap[k]`` rows. A key's
+Layout: the rows of key ``k`` are one segment of the columns (`segments.Segments`:
+how segments are handed out, moved, reused and compacted), sorted by ``b``. A key's
 latest bucket moves here when a newer one opens, so it always goes to the end of the
-segment (`push_newest`, vectorized over a batch's keys); a segment that is full moves
-to the next power of two in size, and the old one is kept for reuse (free segments by
-size). Segment sizes are powers of two (`_room`), except the exact ones `load_sorted`
-hands out, so a freed segment fits the next key that grows to it or is summed again.
-Keys that grow together leave sizes no key asks for again: once the free segments
-hold more than half as many rows as the keys' segments, every segment moves down into
-one block (`_compact_if_sparse`).
-No Python object per bucket: 40 bytes a bucket plus the segments' spare room, and
-nothing the cyclic GC walks (the free lists are a dict of ``array`` objects, which
-hold no references).
+segment (`push_newest`, vectorized over a batch's keys). No Python object per bucket:
+40 bytes a bucket plus the segments' spare room, and nothing the cyclic GC walks.
 
 No threads, no I/O.
 """
@@ -26,12 +18,13 @@ No threads, no I/O.
 from __future__ import annotations
 
 import bisect
-from array import array
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from tidal_actors.core.segments import Segments, room
 
 __all__ = ["OLDER_COLUMNS", "OlderBucket", "OlderBuckets"]
 
@@ -45,175 +38,20 @@ OLDER_COLUMNS: dict[str, type[np.generic]] = {
     "fd": np.float64,
     "tmax": np.int64,
 }
-_FIRST_CAP = 2  # rows a key's first segment holds
-COMPACT_FROM = 1024  # rows handed out below which free segments are left as they are
 
 
-def _room(n: int) -> int:
-    """Rows of the segment that holds ``n`` rows: the least power of two at least
-    ``n`` and ``_FIRST_CAP``. Sizes from one short list, so a freed segment is reused
-    by the next key that needs that size."""
-    return max(_FIRST_CAP, 1 << (n - 1).bit_length())
-
-
-class OlderBuckets:
+class OlderBuckets(Segments):
     """The earlier buckets of every key of one shard's aggregates (see the module)."""
 
-    __slots__ = (
-        "_free",
-        "_free_rows",
-        "_top",
-        "b",
-        "cap",
-        "count",
-        "fd",
-        "length",
-        "start",
-        "tmax",
-        "wsum",
-    )
+    __slots__ = ("b", "count", "fd", "tmax", "wsum")
+
+    COLUMNS = OLDER_COLUMNS
 
     b: npt.NDArray[np.int64]
     count: npt.NDArray[np.int64]
     wsum: npt.NDArray[np.float64]
     fd: npt.NDArray[np.float64]
     tmax: npt.NDArray[np.int64]
-
-    def __init__(self) -> None:
-        for name, dtype in OLDER_COLUMNS.items():
-            setattr(self, name, np.zeros(0, dtype))
-        # per key id: its segment's first row, rows used and rows of room
-        self.start = np.zeros(0, np.int64)
-        self.length = np.zeros(0, np.int64)
-        self.cap = np.zeros(0, np.int64)
-        self._top = 0  # rows of the columns handed out to segments so far
-        self._free: dict[int, array[int]] = {}  # segment size -> starts of free ones
-        self._free_rows = 0  # rows in free segments
-
-    # -- room --------------------------------------------------------------------------
-
-    def _keys(self, n: int) -> None:
-        """Make the per-key arrays hold key ids below ``n``."""
-        have = len(self.length)
-        if n <= have:
-            return
-        size = max(n, have + have // 2, 1024)
-        for name in ("start", "length", "cap"):
-            col = np.zeros(size, np.int64)
-            col[:have] = getattr(self, name)
-            setattr(self, name, col)
-
-    def _rows(self, n: int) -> None:
-        """Make the columns hold rows below ``n``."""
-        have = len(self.b)
-        if n <= have:
-            return
-        size = max(n, have + have // 2, 1024)
-        for name, dtype in OLDER_COLUMNS.items():
-            col = np.zeros(size, dtype)
-            col[:have] = getattr(self, name)
-            setattr(self, name, col)
-
-    def _compact_if_sparse(self) -> None:
-        """When the free segments hold more than half as many rows as the keys'
-        segments (keys that grew together leave their smaller segments behind, and
-        no key asks for that size again), move every key's segment down into one
-        block and drop the free ones."""
-        held = self._top - self._free_rows
-        if self._top < COMPACT_FROM or 2 * self._free_rows <= held:
-            return
-        ks = np.flatnonzero(self.cap)
-        caps, lens = self.cap[ks], self.length[ks]
-        starts = np.cumsum(caps) - caps
-        offs = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-        src = np.repeat(self.start[ks], lens) + offs
-        dst = np.repeat(starts, lens) + offs
-        size = max(1024, held + held // 2)
-        for name, dtype in OLDER_COLUMNS.items():
-            col = np.zeros(size, dtype)
-            col[dst] = getattr(self, name)[src]
-            setattr(self, name, col)
-        self.start[ks] = starts
-        self._top = held
-        self._free = {}
-        self._free_rows = 0
-
-    def _alloc(self, cap: int) -> int:
-        free = self._free.get(cap)
-        if free:
-            self._free_rows -= cap
-            return free.pop()
-        at = self._top
-        self._top = at + cap
-        self._rows(self._top)
-        return at
-
-    def _release(self, k: int) -> None:
-        cap = int(self.cap[k])
-        if cap:
-            self._free.setdefault(cap, array("q")).append(int(self.start[k]))
-            self._free_rows += cap
-        self.length[k] = self.cap[k] = 0
-
-    def _move(self, k: int, cap: int) -> int:
-        """Move key ``k``'s rows to a segment of ``cap`` rows; returns its start."""
-        at = self._alloc(cap)
-        n = int(self.length[k])
-        if n:
-            s = int(self.start[k])
-            for name in OLDER_COLUMNS:
-                col = getattr(self, name)
-                col[at : at + n] = col[s : s + n]
-        self._release(k)
-        self.start[k], self.length[k], self.cap[k] = at, n, cap
-        return at
-
-    def _alloc_many(self, caps: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Segments of ``caps`` rows each: free ones of the same size first, the rest
-        handed out in one block."""
-        starts = np.empty(len(caps), dtype=np.int64)
-        todo = np.ones(len(caps), dtype=bool)
-        for cap in np.unique(caps).tolist():
-            free = self._free.get(cap)
-            if not free:
-                continue
-            at = np.flatnonzero(caps == cap)[: len(free)]
-            take = len(at)
-            starts[at] = np.array(free[len(free) - take :], dtype=np.int64)
-            del free[len(free) - take :]
-            self._free_rows -= take * cap
-            todo[at] = False
-        if todo.any():
-            c = caps[todo]
-            ends = self._top + np.cumsum(c)
-            starts[todo] = ends - c
-            self._top = int(ends[-1])
-            self._rows(self._top)
-        return starts
-
-    def _move_many(self, ks: npt.NDArray[np.int64]) -> None:
-        """`_move` of keys ``ks`` (distinct) to segments of ``_room(length + 1)`` rows,
-        at once."""
-        lens = self.length[ks]
-        # 1 << bit_length(n): the least power of two above n (frexp: n = m * 2**e,
-        # 0.5 <= m < 1, exact for n < 2**53)
-        caps = np.maximum(np.left_shift(1, np.frexp(lens.astype(np.float64))[1]), _FIRST_CAP)
-        caps = caps.astype(np.int64)
-        starts = self._alloc_many(caps)
-        if lens.any():
-            offs = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-            src = np.repeat(self.start[ks], lens) + offs
-            dst = np.repeat(starts, lens) + offs
-            for name in OLDER_COLUMNS:
-                col = getattr(self, name)
-                col[dst] = col[src]
-        old = self.cap[ks]
-        for cap in np.unique(old[old > 0]).tolist():
-            self._free.setdefault(cap, array("q")).extend(self.start[ks[old == cap]].tolist())
-        self._free_rows += int(old.sum())
-        self.start[ks] = starts
-        self.cap[ks] = caps
-        self._compact_if_sparse()
 
     # -- reading -----------------------------------------------------------------------
 
@@ -308,7 +146,7 @@ class OlderBuckets:
             n = int(self.length[k])
             if n == int(self.cap[k]):
                 i = row - int(self.start[k])
-                row = self._move(k, _room(n + 1)) + i
+                row = self._move(k, room(n + 1)) + i
             end = int(self.start[k]) + n
             for name in OLDER_COLUMNS:
                 col = getattr(self, name)
@@ -352,7 +190,7 @@ class OlderBuckets:
         n = len(buckets)
         if not n:
             return
-        cap = _room(n)
+        cap = room(n)
         at = self._alloc(cap)
         bs = sorted(buckets)
         self.b[at : at + n] = bs
