@@ -29,7 +29,7 @@ from .conftest import SEC, T0
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(
-    not HAS_RAY, reason="Ray is not installed: pip install 'tidal-actors[ray]'"
+    not HAS_RAY, reason="Ray is not installed: pip install -e '.[ray]' (the ray extra)"
 )
 SCENARIOS = Path(__file__).resolve().parent.parent / "tidal_actors" / "scenarios"
 
@@ -95,7 +95,7 @@ def test_host_ray_without_ray_says_what_to_install(monkeypatch: pytest.MonkeyPat
     )
     with pytest.raises(InvalidArgument) as err:
         TidalDb.open(config=Config(host="ray"))
-    assert err.value.field == "host" and "pip install 'tidal-actors[ray]'" in str(err.value)
+    assert err.value.field == "host" and "pip install -e '.[ray]'" in str(err.value)
 
 
 def test_the_cli_refuses_an_unknown_host() -> None:
