@@ -163,8 +163,11 @@ class HistoryReader:
         seen: dict[tuple[int, int], int] = {}
         for keys in by_shard.values():
             for i in range(0, len(keys), 64):
-                past = True  # no record of these batches is below its shard's bound
-                for b in self.batches(keys[i : i + 64]):
+                chunk = self.batches(keys[i : i + 64])
+                # no record of these batches is below its shard's bound; a key gone
+                # since the listing had its records merged into a later key's block
+                past = len(chunk) == len(keys[i : i + 64])
+                for b in chunk:
                     bound = np.zeros(len(b.r), dtype=np.int64)
                     for m, top in settled_upto.items():
                         bound[b.m == m] = top

@@ -108,12 +108,15 @@ class RematJob:
     def _fold_history(self, keys: list[bytes]) -> bool:
         """Fold the settled records of the batches at ``keys``; False once this
         shard's batches have passed every settled record (rseqs grow batch by batch
-        within a membership shard, so no later batch of this shard holds one)."""
+        within a membership shard, so no later batch of this shard holds one). A key
+        gone since the listing had its records merged into a later key's block by a
+        compaction (`storage.history_compact`): the later keys are read then."""
         history = self.history
         assert history is not None
         rebuild = self.rebuild
-        go_on = False
-        for b in history.batches(keys):
+        batches = history.batches(keys)
+        go_on = len(batches) < len(keys)
+        for b in batches:
             settled = settled_mask(b, rebuild.settled_upto)
             if b.shard != history.shard or settled.any():
                 go_on = True
