@@ -5,14 +5,23 @@ reference model (which keeps every record) or from a plain computation."""
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from tidal_actors import COMMUNITY, Config, ManualClock, TidalDb
 from tidal_actors.core import states as _behaviours
+from tidal_actors.storage import lmdb_compact
+from tidal_actors.storage import rematerialize as remat_mod
+from tidal_actors.storage.format import decode_batches
 from tidal_actors.storage.history import HistoryReader
 from tidal_actors.storage.history_compact import compact_history_ops
 from tidal_actors.testing import ReferenceModel
 
+from . import _crash_worker as W
 from .conftest import SEC, T0
 
 CFG = Config(
@@ -99,3 +108,215 @@ def test_a_rematerialization_while_a_compaction_merges_reads_every_settled_recor
             want = [r for r in _rows(never, at) if r[0] in ("c", COMMUNITY)]
             assert got == want, at
     assert compact_after_listing and compact_after_listing[0] >= FLUSHED
+
+
+# -- a crash (SIGKILL) inside compact() ----------------------------------------------
+
+CRASH_CFG: dict[str, Any] = {
+    "ledger_shards": 2,
+    "max_contribution_log_entries": 8,
+    "rematerialize_after_ms": None,
+    "half_life_ns": 50 * SEC,
+    "window_width_ns": 10 * SEC,
+    "window_buckets": 3,
+}
+
+
+def _crash_workload(m: Any, db: Any = None) -> None:
+    """Users 1..4 in "c" and "d"; 72 signals, a few with contexts, flushed every 6."""
+    for u in (1, 2, 3, 4):
+        m.assign_cohort(u, "c")
+        m.assign_cohort(u, "d" if u % 2 else "c")
+    for i in range(72):
+        ctx = {"i": i, (1, 2): "t"} if i % 7 == 0 else None
+        m.signal_with_context(1 + i % 4, i % 5, 1 + i % 2, 0.5 + i % 6, T0 + i * SEC // 3, ctx)
+        if db is not None and i % 6 == 5:
+            db.flush()
+
+
+def _kill(db: Any, point: str) -> None:
+    """Leave a mark beside the store naming the point reached, then die."""
+    Path(db._core.store.path).with_name(f"killed-{point}").touch()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _compact_and_die_history_merge(db: Any) -> None:
+    _behaviours.SETTLE_MIN = 1
+    _crash_workload(db, db)
+    store = db._core.store
+    commit = store.commit
+
+    def dying(ops: Any) -> None:
+        ops = list(ops)
+        commit(ops)
+        if ops and all(o[0] == "history" for o in ops) and any(o[2] is None for o in ops):
+            _kill(db, "history_merge")
+
+    store.commit = dying
+    db.compact()
+
+
+def _compact_and_die_in_file_step(db: Any, step: str) -> None:
+    _behaviours.SETTLE_MIN = 1
+    _crash_workload(db, db)
+    store = db._core.store
+    fsync = lmdb_compact.fsync_path
+
+    def dying_fsync(path: Path, directory: bool = False) -> None:
+        fsync(path, directory)
+        if (step == "copied" and not directory) or (step == "replaced" and directory):
+            _kill(db, step)
+
+    lmdb_compact.fsync_path = dying_fsync  # type: ignore[assignment]
+    if step == "invalidated":
+        probe = store._probe
+        invalidate = probe.invalidate
+
+        def dying_invalidate() -> None:
+            invalidate()
+            _kill(db, step)
+
+        probe.invalidate = dying_invalidate
+    db.compact()
+
+
+def _compact_and_die_copied(db: Any) -> None:
+    _compact_and_die_in_file_step(db, "copied")
+
+
+def _compact_and_die_invalidated(db: Any) -> None:
+    _compact_and_die_in_file_step(db, "invalidated")
+
+
+def _compact_and_die_replaced(db: Any) -> None:
+    _compact_and_die_in_file_step(db, "replaced")
+
+
+CRASH_READS = [T0 + 30 * SEC, T0 + 5 * SEC + 1, T0 + 11 * SEC, T0 + 17 * SEC + SEC // 2]
+
+
+def _same(db: Any, ref: Any) -> None:
+    for at in CRASH_READS:
+        assert _rows(db, at) == _rows(ref, at), at
+
+
+@pytest.fixture(scope="module")
+def mp():
+    return W.forkserver()
+
+
+@pytest.mark.parametrize("point", ["history_merge", "copied", "invalidated", "replaced"])
+def test_a_crash_inside_compact_loses_nothing_and_a_purge_after_it_is_exact(
+    mp, tmp_path, settle_at_once, point
+):
+    path = str(tmp_path / "db")
+    scenario = f"tests.test_store_adversarial:_compact_and_die_{point}"
+    p = mp.Process(target=W.run_and_die, args=(path, scenario, T0, CRASH_CFG))
+    p.start()
+    p.join(60)
+    assert p.exitcode == -9
+    assert (tmp_path / f"killed-{point}").exists()  # died at that point, not after
+    cfg = Config(**CRASH_CFG)
+    ref = ReferenceModel(cfg, ManualClock(T0))
+    _crash_workload(ref)
+    with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
+        _same(db, ref)
+        db.compact()
+        _same(db, ref)
+        for cohort in ("c", COMMUNITY):
+            db.request_community_purge(1, cohort)
+            ref.request_community_purge(1, cohort)
+            db.rematerialize(cohort)
+            ref.rematerialize(cohort)
+        _same(db, ref)
+        db.compact()
+        users = _history_users(db)
+        assert 1 not in users["c"] and 1 not in users[COMMUNITY] and 1 in users["d"]
+        _same(db, ref)
+    with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
+        _same(db, ref)
+
+
+def _history_users(db: Any) -> dict[str, set[int]]:
+    """cohort -> users of its records in the stored history (decoded)."""
+    store = db._core.store
+    out: dict[str, set[int]] = {}
+    for b in decode_batches([(0, 0, v, k) for k, v in store.history_items()]):
+        for ci, u in zip(b.ci.tolist(), b.u.tolist()):
+            out.setdefault(b.cohorts[ci], set()).add(u)
+    return out
+
+
+# -- a crash (SIGKILL) in a purge's erasure of the history -------------------------
+
+
+def _erasure_workload(m: Any, db: Any = None) -> None:
+    """`_crash_workload`, a compaction (merged blocks), 24 more signals (batches
+    not merged), then user 1 purged from "c": its records span both."""
+    _crash_workload(m, db)
+    if db is not None:
+        db.compact()
+    for i in range(72, 96):
+        m.signal_with_context(1 + i % 4, i % 5, 1 + i % 2, 0.5 + i % 6, T0 + i * SEC // 3)
+        if db is not None and i % 6 == 5:
+            db.flush()
+    m.request_community_purge(1, "c")
+
+
+def _erase_and_die(db: Any, after: bool) -> None:
+    _behaviours.SETTLE_MIN = 1
+    _erasure_workload(db, db)
+    store = db._core.store
+    erase, commit = remat_mod.erase_history_ops, store.commit
+    erasing: list[int] = []
+
+    def dying_erase(*args: Any) -> Any:
+        ops, n = erase(*args)
+        assert n > 0
+        if not after:
+            _kill(db, "erase-before")
+        erasing.append(n)
+        return ops, n
+
+    def dying_commit(ops: Any) -> None:
+        commit(ops)
+        if erasing:
+            _kill(db, "erase-after")
+
+    remat_mod.erase_history_ops = dying_erase
+    store.commit = dying_commit
+    db.rematerialize("c")
+
+
+def _erase_and_die_before(db: Any) -> None:
+    _erase_and_die(db, after=False)
+
+
+def _erase_and_die_after(db: Any) -> None:
+    _erase_and_die(db, after=True)
+
+
+@pytest.mark.parametrize("point", ["before", "after"])
+def test_a_crash_in_a_purges_erasure_of_merged_and_unmerged_batches(
+    mp, tmp_path, settle_at_once, point
+):
+    path = str(tmp_path / "db")
+    scenario = f"tests.test_store_adversarial:_erase_and_die_{point}"
+    p = mp.Process(target=W.run_and_die, args=(path, scenario, T0, CRASH_CFG))
+    p.start()
+    p.join(60)
+    assert p.exitcode == -9
+    assert (tmp_path / f"killed-erase-{point}").exists()
+    cfg = Config(**CRASH_CFG)
+    ref = ReferenceModel(cfg, ManualClock(T0))
+    _erasure_workload(ref)
+    ref.rematerialize("c")
+    with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
+        db.rematerialize("c")  # done already (after) or resumed (before)
+        _same(db, ref)
+        db.compact()
+        users = _history_users(db)
+        assert 1 not in users["c"] and 1 in users[COMMUNITY]
+        _same(db, ref)
+    with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
+        _same(db, ref)
