@@ -13,16 +13,18 @@ from typing import Any
 import pytest
 
 from tidal_actors import COMMUNITY, Config, ManualClock, TidalDb
+from tidal_actors._errors import StorageError
 from tidal_actors.core import states as _behaviours
 from tidal_actors.storage import lmdb_compact
 from tidal_actors.storage import rematerialize as remat_mod
-from tidal_actors.storage.format import decode_batches
+from tidal_actors.storage.format import decode_batches, seal, unseal
 from tidal_actors.storage.history import HistoryReader
 from tidal_actors.storage.history_compact import compact_history_ops
 from tidal_actors.testing import ReferenceModel
 
 from . import _crash_worker as W
 from .conftest import SEC, T0
+from .test_store_safety import _entries, _rewrite
 
 CFG = Config(
     half_life_ns=50 * SEC,
@@ -320,3 +322,45 @@ def test_a_crash_in_a_purges_erasure_of_merged_and_unmerged_batches(
         _same(db, ref)
     with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
         _same(db, ref)
+
+
+# -- corrupt or truncated history values under compact() ----------------------------
+
+
+def _sealed_cut(key: bytes, value: bytes) -> bytes:
+    """The value's payload cut short by 5 bytes, sealed again (its CRC-32 right)."""
+    return seal(key, bytes(unseal(value, "history", key))[:-5])
+
+
+CORRUPTIONS = {
+    "flipped": lambda k, v: v[:-3] + bytes([v[-3] ^ 0x10]) + v[-2:],
+    "truncated": lambda k, v: v[: len(v) // 2],
+    "sealed-cut": _sealed_cut,
+    "sealed-version-9": lambda k, v: seal(k, b"\x09" + bytes(unseal(v, "history", k))[1:]),
+}
+
+
+@pytest.mark.parametrize("how", sorted(CORRUPTIONS))
+@pytest.mark.parametrize("retention", [None, 10**9 * 3600])
+def test_compact_over_a_corrupt_history_value_names_the_key_and_changes_nothing(
+    tmp_path, how, retention
+):
+    path = tmp_path / "s"
+    cfg = Config(**{**CRASH_CFG, "history_retention_ns": retention})
+    ref = ReferenceModel(cfg, ManualClock(T0))
+    _crash_workload(ref)
+    with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
+        _crash_workload(db, db)
+    history = _entries(path)["history"]
+    key = sorted(history)[len(history) // 2]
+    _rewrite(path, [("history", key, CORRUPTIONS[how](key, history[key]))])
+    before = _entries(path)
+    with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:  # from the snapshot
+        with pytest.raises(StorageError, match=key.hex()):
+            db.compact()
+        # a read after every record needs no history (one inside a bucket reads it)
+        assert _rows(db, CRASH_READS[0]) == _rows(ref, CRASH_READS[0])
+    after = _entries(path)
+    assert {ks: v for ks, v in after.items() if ks != "meta"} == {
+        ks: v for ks, v in before.items() if ks != "meta"
+    }
