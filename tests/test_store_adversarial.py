@@ -5,8 +5,13 @@ reference model (which keeps every record) or from a plain computation."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,7 @@ from tidal_actors.testing import ReferenceModel
 
 from . import _crash_worker as W
 from .conftest import SEC, T0
+from .test_cli import ROOT
 from .test_store_safety import _entries, _rewrite
 
 CFG = Config(
@@ -364,3 +370,73 @@ def test_compact_over_a_corrupt_history_value_names_the_key_and_changes_nothing(
     assert {ks: v for ks, v in after.items() if ks != "meta"} == {
         ks: v for ks, v in before.items() if ks != "meta"
     }
+
+
+# -- another process reading the store while compact() runs --------------------------
+
+READER = """
+import json, sys
+from tidal_actors import Config, ManualClock, TidalDb
+path, times = sys.argv[1], json.loads(sys.argv[2])
+with TidalDb.open(path, read_only=True, clock=ManualClock(times[0])) as db:
+    rows = [[list(r) for r in db.aggregate_rows(at)] for at in times]
+print(json.dumps(rows))
+"""
+
+
+def _read_beside(path: Path) -> list[list[tuple[Any, ...]]]:
+    """`aggregate_rows` at `CRASH_READS`, read by another process opening read-only."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    out = subprocess.run(
+        [sys.executable, "-c", READER, str(path), json.dumps(CRASH_READS)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    ).stdout
+    return [
+        [(r[0], r[1], r[2], round(r[3], 9), r[4], round(r[5], 9)) for r in rows]
+        for rows in json.loads(out)
+    ]
+
+
+def test_a_read_only_open_in_another_process_while_compact_runs(tmp_path, settle_at_once):
+    """Another process opens the store read-only before and after compact()'s history
+    merge commits, and while the file swap holds lock.mdb (it waits, then reads the
+    new file): each read equals the reference model's."""
+    path = tmp_path / "s"
+    cfg = Config(**CRASH_CFG)
+    ref = ReferenceModel(cfg, ManualClock(T0))
+    _crash_workload(ref)
+    want = [_rows(ref, at) for at in CRASH_READS]
+    got: dict[str, Any] = {}
+    with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
+        _crash_workload(db, db)
+        store = db._core.store
+        commit, invalidate = store.commit, store._probe.invalidate
+
+        def reading_commit(ops: Any) -> None:
+            ops = list(ops)
+            merge = bool(ops) and all(o[0] == "history" for o in ops)
+            if merge:
+                got["before merge"] = _read_beside(path)
+            commit(ops)
+            if merge:
+                got["after merge"] = _read_beside(path)
+
+        def reading_invalidate() -> None:
+            invalidate()
+            t = threading.Thread(target=lambda: got.update(swap=_read_beside(path)))
+            t.start()
+            got["thread"] = t
+            time.sleep(0.5)  # the reader attaches while the lock is held
+
+        store.commit, store._probe.invalidate = reading_commit, reading_invalidate
+        db.compact()
+        got.pop("thread").join(300)
+        _same(db, ref)
+    assert sorted(got) == ["after merge", "before merge", "swap"]
+    for when, rows in got.items():
+        assert rows == want, when
