@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -440,3 +442,98 @@ def test_a_read_only_open_in_another_process_while_compact_runs(tmp_path, settle
     assert sorted(got) == ["after merge", "before merge", "swap"]
     for when, rows in got.items():
         assert rows == want, when
+
+
+# -- extreme values through a crash, compact() and a purge ---------------------------
+
+BIG = 2**64 - 1
+TS_TOP = 2**63 - 1
+EXTREME_CFG = Config(membership_shards=255, ledger_shards=3, rematerialize_after_ms=None)
+WEIGHTS = (-0.0, 1e-45, 1.1754942e-38, 3.4028234e38, 0.0, 1.5)  # float32 values
+
+
+def _extreme_workload(m: Any, db: Any = None) -> list[tuple[str, int, int, int, float, int]]:
+    """Users at the ends of u64 in 300 cohorts, entities and types at 2**64-1,
+    timestamps up to 2**63-1, subnormal, -0.0 and the largest float32 weights, one
+    signal in three with a context; returns the records ``(cohort, user, entity,
+    type, weight, ts)`` the history must hold (a signal's record in each of its
+    user's cohorts and in @community)."""
+    users = {BIG: [f"k{i:03d}" for i in range(300)], BIG - 1: ["k007", "z"], 1: ["z"], 0: []}
+    for u, cohorts in users.items():
+        for c in cohorts:
+            m.assign_cohort(u, c)
+    recs = []
+    for i in range(60):
+        u = list(users)[i % 4]
+        e, t = (BIG - i % 3, BIG - i % 2) if i % 5 else (i, 0)
+        w, ts = WEIGHTS[i % len(WEIGHTS)], TS_TOP - 10**9 * (59 - i) - i % 2
+        ctx = {(1, "a"): [i, {"n": None}], "big": BIG} if i % 3 == 0 else None
+        m.signal_with_context(u, e, t, w, ts, ctx)
+        recs += [(c, u, e, t, w, ts) for c in [*users[u], COMMUNITY]]
+        if db is not None and i % 7 == 6:
+            db.flush()
+    return recs
+
+
+def _stored_records(path: Path) -> list[tuple[Any, ...]]:
+    out = []
+    for k, v in _entries(path)["history"].items():
+        (b,) = decode_batches([(0, 0, v, k)])
+        for j in range(len(b.r)):
+            w = float(b.w[j])
+            out.append((b.cohorts[b.ci[j]], int(b.u[j]), int(b.e[j]), int(b.t[j]), w, int(b.ts[j])))
+    return out
+
+
+def _f32(x: float) -> float:
+    return float(struct.unpack("<f", struct.pack("<f", x))[0])
+
+
+def _key(r: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (*r[:4], struct.pack("<f", r[4]), r[5])  # -0.0 apart from 0.0
+
+
+def _close(db: Any, ref: Any, times: list[int]) -> None:
+    """Equal rows at ``times``, the sums to float rounding (near 2**128 they differ
+    in the last place with the order of the additions)."""
+    for t in times:
+        got, want = db.aggregate_rows(t), ref.aggregate_rows(t)
+        assert [r[:3] + r[4:5] for r in got] == [r[:3] + r[4:5] for r in want], t
+        for g, w in zip(got, want):
+            assert (g[3], g[5]) == pytest.approx((w[3], w[5]), rel=1e-12), (t, g, w)
+
+
+def test_extreme_values_survive_a_crash_compact_and_a_purge(tmp_path):
+    path = tmp_path / "s"
+    ref = ReferenceModel(EXTREME_CFG, ManualClock(TS_TOP))
+    recs = _extreme_workload(ref)
+    want = sorted(_key((*r[:4], _f32(r[4]), r[5])) for r in recs)
+    crashed = tmp_path / "crashed"
+    db = TidalDb.open(path, config=EXTREME_CFG, clock=ManualClock(TS_TOP))
+    try:
+        _extreme_workload(db, db)
+        db.flush()
+        crashed.mkdir()
+        for name in ("data.mdb", "tidal.store"):
+            shutil.copy(path / name, crashed / name)
+    finally:
+        db.close()
+    at = [TS_TOP, TS_TOP - 30 * 10**9]
+    for store in (crashed, path):
+        assert sorted(map(_key, _stored_records(store))) == want
+        with TidalDb.open(store, config=EXTREME_CFG, clock=ManualClock(TS_TOP)) as db:
+            _close(db, ref, at)
+            db.compact()
+            db.compact()
+        assert sorted(map(_key, _stored_records(store))) == want
+    ref.request_community_purge(BIG, "k007")
+    ref.rematerialize("k007")
+    with TidalDb.open(crashed, config=EXTREME_CFG, clock=ManualClock(TS_TOP)) as db:
+        db.request_community_purge(BIG, "k007")
+        db.rematerialize("k007")
+        _close(db, ref, at)
+        db.compact()
+    left = sorted(map(_key, _stored_records(crashed)))
+    assert left == [r for r in want if not (r[0] == "k007" and r[1] == BIG)]
+    with TidalDb.open(crashed, config=EXTREME_CFG, clock=ManualClock(TS_TOP)) as db:
+        _close(db, ref, at)
