@@ -475,9 +475,15 @@ def _extreme_workload(m: Any, db: Any = None) -> list[tuple[str, int, int, int, 
     return recs
 
 
-def _stored_records(path: Path) -> list[tuple[Any, ...]]:
+def _stored_records(path: Path | TidalDb) -> list[tuple[Any, ...]]:
+    """``(cohort, user, entity, type, weight, ts)`` of each record in the stored
+    history of a closed store (its path) or an open database."""
+    if isinstance(path, Path):
+        items = list(_entries(path)["history"].items())
+    else:
+        items = list(path._core.store.history_items())
     out = []
-    for k, v in _entries(path)["history"].items():
+    for k, v in items:
         (b,) = decode_batches([(0, 0, v, k)])
         for j in range(len(b.r)):
             w = float(b.w[j])
@@ -537,3 +543,35 @@ def test_extreme_values_survive_a_crash_compact_and_a_purge(tmp_path):
     assert left == [r for r in want if not (r[0] == "k007" and r[1] == BIG)]
     with TidalDb.open(crashed, config=EXTREME_CFG, clock=ManualClock(TS_TOP)) as db:
         _close(db, ref, at)
+
+
+# -- retention with compact() ------------------------------------------------------
+
+
+def test_retention_drops_records_from_merged_blocks_and_batches_at_each_compact(tmp_path):
+    """Retention of 10 s: each compact() leaves exactly the records stamped at or after
+    now - 10 s, from the blocks an earlier compact() merged and from the batches
+    written since; the aggregates keep every record (the reference model's reads)."""
+    path = tmp_path / "s"
+    cfg = Config(**{**CRASH_CFG, "history_retention_ns": 10 * SEC})
+    ref = ReferenceModel(cfg, ManualClock(T0))
+    _erasure_workload(ref)
+    clock = ManualClock(T0 + 12 * SEC)
+    with TidalDb.open(path, config=cfg, clock=clock) as db:
+        _crash_workload(db, db)
+        all_recs = sorted(map(_key, _stored_records(db)))
+        db.compact()
+        after_1 = sorted(map(_key, _stored_records(db)))
+        assert after_1 == [r for r in all_recs if r[5] >= T0 + 2 * SEC]
+        for i in range(72, 96):  # `_erasure_workload`'s later signals
+            db.signal_with_context(1 + i % 4, i % 5, 1 + i % 2, 0.5 + i % 6, T0 + i * SEC // 3)
+            if i % 6 == 5:
+                db.flush()
+        db.request_community_purge(1, "c")
+        more = sorted(map(_key, _stored_records(db)))
+        clock.advance(10 * SEC)
+        db.compact()
+        assert sorted(map(_key, _stored_records(db))) == [r for r in more if r[5] >= T0 + 12 * SEC]
+        assert _rows(db, CRASH_READS[0]) == _rows(ref, CRASH_READS[0])
+    with TidalDb.open(path, config=cfg, clock=clock) as db:
+        assert _rows(db, CRASH_READS[0]) == _rows(ref, CRASH_READS[0])
