@@ -24,7 +24,13 @@ from tidal_actors._errors import StorageError
 from tidal_actors.core import states as _behaviours
 from tidal_actors.storage import lmdb_compact
 from tidal_actors.storage import rematerialize as remat_mod
-from tidal_actors.storage.format import decode_batches, seal, unseal
+from tidal_actors.storage.format import (
+    batch_key_shard_seq,
+    batch_op,
+    decode_batches,
+    seal,
+    unseal,
+)
 from tidal_actors.storage.history import HistoryReader
 from tidal_actors.storage.history_compact import compact_history_ops
 from tidal_actors.testing import ReferenceModel
@@ -51,17 +57,25 @@ def settle_at_once(monkeypatch):
     monkeypatch.setattr(_behaviours, "SETTLE_MIN", 1)
 
 
-@pytest.fixture
-def compact_after_listing(monkeypatch):
+@pytest.fixture(params=["listed", "with-a-new-batch"])
+def compact_after_listing(monkeypatch, request):
     """The persistence actor's history compaction commits right after a reader has
     listed the history's keys (once): every batch listed is merged into one block,
-    under the last key, so the first chunks the reader reads are all gone."""
+    so the first chunks the reader reads are all gone. The block is under the last
+    key listed, or (``with-a-new-batch``) under the key of a batch written after the
+    listing: records no pass reads as settled (cohort "zz", rseq 2**40, membership
+    shard 0), so the listed batches' records are under a key the reader never
+    listed."""
     done: list[int] = []
     listing = HistoryReader.batch_keys
 
     def batch_keys(self: HistoryReader) -> list[bytes]:
         keys = listing(self)
         if not done:
+            if request.param == "with-a-new-batch":
+                shard, seq = batch_key_shard_seq(keys[-1])
+                late = [(0, 2**40, 9, "zz", 1, 1, 1.0, T0)]
+                self.store.commit([batch_op(shard, seq + 1, tuple(zip(*late)), None)])
             ops, stats = compact_history_ops(self.store.history_items(), block=1 << 14)
             self.store.commit(ops)
             self.store.history_marks.rewritten()

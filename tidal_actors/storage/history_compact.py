@@ -11,7 +11,11 @@ what came since. Version 1 batches (older stores) are rewritten in version 2.
 
 Merging under the last key keeps every record's order within its shard: a reader
 that lists the keys, then reads them while a compaction commits, skips the keys
-gone and finds their records at the block's key, later in key order. It may have
+gone and finds their records at the block's key, later in key order: a key it
+listed, or one written since (a batch after the listing merged with the listed
+ones), which it lists once the listed keys are read, if a key was gone
+(`HistoryReader`, `rematerialize.RematJob`); a pass does not end at a chunk
+whose keys are gone. It may have
 read some of them already at their old key: `HistoryReader.unseen` drops records
 read once (their rseq is at or below the highest read of their membership shard
 in that ledger shard's batches, which hold growing rseqs).
