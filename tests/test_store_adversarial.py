@@ -589,3 +589,50 @@ def test_retention_drops_records_from_merged_blocks_and_batches_at_each_compact(
         assert _rows(db, CRASH_READS[0]) == _rows(ref, CRASH_READS[0])
     with TidalDb.open(path, config=cfg, clock=clock) as db:
         assert _rows(db, CRASH_READS[0]) == _rows(ref, CRASH_READS[0])
+
+
+# -- a purge whose records span merged blocks and batches: no byte left on disk ------
+
+SECRET_ENTITY = 0x5A17_C0DE_9E3D_4B21  # only user 1 ever touched it
+SECRET_CONTEXT = "only-user-1-said-this-7f3a9c"
+
+
+@pytest.mark.parametrize("ledger_shards", [1, 2])
+def test_a_purge_spanning_merged_blocks_and_batches_leaves_no_byte(tmp_path, ledger_shards):
+    """User 1's records (a unique entity, a unique context string) are in blocks a
+    compact() merged and in batches written after it; once purged from every cohort,
+    re-materialized and compacted, neither the decoded history nor the data file
+    holds any of them (docs/guarantees.md)."""
+    path = tmp_path / "s"
+    cfg = Config(
+        max_contribution_log_entries=20, rematerialize_after_ms=None, ledger_shards=ledger_shards
+    )
+    clock = ManualClock(T0 + 10**12)
+    with TidalDb.open(path, config=cfg, clock=clock) as db:
+        for u in (1, 2):
+            db.assign_cohort(u, "c")
+        for part in range(2):  # merged by the compact() between, then batches
+            for i in range(6):
+                db.signal_with_context(
+                    1, SECRET_ENTITY, 1, 3.0, T0 + 1000 * part + i, {"note": SECRET_CONTEXT}
+                )
+                db.flush()
+            for i in range(40):  # evicts user 1's records from the log (cap 20)
+                db.signal_with_context(2, 1000 + i % 5, 1, 1.0, T0 + 1000 * part + 100 + i)
+            db.flush()
+            if part == 0:
+                db.compact()
+        for cohort in ("c", COMMUNITY):
+            db.request_community_purge(1, cohort)
+            db.rematerialize(cohort)
+        db.compact()
+        assert {r[1] for r in _stored_records(db)} == {2}
+        assert db.read_window("c", SECRET_ENTITY, 1).count == 0
+        assert db.read_window("c", 1000, 1).count == 16
+    data = (path / "data.mdb").read_bytes()
+    needles = [SECRET_CONTEXT.encode(), SECRET_ENTITY.to_bytes(8, "little")]
+    assert [n for n in needles if n in data] == []
+    with TidalDb.open(path, config=cfg, clock=clock) as db:
+        assert db.read_window("c", 1000, 1).count == 16
+    data = (path / "data.mdb").read_bytes()
+    assert [n for n in needles if n in data] == []
