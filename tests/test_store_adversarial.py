@@ -33,6 +33,7 @@ from tidal_actors.storage.format import (
 )
 from tidal_actors.storage.history import HistoryReader
 from tidal_actors.storage.history_compact import compact_history_ops
+from tidal_actors.storage.stores import MemoryStore
 from tidal_actors.testing import ReferenceModel
 
 from . import _crash_worker as W
@@ -636,3 +637,23 @@ def test_a_purge_spanning_merged_blocks_and_batches_leaves_no_byte(tmp_path, led
         assert db.read_window("c", 1000, 1).count == 16
     data = (path / "data.mdb").read_bytes()
     assert [n for n in needles if n in data] == []
+
+
+# -- compact() twice -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 40])
+def test_a_second_compact_rewrites_nothing_when_nothing_came_since(n):
+    """A lone block the first compact() wrote is left as it is by the second, also
+    when LZ4 could not shorten it (a block of one record is stored uncompressed)."""
+    store = MemoryStore()
+    recs = [(0, i, 7 + i, "c", 1, 1, 1.0, T0 + i) for i in range(n)]
+    for seq, r in enumerate(recs):
+        store.commit([batch_op(0, seq, tuple(zip(r)), None)])
+    ops, stats = compact_history_ops(store.history_items())
+    # n - 1 deletes and one block; a lone batch of one record the rewrite would leave
+    # byte for byte as it is (both stored uncompressed, every column plain)
+    assert (stats["batches_rewritten"], len(ops)) == ((1, n) if n > 1 else (0, 0))
+    store.commit(ops)
+    ops, stats = compact_history_ops(store.history_items())
+    assert (ops, stats["batches_rewritten"], stats["batches_after"]) == ([], 0, 1)
