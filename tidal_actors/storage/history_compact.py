@@ -6,12 +6,17 @@ blocks of up to ``BLOCK_RECORDS`` records, each stored under the key of its last
 batch (the others deleted), in version 2 with each column's narrowest transform
 (`format.columns`, ``LEVEL_COMPACT``). Blocks stay near LZ4's 64 KiB window:
 larger ones compress worse. A lone batch that a
-compaction wrote already is left as it is, so a second ``compact()`` rewrites only
-what came since. Version 1 batches (older stores) are rewritten in version 2.
+compaction wrote already is left as it is (one its rewrite would leave byte for byte
+as it is too: LZ4 stores a block it cannot shorten uncompressed, codec 0), so a
+second ``compact()`` rewrites only what came since. Version 1 batches (older stores) are rewritten in version 2.
 
 Merging under the last key keeps every record's order within its shard: a reader
 that lists the keys, then reads them while a compaction commits, skips the keys
-gone and finds their records at the block's key, later in key order. It may have
+gone and finds their records at the block's key, later in key order: a key it
+listed, or one written since (a batch after the listing merged with the listed
+ones), which it lists once the listed keys are read, if a key was gone
+(`HistoryReader`, `rematerialize.RematJob`); a pass does not end at a chunk
+whose keys are gone. It may have
 read some of them already at their old key: `HistoryReader.unseen` drops records
 read once (their rseq is at or below the highest read of their membership shard
 in that ledger shard's batches, which hold growing rseqs).
@@ -61,7 +66,7 @@ def compact_history_ops(
     """
     ops: list[Op] = []
     stats = {"batches_before": 0, "batches_after": 0, "batches_rewritten": 0, "records": 0}
-    run: list[tuple[bytes, HistoryBatch, bool]] = []  # (key, batch, written by a compaction)
+    run: list[tuple[bytes, HistoryBatch, bytes]] = []  # (key, batch, stored value)
     run_records = 0
 
     def flush() -> None:
@@ -69,12 +74,13 @@ def compact_history_ops(
         if not run:
             return
         stats["batches_after"] += 1
-        if len(run) > 1 or not run[0][2]:
+        if len(run) > 1 or not _compacted(run[0][2], run[0][0]):
             last = run[-1][0]
-            ops.extend((Keyspace.HISTORY.value, key, None) for key, _, _ in run[:-1])
-            payload = merged_payload([(b, None) for _, b, _ in run], level)
-            ops.append((Keyspace.HISTORY.value, last, seal(last, payload)))
-            stats["batches_rewritten"] += 1
+            value = seal(last, merged_payload([(b, None) for _, b, _ in run], level))
+            if len(run) > 1 or value != run[0][2]:  # LZ4 left it as it was: unchanged
+                ops.extend((Keyspace.HISTORY.value, key, None) for key, _, _ in run[:-1])
+                ops.append((Keyspace.HISTORY.value, last, value))
+                stats["batches_rewritten"] += 1
         run.clear()
         run_records = 0
 
@@ -90,7 +96,7 @@ def compact_history_ops(
             stats["records"] += n
             if run and (run[-1][1].shard != b.shard or run_records + n > block):
                 flush()
-            run.append((key, b, _compacted(raw, key)))
+            run.append((key, b, bytes(raw)))
             run_records += n
         chunk.clear()
 

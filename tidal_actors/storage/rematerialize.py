@@ -82,6 +82,7 @@ class RematJob:
         self._keys: list[bytes] = []
         self._tombs: dict[int, np.ndarray] = {}
         self._seen: dict[tuple[int, int], int] = {}  # `HistoryReader.unseen`
+        self._gone = False  # a key listed was gone when read (`_fold_history`)
         if self.history is not None and self.rebuild.settled_upto:
             self._keys = self.history.batch_keys()
             self._tombs = self.history.tombstones()
@@ -102,18 +103,29 @@ class RematJob:
             chunk, self._keys = self._keys[:HISTORY_BATCHES], self._keys[HISTORY_BATCHES:]
             if not self._fold_history(chunk):
                 self._keys = [k for k in self._keys if self._other_shard(k)]
+            if not self._keys and self._gone:
+                # keys gone since the listing: a compaction merged their records into
+                # a block, maybe under a key written since; read the keys after
+                assert self.history is not None
+                self._gone = False
+                self._keys = [k for k in self.history.batch_keys() if k > chunk[-1]]
             return False
         return self.rebuild.step_held()
 
     def _fold_history(self, keys: list[bytes]) -> bool:
         """Fold the settled records of the batches at ``keys``; False once this
         shard's batches have passed every settled record (rseqs grow batch by batch
-        within a membership shard, so no later batch of this shard holds one)."""
+        within a membership shard, so no later batch of this shard holds one). A key
+        gone since the listing had its records merged into a later key's block by a
+        compaction (`storage.history_compact`): the later keys are read then, and
+        the keys written since the listing once the listed ones are read."""
         history = self.history
         assert history is not None
         rebuild = self.rebuild
-        go_on = False
-        for b in history.batches(keys):
+        batches = history.batches(keys)
+        go_on = len(batches) < len(keys)
+        self._gone = self._gone or go_on
+        for b in batches:
             settled = settled_mask(b, rebuild.settled_upto)
             if b.shard != history.shard or settled.any():
                 go_on = True
