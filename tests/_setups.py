@@ -1,12 +1,19 @@
-"""Set-ups shared by the fault-injection tests (``tests/test_shard_recovery*.py``).
+"""Set-ups shared by several test files.
 
+For the fault-injection tests (``tests/test_shard_recovery*.py``):
 - `fail_next`, `fail_handler`, `fail_tell`: a fault injected at the next call of a
   method, at an actor's next message of one kind, or at the next tell of one kind;
   every later one runs as it would have.
 - `slow_next_commit`: a commit held back, so that messages sent meanwhile are stashed
-  behind it; `in_thread`: a blocking call on its own thread, its outcome kept.
+  behind it; `refuse_history_writes`: a store fault hook failing history writes;
+  `in_thread`: a blocking call on its own thread, its outcome kept.
 - `one_red_signal`, `red_score`: the small start most of those tests share (user 1
   in cohort "red" sends one signal), and the reference model's score of it.
+
+For the tests of eviction, settling and rebuilds (``test_bounded_memory``,
+``test_rematerialization``, ``test_store_adversarial``): `EVICTING`, a configuration
+whose log holds 6 records, and `rounded_rows`, aggregate rows to compare across
+runs. The fixture ``settle_at_once`` is in ``conftest.py``.
 """
 
 from __future__ import annotations
@@ -18,13 +25,30 @@ from typing import Any
 
 import pytest
 
-from tidal_actors import Config, ManualClock
+from tidal_actors import Config, ManualClock, StorageError
 from tidal_actors.testing import ReferenceModel
 
 from .conftest import SEC
 
 CFG1 = Config(membership_shards=1, ledger_shards=1, rematerialize_after_ms=None)
 """One membership shard and one ledger shard: every message of a test meets one actor."""
+
+EVICTING = Config(
+    half_life_ns=50 * SEC,
+    window_width_ns=10 * SEC,
+    window_buckets=3,
+    max_contribution_log_entries=6,
+    rematerialize_after_ms=None,
+)
+"""A log of 6 records (the 7th evicts the oldest), windows of 3 buckets of 10 s, a
+half-life of 50 s; rebuilds run only when asked."""
+
+
+def rounded_rows(x: Any, at: int | None) -> list[tuple[Any, ...]]:
+    """``x.aggregate_rows(at)`` (a TidalDb or the reference model) with the score and
+    the window weight rounded to 9 decimals, so runs whose sums differ in their
+    order of addition compare equal."""
+    return [(r[0], r[1], r[2], round(r[3], 9), r[4], round(r[5], 9)) for r in x.aggregate_rows(at)]
 
 
 def fail_next(
@@ -110,6 +134,13 @@ def slow_next_commit(
 
     monkeypatch.setattr(store, "commit", commit)
     return slow
+
+
+def refuse_history_writes(ops: Any) -> None:
+    """A store's ``fault`` hook (``store.fault = refuse_history_writes``): a commit
+    that writes the history raises StorageError; every other commit goes through."""
+    if any(keyspace == "history" for keyspace, _, _ in ops):
+        raise StorageError("history write refused")
 
 
 def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:

@@ -37,7 +37,13 @@ from tidal_actors.core.contrib_log import ContributionLog
 from tidal_actors.core.routes import RouteTable
 from tidal_actors.testing import Harness, ReferenceModel
 
-from ._differential import Blocking, Recorder, assert_matches
+from ._differential import (
+    Recorder,
+    assert_matches,
+    assert_matches_and_reopened,
+    crashed,
+    model_without_lost,
+)
 from ._setups import CFG1, fail_next, in_thread, one_red_signal, red_score
 from .conftest import SEC, T0
 
@@ -250,26 +256,10 @@ def test_the_harness_crash_restarts_through_the_same_step(
     restarts = _spy_restarts(monkeypatch)
     for seed in range(4):
         restarts.clear()
-        h = Harness(seed=seed, config=CFG)
-        r = Recorder(h)
-        _harness_workload(r)
-        for _ in range(crash_at):
-            h.step()
-        report = h.crash_shard(address)
-        h.run_until_idle()
+        h, r, report = crashed(seed, CFG, _harness_workload, address, crash_at)
         assert restarts == [address]
-        lost = {(s[0], s[4]) for s in report.lost_signals}
-        lost |= {(rec.user, rec.ts) for rec in report.lost_records}
-        model = r.model(
-            CFG,
-            skip=lambda name, args, lost=lost: (
-                name == "signal_with_context" and (args[0], args[4]) in lost
-            ),
-        )
-        where = f"seed {seed}, {address} at {crash_at}: "
-        assert_matches(Blocking(h), model, USERS, exact_ids=False, where=where)
-        h.close_and_reopen()
-        assert_matches(Blocking(h), model, USERS, exact_ids=False, where="reopened " + where)
+        model = model_without_lost(r, CFG, report)
+        assert_matches_and_reopened(h, model, USERS, f"seed {seed}, {address} at {crash_at}")
 
 
 def test_the_harness_cannot_crash_the_coordinator_or_persistence_as_a_shard() -> None:
@@ -454,19 +444,10 @@ def test_the_blocking_facade_stops_waiting_when_a_first_reply_fails() -> None:
     call: Call[int] = Call("two-step", [first, second], lambda v: v[1])
     timer = threading.Timer(0.05, first.set_exception, (ActorFailure("barrier failed"),))
     timer.start()
-    out: dict[str, BaseException] = {}
-
-    def run() -> None:
-        try:
-            BlockingBase(_Core())._run(call)  # type: ignore[arg-type]
-        except ActorFailure as exc:
-            out["err"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
+    t, out = in_thread(lambda: BlockingBase(_Core())._run(call))  # type: ignore[arg-type]
     t.join(10)
     assert not t.is_alive(), "the facade waits for a reply that never comes"
-    assert "barrier failed" in str(out["err"])
+    assert isinstance(out["r"], ActorFailure) and "barrier failed" in str(out["r"])
 
 
 def test_an_attribution_failing_after_its_history_write_is_in_doubt_not_lost(

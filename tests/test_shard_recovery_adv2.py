@@ -26,7 +26,7 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.testing import Harness, ReferenceModel
 
-from ._differential import Blocking
+from ._differential import Blocking, lost_of
 from ._setups import (
     CFG1,
     fail_handler,
@@ -370,6 +370,26 @@ CAP4 = Config(
 )
 
 
+def _evicted_red(seed: int, path: Any, *, user_2: bool) -> tuple[Harness, int, ReferenceModel]:
+    """A harness (``seed``, CAP4) on an LMDB store at ``path`` and the reference
+    model, both given: user 1 joins "red" and sends 6 signals (entities 0-5, weights
+    1.0-6.0, at now - 10 s to now - 5 s), more records than the log of 4 holds, so
+    the oldest are evicted; with ``user_2``, user 2 (in no cohort) sends one (entity
+    9, at now - 1 s). The harness is run until idle. Returns the harness, its now
+    (ns) and the model."""
+    h = Harness(seed=seed, config=CAP4, store=f"lmdb:{path}")
+    t0 = h.clock.now_ns()
+    model = ReferenceModel(CAP4, ManualClock(t0))
+    for obj in (h, model):
+        obj.assign_cohort(1, "red")
+        for i in range(6):
+            obj.signal_with_context(1, i, 1, 1.0 + i, t0 - (10 - i) * SEC)
+        if user_2:
+            obj.signal_with_context(2, 9, 1, 1.0, t0 - SEC)
+    h.run_until_idle()
+    return h, t0, model
+
+
 def test_a_rebuild_failed_at_a_ledger_restart_is_not_applied_by_the_next_incarnation(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -384,15 +404,7 @@ def test_a_rebuild_failed_at_a_ledger_restart_is_not_applied_by_the_next_incarna
 
     hit = 0
     for seed in range(12):
-        h = Harness(seed=seed, config=CAP4, store=f"lmdb:{tmp_path / str(seed)}")
-        t0 = h.clock.now_ns()
-        model = ReferenceModel(CAP4, ManualClock(t0))
-        for obj in (h, model):
-            obj.assign_cohort(1, "red")
-            for i in range(6):
-                obj.signal_with_context(1, i, 1, 1.0 + i, t0 - (10 - i) * SEC)
-            obj.signal_with_context(2, 9, 1, 1.0, t0 - SEC)
-        h.run_until_idle()
+        h, t0, model = _evicted_red(seed, tmp_path / str(seed), user_2=True)
         raised = fail_next(Aggregates, "retract_rows", monkeypatch)
         purge = h.request_community_purge(1, "red")
         rebuild = h.rematerialize("red")
@@ -596,8 +608,7 @@ def test_a_fault_at_each_handler_kind_leaves_the_reference_models_state(
         lost: set[tuple[int, int]] = set()
         for report in db._core.fault_reports():
             assert report.action == "restarted", report
-            lost |= {(s[0], s[4]) for s in report.lost_signals}
-            lost |= {(r.user, r.ts) for r in report.lost_records}
+            lost |= lost_of(report)
         for name, args in done:
             if name == "signal_with_context" and (args[0], args[4]) in lost:
                 continue
@@ -622,14 +633,7 @@ def test_a_rebuild_whose_commit_fails_leaves_the_live_state_as_the_store(
     records from the history fails: the caller gets the error and the purge stays
     not re-materialized, so the live aggregates should still hold the purged user's
     evicted records, as the store (and a ledger restarted from it) does."""
-    h = Harness(seed=0, config=CAP4, store=f"lmdb:{tmp_path / 'db'}")
-    t0 = h.clock.now_ns()
-    model = ReferenceModel(CAP4, ManualClock(t0))
-    for obj in (h, model):
-        obj.assign_cohort(1, "red")
-        for i in range(6):
-            obj.signal_with_context(1, i, 1, 1.0 + i, t0 - (10 - i) * SEC)
-    h.run_until_idle()
+    h, t0, model = _evicted_red(0, tmp_path / "db", user_2=False)
     b = Blocking(h)
     _, manifest = b.request_community_purge(1, "red")
     model.request_community_purge(1, "red")

@@ -90,12 +90,17 @@ def _reopened(path, clock, users=USERS):
         return _export(db, users)
 
 
-def _build(path: Path, crashed: bool) -> Path:
+def _build(path: Path, crashed: bool, flushed: int = 0) -> Path:
     """A small store closed cleanly (a snapshot), or the files of one that was not
-    (no snapshot: the history is replayed)."""
+    (no snapshot: the history is replayed). ``flushed``: that many more signals after
+    `_populate`'s, one a second, each flushed alone (a history batch each)."""
     clock = ManualClock(T0)
     db = TidalDb.open(path, config=CFG, clock=clock)
     _populate(db, clock)
+    for i in range(flushed):
+        clock.advance(SEC)
+        db.signal_with_context(USERS[i % len(USERS)], 50 + i % 3, 1, 2.0)
+        db.flush()
     if crashed:
         db.flush()
         out = path.parent / (path.name + "-crashed")
