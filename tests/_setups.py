@@ -14,13 +14,15 @@ For the tests of eviction, settling and rebuilds (``test_bounded_memory``,
 ``test_rematerialization``, ``test_store_adversarial``): `EVICTING`, a configuration
 whose log holds 6 records, and `rounded_rows`, aggregate rows to compare across
 runs. The fixture ``settle_at_once`` is in ``conftest.py``.
+
+For the store tests: `every_read`, what a database answers about some users.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -28,7 +30,7 @@ import pytest
 from tidal_actors import Config, ManualClock, StorageError
 from tidal_actors.testing import ReferenceModel
 
-from .conftest import SEC
+from .conftest import HOUR, SEC, T0
 
 CFG1 = Config(membership_shards=1, ledger_shards=1, rematerialize_after_ms=None)
 """One membership shard and one ledger shard: every message of a test meets one actor."""
@@ -177,3 +179,21 @@ def red_score(config: Config, t0: int, *later: tuple[float, int]) -> float:
     for weight, ts in later:
         model.signal_with_context(1, 7, 1, weight, ts)
     return model.read_decay_score("red", 7, 1, t0)
+
+
+def every_read(db: Any, users: Iterable[int]) -> tuple[Any, list[tuple[Any, ...]]]:
+    """What ``db`` (a TidalDb or the reference model) answers: its aggregate rows at
+    T0 + 1 h, and each of ``users``' status, leave history, cohorts and purge
+    manifests, in that order."""
+    return (
+        db.aggregate_rows(T0 + HOUR),
+        [
+            (
+                db.community_layer_status(u),
+                db.community_leave_history(u),
+                db.cohorts_of(u),
+                db.list_purge_manifests(u),
+            )
+            for u in users
+        ],
+    )

@@ -220,10 +220,7 @@ def test_a_crash_inside_compact_loses_nothing_and_a_purge_after_it_is_exact(
 ):
     path = str(tmp_path / "db")
     scenario = f"tests.test_store_adversarial:_compact_and_die_{point}"
-    p = mp.Process(target=W.run_and_die, args=(path, scenario, T0, CRASH_CFG))
-    p.start()
-    p.join(60)
-    assert p.exitcode == -9
+    W.run_until_killed(mp, path, scenario, T0, CRASH_CFG)
     assert (tmp_path / f"killed-{point}").exists()  # died at that point, not after
     cfg = Config(**CRASH_CFG)
     ref = ReferenceModel(cfg, ManualClock(T0))
@@ -311,10 +308,7 @@ def test_a_crash_in_a_purges_erasure_of_merged_and_unmerged_batches(
 ):
     path = str(tmp_path / "db")
     scenario = f"tests.test_store_adversarial:_erase_and_die_{point}"
-    p = mp.Process(target=W.run_and_die, args=(path, scenario, T0, CRASH_CFG))
-    p.start()
-    p.join(60)
-    assert p.exitcode == -9
+    W.run_until_killed(mp, path, scenario, T0, CRASH_CFG)
     assert (tmp_path / f"killed-erase-{point}").exists()
     cfg = Config(**CRASH_CFG)
     ref = ReferenceModel(cfg, ManualClock(T0))
