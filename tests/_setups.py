@@ -1,6 +1,6 @@
 """Set-ups shared by several test files.
 
-For the fault-injection tests (``tests/test_shard_recovery*.py``):
+For the fault-injection tests (``tests/test_shard_recovery*.py`` and others):
 - `fail_next`, `fail_handler`, `fail_tell`: a fault injected at the next call of a
   method, at an actor's next message of one kind, or at the next tell of one kind;
   every later one runs as it would have.
@@ -42,7 +42,7 @@ EVICTING = Config(
     max_contribution_log_entries=6,
     rematerialize_after_ms=None,
 )
-"""A log of 6 records (the 7th evicts the oldest), windows of 3 buckets of 10 s, a
+"""A log of 6 records (a 7th record evicts the oldest), windows of 3 buckets of 10 s, a
 half-life of 50 s; rebuilds run only when asked."""
 
 
