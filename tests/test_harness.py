@@ -538,14 +538,21 @@ def test_clock_jumping_backwards_never_overweights_a_contribution() -> None:
 # -- re-materialization --------------------------------------------------------------------------
 
 
+def _red_user_1(seed: int, cfg: Config) -> tuple[Harness, Recorder]:
+    """A harness (``seed``, ``cfg``) and its Recorder, given: user 1 joins "red" and
+    sends 4 signals (entities 0 and 1, type 0, weights 1.0 to 4.0, at its now)."""
+    h = Harness(seed=seed, config=cfg)
+    r = Recorder(h)
+    r.assign_cohort(1, "red")
+    for i in range(4):
+        r.signal_with_context(1, i % 2, 0, 1.0 + i)
+    return h, r
+
+
 def test_scheduled_rematerialization_runs_on_tick_and_matches_the_model() -> None:
     cfg = CFG.replace(max_contribution_log_entries=4, rematerialize_after_ms=0)
     for seed in range(6):
-        h = Harness(seed=seed, config=cfg)
-        r = Recorder(h)
-        r.assign_cohort(1, "red")
-        for i in range(4):
-            r.signal_with_context(1, i % 2, 0, 1.0 + i)  # some leave the small log: evicted
+        h, r = _red_user_1(seed, cfg)  # some of its records leave the small log: evicted
         pid, manifest = h.run(r.request_community_purge(1, "red"))
         assert manifest.evicted > 0
         assert not h.run(h.purge_status(pid)).rematerialized  # no timers in the harness
@@ -560,11 +567,7 @@ def test_scheduled_rematerialization_runs_on_tick_and_matches_the_model() -> Non
 def test_ledger_crash_during_rematerialization_fails_it_and_a_retry_succeeds() -> None:
     cfg = CFG.replace(max_contribution_log_entries=4, ledger_shards=1)
     for seed in range(6):
-        h = Harness(seed=seed, config=cfg)
-        r = Recorder(h)
-        r.assign_cohort(1, "red")
-        for i in range(4):
-            r.signal_with_context(1, i % 2, 0, 1.0 + i)
+        h, r = _red_user_1(seed, cfg)
         h.run(r.request_community_purge(1, "red"))
         remat = h.rematerialize("red")
         _step_until(h, lambda h=h: "RematStart" in h.trace_lines()[-1])
