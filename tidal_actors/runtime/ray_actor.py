@@ -90,7 +90,7 @@ class LocalHost(PykkaHost):
 
     def tell(self, address: M.Address, message: object) -> None:
         if address in self._refs:
-            if type(message) is M.Compact:
+            if type(message) is M.Compact and self.ctx.durable:
                 message.reply.set_exception(
                     StorageError(
                         "compact() is not available under the Ray host: other processes "
