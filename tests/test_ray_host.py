@@ -353,7 +353,9 @@ def test_a_killed_shard_process_fails_calls_instead_of_hanging(
 
     path = str(tmp_path / "store")
     with (
-        pytest.raises(StorageError, match=r"closed with a fenced shard \(ledger\[\d\]'s process died"),
+        pytest.raises(
+            StorageError, match=r"closed with a fenced shard \(ledger\[\d\]'s process died"
+        ),
         TidalDb.open(path, config=ray_config(), clock=ManualClock(T0)) as db,
     ):
         for u in range(4):
