@@ -24,6 +24,7 @@ What the host adds around the behaviour, none of it known to the behaviour:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
@@ -35,7 +36,7 @@ from tidal_actors._clock import Clock, SystemClock
 from tidal_actors._config import Config
 from tidal_actors._errors import ActorFailure, StorageError
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.behaviour import Behaviour, replies_of
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.runtime.pykka_host import PykkaHost
@@ -46,6 +47,8 @@ from tidal_actors.runtime.supervision import Supervisor
 from tidal_actors.storage.stores import NullStore
 
 __all__ = ["TICK_S", "Counters", "ShardActor", "Stamped"]
+
+log = logging.getLogger("tidal_actors")
 
 TICK_S = 0.05  # how often the coordinator looks whether a re-materialization is due (seconds)
 
@@ -240,7 +243,16 @@ class ShardActor:
                     }
                 )
                 continue
-            self.host.tell(self.address, _writable(msg))
+            try:
+                self.host.tell(self.address, _writable(msg))
+            except Exception as exc:  # a host defect: its caller hears it, never a hang
+                err = ActorFailure(
+                    f"{self.address[0]}[{self.address[1]}] could not take "
+                    f"{t.__name__}: {exc!r}"
+                )
+                log.error("%s", err)
+                for reply in replies_of(msg):
+                    reply.set_exception(err)
 
     def stop(self) -> bytes:
         """Drain and stop the behaviour, wait for what it sent, close the store; the
