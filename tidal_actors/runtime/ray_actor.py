@@ -247,8 +247,7 @@ class ShardActor:
                 self.host.tell(self.address, _writable(msg))
             except Exception as exc:  # a host defect: its caller hears it, never a hang
                 err = ActorFailure(
-                    f"{self.address[0]}[{self.address[1]}] could not take "
-                    f"{t.__name__}: {exc!r}"
+                    f"{self.address[0]}[{self.address[1]}] could not take {t.__name__}: {exc!r}"
                 )
                 log.error("%s", err)
                 for reply in replies_of(msg):
