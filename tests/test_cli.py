@@ -209,6 +209,7 @@ def test_replay_of_a_small_log_matches_hand_computed_scores(run: Run, tmp_path: 
     }
     assert data["elapsed_s"] > 0 and data["signals_per_s"] > 0
     assert "replayed 10 rows" in res.out and "ephemeral" in res.out
+    assert data["host"] == "pykka" and "\n  host       pykka\n" in res.out  # the default
     assert res.err == ""
 
     res = run("replay", log, *HAND_FLAGS, "--at", T + 2 * H, "--scores-out", scores, "--quiet")
