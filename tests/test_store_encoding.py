@@ -19,29 +19,7 @@ from tidal_actors.storage.history_compact import compact_history_ops
 from tidal_actors.storage.stores import MemoryStore
 
 from ._history_v1 import records_of
-from .conftest import SEC
-from .test_store_safety import CFG, T0, USERS, _entries, _export, _populate, _rewrite, _version_1
-
-
-def _build(path: Path, crashed: bool) -> Path:
-    """`test_store_safety`'s store, with a dozen more history batches (a flush each);
-    closed cleanly, or the files as a crash leaves them."""
-    clock = ManualClock(T0)
-    db = TidalDb.open(path, config=CFG, clock=clock)
-    _populate(db, clock)
-    for i in range(12):
-        clock.advance(SEC)
-        db.signal_with_context(USERS[i % len(USERS)], 50 + i % 3, 1, 2.0)
-        db.flush()
-    if crashed:
-        out = path.parent / (path.name + "-crashed")
-        out.mkdir()
-        for name in ("data.mdb", "tidal.store"):
-            shutil.copy(path / name, out / name)
-        db.close()
-        return out
-    db.close()
-    return path
+from .test_store_safety import CFG, T0, _build, _entries, _export, _rewrite, _version_1
 
 
 def _history(path: Path) -> dict[bytes, bytes]:
@@ -50,7 +28,7 @@ def _history(path: Path) -> dict[bytes, bytes]:
 
 @pytest.mark.parametrize("crashed", [False, True], ids=["clean", "crashed"])
 def test_a_store_with_version_1_history_opens_and_compact_rewrites_it(tmp_path, crashed):
-    path = _build(tmp_path / "s", crashed)
+    path = _build(tmp_path / "s", crashed, flushed=12)  # a dozen more history batches
     original = tmp_path / "original"
     shutil.copytree(path, original)
     clock = ManualClock(T0)
