@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tidal_actors._errors import UnknownCohort
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
@@ -38,6 +40,14 @@ class LedgerRebuilds(Behaviour):
 
     def _settle(self) -> None:
         """Settle what may be settled (`LedgerShard._settle`)."""
+        raise NotImplementedError
+
+    def cohort_keys(self, cohort: str) -> tuple[np.ndarray, dict[int, tuple[str, int, int]]]:
+        """`LedgerViews.cohort_keys`."""
+        raise NotImplementedError
+
+    def note_keys(self, ks: np.ndarray, names: dict[int, tuple[str, int, int]]) -> None:
+        """`LedgerViews.note_keys`."""
         raise NotImplementedError
 
     def _on_remat_start(self, msg: M.RematStart) -> None:
@@ -77,7 +87,10 @@ class LedgerRebuilds(Behaviour):
                 return False
             # known: something was ever attributed here (the key table only grows)
             known = job.read > 0 or self.state.aggregates.cohort_id(job.cohort) is not None
+            before = self.cohort_keys(job.cohort)  # a rebuild may rewrite these
             read, excluded, matched, per_user = job.finish()
+            if not matched:
+                self.note_keys(*before)
             del self._jobs[token]
             self.ctx.tell(
                 M.COORD_ADDR,
