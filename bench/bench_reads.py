@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_core import T0, cohorts_for, report, workload  # noqa: E402
 
-from tidal_actors import Config, Signal, TidalDb, open_tidal  # noqa: E402
+from tidal_actors import COMMUNITY, Config, Signal, TidalDb, open_tidal  # noqa: E402
 
 HALF_LIFE = 7 * 24 * 3600 * 10**9
 # the signals are stamped from three days before the run on (the database's clock is
@@ -167,27 +167,38 @@ def readers_together(
     return threads * n / wall, p50_us([x for s in samples for x in s])
 
 
+MARK = (COMMUNITY, 2**63, 9)  # a key only the ingesting thread's marks go to
+
+
 def ingest_beside(
-    db: TidalDb, users: int, stop: threading.Event, counted: list[int]
+    db: TidalDb,
+    users: int,
+    stop: threading.Event,
+    counted: list[int],
+    marks: list[float] | None = None,
 ) -> threading.Thread:
-    """A thread ingesting flat out (batches of 1,000, timestamps before ``NOW``)."""
+    """A thread ingesting flat out (batches of 1,000, timestamps before ``NOW``);
+    with ``marks``, each batch also carries one signal to `MARK`, its submission time
+    appended to ``marks``."""
 
     def run() -> None:
         i = 0
         base = START + 3600 * 10**9
         while not stop.is_set():
-            db.signal_batch(
-                [
-                    Signal(
-                        (i + j) * 7919 % users,
-                        (i + j) * 104729 % 50_000,
-                        (i + j) % 4,
-                        1.0,
-                        base + i + j,
-                    )
-                    for j in range(1000)
-                ]
-            )
+            batch = [
+                Signal(
+                    (i + j) * 7919 % users,
+                    (i + j) * 104729 % 50_000,
+                    (i + j) % 4,
+                    1.0,
+                    base + i + j,
+                )
+                for j in range(1000)
+            ]
+            if marks is not None:
+                batch.append(Signal(0, MARK[1], MARK[2], 1.0, time.time_ns()))
+                marks.append(time.perf_counter())
+            db.signal_batch(batch)
             i += 1000
         counted.append(i)
 
@@ -284,6 +295,23 @@ def main() -> None:
                 out[f"ingesting_{k}_p50_us_read_your_writes"]
                 / out[f"idle_{k}_p50_us_read_your_writes"]
             )
+        db.flush()
+        # how far behind latest reads are: the time from a mark's submission to the
+        # first latest read that counts it, while ingesting flat out
+        stop, counted, marks = threading.Event(), [], []
+        ingester = ingest_beside(db, users, stop, counted, marks)
+        lags = []
+        end = time.perf_counter() + (2.0 if args.quick else 5.0)
+        while time.perf_counter() < end:
+            seen = db.read_window(*MARK, consistency="latest").count
+            now = time.perf_counter()
+            while len(lags) < seen and len(lags) < len(marks):
+                lags.append(now - marks[len(lags)])
+        stop.set()
+        ingester.join()
+        lags.sort()
+        out["ingesting_latest_lag_p50_ms"] = lags[len(lags) // 2] * 1e3 if lags else -1.0
+        out["ingesting_latest_lag_p99_ms"] = lags[len(lags) * 99 // 100] * 1e3 if lags else -1.0
         db.flush()
         one = readers_together(db, keys, 1, n)
         eight = readers_together(db, keys, 8, n // 4)

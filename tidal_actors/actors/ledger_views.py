@@ -6,9 +6,11 @@ retraction's rows, a rebuild's rewritten cohort) and publishes a new view
 not an attribution (a purge's retraction, a rebuild) or when a barrier (a read that
 waits, a flush) is complete there; after attributions once ``publish_every_s`` (the
 host context's, ``PUBLISH_EVERY_S`` under the pykka host, 0 under the deterministic
-one) has passed since the last publication, checked after each message, when the
-mailbox goes idle, and on a `Publish` the flusher thread sends while changes wait
-(`unpublished`). A message whose handler raised publishes nothing: the next
+one), and ten times the last publication's duration (``PUBLISH_SHARE``), have passed
+since the last publication: checked after each message, when the mailbox goes idle,
+and on a `Publish` the flusher thread sends while changes wait (`unpublished`). So
+under flat-out ingestion publishing takes at most about a tenth of the shard's time,
+and a view lags the shard by at most about ten publications' durations. A message whose handler raised publishes nothing: the next
 publication is built afresh from the state (a restarted shard builds its own at
 start). Readers in other threads take ``view`` (one attribute read) and never wait.
 """
@@ -29,8 +31,10 @@ from tidal_actors.core.states import LedgerState
 
 __all__ = ["PUBLISH_EVERY_S", "LedgerViews"]
 
-# attributions are published at most this often (seconds), under the pykka host
+# attributions are published at most this often (seconds), under the pykka host...
 PUBLISH_EVERY_S = 0.002
+# ... and at most so often that publishing takes this share of the shard's time
+PUBLISH_SHARE = 0.1
 
 
 class LedgerViews(Behaviour):
@@ -46,6 +50,7 @@ class LedgerViews(Behaviour):
         self._dirty_all = False
         self._published_at = 0.0
         self._every = float(getattr(self.ctx, "publish_every_s", 0.0))
+        self._cost = 0.0  # seconds the last publication took
         # changes wait for a publication (read by the flusher thread: `Publish`)
         self.unpublished = False
         self.publications = 0  # views published by this incarnation
@@ -65,22 +70,28 @@ class LedgerViews(Behaviour):
             return
         if not (self._dirty or self._dirty_all):
             return
-        if type(message) is not M.Attribute or (
-            time.perf_counter() - self._published_at >= self._every
-        ):
+        if type(message) is not M.Attribute or self._due():
             self.publish()
         else:
             self.unpublished = True
 
+    def _due(self) -> bool:
+        """Whether attributions may be published now (see the module doc)."""
+        if not self._every:
+            return True
+        wait = max(self._every, self._cost / PUBLISH_SHARE)
+        return time.perf_counter() - self._published_at >= wait
+
     def on_idle(self) -> None:
         if (self._dirty or self._dirty_all) and self.fault is None:
-            if time.perf_counter() - self._published_at >= self._every:
+            if self._due():
                 self.publish()
             else:
                 self.unpublished = True
 
     def _on_publish(self, _msg: M.Publish) -> None:
-        self.publish()
+        if self._due():
+            self.publish()
 
     def publish(self) -> None:
         """Publish the changes noted since the last publication (if any)."""
@@ -98,7 +109,8 @@ class LedgerViews(Behaviour):
         self.unpublished = False
         self._published_at = now = time.perf_counter()
         self.publications += 1
-        self.publish_s += now - started
+        self._cost = now - started
+        self.publish_s += self._cost
         self.view = view  # one assignment: readers see the old view or this one
 
     def note_rows(self, rows: range) -> None:

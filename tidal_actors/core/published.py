@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "EMPTY_MAP",
+    "NOT_READY",
     "Candidate",
     "Group",
     "KeyEntry",

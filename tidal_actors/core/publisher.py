@@ -46,8 +46,8 @@ from tidal_actors.core.published import (
 
 __all__ = ["KEEP", "KEEP_MAX", "KEEP_MIN", "Publisher"]
 
-KEEP = 32  # keys listed per group after a trim or a re-rank
-KEEP_MAX = 64  # a group listing more is trimmed to KEEP
+KEEP = 24  # keys listed per group after a trim or a re-rank
+KEEP_MAX = 40  # a group listing more is trimmed to KEEP
 KEEP_MIN = 12  # a group listing fewer while keys are unlisted is ranked again
 
 _versions = count(1)  # one sequence for the process: versions only grow, across restarts
@@ -100,6 +100,8 @@ class Publisher:
         self._gkey: list[GroupKey] = []
         self._gid: dict[GroupKey, int] = {}
         self._key_gid = np.zeros(0, dtype=np.int64)  # key id -> group id
+        # key id -> (cohort, entity, type), made once per key: the view's keys
+        self._names: list[tuple[str, int, int]] = []
         self._listed_flag = np.zeros(0, dtype=np.bool_)  # key id -> listed
         self._listed: dict[int, Candidate] = {}  # key id -> its candidate, if listed
 
@@ -203,7 +205,11 @@ class Publisher:
         agg = self.agg
         gids = []
         groups = len(self._gkey)
-        for pair in zip(agg.key_cohort[first:n].tolist(), agg.key_type[first:n].tolist()):
+        cids, types = agg.key_cohort[first:n].tolist(), agg.key_type[first:n].tolist()
+        self._names.extend(
+            zip(map(agg.cohort_names.__getitem__, cids), agg.key_entity[first:n].tolist(), types)
+        )
+        for pair in zip(cids, types):
             g = self._gid.get(pair)
             if g is None:
                 g = self._gid[pair] = len(self._gkey)
@@ -297,19 +303,18 @@ class Publisher:
                 los.append(None)
                 continue
             # the earlier buckets a window ending at or after the latest one reads
-            # (``window_buckets - 1`` lookups, however many buckets the key has)
-            kept = tuple(
-                (b, bk[0], bk[1]) for b in range(lb - n + 1, lb) if (bk := ob.get(b)) is not None
-            )
+            lo = lb - n + 1
+            if len(ob) < n:
+                kept = tuple((b, bk[0], bk[1]) for b, bk in ob.items() if b >= lo)
+            else:  # ``window_buckets - 1`` lookups, however many buckets the key has
+                kept = tuple(
+                    (b, bk[0], bk[1]) for b in range(lo, lb) if (bk := ob.get(b)) is not None
+                )
             olds.append(kept)
-            los.append(lb - n + 1 if len(kept) < len(ob) else None)
+            los.append(lo if len(kept) < len(ob) else None)
         out.update(
             zip(
-                zip(
-                    map(agg.cohort_names.__getitem__, agg.key_cohort[kl].tolist()),
-                    agg.key_entity[kl].tolist(),
-                    agg.key_type[kl].tolist(),
-                ),
+                map(self._names.__getitem__, kl.tolist()),
                 zip(
                     agg.fd_sum[kl].tolist(),
                     agg.landmark[kl].tolist(),

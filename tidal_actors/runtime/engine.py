@@ -32,6 +32,7 @@ from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
+from tidal_actors.core.published import NOT_READY
 from tidal_actors.runtime.call import Call, combined, error_of
 from tidal_actors.runtime.callers import Callers
 from tidal_actors.runtime.engine_ops import Operations
@@ -184,6 +185,8 @@ class Core(Operations):
             # fenced (`runtime.supervision.Fenced`): the state it held may be
             # half-updated, so no snapshot is written; the next open reads the store
             self.fenced = True
+            if address[0] == M.LEDGER:  # its reads go to it, and fail
+                self.ledgers[address[1]].view = NOT_READY
         elif isinstance(behaviour, Persistence):
             self.persistence = behaviour
         elif isinstance(behaviour, LedgerShard):
