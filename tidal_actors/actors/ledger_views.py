@@ -6,11 +6,14 @@ retraction's rows, a rebuild's rewritten cohort) and publishes a new view
 not an attribution (a purge's retraction, a rebuild) or when a barrier (a read that
 waits, a flush) is complete there; after attributions once ``publish_every_s`` (the
 host context's, ``PUBLISH_EVERY_S`` under the pykka host, 0 under the deterministic
-one), and ten times the last publication's duration (``PUBLISH_SHARE``), have passed
+one), and twice the last publication's duration (``PUBLISH_SPACING``), have passed
 since the last publication: checked after each message, when the mailbox goes idle,
 and on a `Publish` the flusher thread sends while changes wait (`unpublished`). So
-under flat-out ingestion publishing takes at most about a tenth of the shard's time,
-and a view lags the shard by at most about ten publications' durations. A message whose handler raised publishes nothing: the next
+under flat-out ingestion publishing takes at most about a third of the shard's time,
+and a view lags the shard by about three publications' durations. A publication
+costs about a microsecond or two per key changed since the last one (more for keys
+entering a (cohort, type)'s best), so a workload where most records touch a key no
+recent record touched pays the most (docs/performance.md, "Reads"). A message whose handler raised publishes nothing: the next
 publication is built afresh from the state (a restarted shard builds its own at
 start). Readers in other threads take ``view`` (one attribute read) and never wait.
 """
@@ -33,8 +36,9 @@ __all__ = ["PUBLISH_EVERY_S", "LedgerViews"]
 
 # attributions are published at most this often (seconds), under the pykka host...
 PUBLISH_EVERY_S = 0.002
-# ... and at most so often that publishing takes this share of the shard's time
-PUBLISH_SHARE = 0.1
+# ... and at least this many times the last publication's duration apart (so that
+# publishing takes at most a third of a busy shard's time)
+PUBLISH_SPACING = 2.0
 
 
 class LedgerViews(Behaviour):
@@ -48,6 +52,7 @@ class LedgerViews(Behaviour):
         # key id -> (cohort, entity, type) of keys a retraction may have dropped
         self._dirty_names: dict[int, tuple[str, int, int]] = {}
         self._dirty_all = False
+        self._urgent = False  # a change published at once: a retraction, a rebuild
         self._published_at = 0.0
         self._every = float(getattr(self.ctx, "publish_every_s", 0.0))
         self._cost = 0.0  # seconds the last publication took
@@ -70,7 +75,7 @@ class LedgerViews(Behaviour):
             return
         if not (self._dirty or self._dirty_all):
             return
-        if type(message) is not M.Attribute or self._due():
+        if self._urgent or self._due():
             self.publish()
         else:
             self.unpublished = True
@@ -79,7 +84,7 @@ class LedgerViews(Behaviour):
         """Whether attributions may be published now (see the module doc)."""
         if not self._every:
             return True
-        wait = max(self._every, self._cost / PUBLISH_SHARE)
+        wait = max(self._every, self._cost * PUBLISH_SPACING)
         return time.perf_counter() - self._published_at >= wait
 
     def on_idle(self) -> None:
@@ -90,8 +95,7 @@ class LedgerViews(Behaviour):
                 self.unpublished = True
 
     def _on_publish(self, _msg: M.Publish) -> None:
-        if self._due():
-            self.publish()
+        """Nothing to do here: `receive` publishes after it if the changes are due."""
 
     def publish(self) -> None:
         """Publish the changes noted since the last publication (if any)."""
@@ -106,6 +110,7 @@ class LedgerViews(Behaviour):
         self._dirty.clear()
         self._dirty_names.clear()
         self._dirty_all = False
+        self._urgent = False
         self.unpublished = False
         self._published_at = now = time.perf_counter()
         self.publications += 1
@@ -139,6 +144,7 @@ class LedgerViews(Behaviour):
         for k in ks.tolist():
             self._dirty_names[k] = agg.key(k)
         self._dirty.append(ks)
+        self._urgent = True
 
     def cohort_keys(self, cohort: str) -> tuple[np.ndarray, dict[int, tuple[str, int, int]]]:
         """The ids and names of ``cohort``'s live keys (before a rebuild rewrites them)."""
@@ -150,3 +156,4 @@ class LedgerViews(Behaviour):
         """Note keys ``ks`` changed, ``names`` naming those that may have been dropped."""
         self._dirty_names.update(names)
         self._dirty.append(ks)
+        self._urgent = True
