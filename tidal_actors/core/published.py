@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 __all__ = [
     "EMPTY_MAP",
     "NOT_READY",
+    "Candidate",
     "Group",
     "KeyEntry",
     "LayeredMap",
@@ -74,12 +75,15 @@ KeyEntry = tuple[
     float, int, int, int, int, int, float, tuple[tuple[int, int, float], ...], int | None
 ]
 
+# One key of a group's best, a plain tuple ordered best first:
+# (-rank, entity, fd_sum, landmark ns, half_life ns, t_max ns, key id).
+Candidate = tuple[float, int, float, int, int, int, int]
+
 
 class Group(NamedTuple):
-    """A (cohort, type)'s listed keys (names, in no order: their values are in the
-    view's key map), among them every key with a rank above ``bound`` (``-inf``:
-    every key that has a score at or after its latest contribution); ``since`` (ns):
-    no read time before it may be answered here.
+    """A (cohort, type)'s best keys by rank, best first; ``bound``: no other live key
+    of it has a higher rank (``-inf``: none has a score at or after its latest
+    contribution); ``since`` (ns): no read time before it may be answered here.
 
     ``since`` is ``RENORMALIZE_AT`` half-lives before a bound on the keys' landmarks.
     A key's rank bounds its score at a read time before its latest contribution too,
@@ -87,7 +91,7 @@ class Group(NamedTuple):
     contributions too small for the forward-decayed sum (underflowed in it) can be all
     the read time counts, and only the shard, summing them one by one, knows."""
 
-    listed: tuple[tuple[str, int, int], ...]
+    best: tuple[Candidate, ...]
     bound: float
     since: int
 
@@ -153,19 +157,9 @@ class PublishedView:
         window_width_ns, window_buckets: the shard's window settings.
         ready: False for the placeholder a shard holds before its first publication
             (every read returns None).
-        ref: the landmark ranks are taken against (ns).
     """
 
-    __slots__ = (
-        "groups",
-        "keys",
-        "published_ns",
-        "ready",
-        "ref",
-        "version",
-        "width",
-        "window_n",
-    )
+    __slots__ = ("groups", "keys", "published_ns", "ready", "version", "width", "window_n")
 
     def __init__(
         self,
@@ -176,7 +170,6 @@ class PublishedView:
         window_width_ns: int,
         window_buckets: int,
         ready: bool = True,
-        ref: int = 0,
     ) -> None:
         self.version = version
         self.published_ns = published_ns
@@ -185,7 +178,6 @@ class PublishedView:
         self.width = window_width_ns
         self.window_n = window_buckets
         self.ready = ready
-        self.ref = ref
 
     def score(self, cohort: str, entity: int, stype: int, at: int) -> float | None:
         """`Reads.decay_score` at ``at`` (ns); None when only the shard can answer."""
@@ -231,36 +223,25 @@ class PublishedView:
         g: Group | None = self.groups.get((cohort, stype))
         if g is None:
             return []
-        listed, bound, since = g
+        best, bound, since = g
         if at < since:
             return None  # long before a landmark: see `Group`
-        ref = self.ref
-        get = self.keys.get
-        ranked = []
-        for name in listed:
-            e = get(name)
-            if e is None:
-                continue
-            fd, landmark, t_max, h = e[0], e[1], e[2], e[3]
-            if at < t_max:
-                return None  # contributions after the read time: the shard's
-            if fd > 0.0:
-                s = fd * 2.0 ** (-(at - landmark) / h)
-                ranked.append((-(math.log2(fd) + (landmark - ref) / h), s, name[1]))
-        n = len(ranked)
-        if not n:
+        if not best:
             return [] if bound == -math.inf else None
+        n = len(best)
         if k > n and bound != -math.inf:
             return None  # keys the view does not list could be among the k
-        ranked.sort()
-        rk = -ranked[min(k, n) - 1][0]
+        rk = -best[min(k, n) - 1][0]
         cut = rk - rank_slack(rk)
         if bound >= cut:
             return None  # a near-tie with a key not listed
         scored = []
-        for i, (neg_rank, s, entity) in enumerate(ranked, 1):
+        for i, (neg_rank, entity, fd, landmark, h, t_max, _k) in enumerate(best, 1):
             if -neg_rank < cut:
                 break
+            if at < t_max:
+                return None
+            s = fd * 2.0 ** (-(at - landmark) / h)
             if s < TINY_SCORE and (i < n or bound != -math.inf):
                 return None  # near underflow rounding is not relative: the shard
             if s > 0.0:

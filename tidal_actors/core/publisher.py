@@ -2,8 +2,8 @@
 
 `Publisher` turns the keys a shard changed since its last publication into a new
 `PublishedView`: it gathers those keys' columns once (vectorized), replaces their
-entries in the key map, and updates the listed keys of the (cohort, type) groups
-they belong to. Owned by the shard's thread; the views it returns are immutable. No
+entries in the key map, and updates the best keys of the (cohort, type) groups they
+belong to. Owned by the shard's thread; the views it returns are immutable. No
 threads, no I/O.
 
 Theory of operation (top-k)
@@ -12,21 +12,22 @@ A key's *rank* is ``log2(fd_sum) + (landmark - ref) / half_life`` (``ref`` one
 landmark per publisher), so at a read time at or after its latest contribution its
 score is ``2 ** (rank - (at - ref) / half_life)``, and within a (cohort, type), whose
 keys share a half-life, the order by rank is the order by score. Per group the
-publisher lists some keys (by name: a reader takes their values from the view's key
-map, ranks and scores them) and keeps ``bound``, a rank no unlisted live key
-exceeds. A changed key whose rank passes the bound is listed; a listed key stays
-listed whatever its rank (so a key that changes while listed, the common case for
-popular entities, changes no group); past ``KEEP_MAX`` listed keys the lowest ranked
-are unlisted down to ``KEEP``, raising the bound to the highest of them; a dropped
-key is unlisted. A group left with fewer than ``KEEP_MIN`` listed keys while some
-are unlisted is ranked again from the columns (one vectorized scan of the shard's
-keys: after purges, rarely).
+publisher keeps the keys it lists (at most ``KEEP_MAX``, sorted best first, updated
+with `bisect`) and
+``bound``, a rank no unlisted live key exceeds. A changed key whose rank passes the
+bound is listed; a listed key whose rank fell below it is unlisted and the bound
+raised to its rank; past ``KEEP_MAX`` the lowest are unlisted down to ``KEEP``
+(raising the bound likewise). A group left with fewer than ``KEEP_MIN`` listed keys
+while some are unlisted is ranked again from the columns (one vectorized scan of the
+shard's keys: after retractions, rarely). Adds only raise a key's rank, so under
+ingestion only keys entering the best are touched.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_left, insort
 from collections.abc import Mapping
 from itertools import count
 from typing import Any
@@ -37,6 +38,7 @@ import numpy.typing as npt
 from tidal_actors.core.key_state import RENORMALIZE_AT, KeyState
 from tidal_actors.core.published import (
     EMPTY_MAP,
+    Candidate,
     Group,
     LayeredMap,
     PublishedView,
@@ -88,8 +90,8 @@ class Publisher:
         )
 
     def _reset(self) -> None:
-        # group id -> its listed keys (key id -> name); its bound; its key
-        self._listed_of: list[dict[int, tuple[str, int, int]]] = []
+        # group id -> its listed keys as candidates, best first; its bound; its key
+        self._best: list[list[Candidate]] = []
         self._bound = np.zeros(0, dtype=np.float64)
         # group id -> a bound on its live keys' landmarks, and the one its view has
         self._lmax = np.zeros(0, dtype=np.int64)
@@ -101,6 +103,7 @@ class Publisher:
         # key id -> (cohort, entity, type), made once per key: the view's keys
         self._names: list[tuple[str, int, int]] = []
         self._listed_flag = np.zeros(0, dtype=np.bool_)  # key id -> listed
+        self._listed: dict[int, Candidate] = {}  # key id -> its candidate, if listed
 
     # -- publications -----------------------------------------------------------------
 
@@ -134,38 +137,52 @@ class Publisher:
         self.keys = self.keys.updated(self._entries(ks, names))
         live = agg.live[ks] != 0
         gid = self._key_gid[ks]
-        flag = self._listed_flag
-        touched: set[int] = set()
+        rank = np.full(len(ks), -np.inf)
         if live.any():
-            kl, gl = ks[live], gid[live]
-            np.maximum.at(self._lmax, gl, agg.landmark[kl])
-            self._ghl[gl] = agg.key_half_life[kl]
-            rank = _ranks(agg.fd_sum[kl], agg.landmark[kl], agg.key_half_life[kl], self.ref)
-            # a listed key stays listed whatever its rank: its values are in the key
-            # map, and the bound is about the others
-            enter = ~flag[kl] & (rank > self._bound[gl])
-            if enter.any():
-                ke = kl[enter]
-                flag[ke] = True
-                listed = self._listed_of
-                for k, g in zip(ke.tolist(), gl[enter].tolist()):
-                    listed[g][k] = self._names[k]
-                    touched.add(g)
-        gone = ks[~live & flag[ks]]  # listed keys dropped
-        if len(gone):
-            flag[gone] = False
-            for k, g in zip(gone.tolist(), self._key_gid[gone].tolist()):
-                self._listed_of[g].pop(k, None)
-                touched.add(g)
-        touched.update(gid[self._lmax[gid] > self._lpub[gid]].tolist())
+            kl = ks[live]
+            rank[live] = _ranks(agg.fd_sum[kl], agg.landmark[kl], agg.key_half_life[kl], self.ref)
+        if live.any():
+            np.maximum.at(self._lmax, gid[live], agg.landmark[ks[live]])
+            self._ghl[gid[live]] = agg.key_half_life[ks[live]]
+        stale = gid[self._lmax[gid] > self._lpub[gid]]
+        touched: set[int] = set(stale.tolist())
+        hot = np.flatnonzero(self._listed_flag[ks] | (rank > self._bound[gid]))
+        kh = ks[hot]
+        listed = self._listed
+        flag = self._listed_flag
+        bounds = self._bound
+        for k, g, r, alive, ent, fd, lm, h, tm in zip(
+            kh.tolist(),
+            gid[hot].tolist(),
+            rank[hot].tolist(),
+            live[hot].tolist(),
+            agg.key_entity[kh].tolist(),
+            agg.fd_sum[kh].tolist(),
+            agg.landmark[kh].tolist(),
+            agg.key_half_life[kh].tolist(),
+            agg.t_max[kh].tolist(),
+        ):
+            best = self._best[g]
+            old = listed.pop(k, None)
+            if old is not None:
+                del best[bisect_left(best, old)]
+                flag[k] = False
+            if alive and r > bounds[g]:
+                c = (-r, ent, fd, lm, h, tm, k)
+                insort(best, c)
+                listed[k] = c
+                flag[k] = True
+            elif alive and r > -math.inf:
+                bounds[g] = max(float(bounds[g]), r)
+            touched.add(g)
         if not touched:
             return self._view()
         changed: dict[Any, Any] = {}
         for g in touched:
-            n = len(self._listed_of[g])
+            n = len(self._best[g])
             if n > KEEP_MAX:
                 self._trim(g)
-            elif n < KEEP_MIN and self._bound[g] > -np.inf:
+            elif n < KEEP_MIN and bounds[g] > -np.inf:
                 self._rerank(g)
             changed[self._view_key(g)] = self._group(g)
         self.groups = self.groups.updated(changed)
@@ -176,13 +193,7 @@ class Publisher:
     def _view(self) -> PublishedView:
         agg = self.agg
         self.view = PublishedView(
-            next(_versions),
-            time.monotonic_ns(),
-            self.keys,
-            self.groups,
-            agg._width,
-            agg._n,
-            ref=self.ref,
+            next(_versions), time.monotonic_ns(), self.keys, self.groups, agg._width, agg._n
         )
         return self.view
 
@@ -203,7 +214,7 @@ class Publisher:
             if g is None:
                 g = self._gid[pair] = len(self._gkey)
                 self._gkey.append(pair)
-                self._listed_of.append({})
+                self._best.append([])
             gids.append(g)
         if len(self._gkey) > groups:
             more = len(self._gkey) - groups
@@ -226,28 +237,24 @@ class Publisher:
         published = min(lmax + LANDMARK_SLACK * h, 2**63 - 1)
         self._lpub[g] = published
         since = published - int(RENORMALIZE_AT * h)
-        return Group(tuple(self._listed_of[g].values()), float(self._bound[g]), since)
+        return Group(tuple(self._best[g]), float(self._bound[g]), since)
 
     def _trim(self, g: int) -> None:
         """Unlist group ``g``'s keys below its ``KEEP`` best, raising its bound."""
-        agg = self.agg
-        listed = self._listed_of[g]
-        ks = np.fromiter(listed, dtype=np.int64, count=len(listed))
-        rank = _ranks(agg.fd_sum[ks], agg.landmark[ks], agg.key_half_life[ks], self.ref)
-        order = np.argsort(-rank, kind="stable")
-        out = ks[order[KEEP:]]
-        for k in out.tolist():
-            del listed[k]
-        self._listed_flag[out] = False
-        self._bound[g] = max(float(self._bound[g]), float(rank[order[KEEP]]))
+        best = self._best[g]
+        for c in best[KEEP:]:
+            del self._listed[c[6]]
+            self._listed_flag[c[6]] = False
+        self._bound[g] = max(float(self._bound[g]), -best[KEEP][0])
+        del best[KEEP:]
 
     def _rerank(self, g: int) -> None:
         """List group ``g``'s ``KEEP`` best live keys from the columns (one scan)."""
         agg = self.agg
         n = agg.key_total
-        listed = self._listed_of[g]
-        if listed:
-            self._listed_flag[np.fromiter(listed, dtype=np.int64, count=len(listed))] = False
+        for c in self._best[g]:
+            del self._listed[c[6]]
+            self._listed_flag[c[6]] = False
         ks = np.flatnonzero((self._key_gid[:n] == g) & (agg.live[:n] != 0)).astype(np.int64)
         self._lmax[g] = int(agg.landmark[ks].max()) if len(ks) else NO_KEY
         if len(ks):
@@ -257,8 +264,21 @@ class Publisher:
         ks, rank = ks[scoring], rank[scoring]
         order = np.argsort(-rank, kind="stable")
         top, rest = ks[order[:KEEP]], order[KEEP:]
-        self._listed_of[g] = {k: self._names[k] for k in top.tolist()}
-        self._listed_flag[top] = True
+        best = sorted(
+            zip(
+                (-rank[order[:KEEP]]).tolist(),
+                agg.key_entity[top].tolist(),
+                agg.fd_sum[top].tolist(),
+                agg.landmark[top].tolist(),
+                agg.key_half_life[top].tolist(),
+                agg.t_max[top].tolist(),
+                top.tolist(),
+            )
+        )
+        for c in best:
+            self._listed[c[6]] = c
+            self._listed_flag[c[6]] = True
+        self._best[g] = best
         self._bound[g] = float(rank[rest].max()) if len(rest) else -math.inf
 
     def _entries(self, ks: npt.NDArray[np.int64], names: Names) -> dict[Any, Any]:
