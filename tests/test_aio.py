@@ -648,10 +648,11 @@ async def test_every_method_raises_database_closed_after_exit() -> None:
 
 
 def test_a_reply_after_the_run_ended_neither_kills_the_actor_nor_logs(
-    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    core = open_core(None, None, ManualClock(T0))
+    # a store, so that the leave waits for a commit (an ephemeral leave has none)
+    core = open_core(str(tmp_path / "db"), None, ManualClock(T0))
     try:
         gate, held = threading.Event(), threading.Event()
         real_commit = core.store.commit

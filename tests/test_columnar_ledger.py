@@ -17,37 +17,17 @@ from tidal_actors.actors import messages as M
 from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import LogRecord
 from tidal_actors.core.key_state import DETAIL_COLUMNS
-from tidal_actors.storage.format import encode_history_columns, seal
+from tidal_actors.storage.format import decode_batch, encode_history_columns, seal
+
+from ._history_v1 import encode_batch, records_of
 
 WIDTH = 1000
 HALF = {1: 500, 2: 50_000, 3: 7}  # type 3 renormalizes often (RENORMALIZE_AT half-lives)
 
 
-def encode_batch(recs: list[tuple], contexts: dict | None) -> bytes:  # type: ignore[type-arg]
-    """The history batch layout (``storage.format.history``) built by hand, record by
-    record with `struct`: msgpack map ``c`` (sorted cohort names), ``ci`` (u8, or u32
-    from 256 names), ``m`` u8, ``r`` i64, ``u`` u64, ``e`` u64, ``t`` u64, ``w`` f32,
-    ``ts`` i64 (all little-endian), then ``x`` (the contexts) when there are any."""
-    names = sorted({rec[3] for rec in recs})
-    ci = "<B" if len(names) < 256 else "<I"
-
-    def col(fmt: str, field: int) -> bytes:
-        return b"".join(struct.pack(fmt, rec[field]) for rec in recs)
-
-    payload = {
-        "c": names,
-        "ci": b"".join(struct.pack(ci, names.index(rec[3])) for rec in recs),
-        "m": col("<B", 0),
-        "r": col("<q", 1),
-        "u": col("<Q", 2),
-        "e": col("<Q", 4),
-        "t": col("<Q", 5),
-        "w": col("<f", 6),
-        "ts": col("<q", 7),
-    }
-    if contexts:
-        payload["x"] = contexts
-    return msgpack.packb(payload)  # type: ignore[no-any-return]
+def _older(agg: Aggregates) -> dict[int, dict[int, tuple[int, float, float, int]]]:
+    """Each key's earlier buckets, ``{k: {b: (count, wsum, fd, tmax)}}``."""
+    return {k: agg.older.of(k) for k in agg.older}
 
 
 def _agg() -> Aggregates:
@@ -135,12 +115,12 @@ def test_bulk_bucket_moves_equal_moving_one_record_at_a_time(
     assert list(seq.latest_b) == list(bulk.latest_b)
     assert list(seq.latest_count) == list(bulk.latest_count)
     assert list(seq.latest_t_max) == list(bulk.latest_t_max)
-    assert {k: {b: (v[0], v[3]) for b, v in o.items()} for k, o in seq.older.items() if o} == {
-        k: {b: (v[0], v[3]) for b, v in o.items()} for k, o in bulk.older.items() if o
+    assert {k: {b: (v[0], v[3]) for b, v in o.items()} for k, o in _older(seq).items()} == {
+        k: {b: (v[0], v[3]) for b, v in o.items()} for k, o in _older(bulk).items()
     }
-    for k, o in seq.older.items():
+    for k, o in _older(seq).items():
         for b, v in o.items():
-            got = bulk.older[k][b]
+            got = _older(bulk)[k][b]
             assert math.isclose(v[1], got[1], rel_tol=1e-12, abs_tol=1e-12)
             assert math.isclose(v[2], got[2], rel_tol=1e-9, abs_tol=1e-12)
 
@@ -174,8 +154,8 @@ def test_bulk_load_equals_one_at_a_time(raw, at, retract, data) -> None:  # type
         assert getattr(one, name) == getattr(bulk, name)
     assert one.keys == bulk.keys and one.index == bulk.index and one.cohorts == bulk.cohorts
     assert set(one.older) == set(bulk.older)
-    for k, buckets in one.older.items():
-        assert set(buckets) == set(bulk.older[k])
+    for k, buckets in _older(one).items():
+        assert set(buckets) == set(_older(bulk)[k])
     if retract:
         for row in data.draw(st.lists(st.sampled_from(range(len(recs))), max_size=10)):
             one.retract_row(row)
@@ -203,7 +183,6 @@ def test_many_key_reads_equal_one_key_reads_and_retraction(raw, at, data) -> Non
 @settings(max_examples=60, deadline=None)
 @given(records, st.integers(0, 13_000))
 def test_dump_loads_back_bit_for_bit(raw: list[tuple[str, int, int, float, int]], at: int) -> None:
-    import msgpack
 
     a = _agg()
     rows = a.add_many(_recs(raw))
@@ -246,7 +225,21 @@ def test_retracting_everything_leaves_nothing() -> None:
     st.one_of(st.none(), st.just({0: {"k": 1}})),
 )
 def test_history_columns_encode_like_records(recs, contexts) -> None:  # type: ignore[no-untyped-def]
-    assert encode_history_columns(tuple(zip(*recs)), contexts) == encode_batch(recs, contexts)
+    """Columns in, the same records back (weights rounded to float32 at intake), and
+    the version 1 layout of the same records decodes alike."""
+    want = [(*r[:6], _f32(r[6]), r[7]) for r in recs]
+    b = decode_batch(0, 0, seal(b"k", encode_history_columns(tuple(zip(*recs)), contexts)), b"k")
+    assert records_of(b) == want and b.contexts == contexts
+    old = decode_batch(0, 0, encode_batch(recs, contexts))
+    assert records_of(old) == want and old.contexts == contexts
+
+
+def _f32(w: float) -> float:
+    return float(struct.unpack("<f", struct.pack("<f", w))[0])
+
+
+def _round_trip(cols: tuple, contexts: dict | None) -> list:  # type: ignore[type-arg]
+    return records_of(decode_batch(0, 0, seal(b"k", encode_history_columns(cols, contexts)), b"k"))
 
 
 @settings(max_examples=100, deadline=None)
@@ -280,12 +273,12 @@ def test_history_columns_from_an_attribute_message_encode_like_records(recs) -> 
         msg.weights,
         msg.timestamps,
     )
-    assert encode_history_columns(cols, {0: 1}) == encode_batch(recs, {0: 1})
+    assert _round_trip(cols, {0: 1}) == [tuple(r) for r in recs]
 
 
 def test_history_columns_with_many_cohorts() -> None:
     recs = [(0, i, i, f"c{i}", i, 1, 1.0, i) for i in range(300)]
-    assert encode_history_columns(tuple(zip(*recs)), None) == encode_batch(recs, None)
+    assert _round_trip(tuple(zip(*recs)), None) == recs
 
 
 pair_records = st.lists(
@@ -384,7 +377,7 @@ def test_retract_rows_equals_retracting_one_by_one(raw, at, data) -> None:  # ty
 @given(st.data())
 def test_erasure_rewrite_encodes_like_records(data) -> None:  # type: ignore[no-untyped-def]
     """Erasure rewrites a history batch from its decoded columns: the bytes equal
-    `encode_batch` of the kept records (contexts following their records)."""
+    the kept records (contexts following their records), from a version 1 batch."""
     import numpy as np
 
     from tidal_actors.storage.format import rewrite_batch_op
@@ -415,9 +408,9 @@ def test_erasure_rewrite_encodes_like_records(data) -> None:  # type: ignore[no-
     b = decode_batch(0, 0, encode_batch(recs, ctx))
     keep = sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1)))
     want_ctx = {new: ctx[old] for new, old in enumerate(keep) if ctx and old in ctx} or None
-    assert rewrite_batch_op(b"k", b, np.array(keep))[2] == seal(
-        b"k", encode_batch([recs[i] for i in keep], want_ctx)
-    )
+    _, key, value = rewrite_batch_op(b"k", b, np.array(keep))
+    got = decode_batch(0, 0, value, key)
+    assert records_of(got) == [recs[i] for i in keep] and got.contexts == want_ctx
 
 
 def test_records_evicted_between_prepare_and_apply_stay_counted(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -134,3 +134,26 @@ def test_a_control_write_commits_ahead_of_the_history_writes_queued_with_it(seed
     assert sorted(h.run(h.aggregate_rows())) == sorted(model.aggregate_rows())
     for u in range(8):
         assert h.run(h.community_layer_status(u)) == model.community_layer_status(u)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_an_ephemeral_control_write_is_answered_by_its_shard_alone(seed: int) -> None:
+    """With no store there is nothing to commit: assign, leave and rejoin are applied
+    and answered by the membership shard in the one delivery of their message, with
+    nothing sent to persistence, and with the effects the reference model gives."""
+    h = Harness(seed=seed, config=Config(ledger_shards=2, membership_shards=1), store="null")
+    model = ReferenceModel(h.config, h.clock)
+    for call, ref in (
+        (h.assign_cohort(4, "a"), lambda: model.assign_cohort(4, "a")),
+        (h.leave_community_layer(4), lambda: model.leave_community_layer(4)),
+        (h.rejoin_community_layer(4), lambda: model.rejoin_community_layer(4)),
+        (h.leave_community_layer(5), lambda: model.leave_community_layer(5)),
+    ):
+        assert h.step()  # the one delivery: the membership shard's
+        assert call.done and call.result() is None
+        ref()
+        assert not h.pending_messages().get(M.PERSIST_ADDR)
+    for u in (4, 5):
+        assert h.run(h.community_layer_status(u)) == model.community_layer_status(u)
+        assert h.run(h.community_leave_history(u)) == model.community_leave_history(u)
+    assert h.run(h.cohorts_of(4)) == model.cohorts_of(4) == frozenset({"a"})

@@ -618,6 +618,52 @@ def test_ledger_crash_during_rematerialization_fails_it_and_a_retry_succeeds() -
         assert_matches(db, model, [1], where=f"seed {seed}, reopened: ")
 
 
+def _red_counts(model: ReferenceModel) -> dict[tuple[int, int], int]:
+    return {(e, t): n for c, e, t, _, n, _ in model.aggregate_rows(None) if c == "red" and n}
+
+
+@pytest.mark.parametrize("timer_ms", [None, 1000.0])
+def test_a_failed_rebuild_is_tried_again_only_while_the_timer_is_on(timer_ms: float | None) -> None:
+    """A rebuild that failed is retried REMAT_RETRY_S (0.1 s) later when
+    ``rematerialize_after_ms`` is set, and never when it is off (rebuilds then run only
+    when asked; the failed call raised). Durable store, log of 4: the purge leaves its
+    2 evicted records in the aggregates, and only a rebuild removes them."""
+    cfg = CFG.replace(
+        max_contribution_log_entries=4, ledger_shards=1, rematerialize_after_ms=timer_ms
+    )
+    h = Harness(seed=3, config=cfg, store=MemoryStore())
+    r = Recorder(h)
+    r.assign_cohort(1, "red")
+    r.assign_cohort(2, "red")
+    for i in range(6):
+        r.signal_with_context(1, i % 2, 0, 1.0 + i)
+    r.signal_with_context(2, 0, 0, 100.0)
+    pid, _ = h.run(r.request_community_purge(1, "red"))
+    remat = h.rematerialize("red")
+    _step_until(h, lambda: "RematStart" in h.trace_lines()[-1])
+    h.crash_shard(LEDGER0)
+    h.run_until_idle()
+    with pytest.raises(TidalError):
+        remat.result()
+    db = Blocking(h)
+    model = r.model(cfg)
+    # 14 records (each signal's red and @community ones); the log held the last 4, of
+    # which the purge retracted user 1's red one (entity 1); the rest were evicted
+    assert _red_counts(model) == {(0, 0): 4, (1, 0): 2}
+    at = h.clock.now_ns()
+    assert_matches(db, model, [1, 2], ats=(at,), where="failed: ")
+    h.advance(150_000_000)  # 150 ms: past the first retry
+    h.tick()
+    h.run_until_idle()
+    if timer_ms is None:
+        assert not h.run(h.purge_status(pid)).rematerialized
+    else:
+        assert h.run(h.purge_status(pid)).rematerialized
+        model.rematerialize("red")
+        assert _red_counts(model) == {(0, 0): 1}  # user 2's only
+    assert_matches(db, model, [1, 2], ats=(at,), where=f"timer {timer_ms}: ")
+
+
 # -- reopen ------------------------------------------------------------------------------------
 
 

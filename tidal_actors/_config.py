@@ -43,6 +43,7 @@ SECTIONS: dict[str, frozenset[str]] = {
     "storage": frozenset({"map_size_bytes", "max_map_size_bytes"}),
     "purge": frozenset({"rematerialize_after_ms"}),
     "reads": frozenset({"read_consistency"}),
+    "runtime": frozenset({"host", "ray_address"}),
 }
 """The TOML sections of ``config/default.toml`` and the settings each holds."""
 
@@ -53,6 +54,16 @@ NS_DURATIONS = ("half_life_ns", "window_width_ns", "history_retention_ns")
 """Settings in int nanoseconds (besides ``half_life_ns_by_type``'s values)."""
 MS_DURATIONS = ("signal_flush_interval_ms", "rematerialize_after_ms", "inflight_budget_ms")
 """Settings in float milliseconds."""
+
+
+HOSTS = ("pykka", "ray")
+"""The values of ``Config.host``: threads in this process, or Ray actors (`runtime.ray_host`)."""
+
+
+def _host_port(address: str) -> bool:
+    """Whether ``address`` is ``<host>:<port>``."""
+    head, sep, port = address.rpartition(":")
+    return bool(sep and head and port.isdigit() and 0 < int(port) < 65536)
 
 
 def _duration_ns(name: str, value: Any) -> Any:
@@ -101,6 +112,8 @@ class Config:
     history_retention_ns: int | None = None
     rematerialize_after_ms: float | None = 1000.0
     read_consistency: str = "read_your_writes"
+    host: str = "pykka"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         for name in NS_DURATIONS:
@@ -207,6 +220,22 @@ class Config:
                 self.read_consistency,
                 "must be 'read_your_writes' or 'latest'",
             )
+        if not isinstance(self.host, str) or self.host not in HOSTS:
+            raise InvalidArgument("host", self.host, f"must be one of {', '.join(HOSTS)}")
+        if self.ray_address is not None and not (
+            isinstance(self.ray_address, str)
+            and (
+                self.ray_address == "auto"
+                or (self.ray_address.startswith("ray://") and len(self.ray_address) > 6)
+                or _host_port(self.ray_address)
+            )
+        ):
+            raise InvalidArgument(
+                "ray_address",
+                self.ray_address,
+                'must be None (start a local Ray instance), "auto" (the running cluster), '
+                '"ray://<head>:<port>" (Ray Client) or "<head>:<port>"',
+            )
         object.__setattr__(
             self,
             "half_life_ns_by_type",
@@ -227,8 +256,8 @@ class Config:
 
         Settings sit in their sections (``SECTIONS``: ``[decay]``, ``[window]``,
         ``[contribution_log]``, ``[shards]``, ``[ingest]``, ``[storage]``,
-        ``[purge]``, ``[reads]``) or at the top level; ``[decay.half_life_ns_by_type]`` maps type
-        ids (as strings) to half-lives. Durations are numbers in the setting's unit
+        ``[purge]``, ``[reads]``, ``[runtime]``) or at the top level;
+        ``[decay.half_life_ns_by_type]`` maps type ids (as strings) to half-lives. Durations are numbers in the setting's unit
         or strings such as ``"7d"`` (see :class:`Config`). An unknown key, a key in
         another section, one set twice, or a bad value raises InvalidArgument.
         """
@@ -243,7 +272,9 @@ class Config:
                     flat[key] = {int(k): v for k, v in dict(value).items()}
                 except (TypeError, ValueError) as exc:
                     raise InvalidArgument(key, value, "keys must be integer type ids") from exc
-            elif key in ("rematerialize_after_ms", "inflight_budget_ms") and value is False:
+            elif key in ("rematerialize_after_ms", "inflight_budget_ms", "ray_address") and (
+                value is False
+            ):
                 flat[key] = None  # TOML has no null: false turns the setting off
             elif key in known:
                 flat[key] = value

@@ -2,7 +2,8 @@
 
 A control operation (assign, unassign, leave, rejoin) computes its ops, sends them to
 persistence, and applies its change and answers its caller only when the commit is in
-(`_on_committed`). Meanwhile the shard stashes what arrives, so its own order is kept
+(`_on_committed`); in an ephemeral database (no store: ``ctx.durable`` false) it is
+applied and answered at once. Meanwhile the shard stashes what arrives, so its own order is kept
 without blocking a thread; when the commit is in, the run of control writes at the
 head of the stash, on distinct users, goes to persistence back to back
 (`_receive_group`), which commits writes waiting together in one transaction.
@@ -115,6 +116,12 @@ class ControlWrites(Behaviour):
     def _write(
         self, ops: list[tuple[str, bytes, bytes | None]], apply: Callable[[], Any], reply: Reply
     ) -> None:
+        if not self.ctx.durable:
+            # nothing to commit (an ephemeral database): applied and answered now,
+            # without the round trip through persistence (a failure to apply fails
+            # the handler, which answers the caller with it)
+            reply.set_result(apply())
+            return
         self._token += 1
         self._pending[self._token] = (apply, reply)
         # ahead: it writes only its user's records in ``users``, which no history,

@@ -222,7 +222,7 @@ class LedgerShard(LedgerViews, LedgerRebuilds):
             self._barrier_parts[key] = (b, n, lost)
             return
         self._barrier_parts.pop(key, None)
-        self.publish()  # what the barrier's sender submitted before it is in the view
+        self.publish_now()  # what the barrier's sender submitted before it is in the view
         if b.action is not None:
             self._read(b.action)
             return

@@ -8,8 +8,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from tidal_actors._errors import UnknownCohort
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
@@ -42,12 +40,8 @@ class LedgerRebuilds(Behaviour):
         """Settle what may be settled (`LedgerShard._settle`)."""
         raise NotImplementedError
 
-    def cohort_keys(self, cohort: str) -> tuple[np.ndarray, dict[int, tuple[str, int, int]]]:
-        """`LedgerViews.cohort_keys`."""
-        raise NotImplementedError
-
-    def note_keys(self, ks: np.ndarray, names: dict[int, tuple[str, int, int]]) -> None:
-        """`LedgerViews.note_keys`."""
+    def rebuilding(self) -> None:
+        """`LedgerViews.rebuilding`."""
         raise NotImplementedError
 
     def _on_remat_start(self, msg: M.RematStart) -> None:
@@ -87,10 +81,8 @@ class LedgerRebuilds(Behaviour):
                 return False
             # known: something was ever attributed here (the key table only grows)
             known = job.read > 0 or self.state.aggregates.cohort_id(job.cohort) is not None
-            before = self.cohort_keys(job.cohort)  # a rebuild may rewrite these
+            self.rebuilding()  # it may rewrite the cohort's keys: views republished
             read, excluded, matched, per_user = job.finish()
-            if not matched:
-                self.note_keys(*before)
             del self._jobs[token]
             self.ctx.tell(
                 M.COORD_ADDR,

@@ -1,25 +1,32 @@
-"""The publishing half of a ledger shard: its `PublishedView`, kept current.
+"""The publishing half of a ledger shard: its `PublishedView`, kept current while read.
 
-A ledger shard notes the keys each message changes (an attribution's records, a
-retraction's rows, a rebuild's rewritten cohort) and publishes a new view
-(`core.publisher.Publisher`) after a message was handled: at once when the change is
-not an attribution (a purge's retraction, a rebuild) or when a barrier (a read that
-waits, a flush) is complete there; after attributions once ``publish_every_s`` (the
-host context's, ``PUBLISH_EVERY_S`` under the pykka host, 0 under the deterministic
-one), and twice the last publication's duration (``PUBLISH_SPACING``), have passed
-since the last publication: checked after each message, when the mailbox goes idle,
-and on a `Publish` the flusher thread sends while changes wait (`unpublished`). So
-under flat-out ingestion publishing takes at most about a third of the shard's time,
-and a view lags the shard by about three publications' durations. A publication
-costs about a microsecond or two per key changed since the last one (more for keys
-entering a (cohort, type)'s best), so a workload where most records touch a key no
-recent record touched pays the most (docs/performance.md, "Reads"). A message whose handler raised publishes nothing: the next
-publication is built afresh from the state (a restarted shard builds its own at
-start). Readers in other threads take ``view`` (one attribute read) and never wait.
+A shard publishes only while its views are read: a reader that answers from
+``view``, or finds none, sets ``wanted`` (``time.monotonic()``, one attribute
+write). After a message the shard handled, if a reader wanted a view in the last
+``WANTED_S`` seconds, the shard publishes the keys changed since its last
+publication (`core.publisher.Publisher`) once ``PUBLISH_EVERY_S`` and twice the last
+publication's duration (``PUBLISH_SPACING``) have passed since it (so publishing
+takes at most about a third of a busy shard's time); else it notes that changes
+wait (``unpublished``: the flusher thread then sends a `Publish`, and the shard
+publishes when it goes idle). When nobody has read a view for ``WANTED_S``, the
+shard drops its view (``view = None``: readers ask the shard, and want one again)
+and stops noting changes: ingestion then pays one time read per message.
+
+A change that must not be missed is published at once, whatever the time: a
+retraction (a purge, a leave) and a rebuild set ``view = None`` before they change
+anything, so no reader answers from the state before them once they are applied,
+and publish after; a barrier (a flush, a read that waited) publishes before it
+completes, so what its sender submitted before it is in the view. A message whose
+handler raised publishes nothing; the next publication copies every key.
+
+Under the deterministic host (``publish_every_s`` 0) a shard publishes after every
+message; under a host whose readers cannot share the shard's memory (no
+``publish_every_s``, as the Ray host) it never publishes.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 
@@ -32,13 +39,14 @@ from tidal_actors.core.published import PublishedView
 from tidal_actors.core.publisher import Publisher
 from tidal_actors.core.states import LedgerState
 
-__all__ = ["PUBLISH_EVERY_S", "LedgerViews"]
+__all__ = ["PUBLISH_EVERY_S", "WANTED_S", "LedgerViews"]
 
-# attributions are published at most this often (seconds), under the pykka host...
-PUBLISH_EVERY_S = 0.002
-# ... and at least this many times the last publication's duration apart (so that
-# publishing takes at most a third of a busy shard's time)
+# changes are published at most this often (seconds) under the pykka host...
+PUBLISH_EVERY_S = 0.005
+# ... and at least this many times the last publication's duration apart
 PUBLISH_SPACING = 2.0
+# a shard keeps publishing while a reader wanted a view within this many seconds
+WANTED_S = 0.1
 
 
 class LedgerViews(Behaviour):
@@ -48,20 +56,25 @@ class LedgerViews(Behaviour):
 
     def _init_views(self) -> None:
         self._publisher = Publisher(self.state.aggregates)
+        every = getattr(self.ctx, "publish_every_s", None)
+        self._never = every is None  # readers cannot share this memory
+        self._always = every == 0.0  # the deterministic host: after every message
+        self._every = float(every or 0.0)
+        self.view: PublishedView | None = None  # what readers answer from
+        self.wanted = -math.inf  # time.monotonic() of the last reader that wanted one
+        self._on = False  # publishing (changes are noted)
         self._dirty: list[np.ndarray] = []
-        # key id -> (cohort, entity, type) of keys a retraction may have dropped
-        self._dirty_names: dict[int, tuple[str, int, int]] = {}
-        self._dirty_all = False
-        self._urgent = False  # a change published at once: a retraction, a rebuild
-        self._published_at = 0.0
-        self._every = float(getattr(self.ctx, "publish_every_s", 0.0))
+        self._dirty_all = True
+        self._urgent = False
+        self._published_at = -math.inf
         self._cost = 0.0  # seconds the last publication took
         # changes wait for a publication (read by the flusher thread: `Publish`)
         self.unpublished = False
         self.publications = 0  # views published by this incarnation
         self.publish_s = 0.0  # seconds spent building them
-        self.view: PublishedView = self._publisher.publish_all()
         self.on(M.Publish, self._on_publish)
+        if self._always:
+            self.publish()
 
     def receive(self, message: object) -> None:
         errors = self.handler_errors
@@ -71,44 +84,61 @@ class LedgerViews(Behaviour):
             # comes next (a resumed shard) is published afresh
             self._dirty_all = True
             self._dirty.clear()
-            self._dirty_names.clear()
             return
-        if not (self._dirty or self._dirty_all):
+        self._after()
+
+    def _after(self) -> None:
+        """Publish, drop the view or note that changes wait (see the module doc)."""
+        if self._never:
             return
-        if self._urgent or self._due():
+        if self._always:
+            if self._dirty or self._dirty_all or self.view is None:
+                self.publish()
+            return
+        now = time.monotonic()
+        if now - self.wanted > WANTED_S:
+            if self._on:  # nobody reads the views: stop publishing
+                self._on = False
+                self.view = None
+                self._publisher.release()
+                self._dirty.clear()
+                self._dirty_all = True
+                self.unpublished = False
+            return
+        if not (self._dirty or self._dirty_all or self.view is None):
+            return
+        wait = max(self._every, self._cost * PUBLISH_SPACING)
+        if self._urgent or self.view is None or now - self._published_at >= wait:
             self.publish()
         else:
             self.unpublished = True
 
-    def _due(self) -> bool:
-        """Whether attributions may be published now (see the module doc)."""
-        if not self._every:
-            return True
-        wait = max(self._every, self._cost * PUBLISH_SPACING)
-        return time.perf_counter() - self._published_at >= wait
-
     def on_idle(self) -> None:
-        if (self._dirty or self._dirty_all) and self.fault is None:
-            if self._due():
-                self.publish()
-            else:
-                self.unpublished = True
+        if self.fault is None:
+            self._after()
 
     def _on_publish(self, _msg: M.Publish) -> None:
         """Nothing to do here: `receive` publishes after it if the changes are due."""
 
+    def publish_now(self) -> None:
+        """Publish the changes noted so far if views are being published (a barrier
+        completes: what its sender submitted before it must be in the view)."""
+        if self._on or self._always:
+            self.publish()
+
     def publish(self) -> None:
-        """Publish the changes noted since the last publication (if any)."""
+        """Publish the state now (the changes noted since the last publication)."""
         started = time.perf_counter()
-        if self._dirty_all:
-            view = self._publisher.publish_all()
+        if self._dirty_all or not self._on:
+            ks = None
         elif self._dirty:
             ks = self._dirty[0] if len(self._dirty) == 1 else np.concatenate(self._dirty)
-            view = self._publisher.publish(np.unique(ks), self._dirty_names)
+            ks = np.unique(ks)
         else:
-            return
+            ks = np.zeros(0, dtype=np.int64)
+        view = self._publisher.publish(ks)
+        self._on = True
         self._dirty.clear()
-        self._dirty_names.clear()
         self._dirty_all = False
         self._urgent = False
         self.unpublished = False
@@ -120,7 +150,7 @@ class LedgerViews(Behaviour):
 
     def note_rows(self, rows: range) -> None:
         """Note the keys of detail rows ``rows`` just added (before anything settles)."""
-        if not len(rows):
+        if not (self._on and len(rows)):
             return
         agg = self.state.aggregates
         dk = agg.view("row_key")
@@ -130,9 +160,14 @@ class LedgerViews(Behaviour):
         del dk  # no buffer export may outlive the call
 
     def note_retraction(self, rows: Sequence[int]) -> None:
-        """Note the keys of detail rows about to be retracted, with their names (a
-        key left with no contribution is dropped, its columns zeroed)."""
+        """Note the keys of detail rows about to be retracted (a key left with no
+        contribution is dropped: its columns zeroed, its index entry removed)."""
         if not len(rows):
+            return
+        self._publisher.dropping()
+        self.view = None  # no reader answers from the state before the retraction
+        self._urgent = True
+        if not self._on:
             return
         agg = self.state.aggregates
         r = np.asarray(rows, dtype=np.int64) - agg.row_base
@@ -140,20 +175,13 @@ class LedgerViews(Behaviour):
         dk = agg.view("row_key")
         ks = np.unique(dk[r]).astype(np.int64)
         del dk
-        ks = ks[ks != DEAD]
-        for k in ks.tolist():
-            self._dirty_names[k] = agg.key(k)
-        self._dirty.append(ks)
-        self._urgent = True
+        self._dirty.append(ks[ks != DEAD])
 
-    def cohort_keys(self, cohort: str) -> tuple[np.ndarray, dict[int, tuple[str, int, int]]]:
-        """The ids and names of ``cohort``'s live keys (before a rebuild rewrites them)."""
-        agg = self.state.aggregates
-        ks = agg.cohort_key_ids(cohort)
-        return np.array(ks, dtype=np.int64), {k: agg.key(k) for k in ks}
-
-    def note_keys(self, ks: np.ndarray, names: dict[int, tuple[str, int, int]]) -> None:
-        """Note keys ``ks`` changed, ``names`` naming those that may have been dropped."""
-        self._dirty_names.update(names)
-        self._dirty.append(ks)
+    def rebuilding(self) -> None:
+        """A rebuild is about to rewrite a cohort's keys: published at once after, in
+        full (the groups made again: keys dropped and installed again)."""
+        self._publisher.dropping()
+        self._publisher.regroup()
+        self.view = None
+        self._dirty_all = True
         self._urgent = True

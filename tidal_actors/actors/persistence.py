@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from tidal_actors._errors import ActorFailure, StorageError, TidalError
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour, Context
 from tidal_actors.actors.recovery import LoadStore
 from tidal_actors.actors.reply import Reply
+
+T = TypeVar("T")
 
 
 def _write_error(exc: Exception) -> TidalError:
@@ -163,17 +166,39 @@ class Persistence(Behaviour):
         msg.reply.set_result(self.store.load())
 
     def _on_compact(self, msg: M.Compact) -> None:
+        """Commit what waits; drop the history past its retention; merge and rewrite
+        the history batches (`storage.history_compact`); then compact the file."""
         self.commit()
         cfg = self.ctx.config
-        if cfg.history_retention_ns is not None and self.store.durable:
+        check = getattr(self.store, "check_compact", None)  # LMDB: a refusal changes nothing
+        if check is not None:
+            check()
+        if self.store.durable:
+            from tidal_actors.storage.history_compact import compact_history_ops
             from tidal_actors.storage.rematerialize import retention_ops
 
-            cutoff = self.ctx.clock.now_ns() - cfg.history_retention_ns
-            dropped = retention_ops(self.store.history_items(), cutoff)
-            self.store.commit(dropped)
-            if dropped:
+            if cfg.history_retention_ns is not None:
+                cutoff = self.ctx.clock.now_ns() - cfg.history_retention_ns
+                dropped = self._read_history(lambda items: retention_ops(items, cutoff))
+                self.store.commit(dropped)
+                if dropped:
+                    self.store.history_marks.rewritten()
+            merged, _ = self._read_history(compact_history_ops)
+            if merged:
+                self.store.commit(merged)
                 self.store.history_marks.rewritten()
         msg.reply.set_result(self.store.compact())
+
+    def _read_history(self, fn: Callable[[Iterable[tuple[bytes, bytes]]], T]) -> T:
+        """``fn`` of the store's history batches; the read (its transaction) ends
+        before this returns or raises, so a commit may follow."""
+        items = self.store.history_items()
+        try:
+            return fn(items)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
 
     def _report(self, reply: Reply, lost: list[BaseException] | None = None) -> None:
         """Answer a flush: None, or every loss since the last one in one StorageError

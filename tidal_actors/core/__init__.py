@@ -44,7 +44,8 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
    Bucket ``b(t) = t // window_width_ns``; the window read at ``at`` covers buckets
    ``b(at) - window_buckets + 1 .. b(at)`` whole, a count and a weight sum per
    bucket (`core.reads.Reads._window`, and `Reads.rows` on columns). Every bucket
-   with a contribution is kept (`core.aggregates`, theory of operation).
+   with a contribution is kept (`core.aggregates`, theory of operation; a key's
+   earlier buckets: `core.older_buckets.OlderBuckets`).
 
 5. Log eviction: the contribution log's capacity and the watermark.
    Each membership shard's records are a FIFO of capacity

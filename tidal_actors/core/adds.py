@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from tidal_actors.core.bucket_adds import SMALL_BATCH, BucketAdds
-from tidal_actors.core.key_state import RENORMALIZE_AT
+from tidal_actors.core.key_state import RENORMALIZE_AT, KeyCode, key_codes
 
 __all__ = ["Adds", "Record"]
 
@@ -79,12 +79,15 @@ class Adds(BucketAdds):
                 _plain(ws),
                 _plain(tss),
             )
-        index = self.index
-        es_l = es.tolist() if isinstance(es, np.ndarray) else es
-        types_l = types.tolist() if isinstance(types, np.ndarray) else types
-        kids: list[int | None] = list(map(index.get, zip(cs, es_l, types_l)))
+        cids = self.cohort_ids_of(cs)
+        codes = key_codes(
+            np.array(cids, dtype=np.int64),
+            np.asarray(es, dtype=np.uint64),
+            np.asarray(types, dtype=np.uint64),
+        )
+        kids: list[int | None] = list(map(self.index.get, codes))
         if None in kids:
-            self._new_keys(kids, cs, es_l, types_l, tss)
+            self._new_keys(kids, codes, cids, es, types, tss)
         k = np.array(kids, dtype=np.int64)
         ts = np.asarray(tss, dtype=np.int64)
         w = np.asarray(ws, dtype=np.float64)
@@ -176,16 +179,15 @@ class Adds(BucketAdds):
         kid = rank[inv]
         fk = first[by_first]  # each key id's first record
         kc, ke, kt = cids[fk], np.asarray(es)[fk], np.asarray(types)[fk]
-        keys = list(zip(map(names.__getitem__, kc.tolist()), ke.tolist(), kt.tolist()))
-        self.index.update(zip(keys, range(g)))
-        del keys
-        self._nkeys = g
-        self._reserve(g)
         per_cohort = np.bincount(kc, minlength=len(names))
         lut = np.zeros(len(names), dtype=np.int32)
-        for c in np.flatnonzero(per_cohort).tolist():
+        uc, ufirst = np.unique(kc, return_index=True)
+        for c in uc[np.argsort(ufirst)].tolist():  # ids in order of first key, as adds give
             lut[c] = self._cohort_id(names[c])
             self.cohorts[names[c]] = self.cohorts.get(names[c], 0) + int(per_cohort[c])
+        self.index.update(zip(key_codes(lut[kc], ke, kt), range(g)))
+        self._nkeys = g
+        self._reserve(g)
         hl_of_type = np.array([self.half_life(t) for t in ut.tolist()], dtype=np.int64)
         self.key_cohort[:g] = lut[kc]
         self.key_entity[:g] = ke
@@ -225,16 +227,10 @@ class Adds(BucketAdds):
             wsum = np.add.reduceat(wo, starts)
             fsum = np.add.reduceat(fo, starts)
             tmax = np.maximum.reduceat(to, starts)
-            older = self.older
-            for k, bb, cn, sw, sf, st in zip(
-                ko[starts].tolist(),
-                bo[starts].tolist(),
-                counts.tolist(),
-                wsum.tolist(),
-                fsum.tolist(),
-                tmax.tolist(),
-            ):
-                older.setdefault(k, {})[bb] = (cn, sw, sf, st)
+            self.older.load_sorted(
+                ko[starts],
+                {"b": bo[starts], "count": counts, "wsum": wsum, "fd": fsum, "tmax": tmax},
+            )
         if not every:
             slow = self._add_one
             wl = w.tolist()
@@ -250,19 +246,21 @@ class Adds(BucketAdds):
     def _new_keys(
         self,
         kids: list[int | None],
-        cs: Sequence[str],
-        es: Sequence[int],
-        types: Sequence[int],
+        codes: list[KeyCode],
+        cids: list[int],
+        es: Sequence[int] | np.ndarray,
+        types: Sequence[int] | np.ndarray,
         tss: Sequence[int] | np.ndarray,
     ) -> None:
-        """Give ids to the keys not seen yet (``None`` in ``kids``), columns set in bulk."""
+        """Give ids to the keys not seen yet (``None`` in ``kids``; ``codes`` their
+        `key_code`), columns set in bulk."""
         index = self.index
         first = self._nkeys
         # all at C speed: the missing keys and their positions, each new key once (in
         # order of first appearance) with the position of its first contribution
         missing = list(map(is_, kids, repeat(None)))
         where = list(compress(range(len(kids)), missing))
-        absent = list(compress(zip(cs, es, types), missing))
+        absent = list(compress(codes, missing))
         new = list(dict.fromkeys(absent))
         earliest = dict(zip(reversed(absent), reversed(where)))
         at = list(map(earliest.__getitem__, new))  # position of each new key's first contribution
@@ -272,18 +270,18 @@ class Adds(BucketAdds):
         for i, kid in zip(where, map(index.__getitem__, absent)):
             kids[i] = kid
         self._reserve(last)
-        new_cohorts = list(map(cs.__getitem__, at))
-        new_types = list(map(types.__getitem__, at))
-        for c, m in Counter(new_cohorts).items():
-            self._cohort_id(c)
-            self.cohorts[c] = self.cohorts.get(c, 0) + m
-        for t in set(new_types):
-            self.half_life(t)
-        nt = np.array(list(map(tss.__getitem__, at)), dtype=np.int64)
-        self.key_cohort[first:last] = list(map(self._cid.__getitem__, new_cohorts))
-        self.key_entity[first:last] = np.array(list(map(es.__getitem__, at)), dtype=np.uint64)
-        self.key_type[first:last] = np.array(new_types, dtype=np.uint64)
-        self.key_half_life[first:last] = list(map(self._hl_cache.__getitem__, new_types))
+        new_cids = list(map(cids.__getitem__, at))
+        names = self.cohort_names
+        for c, m in Counter(new_cids).items():
+            name = names[c]
+            self.cohorts[name] = self.cohorts.get(name, 0) + m
+        pos = np.array(at, dtype=np.int64)
+        new_types = np.asarray(types, dtype=np.uint64)[pos]
+        nt = np.asarray(tss, dtype=np.int64)[pos]
+        self.key_cohort[first:last] = new_cids
+        self.key_entity[first:last] = np.asarray(es, dtype=np.uint64)[pos]
+        self.key_type[first:last] = new_types
+        self.key_half_life[first:last] = list(map(self.half_life, new_types.tolist()))
         self.landmark[first:last] = nt
         self.t_max[first:last] = nt
         self.latest_t_max[first:last] = nt

@@ -24,11 +24,14 @@ operations. The parts: `key_state` (columns, detail rows, key ids), `adds`,
 * Buckets ``b = t // width`` each hold ``count, weight_sum, fd_sum, t_max_b``. The
   latest bucket sits in columns (``latest_b``, ``latest_count``, ``latest_wsum``,
   ``latest_fd``, ``latest_t_max``): most contributions land there. Earlier buckets
-  are in ``older[k]`` (a dict ``b -> (count, wsum, fd, tmax)``, only for keys that
-  have some). Every bucket that holds a contribution is kept, so a window read at any
-  time is exact and ``fd_sum`` is always the sum of the buckets' ``fd`` (re-derived
+  are rows of ``older`` (`older_buckets.OlderBuckets`: per key a segment of columns
+  ``b, count, wsum, fd, tmax``, sorted by ``b``, only for keys that have some).
+  Every bucket that holds a contribution is kept, so a window read at any time is
+  exact and ``fd_sum`` is always the sum of the buckets' ``fd`` (re-derived
   with ``math.fsum`` after a retraction to drop rounding residue).
-* Adding a batch: keys are looked up at C speed (``map(index.get, zip(...))``), new
+* Adding a batch: keys are looked up at C speed (``map(index.get, codes)``, the
+  codes computed with numpy: `key_state.KeyCode`, which keeps the index out of the
+  cyclic GC's walks), new
   keys are given ids together, then every contribution that falls in its key's
   latest bucket (the common case) is added with ``np.add.at``; the others (a newer
   bucket, a late contribution, a landmark move) go one by one, after, which gives the
@@ -54,13 +57,13 @@ from __future__ import annotations
 
 import math
 import sys
-from array import array
 from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
 from tidal_actors.core.adds import Adds
-from tidal_actors.core.key_state import DETAIL_COLUMNS, KEY_COLUMNS
+from tidal_actors.core.key_state import DETAIL_COLUMNS, KEY_COLUMNS, key_code, key_codes
+from tidal_actors.core.older_buckets import OLDER_COLUMNS
 from tidal_actors.core.reads import Reads
 from tidal_actors.core.retraction import Retraction
 from tidal_actors.core.settling import Settling
@@ -104,16 +107,11 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         )
         columns = sum(getattr(self, name).nbytes for name in KEY_COLUMNS)
         size = sys.getsizeof
-        index = size(self.index) + sum(map(size, self.index))
-        index += sum(size(k[1]) for k in self.index if k[1] > 256)  # small ints are shared
-        index += sum(size(k) for k in self.index.values() if k > 256)
-        older = size(self.older)
-        for k, buckets in self.older.items():
-            older += size(buckets) + (size(k) if k > 256 else 0)
-            older += sum(
-                size(b) + size(bk) + size(bk[1]) + size(bk[2]) + size(bk[3])
-                for b, bk in buckets.items()
-            )
+        index = size(self.index)
+        for code in self.index:  # an int, or a tuple of three ints (`KeyCode`)
+            index += size(code) if isinstance(code, int) else size(code) + sum(map(size, code))
+        index += sum(size(k) for k in self.index.values() if k > 256)  # small ints are shared
+        older = self.older.nbytes()
         settled = self.settled.nbytes()
         return {
             "detail_rows": detail,
@@ -174,23 +172,22 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         for name in KEY_COLUMNS:  # one vectorized copy per column
             if name != "key_cohort":
                 getattr(self, name)[at] = getattr(other, name)[src]
-        self.index.update(zip(((cohort, e, t) for e, t in pairs), ks))
+        cid = self._cohort_id(cohort)
+        self.index.update(zip((key_code(cid, e, t) for e, t in pairs), ks))
         self.cohorts[cohort] = self.cohorts.get(cohort, 0) + len(ks)
         for ok, k in zip(oks, ks):
             if ok in other.older:
-                self.older[k] = dict(other.older[ok])
+                self.older.replace(k, other.older.of(ok))
 
     # -- snapshots -------------------------------------------------------------------
 
     def dump(self) -> AggregatesSnapshot:
         """The whole state as plain values and bytes (for a snapshot; see `load`)."""
         n = self._nkeys
-        ob: list[int] = []
+        ok, ocols = self.older.dump()
         oflat: list[Any] = []
-        for k, older in self.older.items():
-            for b, bk in older.items():
-                ob.append(k)
-                oflat.extend((b, bk[0], bk[1], bk[2], bk[3]))
+        for row in zip(*(ocols[name].tolist() for name in OLDER_COLUMNS)):
+            oflat.extend(row)
         return {
             "names": self.cohort_names,
             "n": n,
@@ -201,7 +198,7 @@ class Aggregates(Reads, Retraction, Settling, Adds):
                 col.tag: getattr(self, name)[self.row_base - self.phys_base :].tobytes()
                 for name, col in DETAIL_COLUMNS.items()
             },
-            "older_keys": array("q", ob).tobytes(),
+            "older_keys": ok.tobytes(),
             "older": oflat,
             "row_base": self.row_base,
             "settled": self.settled.dump(),
@@ -231,20 +228,17 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         live = np.flatnonzero(self.live[:n])
         self.index = dict(
             zip(
-                zip(
-                    map(names.__getitem__, self.key_cohort[live].tolist()),
-                    self.key_entity[live].tolist(),
-                    self.key_type[live].tolist(),
-                ),
+                key_codes(self.key_cohort[live], self.key_entity[live], self.key_type[live]),
                 live.tolist(),
             )
         )
         counts = np.bincount(self.key_cohort[:n][self.live[:n] != 0], minlength=len(names)).tolist()
         self.cohorts = {names[c]: m for c, m in enumerate(counts) if m}
-        ok = array("q")
-        ok.frombytes(state["older_keys"])
+        ok = np.frombuffer(state["older_keys"], dtype=np.int64)
         flat = state["older"]
-        older = self.older
-        for i, k in enumerate(ok):
-            j = 5 * i
-            older.setdefault(k, {})[flat[j]] = (flat[j + 1], flat[j + 2], flat[j + 3], flat[j + 4])
+        cols = {
+            name: np.array(flat[i::5], dtype=dtype)
+            for i, (name, dtype) in enumerate(OLDER_COLUMNS.items())
+        }
+        order = np.lexsort((cols["b"], ok))  # the layout a snapshot's writer chose
+        self.older.load_sorted(ok[order], {name: col[order] for name, col in cols.items()})

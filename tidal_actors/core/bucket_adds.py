@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tidal_actors.core.key_state import RENORMALIZE_AT, KeyState
+from tidal_actors.core.key_state import RENORMALIZE_AT, KeyCode, KeyState, key_code
 
 __all__ = ["SMALL_BATCH", "BucketAdds"]
 
@@ -48,9 +48,10 @@ class BucketAdds(KeyState):
         index = self.index
         ks: list[int] = []
         for c, e, t, ts in zip(cs, es, types, tss):
-            k = index.get((c, e, t))
+            code = key_code(self._cohort_id(c), e, t)
+            k = index.get(code)
             if k is None:
-                k = self._new_key(c, e, t, ts)
+                k = self._new_key(code, c, e, t, ts)
             ks.append(k)
         add = self._add_one
         for k, ts, w in zip(ks, tss, ws):
@@ -64,11 +65,12 @@ class BucketAdds(KeyState):
         self.row_rseq.extend(rs)
         return range(first, first + n)
 
-    def _new_key(self, cohort: str, entity: int, stype: int, ts: int) -> int:
-        """A new key's id, its columns set as of its first contribution at ``ts``."""
+    def _new_key(self, code: KeyCode, cohort: str, entity: int, stype: int, ts: int) -> int:
+        """A new key's id (``code`` its `key_code`), its columns set as of its first
+        contribution at ``ts``."""
         k = self._nkeys
         self._nkeys = k + 1
-        self.index[(cohort, entity, stype)] = k
+        self.index[code] = k
         self._reserve(k + 1)
         self.key_cohort[k] = self._cohort_id(cohort)
         self.cohorts[cohort] = self.cohorts.get(cohort, 0) + 1
@@ -112,21 +114,14 @@ class BucketAdds(KeyState):
         moving = np.flatnonzero(counts)
         if len(moving):
             mk = keys[moving]
-            older = self.older
-            get = older.get
-            for key, cb, cn, cw, cf, ct in zip(
-                mk.tolist(),
-                self.latest_b[mk].tolist(),
-                counts[moving].tolist(),
-                self.latest_wsum[mk].tolist(),
-                self.latest_fd[mk].tolist(),
-                self.latest_t_max[mk].tolist(),
-            ):
-                o = get(key)
-                if o is None:
-                    older[key] = {cb: (cn, cw, cf, ct)}
-                else:
-                    o[cb] = (cn, cw, cf, ct)
+            self.older.push_newest(
+                mk,
+                self.latest_b[mk],
+                counts[moving],
+                self.latest_wsum[mk],
+                self.latest_fd[mk],
+                self.latest_t_max[mk],
+            )
         self.latest_b[keys] = top
         self.latest_count[keys] = 0
         self.latest_wsum[keys] = 0.0
@@ -164,11 +159,15 @@ class BucketAdds(KeyState):
         elif b > cb:  # the latest bucket moves to ``older``; the new one is the latest
             cn = int(self.latest_count[k])
             if cn:
-                self.older.setdefault(k, {})[cb] = (
-                    cn,
-                    float(self.latest_wsum[k]),
-                    float(self.latest_fd[k]),
-                    int(self.latest_t_max[k]),
+                self.older.put(
+                    k,
+                    cb,
+                    (
+                        cn,
+                        float(self.latest_wsum[k]),
+                        float(self.latest_fd[k]),
+                        int(self.latest_t_max[k]),
+                    ),
                 )
             self.latest_b[k] = b
             self.latest_count[k] = 1
@@ -176,12 +175,13 @@ class BucketAdds(KeyState):
             self.latest_fd[k] = wf
             self.latest_t_max[k] = ts
         else:
-            older = self.older.setdefault(k, {})
-            bk = older.get(b)
+            bk = self.older.get(k, b)
             if bk is None:
-                older[b] = (1, w, wf, ts)
+                self.older.put(k, b, (1, w, wf, ts))
             else:
-                older[b] = (bk[0] + 1, bk[1] + w, bk[2] + wf, ts if ts > bk[3] else bk[3])
+                self.older.put(
+                    k, b, (bk[0] + 1, bk[1] + w, bk[2] + wf, ts if ts > bk[3] else bk[3])
+                )
 
     def _renormalize(self, k: int, new_landmark: int, h: int) -> None:
         """Move key ``k``'s landmark to ``new_landmark`` (ns), rescaling its sums.
@@ -195,8 +195,5 @@ class BucketAdds(KeyState):
         factor = 2.0**d
         self.fd_sum[k] *= factor
         self.latest_fd[k] *= factor
-        older = self.older.get(k)
-        if older:
-            for b, bk in older.items():
-                older[b] = (bk[0], bk[1], bk[2] * factor, bk[3])
+        self.older.scale_fd(k, factor)
         self.landmark[k] = new_landmark

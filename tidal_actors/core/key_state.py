@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
+from itertools import compress, repeat
+from operator import is_
 from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from tidal_actors.core.older_buckets import OlderBuckets
 from tidal_actors.core.settled import SettledBuckets
 
 __all__ = [
@@ -26,7 +29,10 @@ __all__ = [
     "RENORMALIZE_AT",
     "Bucket",
     "Column",
+    "KeyCode",
     "KeyState",
+    "key_code",
+    "key_codes",
 ]
 
 # a key's landmark moves to its newest contribution when that one lies more than this
@@ -35,6 +41,48 @@ RENORMALIZE_AT = 256.0
 DEAD = 0xFFFFFFFF  # key id of a retracted detail row
 
 Bucket = tuple[int, int, float, float, int]  # (b, count, weight_sum, fd_sum, t_max_b)
+
+# The key index's key for (cohort id, entity, type): a *narrow code*, one int
+# ``cid << 50 | type << 44 | entity``, when cid < 2**14, type < 2**6 and entity < 2**44
+# (numpy computes a batch's codes at once); else the tuple ``(cid, entity, type)``.
+# A dict keyed by ints only is never tracked by the cyclic GC, so a full collection
+# does not walk it (a dict keyed by tuples is tracked again by each new key, and a full
+# collection then visits every entry: 45 ms a million keys).
+KeyCode = int | tuple[int, int, int]
+_CID_BITS, _TYPE_BITS, _ENTITY_BITS = 14, 6, 44
+_TYPE_SHIFT = _ENTITY_BITS
+_CID_SHIFT = _ENTITY_BITS + _TYPE_BITS
+
+
+def key_code(cid: int, entity: int, stype: int) -> KeyCode:
+    """The key index's key for ``(cid, entity, stype)`` (see `KeyCode`)."""
+    if cid < 1 << _CID_BITS and stype < 1 << _TYPE_BITS and entity < 1 << _ENTITY_BITS:
+        return cid << _CID_SHIFT | stype << _TYPE_SHIFT | entity
+    return (cid, entity, stype)
+
+
+def key_codes(
+    cids: npt.NDArray[Any], es: npt.NDArray[Any], types: npt.NDArray[Any]
+) -> list[KeyCode]:
+    """`key_code` of many keys (int64 cohort ids, uint64 entities and types, one
+    length), computed with numpy where every key is narrow."""
+    if not len(cids):
+        return []
+    c = np.asarray(cids, dtype=np.int64)
+    e = np.asarray(es, dtype=np.uint64)
+    t = np.asarray(types, dtype=np.uint64)
+    narrow = (c < 1 << _CID_BITS) & (t < 1 << _TYPE_BITS) & (e < 1 << _ENTITY_BITS)
+    if not narrow.any():  # e.g. 64-bit hashed entity ids: every key a tuple
+        return list(zip(c.tolist(), e.tolist(), t.tolist()))
+    codes = (
+        (c.astype(np.uint64) << np.uint64(_CID_SHIFT)) | (t << np.uint64(_TYPE_SHIFT)) | e
+    ).tolist()
+    if not narrow.all():  # the wide ones' tuples built from lists, not numpy scalars
+        wide = np.flatnonzero(~narrow)
+        tuples = zip(c[wide].tolist(), e[wide].tolist(), t[wide].tolist())
+        for i, code in zip(wide.tolist(), tuples):
+            codes[i] = code
+    return codes  # type: ignore[no-any-return]
 
 
 class Column(NamedTuple):
@@ -161,14 +209,13 @@ class KeyState:
         self._cid: dict[str, int] = {}
         self.cohort_names: list[str] = []  # cohort id -> name
         self.cohorts: dict[str, int] = {}  # cohort -> number of live keys
-        self.index: dict[tuple[str, int, int], int] = {}  # live key -> key id
+        self.index: dict[KeyCode, int] = {}  # live key (`key_code`) -> key id
         # key ids allotted so far; a key id's (cohort, entity, type) is in the key_cohort,
         # key_entity and key_type columns (`key`), not in a list of tuples: a list the cyclic GC would
         # walk item by item in every full collection
         self._nkeys = 0
-        # key id -> b -> (n, w, fd, tmax): tuples of numbers, so the cyclic GC stops
-        # tracking them (and their dicts) and a full collection does not walk them
-        self.older: dict[int, dict[int, tuple[int, float, float, int]]] = {}
+        # each key's earlier buckets, as columns
+        self.older = OlderBuckets()
         # the detail rows (`DETAIL_COLUMNS`)
         self.row_key = array("I")
         self.row_ts = array("q")
@@ -222,6 +269,24 @@ class KeyState:
     def key(self, k: int) -> tuple[str, int, int]:
         """``(cohort, entity, type)`` of key id ``k``."""
         return self.cohort_names[self.key_cohort[k]], int(self.key_entity[k]), int(self.key_type[k])
+
+    def key_id(self, cohort: str, entity: int, stype: int) -> int | None:
+        """The id of live key ``(cohort, entity, stype)``, or None if it has none."""
+        cid = self._cid.get(cohort)
+        return None if cid is None else self.index.get(key_code(cid, entity, stype))
+
+    def _code_at(self, k: int) -> KeyCode:
+        """The key index's key of key id ``k``."""
+        return key_code(int(self.key_cohort[k]), int(self.key_entity[k]), int(self.key_type[k]))
+
+    def cohort_ids_of(self, cs: Sequence[str]) -> list[int]:
+        """The cohort id of each name in ``cs``, one given to a cohort without one."""
+        cids = list(map(self._cid.get, cs))
+        if None in cids:
+            for c in dict.fromkeys(compress(cs, map(is_, cids, repeat(None)))):
+                self._cohort_id(c)
+            cids = list(map(self._cid.__getitem__, cs))
+        return cids  # type: ignore[return-value]
 
     @property
     def keys(self) -> list[tuple[str, int, int]]:
@@ -283,15 +348,15 @@ class KeyState:
         for k in ks:
             if not self.live[k]:
                 continue
-            key = self.key(k)
-            if self.index.pop(key, None) is None:
+            if self.index.pop(self._code_at(k), None) is None:
                 continue
-            n = self.cohorts[key[0]] - 1
+            cohort = self.cohort_names[self.key_cohort[k]]
+            n = self.cohorts[cohort] - 1
             if n:
-                self.cohorts[key[0]] = n
+                self.cohorts[cohort] = n
             else:
-                del self.cohorts[key[0]]
-            self.older.pop(k, None)
+                del self.cohorts[cohort]
+            self.older.drop(k)
             gone.append(k)
         if gone:
             at = np.array(gone, dtype=np.int64)
@@ -313,9 +378,8 @@ class KeyState:
                     int(self.latest_t_max[k]),
                 )
             )
-        older = self.older.get(k)
-        if older:
-            out.extend((b, bk[0], bk[1], bk[2], bk[3]) for b, bk in older.items())
+        if k in self.older:
+            out.extend(self.older.rows(k))
         return out
 
     def key_count(self) -> int:

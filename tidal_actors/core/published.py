@@ -1,252 +1,284 @@
 """Domain core: a ledger shard's published view, read in the caller's thread.
 
-A `PublishedView` is an immutable, versioned copy of what the serving reads need of
-one ledger shard's aggregates, built by `core.publisher.Publisher` after the shard
-applied a message, and swapped in by one attribute assignment (atomic under the GIL).
-A reader takes the view object once and reads only it, so everything it answers
-comes from one state the shard was in; the shard never waits for a reader, nor a
-reader for the shard. No threads, no I/O.
+A `PublishedView` is an immutable copy of the per-key columns the serving reads need
+of one ledger shard's aggregates, built by `core.publisher.Publisher` in the shard's
+thread after it applied messages, and swapped in by one attribute assignment (atomic
+under the GIL). A reader takes the view object once and reads only it, so every
+answer comes from one state the shard was in; the shard never waits for a reader,
+nor a reader for the shard. No threads, no I/O.
 
-What it holds:
+What it holds (item ``k`` is key id ``k``'s, for ``k < keys``, the key ids allotted
+when it was published; units as `core.key_state.KEY_COLUMNS`):
 
-* ``keys``: ``(cohort, entity, type) -> KeyEntry``, the key's forward-decayed sum,
-  landmark, latest timestamp, half-life, latest bucket and earlier buckets' counts
-  and weights (`KEY_COLUMNS` in `core.key_state` says what each means);
-* ``groups``: ``(cohort, type) -> Group``, the keys of one cohort and type with the
-  highest *rank* ``log2(fd_sum) + (landmark - ref) / half_life``, best first, and a
-  bound on every other key's rank. All keys of a (cohort, type) share a half-life, so
-  at a read time ``at`` at or after a key's latest contribution its score is
-  ``2 ** (rank - (at - ref) / half_life)``: the order by rank is the order by score
-  at every such read time (forward decay, Cormode, Shkapenyuk, Srivastava, Xu, ICDE
-  2009).
+* copies of ``fd_sum``, ``landmark``, ``t_max``, ``key_half_life``, ``latest_b``,
+  ``latest_count``, ``latest_wsum``, ``key_entity`` and ``live``, and ``prev_b``, the
+  newest earlier bucket of each key (``NO_BUCKET`` if it has none): numpy columns,
+  which the cyclic garbage collector never walks;
+* the shard's live key index (``KeyCode -> key id``) and cohort ids, shared, not
+  copied: key ids only grow and a key keeps its id, so a key id found there below
+  ``keys`` is the same key the copied columns hold; one at or above it, or none, is a
+  key the view does not have. The shard drops keys from the index only after
+  bumping ``epoch`` (shared by all its views), so a miss read after a drop is
+  answered by the shard instead;
+* the shard's (cohort, type) groups (`Groups`: each group's key ids, ascending,
+  append only), shared likewise.
 
-Both maps are `LayeredMap` s: a few immutable dicts, newest first, so a publication
-copies only what changed (a small top layer), merging layers geometrically.
+Top-k: all keys of a (cohort, type) share a half-life, so at a read time at or after
+every key's latest contribution the order of their scores is the order of their
+*ranks* ``log2(fd_sum) + (landmark - ref) / half_life`` (forward decay, Cormode,
+Shkapenyuk, Srivastava, Xu, ICDE 2009). The first top-k read of a group in a view
+ranks the group's live keys with numpy (argpartition, then argsort of the best) and
+caches the order on the view; later reads score only the best few.
 
 Exactness: every answer equals, bit for bit, what the shard's own read
-(`core.reads.Reads`) gives on the state the view was published from; a read the view
-cannot answer that way returns ``None`` and the caller asks the shard (a score read
-before the key's latest contribution; a top-k whose candidates include such a key, a
-near-tie with a key the view does not list, or scores near float underflow).
+(`core.reads.Reads`) gives on the state the view was published from. A read the view
+cannot answer that way returns ``None`` and the caller asks the shard: a score or a
+top-k at a read time before a key's latest contribution, a window that reaches an
+earlier bucket of the key, a top-k whose k-th score is near float underflow, and
+any read of a key the index no longer holds after a drop (``epoch``).
 """
 
 from __future__ import annotations
 
 import heapq
-import math
-from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-__all__ = [
-    "EMPTY_MAP",
-    "NOT_READY",
-    "Candidate",
-    "Group",
-    "KeyEntry",
-    "LayeredMap",
-    "PublishedView",
-    "rank_slack",
-]
+import numpy as np
+import numpy.typing as npt
 
-# a layer merges into the one below it once it holds 1/MERGE_RATIO of that one's items
-MERGE_RATIO = 4
-# A top-k whose scores go below this is left to the shard. A contribution lost to
-# underflow in a forward-decayed sum (below 2**-1074) counts, at a read time less than
-# RENORMALIZE_AT (256) half-lives before the landmark, less than 2**(256 - 1074) times
-# its weight (at most 2**128, float32): below 2**-690, 2**-650 for 2**40 of them, far
-# below this times the rank slack. Above it, rounding is relative.
+from tidal_actors.core.key_state import key_code
+
+__all__ = ["NO_BUCKET", "TINY_SCORE", "Groups", "PublishedView", "ViewColumns", "rank_slack"]
+
+NO_BUCKET = np.iinfo(np.int64).min  # ``prev_b`` of a key without earlier buckets
+_EXACT = 2**53  # int64 -> float64 is exact below this
+# A top-k whose scores go below this is left to the shard: near float underflow the
+# rounding of a score is no longer relative, so the rank order may not be the
+# order of the scores the shard computes.
 TINY_SCORE = 1e-180
+# the first top-k read of a group in a view orders this many of its best keys (at
+# least twice the k asked)
+TOP_KEEP = 64
 
 
 def rank_slack(rank: float) -> float:
     """How far apart (log2 units) two ranks must be for the float scores computed
     from them to be in the same order: far above the rounding of ``log2``, of
-    ``(landmark - ref) / half_life`` (relative 2**-52) and of the score's three
+    ``(landmark - ref) / half_life`` (relative 2**-52) and of a score's three
     roundings (a few ulp)."""
     return 1e-9 + abs(rank) * 1e-12
 
 
-# One key's state as the reads use it (units as `KEY_COLUMNS`), a plain tuple:
-# (fd_sum, landmark ns, t_max ns, half_life ns, latest_b, latest_count, latest_wsum,
-# older, older_lo): ``older`` the (b, count, weight_sum) of its earlier buckets from
-# ``latest_b - window_buckets + 1`` on; ``older_lo`` that first bucket if the key has
-# earlier ones (a window read reaching below it is the shard's), else None.
-KeyEntry = tuple[
-    float, int, int, int, int, int, float, tuple[tuple[int, int, float], ...], int | None
-]
+class ViewColumns(NamedTuple):
+    """The copied per-key columns of a view (one numpy array each, at least
+    ``keys`` items; dtypes as `core.key_state.KEY_COLUMNS`)."""
 
-# One key of a group's best, a plain tuple ordered best first:
-# (-rank, entity, fd_sum, landmark ns, half_life ns, t_max ns, key id).
-Candidate = tuple[float, int, float, int, int, int, int]
-
-
-class Group(NamedTuple):
-    """A (cohort, type)'s best keys by rank, best first; ``bound``: no other live key
-    of it has a higher rank (``-inf``: none has a score at or after its latest
-    contribution); ``since`` (ns): no read time before it may be answered here.
-
-    ``since`` is ``RENORMALIZE_AT`` half-lives before a bound on the keys' landmarks.
-    A key's rank bounds its score at a read time before its latest contribution too,
-    up to rounding, unless that read time lies that far before its landmark: then
-    contributions too small for the forward-decayed sum (underflowed in it) can be all
-    the read time counts, and only the shard, summing them one by one, knows."""
-
-    best: tuple[Candidate, ...]
-    bound: float
-    since: int
+    fd: npt.NDArray[np.float64]
+    landmark: npt.NDArray[np.int64]
+    t_max: npt.NDArray[np.int64]
+    half_life: npt.NDArray[np.int64]
+    latest_b: npt.NDArray[np.int64]
+    latest_count: npt.NDArray[np.int64]
+    latest_wsum: npt.NDArray[np.float64]
+    prev_b: npt.NDArray[np.int64]
+    entity: npt.NDArray[np.uint64]
+    live: npt.NDArray[np.uint8]
 
 
-_MISSING: Any = object()
+class Groups:
+    """A shard's (cohort, type) groups: ``gid`` maps ``cohort_id << 64 | type`` to a
+    group id, ``members[g]`` is ``(ids, n)``: group ``g``'s key ids are ``ids[:n]``,
+    ascending. Written by the shard's thread only (the arrays only grow, a full one
+    replaced by a larger copy, the tuple swapped in one assignment); read by any."""
+
+    __slots__ = ("gid", "members", "upto")
+
+    def __init__(self) -> None:
+        self.gid: dict[int, int] = {}
+        self.members: list[tuple[npt.NDArray[np.int64], int]] = []
+        self.upto = 0  # key ids below this are in their group
+
+    def of(self, cid: int, stype: int) -> npt.NDArray[np.int64] | None:
+        """The key ids of group ``(cid, stype)`` so far, or None."""
+        g = self.gid.get(cid << 64 | stype)
+        if g is None:
+            return None
+        ids, n = self.members[g]
+        return ids[:n]
 
 
-class LayeredMap:
-    """An immutable mapping kept as a few dicts, newest first; ``None`` values mark
-    deleted keys in upper layers. `updated` returns a new map sharing the lower
-    layers: a publication costs what changed, plus geometric merges (each item is
-    copied about ``MERGE_RATIO`` times per layer it sinks through)."""
+class _Top(NamedTuple):
+    """A group's best keys in one view, best first (see `PublishedView.top`)."""
 
-    __slots__ = ("layers",)
-
-    def __init__(self, layers: tuple[dict[Hashable, Any], ...] = ()) -> None:
-        self.layers = layers
-
-    def get(self, key: Hashable) -> Any:
-        """The value of ``key``, or None."""
-        for layer in self.layers:
-            v = layer.get(key, _MISSING)
-            if v is not _MISSING:
-                return v
-        return None
-
-    def updated(self, changes: Mapping[Hashable, Any]) -> LayeredMap:
-        """A map with ``changes`` applied (a value of None deletes the key)."""
-        if not changes:
-            return self
-        layers = [dict(changes), *self.layers]
-        while len(layers) > 1 and len(layers[0]) * MERGE_RATIO >= len(layers[1]):
-            top, below = layers[0], layers[1]
-            merged = dict(below)
-            merged.update(top)
-            if len(layers) == 2:  # the bottom layer keeps no deletion marks
-                merged = {k: v for k, v in merged.items() if v is not None}
-            layers[:2] = [merged]
-        return LayeredMap(tuple(layers))
-
-    def items(self) -> Iterable[tuple[Hashable, Any]]:
-        """Every live item (for tests and full rebuilds), newest layer winning."""
-        seen: set[Hashable] = set()
-        for layer in self.layers:
-            for k, v in layer.items():
-                if k not in seen:
-                    seen.add(k)
-                    if v is not None:
-                        yield k, v
-
-
-EMPTY_MAP = LayeredMap()
+    t_max: int  # the latest contribution of any of the group's live keys (ns)
+    ranks: list[float]  # of the ordered keys, descending
+    keys: list[int]  # their key ids
+    bound: float  # no other live key of the group ranks higher (-inf: none)
 
 
 class PublishedView:
     """One ledger shard's published state (see the module doc).
 
     Args:
-        version: increases with every publication of any shard in the process.
+        version: increases with every publication of the shard.
         published_ns: ``time.monotonic_ns()`` when it was published.
-        keys: ``(cohort, entity, type) -> KeyEntry`` of every live key.
-        groups: ``(cohort, type) -> Group`` of every (cohort, type) with a live key.
+        keys: the key ids allotted when it was published.
+        cols: the copied columns.
+        index: the shard's key index (shared).
+        cohort_ids: the shard's cohort name -> cohort id map (shared, only grows).
+        groups: the shard's groups (shared).
+        epoch: a one-item int64 array the shard increments before it drops keys
+            from ``index`` (shared).
         window_width_ns, window_buckets: the shard's window settings.
-        ready: False for the placeholder a shard holds before its first publication
-            (every read returns None).
     """
 
-    __slots__ = ("groups", "keys", "published_ns", "ready", "version", "width", "window_n")
+    __slots__ = (
+        "_e0",
+        "_epoch",
+        "_top",
+        "cids",
+        "cols",
+        "groups",
+        "index",
+        "keys",
+        "published_ns",
+        "version",
+        "width",
+        "window_n",
+    )
 
     def __init__(
         self,
         version: int,
         published_ns: int,
-        keys: LayeredMap,
-        groups: LayeredMap,
+        keys: int,
+        cols: ViewColumns,
+        index: dict[Any, int],
+        cohort_ids: dict[str, int],
+        groups: Groups,
+        epoch: npt.NDArray[np.int64],
         window_width_ns: int,
         window_buckets: int,
-        ready: bool = True,
     ) -> None:
         self.version = version
         self.published_ns = published_ns
         self.keys = keys
+        self.cols = cols
+        self.index = index
+        self.cids = cohort_ids
         self.groups = groups
+        self._epoch = epoch
+        self._e0 = int(epoch[0])
         self.width = window_width_ns
         self.window_n = window_buckets
-        self.ready = ready
+        self._top: dict[int, _Top | None] = {}
+
+    def _find(self, cohort: str, entity: int, stype: int) -> int | None:
+        """Key id of ``(cohort, entity, stype)`` in this view, -1 if it has none,
+        None if only the shard can tell (keys were dropped since)."""
+        cid = self.cids.get(cohort)
+        k = None if cid is None else self.index.get(key_code(cid, entity, stype))
+        if k is not None and k < self.keys:
+            return k
+        # absent here, unless the miss comes from a drop after the publication
+        return -1 if int(self._epoch[0]) == self._e0 else None
 
     def score(self, cohort: str, entity: int, stype: int, at: int) -> float | None:
         """`Reads.decay_score` at ``at`` (ns); None when only the shard can answer."""
-        if not self.ready:
-            return None
-        e: KeyEntry | None = self.keys.get((cohort, entity, stype))
-        if e is None:
+        k = self._find(cohort, entity, stype)
+        if k is None or k < 0:
+            return None if k is None else 0.0
+        c = self.cols
+        if not c.live[k]:
             return 0.0
-        if at < e[2]:
+        if at < c.t_max[k]:
             return None  # contributions after the read time: the shard sums its buckets
-        s = e[0] * 2.0 ** (-(at - e[1]) / e[3])
+        s = float(c.fd[k]) * 2.0 ** (-(at - int(c.landmark[k])) / int(c.half_life[k]))
         return s if s > 0.0 else 0.0
 
     def window(self, cohort: str, entity: int, stype: int, at: int) -> tuple[int, float] | None:
         """`Reads.window` at ``at`` (ns): ``(count, weight_sum)``; None when only the
-        shard can answer (not ready, or a window reaching below the buckets kept)."""
-        if not self.ready:
-            return None
-        e: KeyEntry | None = self.keys.get((cohort, entity, stype))
-        if e is None:
+        shard can answer (the window reaches one of the key's earlier buckets)."""
+        k = self._find(cohort, entity, stype)
+        if k is None or k < 0:
+            return None if k is None else (0, 0.0)
+        c = self.cols
+        if not c.live[k]:
             return (0, 0.0)
         hi = at // self.width
         lo = hi - self.window_n + 1
-        if e[8] is not None and lo < e[8]:
+        if c.prev_b[k] >= lo:
+            return None  # an earlier bucket may be inside: the shard reads them
+        lb = int(c.latest_b[k])
+        n = int(c.latest_count[k])
+        if n and lo <= lb <= hi:
+            w = float(c.latest_wsum[k])
+            return n, (w if w > 0.0 else 0.0)
+        return (0, 0.0)
+
+    def _order(self, cid: int, stype: int, want: int) -> _Top | None:
+        """Group ``(cid, stype)``'s best ``want`` (or more) keys by rank."""
+        ids = self.groups.of(cid, stype)
+        if ids is None:
             return None
-        count = 0
-        ws = []
-        if e[5] and lo <= e[4] <= hi:
-            count += e[5]
-            ws.append(e[6])
-        for b, n, w in e[7]:
-            if lo <= b <= hi:
-                count += n
-                ws.append(w)
-        s = math.fsum(ws)
-        return count, (s if s > 0.0 else 0.0)
+        c = self.cols
+        ks = ids[: np.searchsorted(ids, self.keys)]
+        ks = ks[c.live[ks] != 0]
+        if not len(ks):
+            return None
+        fd = c.fd[ks]
+        lm = c.landmark[ks]
+        ref = int(lm.max())
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rank = np.log2(fd) + (lm - ref) / c.half_life[ks]
+        rank = np.where(fd > 0.0, rank, -np.inf)
+        if len(ks) > want:
+            part = np.argpartition(-rank, want)
+            best, rest = part[:want], part[want:]
+            bound = float(rank[rest].max())
+        else:
+            best, bound = np.arange(len(ks)), -np.inf
+        best = best[np.argsort(-rank[best], kind="stable")]
+        return _Top(int(c.t_max[ks].max()), rank[best].tolist(), ks[best].tolist(), bound)
 
     def top(self, cohort: str, stype: int, k: int, at: int) -> list[tuple[int, float]] | None:
         """`Reads.top`: the ``k`` best ``(entity, score)`` at ``at``, score descending,
         ties by entity ascending; None when only the shard can answer."""
-        if not self.ready:
-            return None
-        g: Group | None = self.groups.get((cohort, stype))
-        if g is None:
+        cid = self.cids.get(cohort)
+        if cid is None:
             return []
-        best, bound, since = g
-        if at < since:
-            return None  # long before a landmark: see `Group`
-        if not best:
-            return [] if bound == -math.inf else None
-        n = len(best)
-        if k > n and bound != -math.inf:
-            return None  # keys the view does not list could be among the k
-        rk = -best[min(k, n) - 1][0]
-        cut = rk - rank_slack(rk)
-        if bound >= cut:
-            return None  # a near-tie with a key not listed
+        key = cid << 64 | stype
+        t = self._top.get(key, _MISSING)
+        if t is _MISSING or (t is not None and len(t.keys) < k and t.bound > -np.inf):
+            t = self._order(cid, stype, max(TOP_KEEP, 2 * k))
+            self._top[key] = t
+        if t is None:
+            return []
+        if at < t.t_max:
+            return None  # contributions after the read time: the shard sums buckets
+        ranks = t.ranks
+        n = len(ranks)
+        rk = ranks[min(k, n) - 1]
+        if rk == -np.inf:  # fewer than k keys score: every one that does is listed
+            cut = -np.inf
+        else:
+            cut = rk - rank_slack(rk)
+            if t.bound >= cut:
+                return None  # a near-tie with a key not ordered: left to the shard
+        c = self.cols
         scored = []
-        for i, (neg_rank, entity, fd, landmark, h, t_max, _k) in enumerate(best, 1):
-            if -neg_rank < cut:
+        for r, kid in zip(ranks, t.keys):
+            if r < cut or r == -np.inf:
                 break
-            if at < t_max:
+            diff = at - int(c.landmark[kid])
+            h = int(c.half_life[kid])
+            if diff >= _EXACT or h >= _EXACT:
                 return None
-            s = fd * 2.0 ** (-(at - landmark) / h)
-            if s < TINY_SCORE and (i < n or bound != -math.inf):
-                return None  # near underflow rounding is not relative: the shard
-            if s > 0.0:
-                scored.append((-s, entity))
+            s = float(c.fd[kid]) * 2.0 ** (-diff / h)
+            if s < TINY_SCORE:
+                return None  # near underflow the rank order is not the scores'
+            scored.append((-s, int(c.entity[kid])))
         return [(e, -neg) for neg, e in heapq.nsmallest(k, scored)]
 
 
-NOT_READY = PublishedView(0, 0, EMPTY_MAP, EMPTY_MAP, 1, 1, ready=False)
+_MISSING: Any = object()

@@ -105,12 +105,12 @@ class Reads(KeyState):
 
     def decay_score(self, cohort: str, entity: int, stype: int, at: int) -> float:
         """Decayed score of a key at ``at`` (ns); 0.0 for a key with no contribution."""
-        k = self.index.get((cohort, entity, stype))
+        k = self.key_id(cohort, entity, stype)
         return 0.0 if k is None else self._score(k, at)
 
     def window(self, cohort: str, entity: int, stype: int, at: int) -> tuple[int, float]:
         """``(count, weight_sum)`` over buckets ``b(at)-n+1 .. b(at)``."""
-        k = self.index.get((cohort, entity, stype))
+        k = self.key_id(cohort, entity, stype)
         return (0, 0.0) if k is None else self._window(k, at)
 
     def _scores(self, ks: npt.NDArray[np.int64], at: int) -> list[float]:
@@ -156,7 +156,7 @@ class Reads(KeyState):
         counts = np.where(inside, self.latest_count[ks], 0).tolist()
         cw = self.latest_wsum[ks]
         weights = np.where(inside & (cw > 0.0), cw, 0.0).tolist()
-        older = self.older
+        has_older = self.older.have(ks).tolist()
         names = self.cohort_names
         for i, (k, c_id, entity, stype) in enumerate(
             zip(
@@ -166,7 +166,7 @@ class Reads(KeyState):
                 self.key_type[ks].tolist(),
             )
         ):
-            if k in older:
+            if has_older[i]:
                 c, w = self._window(k, at)
             else:
                 c, w = counts[i], weights[i]

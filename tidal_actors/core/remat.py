@@ -264,7 +264,9 @@ class Rebuild:
         for ok in oks:
             e, t = int(sc.key_entity[ok]), int(sc.key_type[ok])
             # every rebuilt record is in the live state, so its key is too
-            key_ids[(e, t)] = agg.index[(self.cohort, e, t)]
+            kid = agg.key_id(self.cohort, e, t)
+            assert kid is not None
+            key_ids[(e, t)] = kid
         matched = agg.same_cohort(self.cohort, sc)
         if not matched:
             agg.install_cohort(self.cohort, sc, key_ids)

@@ -145,26 +145,23 @@ class Retraction(KeyState):
             for kk, bb, ww, ff in zip(
                 k[old].tolist(), b[old].tolist(), w[old].tolist(), wf[old].tolist()
             ):
-                older = self.older.get(kk)
-                bk = older.get(bb) if older else None
-                if older is None or bk is None:
+                bk = self.older.get(kk, bb)
+                if bk is None:
                     continue  # nothing to take the row from
                 if bk[0] == 1:
-                    del older[bb]
+                    self.older.remove(kk, bb)
                     g = 0.0
                 else:
-                    nb = older[bb] = (bk[0] - 1, bk[1] - ww, bk[2] - ff, bk[3])
+                    nb = (bk[0] - 1, bk[1] - ww, bk[2] - ff, bk[3])
+                    self.older.put(kk, bb, nb)
                     g = max(_gain1(bk[1], nb[1]), _gain1(bk[2], nb[2]))
                 g0, n0 = worst.get(kk, (0.0, 0.0))
                 worst[kk] = (max(g0, g), max(n0, math.log2(bk[0])))
         refold, empty = [], []
         for kk, (g, logn) in worst.items():
-            older = self.older.get(kk)
-            if not self.latest_count[kk] and not older:
+            if not self.latest_count[kk] and kk not in self.older:
                 empty.append(kk)
                 continue
-            if older is not None and not older:
-                del self.older[kk]
             amp = float(self.rounding_amp[kk]) + g
             if amp + logn > REFOLD_AT:
                 refold.append(kk)
@@ -249,7 +246,4 @@ class Retraction(KeyState):
             self.fd_sum[kk] = math.fsum(every)
             self.t_max[kk] = latest_ts
             self.rounding_amp[kk] = 0.0
-            if older:
-                self.older[kk] = older
-            else:
-                self.older.pop(kk, None)
+            self.older.replace(kk, older)

@@ -32,7 +32,6 @@ from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
-from tidal_actors.core.published import NOT_READY
 from tidal_actors.runtime.call import Call, combined, error_of
 from tidal_actors.runtime.callers import Callers
 from tidal_actors.runtime.engine_ops import Operations
@@ -186,7 +185,7 @@ class Core(Operations):
             # half-updated, so no snapshot is written; the next open reads the store
             self.fenced = True
             if address[0] == M.LEDGER:  # its reads go to it, and fail
-                self.ledgers[address[1]].view = NOT_READY
+                self.ledgers[address[1]].view = None
         elif isinstance(behaviour, Persistence):
             self.persistence = behaviour
         elif isinstance(behaviour, LedgerShard):

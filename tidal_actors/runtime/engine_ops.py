@@ -12,6 +12,7 @@ never reaches an actor, storage or an aggregate.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -145,9 +146,13 @@ class Operations(Intake):
         if caller is not None:
             lag = caller.lagging(ledger)
         if not lag:
-            value = getattr(self.ledgers[ledger].view, kind)(*args)
-            if value is not None:
-                return Answered(name, value if finish is None else finish(value))
+            shard = self.ledgers[ledger]
+            shard.wanted = time.monotonic()  # keeps (or starts) its publishing
+            view = shard.view
+            if view is not None:
+                value = getattr(view, kind)(*args)
+                if value is not None:
+                    return Answered(name, value if finish is None else finish(value))
         reply = Reply(kind)
         read = M.Read(kind, args, reply)
         if lag:

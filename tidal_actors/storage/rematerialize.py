@@ -16,7 +16,7 @@ No threads; the reads go through the store the reader wraps.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Protocol, cast
 
 import numpy as np
@@ -25,10 +25,23 @@ from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import ContributionLog
 from tidal_actors.core.remat import Rebuild, RematConfig, settled_mask
 from tidal_actors.core.states import HistorySource
-from tidal_actors.storage.format import Op, decode_batch, rewrite_batch_op, user_bytes
+from tidal_actors.storage.format import (
+    HistoryBatch,
+    Op,
+    batch_key_shard_seq,
+    decode_batches,
+    rewrite_batch_op,
+)
 from tidal_actors.storage.history import HistoryReader
 
-__all__ = ["HISTORY_BATCHES", "RematJob", "erase_history_ops", "retention_ops"]
+__all__ = [
+    "DECODE_CHUNK",
+    "HISTORY_BATCHES",
+    "RematJob",
+    "decoded",
+    "erase_history_ops",
+    "retention_ops",
+]
 
 HISTORY_BATCHES = 32  # history batches folded a step
 
@@ -68,6 +81,8 @@ class RematJob:
         )
         self._keys: list[bytes] = []
         self._tombs: dict[int, np.ndarray] = {}
+        self._seen: dict[tuple[int, int], int] = {}  # `HistoryReader.unseen`
+        self._gone = False  # a key listed was gone when read (`_fold_history`)
         if self.history is not None and self.rebuild.settled_upto:
             self._keys = self.history.batch_keys()
             self._tombs = self.history.tombstones()
@@ -88,24 +103,37 @@ class RematJob:
             chunk, self._keys = self._keys[:HISTORY_BATCHES], self._keys[HISTORY_BATCHES:]
             if not self._fold_history(chunk):
                 self._keys = [k for k in self._keys if self._other_shard(k)]
+            if not self._keys and self._gone:
+                # keys gone since the listing: a compaction merged their records into
+                # a block, maybe under a key written since; read the keys after
+                assert self.history is not None
+                self._gone = False
+                self._keys = [k for k in self.history.batch_keys() if k > chunk[-1]]
             return False
         return self.rebuild.step_held()
 
     def _fold_history(self, keys: list[bytes]) -> bool:
         """Fold the settled records of the batches at ``keys``; False once this
         shard's batches have passed every settled record (rseqs grow batch by batch
-        within a membership shard, so no later batch of this shard holds one)."""
+        within a membership shard, so no later batch of this shard holds one). A key
+        gone since the listing had its records merged into a later key's block by a
+        compaction (`storage.history_compact`): the later keys are read then, and
+        the keys written since the listing once the listed ones are read."""
         history = self.history
         assert history is not None
         rebuild = self.rebuild
-        go_on = False
-        for b in history.batches(keys):
+        batches = history.batches(keys)
+        go_on = len(batches) < len(keys)
+        self._gone = self._gone or go_on
+        for b in batches:
             settled = settled_mask(b, rebuild.settled_upto)
             if b.shard != history.shard or settled.any():
                 go_on = True
+            fresh = history.unseen(b, self._seen)  # not read at a key before a compaction
             if self.cohort in b.cohorts:
                 # records a purge retracted live (tombstoned) are gone already
-                rebuild.fold_settled(b, settled, history.untombstoned(b, self._tombs))
+                kept = history.untombstoned(b, self._tombs)
+                rebuild.fold_settled(b, settled & fresh, kept)
         return go_on
 
     def _other_shard(self, key: bytes) -> bool:
@@ -118,6 +146,33 @@ class RematJob:
         Returns ``(records_read, records_excluded, matched_live, excluded_per_user)``.
         """
         return self.rebuild.finish(self.state.log)
+
+
+DECODE_CHUNK = 256  # history batches decoded together by a rewrite
+
+
+def decoded(batches: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, HistoryBatch]]:
+    """``(key, batch)`` of each stored ``(key, value)``, decoded ``DECODE_CHUNK`` at a
+    time (`decode_batches`).
+
+    Raises:
+        StorageError: a batch does not decode.
+    """
+    chunk: list[tuple[int, int, bytes, bytes | None]] = []
+    keys: list[bytes] = []
+
+    def flush() -> Iterator[tuple[bytes, HistoryBatch]]:
+        yield from zip(keys, decode_batches(chunk))
+        chunk.clear()
+        keys.clear()
+
+    for key, raw in batches:
+        shard, seq = batch_key_shard_seq(key)
+        chunk.append((shard, seq, raw, key))
+        keys.append(key)
+        if len(chunk) >= DECODE_CHUNK:
+            yield from flush()
+    yield from flush()
 
 
 def erase_history_ops(
@@ -133,19 +188,14 @@ def erase_history_ops(
     Returns the ops and the number of records erased.
 
     Raises:
-        StorageError: a batch holding a covered user's id does not decode.
+        StorageError: a batch does not decode.
     """
     ops: list[Op] = []
     erased = 0
     if not covered:
         return ops, erased
     users = np.array(sorted(covered), dtype=np.uint64)
-    # a substring test skips the batches holding no covered user without decoding them
-    patterns = [user_bytes(int(u)) for u in users.tolist()]
-    for key, raw in batches:
-        if not any(p in raw for p in patterns):
-            continue
-        b = decode_batch(0, 0, raw, key)
+    for key, b in decoded(batches):
         if cohort not in b.cohorts:
             continue
         ci = b.cohorts.index(cohort)
@@ -172,8 +222,7 @@ def retention_ops(batches: Iterable[tuple[bytes, bytes]], cutoff_ns: int) -> lis
         StorageError: a batch does not decode.
     """
     ops: list[Op] = []
-    for key, raw in batches:
-        b = decode_batch(0, 0, raw, key)
+    for key, b in decoded(batches):
         old = b.ts < cutoff_ns
         if not old.any():
             continue

@@ -1,6 +1,6 @@
 """Every byte layout of the store: keys, tags, values, and the writes that store them.
 
-One package, four modules, all without I/O:
+One package, five modules, all without I/O:
 
 * `keys` -- the key layout (``encode_key``), the table of tags (``Tag``, with each
   value's shape), the keyspaces, the seal of large values (CRC-32), the error for a
@@ -8,7 +8,8 @@ One package, four modules, all without I/O:
 * `records` -- the small values of the users, items and meta keyspaces (membership,
   leave history, cohort assignment, purge manifest, tombstone and status, eviction
   state, store format, settings and snapshot records) and the writes that store them.
-* `history` -- history batches: contribution records as columns.
+* `history` -- history batches: contribution records as columns, each batch in
+  either encoding; `columns` -- the columnar, compressed encoding (version 2).
 * `snapshot` -- snapshot chunks: a ledger shard's state at a clean close.
 
 Every name is importable from here (``from tidal_actors.storage.format import Tag``).
@@ -20,10 +21,11 @@ from tidal_actors.storage.format.history import (
     HistoryBatch,
     batch_op,
     decode_batch,
+    decode_batches,
     decode_context,
     encode_history_columns,
+    merged_payload,
     rewrite_batch_op,
-    user_bytes,
 )
 from tidal_actors.storage.format.keys import (
     SEAL_MAGIC,
@@ -86,6 +88,7 @@ __all__ = [
     "batch_op",
     "cohorts_op",
     "decode_batch",
+    "decode_batches",
     "decode_cohorts",
     "decode_context",
     "decode_eviction_state",
@@ -109,6 +112,7 @@ __all__ = [
     "membership_capacity",
     "membership_ops",
     "membership_shard_of",
+    "merged_payload",
     "rewrite_batch_op",
     "seal",
     "settings_op",
@@ -121,5 +125,4 @@ __all__ = [
     "tombstone_op",
     "undecodable",
     "unseal",
-    "user_bytes",
 ]

@@ -1,8 +1,13 @@
 """History batches: the contribution records a ledger shard persists, as columns.
 
 One batch is stored under ``batch_key(ledger shard, seq)`` (history keyspace), its
-value ``seal(key, payload)`` (`keys.seal`), the payload a msgpack map of columns in
-this order (little-endian arrays, one item per record)::
+value ``seal(key, payload)`` (`keys.seal`). The payload's first byte says its
+encoding:
+
+* ``0x02``: version 2, columnar and compressed (`columns`): what is written.
+* a msgpack map (``0x80``-``0x8F``, ``0xDE``, ``0xDF``): version 1, read only (stores
+  written before version 2; ``compact()`` rewrites them). The map's entries, in this
+  order (little-endian arrays, one item per record)::
 
     "c"   array of str   the batch's cohort names, sorted
     "ci"  bytes          u8 index into "c" per record (u32 when the batch has 256+ names)
@@ -17,7 +22,8 @@ this order (little-endian arrays, one item per record)::
                          stores written before contexts were packed at the call hold
                          the mapping itself)
 
-Must not do I/O.
+Any other first byte is a `StorageError` naming the key (a store written by a
+later version of tidal_actors: open it with that version). Must not do I/O.
 """
 
 from __future__ import annotations
@@ -30,16 +36,26 @@ import msgpack
 import numpy as np
 
 from tidal_actors._errors import StorageError
+from tidal_actors.storage.format.columns import (
+    COLUMNS,
+    LEVEL_WRITE,
+    Parsed,
+    decode_columns,
+    encode_v2,
+    is_v2,
+    parse_v2,
+)
 from tidal_actors.storage.format.keys import Keyspace, Op, batch_key, seal, undecodable, unseal
 
 __all__ = [
     "HistoryBatch",
     "batch_op",
     "decode_batch",
+    "decode_batches",
     "decode_context",
     "encode_history_columns",
+    "merged_payload",
     "rewrite_batch_op",
-    "user_bytes",
 ]
 
 HistoryColumns = Sequence[Any]
@@ -47,33 +63,24 @@ HistoryColumns = Sequence[Any]
 (``m`` may be one int for every record)."""
 
 
-def encode_history_columns(cols: HistoryColumns, contexts: dict[int, Any] | None) -> bytes:
-    """One history batch's payload (see the module doc) from record columns
-    ``(m, r, u, cohort, e, t, w, ts)``; ``contexts``: record index -> context bytes."""
+def encode_history_columns(
+    cols: HistoryColumns, contexts: dict[int, Any] | None, level: int = LEVEL_WRITE
+) -> bytes:
+    """One history batch's payload, version 2 (`columns`), from record columns
+    ``(m, r, u, cohort, e, t, w, ts)``; ``contexts``: record index -> context bytes;
+    ``level``: 0 for a write, 1 for ``compact()``'s rewrites (`columns.encode_v2`)."""
     ms, rs, us, cs, es, ts_, ws, tss = cols
     names = sorted(set(cs))
     pos = {c: i for i, c in enumerate(names)}
-    ci = np.fromiter(map(pos.__getitem__, cs), dtype="<u1" if len(names) < 256 else "<u4")
-    payload: dict[str, Any] = {
-        "c": names,
-        "ci": ci.tobytes(),
-        "m": bytes([ms]) * len(cs) if isinstance(ms, int) else np.asarray(ms, "<u1").tobytes(),
-        "r": np.asarray(rs, dtype="<i8").tobytes(),
-        "u": np.asarray(us, dtype="<u8").tobytes(),
-        "e": np.asarray(es, dtype="<u8").tobytes(),
-        "t": np.asarray(ts_, dtype="<u8").tobytes(),
-        "w": np.asarray(ws, dtype="<f4").tobytes(),
-        "ts": np.asarray(tss, dtype="<i8").tobytes(),
-    }
-    if contexts:
-        payload["x"] = contexts
-    return cast(bytes, msgpack.packb(payload))
-
-
-def user_bytes(user: int) -> bytes:
-    """The 8 bytes the ``u`` column holds for ``user`` (u64 LE): a stored batch whose
-    value does not contain them holds no record of that user."""
-    return user.to_bytes(8, "little")
+    ci = np.fromiter(map(pos.__getitem__, cs), dtype=np.int64, count=len(cs))
+    return encode_v2(
+        names,
+        ci,
+        {"m": ms, "r": rs, "u": us, "e": es, "t": ts_, "w": ws, "ts": tss},
+        contexts,
+        level,
+        one_shard=isinstance(ms, int),
+    )
 
 
 def batch_op(shard: int, seq: int, cols: HistoryColumns, contexts: dict[int, Any] | None) -> Op:
@@ -102,28 +109,45 @@ class HistoryBatch:
     contexts: dict[int, Any] | None = None
 
 
-def rewrite_batch_op(key: bytes, b: HistoryBatch, keep: np.ndarray) -> Op:
+def rewrite_batch_op(key: bytes, b: HistoryBatch, keep: np.ndarray, level: int = LEVEL_WRITE) -> Op:
     """The write replacing batch ``b`` (stored at ``key``) by its records at positions
     ``keep`` (a delete when none is kept); contexts follow their records."""
     if not len(keep):
         return (Keyspace.HISTORY.value, key, None)
-    names = b.cohorts
-    cols = (
-        b.m[keep],
-        b.r[keep],
-        b.u[keep],
-        list(map(names.__getitem__, b.ci[keep].tolist())),
-        b.e[keep],
-        b.t[keep],
-        b.w[keep],
-        b.ts[keep],
-    )
-    ctx = None
-    if b.contexts:
-        ctx = {
-            new: b.contexts[old] for new, old in enumerate(keep.tolist()) if old in b.contexts
-        } or None
-    return (Keyspace.HISTORY.value, key, seal(key, encode_history_columns(cols, ctx)))
+    return (Keyspace.HISTORY.value, key, seal(key, merged_payload([(b, keep)], level)))
+
+
+def merged_payload(
+    parts: Sequence[tuple[HistoryBatch, np.ndarray | None]], level: int = LEVEL_WRITE
+) -> bytes:
+    """One version 2 payload holding, in order, the records of each ``(batch, keep)``
+    of ``parts`` at positions ``keep`` (None: all of them); contexts follow their
+    records, cohort names are the union of the ones kept."""
+    used = sorted({c for b, keep in parts for c in _names_used(b, keep)})
+    at = {c: i for i, c in enumerate(used)}
+    cols: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
+    contexts: dict[int, Any] = {}
+    n = 0
+    for b, keep in parts:
+        sel = slice(None) if keep is None else keep
+        lut = np.array([at.get(c, 0) for c in b.cohorts], dtype=np.int64)
+        cols["ci"].append(lut[b.ci[sel]])
+        for c in ("m", "r", "u", "e", "t", "w", "ts"):
+            cols[c].append(getattr(b, c)[sel])
+        if b.contexts:
+            old = range(len(b.r)) if keep is None else keep.tolist()
+            contexts.update(
+                {n + new: b.contexts[o] for new, o in enumerate(old) if o in b.contexts}
+            )
+        n += len(cols["r"][-1])
+    joined = {c: np.concatenate(v) if v else np.zeros(0) for c, v in cols.items()}
+    ci = joined.pop("ci")
+    return encode_v2(used, ci, joined, contexts or None, level)
+
+
+def _names_used(b: HistoryBatch, keep: np.ndarray | None) -> list[str]:
+    ci = b.ci if keep is None else b.ci[keep]
+    return [b.cohorts[i] for i in np.unique(ci).tolist()]
 
 
 def decode_context(raw: Any) -> Any:
@@ -144,25 +168,92 @@ def _pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
 
 
 def decode_batch(shard: int, seq: int, raw: bytes, key: bytes | None = None) -> HistoryBatch:
-    """A history batch's columns from its stored (sealed) value.
+    """A history batch's columns from its stored (sealed) value, either version.
 
     ``key`` (default: the key of ``shard`` and ``seq``) names the batch in errors.
 
     Raises:
-        StorageError: the value is corrupt (its CRC-32, its msgpack, or columns whose
-            lengths disagree), naming the keyspace and the key in hex.
+        StorageError: the value is corrupt (its CRC-32, its encoding, or columns whose
+            lengths disagree) or of an unknown version, naming the keyspace and the
+            key in hex.
     """
-    if key is None:
-        key = batch_key(shard, seq)
-    try:
-        return _decode_batch(shard, seq, unseal(raw, Keyspace.HISTORY.value, key))
-    except StorageError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - whatever a corrupt value makes msgpack or numpy raise
-        raise undecodable(Keyspace.HISTORY, key, exc) from exc
+    return decode_batches([(shard, seq, raw, key)])[0]
 
 
-def _decode_batch(shard: int, seq: int, raw: bytes | memoryview) -> HistoryBatch:
+def decode_batches(items: Sequence[tuple[int, int, bytes, bytes | None]]) -> list[HistoryBatch]:
+    """The batches of ``items`` (``(ledger shard, seq, stored value, key or None)``),
+    decoded, in order. The version 2 ones are decoded together (`columns.decode_columns`),
+    so a batch costs a few Python steps: the columns of the batches returned are views
+    into arrays shared between them.
+
+    Raises:
+        StorageError: as `decode_batch`, for the first batch that does not decode.
+    """
+    out: list[HistoryBatch | None] = [None] * len(items)
+    v2: list[tuple[int, Parsed]] = []
+    for i, (shard, seq, raw, key) in enumerate(items):
+        k = batch_key(shard, seq) if key is None else key
+        try:
+            payload = unseal(raw, Keyspace.HISTORY.value, k)
+            if is_v2(payload):
+                v2.append((i, parse_v2(payload)))
+            elif payload and (0x80 <= payload[0] <= 0x8F or payload[0] in (0xDE, 0xDF)):
+                out[i] = _decode_v1(shard, seq, payload)
+            else:
+                raise StorageError(
+                    f"cannot decode history key {bytes(k).hex()}: history batch encoding "
+                    f"version {payload[0] if payload else 'missing'} is unknown to this "
+                    "version of tidal_actors (a store written by a later version: open it "
+                    "with that version)"
+                )
+        except StorageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever a corrupt value makes msgpack, zstd or numpy raise
+            raise undecodable(Keyspace.HISTORY, k, exc) from exc
+    if v2:
+        _split_v2(items, v2, out)
+    return cast(list[HistoryBatch], out)
+
+
+def _split_v2(
+    items: Sequence[tuple[int, int, bytes, bytes | None]],
+    v2: list[tuple[int, Parsed]],
+    out: list[HistoryBatch | None],
+) -> None:
+    """Decode the version 2 batches ``v2`` (index into ``items``, parsed) together
+    and put each one's views into ``out``."""
+    cols = decode_columns([p for _, p in v2])
+    ns = np.array([p.n for _, p in v2], dtype=np.int64)
+    full = np.flatnonzero(ns).tolist()
+    if full:  # every cohort index within its batch's names: one reduction for all
+        tops = np.maximum.reduceat(cols["ci"], (np.cumsum(ns) - ns)[full])
+        bad = np.flatnonzero(tops >= np.array([len(v2[k][1].names) for k in full]))
+        if len(bad):
+            shard, seq, _, key = items[v2[full[int(bad[0])]][0]]
+            exc = ValueError("a cohort index past the batch's cohort names")
+            raise undecodable(Keyspace.HISTORY, key or batch_key(shard, seq), exc)
+    at = 0
+    for i, p in v2:
+        sl = slice(at, at + p.n)
+        at += p.n
+        ci = cols["ci"][sl]
+        out[i] = HistoryBatch(
+            items[i][0],
+            items[i][1],
+            p.names,
+            ci if ci.dtype == np.uint8 or len(p.names) >= 256 else ci.astype(np.uint8),
+            cols["m"][sl],
+            cols["r"][sl],
+            cols["u"][sl],
+            cols["e"][sl],
+            cols["t"][sl],
+            cols["w"][sl],
+            cols["ts"][sl],
+            p.contexts,
+        )
+
+
+def _decode_v1(shard: int, seq: int, raw: bytes | memoryview) -> HistoryBatch:
     try:
         d = msgpack.unpackb(raw, strict_map_key=False)
     except TypeError:

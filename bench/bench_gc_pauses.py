@@ -1,0 +1,104 @@
+"""Pauses of a full garbage collection while the runtime ingests, beside plain code.
+
+A full collection of CPython's cyclic GC walks every container object the collector
+tracks; the runtime keeps its per-key and per-bucket state in numpy columns and dicts
+of ints (which the collector does not track), so its full collections should cost
+what the interpreter's own objects cost, whatever the keys and buckets held. This
+benchmark ingests `bench_ingest`'s ``day`` shape (keys keep arriving and keep moving
+to new buckets: the case that made a tuple-keyed index tracked again) and times
+``gc.collect()`` after every 50,000 signals:
+
+* ``runtime``: batched ephemeral ingestion (``signal_batch`` of 1,000, 2 ledger
+  shards), the heap frozen (``gc.freeze``) after the set-up, as ``simulate`` does;
+* ``plain``: `ingest_baselines.tight_loop`, the tight single-threaded dict loop over
+  the same signals (its state: dicts keyed by tuples, lists per key, a list of log
+  tuples), heap frozen the same way;
+* the input (the signals, built before either) is frozen for both.
+
+Printed: the median and the largest pause of each (ms), and the ratio of the
+runtime's largest to the plain code's. Run: ``python bench/bench_gc_pauses.py`` (``--signals N``,
+default 400,000; ``--json FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from bench_core import report  # noqa: E402
+from bench_ingest import HOUR, assign_all, spread_workload  # noqa: E402
+from ingest_baselines import routes_of, tight_loop  # noqa: E402
+
+from tidal_actors import Config, TidalDb  # noqa: E402
+
+EVERY = 50_000  # signals between two timed collections
+BATCH = 1_000
+
+
+def full_collection_ms() -> float:
+    t0 = time.perf_counter()
+    gc.collect()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def runtime_pauses(signals: list, cohorts: dict) -> list[float]:  # type: ignore[type-arg]
+    pauses = []
+    with TidalDb.open(None, config=Config(ledger_shards=2)) as db:
+        assign_all(db, cohorts)
+        gc.collect()
+        gc.freeze()
+        for i in range(0, len(signals), BATCH):
+            db.signal_batch(signals[i : i + BATCH])
+            if (i + BATCH) % EVERY == 0:
+                db.flush()
+                pauses.append(full_collection_ms())
+    return pauses
+
+
+def plain_pauses(signals: list, cohorts: dict) -> list[float]:  # type: ignore[type-arg]
+    routes = routes_of(cohorts)
+    half_life = {t: HOUR for t in range(4)}
+    state: dict = {}  # type: ignore[type-arg]
+    older: dict = {}  # type: ignore[type-arg]
+    log: list = []  # type: ignore[type-arg]
+    gc.collect()
+    gc.freeze()
+    pauses = []
+    for i in range(0, len(signals), EVERY):
+        batches = [signals[j : j + BATCH] for j in range(i, min(i + EVERY, len(signals)), BATCH)]
+        tight_loop(batches, routes, half_life, HOUR, state, older, log)
+        pauses.append(full_collection_ms())
+    return pauses
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--signals", type=int, default=400_000)
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args()
+    signals, cohorts = spread_workload(args.signals, 20_000, 24)
+    gc.collect()
+    gc.freeze()  # the input, for both
+    runtime = runtime_pauses(signals, cohorts)
+    plain = plain_pauses(signals, cohorts)
+    out: dict[str, float] = {
+        "signals": args.signals,
+        "runtime_median_ms": statistics.median(runtime),
+        "runtime_max_ms": max(runtime),
+        "plain_median_ms": statistics.median(plain),
+        "plain_max_ms": max(plain),
+    }
+    out["runtime_max_over_plain_max"] = out["runtime_max_ms"] / out["plain_max_ms"]
+    report(out, args.json)
+
+
+if __name__ == "__main__":
+    main()

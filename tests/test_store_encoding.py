@@ -1,0 +1,142 @@
+"""Stores and the columnar history: a store whose history batches are in version 1
+(written before version 2) opens with every read unchanged and is rewritten in
+version 2 by ``compact()``; a pass over the history reads each record once while a
+compaction merges batches under it; a purge's records are gone from the decoded
+history once compacted."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tidal_actors import ManualClock, TidalDb
+from tidal_actors.storage.format import Keyspace, batch_op, decode_batch, unseal
+from tidal_actors.storage.history import HistoryReader
+from tidal_actors.storage.history_compact import compact_history_ops
+from tidal_actors.storage.stores import MemoryStore
+
+from ._history_v1 import records_of
+from .conftest import SEC
+from .test_store_safety import CFG, T0, USERS, _entries, _export, _populate, _rewrite, _version_1
+
+
+def _build(path: Path, crashed: bool) -> Path:
+    """`test_store_safety`'s store, with a dozen more history batches (a flush each);
+    closed cleanly, or the files as a crash leaves them."""
+    clock = ManualClock(T0)
+    db = TidalDb.open(path, config=CFG, clock=clock)
+    _populate(db, clock)
+    for i in range(12):
+        clock.advance(SEC)
+        db.signal_with_context(USERS[i % len(USERS)], 50 + i % 3, 1, 2.0)
+        db.flush()
+    if crashed:
+        out = path.parent / (path.name + "-crashed")
+        out.mkdir()
+        for name in ("data.mdb", "tidal.store"):
+            shutil.copy(path / name, out / name)
+        db.close()
+        return out
+    db.close()
+    return path
+
+
+def _history(path: Path) -> dict[bytes, bytes]:
+    return {bytes(k): bytes(v) for k, v in _entries(path)[Keyspace.HISTORY.value].items()}
+
+
+@pytest.mark.parametrize("crashed", [False, True], ids=["clean", "crashed"])
+def test_a_store_with_version_1_history_opens_and_compact_rewrites_it(tmp_path, crashed):
+    path = _build(tmp_path / "s", crashed)
+    original = tmp_path / "original"
+    shutil.copytree(path, original)
+    clock = ManualClock(T0)
+    with TidalDb.open(original, config=CFG, clock=clock) as db:
+        want = _export(db)
+    before = _history(path)
+    records = sorted(r for k, v in before.items() for r in records_of(decode_batch(0, 0, v, k)))
+    _rewrite(path, [("history", k, _version_1(k, v)) for k, v in before.items()])
+    old = _history(path)
+    assert len(old) > 2 and all(0x80 <= unseal(v, "history", k)[0] <= 0x8F for k, v in old.items())
+    with TidalDb.open(path, config=CFG, clock=clock) as db:
+        assert _export(db) == want
+        db.compact()
+    after = _history(path)
+    # one block per ledger shard (120 signals: far below a block's 16,384 records)
+    assert {k[:8] for k in after} == {k[:8] for k in before} and len(after) == len(
+        {k[:8] for k in after}
+    )
+    for k, v in after.items():
+        payload = unseal(v, "history", k)
+        assert payload[0] == 2 and payload[1] in (0, 2)  # version 2, written by compact()
+    got = sorted(r for k, v in after.items() for r in records_of(decode_batch(0, 0, v, k)))
+    assert got == records
+    with TidalDb.open(path, config=CFG, clock=clock) as db:
+        assert _export(db) == want
+        db.compact()  # nothing left to merge: the history is left as it is
+    assert _history(path) == after
+
+
+def test_a_pass_over_the_history_reads_each_record_once_while_a_compaction_merges() -> None:
+    """A reader lists the keys, reads some batches, a compaction merges them all
+    under the last key, the reader reads on: every record exactly once."""
+    store = MemoryStore()
+    want = []
+    rseq = {0: 100, 1: 7}
+    for seq in range(12):
+        recs = []
+        for i in range(5):
+            m = (seq + i) % 2
+            rseq[m] += 1 + i
+            recs.append((m, rseq[m], 1000 + seq, "c", i, 1, 0.5, T0 + 10 * seq + i))
+        store.commit([batch_op(0, seq, tuple(zip(*recs)), None)])
+        want += recs
+    reader = HistoryReader(store, 0)
+    keys = reader.batch_keys()
+    seen: dict[tuple[int, int], int] = {}
+    got = []
+    for b in reader.batches(keys[:5]):
+        got += [r for r, fresh in zip(records_of(b), reader.unseen(b, seen)) if fresh]
+    ops, stats = compact_history_ops(store.history_items(), block=40)
+    store.commit(ops)
+    assert stats["batches_before"] == 12 and stats["batches_after"] == 2  # 40 + 20 records
+    for b in reader.batches(keys[5:]):  # keys 5-6 gone, 7 holds 0-7, 8-10 gone, 11 holds 8-11
+        got += [r for r, fresh in zip(records_of(b), reader.unseen(b, seen)) if fresh]
+    assert sorted(got) == sorted(want)
+
+
+def test_compaction_merges_what_came_since_and_keeps_each_block_under_its_size() -> None:
+    store = MemoryStore()
+    recs = [(0, i, i % 7, "c", i % 5, 1, 1.0, T0 + i) for i in range(100)]
+    for seq in range(10):
+        store.commit([batch_op(1, seq, tuple(zip(*recs[10 * seq : 10 * seq + 10])), None)])
+    ops, _ = compact_history_ops(store.history_items(), block=30)
+    store.commit(ops)
+    blocks = store.history_items()
+    assert [int.from_bytes(k[10:], "big") for k, _ in blocks] == [2, 5, 8, 9]
+    assert [len(decode_batch(1, 0, v, k).r) for k, v in blocks] == [30, 30, 30, 10]
+    assert sorted(r for k, v in blocks for r in records_of(decode_batch(1, 0, v, k))) == recs
+    for seq in range(10, 12):  # two more writes: only they and the short last block merge
+        store.commit([batch_op(1, seq, tuple(zip(*recs[:5])), None)])
+    ops, stats = compact_history_ops(store.history_items(), block=30)
+    assert stats["batches_rewritten"] == 1 and len(ops) == 3  # two deletes, one block at 11
+    assert ops[-1][1][10:] == (11).to_bytes(8, "big")
+
+
+def test_a_purged_users_records_are_gone_from_the_decoded_history_after_compact(tmp_path):
+    path = tmp_path / "s"
+    clock = ManualClock(T0 + 10**12)
+    with TidalDb.open(path, config=CFG, clock=clock) as db:
+        for u in (1, 2):
+            db.assign_cohort(u, "c")
+        for i in range(30):
+            db.signal_with_context(1 + i % 2, 77 + i % 3, 1, 1.0, timestamp_ns=T0 + i)
+        for cohort in ("c", "@community"):
+            db.request_community_purge(1, cohort)
+            db.rematerialize(cohort)
+        db.compact()
+    users = np.concatenate([decode_batch(0, 0, v, k).u for k, v in _history(path).items()])
+    assert sorted(set(users.tolist())) == [2] and len(users) == 30  # 15 signals x 2 cohorts
