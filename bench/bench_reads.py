@@ -207,6 +207,54 @@ def ingest_beside(
     return t
 
 
+def ingest_with_and_without_reader(
+    db: TidalDb, users: int, keys: list[tuple[str, int, int]], seconds: float
+) -> dict[str, float]:
+    """Ingestion flat out for ``seconds`` with no reader (the shards stop publishing
+    within ``WANTED_S``) and with a thread reading at ``latest`` flat out, twice each,
+    alternating: signals/s (medians), and views published and their CPU seconds per
+    wall second with the reader."""
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    pubs = pub_s = wall_reading = 0.0
+    for reading in (False, True, False, True):
+        time.sleep(0.3)  # past WANTED_S: without a reader the next message drops views
+        stop, counted = threading.Event(), []
+        done = threading.Event()
+
+        def reader(done: threading.Event = done) -> None:
+            i = 0
+            while not done.is_set():
+                db.read_decay_score(*keys[i % len(keys)], consistency="latest")
+                i += 1
+
+        r = threading.Thread(target=reader, daemon=True)
+        if reading:
+            r.start()
+        before = [(lg.publications, lg.publish_s) for lg in db._core.ledgers]
+        t = time.perf_counter()
+        ingester = ingest_beside(db, users, stop, counted)
+        time.sleep(seconds)
+        stop.set()
+        ingester.join()
+        wall = time.perf_counter() - t
+        done.set()
+        if reading:
+            r.join()
+            pubs += sum(lg.publications for lg in db._core.ledgers) - sum(p for p, _ in before)
+            pub_s += sum(lg.publish_s for lg in db._core.ledgers) - sum(s for _, s in before)
+            wall_reading += wall
+        db.flush()
+        rates[reading].append(counted[0] / wall)
+    alone, beside = statistics.median(rates[False]), statistics.median(rates[True])
+    return {
+        "ingest_no_reader_signals_per_s": alone,
+        "ingest_latest_reader_signals_per_s": beside,
+        "ratio_ingest_latest_reader_vs_none": beside / alone,
+        "ingest_latest_reader_publications_per_s": pubs / wall_reading,
+        "ingest_latest_reader_publish_cpu_s_per_wall_s": pub_s / wall_reading,
+    }
+
+
 async def trio_rate(path: str, config: Config, keys: list[tuple[str, int, int]], n: int) -> float:
     async with open_tidal(path, config=config) as db:
         per = n // 100
@@ -314,6 +362,7 @@ def main() -> None:
         out["ingesting_latest_lag_p50_ms"] = lags[len(lags) // 2] * 1e3 if lags else -1.0
         out["ingesting_latest_lag_p99_ms"] = lags[len(lags) * 99 // 100] * 1e3 if lags else -1.0
         db.flush()
+        out.update(ingest_with_and_without_reader(db, users, keys, 1.0 if args.quick else 2.0))
         one = readers_together(db, keys, 1, n)
         eight = readers_together(db, keys, 8, n // 4)
         out["readers_1_reads_per_s"], out["readers_1_p50_us"] = one

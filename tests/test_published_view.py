@@ -44,7 +44,6 @@ def _retract(a: Aggregates, pub: Publisher, rows: list[int]) -> PublishedView:
     dk = a.view("row_key")
     ks = np.unique(dk[np.array(rows, dtype=np.int64) - a.row_base]).astype(np.int64)
     del dk
-    pub.dropping()
     a.retract_rows(rows)
     return pub.publish(ks[ks != DEAD])
 

@@ -17,9 +17,9 @@ when it was published; units as `core.key_state.KEY_COLUMNS`):
 * the shard's live key index (``KeyCode -> key id``) and cohort ids, shared, not
   copied: key ids only grow and a key keeps its id, so a key id found there below
   ``keys`` is the same key the copied columns hold; one at or above it, or none, is a
-  key the view does not have. The shard drops keys from the index only after
-  bumping ``epoch`` (shared by all its views), so a miss read after a drop is
-  answered by the shard instead;
+  key the view does not have, unless keys were dropped from the index since the
+  view was published: the aggregates bump ``KeyState.drop_epoch`` before they drop
+  any, and a view finding it moved leaves the miss to the shard;
 * the shard's (cohort, type) groups (`Groups`: each group's key ids, ascending,
   append only), shared likewise.
 
@@ -112,7 +112,10 @@ class _Top(NamedTuple):
 
     t_max: int  # the latest contribution of any of the group's live keys (ns)
     ranks: list[float]  # of the ordered keys, descending
-    keys: list[int]  # their key ids
+    fd: list[float]  # their forward-decayed sums
+    landmark: list[int]  # their landmarks (ns)
+    half_life: list[int]  # their half-lives (ns)
+    entity: list[int]  # their entities
     bound: float  # no other live key of the group ranks higher (-inf: none)
 
 
@@ -127,8 +130,7 @@ class PublishedView:
         index: the shard's key index (shared).
         cohort_ids: the shard's cohort name -> cohort id map (shared, only grows).
         groups: the shard's groups (shared).
-        epoch: a one-item int64 array the shard increments before it drops keys
-            from ``index`` (shared).
+        epoch: ``KeyState.drop_epoch`` (shared): bumped before keys leave ``index``.
         window_width_ns, window_buckets: the shard's window settings.
     """
 
@@ -239,7 +241,16 @@ class PublishedView:
         else:
             best, bound = np.arange(len(ks)), -np.inf
         best = best[np.argsort(-rank[best], kind="stable")]
-        return _Top(int(c.t_max[ks].max()), rank[best].tolist(), ks[best].tolist(), bound)
+        kb = ks[best]
+        return _Top(
+            int(c.t_max[ks].max()),
+            rank[best].tolist(),
+            fd[best].tolist(),
+            lm[best].tolist(),
+            c.half_life[kb].tolist(),
+            c.entity[kb].tolist(),
+            bound,
+        )
 
     def top(self, cohort: str, stype: int, k: int, at: int) -> list[tuple[int, float]] | None:
         """`Reads.top`: the ``k`` best ``(entity, score)`` at ``at``, score descending,
@@ -249,7 +260,7 @@ class PublishedView:
             return []
         key = cid << 64 | stype
         t = self._top.get(key, _MISSING)
-        if t is _MISSING or (t is not None and len(t.keys) < k and t.bound > -np.inf):
+        if t is _MISSING or (t is not None and len(t.ranks) < k and t.bound > -np.inf):
             t = self._order(cid, stype, max(TOP_KEEP, 2 * k))
             self._top[key] = t
         if t is None:
@@ -265,20 +276,22 @@ class PublishedView:
             cut = rk - rank_slack(rk)
             if t.bound >= cut:
                 return None  # a near-tie with a key not ordered: left to the shard
-        c = self.cols
         scored = []
-        for r, kid in zip(ranks, t.keys):
+        for r, fd, lm, h, e in zip(ranks, t.fd, t.landmark, t.half_life, t.entity):
             if r < cut or r == -np.inf:
                 break
-            diff = at - int(c.landmark[kid])
-            h = int(c.half_life[kid])
+            diff = at - lm
             if diff >= _EXACT or h >= _EXACT:
                 return None
-            s = float(c.fd[kid]) * 2.0 ** (-diff / h)
+            s = fd * 2.0 ** (-diff / h)
             if s < TINY_SCORE:
                 return None  # near underflow the rank order is not the scores'
-            scored.append((-s, int(c.entity[kid])))
-        return [(e, -neg) for neg, e in heapq.nsmallest(k, scored)]
+            scored.append((-s, e))
+        if len(scored) > k:
+            scored = heapq.nsmallest(k, scored)
+        else:
+            scored.sort()
+        return [(e, -neg) for neg, e in scored]
 
 
 _MISSING: Any = object()

@@ -36,7 +36,7 @@ import numpy.typing as npt
 from tidal_actors.core.key_state import KeyState
 from tidal_actors.core.published import NO_BUCKET, Groups, PublishedView, ViewColumns
 
-__all__ = ["HISTORY", "SPARES", "Publisher"]
+__all__ = ["HISTORY", "SPARES", "Publisher", "unique_ids"]
 
 HISTORY = 4  # publications whose changed key ids are kept (to update a retired view)
 SPARES = 3  # retired views kept for their buffers
@@ -76,6 +76,18 @@ _DTYPES = {
 }
 
 
+def unique_ids(ks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The distinct values of ``ks``, ascending (by sorting: numpy's ``unique``
+    hashes, ten times slower on a few thousand key ids)."""
+    if len(ks) < 2:
+        return ks
+    s = np.sort(ks)
+    keep = np.empty(len(s), dtype=np.bool_)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
 class Publisher:
     """Builds the published views of one shard's aggregates (see the module doc).
 
@@ -86,8 +98,6 @@ class Publisher:
     def __init__(self, agg: KeyState) -> None:
         self.agg = agg
         self.groups = Groups()
-        # incremented before the shard drops keys from its index (`PublishedView`)
-        self.epoch = np.zeros(1, dtype=np.int64)
         self._versions = count(1)
         self._pubs = 0  # publications so far
         self.current: PublishedView | None = None
@@ -95,11 +105,6 @@ class Publisher:
         self._spares: list[PublishedView] = []  # retired views, oldest first
         self._changed: deque[tuple[int, npt.NDArray[np.int64] | None]] = deque(maxlen=HISTORY)
         self.rows_written = 0  # rows copied into views so far (for benchmarks)
-
-    def dropping(self) -> None:
-        """The shard is about to drop keys from its index: views answer a miss by
-        asking the shard (`PublishedView`)."""
-        self.epoch[0] += 1
 
     def regroup(self) -> None:
         """Make the groups again at the next publication (a rebuild dropped keys and
@@ -136,7 +141,7 @@ class Publisher:
             agg.index,
             agg._cid,
             self.groups,
-            self.epoch,
+            agg.drop_epoch,
             agg._width,
             agg._n,
         )
@@ -174,7 +179,7 @@ class Publisher:
         if len(parts) < self._pubs - since:
             self._copy_all(cols, n)  # changes not kept (or not known)
             return
-        ks = np.unique(np.concatenate(parts)) if len(parts) > 1 else parts[0]
+        ks = unique_ids(np.concatenate(parts)) if len(parts) > 1 else parts[0]
         if len(ks) > SCATTER_MAX * n:
             self._copy_all(cols, n)
             return
