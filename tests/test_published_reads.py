@@ -20,6 +20,7 @@ import time
 import pytest
 
 from tidal_actors import COMMUNITY, Config, InvalidArgument, Signal, TidalDb
+from tidal_actors.actors.ledger_views import WANTED_S
 from tidal_actors.core.sharding import ledger_shard_of
 from tidal_actors.runtime.callers import Answered
 from tidal_actors.testing import Harness, ReferenceModel
@@ -239,3 +240,38 @@ def test_bad_consistency_is_refused_naming_the_field(bad: object) -> None:
     with pytest.raises(InvalidArgument) as cerr:
         Config(read_consistency="eventual")
     assert cerr.value.field == "read_consistency"
+
+
+def test_views_are_published_only_while_read() -> None:
+    """Without reads a ledger shard publishes nothing (ingestion pays for no view); a
+    read that finds no view is answered by the shard, which then publishes; once no
+    read wanted a view for ``WANTED_S``, the next message the shard handles drops it
+    and it publishes nothing more until a read wants one again."""
+    with TidalDb.open(config=Config(half_life_ns=HOUR, ledger_shards=1)) as db:
+        core = db._core
+        led = core.ledgers[0]
+        for i in range(5):
+            db.signal_batch([Signal(u, 1, 1, 1.0) for u in range(i * 100, i * 100 + 100)])
+        db.flush()
+        assert led.publications == 0 and led.view is None
+        first = core.read_window(COMMUNITY, 1, 1, consistency="latest")
+        assert not isinstance(first, Answered)  # no view: the shard answers
+        deadline = time.monotonic() + 10.0
+        while not first.done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert first.result().count == 500
+        deadline = time.monotonic() + 10.0
+        while led.view is None and time.monotonic() < deadline:
+            time.sleep(0.001)  # it publishes after that read's message
+        again = core.read_window(COMMUNITY, 1, 1, consistency="latest")
+        assert isinstance(again, Answered) and again.result().count == 500
+        time.sleep(WANTED_S * 2)  # nobody reads
+        db.signal_batch([Signal(u, 1, 1, 1.0) for u in range(500, 600)])
+        db.flush()
+        assert led.view is None
+        n = led.publications
+        for i in range(6, 10):
+            db.signal_batch([Signal(u, 1, 1, 1.0) for u in range(i * 100, i * 100 + 100)])
+        db.flush()
+        assert led.publications == n
+        assert db.read_window(COMMUNITY, 1, 1, consistency="latest").count == 1000

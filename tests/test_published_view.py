@@ -197,3 +197,38 @@ def test_top_k_many_keys_and_near_ties() -> None:
     assert v is not None
     answered, _ = _check(v, _truth(a, 300, [12_000, 10**5]))
     assert answered
+
+
+def test_top_k_orders_are_repaired_from_earlier_views(monkeypatch: Any) -> None:
+    """A group of 2,000 keys, a few changing between publications (adds raising
+    ranks, retractions lowering them and dropping keys): each view's top-k equals the
+    shard's, and only the first is ranked from all the group's keys; the others
+    repair an earlier view's order with the keys changed since."""
+    rnd = random.Random(11)
+    a = _agg()
+    pub = Publisher(a)
+    rows = _add(a, [("a", e, 1, 0.5 + (e % 7), 10 + e % 50) for e in range(2000)], 0)
+    rseq = len(rows)
+    full = []
+    monkeypatch.setattr(
+        PublishedView,
+        "_order",
+        lambda self, g, want, _o=PublishedView._order: full.append(g) or _o(self, g, want),
+    )
+    v = pub.publish(None)
+    for step in range(60):
+        if step % 3 == 2:
+            held = [r for r in range(a.row_base, a.row_end) if a.row_key[r - a.phys_base] != DEAD]
+            best = {e for e, _s in a.top("a", 1, 20, 5_000)}
+            mine = [r for r in held if int(a.key(a.row_key[r - a.phys_base])[1]) in best]
+            v = _retract(a, pub, rnd.sample(mine, 3))
+        else:
+            raw = [
+                ("a", rnd.randrange(2000), 1, rnd.choice([1.0, 4.0]), 60 + step) for _ in range(4)
+            ]
+            rows = _add(a, raw, rseq)
+            rseq += len(raw)
+            v = pub.publish(_keys_of(a, rows))
+        for k in (1, 10, 30):
+            assert v.top("a", 1, k, 5_000) == a.top("a", 1, k, 5_000)
+    assert len(full) == 1

@@ -35,8 +35,8 @@ import numpy as np
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.core.key_state import DEAD
-from tidal_actors.core.published import PublishedView
-from tidal_actors.core.publisher import Publisher, unique_ids
+from tidal_actors.core.published import PublishedView, unique_ids
+from tidal_actors.core.publisher import Publisher
 from tidal_actors.core.states import LedgerState
 
 __all__ = ["PUBLISH_EVERY_S", "WANTED_S", "LedgerViews"]

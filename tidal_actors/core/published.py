@@ -48,7 +48,17 @@ import numpy.typing as npt
 
 from tidal_actors.core.key_state import key_code
 
-__all__ = ["NO_BUCKET", "TINY_SCORE", "Groups", "PublishedView", "ViewColumns", "rank_slack"]
+__all__ = [
+    "NO_BUCKET",
+    "TINY_SCORE",
+    "Changes",
+    "Groups",
+    "History",
+    "PublishedView",
+    "ViewColumns",
+    "rank_slack",
+    "unique_ids",
+]
 
 NO_BUCKET = np.iinfo(np.int64).min  # ``prev_b`` of a key without earlier buckets
 _EXACT = 2**53  # int64 -> float64 is exact below this
@@ -59,6 +69,18 @@ TINY_SCORE = 1e-180
 # the first top-k read of a group in a view orders this many of its best keys (at
 # least twice the k asked)
 TOP_KEEP = 64
+
+
+def unique_ids(ks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The distinct values of ``ks``, ascending (by sorting: numpy's ``unique``
+    hashes, ten times slower on a few thousand key ids)."""
+    if len(ks) < 2:
+        return ks
+    s = np.sort(ks)
+    keep = np.empty(len(s), dtype=np.bool_)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
 
 
 def rank_slack(rank: float) -> float:
@@ -108,15 +130,41 @@ class Groups:
 
 
 class _Top(NamedTuple):
-    """A group's best keys in one view, best first (see `PublishedView.top`)."""
+    """A group's best keys in one view, best first (see `PublishedView.top`): numpy
+    arrays, so that the caches views keep are nothing the garbage collector walks."""
 
-    t_max: int  # the latest contribution of any of the group's live keys (ns)
-    ranks: list[float]  # of the ordered keys, descending
-    fd: list[float]  # their forward-decayed sums
-    landmark: list[int]  # their landmarks (ns)
-    half_life: list[int]  # their half-lives (ns)
-    entity: list[int]  # their entities
-    bound: float  # no other live key of the group ranks higher (-inf: none)
+    t_max: int  # a bound on the latest contribution of the group's live keys (ns)
+    ref: int  # the landmark the ranks are taken against (ns)
+    bound: float  # no live key of the group not listed ranks higher (-inf: none)
+    ranks: npt.NDArray[np.float64]  # of the listed keys, descending
+    keys: npt.NDArray[np.int64]  # their key ids
+    fd: npt.NDArray[np.float64]  # their forward-decayed sums
+    landmark: npt.NDArray[np.int64]  # their landmarks (ns)
+    half_life: npt.NDArray[np.int64]  # their half-lives (ns)
+    entity: npt.NDArray[np.uint64]  # their entities
+
+    def head(self, n: int, bound: float) -> _Top:
+        """The best ``n`` listed keys, no other ranking above ``bound``."""
+        return _Top(
+            self.t_max,
+            self.ref,
+            bound,
+            self.ranks[:n],
+            self.keys[:n],
+            self.fd[:n],
+            self.landmark[:n],
+            self.half_life[:n],
+            self.entity[:n],
+        )
+
+
+# The key ids one publication changed, by group: ``(gids ascending, key ids)``.
+Changes = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
+# What a view can repair its group orders from: ``(cache of an earlier view, the
+# changes of the publication after it)``, newest first, one per publication.
+History = tuple[tuple[dict[int, Any], Changes], ...]
+_NO_KEYS = np.zeros(0, dtype=np.int64)
+_NO_T_MAX = int(np.iinfo(np.int64).min)
 
 
 class PublishedView:
@@ -132,11 +180,13 @@ class PublishedView:
         groups: the shard's groups (shared).
         epoch: ``KeyState.drop_epoch`` (shared): bumped before keys leave ``index``.
         window_width_ns, window_buckets: the shard's window settings.
+        history: earlier views' group orders and the changes since (`History`).
     """
 
     __slots__ = (
         "_e0",
         "_epoch",
+        "_history",
         "_top",
         "cids",
         "cols",
@@ -161,6 +211,7 @@ class PublishedView:
         epoch: npt.NDArray[np.int64],
         window_width_ns: int,
         window_buckets: int,
+        history: History = (),
     ) -> None:
         self.version = version
         self.published_ns = published_ns
@@ -173,7 +224,8 @@ class PublishedView:
         self._e0 = int(epoch[0])
         self.width = window_width_ns
         self.window_n = window_buckets
-        self._top: dict[int, _Top | None] = {}
+        self._top: dict[int, _Top | None] = {}  # group id -> its best keys
+        self._history = history
 
     def _find(self, cohort: str, entity: int, stype: int) -> int | None:
         """Key id of ``(cohort, entity, stype)`` in this view, -1 if it has none,
@@ -218,68 +270,124 @@ class PublishedView:
             return n, (w if w > 0.0 else 0.0)
         return (0, 0.0)
 
-    def _order(self, cid: int, stype: int, want: int) -> _Top | None:
-        """Group ``(cid, stype)``'s best ``want`` (or more) keys by rank."""
-        ids = self.groups.of(cid, stype)
-        if ids is None:
-            return None
+    def _listed(self, ks: npt.NDArray[np.int64], ref: int, bound: float, t_max: int) -> _Top:
+        """A `_Top` of keys ``ks`` (their ranks against ``ref``), ``want`` best kept."""
         c = self.cols
-        ks = ids[: np.searchsorted(ids, self.keys)]
+        fd = c.fd[ks]
+        lm = c.landmark[ks]
+        h = c.half_life[ks]
+        rank = np.full(len(ks), -np.inf)
+        scoring = (fd > 0.0) & (c.live[ks] != 0)
+        rank[scoring] = np.log2(fd[scoring]) + (lm[scoring] - ref) / h[scoring]
+        order = np.argsort(-rank, kind="stable")
+        return _Top(
+            t_max,
+            ref,
+            bound,
+            rank[order],
+            ks[order],
+            fd[order],
+            lm[order],
+            h[order],
+            c.entity[ks[order]],
+        )
+
+    def _order(self, g: int, want: int) -> _Top | None:
+        """Group ``g``'s best ``want`` keys by rank, from all of its keys."""
+        ids, n = self.groups.members[g]
+        c = self.cols
+        ks = ids[: np.searchsorted(ids[:n], self.keys)]
         ks = ks[c.live[ks] != 0]
         if not len(ks):
             return None
         fd = c.fd[ks]
         lm = c.landmark[ks]
         ref = int(lm.max())
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rank = np.log2(fd) + (lm - ref) / c.half_life[ks]
-        rank = np.where(fd > 0.0, rank, -np.inf)
+        rank = np.full(len(ks), -np.inf)
+        scoring = fd > 0.0
+        rank[scoring] = np.log2(fd[scoring]) + (lm[scoring] - ref) / c.half_life[ks[scoring]]
+        bound = -np.inf
         if len(ks) > want:
             part = np.argpartition(-rank, want)
-            best, rest = part[:want], part[want:]
-            bound = float(rank[rest].max())
+            bound = float(rank[part[want:]].max())
+            best = ks[part[:want]]
         else:
-            best, bound = np.arange(len(ks)), -np.inf
-        best = best[np.argsort(-rank[best], kind="stable")]
-        kb = ks[best]
-        return _Top(
-            int(c.t_max[ks].max()),
-            rank[best].tolist(),
-            fd[best].tolist(),
-            lm[best].tolist(),
-            c.half_life[kb].tolist(),
-            c.entity[kb].tolist(),
-            bound,
-        )
+            best = ks
+        return self._listed(best, ref, bound, int(c.t_max[ks].max()))
+
+    def _repair(self, g: int, want: int) -> _Top | Any | None:
+        """Group ``g``'s best keys from an earlier view's, with the keys changed since
+        ranked again (`_MISSING` if no earlier view has them)."""
+        parts = []
+        for cache, (gs, kb) in self._history:
+            lo = gs.searchsorted(g, "left")
+            hi = gs.searchsorted(g, "right")
+            if hi > lo:
+                parts.append(kb[lo:hi])
+            base = cache.get(g, _MISSING)
+            if base is not _MISSING:
+                break
+        else:
+            return _MISSING
+        if not parts:
+            return base  # nothing of the group changed since
+        c = self.cols
+        ch = unique_ids(np.concatenate(parts)) if len(parts) > 1 else parts[0]
+        ch = ch[ch < self.keys]
+        live = ch[c.live[ch] != 0]
+        if base is None:  # no live key then
+            if not len(live):
+                return None
+            base = self._listed(_NO_KEYS, int(c.landmark[live].max()), -np.inf, _NO_T_MAX)
+        if not len(ch):
+            return base
+        t_max = max(base.t_max, int(c.t_max[live].max())) if len(live) else base.t_max
+        keep = base.keys[~np.isin(base.keys, ch)]
+        new = self._listed(np.concatenate([keep, ch]), base.ref, base.bound, t_max)
+        n = int(np.count_nonzero(new.ranks > base.bound))
+        if n > 2 * want:  # keep the best ``want``, the bound raised to the next one
+            return new.head(want, float(new.ranks[want]))
+        return new.head(n, base.bound) if n < len(new.ranks) else new
 
     def top(self, cohort: str, stype: int, k: int, at: int) -> list[tuple[int, float]] | None:
         """`Reads.top`: the ``k`` best ``(entity, score)`` at ``at``, score descending,
         ties by entity ascending; None when only the shard can answer."""
         cid = self.cids.get(cohort)
-        if cid is None:
+        g = None if cid is None else self.groups.gid.get(cid << 64 | stype)
+        if g is None:
             return []
-        key = cid << 64 | stype
-        t = self._top.get(key, _MISSING)
+        t = self._top.get(g, _MISSING)
         if t is _MISSING or (t is not None and len(t.ranks) < k and t.bound > -np.inf):
-            t = self._order(cid, stype, max(TOP_KEEP, 2 * k))
-            self._top[key] = t
+            want = max(TOP_KEEP, 2 * k)
+            t = self._repair(g, want) if t is _MISSING else _MISSING
+            if t is _MISSING or (t is not None and len(t.ranks) < k and t.bound > -np.inf):
+                t = self._order(g, want)
+            self._top[g] = t
         if t is None:
+            return []
+        n = len(t.ranks)
+        if not n:
             return []
         if at < t.t_max:
             return None  # contributions after the read time: the shard sums buckets
-        ranks = t.ranks
-        n = len(ranks)
-        rk = ranks[min(k, n) - 1]
+        asc = t.ranks[::-1]
+        rk = float(t.ranks[min(k, n) - 1])
         if rk == -np.inf:  # fewer than k keys score: every one that does is listed
-            cut = -np.inf
+            if t.bound > -np.inf:
+                return None
+            m = n - int(asc.searchsorted(-np.inf, "right"))
         else:
             cut = rk - rank_slack(rk)
             if t.bound >= cut:
-                return None  # a near-tie with a key not ordered: left to the shard
+                return None  # a near-tie with a key not listed: left to the shard
+            m = n - int(asc.searchsorted(cut, "left"))
         scored = []
-        for r, fd, lm, h, e in zip(ranks, t.fd, t.landmark, t.half_life, t.entity):
-            if r < cut or r == -np.inf:
-                break
+        for fd, lm, h, e in zip(
+            t.fd[:m].tolist(),
+            t.landmark[:m].tolist(),
+            t.half_life[:m].tolist(),
+            t.entity[:m].tolist(),
+        ):
             diff = at - lm
             if diff >= _EXACT or h >= _EXACT:
                 return None

@@ -34,12 +34,22 @@ import numpy as np
 import numpy.typing as npt
 
 from tidal_actors.core.key_state import KeyState
-from tidal_actors.core.published import NO_BUCKET, Groups, PublishedView, ViewColumns
+from tidal_actors.core.published import (
+    NO_BUCKET,
+    Groups,
+    History,
+    PublishedView,
+    ViewColumns,
+    unique_ids,
+)
 
-__all__ = ["HISTORY", "SPARES", "Publisher", "unique_ids"]
+__all__ = ["HISTORY", "ORDERS_KEPT", "SPARES", "Publisher", "unique_ids"]
 
 HISTORY = 4  # publications whose changed key ids are kept (to update a retired view)
 SPARES = 3  # retired views kept for their buffers
+# a view repairs a group's top-k order from the order one of this many views before
+# it cached (`PublishedView.top`), with the keys changed since
+ORDERS_KEPT = 8
 # a retired view is updated row by row while the rows changed since are fewer than
 # this fraction of the keys; else its buffers are overwritten whole
 SCATTER_MAX = 0.25
@@ -76,18 +86,6 @@ _DTYPES = {
 }
 
 
-def unique_ids(ks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """The distinct values of ``ks``, ascending (by sorting: numpy's ``unique``
-    hashes, ten times slower on a few thousand key ids)."""
-    if len(ks) < 2:
-        return ks
-    s = np.sort(ks)
-    keep = np.empty(len(s), dtype=np.bool_)
-    keep[0] = True
-    np.not_equal(s[1:], s[:-1], out=keep[1:])
-    return s[keep]
-
-
 class Publisher:
     """Builds the published views of one shard's aggregates (see the module doc).
 
@@ -98,6 +96,8 @@ class Publisher:
     def __init__(self, agg: KeyState) -> None:
         self.agg = agg
         self.groups = Groups()
+        self.key_gid = np.zeros(0, dtype=np.int64)  # key id -> its group id
+        self._cut = True  # the next view repairs no order from earlier views'
         self._versions = count(1)
         self._pubs = 0  # publications so far
         self.current: PublishedView | None = None
@@ -110,10 +110,12 @@ class Publisher:
         """Make the groups again at the next publication (a rebuild dropped keys and
         installed them again: a dropped key's type column is zeroed)."""
         self.groups = Groups()
+        self._cut = True
 
     def release(self) -> None:
         """Forget every view (nobody reads them): the next publication copies all."""
         self.current = None
+        self._cut = True
         self._spares.clear()
         self._at.clear()
         self._changed.clear()
@@ -126,8 +128,16 @@ class Publisher:
         self._grow_groups(n)
         self._pubs += 1
         self._changed.append((self._pubs, ks))
-        if self.current is not None:
-            self._spares.append(self.current)
+        history: History = ()
+        prev = self.current
+        if ks is not None and prev is not None and not self._cut:
+            gk = self.key_gid[ks]
+            o = np.argsort(gk, kind="stable")
+            history = ((prev._top, (gk[o], ks[o])), *prev._history[: ORDERS_KEPT - 1])
+        self._cut = ks is None
+        if prev is not None:
+            self._spares.append(prev)
+        del prev
         cols = self._reuse(n)
         if cols is None:
             cap = max(1024, n + n // 4)
@@ -144,6 +154,7 @@ class Publisher:
             agg.drop_epoch,
             agg._width,
             agg._n,
+            history,
         )
         self.current = view
         self._at[id(view)] = self._pubs
@@ -218,10 +229,12 @@ class Publisher:
         cut = np.flatnonzero((cs[1:] != cs[:-1]) | (ts[1:] != ts[:-1])) + 1
         starts = [0, *cut.tolist()]
         ends = [*cut.tolist(), len(order)]
+        gids = np.zeros(n - first, dtype=np.int64)
         for s, e, c, t in zip(starts, ends, cs[starts].tolist(), ts[starts].tolist()):
             code = c << 64 | t
             gid = g.gid.get(code)
             new = ids[order[s:e]]
+            gids[order[s:e]] = len(g.members) if gid is None else gid
             if gid is None:
                 g.gid[code] = len(g.members)
                 arr = np.zeros(max(16, 2 * len(new)), dtype=np.int64)
@@ -236,3 +249,8 @@ class Publisher:
             arr[m : m + len(new)] = new
             g.members[gid] = (arr, m + len(new))
         g.upto = n
+        if len(self.key_gid) < n:
+            grown = np.zeros(max(1024, n + n // 2), dtype=np.int64)
+            grown[: len(self.key_gid)] = self.key_gid
+            self.key_gid = grown
+        self.key_gid[first:n] = gids
