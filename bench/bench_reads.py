@@ -14,8 +14,10 @@ entities, 4 signal types), then, each beside its baselines run in the same proce
   and SQLite (stdlib, in memory) holding the same aggregate table with an index on
   ``(cohort, type, rank)``.
 
-Also printed: the publications each ledger made and the seconds they took, against
-the ingestion's wall time (what publishing costs ingestion).
+Also printed: the publications each ledger made and the CPU seconds they took,
+against the ingestion's wall time; how far ``latest`` reads lag ingestion; and
+ingestion flat out with no reader (the shards then publish nothing) beside the same
+with a thread reading at ``latest`` flat out (what publishing costs ingestion).
 """
 
 from __future__ import annotations
