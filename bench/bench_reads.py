@@ -17,7 +17,8 @@ entities, 4 signal types), then, each beside its baselines run in the same proce
 Also printed: the publications each ledger made and the CPU seconds they took,
 against the ingestion's wall time; how far ``latest`` reads lag ingestion; and
 ingestion flat out with no reader (the shards then publish nothing) beside the same
-with a thread reading at ``latest`` flat out (what publishing costs ingestion).
+with a thread reading at ``latest`` flat out, and with a thread reading the dict
+baseline flat out (the same contention for the interpreter lock, without views).
 """
 
 from __future__ import annotations
@@ -210,27 +211,35 @@ def ingest_beside(
 
 
 def ingest_with_and_without_reader(
-    db: TidalDb, users: int, keys: list[tuple[str, int, int]], seconds: float
+    db: TidalDb,
+    users: int,
+    keys: list[tuple[str, int, int]],
+    seconds: float,
+    baseline: Callable[[tuple[str, int, int]], object],
 ) -> dict[str, float]:
     """Ingestion flat out for ``seconds`` with no reader (the shards stop publishing
-    within ``WANTED_S``) and with a thread reading at ``latest`` flat out, twice each,
-    alternating: signals/s (medians), and views published and their CPU seconds per
-    wall second with the reader."""
-    rates: dict[bool, list[float]] = {False: [], True: []}
+    within ``WANTED_S``), with a thread reading at ``latest`` flat out, and with a
+    thread reading the dict baseline flat out (the same share of the interpreter lock,
+    no views), twice each, interleaved: signals/s (medians), and views published and
+    their CPU seconds per wall second with the ``latest`` reader."""
+    rates: dict[str, list[float]] = {"none": [], "latest": [], "dict": []}
     pubs = pub_s = wall_reading = 0.0
-    for reading in (False, True, False, True):
+    for mode in ("none", "latest", "dict") * 2:
         time.sleep(0.3)  # past WANTED_S: without a reader the next message drops views
         stop, counted = threading.Event(), []
         done = threading.Event()
 
-        def reader(done: threading.Event = done) -> None:
+        def reader(done: threading.Event = done, mode: str = mode) -> None:
             i = 0
             while not done.is_set():
-                db.read_decay_score(*keys[i % len(keys)], consistency="latest")
+                if mode == "latest":
+                    db.read_decay_score(*keys[i % len(keys)], consistency="latest")
+                else:
+                    baseline(keys[i % len(keys)])
                 i += 1
 
         r = threading.Thread(target=reader, daemon=True)
-        if reading:
+        if mode != "none":
             r.start()
         before = [(lg.publications, lg.publish_s) for lg in db._core.ledgers]
         t = time.perf_counter()
@@ -240,18 +249,21 @@ def ingest_with_and_without_reader(
         ingester.join()
         wall = time.perf_counter() - t
         done.set()
-        if reading:
+        if mode != "none":
             r.join()
+        if mode == "latest":
             pubs += sum(lg.publications for lg in db._core.ledgers) - sum(p for p, _ in before)
             pub_s += sum(lg.publish_s for lg in db._core.ledgers) - sum(s for _, s in before)
             wall_reading += wall
         db.flush()
-        rates[reading].append(counted[0] / wall)
-    alone, beside = statistics.median(rates[False]), statistics.median(rates[True])
+        rates[mode].append(counted[0] / wall)
+    med = {m: statistics.median(v) for m, v in rates.items()}
     return {
-        "ingest_no_reader_signals_per_s": alone,
-        "ingest_latest_reader_signals_per_s": beside,
-        "ratio_ingest_latest_reader_vs_none": beside / alone,
+        "ingest_no_reader_signals_per_s": med["none"],
+        "ingest_latest_reader_signals_per_s": med["latest"],
+        "ingest_dict_reader_signals_per_s": med["dict"],
+        "ratio_ingest_latest_reader_vs_none": med["latest"] / med["none"],
+        "ratio_ingest_latest_reader_vs_dict_reader": med["latest"] / med["dict"],
         "ingest_latest_reader_publications_per_s": pubs / wall_reading,
         "ingest_latest_reader_publish_cpu_s_per_wall_s": pub_s / wall_reading,
     }
@@ -364,7 +376,11 @@ def main() -> None:
         out["ingesting_latest_lag_p50_ms"] = lags[len(lags) // 2] * 1e3 if lags else -1.0
         out["ingesting_latest_lag_p99_ms"] = lags[len(lags) * 99 // 100] * 1e3 if lags else -1.0
         db.flush()
-        out.update(ingest_with_and_without_reader(db, users, keys, 1.0 if args.quick else 2.0))
+        out.update(
+            ingest_with_and_without_reader(
+                db, users, keys, 1.0 if args.quick else 2.0, base.dict_point
+            )
+        )
         one = readers_together(db, keys, 1, n)
         eight = readers_together(db, keys, 8, n // 4)
         out["readers_1_reads_per_s"], out["readers_1_p50_us"] = one

@@ -45,9 +45,8 @@ import numpy.typing as npt
 from tidal_actors.core.key_state import key_code
 from tidal_actors.core.published_top import (
     TINY_SCORE,
-    Changes,
     Groups,
-    History,
+    Stamps,
     TopOrder,
     TopReads,
     ViewColumns,
@@ -58,10 +57,9 @@ from tidal_actors.core.published_top import (
 __all__ = [
     "NO_BUCKET",
     "TINY_SCORE",
-    "Changes",
     "Groups",
-    "History",
     "PublishedView",
+    "Stamps",
     "ViewColumns",
     "rank_slack",
     "unique_ids",
@@ -83,20 +81,22 @@ class PublishedView(TopReads):
         groups: the shard's groups (shared).
         epoch: ``KeyState.drop_epoch`` (shared): bumped before keys leave ``index``.
         window_width_ns, window_buckets: the shard's window settings.
-        history: earlier views' group orders and the changes since (`History`).
+        pub: the shard's publication number (only grows).
+        stamps: the shard's `Stamps` (shared): what top-k orders repair from.
     """
 
     __slots__ = (
         "_e0",
         "_epoch",
-        "_history",
         "_top",
         "cids",
         "cols",
         "groups",
         "index",
         "keys",
+        "pub",
         "published_ns",
+        "stamps",
         "version",
         "width",
         "window_n",
@@ -114,7 +114,8 @@ class PublishedView(TopReads):
         epoch: npt.NDArray[np.int64],
         window_width_ns: int,
         window_buckets: int,
-        history: History = (),
+        pub: int = 0,
+        stamps: Stamps | None = None,
     ) -> None:
         self.version = version
         self.published_ns = published_ns
@@ -128,7 +129,8 @@ class PublishedView(TopReads):
         self.width = window_width_ns
         self.window_n = window_buckets
         self._top: dict[int, TopOrder | None] = {}  # group id -> its best keys
-        self._history = history
+        self.pub = pub
+        self.stamps = Stamps(0) if stamps is None else stamps
 
     def _find(self, cohort: str, entity: int, stype: int) -> int | None:
         """Key id of ``(cohort, entity, stype)`` in this view, -1 if it has none,

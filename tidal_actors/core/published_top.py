@@ -5,8 +5,9 @@ All keys of a (cohort, type) share a half-life, so at a read time at or after ev
 key's latest contribution the order of their scores is the order of their *ranks*
 ``log2(fd_sum) + (landmark - ref) / half_life`` (forward decay, Cormode, Shkapenyuk,
 Srivastava, Xu, ICDE 2009). The first top-k read of a group in a view finds its
-order (`TopReads.top`): repaired from the order an earlier view cached (one of the
-last `History` entries) by ranking again only the keys changed since, or else
+order (`TopReads.top`): repaired from the newest order any reader computed for the
+group at or before the view's publication (`Stamps.orders`), by ranking again only
+the group's keys changed since (those whose `Stamps.key_pub` is later), or else
 ranked from all the group's live keys (numpy argpartition, then argsort of the
 best). The order lists the best keys, best first, and a *bound*: no live key not
 listed ranks higher. Adds only raise a key's rank and retractions lower it, so a
@@ -27,9 +28,8 @@ import numpy.typing as npt
 __all__ = [
     "TINY_SCORE",
     "TOP_KEEP",
-    "Changes",
     "Groups",
-    "History",
+    "Stamps",
     "TopOrder",
     "TopReads",
     "ViewColumns",
@@ -109,6 +109,7 @@ class TopOrder(NamedTuple):
     """A group's best keys in one view, best first (see `PublishedView.top`): numpy
     arrays, so that the caches views keep are nothing the garbage collector walks."""
 
+    pub: int  # the publication whose state it orders
     t_max: int  # a bound on the latest contribution of the group's live keys (ns)
     ref: int  # the landmark the ranks are taken against (ns)
     bound: float  # no live key of the group not listed ranks higher (-inf: none)
@@ -122,6 +123,7 @@ class TopOrder(NamedTuple):
     def head(self, n: int, bound: float) -> TopOrder:
         """The best ``n`` listed keys, no other ranking above ``bound``."""
         return TopOrder(
+            self.pub,
             self.t_max,
             self.ref,
             bound,
@@ -134,13 +136,18 @@ class TopOrder(NamedTuple):
         )
 
 
-# The key ids one publication changed, by group: ``(gids ascending, key ids)``.
-Changes = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
-# What a view can repair its group orders from: ``(cache of an earlier view, the
-# changes of the publication after it)``, newest first, one per publication.
-History = tuple[tuple[dict[int, Any], Changes], ...]
-_NO_KEYS = np.zeros(0, dtype=np.int64)
-_NO_T_MAX = int(np.iinfo(np.int64).min)
+class Stamps:
+    """What a shard's views share to repair group orders: ``key_pub[k]``, the last
+    publication that changed key ``k`` (only grows; the array is replaced by a
+    longer copy as keys are allotted), and ``orders``, group id -> the newest
+    `TopOrder` a reader computed. Replaced whole when a publication does not know
+    which keys changed (it copies every key)."""
+
+    __slots__ = ("key_pub", "orders")
+
+    def __init__(self, n: int) -> None:
+        self.key_pub = np.zeros(n, dtype=np.int64)
+        self.orders: dict[int, TopOrder] = {}
 
 
 class TopReads:
@@ -152,8 +159,9 @@ class TopReads:
     keys: int
     cids: dict[str, int]
     groups: Groups
+    pub: int
+    stamps: Stamps
     _top: dict[int, TopOrder | None]
-    _history: History
 
     def _listed(self, ks: npt.NDArray[np.int64], ref: int, bound: float, t_max: int) -> TopOrder:
         """A `TopOrder` of keys ``ks`` (their ranks against ``ref``), ``want`` best kept."""
@@ -166,6 +174,7 @@ class TopReads:
         rank[scoring] = np.log2(fd[scoring]) + (lm[scoring] - ref) / h[scoring]
         order = np.argsort(-rank, kind="stable")
         return TopOrder(
+            self.pub,
             t_max,
             ref,
             bound,
@@ -200,32 +209,21 @@ class TopReads:
             best = ks
         return self._listed(best, ref, bound, int(c.t_max[ks].max()))
 
-    def _repair(self, g: int, want: int) -> TopOrder | Any | None:
-        """Group ``g``'s best keys from an earlier view's, with the keys changed since
-        ranked again (`_MISSING` if no earlier view has them)."""
-        parts = []
-        for cache, (gs, kb) in self._history:
-            lo = gs.searchsorted(g, "left")
-            hi = gs.searchsorted(g, "right")
-            if hi > lo:
-                parts.append(kb[lo:hi])
-            base = cache.get(g, _MISSING)
-            if base is not _MISSING:
-                break
-        else:
-            return _MISSING
-        if not parts:
-            return base  # nothing of the group changed since
-        c = self.cols
-        ch = unique_ids(np.concatenate(parts)) if len(parts) > 1 else parts[0]
-        ch = ch[ch < self.keys]
-        live = ch[c.live[ch] != 0]
-        if base is None:  # no live key then
-            if not len(live):
-                return None
-            base = self._listed(_NO_KEYS, int(c.landmark[live].max()), -np.inf, _NO_T_MAX)
+    def _repair(self, g: int, want: int) -> TopOrder | None:
+        """Group ``g``'s best keys from the newest order computed at or before this
+        view's publication, with the keys changed since ranked again (None if there
+        is no such order)."""
+        stamps = self.stamps
+        base = stamps.orders.get(g)
+        if base is None or base.pub > self.pub:
+            return None
+        ids, n = self.groups.members[g]
+        ks = ids[: np.searchsorted(ids[:n], self.keys)]
+        ch = ks[stamps.key_pub[ks] > base.pub]  # all changed since, and maybe more
         if not len(ch):
-            return base
+            return base if base.pub == self.pub else base._replace(pub=self.pub)
+        c = self.cols
+        live = ch[c.live[ch] != 0]
         t_max = max(base.t_max, int(c.t_max[live].max())) if len(live) else base.t_max
         keep = base.keys[~np.isin(base.keys, ch)]
         new = self._listed(np.concatenate([keep, ch]), base.ref, base.bound, t_max)
@@ -244,10 +242,15 @@ class TopReads:
         t = self._top.get(g, _MISSING)
         if t is _MISSING or (t is not None and len(t.ranks) < k and t.bound > -np.inf):
             want = max(TOP_KEEP, 2 * k)
-            t = self._repair(g, want) if t is _MISSING else _MISSING
-            if t is _MISSING or (t is not None and len(t.ranks) < k and t.bound > -np.inf):
+            t = self._repair(g, want) if t is _MISSING else None
+            if t is None or (len(t.ranks) < k and t.bound > -np.inf):
                 t = self._order(g, want)
             self._top[g] = t
+            if t is not None:
+                orders = self.stamps.orders
+                have = orders.get(g)
+                if have is None or have.pub < t.pub:
+                    orders[g] = t
         if t is None:
             return []
         n = len(t.ranks)

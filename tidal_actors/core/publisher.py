@@ -37,19 +37,16 @@ from tidal_actors.core.key_state import KeyState
 from tidal_actors.core.published import (
     NO_BUCKET,
     Groups,
-    History,
     PublishedView,
+    Stamps,
     ViewColumns,
     unique_ids,
 )
 
-__all__ = ["HISTORY", "ORDERS_KEPT", "SPARES", "Publisher", "unique_ids"]
+__all__ = ["HISTORY", "SPARES", "Publisher", "unique_ids"]
 
 HISTORY = 4  # publications whose changed key ids are kept (to update a retired view)
 SPARES = 3  # retired views kept for their buffers
-# a view repairs a group's top-k order from the order one of this many views before
-# it cached (`PublishedView.top`), with the keys changed since
-ORDERS_KEPT = 8
 # a retired view is updated row by row while the rows changed since are fewer than
 # this fraction of the keys; else its buffers are overwritten whole
 SCATTER_MAX = 0.25
@@ -96,8 +93,7 @@ class Publisher:
     def __init__(self, agg: KeyState) -> None:
         self.agg = agg
         self.groups = Groups()
-        self.key_gid = np.zeros(0, dtype=np.int64)  # key id -> its group id
-        self._cut = True  # the next view repairs no order from earlier views'
+        self.stamps = Stamps(0)  # what views repair top-k orders from
         self._versions = count(1)
         self._pubs = 0  # publications so far
         self.current: PublishedView | None = None
@@ -110,12 +106,12 @@ class Publisher:
         """Make the groups again at the next publication (a rebuild dropped keys and
         installed them again: a dropped key's type column is zeroed)."""
         self.groups = Groups()
-        self._cut = True
+        self.stamps = Stamps(0)
 
     def release(self) -> None:
         """Forget every view (nobody reads them): the next publication copies all."""
         self.current = None
-        self._cut = True
+        self.stamps = Stamps(0)
         self._spares.clear()
         self._at.clear()
         self._changed.clear()
@@ -128,16 +124,9 @@ class Publisher:
         self._grow_groups(n)
         self._pubs += 1
         self._changed.append((self._pubs, ks))
-        history: History = ()
-        prev = self.current
-        if ks is not None and prev is not None and not self._cut:
-            gk = self.key_gid[ks]
-            o = np.argsort(gk, kind="stable")
-            history = ((prev._top, (gk[o], ks[o])), *prev._history[: ORDERS_KEPT - 1])
-        self._cut = ks is None
-        if prev is not None:
-            self._spares.append(prev)
-        del prev
+        self._stamp(ks, n)
+        if self.current is not None:
+            self._spares.append(self.current)
         cols = self._reuse(n)
         if cols is None:
             cap = max(1024, n + n // 4)
@@ -154,13 +143,27 @@ class Publisher:
             agg.drop_epoch,
             agg._width,
             agg._n,
-            history,
+            self._pubs,
+            self.stamps,
         )
         self.current = view
         self._at[id(view)] = self._pubs
         return view
 
     # -- parts ------------------------------------------------------------------------
+
+    def _stamp(self, ks: npt.NDArray[np.int64] | None, n: int) -> None:
+        """Stamp keys ``ks`` changed by this publication (None: any may have; then
+        no view repairs an order computed before)."""
+        st = self.stamps
+        if ks is None:
+            self.stamps = Stamps(max(1024, n + n // 2))
+            return
+        if len(st.key_pub) < n:
+            grown = np.zeros(max(1024, n + n // 2), dtype=np.int64)
+            grown[: len(st.key_pub)] = st.key_pub
+            st.key_pub = grown  # one assignment: a reader sees the old or this one
+        st.key_pub[ks] = self._pubs
 
     def _reuse(self, n: int) -> ViewColumns | None:
         """The buffers of a retired view no reader holds, brought up to date."""
@@ -229,12 +232,10 @@ class Publisher:
         cut = np.flatnonzero((cs[1:] != cs[:-1]) | (ts[1:] != ts[:-1])) + 1
         starts = [0, *cut.tolist()]
         ends = [*cut.tolist(), len(order)]
-        gids = np.zeros(n - first, dtype=np.int64)
         for s, e, c, t in zip(starts, ends, cs[starts].tolist(), ts[starts].tolist()):
             code = c << 64 | t
             gid = g.gid.get(code)
             new = ids[order[s:e]]
-            gids[order[s:e]] = len(g.members) if gid is None else gid
             if gid is None:
                 g.gid[code] = len(g.members)
                 arr = np.zeros(max(16, 2 * len(new)), dtype=np.int64)
@@ -249,8 +250,3 @@ class Publisher:
             arr[m : m + len(new)] = new
             g.members[gid] = (arr, m + len(new))
         g.upto = n
-        if len(self.key_gid) < n:
-            grown = np.zeros(max(1024, n + n // 2), dtype=np.int64)
-            grown[: len(self.key_gid)] = self.key_gid
-            self.key_gid = grown
-        self.key_gid[first:n] = gids
