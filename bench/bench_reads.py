@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_core import T0, cohorts_for, report, workload  # noqa: E402
 
 from tidal_actors import COMMUNITY, Config, Signal, TidalDb, open_tidal  # noqa: E402
+from tidal_actors.actors.ledger_views import WANTED_S  # noqa: E402
 
 HALF_LIFE = 7 * 24 * 3600 * 10**9
 # the signals are stamped from three days before the run on (the database's clock is
@@ -225,7 +226,7 @@ def ingest_with_and_without_reader(
     rates: dict[str, list[float]] = {"none": [], "latest": [], "dict": []}
     pubs = pub_s = wall_reading = 0.0
     for mode in ("none", "latest", "dict") * 2:
-        time.sleep(0.3)  # past WANTED_S: without a reader the next message drops views
+        time.sleep(WANTED_S + 0.2)  # without a reader the next message drops views
         stop, counted = threading.Event(), []
         done = threading.Event()
 

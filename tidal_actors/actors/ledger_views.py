@@ -46,7 +46,7 @@ PUBLISH_EVERY_S = 0.005
 # ... and at least this many times the last publication's duration apart
 PUBLISH_SPACING = 2.0
 # a shard keeps publishing while a reader wanted a view within this many seconds
-WANTED_S = 0.1
+WANTED_S = 1.0
 
 
 class LedgerViews(Behaviour):

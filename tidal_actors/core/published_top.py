@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "TIES_MAX",
     "TINY_SCORE",
     "TOP_KEEP",
     "Groups",
@@ -45,6 +46,8 @@ TINY_SCORE = 1e-180
 # the first top-k read of a group in a view orders this many of its best keys (at
 # least twice the k asked)
 TOP_KEEP = 64
+# an order lists at most this many times that many keys nearly tied with its best
+TIES_MAX = 8
 
 
 def unique_ids(ks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -201,12 +204,21 @@ class TopReads:
         scoring = fd > 0.0
         rank[scoring] = np.log2(fd[scoring]) + (lm[scoring] - ref) / c.half_life[ks[scoring]]
         bound = -np.inf
+        best = ks
         if len(ks) > want:
-            part = np.argpartition(-rank, want)
-            bound = float(rank[part[want:]].max())
-            best = ks[part[:want]]
-        else:
-            best = ks
+            # the best ``want``, and every key nearly tied with the (want/2)-th best
+            # (so that a near-tie at the k-th of a k <= want/2 is listed), unless
+            # that is more than TIES_MAX keys
+            half = want // 2
+            part = np.argpartition(-rank, (half, want))
+            r = float(rank[part[half]])
+            near = np.flatnonzero(rank >= r - rank_slack(r)) if r > -np.inf else part[:0]
+            pick = near if want <= len(near) <= TIES_MAX * want else part[:want]
+            listed = np.zeros(len(ks), dtype=np.bool_)
+            listed[pick] = True
+            if not listed.all():
+                bound = float(rank[~listed].max())
+            best = ks[listed]
         return self._listed(best, ref, bound, int(c.t_max[ks].max()))
 
     def _repair(self, g: int, want: int) -> TopOrder | None:
@@ -227,7 +239,9 @@ class TopReads:
         t_max = max(base.t_max, int(c.t_max[live].max())) if len(live) else base.t_max
         keep = base.keys[~np.isin(base.keys, ch)]
         new = self._listed(np.concatenate([keep, ch]), base.ref, base.bound, t_max)
-        n = int(np.count_nonzero(new.ranks > base.bound))
+        # listed: every key above the bound (at it too: listing more is always true)
+        above = new.ranks > base.bound if base.bound == -np.inf else new.ranks >= base.bound
+        n = int(np.count_nonzero(above))
         if n > 2 * want:  # keep the best ``want``, the bound raised to the next one
             return new.head(want, float(new.ranks[want]))
         return new.head(n, base.bound) if n < len(new.ranks) else new

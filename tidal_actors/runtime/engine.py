@@ -137,6 +137,7 @@ class Core(Operations):
         self._buffered = buffered
         self._buffers = [Buffer() for _ in range(self._nm)]
         self._callers = Callers(self._nl)  # what each caller wrote (`_serve`)
+        self._read_cohorts: dict[str, int] = {}  # cohort -> ledger shard (`_read_cohort`)
         self.nonblocking = False  # set by an async facade: no call ever waits for room
         # blocking signal_batch calls sending chunk by chunk: close() waits for them
         self._batch_calls = 0

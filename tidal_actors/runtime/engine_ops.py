@@ -46,7 +46,9 @@ from tidal_actors.storage.format import ledger_shard_of
 from tidal_actors.storage.protocol import Store
 from tidal_actors.storage.stores import LmdbStore
 
-__all__ = ["Operations"]
+__all__ = ["READ_COHORTS", "Operations"]
+
+READ_COHORTS = 65_536  # cohort names a database remembers as checked for reads
 
 
 class Operations(Intake):
@@ -58,6 +60,7 @@ class Operations(Intake):
     _nl: int
     ledgers: list[LedgerShard]
     _callers: Callers
+    _read_cohorts: dict[str, int]  # `_read_cohort`
     _carried: list[StorageError]  # errors of flushes nobody read (`FlushCall`)
     _carry_lock: threading.Lock
 
@@ -124,6 +127,20 @@ class Operations(Intake):
         reply = Reply(kind)
         self._barrier((ledger,), reply, M.Read(kind, args, reply))
         return reply
+
+    def _read_cohort(self, cohort: object) -> tuple[str, int]:
+        """A read's cohort, checked (`check_cohort`, ``@community`` allowed), and its
+        ledger shard; names checked before are remembered (up to ``READ_COHORTS``)."""
+        known = self._read_cohorts
+        if type(cohort) is str:
+            hit = known.get(cohort)
+            if hit is not None:
+                return cohort, hit
+        c = check_cohort(cohort, allow_community=True)
+        li = 0 if self._nl == 1 else ledger_shard_of(c, self._nl)
+        if type(cohort) is str and len(known) < READ_COHORTS:
+            known[c] = li
+        return c, li
 
     def _serve(
         self,
@@ -239,12 +256,11 @@ class Operations(Intake):
         at_ns: int | None = None,
         consistency: str | None = None,
     ) -> Call[float]:
-        c = check_cohort(cohort, allow_community=True)
+        c, li = self._read_cohort(cohort)
         e = check_id("entity_id", entity_id)
         t = check_id("signal_type", signal_type)
         self.check_open()
         at = self._at(at_ns)
-        li = 0 if self._nl == 1 else ledger_shard_of(c, self._nl)
         return self._serve("read_decay_score", li, "score", (c, e, t, at), consistency)
 
     def read_window(
@@ -255,12 +271,11 @@ class Operations(Intake):
         at_ns: int | None = None,
         consistency: str | None = None,
     ) -> Call[WindowCount]:
-        c = check_cohort(cohort, allow_community=True)
+        c, li = self._read_cohort(cohort)
         e = check_id("entity_id", entity_id)
         t = check_id("signal_type", signal_type)
         self.check_open()
         at = self._at(at_ns)
-        li = 0 if self._nl == 1 else ledger_shard_of(c, self._nl)
         return self._serve(
             "read_window", li, "window", (c, e, t, at), consistency, lambda v: WindowCount(*v)
         )
@@ -273,12 +288,11 @@ class Operations(Intake):
         at_ns: int | None = None,
         consistency: str | None = None,
     ) -> Call[list[tuple[int, float]]]:
-        c = check_cohort(cohort, allow_community=True)
+        c, li = self._read_cohort(cohort)
         t = check_id("signal_type", signal_type)
         kk = check_k(k)
         self.check_open()
         at = self._at(at_ns)
-        li = 0 if self._nl == 1 else ledger_shard_of(c, self._nl)
         return self._serve("top_entities", li, "top", (c, t, kk, at), consistency)
 
     def aggregate_rows(
