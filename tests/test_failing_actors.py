@@ -239,6 +239,7 @@ def test_full_mailbox_makes_the_producer_wait_then_delivers_everything(clock):
         gate.set()
         assert done.wait(30)
         t.join(5)
+        db.flush()  # the producer's signals, read from this thread
         assert sum(db.read_window(COMMUNITY, e, 1, T0).count for e in range(5)) == n
 
 

@@ -346,7 +346,8 @@ def test_a_ledger_failing_on_a_barrier_part_answers_the_barrier(
         raised = fail_handler(ledger, M.BarrierPart, monkeypatch)  # its first part fails
         fn = {
             "flush": db.flush,
-            "read": lambda: db.read_decay_score("red", 7, 1, T0),
+            # a read that waits (serving reads are answered from the shard's view)
+            "read": lambda: db.aggregate_rows(T0),
             "rematerialize": lambda: db.rematerialize("red"),
         }[call]
         t, out = in_thread(fn)

@@ -169,6 +169,7 @@ class KeyState:
         "_width",
         "cohort_names",
         "cohorts",
+        "drop_epoch",
         "index",
         "older",
         "phys_base",
@@ -210,6 +211,9 @@ class KeyState:
         self.cohort_names: list[str] = []  # cohort id -> name
         self.cohorts: dict[str, int] = {}  # cohort -> number of live keys
         self.index: dict[KeyCode, int] = {}  # live key (`key_code`) -> key id
+        # incremented before any key leaves ``index`` (`_drop_keys`): a published view
+        # sharing ``index`` tells a miss it cannot trust by it (`core.published`)
+        self.drop_epoch = np.zeros(1, dtype=np.int64)
         # key ids allotted so far; a key id's (cohort, entity, type) is in the key_cohort,
         # key_entity and key_type columns (`key`), not in a list of tuples: a list the cyclic GC would
         # walk item by item in every full collection
@@ -345,6 +349,8 @@ class KeyState:
         for all of ``ks``): the entity id, the timestamps and the sums of a key whose
         contributions a purge removed must not outlive it in a snapshot (erasure)."""
         gone = []
+        if len(ks):
+            self.drop_epoch[0] += 1
         for k in ks:
             if not self.live[k]:
                 continue

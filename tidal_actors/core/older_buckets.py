@@ -73,6 +73,17 @@ class OlderBuckets(Segments):
     def __len__(self) -> int:
         return int(np.count_nonzero(self.length))
 
+    def newest_b(self, ks: npt.NDArray[np.int64], none: int) -> npt.NDArray[np.int64]:
+        """For each key id of ``ks``, its newest earlier bucket's ``b``, or ``none``."""
+        ks = np.asarray(ks, dtype=np.int64)
+        out = np.full(len(ks), none, dtype=np.int64)
+        inside = np.flatnonzero(ks < len(self.length))
+        kk = ks[inside]
+        n = self.length[kk]
+        has = n > 0
+        out[inside[has]] = self.b[self.start[kk[has]] + n[has] - 1]
+        return out
+
     def rows(self, k: int) -> list[tuple[int, int, float, float, int]]:
         """Key ``k``'s earlier buckets, ``(b, count, wsum, fd, tmax)``, by ``b``."""
         if k >= len(self.length):

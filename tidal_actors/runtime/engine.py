@@ -33,6 +33,7 @@ from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.call import Call, combined, error_of
+from tidal_actors.runtime.callers import Callers
 from tidal_actors.runtime.engine_ops import Operations
 from tidal_actors.runtime.host import Host
 from tidal_actors.runtime.intake import Buffer
@@ -136,6 +137,8 @@ class Core(Operations):
         self._steps = [self._batch] * self._nm
         self._buffered = buffered
         self._buffers = [Buffer() for _ in range(self._nm)]
+        self._callers = Callers(self._nl)  # what each caller wrote (`_serve`)
+        self._read_cohorts: dict[str, int] = {}  # cohort -> ledger shard (`_read_cohort`)
         self.nonblocking = False  # set by an async facade: no call ever waits for room
         # blocking signal_batch calls sending chunk by chunk: close() waits for them
         self._batch_calls = 0
@@ -184,6 +187,8 @@ class Core(Operations):
             # half-updated, so no snapshot is written; the next open reads the store
             self.fenced = True
             self._fence_causes.append(str(getattr(behaviour, "error", "")))
+            if address[0] == M.LEDGER:  # its reads go to it, and fail
+                self.ledgers[address[1]].view = None
         elif isinstance(behaviour, Persistence):
             self.persistence = behaviour
         elif isinstance(behaviour, LedgerShard):
@@ -343,6 +348,9 @@ class Core(Operations):
             try:
                 self._send_all_buffers(offer=True)
                 self._tune_batches()
+                for i, ledger in enumerate(self.ledgers):
+                    if ledger.unpublished:  # changes wait for the next publication
+                        self.host.tell((M.LEDGER, i), M.Publish())
                 now = time.monotonic()
                 if now >= next_tick and self.coordinator.remat_due:
                     next_tick = now + 0.05

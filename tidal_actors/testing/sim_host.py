@@ -68,6 +68,7 @@ class DeterministicHost(FaultInjection):
         self.schedule = schedule if schedule is not None else Schedule()
         self.store = store
         self.ctx = HostContext(config, clock, durable, self.tell)
+        self.ctx.publish_every_s = 0.0  # a ledger publishes after every change
         # operational delays (re-materialization after a purge) run on the manual
         # clock here, so they are as deterministic as everything else
         self.ctx.monotonic = lambda: clock.now_ns() / 1e9
