@@ -56,7 +56,7 @@ def compact_history_ops(
         items: every history batch, in key order.
         block: the most records a merged block holds (a batch larger than that is
             rewritten alone).
-        level: `columns.encode_v2`'s level (1, or 2-12 for LZ4's high-compression mode).
+        level: `columns_encode.encode_v2`'s level (1, or 2-12 for LZ4's high-compression mode).
 
     Returns the ops and counts: ``batches_before``, ``batches_after``,
     ``batches_rewritten`` (blocks written), ``records``.

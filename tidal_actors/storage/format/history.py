@@ -36,15 +36,9 @@ import msgpack
 import numpy as np
 
 from tidal_actors._errors import StorageError
-from tidal_actors.storage.format.columns import (
-    COLUMNS,
-    LEVEL_WRITE,
-    Parsed,
-    decode_columns,
-    encode_v2,
-    is_v2,
-    parse_v2,
-)
+from tidal_actors.storage.format.columns import COLUMNS, LEVEL_WRITE, is_v2
+from tidal_actors.storage.format.columns_decode import Parsed, decode_columns, parse_v2
+from tidal_actors.storage.format.columns_encode import encode_v2
 from tidal_actors.storage.format.keys import Keyspace, Op, batch_key, seal, undecodable, unseal
 
 __all__ = [
@@ -68,7 +62,7 @@ def encode_history_columns(
 ) -> bytes:
     """One history batch's payload, version 2 (`columns`), from record columns
     ``(m, r, u, cohort, e, t, w, ts)``; ``contexts``: record index -> context bytes;
-    ``level``: 0 for a write, 1 for ``compact()``'s rewrites (`columns.encode_v2`)."""
+    ``level``: 0 for a write, 1 for ``compact()``'s rewrites (`columns_encode.encode_v2`)."""
     ms, rs, us, cs, es, ts_, ws, tss = cols
     names = sorted(set(cs))
     pos = {c: i for i, c in enumerate(names)}
@@ -182,7 +176,7 @@ def decode_batch(shard: int, seq: int, raw: bytes, key: bytes | None = None) -> 
 
 def decode_batches(items: Sequence[tuple[int, int, bytes, bytes | None]]) -> list[HistoryBatch]:
     """The batches of ``items`` (``(ledger shard, seq, stored value, key or None)``),
-    decoded, in order. The version 2 ones are decoded together (`columns.decode_columns`),
+    decoded, in order. The version 2 ones are decoded together (`columns_decode.decode_columns`),
     so a batch costs a few Python steps: the columns of the batches returned are views
     into arrays shared between them.
 
