@@ -1,22 +1,32 @@
-"""The columnar encoding of a history batch (version 2): each integer column in the
-narrowest byte width its values, or their deltas, need, the whole compressed with
-LZ4 (its block format, fast mode).
+"""The columnar encoding of a history batch (version 3, and version 2 read): each
+integer column in the narrowest byte width its values, or their deltas, need, the
+whole compressed with LZ4 (its block format, fast mode), behind an index read
+without decompressing (the cohort names, the least timestamp, a filter of the
+user ids: `user_filter`), so that an erasure or a retention pass decodes only the
+batches that can hold what it drops.
 
 Payload (the value under a ``CONTRIBUTION_BATCH`` key is ``seal(key, payload)``)::
 
     offset  size  field
-    0       1     version, 0x02 (a version 1 payload is a msgpack map: 0x80-0x8F, 0xDE, 0xDF)
+    0       1     version, 0x03 (0x02: version 2, read, has no index; a version 1
+                  payload is a msgpack map: 0x80-0x8F, 0xDE, 0xDF)
     1       1     codec of the body: 0x00 stored as it is, 0x01 one LZ4 block, 0x02
-                  one LZ4 block written by compact() (decoded as 0x01)
+                  one LZ4 block written at compaction's settings (decoded as 0x01;
+                  compact() leaves such a lone block as it is)
     2       4     n, the number of records (u32 LE)
     6       4     the body's length before compression (u32 LE)
-    10      ...   the body
+    10      4     x, the index's length (u32 LE; version 3 only)
+    14      x     the index, msgpack [cohort names (sorted), the least ts (ns) or nil
+                  when n is 0, the user filter's kind (int), the user filter (bin)]
+                  (version 3 only)
+    ...     ...   the body
 
 Body, uncompressed::
 
     4        u32 LE  h, the header's length
-    h        msgpack [cohort names (sorted), contexts or nil]  (contexts: record index
-                     -> the signal context's msgpack bytes)
+    h        msgpack contexts or nil (version 2: [cohort names (sorted), contexts
+                     or nil]); contexts: record index -> the signal context's
+                     msgpack bytes
     then eight columns in this order: m, ci, r, u, e, t, w, ts, each
     1        descriptor: transform << 4 | width (width 1, 2, 4 or 8; 0: every item is 0
              and none is stored)
@@ -36,7 +46,9 @@ pattern), every transform exact modulo 2**64:
 
 The encoder picks, per column, the transform whose items need the fewest bytes,
 plain on a tie (a ledger shard's writes skip the search: ``r`` and ``ts`` delta,
-the others plain, ``ci`` as wide as the number of names needs, ``w`` in 4 bytes). The codec is 0 when LZ4 does not make the body shorter.
+the others plain, ``ci`` as wide as the number of names needs, ``w`` in 4 bytes).
+The codec is 0 when LZ4 does not make the body shorter.
+
 The encoder is `columns_encode`, the decoder `columns_decode`; this module holds
 what both read. Must not do I/O.
 """
@@ -56,6 +68,7 @@ __all__ = [
     "DELTA",
     "DELTAS",
     "HEAD",
+    "INDEX_LEN",
     "LEVEL_COMPACT",
     "LEVEL_WRITE",
     "MDELTA",
@@ -66,11 +79,13 @@ __all__ = [
     "U32",
     "UDT",
     "VERSION",
+    "VERSION_2",
     "WIDTHS",
-    "is_v2",
+    "is_columnar",
 ]
 
-VERSION = 2
+VERSION = 3  # what is written
+VERSION_2 = 2  # read: no index
 CODEC_NONE = 0
 CODEC_LZ4 = 1
 CODEC_LZ4_COMPACTED = 2  # an LZ4 block too, written by compact() (decoded alike)
@@ -79,6 +94,7 @@ LEVEL_COMPACT = 1  # compact()'s rewrites: transforms searched, LZ4's fast mode
 COLUMNS = ("m", "ci", "r", "u", "e", "t", "w", "ts")
 
 HEAD = struct.Struct("<BBII")
+INDEX_LEN = struct.Struct("<I")  # version 3: the index's length, after HEAD
 U32 = struct.Struct("<I")
 PLAIN, DELTA, MDELTA = 0, 1, 2
 WIDTHS = (1, 2, 4, 8)
@@ -100,6 +116,7 @@ DELTAS: dict[str, tuple[int, ...]] = {"r": (DELTA, MDELTA), "m": (), "ci": (), "
 DELTAS.update({c: (DELTA,) for c in ("u", "e", "t", "ts")})
 
 
-def is_v2(payload: bytes | memoryview) -> bool:
-    """Whether an unsealed history payload is in this encoding (its first byte)."""
-    return len(payload) > 0 and payload[0] == VERSION
+def is_columnar(payload: bytes | memoryview) -> bool:
+    """Whether an unsealed history payload is in this encoding, version 2 or 3 (its
+    first byte)."""
+    return len(payload) > 0 and payload[0] in (VERSION, VERSION_2)

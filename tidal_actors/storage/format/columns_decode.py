@@ -1,6 +1,7 @@
-"""The decoder of the columnar history batch (version 2): `parse_v2` reads a
-payload as far as its columns' descriptors, `decode_columns` decodes many at once,
-`decode_v2` one (the layout: `columns`). Must not do I/O."""
+"""The decoder of the columnar history batch (versions 3 and 2): `read_index` reads a
+version 3 payload's index without decompressing it, `parse_columnar` a payload as
+far as its columns' descriptors, `decode_columns` decodes many at once (all their
+columns or some), `decode_columnar` one (the layout: `columns`). Must not do I/O."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tidal_actors.storage.format.columns import (
     DELTA,
     DELTAS,
     HEAD,
+    INDEX_LEN,
     OUT,
     PLAIN,
     SDT,
@@ -27,14 +29,64 @@ from tidal_actors.storage.format.columns import (
     U32,
     UDT,
     VERSION,
+    VERSION_2,
 )
 
-__all__ = ["Parsed", "decode_columns", "decode_v2", "parse_v2"]
+__all__ = [
+    "Index",
+    "Parsed",
+    "decode_columnar",
+    "decode_columns",
+    "parse_columnar",
+    "read_index",
+]
+
+
+@dataclass
+class Index:
+    """A version 3 payload's index (`read_index`), read without decompressing.
+
+    ``names``: the cohort names (sorted); ``ts_min``: the least timestamp (ns), None
+    when the batch holds no record; ``user_kind``, ``users``: the filter of its user
+    ids (`user_filter`); ``start``: where the body begins in the payload."""
+
+    names: list[str]
+    ts_min: int | None
+    user_kind: int
+    users: bytes
+    start: int
+
+
+def read_index(payload: bytes | memoryview) -> Index | None:
+    """The index of a columnar payload: None for version 2 (which has none).
+
+    Raises:
+        ValueError: an unknown version, or an index that does not read.
+    """
+    version = payload[0] if len(payload) else None
+    if version == VERSION_2:
+        return None
+    if version != VERSION or len(payload) < HEAD.size + INDEX_LEN.size:
+        raise ValueError(f"not a columnar history batch (version byte {version})")
+    (x,) = INDEX_LEN.unpack_from(payload, HEAD.size)
+    start = HEAD.size + INDEX_LEN.size + x
+    if start > len(payload):
+        raise ValueError(f"an index of {x} bytes past the payload's end")
+    names, ts_min, kind, users = msgpack.unpackb(payload[HEAD.size + INDEX_LEN.size : start])
+    if not (isinstance(names, list) and all(isinstance(c, str) for c in names)):
+        raise ValueError("the cohort names are not a list of strings")
+    if not (
+        (ts_min is None or isinstance(ts_min, int))
+        and isinstance(kind, int)
+        and isinstance(users, bytes)
+    ):
+        raise ValueError("the index's timestamp or user filter is not of its type")
+    return Index(names, ts_min, kind, users, start)
 
 
 @dataclass
 class Parsed:
-    """A version 2 payload read as far as its columns' descriptors (`parse_v2`):
+    """A columnar payload read as far as its columns' descriptors (`parse_columnar`):
     per column ``(transform, width, base, items)`` (``items`` a memoryview of the body)."""
 
     n: int
@@ -43,17 +95,20 @@ class Parsed:
     cols: list[tuple[int, int, int, memoryview]]
 
 
-def parse_v2(payload: bytes | memoryview) -> Parsed:
-    """Decompress a version 2 payload and read its header and column descriptors.
+def parse_columnar(payload: bytes | memoryview, index: Index | None = None) -> Parsed:
+    """Decompress a columnar payload (version 3 or 2) and read its header and column
+    descriptors; ``index``: its `read_index`, when read already.
 
     Raises:
         ValueError: an unknown version, codec, transform or width, or lengths that do
             not add up.
     """
     version, codec, n, size = HEAD.unpack_from(payload)
-    if version != VERSION:
-        raise ValueError(f"not a version 2 history batch (version byte {version})")
-    rest = memoryview(payload)[HEAD.size :]
+    if version == VERSION and index is None:
+        index = read_index(payload)
+    elif version != VERSION_2 and version != VERSION:
+        raise ValueError(f"not a columnar history batch (version byte {version})")
+    rest = memoryview(payload)[HEAD.size if index is None else index.start :]
     if codec in (CODEC_LZ4, CODEC_LZ4_COMPACTED):
         body = memoryview(lz4.block.decompress(rest, uncompressed_size=size))
     elif codec == CODEC_NONE:
@@ -64,11 +119,13 @@ def parse_v2(payload: bytes | memoryview) -> Parsed:
         raise ValueError(f"the body is {len(body)} bytes, its header says {size}")
     (h,) = U32.unpack_from(body)
     try:
-        names, contexts = msgpack.unpackb(body[4 : 4 + h], strict_map_key=False)
+        head = msgpack.unpackb(body[4 : 4 + h], strict_map_key=False)
     except TypeError:  # a context mapping with a tuple key (an array in msgpack)
-        names, contexts = msgpack.unpackb(
-            body[4 : 4 + h], strict_map_key=False, object_pairs_hook=_pairs
-        )
+        head = msgpack.unpackb(body[4 : 4 + h], strict_map_key=False, object_pairs_hook=_pairs)
+    if index is None:
+        names, contexts = head
+    else:
+        names, contexts = index.names, head
     if not (isinstance(names, list) and all(isinstance(c, str) for c in names)):
         raise ValueError("the cohort names are not a list of strings")
     if contexts is not None and not isinstance(contexts, dict):
@@ -126,10 +183,11 @@ def _pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
     return {_hashable(k): v for k, v in pairs}
 
 
-def decode_columns(parsed: list[Parsed]) -> dict[str, np.ndarray]:
-    """The columns of the batches ``parsed``, joined in their order: ``COLUMNS`` by
-    name, ``ci`` indexes into each batch's own names (u8 when every batch has fewer
-    than 256 names, else u32), the others in the types `encode_v2` takes. Done per
+def decode_columns(parsed: list[Parsed], names: tuple[str, ...] = COLUMNS) -> dict[str, np.ndarray]:
+    """The columns ``names`` (of ``COLUMNS``; ``r`` brings ``m``, which its transform
+    2 needs) of the batches ``parsed``, joined in their order, by name: ``ci``
+    indexes into each batch's own names (u8 when every batch has fewer than 256
+    names, else u32), the others in the types `encode_columnar` takes. Done per
     (column, transform, width) over all batches at once, so the cost per batch is a
     few Python steps, not numpy calls; a plain column stored at its full width is
     a read-only view of the joined bytes, as a version 1 batch's columns are.
@@ -140,7 +198,10 @@ def decode_columns(parsed: list[Parsed]) -> dict[str, np.ndarray]:
     total = int(ns.sum())
     wide_ci = any(len(p.names) >= 256 for p in parsed)
     out: dict[str, np.ndarray] = {}
+    wanted = set(names) | ({"m"} if "r" in names else set())
     for j, name in enumerate(COLUMNS):
+        if name not in wanted:
+            continue
         target = TARGET[name] if name != "ci" or wide_ci else np.dtype(np.uint8)
         groups: dict[tuple[int, int], list[int]] = {}
         for i, p in enumerate(parsed):
@@ -215,18 +276,18 @@ def _group(
     return v
 
 
-def decode_v2(
+def decode_columnar(
     payload: bytes | memoryview,
 ) -> tuple[list[str], dict[int, Any] | None, dict[str, np.ndarray]]:
-    """``(cohort names, contexts or None, columns)`` of one version 2 payload; the
+    """``(cohort names, contexts or None, columns)`` of one columnar payload; the
     columns by name (``COLUMNS``) as numpy arrays (``ci`` u8, or u32 from 256 names;
-    the others in the types `encode_v2` takes).
+    the others in the types `encode_columnar` takes).
 
     Raises:
-        ValueError: the payload does not decode (see `parse_v2`), or a cohort index
+        ValueError: the payload does not decode (see `parse_columnar`), or a cohort index
             is past the names.
     """
-    p = parse_v2(payload)
+    p = parse_columnar(payload)
     cols = decode_columns([p])
     ci = cols["ci"]
     if p.n and int(ci.max()) >= len(p.names):

@@ -1,4 +1,4 @@
-"""The encoder of the columnar history batch (version 2): `encode_v2` (the layout:
+"""The encoder of the columnar history batch: `encode_columnar` (the layout:
 `columns`). Must not do I/O."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from tidal_actors.storage.format.columns import (
     CODEC_NONE,
     DELTA,
     HEAD,
+    INDEX_LEN,
     LEVEL_WRITE,
     MDELTA,
     PLAIN,
@@ -23,10 +24,12 @@ from tidal_actors.storage.format.columns import (
     U32,
     UDT,
     VERSION,
+    VERSION_2,
     WIDTHS,
 )
+from tidal_actors.storage.format.user_filter import user_filter
 
-__all__ = ["encode_v2"]
+__all__ = ["encode_columnar"]
 
 
 def _uwidth(top: int) -> int:
@@ -99,15 +102,17 @@ def _u64(a: Any, dtype: str) -> np.ndarray:
     return out
 
 
-def encode_v2(
+def encode_columnar(
     names: list[str],
     ci: np.ndarray,
     cols: dict[str, Any],
     contexts: dict[int, Any] | None,
     level: int = LEVEL_WRITE,
     one_shard: bool = False,
+    version: int = VERSION,
 ) -> bytes:
-    """A version 2 payload (module doc).
+    """A version 3 payload (`columns`), or version 2 (tests and benchmarks: what
+    stores written before version 3 hold).
 
     Args:
         names: the batch's cohort names, sorted; ``ci`` (ints, one per record)
@@ -120,9 +125,19 @@ def encode_v2(
             fast mode, codec 2; 2-12: the same in LZ4's high-compression mode at
             that level.
         one_shard: every record has the same ``m`` (the caller knows it).
+        version: 3 (``VERSION``), or 2 (``VERSION_2``).
     """
     n = len(ci)
-    head = msgpack.packb([names, contexts or None])
+    u = _u64(cols["u"], "<u8")
+    if version == VERSION:
+        ts = np.asarray(cols["ts"], dtype="<i8")
+        kind, users = user_filter(u)
+        index = msgpack.packb([names, int(ts.min()) if n else None, kind, users])
+        head = msgpack.packb(contexts or None)
+    elif version == VERSION_2:
+        head = msgpack.packb([names, contexts or None])
+    else:
+        raise ValueError(f"no columnar version {version}")
     out: list[tuple[int, int, bytes]] = []
     search = level > 0
     plain, delta = (PLAIN,), ((PLAIN, DELTA) if search else (DELTA,))
@@ -145,7 +160,7 @@ def encode_v2(
         out.append((width, 0, np.asarray(ci).astype(UDT[width]).tobytes() if width else b""))
     _column(_u64(cols["r"], "<i8"), delta + ((MDELTA,) if varied else ()), m, out)
     for c in ("u", "e", "t"):
-        _column(_u64(cols[c], "<u8"), delta if search else plain, m, out)
+        _column(u if c == "u" else _u64(cols[c], "<u8"), delta if search else plain, m, out)
     w = np.ascontiguousarray(np.asarray(cols["w"], dtype="<f4"))
     if search:
         _column(w.view("<u4").astype(np.uint64), plain, None, out)
@@ -168,8 +183,10 @@ def encode_v2(
         )
     else:
         packed = lz4.block.compress(body, store_size=False)
-    if len(packed) < len(body):
-        return (
-            HEAD.pack(VERSION, CODEC_LZ4_COMPACTED if search else CODEC_LZ4, n, len(body)) + packed
-        )
-    return HEAD.pack(VERSION, CODEC_NONE, n, len(body)) + body
+    codec = CODEC_LZ4_COMPACTED if search else CODEC_LZ4
+    if len(packed) >= len(body):
+        codec, packed = CODEC_NONE, body
+    head_ = HEAD.pack(version, codec, n, len(body))
+    if version == VERSION:
+        return b"".join([head_, INDEX_LEN.pack(len(index)), index, packed])
+    return head_ + packed
