@@ -194,14 +194,14 @@ def test_an_erasure_decodes_only_the_batches_that_can_hold_a_covered_record(monk
     assert erased == sum(r[3] == "b" and r[2] in covered for recs in batches for r in recs)
 
 
-@pytest.mark.parametrize("n", [1, SORTED_MAX, SORTED_MAX + 1, 5000])
+@pytest.mark.parametrize("n", [0, 1, SORTED_MAX, SORTED_MAX + 1, 5000])
 def test_a_batchs_index_holds_its_names_least_timestamp_and_users(n) -> None:
     rng = random.Random(n)
     recs = [
         (
             0,
             i,
-            TOP - rng.randrange(3 * n),
+            TOP - rng.randrange(3 * n + 1),
             rng.choice("xyz"),
             1,
             1,
@@ -211,8 +211,10 @@ def test_a_batchs_index_holds_its_names_least_timestamp_and_users(n) -> None:
         for i in range(n)
     ]
     key = batch_key(0, 1)
-    value = seal(key, encode_history_columns(tuple(zip(*recs)), None))
+    value = seal(key, encode_history_columns(tuple(zip(*recs)) or ((),) * 8, None))
     index = batch_index(value, key)
     assert index is not None
-    assert index.names == sorted({r[3] for r in recs}) and index.ts_min == min(r[7] for r in recs)
+    # no record: the least ts is the largest i64 (no cutoff is past it)
+    least = min((r[7] for r in recs), default=2**63 - 1)
+    assert index.names == sorted({r[3] for r in recs}) and index.ts_min == least
     assert all(UserProbe([r[2]]).may_hold(index.user_kind, index.users) for r in recs)

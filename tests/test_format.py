@@ -129,7 +129,8 @@ def test_history_batch_value() -> None:
     sorted distinct users: kind 0), then the body with the contexts as its head."""
     cols = ([1, 0], [5, 6], [9, 8], ["b", "a"], [3, 4], [1, 2], [0.5, 1.0], [100, 200])
     op = F.batch_op(2, 7, cols, {1: b"\x80"})
-    index = msgpack.packb([["a", "b"], 100, 0, struct.pack("<QQ", 8, 9)])
+    # the least ts, kind 0 (the sorted distinct users), 16 bytes of them, the names
+    index = struct.pack("<qBI", 100, 0, 16) + struct.pack("<QQ", 8, 9) + msgpack.packb(["a", "b"])
     body = _hand_body(msgpack.packb({1: b"\x80"}))
     key = F.batch_key(2, 7)
     assert op[:2] == ("history", key)

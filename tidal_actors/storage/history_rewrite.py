@@ -99,7 +99,8 @@ def erase_history_ops(
     bounds = np.array([covered[u] for u in users.tolist()], dtype=np.int64)
 
     def may_hold(index: Index) -> bool:
-        return cohort in index.names and probe.may_hold(index.user_kind, index.users)
+        # the filter first: it needs no unpacking, and most batches stop there
+        return probe.may_hold(index.user_kind, index.users) and cohort in index.names
 
     for chunk in _candidates(batches, may_hold):
         for item, b in zip(chunk, decode_batches(chunk, _ERASE_COLUMNS)):
@@ -130,7 +131,7 @@ def retention_ops(batches: Iterable[tuple[bytes, bytes]], cutoff_ns: int) -> lis
     ops: list[Op] = []
 
     def may_hold(index: Index) -> bool:
-        return index.ts_min is not None and index.ts_min < cutoff_ns
+        return index.ts_min < cutoff_ns
 
     for chunk in _candidates(batches, may_hold):
         for item, b in zip(chunk, decode_batches(chunk)):

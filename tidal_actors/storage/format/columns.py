@@ -15,11 +15,15 @@ Payload (the value under a ``CONTRIBUTION_BATCH`` key is ``seal(key, payload)``)
                   compact() leaves such a lone block as it is)
     2       4     n, the number of records (u32 LE)
     6       4     the body's length before compression (u32 LE)
-    10      4     x, the index's length (u32 LE; version 3 only)
-    14      x     the index, msgpack [cohort names (sorted), the least ts (ns) or nil
-                  when n is 0, the user filter's kind (int), the user filter (bin)]
-                  (version 3 only)
-    ...     ...   the body
+    version 3 only, the index:
+    10      4     x, the index's length (u32 LE)
+    14      8     the least ts (i64 LE, ns; 2**63 - 1 when n is 0)
+    22      1     the user filter's kind (`user_filter`)
+    23      4     f, the user filter's length (u32 LE)
+    27      f     the user filter
+    27+f    ...   the cohort names (sorted), a msgpack array of str, to the index's
+                  end (14 + x)
+    then the body
 
 Body, uncompressed::
 
@@ -68,6 +72,7 @@ __all__ = [
     "DELTA",
     "DELTAS",
     "HEAD",
+    "INDEX_FIXED",
     "INDEX_LEN",
     "LEVEL_COMPACT",
     "LEVEL_WRITE",
@@ -76,6 +81,7 @@ __all__ = [
     "PLAIN",
     "SDT",
     "TARGET",
+    "TS_NONE",
     "U32",
     "UDT",
     "VERSION",
@@ -95,6 +101,8 @@ COLUMNS = ("m", "ci", "r", "u", "e", "t", "w", "ts")
 
 HEAD = struct.Struct("<BBII")
 INDEX_LEN = struct.Struct("<I")  # version 3: the index's length, after HEAD
+INDEX_FIXED = struct.Struct("<qBI")  # the least ts, the user filter's kind and length
+TS_NONE = (1 << 63) - 1  # the least ts of a batch of no record
 U32 = struct.Struct("<I")
 PLAIN, DELTA, MDELTA = 0, 1, 2
 WIDTHS = (1, 2, 4, 8)

@@ -21,6 +21,7 @@ from tidal_actors.storage.format.columns import (
     DELTA,
     DELTAS,
     HEAD,
+    INDEX_FIXED,
     INDEX_LEN,
     OUT,
     PLAIN,
@@ -42,46 +43,61 @@ __all__ = [
 ]
 
 
-@dataclass
 class Index:
     """A version 3 payload's index (`read_index`), read without decompressing.
 
-    ``names``: the cohort names (sorted); ``ts_min``: the least timestamp (ns), None
-    when the batch holds no record; ``user_kind``, ``users``: the filter of its user
-    ids (`user_filter`); ``start``: where the body begins in the payload."""
+    ``ts_min``: the least timestamp (ns; ``2**63 - 1`` when the batch holds no
+    record); ``user_kind``, ``users``: the filter of its user ids (`user_filter`);
+    ``names``: the cohort names (sorted), unpacked when first asked for; ``start``:
+    where the body begins in the payload."""
 
-    names: list[str]
-    ts_min: int | None
-    user_kind: int
-    users: bytes
-    start: int
+    __slots__ = ("_names", "_raw", "start", "ts_min", "user_kind", "users")
+
+    def __init__(
+        self, ts_min: int, user_kind: int, users: memoryview, raw_names: memoryview, start: int
+    ) -> None:
+        self.ts_min = ts_min
+        self.user_kind = user_kind
+        self.users = users
+        self.start = start
+        self._raw = raw_names
+        self._names: list[str] | None = None
+
+    @property
+    def names(self) -> list[str]:
+        """The cohort names (sorted).
+
+        Raises:
+            ValueError: they do not unpack to a list of strings.
+        """
+        if self._names is None:
+            names = msgpack.unpackb(self._raw)
+            if not (isinstance(names, list) and all(isinstance(c, str) for c in names)):
+                raise ValueError("the cohort names are not a list of strings")
+            self._names = names
+        return self._names
 
 
 def read_index(payload: bytes | memoryview) -> Index | None:
     """The index of a columnar payload: None for version 2 (which has none).
 
     Raises:
-        ValueError: an unknown version, or an index that does not read.
+        ValueError: an unknown version, or an index cut short.
     """
     version = payload[0] if len(payload) else None
     if version == VERSION_2:
         return None
-    if version != VERSION or len(payload) < HEAD.size + INDEX_LEN.size:
+    if version != VERSION or len(payload) < HEAD.size + INDEX_LEN.size + INDEX_FIXED.size:
         raise ValueError(f"not a columnar history batch (version byte {version})")
     (x,) = INDEX_LEN.unpack_from(payload, HEAD.size)
-    start = HEAD.size + INDEX_LEN.size + x
-    if start > len(payload):
-        raise ValueError(f"an index of {x} bytes past the payload's end")
-    names, ts_min, kind, users = msgpack.unpackb(payload[HEAD.size + INDEX_LEN.size : start])
-    if not (isinstance(names, list) and all(isinstance(c, str) for c in names)):
-        raise ValueError("the cohort names are not a list of strings")
-    if not (
-        (ts_min is None or isinstance(ts_min, int))
-        and isinstance(kind, int)
-        and isinstance(users, bytes)
-    ):
-        raise ValueError("the index's timestamp or user filter is not of its type")
-    return Index(names, ts_min, kind, users, start)
+    at = HEAD.size + INDEX_LEN.size
+    start = at + x
+    ts_min, kind, f = INDEX_FIXED.unpack_from(payload, at)
+    at += INDEX_FIXED.size
+    if start > len(payload) or at + f > start:
+        raise ValueError(f"an index of {x} bytes, a user filter of {f}, past their ends")
+    view = memoryview(payload)
+    return Index(ts_min, kind, view[at : at + f], view[at + f : start], start)
 
 
 @dataclass

@@ -16,11 +16,13 @@ from tidal_actors.storage.format.columns import (
     CODEC_NONE,
     DELTA,
     HEAD,
+    INDEX_FIXED,
     INDEX_LEN,
     LEVEL_WRITE,
     MDELTA,
     PLAIN,
     SDT,
+    TS_NONE,
     U32,
     UDT,
     VERSION,
@@ -132,7 +134,13 @@ def encode_columnar(
     if version == VERSION:
         ts = np.asarray(cols["ts"], dtype="<i8")
         kind, users = user_filter(u)
-        index = msgpack.packb([names, int(ts.min()) if n else None, kind, users])
+        index = b"".join(
+            [
+                INDEX_FIXED.pack(int(ts.min()) if n else TS_NONE, kind, len(users)),
+                users,
+                msgpack.packb(names),
+            ]
+        )
         head = msgpack.packb(contexts or None)
     elif version == VERSION_2:
         head = msgpack.packb([names, contexts or None])

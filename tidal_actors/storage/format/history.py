@@ -214,13 +214,13 @@ def decode_batches(
         StorageError: as `decode_batch`, for the first batch that does not decode.
     """
     out: list[HistoryBatch | None] = [None] * len(items)
-    v2: list[tuple[int, Parsed]] = []
+    columnar: list[tuple[int, Parsed]] = []
     for i, (shard, seq, raw, key) in enumerate(items):
         k = batch_key(shard, seq) if key is None else key
         try:
             payload = unseal(raw, Keyspace.HISTORY.value, k)
             if is_columnar(payload):
-                v2.append((i, parse_columnar(payload)))
+                columnar.append((i, parse_columnar(payload)))
             elif payload and (0x80 <= payload[0] <= 0x8F or payload[0] in (0xDE, 0xDF)):
                 out[i] = _decode_v1(shard, seq, payload)
             else:
@@ -234,34 +234,34 @@ def decode_batches(
             raise
         except Exception as exc:  # noqa: BLE001 - whatever a corrupt value makes msgpack, zstd or numpy raise
             raise undecodable(Keyspace.HISTORY, k, exc) from exc
-    if v2:
-        _split_v2(items, v2, out, columns)
+    if columnar:
+        _split_columnar(items, columnar, out, columns)
     return cast(list[HistoryBatch], out)
 
 
 _EMPTY = {c: np.zeros(0, dtype=d) for c, d in OUT.items()}
 
 
-def _split_v2(
+def _split_columnar(
     items: Sequence[tuple[int, int, bytes, bytes | None]],
-    v2: list[tuple[int, Parsed]],
+    columnar: list[tuple[int, Parsed]],
     out: list[HistoryBatch | None],
     columns: tuple[str, ...],
 ) -> None:
-    """Decode the columnar batches ``v2`` (index into ``items``, parsed) together
+    """Decode the columnar batches ``columnar`` (index into ``items``, parsed) together
     and put each one's views into ``out`` (the columns not in ``columns`` empty)."""
-    cols = decode_columns([p for _, p in v2], tuple({"ci", *columns}))
-    ns = np.array([p.n for _, p in v2], dtype=np.int64)
+    cols = decode_columns([p for _, p in columnar], tuple({"ci", *columns}))
+    ns = np.array([p.n for _, p in columnar], dtype=np.int64)
     full = np.flatnonzero(ns).tolist()
     if full:  # every cohort index within its batch's names: one reduction for all
         tops = np.maximum.reduceat(cols["ci"], (np.cumsum(ns) - ns)[full])
-        bad = np.flatnonzero(tops >= np.array([len(v2[k][1].names) for k in full]))
+        bad = np.flatnonzero(tops >= np.array([len(columnar[k][1].names) for k in full]))
         if len(bad):
-            shard, seq, _, key = items[v2[full[int(bad[0])]][0]]
+            shard, seq, _, key = items[columnar[full[int(bad[0])]][0]]
             exc = ValueError("a cohort index past the batch's cohort names")
             raise undecodable(Keyspace.HISTORY, key or batch_key(shard, seq), exc)
     at = 0
-    for i, p in v2:
+    for i, p in columnar:
         sl = slice(at, at + p.n)
         at += p.n
         ci = cols["ci"][sl]

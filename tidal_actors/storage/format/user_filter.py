@@ -91,7 +91,9 @@ class UserProbe:
         self.users = np.unique(np.fromiter(users, dtype=np.uint64))
         self._set = set(self.users.tolist())
         self._z = _mix(self.users)
-        self._at: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, list[list[int]]]] = {}
+        self._at: dict[
+            tuple[int, int], tuple[np.ndarray, np.ndarray, list[list[tuple[int, int]]]]
+        ] = {}
 
     def may_hold(self, kind: int, data: bytes | memoryview) -> bool:
         """Whether the filter ``(kind, data)`` may hold one of the users: False only
@@ -110,11 +112,18 @@ class UserProbe:
         got = self._at.get((kind, nbits))
         if got is None:
             pos = _positions(self._z, kind, nbits)
-            got = (pos >> 3, np.left_shift(1, pos & 7).astype(np.uint8), pos.tolist())
+            byte, bit = pos >> 3, np.left_shift(1, pos & 7).astype(np.uint8)
+            got = (byte, bit, [list(zip(b, m)) for b, m in zip(byte.tolist(), bit.tolist())])
             if len(self._at) < 64:
                 self._at[(kind, nbits)] = got
         byte, bit, per_user = got
         if len(per_user) <= 4:  # a few users: a few Python steps beat numpy's calls
-            return any(all(data[p >> 3] >> (p & 7) & 1 for p in ps) for ps in per_user)
+            for user in per_user:
+                for at, mask in user:
+                    if not data[at] & mask:
+                        break
+                else:
+                    return True
+            return False
         arr = np.frombuffer(data, dtype=np.uint8)
         return bool(((arr[byte] & bit) != 0).all(axis=1).any())
