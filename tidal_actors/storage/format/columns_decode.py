@@ -43,6 +43,10 @@ __all__ = [
 ]
 
 
+_INDEX_HEAD = struct.Struct("<I" + INDEX_FIXED.format.lstrip("<"))  # x, ts, kind, f
+_FILTER_AT = HEAD.size + _INDEX_HEAD.size  # where the user filter begins
+
+
 class Index:
     """A version 3 payload's index (`read_index`), read without decompressing.
 
@@ -87,17 +91,15 @@ def read_index(payload: bytes | memoryview) -> Index | None:
     version = payload[0] if len(payload) else None
     if version == VERSION_2:
         return None
-    if version != VERSION or len(payload) < HEAD.size + INDEX_LEN.size + INDEX_FIXED.size:
+    if version != VERSION or len(payload) < _FILTER_AT:
         raise ValueError(f"not a columnar history batch (version byte {version})")
-    (x,) = INDEX_LEN.unpack_from(payload, HEAD.size)
-    at = HEAD.size + INDEX_LEN.size
-    start = at + x
-    ts_min, kind, f = INDEX_FIXED.unpack_from(payload, at)
-    at += INDEX_FIXED.size
-    if start > len(payload) or at + f > start:
+    x, ts_min, kind, f = _INDEX_HEAD.unpack_from(payload, HEAD.size)
+    start = HEAD.size + INDEX_LEN.size + x
+    at = _FILTER_AT + f
+    if start > len(payload) or at > start:
         raise ValueError(f"an index of {x} bytes, a user filter of {f}, past their ends")
-    view = memoryview(payload)
-    return Index(ts_min, kind, view[at : at + f], view[at + f : start], start)
+    view = payload if isinstance(payload, memoryview) else memoryview(payload)
+    return Index(ts_min, kind, view[_FILTER_AT:at], view[at:start], start)
 
 
 @dataclass

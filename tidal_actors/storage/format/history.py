@@ -277,6 +277,9 @@ def _split_columnar(
         )
 
 
+_HISTORY = Keyspace.HISTORY.value
+
+
 def batch_index(raw: bytes, key: bytes) -> Index | None:
     """The index of the stored (sealed) history batch ``raw`` at ``key``, read without
     decompressing it (`columns`: its cohort names, least timestamp, user filter);
@@ -286,7 +289,7 @@ def batch_index(raw: bytes, key: bytes) -> Index | None:
         StorageError: the value is corrupt (its CRC-32, or an index that does not
             read), naming the key.
     """
-    payload = unseal(raw, Keyspace.HISTORY.value, key)
+    payload = unseal(raw, _HISTORY, key)
     if not payload or payload[0] != VERSION:
         return None
     try:
