@@ -8,9 +8,9 @@ batch (the others deleted), in version 3 with each column's narrowest transform
 timestamp, user filter). Blocks stay near LZ4's 64 KiB window: larger ones
 compress worse. A lone batch written at compaction's settings (by a compaction,
 or by an erasure or a retention pass rewriting such a block:
-`format.rewrite_level`) is left as it is (one its rewrite would leave byte for byte
-as it is too: LZ4 stores a block it cannot shorten uncompressed, codec 0), so a
-second ``compact()`` rewrites only what came since. Version 1 and 2 batches (older
+`format.rewrite_level`; codec 2, or 3 when LZ4 could not shorten it) is left as
+it is, and so is one its rewrite would leave byte for byte as it is, so a second
+``compact()`` rewrites only what came since. Version 1 and 2 batches (older
 stores) are rewritten in version 3.
 
 Merging under the last key keeps every record's order within its shard: a reader
@@ -80,7 +80,7 @@ def compact_history_ops(
         if len(run) > 1 or not written_compacted(run[0][2], run[0][0]):
             last = run[-1][0]
             value = seal(last, merged_payload([(b, None) for _, b, _ in run], level))
-            if len(run) > 1 or value != run[0][2]:  # LZ4 left it as it was: unchanged
+            if len(run) > 1 or value != run[0][2]:  # else byte for byte as it is
                 ops.extend((Keyspace.HISTORY.value, key, None) for key, _, _ in run[:-1])
                 ops.append((Keyspace.HISTORY.value, last, value))
                 stats["batches_rewritten"] += 1

@@ -10,9 +10,9 @@ Payload (the value under a ``CONTRIBUTION_BATCH`` key is ``seal(key, payload)``)
     offset  size  field
     0       1     version, 0x03 (0x02: version 2, read, has no index; a version 1
                   payload is a msgpack map: 0x80-0x8F, 0xDE, 0xDF)
-    1       1     codec of the body: 0x00 stored as it is, 0x01 one LZ4 block, 0x02
-                  one LZ4 block written at compaction's settings (decoded as 0x01;
-                  compact() leaves such a lone block as it is)
+    1       1     codec of the body: 0x00 stored as it is, 0x01 one LZ4 block; 0x02
+                  and 0x03 the same (LZ4, stored), written at compaction's settings
+                  (compact() leaves such a lone block as it is)
     2       4     n, the number of records (u32 LE)
     6       4     the body's length before compression (u32 LE)
     version 3 only, the index:
@@ -51,7 +51,8 @@ pattern), every transform exact modulo 2**64:
 The encoder picks, per column, the transform whose items need the fewest bytes,
 plain on a tie (a ledger shard's writes skip the search: ``r`` and ``ts`` delta,
 the others plain, ``ci`` as wide as the number of names needs, ``w`` in 4 bytes).
-The codec is 0 when LZ4 does not make the body shorter.
+The body is stored as it is (codec 0, or 3 at compaction's settings) when LZ4 does
+not make it shorter.
 
 The encoder is `columns_encode`, the decoder `columns_decode`; this module holds
 what both read. Must not do I/O.
@@ -68,6 +69,7 @@ __all__ = [
     "CODEC_LZ4",
     "CODEC_LZ4_COMPACTED",
     "CODEC_NONE",
+    "CODEC_NONE_COMPACTED",
     "COLUMNS",
     "DELTA",
     "DELTAS",
@@ -94,7 +96,8 @@ VERSION = 3  # what is written
 VERSION_2 = 2  # read: no index
 CODEC_NONE = 0
 CODEC_LZ4 = 1
-CODEC_LZ4_COMPACTED = 2  # an LZ4 block too, written by compact() (decoded alike)
+CODEC_LZ4_COMPACTED = 2  # an LZ4 block too, written at compaction's settings
+CODEC_NONE_COMPACTED = 3  # stored as it is, written at compaction's settings
 LEVEL_WRITE = 0  # a ledger shard's writes: transforms fixed, LZ4's fast mode
 LEVEL_COMPACT = 1  # compact()'s rewrites: transforms searched, LZ4's fast mode
 COLUMNS = ("m", "ci", "r", "u", "e", "t", "w", "ts")

@@ -17,6 +17,7 @@ from tidal_actors.storage.format.columns import (
     CODEC_LZ4,
     CODEC_LZ4_COMPACTED,
     CODEC_NONE,
+    CODEC_NONE_COMPACTED,
     COLUMNS,
     DELTA,
     DELTAS,
@@ -129,7 +130,7 @@ def parse_columnar(payload: bytes | memoryview, index: Index | None = None) -> P
     rest = memoryview(payload)[HEAD.size if index is None else index.start :]
     if codec in (CODEC_LZ4, CODEC_LZ4_COMPACTED):
         body = memoryview(lz4.block.decompress(rest, uncompressed_size=size))
-    elif codec == CODEC_NONE:
+    elif codec == CODEC_NONE or (codec == CODEC_NONE_COMPACTED and index is not None):
         body = rest
     else:
         raise ValueError(f"unknown history batch codec {codec}")

@@ -14,6 +14,7 @@ from tidal_actors.storage.format.columns import (
     CODEC_LZ4,
     CODEC_LZ4_COMPACTED,
     CODEC_NONE,
+    CODEC_NONE_COMPACTED,
     DELTA,
     HEAD,
     INDEX_FIXED,
@@ -123,8 +124,8 @@ def encode_columnar(
             ``ts`` (i64, ns): array-likes of one length, that of ``ci``.
         contexts: record index -> context bytes, or None.
         level: 0 (``LEVEL_WRITE``): each column's transform fixed, LZ4's fast mode,
-            codec 1; 1 (``LEVEL_COMPACT``): each column's narrowest transform, LZ4's
-            fast mode, codec 2; 2-12: the same in LZ4's high-compression mode at
+            codec 1 (0 stored); 1 (``LEVEL_COMPACT``): each column's narrowest
+            transform, LZ4's fast mode, codec 2 (3 stored); 2-12: the same in LZ4's high-compression mode at
             that level.
         one_shard: every record has the same ``m`` (the caller knows it).
         version: 3 (``VERSION``), or 2 (``VERSION_2``).
@@ -193,7 +194,7 @@ def encode_columnar(
         packed = lz4.block.compress(body, store_size=False)
     codec = CODEC_LZ4_COMPACTED if search else CODEC_LZ4
     if len(packed) >= len(body):
-        codec, packed = CODEC_NONE, body
+        codec, packed = (CODEC_NONE_COMPACTED if search else CODEC_NONE), body
     head_ = HEAD.pack(version, codec, n, len(body))
     if version == VERSION:
         return b"".join([head_, INDEX_LEN.pack(len(index)), index, packed])

@@ -41,6 +41,7 @@ import numpy as np
 from tidal_actors._errors import StorageError
 from tidal_actors.storage.format.columns import (
     CODEC_LZ4_COMPACTED,
+    CODEC_NONE_COMPACTED,
     COLUMNS,
     LEVEL_COMPACT,
     LEVEL_WRITE,
@@ -300,13 +301,17 @@ def batch_index(raw: bytes, key: bytes) -> Index | None:
 
 def written_compacted(raw: bytes, key: bytes) -> bool:
     """Whether the stored (sealed) history batch ``raw`` at ``key`` is of version 3
-    and was written at compaction's settings (codec 2: `columns`).
+    and was written at compaction's settings (codec 2 or 3: `columns`).
 
     Raises:
         StorageError: its CRC-32 does not match.
     """
     payload = unseal(raw, Keyspace.HISTORY.value, key)
-    return len(payload) > 1 and payload[0] == VERSION and payload[1] == CODEC_LZ4_COMPACTED
+    return (
+        len(payload) > 1
+        and payload[0] == VERSION
+        and payload[1] in (CODEC_LZ4_COMPACTED, CODEC_NONE_COMPACTED)
+    )
 
 
 def rewrite_level(raw: bytes, key: bytes) -> int:
