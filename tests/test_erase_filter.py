@@ -218,3 +218,33 @@ def test_a_batchs_index_holds_its_names_least_timestamp_and_users(n) -> None:
     least = min((r[7] for r in recs), default=2**63 - 1)
     assert index.names == sorted({r[3] for r in recs}) and index.ts_min == least
     assert all(UserProbe([r[2]]).may_hold(index.user_kind, index.users) for r in recs)
+
+
+def _splitmix(x: int) -> int:
+    """SplitMix64's finalizer of ``x + 0x9E3779B97F4A7C15`` in plain ints."""
+    m = 2**64
+    z = (x + 0x9E3779B97F4A7C15) % m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % m
+    return z ^ (z >> 31)
+
+
+@pytest.mark.parametrize("count", [SORTED_MAX + 1, 100, 3000])
+def test_a_bloom_filter_is_the_one_the_layout_describes(count) -> None:
+    """The filter's bytes against a plain computation from docs/storage-format.md:
+    bits a power of two from 64 holding 10 a user, 7 hashes, positions
+    ``(h1 + i * h2) mod bits``, bit ``p`` of byte ``p >> 3`` least significant first."""
+    rng = random.Random(count)
+    users = [TOP, 0, 2**63] + [rng.getrandbits(64) for _ in range(count - 3)]
+    kind, data = user_filter(np.array(users + users[:5], dtype=np.uint64))  # repeats
+    nbits = 64
+    while nbits < 10 * len(set(users)):
+        nbits *= 2
+    want = bytearray(nbits // 8)
+    for u in set(users):
+        z = _splitmix(u)
+        h1, h2 = z >> 32, (z & 0xFFFFFFFF) | 1
+        for i in range(7):
+            p = (h1 + i * h2) % nbits
+            want[p >> 3] |= 1 << (p & 7)
+    assert (kind, data) == (7, bytes(want))

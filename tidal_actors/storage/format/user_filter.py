@@ -44,26 +44,32 @@ _MAX_HASHES = 16
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-_LOW = np.uint64(0xFFFFFFFF)
+_S27, _S30, _S31, _S32 = (np.uint64(n) for n in (27, 30, 31, 32))
+_ONE = np.uint64(1)
+_STEPS = np.arange(_MAX_HASHES, dtype=np.uint64)  # i, for the i-th hash
 
 
 def _mix(users: np.ndarray) -> np.ndarray:
     """SplitMix64's finalizer of ``users + 0x9E3779B97F4A7C15`` (u64 arrays; numpy
     wraps array arithmetic modulo 2**64)."""
     z = users.astype(np.uint64) + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    out: np.ndarray = z ^ (z >> np.uint64(31))
-    return out
+    z ^= z >> _S30
+    z *= _M1
+    z ^= z >> _S27
+    z *= _M2
+    z ^= z >> _S31
+    return z
 
 
 def _positions(z: np.ndarray, k: int, nbits: int) -> np.ndarray:
-    """Bit positions, shape ``(len(z), k)`` (int64), of the mixed ids ``z`` in a
-    filter of ``nbits`` bits (a power of two)."""
-    h1 = (z >> np.uint64(32)).astype(np.int64)
-    h2 = ((z & _LOW) | np.uint64(1)).astype(np.int64)
-    pos: np.ndarray = (h1[:, None] + np.arange(k, dtype=np.int64) * h2[:, None]) & (nbits - 1)
-    return pos
+    """Bit positions, shape ``(len(z), k)`` (u64), of the mixed ids ``z`` in a filter
+    of ``nbits`` bits (a power of two, at most 2**32). ``h2`` is taken as ``z | 1``:
+    modulo ``nbits``, which divides 2**32, ``h1 + i * (z | 1)`` (wrapping modulo
+    2**64) equals ``h1 + i * ((z & 0xFFFFFFFF) | 1)`` (module doc)."""
+    h2 = (z | _ONE)[:, None] * _STEPS[:k]
+    h2 += (z >> _S32)[:, None]
+    h2 &= np.uint64(nbits - 1)
+    return h2
 
 
 def user_filter(users: np.ndarray) -> tuple[int, bytes]:
@@ -111,7 +117,7 @@ class UserProbe:
             raise ValueError(f"a Bloom filter of {kind} hashes over {nbits} bits")
         got = self._at.get((kind, nbits))
         if got is None:
-            pos = _positions(self._z, kind, nbits)
+            pos = _positions(self._z, kind, nbits).astype(np.int64)
             byte, bit = pos >> 3, np.left_shift(1, pos & 7).astype(np.uint8)
             got = (byte, bit, [list(zip(b, m)) for b, m in zip(byte.tolist(), bit.tolist())])
             if len(self._at) < 64:
