@@ -24,15 +24,10 @@ from tidal_actors import (
 )
 from tidal_actors.testing import ReferenceModel
 
+from ._setups import EVICTING, rounded_rows
 from .conftest import SEC, T0
 
-CFG = Config(
-    half_life_ns=50 * SEC,
-    window_width_ns=10 * SEC,
-    window_buckets=3,
-    max_contribution_log_entries=6,
-    rematerialize_after_ms=None,
-)
+CFG = EVICTING
 
 
 def _workload(db, *, with_user_1_in_c: bool) -> None:
@@ -47,10 +42,6 @@ def _workload(db, *, with_user_1_in_c: bool) -> None:
     db.signal_with_context(3, 1, 1, 2.0, T0 - 30 * SEC)
 
 
-def _rows(x, at):
-    return [(r[0], r[1], r[2], round(r[3], 9), r[4], round(r[5], 9)) for r in x.aggregate_rows(at)]
-
-
 def test_purge_then_rematerialize_equals_never_attributed(pdb_path, clock):
     # reference: a run in which user 1's signals were never attributed to "c"
     never = ReferenceModel(CFG, ManualClock(T0))
@@ -61,15 +52,15 @@ def test_purge_then_rematerialize_equals_never_attributed(pdb_path, clock):
         # the log (cap 6) only held the newest records: most of user 1's were evicted
         assert manifest.evicted > 0
         assert len(manifest.entries) + manifest.evicted == 12
-        assert _rows(db, T0) != _rows(never, T0)  # evicted records still counted live
+        assert rounded_rows(db, T0) != rounded_rows(never, T0)  # evicted records still counted live
         status = db.purge_status(pid)
         assert (status.retracted_live, status.rematerialized) == (len(manifest.entries), False)
         report = db.rematerialize("c")
         assert report.records_excluded == manifest.evicted
         assert report.matched_live is False
         assert report.records_read == 12 + 2 - len(manifest.entries)
-        assert _rows(db, T0) == _rows(never, T0)
-        assert _rows(db, T0 + 7 * SEC) == _rows(never, T0 + 7 * SEC)
+        assert rounded_rows(db, T0) == rounded_rows(never, T0)
+        assert rounded_rows(db, T0 + 7 * SEC) == rounded_rows(never, T0 + 7 * SEC)
         status = db.purge_status(pid)
         assert status.rematerialized and status.rematerialized_at_ns == T0
         assert status.excluded_by_rematerialization == manifest.evicted
@@ -88,11 +79,11 @@ def test_ephemeral_rebuild_leaves_the_evicted_records(clock):
         _, manifest = db.request_community_purge(1, "c")
         ref.request_community_purge(1, "c")
         assert manifest.evicted > 0
-        before = _rows(db, T0)
+        before = rounded_rows(db, T0)
         report = db.rematerialize("c")
         assert (report.records_excluded, report.matched_live) == (0, True)
         assert ref.rematerialize("c") == 0
-        assert _rows(db, T0) == before == _rows(ref, T0)
+        assert rounded_rows(db, T0) == before == rounded_rows(ref, T0)
 
 
 def test_signals_after_the_purge_stay(pdb_path, clock):
@@ -118,7 +109,7 @@ def test_background_rematerialization_after_purge(pdb_path, clock):
             time.sleep(0.01)
         never = ReferenceModel(CFG, ManualClock(T0))
         _workload(never, with_user_1_in_c=False)
-        assert _rows(db, T0) == _rows(never, T0)
+        assert rounded_rows(db, T0) == rounded_rows(never, T0)
 
 
 def test_rematerialization_runs_in_chunks_and_loses_no_concurrent_signal(
@@ -316,10 +307,10 @@ def test_purge_interrupted_by_crash_resumes_on_reopen(pdb_path, point):
         while not db.purge_status(manifest.purge_id).rematerialized:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert _rows(db, T0) == _rows(never, T0)
+        assert rounded_rows(db, T0) == rounded_rows(never, T0)
     # and once more after a clean close
     with TidalDb.open(pdb_path, config=cfg, clock=ManualClock(T0)) as db:
-        assert _rows(db, T0) == _rows(never, T0)
+        assert rounded_rows(db, T0) == rounded_rows(never, T0)
 
 
 def test_inspect_shows_purge_status(tmp_path):

@@ -50,8 +50,9 @@ def test_the_summary_is_short_and_the_internals_are_behind_verbose(tmp_path: Pat
     assert not [word for word in INTERNALS if word in out], out
     lines = out.splitlines()
     ops = len(got["latency_ms"])
-    # what, ran, purges, 2 x throughput and the model's note, table, note, check, hint
-    assert len(lines) == 1 + 1 + 1 + 3 + 1 + ops + 1 + 1 + 1, out
+    # what, ran, host, purges, 2 x throughput and the model's note, table, note, check, hint
+    assert len(lines) == 1 + 1 + 1 + 1 + 3 + 1 + ops + 1 + 1 + 1, out
+    assert lines[2] == "  host       pykka", out  # the default host
     assert f"{got['signals_per_s']:,.0f} signals/s through the runtime" in out
     assert f"{got['reference_signals_per_s']:,.0f} signals/s through the reference model" in out
     assert f"ran        {got['events']:,} rows in memory (no store)" in out

@@ -37,25 +37,13 @@ from tidal_actors.storage.stores import MemoryStore
 from tidal_actors.testing import ReferenceModel
 
 from . import _crash_worker as W
+from ._setups import EVICTING, rounded_rows
 from .conftest import SEC, T0
 from .test_cli import ROOT
 from .test_store_safety import _entries, _rewrite
 
-CFG = Config(
-    half_life_ns=50 * SEC,
-    window_width_ns=10 * SEC,
-    window_buckets=3,
-    max_contribution_log_entries=6,
-    rematerialize_after_ms=None,
-    ledger_shards=1,
-)
+CFG = EVICTING.replace(ledger_shards=1)
 FLUSHED = 80  # signals, each flushed alone: one history batch each, past a read's chunk
-
-
-@pytest.fixture
-def settle_at_once(monkeypatch):
-    """Settle every row as soon as it may be (the default waits for 16,384)."""
-    monkeypatch.setattr(_behaviours, "SETTLE_MIN", 1)
 
 
 @pytest.fixture(params=["listed", "with-a-new-batch"])
@@ -97,10 +85,6 @@ def _workload(m, db: TidalDb | None = None) -> None:
             db.flush()
 
 
-def _rows(x, at):
-    return [(r[0], r[1], r[2], round(r[3], 9), r[4], round(r[5], 9)) for r in x.aggregate_rows(at)]
-
-
 READ_TIMES = [T0 + 41 * SEC, T0 + 5 * SEC + 1, T0 + 11 * SEC, T0 + 17 * SEC + SEC // 2]
 
 
@@ -113,7 +97,7 @@ def test_a_read_inside_settled_buckets_while_a_compaction_merges_is_exact(
         _workload(db, db)
         assert db.stats()["settled_buckets"] > 0
         for at in READ_TIMES:
-            assert _rows(db, at) == _rows(ref, at), at
+            assert rounded_rows(db, at) == rounded_rows(ref, at), at
     assert compact_after_listing and compact_after_listing[0] >= FLUSHED
 
 
@@ -129,8 +113,8 @@ def test_a_rematerialization_while_a_compaction_merges_reads_every_settled_recor
         db.request_community_purge(1, "c")
         db.rematerialize("c")
         for at in READ_TIMES:
-            got = [r for r in _rows(db, at) if r[0] in ("c", COMMUNITY)]
-            want = [r for r in _rows(never, at) if r[0] in ("c", COMMUNITY)]
+            got = [r for r in rounded_rows(db, at) if r[0] in ("c", COMMUNITY)]
+            want = [r for r in rounded_rows(never, at) if r[0] in ("c", COMMUNITY)]
             assert got == want, at
     assert compact_after_listing and compact_after_listing[0] >= FLUSHED
 
@@ -222,7 +206,7 @@ CRASH_READS = [T0 + 30 * SEC, T0 + 5 * SEC + 1, T0 + 11 * SEC, T0 + 17 * SEC + S
 
 def _same(db: Any, ref: Any) -> None:
     for at in CRASH_READS:
-        assert _rows(db, at) == _rows(ref, at), at
+        assert rounded_rows(db, at) == rounded_rows(ref, at), at
 
 
 @pytest.fixture(scope="module")
@@ -236,10 +220,7 @@ def test_a_crash_inside_compact_loses_nothing_and_a_purge_after_it_is_exact(
 ):
     path = str(tmp_path / "db")
     scenario = f"tests.test_store_adversarial:_compact_and_die_{point}"
-    p = mp.Process(target=W.run_and_die, args=(path, scenario, T0, CRASH_CFG))
-    p.start()
-    p.join(60)
-    assert p.exitcode == -9
+    W.run_until_killed(mp, path, scenario, T0, CRASH_CFG)
     assert (tmp_path / f"killed-{point}").exists()  # died at that point, not after
     cfg = Config(**CRASH_CFG)
     ref = ReferenceModel(cfg, ManualClock(T0))
@@ -327,10 +308,7 @@ def test_a_crash_in_a_purges_erasure_of_merged_and_unmerged_batches(
 ):
     path = str(tmp_path / "db")
     scenario = f"tests.test_store_adversarial:_erase_and_die_{point}"
-    p = mp.Process(target=W.run_and_die, args=(path, scenario, T0, CRASH_CFG))
-    p.start()
-    p.join(60)
-    assert p.exitcode == -9
+    W.run_until_killed(mp, path, scenario, T0, CRASH_CFG)
     assert (tmp_path / f"killed-erase-{point}").exists()
     cfg = Config(**CRASH_CFG)
     ref = ReferenceModel(cfg, ManualClock(T0))
@@ -382,7 +360,7 @@ def test_compact_over_a_corrupt_history_value_names_the_key_and_changes_nothing(
         with pytest.raises(StorageError, match=key.hex()):
             db.compact()
         # a read after every record needs no history (one inside a bucket reads it)
-        assert _rows(db, CRASH_READS[0]) == _rows(ref, CRASH_READS[0])
+        assert rounded_rows(db, CRASH_READS[0]) == rounded_rows(ref, CRASH_READS[0])
     after = _entries(path)
     assert {ks: v for ks, v in after.items() if ks != "meta"} == {
         ks: v for ks, v in before.items() if ks != "meta"
@@ -427,7 +405,7 @@ def test_a_read_only_open_in_another_process_while_compact_runs(tmp_path, settle
     cfg = Config(**CRASH_CFG)
     ref = ReferenceModel(cfg, ManualClock(T0))
     _crash_workload(ref)
-    want = [_rows(ref, at) for at in CRASH_READS]
+    want = [rounded_rows(ref, at) for at in CRASH_READS]
     got: dict[str, Any] = {}
     with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
         _crash_workload(db, db)
@@ -587,9 +565,9 @@ def test_retention_drops_records_from_merged_blocks_and_batches_at_each_compact(
         clock.advance(10 * SEC)
         db.compact()
         assert sorted(map(_key, _stored_records(db))) == [r for r in more if r[5] >= T0 + 12 * SEC]
-        assert _rows(db, CRASH_READS[0]) == _rows(ref, CRASH_READS[0])
+        assert rounded_rows(db, CRASH_READS[0]) == rounded_rows(ref, CRASH_READS[0])
     with TidalDb.open(path, config=cfg, clock=clock) as db:
-        assert _rows(db, CRASH_READS[0]) == _rows(ref, CRASH_READS[0])
+        assert rounded_rows(db, CRASH_READS[0]) == rounded_rows(ref, CRASH_READS[0])
 
 
 # -- a purge whose records span merged blocks and batches: no byte left on disk ------

@@ -26,29 +26,7 @@ from tidal_actors.storage.history_compact import compact_history_ops
 from tidal_actors.storage.stores import MemoryStore
 
 from ._history_v1 import records_of
-from .conftest import SEC
-from .test_store_safety import CFG, T0, USERS, _entries, _export, _populate, _rewrite, _version_1
-
-
-def _build(path: Path, crashed: bool) -> Path:
-    """`test_store_safety`'s store, with a dozen more history batches (a flush each);
-    closed cleanly, or the files as a crash leaves them."""
-    clock = ManualClock(T0)
-    db = TidalDb.open(path, config=CFG, clock=clock)
-    _populate(db, clock)
-    for i in range(12):
-        clock.advance(SEC)
-        db.signal_with_context(USERS[i % len(USERS)], 50 + i % 3, 1, 2.0)
-        db.flush()
-    if crashed:
-        out = path.parent / (path.name + "-crashed")
-        out.mkdir()
-        for name in ("data.mdb", "tidal.store"):
-            shutil.copy(path / name, out / name)
-        db.close()
-        return out
-    db.close()
-    return path
+from .test_store_safety import CFG, T0, _build, _entries, _export, _rewrite, _version_1
 
 
 def _history(path: Path) -> dict[bytes, bytes]:
@@ -71,7 +49,7 @@ def _older(key: bytes, value: bytes) -> bytes:
 @pytest.mark.parametrize("layout", [1, 2, 12], ids=["v1", "v2", "v1+v2"])
 @pytest.mark.parametrize("crashed", [False, True], ids=["clean", "crashed"])
 def test_a_store_with_older_history_opens_and_compact_rewrites_it(tmp_path, crashed, layout):
-    path = _build(tmp_path / "s", crashed)
+    path = _build(tmp_path / "s", crashed, flushed=12)  # a dozen more history batches
     original = tmp_path / "original"
     shutil.copytree(path, original)
     clock = ManualClock(T0)
@@ -79,9 +57,12 @@ def test_a_store_with_older_history_opens_and_compact_rewrites_it(tmp_path, cras
         want = _export(db)
     before = _history(path)
     records = sorted(r for k, v in before.items() for r in records_of(decode_batch(0, 0, v, k)))
-    _rewrite(path, [("history", k, _version_1(k, v)) for k, v in before.items()])
+    older = {1: _version_1, 2: _version_2, 12: _older}[layout]
+    _rewrite(path, [("history", k, older(k, v)) for k, v in before.items()])
     old = _history(path)
-    assert len(old) > 2 and all(0x80 <= unseal(v, "history", k)[0] <= 0x8F for k, v in old.items())
+    firsts = {unseal(v, "history", k)[0] for k, v in old.items()}
+    versions = {1 if 0x80 <= f <= 0x8F else f for f in firsts}  # a msgpack map: version 1
+    assert len(old) > 2 and versions == {1: {1}, 2: {2}, 12: {1, 2}}[layout]
     with TidalDb.open(path, config=CFG, clock=clock) as db:
         assert _export(db) == want
         db.compact()
@@ -92,7 +73,7 @@ def test_a_store_with_older_history_opens_and_compact_rewrites_it(tmp_path, cras
     )
     for k, v in after.items():
         payload = unseal(v, "history", k)
-        assert payload[0] == 3 and payload[1] in (0, 2)  # version 3, written by compact()
+        assert payload[0] == 3 and payload[1] in (2, 3)  # version 3, written by compact()
     got = sorted(r for k, v in after.items() for r in records_of(decode_batch(0, 0, v, k)))
     assert got == records
     with TidalDb.open(path, config=CFG, clock=clock) as db:

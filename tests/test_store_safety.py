@@ -42,7 +42,8 @@ from tidal_actors.storage.lmdb_lock import LockProbe
 from tidal_actors.storage.stores import LmdbStore
 
 from ._history_v1 import encode_batch, records_of
-from .conftest import HOUR, SEC, T0
+from ._setups import every_read
+from .conftest import SEC, T0
 
 USERS = range(1, 13)
 CFG = Config(ledger_shards=2, rematerialize_after_ms=None)
@@ -71,18 +72,7 @@ def _populate(db: TidalDb, clock: ManualClock, users=USERS) -> None:
 
 def _export(db: TidalDb, users=USERS):
     """Every read the tests compare: users, manifests, scores."""
-    return (
-        db.aggregate_rows(T0 + HOUR),
-        [
-            (
-                db.community_layer_status(u),
-                db.community_leave_history(u),
-                db.cohorts_of(u),
-                db.list_purge_manifests(u),
-            )
-            for u in users
-        ],
-    )
+    return every_read(db, users)
 
 
 def _reopened(path, clock, users=USERS):
@@ -90,12 +80,17 @@ def _reopened(path, clock, users=USERS):
         return _export(db, users)
 
 
-def _build(path: Path, crashed: bool) -> Path:
+def _build(path: Path, crashed: bool, flushed: int = 0) -> Path:
     """A small store closed cleanly (a snapshot), or the files of one that was not
-    (no snapshot: the history is replayed)."""
+    (no snapshot: the history is replayed). ``flushed``: that many more signals after
+    `_populate`'s, one a second, each flushed alone (a history batch each)."""
     clock = ManualClock(T0)
     db = TidalDb.open(path, config=CFG, clock=clock)
     _populate(db, clock)
+    for i in range(flushed):
+        clock.advance(SEC)
+        db.signal_with_context(USERS[i % len(USERS)], 50 + i % 3, 1, 2.0)
+        db.flush()
     if crashed:
         db.flush()
         out = path.parent / (path.name + "-crashed")

@@ -317,6 +317,7 @@ def replay(
     report = {
         "events": str(events),
         "data_dir": None if data_dir is None else str(data_dir),
+        "host": run_config.host,
         "rows": counts.rows,
         "skipped_first_rows": feed.skipped,
         "signals": counts.signals,

@@ -216,7 +216,9 @@ def simulate(
     if data_dir is not None:
         store.write_state(data_dir, config, result.at_ns, source, stopped=None)
 
-    print_summary(click.echo, result, events, generated_s, data_dir, verbose, iso)
+    print_summary(
+        click.echo, result, events, generated_s, data_dir, verbose, iso, host or config.host
+    )
     if report_out is not None:
         write_json(report_out, result.report())
     if plot_out is not None:

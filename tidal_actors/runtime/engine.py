@@ -118,6 +118,7 @@ class Core(Operations):
         self.host = host
         self.closed = False
         self.fenced = False  # a shard was fenced (`_replaced`)
+        self._fence_causes: list[str] = []  # why, one line per fenced shard
         self.pid = os.getpid()  # the process that opened it: the only one that may use it
         self._carried: list[StorageError] = []  # errors of flushes nobody read (`FlushCall`)
         self._carry_lock = threading.Lock()
@@ -182,6 +183,7 @@ class Core(Operations):
             # fenced (`runtime.supervision.Fenced`): the state it held may be
             # half-updated, so no snapshot is written; the next open reads the store
             self.fenced = True
+            self._fence_causes.append(str(getattr(behaviour, "error", "")))
         elif isinstance(behaviour, Persistence):
             self.persistence = behaviour
         elif isinstance(behaviour, LedgerShard):
@@ -275,8 +277,10 @@ class Core(Operations):
         if self.fenced and lost is None:
             errors.append(
                 StorageError(
-                    "closed with a fenced shard (its restart failed): what it was sent "
-                    "since the failure is lost; the next open restores it from the store"
+                    "closed with a fenced shard ("
+                    + "; ".join(self._fence_causes)
+                    + "): what it was sent since the failure is lost; the next open "
+                    "restores it from the store"
                 )
             )
         if errors:

@@ -24,6 +24,7 @@ What the host adds around the behaviour, none of it known to the behaviour:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
@@ -35,7 +36,7 @@ from tidal_actors._clock import Clock, SystemClock
 from tidal_actors._config import Config
 from tidal_actors._errors import ActorFailure, StorageError
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.behaviour import Behaviour, replies_of
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.runtime.pykka_host import PykkaHost
@@ -46,6 +47,8 @@ from tidal_actors.runtime.supervision import Supervisor
 from tidal_actors.storage.stores import NullStore
 
 __all__ = ["TICK_S", "Counters", "ShardActor", "Stamped"]
+
+log = logging.getLogger("tidal_actors")
 
 TICK_S = 0.05  # how often the coordinator looks whether a re-materialization is due (seconds)
 
@@ -90,7 +93,7 @@ class LocalHost(PykkaHost):
 
     def tell(self, address: M.Address, message: object) -> None:
         if address in self._refs:
-            if type(message) is M.Compact:
+            if type(message) is M.Compact and self.ctx.durable:
                 message.reply.set_exception(
                     StorageError(
                         "compact() is not available under the Ray host: other processes "
@@ -240,7 +243,15 @@ class ShardActor:
                     }
                 )
                 continue
-            self.host.tell(self.address, _writable(msg))
+            try:
+                self.host.tell(self.address, _writable(msg))
+            except Exception as exc:  # a host defect: its caller hears it, never a hang
+                err = ActorFailure(
+                    f"{self.address[0]}[{self.address[1]}] could not take {t.__name__}: {exc!r}"
+                )
+                log.error("%s", err)
+                for reply in replies_of(msg):
+                    reply.set_exception(err)
 
     def stop(self) -> bytes:
         """Drain and stop the behaviour, wait for what it sent, close the store; the
