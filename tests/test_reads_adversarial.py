@@ -11,6 +11,7 @@ import asyncio
 import random
 import sys
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -293,3 +294,32 @@ def test_eight_readers_never_see_a_purged_contribution() -> None:
             for t in threads:
                 t.join()
     assert bad == []
+
+
+# -- memory -------------------------------------------------------------------------
+
+
+def test_an_idle_shard_drops_its_view_once_nobody_reads() -> None:
+    """A shard that handles no message after its views were last read still drops
+    its view and frees the publisher's buffers (the flusher thread sends it a
+    `Publish` once nobody wanted a view for ``WANTED_S``)."""
+    from tidal_actors import COMMUNITY
+    from tidal_actors.actors.ledger_views import WANTED_S
+
+    with TidalDb.open(config=Config(ledger_shards=1)) as db:
+        led = db._core.ledgers[0]
+        db.signal_batch([Signal(u, 1, 1, 1.0) for u in range(2000)])
+        db.flush()
+        db.read_window(COMMUNITY, 1, 1, consistency="latest")  # wanted: it publishes
+        deadline = time.monotonic() + 10.0
+        while led.view is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert db.read_window(COMMUNITY, 1, 1, consistency="latest").count == 2000
+        assert led.view is not None
+        time.sleep(WANTED_S)  # nobody reads, nothing is sent
+        deadline = time.monotonic() + 10.0
+        while led.view is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert led.view is None
+        assert led._publisher.current is None and led._publisher._spares == []
+        assert db.read_window(COMMUNITY, 1, 1, consistency="latest").count == 2000
