@@ -11,7 +11,8 @@ contribution records (default 5,000,000; ``--quick`` 600,000), default config
   stat: branch, leaf and overflow pages times the page size) over the records,
   after the clean close and after ``compact()`` (the file's size as compaction
   leaves it, and after the close that follows, which writes the snapshot again);
-  the history batches and blocks before and after;
+  the history batches and blocks before and after; of those, the bytes the
+  batches' indexes take (cohort names, least timestamp, user filter);
 * encode and decode rates of the history, MB/s of the columns' own bytes (46 a
   record: m 1, ci 1, r 8, u 8, e 8, t 8, w 4, ts 8): a ledger's write (the batches
   as written, encoded from the columns a ledger hands over), beside the version 1
@@ -103,6 +104,20 @@ def history_stat(path: str) -> tuple[int, int]:
         return pages * st["psize"], int(st["entries"])
     finally:
         env.close()
+
+
+def index_bytes(items: list[tuple[bytes, bytes]]) -> int:
+    """Bytes the version 3 batches of ``items`` spend on their index (its length
+    field and the index: cohort names, least timestamp, user filter)."""
+    from tidal_actors.storage.format import unseal
+    from tidal_actors.storage.format.columns import HEAD, INDEX_LEN, VERSION
+
+    total = 0
+    for k, v in items:
+        payload = unseal(v, "history", k)
+        if payload[0] == VERSION:
+            total += INDEX_LEN.size + INDEX_LEN.unpack_from(payload, HEAD.size)[0]
+    return total
 
 
 def history_items(path: str) -> list[tuple[bytes, bytes]]:
@@ -229,7 +244,7 @@ def rates(items: list[tuple[bytes, bytes]], batches: list[Any]) -> dict[str, flo
             )
         return time.perf_counter() - t
 
-    out["decode_version_2_batches_mb_s"] = mb / decode(v2)
+    out["decode_columnar_batches_mb_s"] = mb / decode(v2)
     out["decode_version_1_batches_mb_s"] = mb / decode(v1)
     return out
 
@@ -254,6 +269,7 @@ def run(records: int) -> dict[str, float]:
         out["history_bytes_per_record_closed"] = hb / n
         out["history_batches_closed"] = hk
         items = history_items(path)
+        out["history_index_bytes_per_record_closed"] = index_bytes(items) / n
         batches = decode_batches([(*batch_key_shard_seq(k), v, k) for k, v in items])
         progress("encode and decode rates")
         out.update(rates(items, batches))
@@ -270,12 +286,13 @@ def run(records: int) -> dict[str, float]:
         out["history_bytes_per_record_after_compact"] = hb / n
         out["history_blocks_after_compact"] = hk
         blocks = history_items(path)
+        out["history_index_bytes_per_record_after_compact"] = index_bytes(blocks) / n
         bmb = n * COLUMN_BYTES / 1e6
         t = time.perf_counter()
         for i in range(0, len(blocks), 256):
             decode_batches([(*batch_key_shard_seq(k), v, k) for k, v in blocks[i : i + 256]])
         out["decode_blocks_mb_s"] = bmb / (time.perf_counter() - t)
-        progress("restores, version 2")
+        progress("restores, columnar (version 3)")
         out["restore_clean_s"], out["restore_crash_s"] = restores(path)
         progress("restores, the history rewritten in version 1")
         import lmdb
@@ -295,7 +312,7 @@ def run(records: int) -> dict[str, float]:
             restores(path)
         )
 
-        out["restore_crash_version_2_over_version_1"] = (
+        out["restore_crash_columnar_over_version_1"] = (
             out["restore_crash_s"] / out["restore_crash_version_1_history_s"]
         )
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import struct
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -145,14 +146,20 @@ def test_columns_take_the_widths_their_values_need() -> None:
         for i in range(n)
     ]
     payload = F.encode_history_columns(tuple(zip(*recs)), None, LEVEL_COMPACT)
-    version, codec, count, size = struct.unpack_from("<BBII", payload)
-    assert (version, codec, count) == (2, 2, n)
+    version, codec, count, size, x = struct.unpack_from("<BBIII", payload)
+    assert (version, codec, count) == (3, 2, n)
+    # the index: the names, the least ts, a Bloom filter of 7 hashes over 16,384 bits
+    # (1,000 distinct users at 10 bits each, rounded up to a power of two)
+    ts_min, kind, f = struct.unpack_from("<qBI", payload, 14)
+    names = msgpack.unpackb(payload[27 + f : 14 + x])
+    assert (names, ts_min, kind, f) == (["c"], 10**18, 7, 2048)
     # m, ci: no bytes (all 0); r: deltas of 1, 1 byte; u: deltas of 7, 1 byte (values
     # up to 6,993 would take 2); e, t: plain, 1 byte (deltas are as wide: plain on a
-    # tie); w: 4 (1.0's bits); ts: deltas of 2,000, 2 bytes. Bases: r, u, ts.
-    head = 4 + len(b"\x92\x91\xa1c\xc0") + 8 + 3 * 8
+    # tie); w: 4 (1.0's bits); ts: deltas of 2,000, 2 bytes. Bases: r, u, ts. The
+    # body's head: the contexts, nil.
+    head = 4 + len(b"\xc0") + 8 + 3 * 8
     assert size == head + n * (1 + 1 + 1 + 1 + 4 + 2)
-    assert len(payload) < 5 * n
+    assert len(payload) - 14 - x < 5 * n
 
 
 @pytest.mark.parametrize(

@@ -381,3 +381,31 @@ def test_the_store_grows_and_ledgers_read_their_history_from_their_processes(
     assert ray_run == pykka_run
     assert ray_run[1] > 0  # the purge covered records the log had evicted: read from the history
     assert (tmp_path / "ray" / "data.mdb").stat().st_size > 16 * 65_536
+
+
+@needs_ray
+def test_calls_carry_link_numbers_and_a_receiver_takes_each_once(ray_session: None) -> None:
+    """Every call carries its sender's number on the link; the receiver acknowledges
+    what it took (the sender then keeps nothing), discards a duplicate, holds back a
+    call after a gap until the missing one comes."""
+    import ray
+
+    from tidal_actors import COMMUNITY
+    from tidal_actors.actors import messages as M
+    from tidal_actors.runtime.ray_stores import Marks
+
+    with TidalDb.open(None, config=ray_config(ledger_shards=2), clock=ManualClock(T0)) as db:
+        for u in range(6):
+            db.signal_with_context(u, 1, 1, 1.0, T0)
+        db.flush()
+        links = db._core.host.links
+        for address in db._core.host.behaviours:
+            assert links.kept(address) == 0, address
+        ledger = links.handle((M.LEDGER, 0))
+        # a probe link of its own; Marks is a host-level message an ephemeral ledger ignores
+        acks = [
+            ray.get(ledger.deliver.remote(None, "probe", seq, [Marks(0, 0)]))
+            for seq in (1, 1, 3, 2)
+        ]
+        assert acks == [1, 1, 1, 3]  # duplicate: 1 again; gap: held; filled: 3
+        assert db.read_window(COMMUNITY, 1, 1, T0).count == 6

@@ -22,8 +22,8 @@ import pytest
 from tidal_actors import COMMUNITY, Config, ManualClock, TidalDb
 from tidal_actors._errors import StorageError
 from tidal_actors.core import states as _behaviours
+from tidal_actors.storage import history_rewrite as rewrite_mod
 from tidal_actors.storage import lmdb_compact
-from tidal_actors.storage import rematerialize as remat_mod
 from tidal_actors.storage.format import (
     batch_key_shard_seq,
     batch_op,
@@ -273,7 +273,7 @@ def _erase_and_die(db: Any, after: bool) -> None:
     _behaviours.SETTLE_MIN = 1
     _erasure_workload(db, db)
     store = db._core.store
-    erase, commit = remat_mod.erase_history_ops, store.commit
+    erase, commit = rewrite_mod.erase_history_ops, store.commit
     erasing: list[int] = []
 
     def dying_erase(*args: Any) -> Any:
@@ -289,7 +289,7 @@ def _erase_and_die(db: Any, after: bool) -> None:
         if erasing:
             _kill(db, "erase-after")
 
-    remat_mod.erase_history_ops = dying_erase
+    rewrite_mod.erase_history_ops = dying_erase
     store.commit = dying_commit
     db.rematerialize("c")
 
@@ -629,9 +629,73 @@ def test_a_second_compact_rewrites_nothing_when_nothing_came_since(n):
     for seq, r in enumerate(recs):
         store.commit([batch_op(0, seq, tuple(zip(r)), None)])
     ops, stats = compact_history_ops(store.history_items())
-    # n - 1 deletes and one block; a lone batch of one record the rewrite would leave
-    # byte for byte as it is (both stored uncompressed, every column plain)
-    assert (stats["batches_rewritten"], len(ops)) == ((1, n) if n > 1 else (0, 0))
+    # n - 1 deletes and one block (a lone batch too: it is marked, codec 3 when LZ4
+    # cannot shorten it, as a block of one record is not)
+    assert (stats["batches_rewritten"], len(ops)) == (1, n)
+    assert unseal(ops[-1][2], "history", ops[-1][1])[1] == (3 if n == 1 else 2)
     store.commit(ops)
     ops, stats = compact_history_ops(store.history_items())
     assert (ops, stats["batches_rewritten"], stats["batches_after"]) == ([], 0, 1)
+
+
+# -- compact() refused after the history's merge ----------------------------------
+
+
+def test_a_compaction_refused_after_the_history_merge_keeps_the_merge_and_says_so(
+    tmp_path, monkeypatch
+):
+    """A process attaches between ``check_compact`` and the file's compaction: the
+    history's merge (one transaction) is committed already and stays; the refusal
+    names the process and says the history was rewritten; every read is unchanged,
+    the next compact() (the process gone) compacts the file, and a reopen reads
+    the same."""
+    from tidal_actors.storage.lmdb_lock import LockProbe
+
+    from .test_store_safety import CFG as SAFE_CFG
+    from .test_store_safety import _export, _outside_reader, _populate, _reopened
+
+    path, clock = tmp_path / "s", ManualClock(T0)
+    real = LockProbe.holder
+    calls: list[int] = []
+
+    def late(self):  # the check sees nobody; the compaction sees the reader
+        calls.append(1)
+        return None if len(calls) == 1 else real(self)
+
+    with TidalDb.open(path, config=SAFE_CFG, clock=clock) as db:
+        _populate(db, clock)
+        for i in range(6):  # more batches: a merge to do
+            db.signal_with_context(1 + i, 5, 1, 1.0, T0 + i)
+            db.flush()
+        want = _export(db)
+        store = db._core.store
+        before = [k for k, _ in store.history_items()]
+        records = sorted(
+            r
+            for b in decode_batches(
+                [(*batch_key_shard_seq(k), v, k) for k, v in store.history_items()]
+            )
+            for r in zip(b.m.tolist(), b.r.tolist())
+        )
+        reader = _outside_reader(path, False)
+        try:
+            monkeypatch.setattr(LockProbe, "holder", late)
+            with pytest.raises(StorageError) as exc:
+                db.compact()
+            monkeypatch.undo()
+            assert f"process {reader.pid} has" in str(exc.value)
+            assert "before this refusal the history was rewritten" in str(exc.value)
+            items = [(bytes(k), bytes(v)) for k, v in store.history_items()]
+            after = [k for k, _ in items]
+            assert len(after) < len(before)  # merged, and committed
+            merged = decode_batches([(*batch_key_shard_seq(k), v, k) for k, v in items])
+            assert sorted(r for b in merged for r in zip(b.m.tolist(), b.r.tolist())) == records
+            assert _export(db) == want
+        finally:
+            reader.kill()
+            reader.wait()
+        got = db.compact()  # the reader gone: the file is compacted, the history left as is
+        assert got["bytes_after"] <= got["bytes_before"]
+        assert [k for k, _ in store.history_items()] == after
+        assert _export(db) == want
+    assert _reopened(path, clock) == want

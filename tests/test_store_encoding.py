@@ -1,6 +1,6 @@
 """Stores and the columnar history: a store whose history batches are in version 1
-(written before version 2) opens with every read unchanged and is rewritten in
-version 2 by ``compact()``; a pass over the history reads each record once while a
+or 2 (written before version 3) opens with every read unchanged and is rewritten in
+version 3 by ``compact()``; a pass over the history reads each record once while a
 compaction merges batches under it; a purge's records are gone from the decoded
 history once compacted."""
 
@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from tidal_actors import ManualClock, TidalDb
-from tidal_actors.storage.format import Keyspace, batch_op, decode_batch, unseal
+from tidal_actors.storage.format import (
+    Keyspace,
+    batch_op,
+    decode_batch,
+    encode_history_columns,
+    seal,
+    unseal,
+)
 from tidal_actors.storage.history import HistoryReader
 from tidal_actors.storage.history_compact import compact_history_ops
 from tidal_actors.storage.stores import MemoryStore
@@ -26,8 +33,22 @@ def _history(path: Path) -> dict[bytes, bytes]:
     return {bytes(k): bytes(v) for k, v in _entries(path)[Keyspace.HISTORY.value].items()}
 
 
+def _version_2(key: bytes, value: bytes) -> bytes:
+    """A sealed history batch rewritten in version 2 (no index)."""
+    b = decode_batch(0, 0, value, key)
+    recs = records_of(b)
+    cols = tuple(zip(*recs)) if recs else ((),) * 8
+    return seal(key, encode_history_columns(cols, b.contexts, version=2))
+
+
+def _older(key: bytes, value: bytes) -> bytes:
+    """Version 1 for even ledger sequence numbers, version 2 for odd ones."""
+    return (_version_1 if key[-1] % 2 == 0 else _version_2)(key, value)
+
+
+@pytest.mark.parametrize("layout", [1, 2, 12], ids=["v1", "v2", "v1+v2"])
 @pytest.mark.parametrize("crashed", [False, True], ids=["clean", "crashed"])
-def test_a_store_with_version_1_history_opens_and_compact_rewrites_it(tmp_path, crashed):
+def test_a_store_with_older_history_opens_and_compact_rewrites_it(tmp_path, crashed, layout):
     path = _build(tmp_path / "s", crashed, flushed=12)  # a dozen more history batches
     original = tmp_path / "original"
     shutil.copytree(path, original)
@@ -36,9 +57,12 @@ def test_a_store_with_version_1_history_opens_and_compact_rewrites_it(tmp_path, 
         want = _export(db)
     before = _history(path)
     records = sorted(r for k, v in before.items() for r in records_of(decode_batch(0, 0, v, k)))
-    _rewrite(path, [("history", k, _version_1(k, v)) for k, v in before.items()])
+    older = {1: _version_1, 2: _version_2, 12: _older}[layout]
+    _rewrite(path, [("history", k, older(k, v)) for k, v in before.items()])
     old = _history(path)
-    assert len(old) > 2 and all(0x80 <= unseal(v, "history", k)[0] <= 0x8F for k, v in old.items())
+    firsts = {unseal(v, "history", k)[0] for k, v in old.items()}
+    versions = {1 if 0x80 <= f <= 0x8F else f for f in firsts}  # a msgpack map: version 1
+    assert len(old) > 2 and versions == {1: {1}, 2: {2}, 12: {1, 2}}[layout]
     with TidalDb.open(path, config=CFG, clock=clock) as db:
         assert _export(db) == want
         db.compact()
@@ -49,7 +73,7 @@ def test_a_store_with_version_1_history_opens_and_compact_rewrites_it(tmp_path, 
     )
     for k, v in after.items():
         payload = unseal(v, "history", k)
-        assert payload[0] == 2 and payload[1] in (0, 2)  # version 2, written by compact()
+        assert payload[0] == 3 and payload[1] in (2, 3)  # version 3, written by compact()
     got = sorted(r for k, v in after.items() for r in records_of(decode_batch(0, 0, v, k)))
     assert got == records
     with TidalDb.open(path, config=CFG, clock=clock) as db:

@@ -140,7 +140,7 @@ class Persistence(Behaviour):
                 self.last_error = exc
 
     def _on_erase(self, msg: M.EraseHistory) -> None:
-        from tidal_actors.storage.rematerialize import erase_history_ops
+        from tidal_actors.storage.history_rewrite import erase_history_ops
 
         self.commit()  # history batches queued before are in the store first
         try:
@@ -167,15 +167,24 @@ class Persistence(Behaviour):
 
     def _on_compact(self, msg: M.Compact) -> None:
         """Commit what waits; drop the history past its retention; merge and rewrite
-        the history batches (`storage.history_compact`); then compact the file."""
+        the history batches (`storage.history_compact`); then compact the file.
+
+        A refusal the store finds before anything is rewritten (``check_compact``:
+        read-only, another process attached) changes nothing. One it finds only at
+        the file's compaction (a process attached after the check) comes after the
+        history's rewrites, each committed in its own transaction: they stay (the
+        same records less those past the retention, in fewer blocks: a state every
+        reader and a restore read as any other), the file is not rewritten, and the
+        `StorageError` raised says so."""
         self.commit()
         cfg = self.ctx.config
         check = getattr(self.store, "check_compact", None)  # LMDB: a refusal changes nothing
         if check is not None:
             check()
+        rewritten: list[str] = []
         if self.store.durable:
             from tidal_actors.storage.history_compact import compact_history_ops
-            from tidal_actors.storage.rematerialize import retention_ops
+            from tidal_actors.storage.history_rewrite import retention_ops
 
             if cfg.history_retention_ns is not None:
                 cutoff = self.ctx.clock.now_ns() - cfg.history_retention_ns
@@ -183,11 +192,24 @@ class Persistence(Behaviour):
                 self.store.commit(dropped)
                 if dropped:
                     self.store.history_marks.rewritten()
-            merged, _ = self._read_history(compact_history_ops)
+                    rewritten.append(f"{len(dropped)} batches rewritten past the retention")
+            merged, stats = self._read_history(compact_history_ops)
             if merged:
                 self.store.commit(merged)
                 self.store.history_marks.rewritten()
-        msg.reply.set_result(self.store.compact())
+                rewritten.append(
+                    f"{stats['batches_before']} batches merged into {stats['batches_after']}"
+                )
+        try:
+            result = self.store.compact()
+        except StorageError as exc:
+            if not rewritten:
+                raise
+            raise StorageError(
+                f"{exc} (before this refusal the history was rewritten, and stays so: "
+                f"{'; '.join(rewritten)}; the file is not compacted)"
+            ) from exc
+        msg.reply.set_result(result)
 
     def _read_history(self, fn: Callable[[Iterable[tuple[bytes, bytes]]], T]) -> T:
         """``fn`` of the store's history batches; the read (its transaction) ends

@@ -6,7 +6,11 @@ Inside the actor the behaviour runs unchanged on a one-actor `PykkaHost`
 context's ``tell`` goes to the local actor for the actor's own address and through
 `ray_links.Links` to every other. ``deliver`` (the one Ray method that carries
 messages) puts each message into the local mailbox, waiting for room as a pykka
-sender does, so per-sender FIFO and backpressure hold end to end.
+sender does, so per-sender FIFO and backpressure hold end to end. Each call carries
+its sender's name and its number on that link: the actor keeps a
+`runtime.links.LinkReceiver` per sender, which discards a duplicate and holds back
+a call after a gap (neither arises while Ray's per-caller order holds), and returns
+the number it has taken up to, the sender's acknowledgement (`runtime.ray_links`).
 
 What the host adds around the behaviour, none of it known to the behaviour:
 
@@ -39,6 +43,7 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour, replies_of
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
+from tidal_actors.runtime.links import LinkReceiver
 from tidal_actors.runtime.pykka_host import PykkaHost
 from tidal_actors.runtime.ray_links import Links, dumps, loads
 from tidal_actors.runtime.ray_replies import register_serializers, send_fault
@@ -155,7 +160,8 @@ class ShardActor:
         self.address = address
         self.sink = sink
         self.clock: Any = SystemClock() if system_clock else Stamped()
-        self.links = Links(db, self._stamp)
+        self.links = Links(db, self._stamp, origin=f"{address[0]}-{address[1]}")
+        self._ends: dict[str, LinkReceiver[list[object]]] = {}
         self.host = LocalHost(config, self.clock, durable, self.links)
         self.host.supervisor = _FencingSupervisor(config, self.host.ctx, _Durable(durable))
         self.host.supervisor.on_fault = self._fault
@@ -223,10 +229,21 @@ class ShardActor:
     def ready(self) -> bool:
         return True
 
-    def deliver(self, stamp: int | None, messages: list[object]) -> None:
-        """Put ``messages`` into the local mailbox, in order (waits for room)."""
+    def deliver(self, stamp: int | None, origin: str, seq: int, messages: list[object]) -> int:
+        """Take call ``seq`` of the link from ``origin``: put its ``messages`` (and
+        those of the calls after it held back) into the local mailbox, in order
+        (waits for room); a duplicate is discarded. Returns the number taken up to
+        on that link (the acknowledgement)."""
         if stamp is not None and isinstance(self.clock, Stamped) and stamp > self.clock.now:
             self.clock.now = stamp
+        end = self._ends.get(origin)
+        if end is None:
+            end = self._ends[origin] = LinkReceiver()
+        for batch in end.accept(seq, messages):
+            self._take(batch)
+        return end.applied
+
+    def _take(self, messages: list[object]) -> None:
         for msg in messages:
             t = type(msg)
             if t is Marks:

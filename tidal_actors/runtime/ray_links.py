@@ -14,6 +14,16 @@ sends load (signal batches, attributions, history writes) only while fewer than
 replies never wait. So what queues in Ray in front of a mailbox is at most
 ``WINDOW`` calls per sender: no unbounded growth.
 
+Sequence numbers: each call carries its sender's name (``origin``) and the next
+number of the link from that sender to that receiver (`runtime.links.LinkSender`);
+the receiver applies only the next number, discards a duplicate and holds back a
+message after a gap (`runtime.links.LinkReceiver`, in `runtime.ray_actor`), and
+returns the number it has taken up to. The sender keeps each message until a
+returned number covers it (read as finished calls are pruned, `Links.kept`). While
+the receiver lives, Ray neither loses, duplicates nor reorders one caller's calls,
+so no gap and no duplicate arises; nothing re-sends yet, as nothing restarts an
+actor (docs/cluster.md).
+
 Behaviours cross once, at start (facade -> actor) and at stop (actor -> facade), as
 pickles in which the host's context, the store and the clock are named, not copied
 (`dumps`, `loads`): each process puts its own in their place.
@@ -32,6 +42,7 @@ from ray import cloudpickle
 
 from tidal_actors._errors import DatabaseClosed
 from tidal_actors.actors import messages as M
+from tidal_actors.runtime.links import LinkSender
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, sending
 
 __all__ = ["PRUNE_AT", "WINDOW", "Links", "actor_name", "dumps", "is_load", "loads"]
@@ -91,15 +102,24 @@ class Links:
         stamp: returns the time to carry with each call (the sender's clock, int ns),
             or None.
         path: the facade's `ReplyPath` (None in an actor's process).
+        origin: the sender's name on its links (the facade, or the actor's name).
     """
 
     def __init__(
-        self, db: str, stamp: Callable[[], int | None], path: ReplyPath | None = None
+        self,
+        db: str,
+        stamp: Callable[[], int | None],
+        path: ReplyPath | None = None,
+        origin: str = "facade",
     ) -> None:
         self.db = db
+        self.origin = origin
         self._stamp = stamp
         self._path = path
         self._lock = threading.Lock()
+        # numbering and submission of a call are one step (taken after `_lock`)
+        self._seq_lock = threading.Lock()
+        self._ends: dict[M.Address, LinkSender[object]] = {}
         self._handles: dict[M.Address, Any] = {}
         self._pending: dict[M.Address, list[Any]] = {}  # load calls not returned yet
         self._other: dict[M.Address, list[Any]] = {}  # other calls not returned yet
@@ -123,23 +143,48 @@ class Links:
         if self.closed:
             raise DatabaseClosed(f"actor {address} has stopped")
         h = self.handle(address)
-        if self._path is not None:
-            with sending(self._path):
-                return h.deliver.remote(self._stamp(), [msg])
-        return h.deliver.remote(self._stamp(), [msg])
+        with self._seq_lock:
+            end = self._ends.get(address)
+            if end is None:
+                end = self._ends[address] = LinkSender()
+            seq = end.stamp(msg)
+            if self._path is not None:
+                with sending(self._path):
+                    return h.deliver.remote(self._stamp(), self.origin, seq, [msg])
+            return h.deliver.remote(self._stamp(), self.origin, seq, [msg])
 
-    def _prune(self, refs: list[Any]) -> list[Any]:
+    def _prune(self, address: M.Address, refs: list[Any]) -> list[Any]:
+        """The calls of ``refs`` not finished; the finished ones acknowledge."""
         if not refs:
             return refs
-        _, left = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        done, left = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        if done:
+            try:
+                upto = max(ray.get(done, timeout=0))
+            except Exception:  # noqa: BLE001 - a failed call acknowledges nothing
+                return left
+            with self._seq_lock:
+                end = self._ends.get(address)
+                if end is not None and upto < end.next_seq:
+                    end.ack(upto)
         return left
+
+    def kept(self, address: M.Address) -> int:
+        """Messages sent to ``address`` and not acknowledged yet (finished calls are
+        read first)."""
+        with self._lock:
+            self._pending[address] = self._prune(address, self._pending.get(address, []))
+            self._other[address] = self._prune(address, self._other.get(address, []))
+        with self._seq_lock:
+            end = self._ends.get(address)
+            return 0 if end is None else len(end)
 
     def outstanding(self, address: M.Address) -> int:
         """Load calls to ``address`` not returned yet, plus the room reserved there."""
         with self._lock:
             refs = self._pending.get(address, [])
             if refs:
-                refs = self._pending[address] = self._prune(refs)
+                refs = self._pending[address] = self._prune(address, refs)
             return len(refs) + self.reserved.get(address, 0)
 
     def has_room(self, address: M.Address) -> bool:
@@ -155,7 +200,7 @@ class Links:
                     return
             ray.wait(refs, num_returns=len(refs) - max(1, limit) + 1, fetch_local=False)
             with self._lock:
-                self._pending[address] = self._prune(self._pending.get(address, []))
+                self._pending[address] = self._prune(address, self._pending.get(address, []))
 
     def send(self, address: M.Address, msg: object, wait: bool = True) -> None:
         """Send ``msg``; a load message first waits for the window (unless not ``wait``)."""
@@ -171,14 +216,14 @@ class Links:
             refs = self._other.setdefault(address, [])
             refs.append(ref)
             if len(refs) >= PRUNE_AT:
-                self._other[address] = self._prune(refs)
+                self._other[address] = self._prune(address, refs)
 
     def offer(self, address: M.Address, msg: object) -> bool:
         """Send ``msg`` if the window has room; False (nothing sent) if not."""
         with self._lock:
             refs = self._pending.get(address, [])
             if len(refs) + self.reserved.get(address, 0) >= WINDOW:
-                refs = self._pending[address] = self._prune(refs)
+                refs = self._pending[address] = self._prune(address, refs)
                 if len(refs) + self.reserved.get(address, 0) >= WINDOW:
                     return False
             ref = self._submit(address, msg)

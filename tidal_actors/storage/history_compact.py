@@ -3,12 +3,15 @@ every block in the columnar encoding at its densest.
 
 Consecutive history batches of one ledger shard (in key order) are merged into
 blocks of up to ``BLOCK_RECORDS`` records, each stored under the key of its last
-batch (the others deleted), in version 2 with each column's narrowest transform
-(`format.columns`, ``LEVEL_COMPACT``). Blocks stay near LZ4's 64 KiB window:
-larger ones compress worse. A lone batch that a
-compaction wrote already is left as it is (one its rewrite would leave byte for byte
-as it is too: LZ4 stores a block it cannot shorten uncompressed, codec 0), so a
-second ``compact()`` rewrites only what came since. Version 1 batches (older stores) are rewritten in version 2.
+batch (the others deleted), in version 3 with each column's narrowest transform
+(`format.columns`, ``LEVEL_COMPACT``), each with its index (cohort names, least
+timestamp, user filter). Blocks stay near LZ4's 64 KiB window: larger ones
+compress worse. A lone batch written at compaction's settings (by a compaction,
+or by an erasure or a retention pass rewriting such a block:
+`format.rewrite_level`; codec 2, or 3 when LZ4 could not shorten it) is left as
+it is, and so is one its rewrite would leave byte for byte as it is, so a second
+``compact()`` rewrites only what came since. Version 1 and 2 batches (older
+stores) are rewritten in version 3.
 
 Merging under the last key keeps every record's order within its shard: a reader
 that lists the keys, then reads them while a compaction commits, skips the keys
@@ -36,9 +39,9 @@ from tidal_actors.storage.format import (
     decode_batches,
     merged_payload,
     seal,
-    unseal,
+    written_compacted,
 )
-from tidal_actors.storage.format.columns import CODEC_LZ4_COMPACTED, LEVEL_COMPACT, VERSION
+from tidal_actors.storage.format.columns import LEVEL_COMPACT
 
 __all__ = ["BLOCK_RECORDS", "compact_history_ops"]
 
@@ -56,7 +59,7 @@ def compact_history_ops(
         items: every history batch, in key order.
         block: the most records a merged block holds (a batch larger than that is
             rewritten alone).
-        level: `columns.encode_v2`'s level (1, or 2-12 for LZ4's high-compression mode).
+        level: `columns_encode.encode_columnar`'s level (1, or 2-12 for LZ4's high-compression mode).
 
     Returns the ops and counts: ``batches_before``, ``batches_after``,
     ``batches_rewritten`` (blocks written), ``records``.
@@ -74,10 +77,10 @@ def compact_history_ops(
         if not run:
             return
         stats["batches_after"] += 1
-        if len(run) > 1 or not _compacted(run[0][2], run[0][0]):
+        if len(run) > 1 or not written_compacted(run[0][2], run[0][0]):
             last = run[-1][0]
             value = seal(last, merged_payload([(b, None) for _, b, _ in run], level))
-            if len(run) > 1 or value != run[0][2]:  # LZ4 left it as it was: unchanged
+            if len(run) > 1 or value != run[0][2]:  # else byte for byte as it is
                 ops.extend((Keyspace.HISTORY.value, key, None) for key, _, _ in run[:-1])
                 ops.append((Keyspace.HISTORY.value, last, value))
                 stats["batches_rewritten"] += 1
@@ -108,9 +111,3 @@ def compact_history_ops(
     take_chunk()
     flush()
     return ops, stats
-
-
-def _compacted(raw: bytes, key: bytes) -> bool:
-    """Whether a stored batch is version 2 written by a compaction (its codec)."""
-    payload = unseal(raw, Keyspace.HISTORY.value, key)
-    return len(payload) > 1 and payload[0] == VERSION and payload[1] == CODEC_LZ4_COMPACTED

@@ -7,8 +7,8 @@
   Nothing settled: the history is not read at all. Settled records that
   ``history_retention_ns`` has dropped from the history are not reached: the rebuilt
   cohort no longer holds them, as after a restore from the history.
-* `erase_history_ops` rewrites the durable history batches without the records a
-  purge covered; `retention_ops` drops records older than the retention.
+
+The erasure of what a purge covered and retention by age are `history_rewrite`'s.
 
 No threads; the reads go through the store the reader wraps.
 """
@@ -16,7 +16,6 @@ No threads; the reads go through the store the reader wraps.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
 from typing import Protocol, cast
 
 import numpy as np
@@ -25,23 +24,9 @@ from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import ContributionLog
 from tidal_actors.core.remat import Rebuild, RematConfig, settled_mask
 from tidal_actors.core.states import HistorySource
-from tidal_actors.storage.format import (
-    HistoryBatch,
-    Op,
-    batch_key_shard_seq,
-    decode_batches,
-    rewrite_batch_op,
-)
 from tidal_actors.storage.history import HistoryReader
 
-__all__ = [
-    "DECODE_CHUNK",
-    "HISTORY_BATCHES",
-    "RematJob",
-    "decoded",
-    "erase_history_ops",
-    "retention_ops",
-]
+__all__ = ["HISTORY_BATCHES", "RematJob"]
 
 HISTORY_BATCHES = 32  # history batches folded a step
 
@@ -146,85 +131,3 @@ class RematJob:
         Returns ``(records_read, records_excluded, matched_live, excluded_per_user)``.
         """
         return self.rebuild.finish(self.state.log)
-
-
-DECODE_CHUNK = 256  # history batches decoded together by a rewrite
-
-
-def decoded(batches: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, HistoryBatch]]:
-    """``(key, batch)`` of each stored ``(key, value)``, decoded ``DECODE_CHUNK`` at a
-    time (`decode_batches`).
-
-    Raises:
-        StorageError: a batch does not decode.
-    """
-    chunk: list[tuple[int, int, bytes, bytes | None]] = []
-    keys: list[bytes] = []
-
-    def flush() -> Iterator[tuple[bytes, HistoryBatch]]:
-        yield from zip(keys, decode_batches(chunk))
-        chunk.clear()
-        keys.clear()
-
-    for key, raw in batches:
-        shard, seq = batch_key_shard_seq(key)
-        chunk.append((shard, seq, raw, key))
-        keys.append(key)
-        if len(chunk) >= DECODE_CHUNK:
-            yield from flush()
-    yield from flush()
-
-
-def erase_history_ops(
-    batches: Iterable[tuple[bytes, bytes]], cohort: str, covered: dict[int, int]
-) -> tuple[list[Op], int]:
-    """Ops rewriting history batches without ``cohort``'s records covered by a purge.
-
-    Args:
-        batches: ``(key, value)`` of every history batch.
-        cohort: the purged cohort.
-        covered: user -> rseq bound (records of that user with a lower rseq go).
-
-    Returns the ops and the number of records erased.
-
-    Raises:
-        StorageError: a batch does not decode.
-    """
-    ops: list[Op] = []
-    erased = 0
-    if not covered:
-        return ops, erased
-    users = np.array(sorted(covered), dtype=np.uint64)
-    for key, b in decoded(batches):
-        if cohort not in b.cohorts:
-            continue
-        ci = b.cohorts.index(cohort)
-        mask = (b.ci == ci) & np.isin(b.u, users)
-        if not mask.any():
-            continue
-        bounds = np.array([covered.get(int(u), -1) for u in b.u[mask]], dtype=np.int64)
-        drop = np.zeros(len(b.r), dtype=bool)
-        drop[np.nonzero(mask)[0][b.r[mask] < bounds]] = True
-        n = int(drop.sum())
-        if not n:
-            continue
-        erased += n
-        ops.append(rewrite_batch_op(key, b, np.nonzero(~drop)[0]))
-    return ops, erased
-
-
-def retention_ops(batches: Iterable[tuple[bytes, bytes]], cutoff_ns: int) -> list[Op]:
-    """Ops dropping history records stamped before ``cutoff_ns`` (nanoseconds;
-    retention by age). Aggregates keep them; only the durable history (what
-    re-materialization reads) forgets them.
-
-    Raises:
-        StorageError: a batch does not decode.
-    """
-    ops: list[Op] = []
-    for key, b in decoded(batches):
-        old = b.ts < cutoff_ns
-        if not old.any():
-            continue
-        ops.append(rewrite_batch_op(key, b, np.nonzero(~old)[0]))
-    return ops

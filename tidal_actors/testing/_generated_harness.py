@@ -384,6 +384,8 @@ class HarnessOperations(HarnessCalls):
 
         Raises:
             StorageError: another process has the environment open (its pid named), or
-                the rewrite failed; the old file stays in use, unchanged.
+                the rewrite failed; the old file stays in use, unchanged, except for the
+                history's merge (and retention) when the refusal came after them (a
+                process attached meanwhile): those stay, and the error says so.
         """
         return self._call(self.core.compact())

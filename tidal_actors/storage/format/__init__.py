@@ -9,7 +9,8 @@ One package, five modules, all without I/O:
   leave history, cohort assignment, purge manifest, tombstone and status, eviction
   state, store format, settings and snapshot records) and the writes that store them.
 * `history` -- history batches: contribution records as columns, each batch in
-  either encoding; `columns` -- the columnar, compressed encoding (version 2).
+  either encoding; `columns` -- the columnar, compressed encoding (version 3; version 2 read),
+  `columns_encode`, `columns_decode`, `user_filter` (a batch's filter of its users).
 * `snapshot` -- snapshot chunks: a ledger shard's state at a clean close.
 
 Every name is importable from here (``from tidal_actors.storage.format import Tag``).
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 from tidal_actors.storage.format.history import (
     HistoryBatch,
+    Index,
+    batch_index,
     batch_op,
     decode_batch,
     decode_batches,
@@ -26,6 +29,8 @@ from tidal_actors.storage.format.history import (
     encode_history_columns,
     merged_payload,
     rewrite_batch_op,
+    rewrite_level,
+    written_compacted,
 )
 from tidal_actors.storage.format.keys import (
     SEAL_MAGIC,
@@ -79,10 +84,12 @@ __all__ = [
     "SEAL_MAGIC",
     "SEAL_VERSION",
     "HistoryBatch",
+    "Index",
     "Keyspace",
     "LedgerSnapshot",
     "Op",
     "Tag",
+    "batch_index",
     "batch_key",
     "batch_key_shard_seq",
     "batch_op",
@@ -114,6 +121,7 @@ __all__ = [
     "membership_shard_of",
     "merged_payload",
     "rewrite_batch_op",
+    "rewrite_level",
     "seal",
     "settings_op",
     "snapshot_chunk_key",
@@ -125,4 +133,5 @@ __all__ = [
     "tombstone_op",
     "undecodable",
     "unseal",
+    "written_compacted",
 ]

@@ -4,7 +4,10 @@ One batch is stored under ``batch_key(ledger shard, seq)`` (history keyspace), i
 value ``seal(key, payload)`` (`keys.seal`). The payload's first byte says its
 encoding:
 
-* ``0x02``: version 2, columnar and compressed (`columns`): what is written.
+* ``0x03``: version 3, columnar and compressed behind an index of the cohort names,
+  the least timestamp and a filter of the user ids (`columns`): what is written.
+* ``0x02``: version 2, the same without the index: read only (stores written
+  before version 3; ``compact()`` rewrites them).
 * a msgpack map (``0x80``-``0x8F``, ``0xDE``, ``0xDF``): version 1, read only (stores
   written before version 2; ``compact()`` rewrites them). The map's entries, in this
   order (little-endian arrays, one item per record)::
@@ -37,18 +40,29 @@ import numpy as np
 
 from tidal_actors._errors import StorageError
 from tidal_actors.storage.format.columns import (
+    CODEC_LZ4_COMPACTED,
+    CODEC_NONE_COMPACTED,
     COLUMNS,
+    LEVEL_COMPACT,
     LEVEL_WRITE,
+    OUT,
+    VERSION,
+    is_columnar,
+)
+from tidal_actors.storage.format.columns_decode import (
+    Index,
     Parsed,
     decode_columns,
-    encode_v2,
-    is_v2,
-    parse_v2,
+    parse_columnar,
+    read_index,
 )
+from tidal_actors.storage.format.columns_encode import encode_columnar
 from tidal_actors.storage.format.keys import Keyspace, Op, batch_key, seal, undecodable, unseal
 
 __all__ = [
     "HistoryBatch",
+    "Index",
+    "batch_index",
     "batch_op",
     "decode_batch",
     "decode_batches",
@@ -56,6 +70,8 @@ __all__ = [
     "encode_history_columns",
     "merged_payload",
     "rewrite_batch_op",
+    "rewrite_level",
+    "written_compacted",
 ]
 
 HistoryColumns = Sequence[Any]
@@ -64,22 +80,27 @@ HistoryColumns = Sequence[Any]
 
 
 def encode_history_columns(
-    cols: HistoryColumns, contexts: dict[int, Any] | None, level: int = LEVEL_WRITE
+    cols: HistoryColumns,
+    contexts: dict[int, Any] | None,
+    level: int = LEVEL_WRITE,
+    version: int = VERSION,
 ) -> bytes:
-    """One history batch's payload, version 2 (`columns`), from record columns
+    """One history batch's payload, version 3 (`columns`), from record columns
     ``(m, r, u, cohort, e, t, w, ts)``; ``contexts``: record index -> context bytes;
-    ``level``: 0 for a write, 1 for ``compact()``'s rewrites (`columns.encode_v2`)."""
+    ``level``: 0 for a write, 1 for ``compact()``'s rewrites; ``version``: 3, or 2
+    for tests and benchmarks (`columns_encode.encode_columnar`)."""
     ms, rs, us, cs, es, ts_, ws, tss = cols
     names = sorted(set(cs))
     pos = {c: i for i, c in enumerate(names)}
     ci = np.fromiter(map(pos.__getitem__, cs), dtype=np.int64, count=len(cs))
-    return encode_v2(
+    return encode_columnar(
         names,
         ci,
         {"m": ms, "r": rs, "u": us, "e": es, "t": ts_, "w": ws, "ts": tss},
         contexts,
         level,
         one_shard=isinstance(ms, int),
+        version=version,
     )
 
 
@@ -120,7 +141,7 @@ def rewrite_batch_op(key: bytes, b: HistoryBatch, keep: np.ndarray, level: int =
 def merged_payload(
     parts: Sequence[tuple[HistoryBatch, np.ndarray | None]], level: int = LEVEL_WRITE
 ) -> bytes:
-    """One version 2 payload holding, in order, the records of each ``(batch, keep)``
+    """One version 3 payload holding, in order, the records of each ``(batch, keep)``
     of ``parts`` at positions ``keep`` (None: all of them); contexts follow their
     records, cohort names are the union of the ones kept."""
     used = sorted({c for b, keep in parts for c in _names_used(b, keep)})
@@ -142,7 +163,7 @@ def merged_payload(
         n += len(cols["r"][-1])
     joined = {c: np.concatenate(v) if v else np.zeros(0) for c, v in cols.items()}
     ci = joined.pop("ci")
-    return encode_v2(used, ci, joined, contexts or None, level)
+    return encode_columnar(used, ci, joined, contexts or None, level)
 
 
 def _names_used(b: HistoryBatch, keep: np.ndarray | None) -> list[str]:
@@ -180,23 +201,27 @@ def decode_batch(shard: int, seq: int, raw: bytes, key: bytes | None = None) -> 
     return decode_batches([(shard, seq, raw, key)])[0]
 
 
-def decode_batches(items: Sequence[tuple[int, int, bytes, bytes | None]]) -> list[HistoryBatch]:
+def decode_batches(
+    items: Sequence[tuple[int, int, bytes, bytes | None]], columns: tuple[str, ...] = COLUMNS
+) -> list[HistoryBatch]:
     """The batches of ``items`` (``(ledger shard, seq, stored value, key or None)``),
-    decoded, in order. The version 2 ones are decoded together (`columns.decode_columns`),
-    so a batch costs a few Python steps: the columns of the batches returned are views
-    into arrays shared between them.
+    decoded, in order. The columnar ones are decoded together
+    (`columns_decode.decode_columns`), so a batch costs a few Python steps: the
+    columns of the batches returned are views into arrays shared between them.
+    ``columns``: the columns wanted (``ci`` always, ``m`` with ``r``); in a columnar
+    batch the others are left empty (zero items).
 
     Raises:
         StorageError: as `decode_batch`, for the first batch that does not decode.
     """
     out: list[HistoryBatch | None] = [None] * len(items)
-    v2: list[tuple[int, Parsed]] = []
+    columnar: list[tuple[int, Parsed]] = []
     for i, (shard, seq, raw, key) in enumerate(items):
         k = batch_key(shard, seq) if key is None else key
         try:
             payload = unseal(raw, Keyspace.HISTORY.value, k)
-            if is_v2(payload):
-                v2.append((i, parse_v2(payload)))
+            if is_columnar(payload):
+                columnar.append((i, parse_columnar(payload)))
             elif payload and (0x80 <= payload[0] <= 0x8F or payload[0] in (0xDE, 0xDF)):
                 out[i] = _decode_v1(shard, seq, payload)
             else:
@@ -210,47 +235,91 @@ def decode_batches(items: Sequence[tuple[int, int, bytes, bytes | None]]) -> lis
             raise
         except Exception as exc:  # noqa: BLE001 - whatever a corrupt value makes msgpack, zstd or numpy raise
             raise undecodable(Keyspace.HISTORY, k, exc) from exc
-    if v2:
-        _split_v2(items, v2, out)
+    if columnar:
+        _split_columnar(items, columnar, out, columns)
     return cast(list[HistoryBatch], out)
 
 
-def _split_v2(
+_EMPTY = {c: np.zeros(0, dtype=d) for c, d in OUT.items()}
+
+
+def _split_columnar(
     items: Sequence[tuple[int, int, bytes, bytes | None]],
-    v2: list[tuple[int, Parsed]],
+    columnar: list[tuple[int, Parsed]],
     out: list[HistoryBatch | None],
+    columns: tuple[str, ...],
 ) -> None:
-    """Decode the version 2 batches ``v2`` (index into ``items``, parsed) together
-    and put each one's views into ``out``."""
-    cols = decode_columns([p for _, p in v2])
-    ns = np.array([p.n for _, p in v2], dtype=np.int64)
+    """Decode the columnar batches ``columnar`` (index into ``items``, parsed) together
+    and put each one's views into ``out`` (the columns not in ``columns`` empty)."""
+    cols = decode_columns([p for _, p in columnar], tuple({"ci", *columns}))
+    ns = np.array([p.n for _, p in columnar], dtype=np.int64)
     full = np.flatnonzero(ns).tolist()
     if full:  # every cohort index within its batch's names: one reduction for all
         tops = np.maximum.reduceat(cols["ci"], (np.cumsum(ns) - ns)[full])
-        bad = np.flatnonzero(tops >= np.array([len(v2[k][1].names) for k in full]))
+        bad = np.flatnonzero(tops >= np.array([len(columnar[k][1].names) for k in full]))
         if len(bad):
-            shard, seq, _, key = items[v2[full[int(bad[0])]][0]]
+            shard, seq, _, key = items[columnar[full[int(bad[0])]][0]]
             exc = ValueError("a cohort index past the batch's cohort names")
             raise undecodable(Keyspace.HISTORY, key or batch_key(shard, seq), exc)
     at = 0
-    for i, p in v2:
+    for i, p in columnar:
         sl = slice(at, at + p.n)
         at += p.n
         ci = cols["ci"][sl]
+        got = {c: cols[c][sl] if c in cols else _EMPTY[c] for c in ("m", "r", "u", "e", "t", "w")}
         out[i] = HistoryBatch(
             items[i][0],
             items[i][1],
             p.names,
             ci if ci.dtype == np.uint8 or len(p.names) >= 256 else ci.astype(np.uint8),
-            cols["m"][sl],
-            cols["r"][sl],
-            cols["u"][sl],
-            cols["e"][sl],
-            cols["t"][sl],
-            cols["w"][sl],
-            cols["ts"][sl],
-            p.contexts,
+            **got,
+            ts=cols["ts"][sl] if "ts" in cols else _EMPTY["ts"],
+            contexts=p.contexts,
         )
+
+
+_HISTORY = Keyspace.HISTORY.value
+
+
+def batch_index(raw: bytes, key: bytes) -> Index | None:
+    """The index of the stored (sealed) history batch ``raw`` at ``key``, read without
+    decompressing it (`columns`: its cohort names, least timestamp, user filter);
+    None for a batch of version 1 or 2, which has none (decode it to know).
+
+    Raises:
+        StorageError: the value is corrupt (its CRC-32, or an index that does not
+            read), naming the key.
+    """
+    payload = unseal(raw, _HISTORY, key)
+    if not payload or payload[0] != VERSION:
+        return None
+    try:
+        return read_index(payload)
+    except Exception as exc:  # noqa: BLE001 - whatever a corrupt index makes msgpack raise
+        raise undecodable(Keyspace.HISTORY, key, exc) from exc
+
+
+def written_compacted(raw: bytes, key: bytes) -> bool:
+    """Whether the stored (sealed) history batch ``raw`` at ``key`` is of version 3
+    and was written at compaction's settings (codec 2 or 3: `columns`).
+
+    Raises:
+        StorageError: its CRC-32 does not match.
+    """
+    payload = unseal(raw, Keyspace.HISTORY.value, key)
+    return (
+        len(payload) > 1
+        and payload[0] == VERSION
+        and payload[1] in (CODEC_LZ4_COMPACTED, CODEC_NONE_COMPACTED)
+    )
+
+
+def rewrite_level(raw: bytes, key: bytes) -> int:
+    """The level at which a rewrite of the stored batch ``raw`` at ``key`` (an
+    erasure, a retention pass) encodes it: ``LEVEL_COMPACT`` for a block written at
+    compaction's settings, so that it stays one (`written_compacted`), else
+    ``LEVEL_WRITE``."""
+    return LEVEL_COMPACT if written_compacted(raw, key) else LEVEL_WRITE
 
 
 def _decode_v1(shard: int, seq: int, raw: bytes | memoryview) -> HistoryBatch:
