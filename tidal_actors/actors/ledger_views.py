@@ -10,7 +10,9 @@ takes at most about a third of a busy shard's time); else it notes that changes
 wait (``unpublished``: the flusher thread then sends a `Publish`, and the shard
 publishes when it goes idle). When nobody has read a view for ``WANTED_S``, the
 shard drops its view (``view = None``: readers ask the shard, and want one again)
-and stops noting changes: ingestion then pays one time read per message.
+and stops noting changes: ingestion then pays one time read per message. A shard
+that handles no message meanwhile is sent a `Publish` by the flusher thread
+(``unread``), so that an idle shard frees its view's buffers too.
 
 A change that must not be missed is published at once, whatever the time: a
 retraction (a purge, a leave) and a rebuild set ``view = None`` before they change
@@ -112,6 +114,12 @@ class LedgerViews(Behaviour):
             self.publish()
         else:
             self.unpublished = True
+
+    def unread(self, now: float) -> bool:
+        """Whether the shard keeps a view nobody wanted for ``WANTED_S`` (``now``:
+        ``time.monotonic()``); read by the flusher thread, which then sends a
+        `Publish` so that an idle shard drops it too."""
+        return self._on and now - self.wanted > WANTED_S
 
     def on_idle(self) -> None:
         if self.fault is None:

@@ -267,11 +267,11 @@ class TopReads:
                     orders[g] = t
         if t is None:
             return []
+        if at < t.t_max:
+            return None  # contributions after the read time: the shard sums buckets
         n = len(t.ranks)
         if not n:
             return []
-        if at < t.t_max:
-            return None  # contributions after the read time: the shard sums buckets
         asc = t.ranks[::-1]
         rk = float(t.ranks[min(k, n) - 1])
         if rk == -np.inf:  # fewer than k keys score: every one that does is listed

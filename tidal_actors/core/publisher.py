@@ -237,10 +237,11 @@ class Publisher:
             gid = g.gid.get(code)
             new = ids[order[s:e]]
             if gid is None:
-                g.gid[code] = len(g.members)
                 arr = np.zeros(max(16, 2 * len(new)), dtype=np.int64)
                 arr[: len(new)] = new
                 g.members.append((arr, len(new)))
+                # its id last: a reader that finds the id finds its members
+                g.gid[code] = len(g.members) - 1
                 continue
             arr, m = g.members[gid]
             if m + len(new) > len(arr):

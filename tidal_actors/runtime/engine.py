@@ -28,6 +28,7 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.coordinator import PurgeCoordinator
 from tidal_actors.actors.ledger import LedgerShard
+from tidal_actors.actors.ledger_views import WANTED_S
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
@@ -343,15 +344,19 @@ class Core(Operations):
 
     def _flush_loop(self) -> None:
         interval = self.config.signal_flush_interval_ms / 1000.0
-        next_tick = 0.0
+        next_tick = next_unread = 0.0
         while not self._flusher_stop.wait(interval):
             try:
                 self._send_all_buffers(offer=True)
                 self._tune_batches()
-                for i, ledger in enumerate(self.ledgers):
-                    if ledger.unpublished:  # changes wait for the next publication
-                        self.host.tell((M.LEDGER, i), M.Publish())
                 now = time.monotonic()
+                unread = now >= next_unread
+                if unread:  # a shard idle since its views were last read drops them
+                    next_unread = now + WANTED_S / 4
+                for i, ledger in enumerate(self.ledgers):
+                    # changes wait for the next publication, or nobody reads the view
+                    if ledger.unpublished or (unread and ledger.unread(now)):
+                        self.host.tell((M.LEDGER, i), M.Publish())
                 if now >= next_tick and self.coordinator.remat_due:
                     next_tick = now + 0.05
                     self.host.tell(M.COORD_ADDR, M.Tick())
