@@ -58,7 +58,7 @@ def erase_v1_before(
     `decode_batch` for its decoder): a byte search for each covered user's id."""
     import numpy as np
 
-    from tidal_actors.storage.format import decode_batch, rewrite_batch_op
+    from tidal_actors.storage.format import decode_batch
 
     ops: list[Any] = []
     erased = 0
@@ -67,21 +67,32 @@ def erase_v1_before(
     for key, raw in items:
         if not any(p in raw for p in patterns):
             continue
-        b = decode_batch(0, 0, raw, key)
-        if cohort not in b.cohorts:
-            continue
-        ci = b.cohorts.index(cohort)
-        mask = (b.ci == ci) & np.isin(b.u, users)
-        if not mask.any():
-            continue
-        bounds = np.array([covered.get(int(u), -1) for u in b.u[mask]], dtype=np.int64)
-        drop = np.zeros(len(b.r), dtype=bool)
-        drop[np.nonzero(mask)[0][b.r[mask] < bounds]] = True
-        n = int(drop.sum())
-        if n:
-            erased += n
-            ops.append(rewrite_batch_op(key, b, np.nonzero(~drop)[0]))
+        erased += _erase_decoded(ops, key, decode_batch(0, 0, raw, key), cohort, covered, users)
     return ops, erased
+
+
+def _erase_decoded(
+    ops: list[Any], key: bytes, b: Any, cohort: str, covered: dict[int, int], users: Any
+) -> int:
+    """The old revisions' per-batch rule: append the op rewriting decoded batch ``b``
+    without ``cohort``'s covered records to ``ops``; the number of records dropped."""
+    import numpy as np
+
+    from tidal_actors.storage.format import rewrite_batch_op
+
+    if cohort not in b.cohorts:
+        return 0
+    ci = b.cohorts.index(cohort)
+    mask = (b.ci == ci) & np.isin(b.u, users)
+    if not mask.any():
+        return 0
+    bounds = np.array([covered.get(int(u), -1) for u in b.u[mask]], dtype=np.int64)
+    drop = np.zeros(len(b.r), dtype=bool)
+    drop[np.nonzero(mask)[0][b.r[mask] < bounds]] = True
+    n = int(drop.sum())
+    if n:
+        ops.append(rewrite_batch_op(key, b, np.nonzero(~drop)[0]))
+    return n
 
 
 def erase_v2_before(
@@ -91,7 +102,7 @@ def erase_v2_before(
     256 at a time."""
     import numpy as np
 
-    from tidal_actors.storage.format import batch_key_shard_seq, decode_batches, rewrite_batch_op
+    from tidal_actors.storage.format import batch_key_shard_seq, decode_batches
 
     ops: list[Any] = []
     erased = 0
@@ -102,19 +113,7 @@ def erase_v2_before(
         for (key, _), b in zip(
             part, decode_batches([(*batch_key_shard_seq(k), v, k) for k, v in part])
         ):
-            if cohort not in b.cohorts:
-                continue
-            ci = b.cohorts.index(cohort)
-            mask = (b.ci == ci) & np.isin(b.u, users)
-            if not mask.any():
-                continue
-            bounds = np.array([covered.get(int(u), -1) for u in b.u[mask]], dtype=np.int64)
-            drop = np.zeros(len(b.r), dtype=bool)
-            drop[np.nonzero(mask)[0][b.r[mask] < bounds]] = True
-            n = int(drop.sum())
-            if n:
-                erased += n
-                ops.append(rewrite_batch_op(key, b, np.nonzero(~drop)[0]))
+            erased += _erase_decoded(ops, key, b, cohort, covered, users)
     return ops, erased
 
 
