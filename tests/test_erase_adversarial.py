@@ -59,6 +59,13 @@ def _on_disk(path: str) -> list:
     return sorted(out)
 
 
+SECRET = 0x5A17_C0DE_9E3D_4B21  # the purged user's entity: its bytes are searched for
+
+
+def _entity(i: int, user: int, purged: int) -> int:
+    return SECRET if user == purged else 500 + i
+
+
 def _users(n: int) -> list[int]:
     return [0, TOP, *range(1, n - 1)][:n]
 
@@ -82,10 +89,10 @@ def test_no_purged_record_is_left_in_the_history_on_disk(tmp_path, n, purged, me
         for i, u in enumerate(users):
             for j in range(2):
                 ts = T0 + 1000 * i + j
-                db.signal_with_context(u, 500 + i, 1, 1.0, timestamp_ns=ts)
+                db.signal_with_context(u, _entity(i, u, purged), 1, 1.0, timestamp_ns=ts)
                 for cohort in ("@community", "c"):
                     if u != purged:
-                        expected.append((cohort, u, 500 + i, 1, ts))
+                        expected.append((cohort, u, _entity(i, u, purged), 1, ts))
         if merged:
             db.compact()
         for cohort in ("c", "@community"):
@@ -96,6 +103,10 @@ def test_no_purged_record_is_left_in_the_history_on_disk(tmp_path, n, purged, me
     with TidalDb.open(path, config=cfg, clock=clock) as db:
         db.compact()
     assert _on_disk(path) == sorted(expected)
+    data = (tmp_path / "s" / "data.mdb").read_bytes()
+    # the columns are little-endian; the purge's manifest lists the entity (msgpack,
+    # big-endian), as the caller got it
+    assert SECRET.to_bytes(8, "little") not in data
 
 
 CUTOFFS = [-(2**63) + 5, -5, 0, T0, 2**63 - 2]
@@ -414,6 +425,47 @@ def test_an_erasure_of_a_batch_whose_rseq_is_coded_per_membership_shard(level) -
     )
     ops, erased = erase_history_ops(store.history_items(), "a", covered)
     assert erased == len(recs) - len(kept)
+    store.commit(ops)
+    got = sorted(
+        rec
+        for k, v in store.history_items()
+        for rec in decode(bytes(unseal(bytes(v), "history", k)))[0]
+    )
+    assert got == kept
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_an_erasure_of_a_cohort_past_the_256th_name(level) -> None:
+    """A batch of 300 cohorts (``ci`` in 4 bytes): a purge of the 290th name drops its
+    covered records only."""
+    from tidal_actors.storage.format import batch_key, seal, unseal
+    from tidal_actors.storage.format.columns_encode import encode_columnar
+    from tidal_actors.storage.history_rewrite import erase_history_ops
+    from tidal_actors.storage.stores import MemoryStore
+
+    from ._history_scan import decode
+
+    names = sorted(f"c{i:03d}" for i in range(300))
+    recs = [(ci, u) for ci in range(300) for u in (0, TOP, 3)]
+    cols = {
+        "m": [0] * len(recs),
+        "r": list(range(len(recs))),
+        "u": [u for _, u in recs],
+        "e": [7] * len(recs),
+        "t": [1] * len(recs),
+        "w": [1.0] * len(recs),
+        "ts": [5] * len(recs),
+    }
+    key = batch_key(0, 0)
+    store = MemoryStore()
+    payload = encode_columnar(names, [c for c, _ in recs], cols, None, level)
+    store.commit([("history", key, seal(key, payload))])
+    covered = {0: 10**6, TOP: 10**6}
+    kept = sorted(
+        (names[c], u, 7, 1, 5) for c, u in recs if not (names[c] == "c290" and u in covered)
+    )
+    ops, erased = erase_history_ops(store.history_items(), "c290", covered)
+    assert erased == 2
     store.commit(ops)
     got = sorted(
         rec
