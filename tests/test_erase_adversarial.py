@@ -473,3 +473,113 @@ def test_an_erasure_of_a_cohort_past_the_256th_name(level) -> None:
         for rec in decode(bytes(unseal(bytes(v), "history", k)))[0]
     )
     assert got == kept
+
+
+def test_an_erasure_through_a_bloom_false_positive_changes_nothing_it_should_not() -> None:
+    """A user whose positions (computed here from the layout) all fall on bits that
+    17 other users set: the batch of those 17 passes that user's probe and is
+    decoded, and stays as it was; the user's own batch loses the covered records."""
+    from tidal_actors.storage.format import batch_key, seal, unseal
+    from tidal_actors.storage.format.columns_encode import encode_columnar
+    from tidal_actors.storage.format.user_filter import UserProbe
+    from tidal_actors.storage.history_rewrite import erase_history_ops
+    from tidal_actors.storage.stores import MemoryStore
+
+    from ._history_scan import decode
+
+    held = [0, TOP, *range(1, 16)]  # 17 users: a Bloom filter of 256 bits
+    payload = _payload(encode_columnar, held, 0)
+    index = _index_of(payload)
+    assert index["kind"] == 7 and len(index["filter"]) == 32
+    ghost = next(
+        u for u in range(10**6, 10**7) if _bloom_holds(7, index["filter"], u) and u not in held
+    )
+    assert UserProbe([ghost]).may_hold(7, index["filter"])  # the package agrees
+    store = MemoryStore()
+    keys = [batch_key(0, 0), batch_key(0, 1)]
+    store.commit([("history", keys[0], seal(keys[0], payload))])
+    own = _payload(encode_columnar, [ghost, 5], 100)
+    store.commit([("history", keys[1], seal(keys[1], own))])
+    before = dict(store.history_items())
+    ops, erased = erase_history_ops(store.history_items(), "a", {ghost: 10**6})
+    assert erased == 1 and [k for _, k, _ in ops] == [keys[1]]
+    store.commit(ops)
+    after = dict(store.history_items())
+    assert after[keys[0]] == before[keys[0]]
+    assert [r[1] for r in decode(bytes(unseal(after[keys[1]], "history", keys[1])))[0]] == [5]
+
+
+def _index_of(payload: bytes) -> dict:
+    from ._history_scan import decode
+
+    return decode(payload)[1]
+
+
+def _payload(encode_columnar, users: list[int], r0: int) -> bytes:  # type: ignore[no-untyped-def]
+    n = len(users)
+    cols = {
+        "m": [0] * n,
+        "r": list(range(r0, r0 + n)),
+        "u": users,
+        "e": [7] * n,
+        "t": [1] * n,
+        "w": [1.0] * n,
+        "ts": [5] * n,
+    }
+    return encode_columnar(["a"], [0] * n, cols, None, 0)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 256])
+def test_an_erasure_and_retention_across_decode_chunks_of_mixed_versions(
+    monkeypatch, chunk
+) -> None:
+    """Forty batches of versions 1, 2 and 3 in turn, decoded ``chunk`` at a time:
+    exactly the covered records go, then exactly those before the cutoff."""
+    import random
+
+    from tidal_actors.storage import history_rewrite
+    from tidal_actors.storage.format import batch_key, encode_history_columns, seal, unseal
+    from tidal_actors.storage.history_rewrite import erase_history_ops, retention_ops
+    from tidal_actors.storage.stores import MemoryStore
+
+    from ._history_scan import decode
+    from ._history_v1 import encode_batch
+
+    monkeypatch.setattr(history_rewrite, "DECODE_CHUNK", chunk)
+    rng = random.Random(chunk)
+    users = _users(20)
+    store = MemoryStore()
+    everything = []
+    r = 0
+    for seq in range(40):
+        recs = []
+        for _ in range(rng.randrange(1, 6)):
+            r += 1
+            recs.append(
+                (0, r, rng.choice(users), rng.choice(["a", "b"]), 7, 1, 1.0, rng.randrange(-50, 50))
+            )
+        everything += recs
+        key = batch_key(0, seq)
+        version = (1, 2, 3)[seq % 3]
+        payload = (
+            encode_batch(recs, None)
+            if version == 1
+            else encode_history_columns(tuple(zip(*recs)), None, version=version)
+        )
+        store.commit([("history", key, seal(key, payload))])
+
+    def on_store() -> list:
+        return sorted(
+            rec
+            for k, v in store.history_items()
+            for rec in decode(bytes(unseal(bytes(v), "history", k)))[0]
+        )
+
+    covered = {0: r // 2, TOP: r, 7: 10**9}
+    kept = [x for x in everything if not (x[3] == "a" and x[2] in covered and x[1] < covered[x[2]])]
+    ops, erased = erase_history_ops(store.history_items(), "a", covered)
+    assert erased == len(everything) - len(kept)
+    store.commit(ops)
+    assert on_store() == sorted((x[3], x[2], x[4], x[5], x[7]) for x in kept)
+    store.commit(retention_ops(store.history_items(), 0))
+    assert on_store() == sorted((x[3], x[2], x[4], x[5], x[7]) for x in kept if x[7] >= 0)
