@@ -42,7 +42,11 @@ def _decode_columnar(p: bytes) -> tuple[list[Rec], dict[str, Any]]:
     (h,) = struct.unpack_from("<I", body, 0)
     head = msgpack.unpackb(body[4 : 4 + h], strict_map_key=False)
     if version == 2:
-        names = head[0]
+        names, head = head
+    index["contexts"] = {
+        i: msgpack.unpackb(c, strict_map_key=False) if isinstance(c, bytes) else c
+        for i, c in (head or {}).items()
+    }
     at = 4 + h
     descs = body[at : at + 8]
     at += 8
@@ -91,7 +95,8 @@ def transforms(payload: bytes) -> list[int]:
 
 
 def decode(payload: bytes) -> tuple[list[Rec], dict[str, Any]]:
-    """The records of one unsealed batch payload and its index (empty without one)."""
+    """The records of one unsealed batch payload and its index (for versions 2 and 3:
+    with ``contexts``, record index -> the signal's context; empty for version 1)."""
     if payload[0] in (2, 3):
         return _decode_columnar(payload)
     mp = msgpack.unpackb(payload, strict_map_key=False)
