@@ -232,15 +232,10 @@ def test_bad_link_faults_are_refused() -> None:
         h.drop_next("membership", M0)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a ledger restarted from storage registers the purges in flight as if their "
-    "markers had come; with FIFO per pair only (ordering='pair', or a lost or reordered "
-    "message) the preparation can then overtake the purged user's records still on "
-    "their way: restoring a ledger needs its links restored with it (a durable "
-    "acknowledgement and a handshake)",
-)
 def test_a_ledger_crash_with_fifo_per_pair_only_keeps_purges_exact() -> None:
+    """Restored by handshake, the ledger waits for each purge's marker again, which
+    its link re-sends after the records it follows (`tests/test_restore_handshake.py`
+    sweeps seeds, crash points and both ledgers)."""
     cfg = CFG.replace(ledger_shards=1)
     for seed, crash_at, faults in ((0, 25, None), (3, 0, EVERY_LINK)):
         h = Harness(seed=seed, config=cfg, ordering="pair", link_faults=faults)

@@ -133,3 +133,31 @@ def test_any_interleaving_delivers_each_message_once_in_order(
         net.extend(sender.resend())
     assert applied == list(range(n))
     assert len(sender) == 0 and sender.acked == receiver.applied == n
+
+
+def test_durable_acknowledgements_keep_until_settled() -> None:
+    s: LinkSender[str] = LinkSender(durable_acks=True)
+    for m in "abcd":
+        s.stamp(m)
+    assert s.ack(3) == 0 and s.acked == 3  # applied, all still kept
+    assert s.unacked() == [(4, "d")]  # a timeout re-sends only what is not applied
+    assert s.kept() == [(1, "a"), (2, "b"), (3, "c"), (4, "d")]
+    assert s.settle([2]) == 1 and s.settle([2]) == 0  # selective; twice is once
+    assert s.kept() == [(1, "a"), (3, "c"), (4, "d")]
+    with pytest.raises(ValueError):
+        s.settle([4])  # durable before applied: the ends are mixed up
+
+
+def test_a_restart_renumbers_what_is_not_durable() -> None:
+    """After the receiver restarts, the handshake drops what survived (3) and the
+    rest starts a new epoch, numbered from 1, received once and in order."""
+    s: LinkSender[str] = LinkSender(durable_acks=True)
+    for m in "abcd":
+        s.stamp(m)
+    s.ack(3)
+    s.settle([2])
+    new = s.renumbered(drop={3})
+    assert new.durable_acks and new.acked == 0
+    assert new.unacked() == [(1, "a"), (2, "d")]
+    r: LinkReceiver[str] = LinkReceiver()
+    assert [m for seq, m in reversed(new.unacked()) for m in r.accept(seq, m)] == ["a", "d"]

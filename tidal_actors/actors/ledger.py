@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Context
+from tidal_actors.actors.ledger_durability import LedgerDurability
 from tidal_actors.actors.ledger_remat import LedgerRebuilds
 from tidal_actors.actors.ledger_views import LedgerViews
 from tidal_actors.actors.recovery import LedgerRecovery
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     pass
 
 
-class LedgerShard(LedgerViews, LedgerRebuilds):
+class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
     """Aggregates, contribution log and durable history of the cohorts hashed here,
     and the view of them it publishes (`LedgerViews`)."""
 
@@ -70,6 +71,10 @@ class LedgerShard(LedgerViews, LedgerRebuilds):
         # the markers this incarnation registered as in flight, until their purge
         # ends: a next incarnation takes them over (`restarted`, ``inherited``)
         self._notes: dict[M.Marker, M.PurgeMarker] = {}
+        # restored by handshake: purges in flight whose marker is still to come on
+        # its link (registered for trimming only, `restarted`)
+        self._awaiting: set[M.Marker] = set()
+        self._last_batch: int | None = None  # the history batch of the last Attribute
 
     COUNTERS = ("records_in", "retracted", "purges_applied", "history_batches", "handler_errors")
 
@@ -82,6 +87,7 @@ class LedgerShard(LedgerViews, LedgerRebuilds):
         recovery: LedgerRecovery,
         counters: Mapping[str, int] | None = None,
         inherited: Iterable[M.PurgeMarker] = (),
+        handshake: bool = False,
     ) -> LedgerShard:
         """The shard rebuilt after a failure (`actors.recovery`).
 
@@ -101,10 +107,23 @@ class LedgerShard(LedgerViews, LedgerRebuilds):
                 marker came before the coordinator got its request is not in
                 ``recovery.in_flight`` (the membership shard tells the ledgers first):
                 each is registered as if it had just come.
+            handshake: restored with its links (a restart from the store only,
+                `actors.recovery`, "Restore by handshake"): the links re-send every
+                message not durable here, each purge's marker among them until its
+                purge ends, after the records it follows. So ``inherited`` is not
+                used, and each purge in flight only bounds trimming until its marker
+                comes again: its preparation waits for that marker.
         """
         new = cls(ctx, index, state)
         new._ended_upto = dict(recovery.ended_upto)
         new._ended_remats = set(recovery.ended_remats)
+        if handshake:
+            for marker in recovery.in_flight:
+                new._in_flight.setdefault(marker.mshard, {})[marker.marker] = marker.bound
+                new._awaiting.add(marker.marker)
+            new._carry_counters(counters)
+            state.raise_floors(new._caps, new._in_flight)
+            return new
         taken = {note.marker: note for note in inherited}
         for marker in recovery.in_flight:
             new._on_marker(marker)
@@ -114,11 +133,14 @@ class LedgerShard(LedgerViews, LedgerRebuilds):
         for key, note in taken.items():
             if key not in known and not new._ended_before(key):
                 new._on_marker(note)
-        for name in cls.COUNTERS:
-            if counters is not None and name in counters:
-                setattr(new, name, counters[name])
+        new._carry_counters(counters)
         state.raise_floors(new._caps, new._in_flight)
         return new
+
+    def _carry_counters(self, counters: Mapping[str, int] | None) -> None:
+        for name in self.COUNTERS:
+            if counters is not None and name in counters:
+                setattr(self, name, counters[name])
 
     def counters(self) -> dict[str, int]:
         """The ``stats()`` counters of this incarnation (`COUNTERS`)."""
@@ -143,6 +165,7 @@ class LedgerShard(LedgerViews, LedgerRebuilds):
 
     def _on_attribute(self, msg: M.Attribute) -> None:
         self._sent_write = self._applied = False
+        self._last_batch = None
         st = self.state
         m, rs, us = msg.mshard, msg.rseqs, msg.users
         rows = st.aggregates.add_columns(
@@ -194,6 +217,7 @@ class LedgerShard(LedgerViews, LedgerRebuilds):
         if self.state.history is not None:  # what `LedgerState.settle` pops
             self.state.unconfirmed.append((seq, first_row))
         self.history_batches += 1
+        self._last_batch = seq
         self.ctx.tell(M.PERSIST_ADDR, M.Write([batch_op(self.index, seq, cols, contexts)]))
         self._sent_write = True
 
@@ -272,9 +296,12 @@ class LedgerShard(LedgerViews, LedgerRebuilds):
             return
         if msg.marker in self._ended_early:
             self._ended_early.discard(msg.marker)
+            self._parked.pop(msg.marker, None)  # its purge is over: nothing to hold
+            return
         elif self._ended_before(msg.marker):
             return
         else:
+            self._awaiting.discard(msg.marker)
             self._in_flight.setdefault(msg.mshard, {})[msg.marker] = msg.bound
             self._notes[msg.marker] = msg
         if not self._owns(msg.cohort):
@@ -312,10 +339,15 @@ class LedgerShard(LedgerViews, LedgerRebuilds):
             del open_[marker]
             if not open_:
                 del self._in_flight[mshard]
+            if marker in self._awaiting:  # its marker is still to come: then ignored
+                self._awaiting.discard(marker)
+                self._ended_early.add(marker)
         elif not self._ended_before(marker):
             self._ended_early.add(marker)
 
     def _on_abandoned(self, msg: M.PurgeAbandoned) -> None:
+        if self._ended_before(msg.marker):
+            return  # a copy re-sent after a restart: nothing of that purge is held here
         if self._owns(msg.cohort):
             self.state.log.release(msg.user, msg.cohort, msg.bound)
         self._end_purge(msg.mshard, msg.marker)
@@ -334,6 +366,8 @@ class LedgerShard(LedgerViews, LedgerRebuilds):
         self._settle()
 
     def _on_eviction(self, msg: M.EvictionUpdate) -> None:
+        if self._ended_before(msg.marker):
+            return  # a copy re-sent after a restart: the restored state has it, or later
         self.state.watermarks[msg.mshard] = (msg.watermark, msg.drained)
         self.state.log.set_floor(msg.mshard, msg.watermark)
         self._end_purge(msg.mshard, msg.marker)

@@ -27,6 +27,46 @@ What a restarted shard needs besides the store:
 
 Then the store is read by its owner, persistence (:class:`LoadStore`: it commits
 what waits first).
+
+Restore by handshake. Where a host runs restart-safe links into the ledgers
+(`runtime.links`: a sender keeps each message until it is durable at the receiver,
+`actors.ledger_durability`; the deterministic test host does, for a crashed ledger
+shard), a restarted ledger takes nothing from the failed incarnation's memory: it
+restores from the store, asks the coordinator (:class:`RecoverLedger`), and then its
+senders drop what the store shows survived and re-send the rest, on a new epoch of
+each link, in the order first sent (`LedgerShard.restarted` with ``handshake``).
+Why every purge's manifest is then exact:
+
+1. A purge's preparation acts only once the purge's marker has come on the link
+   from the user's membership shard, which sent the marker right after every
+   record of the user's before the purge (FIFO per link).
+2. A marker is durable at the ledger only once its purge has ended there, so for
+   every purge in flight at the restart its marker is kept by its sender and comes
+   again. The coordinator's answer registers those purges only to bound trimming
+   (their pairs' records are not trimmed past their bounds), never as if their
+   markers had come.
+3. The records before such a marker on its link are either durable (their history
+   batch committed: in the restored state, and the handshake drops them from the
+   re-sent messages, so none is applied twice) or re-sent before the marker (a
+   new epoch keeps the order of the kept messages). So when the re-sent marker is
+   handled, every record the user sent before the purge is in the state, and the
+   preparation that waited for it lists each one (or counts it evicted) exactly as
+   without the crash.
+4. A purge whose marker came before the coordinator had its request is not in the
+   coordinator's answer, and needs not be: its marker is kept and re-sent too.
+5. What the coordinator ends at the restart (a purge prepared there, a rebuild
+   running there) is in ``ended_upto`` / ``ended_remats``: its marker, preparation,
+   end or start handled again is ignored; a retraction (`ApplyPurge`) handled again
+   is a no-op (the restored state, read after the commit, leaves those records out),
+   and an eviction update or an abandonment of a purge that ended before the restart
+   is ignored (the restored state holds that eviction state or a later one).
+
+A ledger whose handler failed (the pykka host's supervision, and the harness's for a
+handler failure) keeps its mailbox and links, and restarts as before: markers it
+took are inherited (`LedgerShard.marker_notes`), the coordinator's purges in flight
+registered as come: that relies on one mailbox per receiver (the purge's records
+are ahead of its preparation there), as the pykka host has; FIFO per pair only
+needs the handshake above.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ where a naive link lost 14-16% of a stream):
    sequence number up to it, so acknowledgements may be batched, lost (a later one
    covers them) or arrive out of order (an older one changes nothing,
    `LinkSender.ack`).
-4. When asked (a timeout, or a notice that the receiver restarted), the sender
-   re-sends every message it still keeps, oldest first (`LinkSender.unacked`).
+4. When asked (a timeout), the sender re-sends every message not acknowledged,
+   oldest first (`LinkSender.unacked`); after a restart of the receiver see 6.
 
 Invariants, with ``S`` the sender's ``next_seq - 1`` (the last number stamped), ``A``
 its ``acked`` and ``R`` the receiver's ``applied``:
@@ -46,17 +46,32 @@ Why this gives exactly-once, in-order delivery per link:
   ``R + 1`` arrives, is applied, and releases the held-back ones after it: ``R``
   reaches ``S``.
 
-Acknowledgement point. A message is acknowledged once *applied* (its handler ran).
-That is enough while the receiver's memory lives as long as the link's state; it is
-not across a restart of the receiver's process: what it had applied but not made
-durable is gone, and the sender has dropped it. A restart-safe link acknowledges a
-number only once its effect is *durable at the receiver* (in the shard's own store,
-or rebuildable from the coordinator's, DISTRIBUTED.md rule 3): the receiver then
-reports ``(applied, durable)``, the sender releases messages only up to
-``durable``, and a restarted receiver starts with ``applied = durable`` read back
-from its store (`LinkReceiver.restored`) and asks its senders to re-send. That
-needs one store per shard; until then a host resets a restarted receiver's links
-(the messages it had not applied are lost with its mailbox, as without links).
+Acknowledgement point. By default a message is acknowledged once *applied* (its
+handler ran) and the sender drops it then. That is enough while the receiver's memory
+lives as long as the link's state; it is not across a restart of the receiver's
+process: what it had applied but not made durable is gone. A restart-safe link
+(``LinkSender(durable_acks=True)``) separates the two points, as the design's rule 2
+does (DISTRIBUTED.md: replies carry ``(applied, durable)``):
+
+5. ``ack(upto)`` still moves the *applied* point (what a timeout re-sends is above
+   it), but the sender keeps every message until the receiver reports it *durable*
+   (`LinkSender.settle`): its effect is in the receiver's store, or can be rebuilt
+   from the coordinator's answer at a restart. Durability is acknowledged per
+   message (selectively), since a durable message may follow one that is not yet
+   (a history batch committed after a purge's marker still waiting for its end).
+6. After a restart of the receiver, a handshake decides what of the kept messages
+   is durable after all (say a history batch that committed after the crash: its
+   acknowledgement died with the process; the store says so), the sender drops
+   those, and the rest start a new epoch of the link: numbered afresh from 1
+   (`LinkSender.renumbered`), in their order, to a receiver starting at 0. So each
+   message whose effect did not survive is applied again exactly once, in the
+   order sent, and none whose effect survived is applied twice.
+
+With ``K`` the sender's kept set, durable acknowledgements keep ``K`` = the stamped
+messages not reported durable, a superset of ``A + 1 .. S``; the invariants above hold
+for the applied point unchanged. The deterministic test host runs restart-safe links
+into every ledger shard of a durable store (``testing.sim_links``); the pykka host
+has no links, and the Ray host acknowledges at the applied point.
 """
 
 from __future__ import annotations
@@ -74,19 +89,28 @@ HOLD = 64
 class LinkSender(Generic[T]):
     """The sender's end of one link: stamps, and keeps what is not acknowledged.
 
+    Args:
+        durable_acks: keep each message until `settle` reports it durable at the
+            receiver, not only until `ack` reports it applied (a restart-safe link,
+            see the module).
+
     Attributes:
         next_seq: the number the next message gets (int, from 1).
-        acked: every number up to this one is acknowledged (int, from 0).
+        acked: every number up to this one is acknowledged as applied (int, from 0).
         resent: messages handed out again by `resend` (int).
+        durable_acks: as the argument (bool).
     """
 
-    __slots__ = ("_kept", "acked", "next_seq", "resent")
+    __slots__ = ("_kept", "acked", "durable_acks", "next_seq", "resent")
 
-    def __init__(self) -> None:
+    def __init__(self, durable_acks: bool = False) -> None:
         self.next_seq = 1
         self.acked = 0
         self.resent = 0
-        self._kept: dict[int, T] = {}  # acked + 1 .. next_seq - 1, in order
+        self.durable_acks = durable_acks
+        # in order: acked + 1 .. next_seq - 1, and with durable acks also the
+        # messages at or below ``acked`` not reported durable yet
+        self._kept: dict[int, T] = {}
 
     def stamp(self, message: T) -> int:
         """Number ``message`` and keep it until acknowledged; returns its number."""
@@ -99,7 +123,8 @@ class LinkSender(Generic[T]):
         """The receiver has applied every number up to ``upto`` (cumulative).
 
         An acknowledgement at or below ``acked`` (late, duplicated) changes nothing.
-        Returns how many kept messages it released.
+        Returns how many kept messages it released (none with ``durable_acks``: they
+        are kept until `settle`).
 
         Raises:
             ValueError: ``upto`` is a number never stamped (a receiver cannot have
@@ -110,26 +135,61 @@ class LinkSender(Generic[T]):
                 f"acknowledgement {upto} of a message never sent (last {self.next_seq - 1})"
             )
         released = 0
-        for seq in range(self.acked + 1, upto + 1):
-            del self._kept[seq]
-            released += 1
+        if not self.durable_acks:
+            for seq in range(self.acked + 1, upto + 1):
+                del self._kept[seq]
+                released += 1
         if upto > self.acked:
             self.acked = upto
         return released
 
+    def settle(self, seqs: list[int]) -> int:
+        """The receiver reports messages ``seqs`` durable (selective): drop them.
+
+        Numbers not kept (settled already) are skipped. Returns how many it dropped.
+
+        Raises:
+            ValueError: a number above ``acked`` (durable before it was applied: the
+                link's ends are mixed up).
+        """
+        dropped = 0
+        for seq in seqs:
+            if seq > self.acked:
+                raise ValueError(f"message {seq} reported durable before applied ({self.acked})")
+            if self._kept.pop(seq, None) is not None:
+                dropped += 1
+        return dropped
+
     def keeps(self, seq: int) -> bool:
-        """Whether message ``seq`` is still kept (stamped, not acknowledged)."""
+        """Whether message ``seq`` is still kept (stamped, not acknowledged or, with
+        ``durable_acks``, not durable)."""
         return seq in self._kept
 
     def unacked(self) -> list[tuple[int, T]]:
-        """``(seq, message)`` of every message not acknowledged, oldest first."""
+        """``(seq, message)`` of every message not acknowledged as applied, oldest first."""
+        acked = self.acked
+        return [(seq, m) for seq, m in self._kept.items() if seq > acked]
+
+    def kept(self) -> list[tuple[int, T]]:
+        """``(seq, message)`` of every message kept (`keeps`), oldest first."""
         return list(self._kept.items())
 
     def resend(self) -> list[tuple[int, T]]:
-        """As `unacked`, counted in ``resent``: what a timeout or a restart notice sends again."""
-        out = list(self._kept.items())
+        """As `unacked`, counted in ``resent``: what a timeout sends again."""
+        out = self.unacked()
         self.resent += len(out)
         return out
+
+    def renumbered(self, drop: set[int] | frozenset[int] = frozenset()) -> LinkSender[T]:
+        """The link's next epoch after the receiver restarted: a sender (with the same
+        ``durable_acks``) keeping this one's kept messages except ``drop`` (found
+        durable by the restart's handshake), numbered afresh from 1 in their order,
+        none acknowledged. The caller sends them all (`unacked`)."""
+        new: LinkSender[T] = LinkSender(self.durable_acks)
+        for seq, message in self._kept.items():
+            if seq not in drop:
+                new.stamp(message)
+        return new
 
     def __len__(self) -> int:
         return len(self._kept)

@@ -106,12 +106,16 @@ def restore_ledger(
     recovery: LedgerRecovery,
     counters: Mapping[str, int] | None = None,
     inherited: Iterable[M.PurgeMarker] = (),
+    handshake: bool = False,
 ) -> LedgerShard:
     """Ledger shard ``index`` rebuilt from ``restored`` (what ``store.load()`` read
     after the exchange), the coordinator's ``recovery`` and the markers the failed
-    incarnation took (``inherited``, `LedgerShard.restarted`)."""
+    incarnation took (``inherited``), or, with ``handshake``, restored with its links
+    (`LedgerShard.restarted`)."""
     _, lstates, _ = build_states(config, restored, store)
-    return LedgerShard.restarted(ctx, index, lstates[index], recovery, counters, inherited)
+    return LedgerShard.restarted(
+        ctx, index, lstates[index], recovery, counters, inherited, handshake
+    )
 
 
 def restore_membership(

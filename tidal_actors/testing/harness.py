@@ -292,15 +292,19 @@ class Harness(LinkFaultCalls, HarnessOperations):
 
         What happens to the messages in flight (the supervisor's contract):
 
-        * The shard's mailbox (and, for a membership shard, the messages it had
-          stashed behind a pending commit) is dropped. A dropped signal is lost (it
-          had no acknowledgement; listed in ``lost_signals``); a dropped attribution
-          is lost for that cohort (``lost_records``; its other cohorts keep it). A
-          dropped operation with a reply (control operation, query, read, flush
-          barrier) fails with ``ActorFailure``. A dropped purge preparation fails
-          the purge whole (nothing committed, nothing retracted). A dropped purge
-          retraction or eviction update needs nothing: both were committed before
-          they were sent, and the restore applies them.
+        * A membership shard's mailbox (and the messages it had stashed behind a
+          pending commit) is dropped. A dropped signal is lost (it had no
+          acknowledgement; listed in ``lost_signals``). A dropped operation with a
+          reply (control operation, query, flush barrier) fails with
+          ``ActorFailure``.
+        * A ledger shard loses nothing but its memory: it is restored by handshake
+          with its links (`actors.recovery`). Every message sent to it is kept by
+          its sender until durable there, and after the restart what the store
+          does not show is re-sent, in order (`testing.sim_links`): its
+          attributions, purge markers, retractions, reads and barriers are handled
+          by the next incarnation, so ``lost_records`` is empty. A purge
+          preparation waiting there for its marker dies with it: the coordinator
+          fails that purge whole (nothing committed, nothing retracted).
         * A control operation whose write was already on its way to persistence is
           *in doubt*: its outcome is decided there. Its caller is answered on
           restart with that outcome (success if committed, else the error).
@@ -312,8 +316,8 @@ class Harness(LinkFaultCalls, HarnessOperations):
           asks the coordinator for the purges in flight (`actors.recovery`); a purge
           waiting for its preparation there, or a re-materialization running there,
           fails with ``ActorFailure``. A retraction prepared by the crashed
-          incarnation but arriving after the restart is ignored by the shard (the
-          restored state already leaves those records out: tombstones).
+          incarnation and handled after the restart is a no-op (the restored state
+          already leaves those records out: tombstones).
         * Counters (``stats()``) carry over.
 
         After recovery the state equals the reference model's over every operation

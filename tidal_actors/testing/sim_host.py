@@ -41,6 +41,7 @@ from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.ledger import LedgerShard
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.links import LinkReceiver, LinkSender
@@ -87,6 +88,8 @@ class DeterministicHost(LinkLayer, FaultInjection):
         self._queues: dict[Any, collections.deque[Copy]] = {}
         self._send: dict[Link, LinkSender[object]] = {}
         self._recv: dict[Link, LinkReceiver[object]] = {}
+        self._durable_links = bool(getattr(store, "durable", False))
+        self._tokens: dict[Link, dict[int, Any]] = {}
         self._down: dict[M.Address, _Down] = {}
         self._stopped: set[M.Address] = set()
         self._closed = False
@@ -150,6 +153,7 @@ class DeterministicHost(LinkLayer, FaultInjection):
         self._queues.clear()
         self._send.clear()
         self._recv.clear()
+        self._tokens.clear()
         self._down.clear()
 
     # -- delivery ---------------------------------------------------------------------
@@ -188,20 +192,28 @@ class DeterministicHost(LinkLayer, FaultInjection):
         link = (sender, address)
         ready = self._arrive(link, seq, msg)
         last = len(ready) - 1
+        restart_safe = self._restart_safe(address)
+        tokens: list[Any] = []
         for i, m in enumerate(ready):
             down = self._down.get(address)
             if down is not None:  # failed on an earlier one: the next incarnation's
                 down.carry.extend(ready[i:])
+                tokens += [None] * (len(ready) - i)
                 break
-            self._deliver(address, sender, m, more=i < last)
+            token = self._deliver(address, sender, m, more=i < last)
+            tokens.append(token if restart_safe else None)
         if ready:
-            self._acknowledge(link, seq + last)
+            self._acknowledge(link, seq + last, tokens)
+            if self._tokens:
+                self._settle_durable(address)
         elif address not in self._down and self._mailbox_empty(address):
             self._idle(address, self.behaviours[address])  # discarded the last one
 
     def _deliver(
         self, address: M.Address, sender: M.Address, msg: object, more: bool = False
-    ) -> None:
+    ) -> Any:
+        """Deliver ``msg``; returns what it waits for to be durable at a ledger
+        (`LedgerShard.durability`), else None."""
         sched = self.schedule
         sched.steps += 1
         note, drop = self._intercept(address, msg)
@@ -209,19 +221,23 @@ class DeterministicHost(LinkLayer, FaultInjection):
             f"{sched.steps:>6} {addr(address)} <- {addr(sender)}: {sched.describe(msg)}{note}"
         )
         if drop:
-            return
+            return None
         behaviour = self.behaviours[address]
+        token = None
         prev, self._sender = self._sender, address
         try:
             behaviour.receive(msg)
             if behaviour.fault is not None:  # a handler failure: restarted or resumed
-                self.supervise(address, behaviour)
+                self.supervise(address, behaviour)  # (what it lost is reported)
+            elif isinstance(behaviour, LedgerShard):
+                token = behaviour.durability(msg)
             if not more and address not in self._down and self._mailbox_empty(address):
                 self._idle(address, behaviour)
         finally:
             self._sender = prev
         if type(msg) is M.BarrierPart and address == M.PERSIST_ADDR and msg.barrier.reply.done:
             self._barriers_seen.pop(msg.barrier.barrier_id, None)
+        return token
 
     def _idle(self, address: M.Address, behaviour: Behaviour) -> None:
         """Its mailbox is empty: the behaviour's ``on_idle`` (persistence commits there)."""
@@ -233,6 +249,8 @@ class DeterministicHost(LinkLayer, FaultInjection):
             behaviour.last_error = exc
         finally:
             self._sender = prev
+        if address == M.PERSIST_ADDR and self._tokens:  # history batches committed
+            self._settle_durable()
 
     def _intercept(self, address: M.Address, msg: object) -> tuple[str, bool]:
         """Supervisor bookkeeping at a delivery: (note for the trace, drop it?)."""

@@ -18,12 +18,31 @@ Without link faults nothing is lost, duplicated or reordered, so the links chang
 nothing: every copy is the next one of its link, no re-send happens, and the
 deliveries and the trace are those of a host without links.
 
-What a crash does to the links (the acknowledgement point is "applied", see
-`runtime.links`): the crashed shard's mailbox is lost with its memory, so its
-incoming links are reset: the messages sent to it and not applied (on their way,
-lost on the way, or held back) are dropped and accounted for as before (see
-`_take_queue`); those the next incarnation takes over keep their place, numbered
-afresh on the new link. Its outgoing links are the host's and keep their state.
+Restart-safe links into the ledgers. With a durable store, the links into each
+ledger shard acknowledge durability too (`runtime.links`, rule 5): at each
+delivery the host asks the ledger what the message waits for to be durable
+(`LedgerShard.durability`: its history batch's commit, its purge's end, its
+barrier's completion) and keeps the message at its sender until that has happened
+(checked after each delivery to the ledger and after each commit,
+`_settle_durable`). The mapping from a link's sequence numbers to what they wait
+for is kept here, beside the store: what a ledger with its own store would write
+in its history batch's transaction.
+
+What a crash does to the links:
+
+* A crashed ledger shard (`_restart_links`): the copies on their way to it are
+  lost with its process; nothing else is. At its restart, of what each sender
+  keeps, the messages whose effect the restarted shard finds in what it restored
+  (`LedgerShard.survived`: a history batch committed since the crash) are dropped,
+  and the rest are re-sent on a new epoch of the link, numbered afresh from 1 in
+  their order, to a new receiver's end (restore by handshake, `actors.recovery`).
+  So a ledger crash loses no message and applies none twice.
+* A crashed membership shard (the acknowledgement point of the links into it is
+  "applied"): its mailbox is lost with its memory, so its incoming links are
+  reset: the messages sent to it and not applied (on their way, lost on the way,
+  or held back) are dropped and accounted for (see `_take_queue`); those the next
+  incarnation takes over keep their place, numbered afresh on the new link.
+* A crashed shard's outgoing links are the host's and keep their state.
 """
 
 from __future__ import annotations
@@ -33,6 +52,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tidal_actors.actors import messages as M
+from tidal_actors.actors.ledger_durability import Token
 from tidal_actors.runtime.links import LinkReceiver, LinkSender
 from tidal_actors.testing.schedule import Schedule, addr
 
@@ -52,6 +72,11 @@ class LinkLayer:
     _stopped: set[M.Address]
     _send: dict[Link, LinkSender[object]]
     _recv: dict[Link, LinkReceiver[object]]
+    behaviours: dict[M.Address, Any]
+    # restart-safe links into the ledgers (a durable store): per link, the messages
+    # handled and not durable yet, seq -> what they wait for
+    _durable_links: bool
+    _tokens: dict[Link, dict[int, Token]]
 
     def _receiver(self, key: Any) -> M.Address:
         return key[1] if self._pair else key  # type: ignore[no-any-return]
@@ -72,9 +97,14 @@ class LinkLayer:
         link = (sender, address)
         end = self._send.get(link)
         if end is None:
-            end = self._send[link] = LinkSender()
+            end = self._send[link] = LinkSender(self._restart_safe(address))
         self.schedule.links.counts["sent"] += 1
         self._transmit(link, end.stamp(message), message)
+
+    def _restart_safe(self, address: M.Address) -> bool:
+        """Whether the links into ``address`` acknowledge durability: those into a
+        ledger shard of a durable store, whose history batches make that known."""
+        return self._durable_links and address[0] == M.LEDGER
 
     def _transmit(self, link: Link, seq: int, message: object) -> None:
         """Put one copy of message ``seq`` on ``link``'s way, through the link faults."""
@@ -115,6 +145,8 @@ class LinkLayer:
             if only is not None and not only(receiver):
                 continue
             items = end.resend()
+            if not items:  # kept only until durable, all applied
+                continue
             self.schedule.links.counts["resent"] += len(items)
             self.schedule.event(
                 f"re-send {addr(link[0])} -> {addr(receiver)}: "
@@ -161,10 +193,67 @@ class LinkLayer:
                     )
         return ready
 
-    def _acknowledge(self, link: Link, upto: int) -> None:
+    def _acknowledge(self, link: Link, upto: int, tokens: list[Token | None] | None = None) -> None:
+        """The receiver applied every number up to ``upto``; ``tokens``: what each of
+        the messages it just applied (the last ``len(tokens)`` numbers) waits for to
+        be durable, None if durable already (restart-safe links only)."""
         end = self._send.get(link)
-        if end is not None and upto < end.next_seq:
-            end.ack(upto)
+        if end is None or upto >= end.next_seq:
+            return
+        end.ack(upto)
+        if not end.durable_acks or tokens is None:
+            return
+        first = upto - len(tokens) + 1
+        now = [first + i for i, t in enumerate(tokens) if t is None]
+        if now:
+            end.settle(now)
+        waiting = {first + i: t for i, t in enumerate(tokens) if t is not None}
+        if waiting:
+            self._tokens.setdefault(link, {}).update(waiting)
+
+    def _settle_durable(self, address: M.Address | None = None) -> None:
+        """Report durable what has become so at ``address`` (at every ledger if None):
+        the senders drop it (`LinkSender.settle`)."""
+        for link in [lk for lk in self._tokens if address is None or lk[1] == address]:
+            behaviour = self.behaviours.get(link[1])
+            durable = getattr(behaviour, "durable", None)
+            if durable is None:
+                continue
+            tokens = self._tokens[link]
+            done = [seq for seq, token in tokens.items() if durable(token)]
+            if not done:
+                continue
+            for seq in done:
+                del tokens[seq]
+            if not tokens:
+                del self._tokens[link]
+            end = self._send.get(link)
+            if end is not None:
+                end.settle(done)
+
+    def _restart_links(self, address: M.Address, new: Any) -> None:
+        """Restore by handshake (`runtime.links`, rule 6): the copies on their way to
+        ``address`` are lost with its process; of what each sender keeps, what the
+        restarted shard ``new`` finds in what it restored (`LedgerShard.survived`) is
+        dropped, and the rest is re-sent on a new epoch of the link, numbered afresh."""
+        for k in self._keys_to(address):
+            self._queues[k].clear()
+        for link in sorted(lk for lk in self._send if lk[1] == address):
+            tokens = self._tokens.pop(link, {})
+            old = self._send[link]
+            drop = {seq for seq, token in tokens.items() if new.survived(token)}
+            end = self._send[link] = old.renumbered(drop)
+            self._recv[link] = LinkReceiver()
+            items = end.unacked()
+            if not items:
+                continue
+            self.schedule.links.counts["resent"] += len(items)
+            self.schedule.event(
+                f"re-send {addr(link[0])} -> {addr(address)} after its restart: "
+                f"{len(items)} message(s) not durable there, numbered afresh"
+            )
+            for seq, message in items:
+                self._transmit(link, seq, message)
 
     # -- what waits -----------------------------------------------------------------------
 
@@ -178,7 +267,8 @@ class LinkLayer:
             for sender, seq, message in self._queues[k]:
                 link = (sender, address)
                 end = self._send.get(link)
-                if end is not None and end.keeps(seq) and (link, seq) not in seen:
+                applied = end is None or seq <= end.acked or not end.keeps(seq)
+                if not applied and (link, seq) not in seen:
                     seen.add((link, seq))
                     out.append((link, seq, message))
         for link in sorted(lk for lk in self._send if lk[1] == address):
@@ -213,10 +303,12 @@ class LinkLayer:
         items = self._unapplied(address)
         renumbered: dict[Link, dict[int, int]] = {}
         for link in [lk for lk in self._send if lk[1] == address]:
-            old, new = self._send[link], LinkSender[object]()
+            old = self._send[link]
+            new = LinkSender[object](old.durable_acks)
             renumbered[link] = {seq: new.stamp(m) for seq, m in old.unacked() if keep(m)}
             self._send[link] = new
             self._recv[link] = LinkReceiver()
+            self._tokens.pop(link, None)
         for k in self._keys_to(address):
             self._queues[k] = collections.deque(
                 (s, renumbered[(s, address)][seq], m)
