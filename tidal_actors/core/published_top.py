@@ -10,7 +10,8 @@ group at or before the view's publication (`Stamps.orders`), by ranking again on
 the group's keys changed since (none when `Stamps.group_pub` says the group is
 unchanged; else those whose `Stamps.key_pub` is later), merged into the earlier
 order's rows, or else ranked from all the group's live keys (numpy argpartition,
-then a sort of the best). A read from an order makes no numpy call. The order lists the best keys, best first, and a *bound*: no live key not
+then a sort of the best). A read from an order makes no numpy call. The order
+lists the best keys, best first, and a *bound*: no live key not
 listed ranks higher. Adds only raise a key's rank and retractions lower it, so a
 changed key above the bound is listed with its new rank, one at or below it is not,
 and the bound stays true. Scores are computed for the keys within `rank_slack` of
@@ -295,7 +296,7 @@ class TopReads:
                 return None
             m = bisect_left(rows, _INF, key=_neg_rank)  # the keys ranking above -inf
         else:
-            cut = rk - (1e-9 + abs(rk) * 1e-12)  # rank_slack(rk)
+            cut = rk - rank_slack(rk)
             if t.bound >= cut:
                 return None  # a near-tie with a key not listed: left to the shard
             m = bisect_right(rows, -cut, key=_neg_rank)  # the keys ranking at cut or above
