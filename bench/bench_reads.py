@@ -6,7 +6,10 @@ in 1-2 cohorts each plus ``@community`` (600,000-odd contribution records, Zipf-
 entities, 4 signal types), then, each beside its baselines run in the same process:
 
 * point read (``read_decay_score``) and top-10 (``top_entities``) p50 from a blocking
-  caller, idle and while another thread ingests flat out (``signal_batch`` of 1,000);
+  caller, idle and while another thread ingests flat out (``signal_batch`` of 1,000),
+  the reader spinning, then pausing 0.5 ms after each read (``paced``: the
+  ingesting threads get the interpreter lock as often, whatever a read costs; the
+  signals/s and publications/s of that phase are printed);
 * 8 reader threads together beside one reader (reads/s and p50);
 * awaited reads from 100 trio tasks and from 100 asyncio tasks (reads/s);
 * baselines: a plain dict lookup with the same decay formula, a top-10 of the same
@@ -56,14 +59,17 @@ def p50_us(samples: list[int]) -> float:
     return statistics.median(samples) / 1000.0
 
 
-def timed_calls(fn: Callable[[int], object], n: int) -> list[int]:
-    """Nanoseconds of each of ``n`` calls ``fn(i)``."""
+def timed_calls(fn: Callable[[int], object], n: int, pause_s: float = 0.0) -> list[int]:
+    """Nanoseconds of each of ``n`` calls ``fn(i)``; with ``pause_s``, a sleep that
+    long after each (a reader serving requests, not spinning)."""
     out = []
     clock = time.perf_counter_ns
     for i in range(n):
         t = clock()
         fn(i)
         out.append(clock() - t)
+        if pause_s:
+            time.sleep(pause_s)
     return out
 
 
@@ -135,16 +141,25 @@ class Baselines:
 
 
 def blocking_figures(
-    db: TidalDb, keys: list[tuple[str, int, int]], tops: list[tuple[str, int]], n: int, tag: str
+    db: TidalDb,
+    keys: list[tuple[str, int, int]],
+    tops: list[tuple[str, int]],
+    n: int,
+    tag: str,
+    pause_s: float = 0.0,
 ) -> dict[str, float]:
     nk, nt = len(keys), len(tops)
     out = {}
     for mode in ("read_your_writes", "latest"):
         out[f"{tag}_point_p50_us_{mode}"] = p50_us(
-            timed_calls(lambda i, m=mode: db.read_decay_score(*keys[i % nk], consistency=m), n)
+            timed_calls(
+                lambda i, m=mode: db.read_decay_score(*keys[i % nk], consistency=m), n, pause_s
+            )
         )
         out[f"{tag}_top10_p50_us_{mode}"] = p50_us(
-            timed_calls(lambda i, m=mode: db.top_entities(*tops[i % nt], 10, consistency=m), n)
+            timed_calls(
+                lambda i, m=mode: db.top_entities(*tops[i % nt], 10, consistency=m), n, pause_s
+            )
         )
     return out
 
@@ -353,11 +368,29 @@ def main() -> None:
         out["ingesting_publications"] = pubs
         out["ingesting_publish_s_per_wall_s"] = pub_s / wall
         out["ingesting_publish_us_each"] = pub_s / max(pubs, 1) * 1e6
+        db.flush()
+        # the same while the reader pauses 0.5 ms after each read (a server's reader,
+        # not one spinning): the ingesting threads then get the interpreter lock as
+        # often whatever the reads cost, and the shards publish at their own pace
+        stop, counted = threading.Event(), []
+        before = sum(lg.publications for lg in db._core.ledgers)
+        t = time.perf_counter()
+        ingester = ingest_beside(db, users, stop, counted)
+        time.sleep(0.5)
+        out.update(blocking_figures(db, keys, tops, n // 4, "paced", 0.0005))
+        stop.set()
+        ingester.join()
+        wall = time.perf_counter() - t
+        out["paced_signals_per_s"] = counted[0] / wall
+        out["paced_publications_per_s"] = (
+            sum(lg.publications for lg in db._core.ledgers) - before
+        ) / wall
         for k in ("point", "top10"):
-            out[f"ratio_{k}_ingesting_vs_idle"] = (
-                out[f"ingesting_{k}_p50_us_read_your_writes"]
-                / out[f"idle_{k}_p50_us_read_your_writes"]
-            )
+            for tag in ("ingesting", "paced"):
+                out[f"ratio_{k}_{tag}_vs_idle"] = (
+                    out[f"{tag}_{k}_p50_us_read_your_writes"]
+                    / out[f"idle_{k}_p50_us_read_your_writes"]
+                )
         db.flush()
         # how far behind latest reads are: the time from a mark's submission to the
         # first latest read that counts it, while ingesting flat out

@@ -348,8 +348,10 @@ def compare(rev: str, records: int, turns: int) -> dict[str, float]:
             code = COMPARE.format(bench=HERE, path=os.path.join(tmp, side), records=records, **kw)
             env = {**os.environ, "PYTHONPATH": srcs[side]}
             got = subprocess.run(
-                [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True
             )
+            if got.returncode:
+                raise RuntimeError(f"{side}'s child failed:\n{got.stderr}")
             return float(got.stdout.split()[-1])
 
         for side in srcs:

@@ -176,3 +176,36 @@ def test_a_value_that_does_not_decode_names_its_key(payload, why) -> None:  # ty
     with pytest.raises(StorageError, match=f"history key {key.hex()}") as exc:
         F.decode_batch(3, 4, F.seal(key, payload))
     assert any(w in str(exc.value) for w in why.split("|")) or why in str(exc.value)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches(), st.sampled_from([LEVEL_WRITE, LEVEL_COMPACT]))
+def test_the_decoder_skipping_the_index_reads_what_the_index_reader_reads(batch, level) -> None:  # type: ignore[no-untyped-def]
+    """A version 3 payload parsed with its index skipped (restore, compaction) and
+    parsed after `read_index` (the erasure) give the same names, contexts and
+    column bytes."""
+    from tidal_actors.storage.format.columns_decode import parse_columnar, read_index
+
+    recs, contexts = batch
+    payload = F.encode_history_columns(tuple(zip(*recs)) or ((),) * 8, contexts, level)
+    assert payload[0] == 3
+    index = read_index(payload)
+    assert index is not None
+    a, b = parse_columnar(payload), parse_columnar(payload, index)
+    assert (a.n, a.names, a.contexts) == (b.n, b.names, b.contexts)
+    assert a.names == sorted({r[3] for r in recs})
+    assert [(k, w, base, bytes(v)) for k, w, base, v in a.cols] == [
+        (k, w, base, bytes(v)) for k, w, base, v in b.cols
+    ]
+
+
+def test_an_index_length_past_the_payload_names_its_key() -> None:
+    payload = bytearray(
+        F.encode_history_columns(
+            ((0,), (1,), (2,), ("c",), (3,), (4,), (1.0,), (5,)), None, LEVEL_WRITE
+        )
+    )
+    struct.pack_into("<I", payload, 10, len(payload))  # the index's length, after HEAD
+    key = F.batch_key(3, 4)
+    with pytest.raises(StorageError, match=f"history key {key.hex()}.*past their ends"):
+        F.decode_batch(3, 4, F.seal(key, bytes(payload)))

@@ -232,3 +232,36 @@ def test_top_k_orders_are_repaired_from_earlier_views(monkeypatch: Any) -> None:
         for k in (1, 10, 30):
             assert v.top("a", 1, k, 5_000) == a.top("a", 1, k, 5_000)
     assert len(full) == 1
+
+
+def test_top_k_of_an_unchanged_group_is_reused_without_a_scan(monkeypatch: Any) -> None:
+    """Publications that change only group ("b", 1): the order of group ("a", 1)
+    computed from the first view answers every later view without looking at its
+    keys again (`Stamps.group_pub`), and both groups' top-k equal the shard's."""
+    rnd = random.Random(5)
+    a = _agg()
+    pub = Publisher(a)
+    seed = [("a", e, 1, 0.5 + (e % 5), 10 + e % 30) for e in range(300)]
+    seed += [("b", e, 1, 1.0 + (e % 3), 10 + e % 20) for e in range(300)]
+    rows = _add(a, seed, 0)
+    rseq = len(rows)
+    v = pub.publish(None)
+    v = pub.publish(np.zeros(0, dtype=np.int64))  # stamps kept from here on
+    scanned: list[int] = []
+    monkeypatch.setattr(
+        PublishedView,
+        "_members",
+        lambda self, g, _m=PublishedView._members: scanned.append(g) or _m(self, g),
+    )
+    assert v.top("a", 1, 10, 5_000) == a.top("a", 1, 10, 5_000)
+    ga = v.groups.gid[v.cids["a"] << 64 | 1]
+    for step in range(20):
+        raw = [("b", rnd.randrange(300), 1, rnd.choice([1.0, 4.0]), 40 + step) for _ in range(5)]
+        rows = _add(a, raw, rseq)
+        rseq += len(raw)
+        v = pub.publish(_keys_of(a, rows))
+        scanned.clear()
+        for k in (1, 10, 40):
+            assert v.top("a", 1, k, 5_000) == a.top("a", 1, k, 5_000)
+            assert v.top("b", 1, k, 5_000) == a.top("b", 1, k, 5_000)
+        assert ga not in scanned

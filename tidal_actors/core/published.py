@@ -140,19 +140,22 @@ class PublishedView(TopReads):
         if k is not None and k < self.keys:
             return k
         # absent here, unless the miss comes from a drop after the publication
-        return -1 if int(self._epoch[0]) == self._e0 else None
+        return -1 if self._epoch.item(0) == self._e0 else None
 
     def score(self, cohort: str, entity: int, stype: int, at: int) -> float | None:
         """`Reads.decay_score` at ``at`` (ns); None when only the shard can answer."""
-        k = self._find(cohort, entity, stype)
-        if k is None or k < 0:
-            return None if k is None else 0.0
+        # `_find`, inlined, and ``item`` (a Python number, no numpy scalar): the
+        # serving path's most frequent read
+        cid = self.cids.get(cohort)
+        k = None if cid is None else self.index.get(key_code(cid, entity, stype))
+        if k is None or k >= self.keys:
+            return 0.0 if self._epoch.item(0) == self._e0 else None
         c = self.cols
-        if not c.live[k]:
+        if not c.live.item(k):
             return 0.0
-        if at < c.t_max[k]:
+        if at < c.t_max.item(k):
             return None  # contributions after the read time: the shard sums its buckets
-        s = float(c.fd[k]) * 2.0 ** (-(at - int(c.landmark[k])) / int(c.half_life[k]))
+        s = c.fd.item(k) * 2.0 ** (-(at - c.landmark.item(k)) / c.half_life.item(k))
         return s if s > 0.0 else 0.0
 
     def window(self, cohort: str, entity: int, stype: int, at: int) -> tuple[int, float] | None:
@@ -162,15 +165,15 @@ class PublishedView(TopReads):
         if k is None or k < 0:
             return None if k is None else (0, 0.0)
         c = self.cols
-        if not c.live[k]:
+        if not c.live.item(k):
             return (0, 0.0)
         hi = at // self.width
         lo = hi - self.window_n + 1
-        if c.prev_b[k] >= lo:
+        if c.prev_b.item(k) >= lo:
             return None  # an earlier bucket may be inside: the shard reads them
-        lb = int(c.latest_b[k])
-        n = int(c.latest_count[k])
+        lb = c.latest_b.item(k)
+        n = c.latest_count.item(k)
         if n and lo <= lb <= hi:
-            w = float(c.latest_wsum[k])
+            w = c.latest_wsum.item(k)
             return n, (w if w > 0.0 else 0.0)
         return (0, 0.0)

@@ -7,9 +7,11 @@ key's latest contribution the order of their scores is the order of their *ranks
 Srivastava, Xu, ICDE 2009). The first top-k read of a group in a view finds its
 order (`TopReads.top`): repaired from the newest order any reader computed for the
 group at or before the view's publication (`Stamps.orders`), by ranking again only
-the group's keys changed since (those whose `Stamps.key_pub` is later), or else
-ranked from all the group's live keys (numpy argpartition, then argsort of the
-best). The order lists the best keys, best first, and a *bound*: no live key not
+the group's keys changed since (none when `Stamps.group_pub` says the group is
+unchanged; else those whose `Stamps.key_pub` is later), merged into the earlier
+order's rows, or else ranked from all the group's live keys (numpy argpartition,
+then a sort of the best). A read from an order makes no numpy call. The order
+lists the best keys, best first, and a *bound*: no live key not
 listed ranks higher. Adds only raise a key's rank and retractions lower it, so a
 changed key above the bound is listed with its new rank, one at or below it is not,
 and the bound stays true. Scores are computed for the keys within `rank_slack` of
@@ -20,6 +22,7 @@ I/O.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -89,14 +92,16 @@ class ViewColumns(NamedTuple):
 class Groups:
     """A shard's (cohort, type) groups: ``gid`` maps ``cohort_id << 64 | type`` to a
     group id, ``members[g]`` is ``(ids, n)``: group ``g``'s key ids are ``ids[:n]``,
-    ascending. Written by the shard's thread only (the arrays only grow, a full one
-    replaced by a larger copy, the tuple swapped in one assignment); read by any."""
+    ascending, and ``of_key[k]`` is key ``k``'s group id (for ``k < upto``). Written
+    by the shard's thread only (the arrays only grow, a full one replaced by a larger
+    copy, the tuple swapped in one assignment); read by any."""
 
-    __slots__ = ("gid", "members", "upto")
+    __slots__ = ("gid", "members", "of_key", "upto")
 
     def __init__(self) -> None:
         self.gid: dict[int, int] = {}
         self.members: list[tuple[npt.NDArray[np.int64], int]] = []
+        self.of_key = np.zeros(0, dtype=np.int64)
         self.upto = 0  # key ids below this are in their group
 
     def of(self, cid: int, stype: int) -> npt.NDArray[np.int64] | None:
@@ -108,48 +113,41 @@ class Groups:
         return ids[:n]
 
 
+Row = tuple[float, int, float, int, int, int]  # rank, key id, fd_sum, landmark, half-life, entity
+
+
+def _neg_rank(row: Row) -> float:
+    return -row[0]
+
+
 class TopOrder(NamedTuple):
-    """A group's best keys in one view, best first (see `PublishedView.top`): numpy
-    arrays, so that the caches views keep are nothing the garbage collector walks."""
+    """A group's best keys in one view, best first (see `PublishedView.top`), as plain
+    tuples of numbers: read without a numpy call (one that lets go of the
+    interpreter lock waits for it again while another thread ingests), and, holding
+    no container, untracked by the garbage collector once it has seen them."""
 
     pub: int  # the publication whose state it orders
     t_max: int  # a bound on the latest contribution of the group's live keys (ns)
     ref: int  # the landmark the ranks are taken against (ns)
     bound: float  # no live key of the group not listed ranks higher (-inf: none)
-    ranks: npt.NDArray[np.float64]  # of the listed keys, descending
-    keys: npt.NDArray[np.int64]  # their key ids
-    fd: npt.NDArray[np.float64]  # their forward-decayed sums
-    landmark: npt.NDArray[np.int64]  # their landmarks (ns)
-    half_life: npt.NDArray[np.int64]  # their half-lives (ns)
-    entity: npt.NDArray[np.uint64]  # their entities
-
-    def head(self, n: int, bound: float) -> TopOrder:
-        """The best ``n`` listed keys, no other ranking above ``bound``."""
-        return TopOrder(
-            self.pub,
-            self.t_max,
-            self.ref,
-            bound,
-            self.ranks[:n],
-            self.keys[:n],
-            self.fd[:n],
-            self.landmark[:n],
-            self.half_life[:n],
-            self.entity[:n],
-        )
+    # the listed keys, rank descending: (rank, key id, fd_sum, landmark ns,
+    # half-life ns, entity)
+    rows: tuple[Row, ...]
 
 
 class Stamps:
     """What a shard's views share to repair group orders: ``key_pub[k]``, the last
-    publication that changed key ``k`` (only grows; the array is replaced by a
-    longer copy as keys are allotted), and ``orders``, group id -> the newest
+    publication that changed key ``k``, and ``group_pub[g]``, the last that changed
+    a key of group ``g`` (both only grow; each array is replaced by a longer copy as
+    keys and groups are allotted), and ``orders``, group id -> the newest
     `TopOrder` a reader computed. Replaced whole when a publication does not know
     which keys changed (it copies every key)."""
 
-    __slots__ = ("key_pub", "orders")
+    __slots__ = ("group_pub", "key_pub", "orders")
 
     def __init__(self, n: int) -> None:
         self.key_pub = np.zeros(n, dtype=np.int64)
+        self.group_pub = np.zeros(0, dtype=np.int64)
         self.orders: dict[int, TopOrder] = {}
 
 
@@ -166,8 +164,10 @@ class TopReads:
     stamps: Stamps
     _top: dict[int, TopOrder | None]
 
-    def _listed(self, ks: npt.NDArray[np.int64], ref: int, bound: float, t_max: int) -> TopOrder:
-        """A `TopOrder` of keys ``ks`` (their ranks against ``ref``), ``want`` best kept."""
+    def _rows(self, ks: npt.NDArray[np.int64], ref: int, above: float | None) -> list[Row]:
+        """The rows of keys ``ks`` (their ranks against ``ref``), in the order of
+        ``ks``: all of them (``above`` None), or those ranking above ``above`` (at it
+        too, unless it is -inf)."""
         c = self.cols
         fd = c.fd[ks]
         lm = c.landmark[ks]
@@ -175,25 +175,32 @@ class TopReads:
         rank = np.full(len(ks), -np.inf)
         scoring = (fd > 0.0) & (c.live[ks] != 0)
         rank[scoring] = np.log2(fd[scoring]) + (lm[scoring] - ref) / h[scoring]
-        order = np.argsort(-rank, kind="stable")
-        return TopOrder(
-            self.pub,
-            t_max,
-            ref,
-            bound,
-            rank[order],
-            ks[order],
-            fd[order],
-            lm[order],
-            h[order],
-            c.entity[ks[order]],
+        if above is not None:
+            keep = rank > above if above == -np.inf else rank >= above
+            if not keep.all():
+                ks, rank, fd, lm, h = ks[keep], rank[keep], fd[keep], lm[keep], h[keep]
+        return list(
+            zip(
+                rank.tolist(),
+                ks.tolist(),
+                fd.tolist(),
+                lm.tolist(),
+                h.tolist(),
+                c.entity[ks].tolist(),
+            )
         )
+
+    def _members(self, g: int) -> npt.NDArray[np.int64]:
+        """Group ``g``'s key ids in this view (those below ``keys``)."""
+        ids, n = self.groups.members[g]
+        if n and ids[n - 1] < self.keys:
+            return ids[:n]
+        return ids[: np.searchsorted(ids[:n], self.keys)]
 
     def _order(self, g: int, want: int) -> TopOrder | None:
         """Group ``g``'s best ``want`` keys by rank, from all of its keys."""
-        ids, n = self.groups.members[g]
         c = self.cols
-        ks = ids[: np.searchsorted(ids[:n], self.keys)]
+        ks = self._members(g)
         ks = ks[c.live[ks] != 0]
         if not len(ks):
             return None
@@ -219,7 +226,9 @@ class TopReads:
             if not listed.all():
                 bound = float(rank[~listed].max())
             best = ks[listed]
-        return self._listed(best, ref, bound, int(c.t_max[ks].max()))
+        rows = self._rows(best, ref, None)
+        rows.sort(key=_neg_rank)
+        return TopOrder(self.pub, int(c.t_max[ks].max()), ref, bound, tuple(rows))
 
     def _repair(self, g: int, want: int) -> TopOrder | None:
         """Group ``g``'s best keys from the newest order computed at or before this
@@ -229,22 +238,30 @@ class TopReads:
         base = stamps.orders.get(g)
         if base is None or base.pub > self.pub:
             return None
-        ids, n = self.groups.members[g]
-        ks = ids[: np.searchsorted(ids[:n], self.keys)]
+        gp = stamps.group_pub
+        if g < len(gp) and gp[g] <= base.pub:  # no key of the group changed since
+            return base if base.pub == self.pub else base._replace(pub=self.pub)
+        ks = self._members(g)
         ch = ks[stamps.key_pub[ks] > base.pub]  # all changed since, and maybe more
         if not len(ch):
             return base if base.pub == self.pub else base._replace(pub=self.pub)
         c = self.cols
         live = ch[c.live[ch] != 0]
         t_max = max(base.t_max, int(c.t_max[live].max())) if len(live) else base.t_max
-        keep = base.keys[~np.isin(base.keys, ch)]
-        new = self._listed(np.concatenate([keep, ch]), base.ref, base.bound, t_max)
-        # listed: every key above the bound (at it too: listing more is always true)
-        above = new.ranks > base.bound if base.bound == -np.inf else new.ranks >= base.bound
-        n = int(np.count_nonzero(above))
-        if n > 2 * want:  # keep the best ``want``, the bound raised to the next one
-            return new.head(want, float(new.ranks[want]))
-        return new.head(n, base.bound) if n < len(new.ranks) else new
+        # listed: every key above the bound (at it too: listing more is always true),
+        # the changed ones ranked again from this view, the others as they were
+        bound = base.bound
+        changed = set(ch.tolist())
+        up = self._rows(ch, base.ref, bound)
+        up.sort(key=_neg_rank)
+        if bound == -np.inf:
+            keep = [r for r in base.rows if r[0] > bound and r[1] not in changed]
+        else:
+            keep = [r for r in base.rows if r[0] >= bound and r[1] not in changed]
+        rows = sorted(keep + up, key=_neg_rank) if up else keep
+        if len(rows) > 2 * want:  # keep the best ``want``, the bound raised to the next one
+            return TopOrder(self.pub, t_max, base.ref, rows[want][0], tuple(rows[:want]))
+        return TopOrder(self.pub, t_max, base.ref, bound, tuple(rows))
 
     def top(self, cohort: str, stype: int, k: int, at: int) -> list[tuple[int, float]] | None:
         """`Reads.top`: the ``k`` best ``(entity, score)`` at ``at``, score descending,
@@ -254,10 +271,10 @@ class TopReads:
         if g is None:
             return []
         t = self._top.get(g, _MISSING)
-        if t is _MISSING or (t is not None and len(t.ranks) < k and t.bound > -np.inf):
+        if t is _MISSING or (t is not None and len(t.rows) < k and t.bound > -_INF):
             want = max(TOP_KEEP, 2 * k)
             t = self._repair(g, want) if t is _MISSING else None
-            if t is None or (len(t.ranks) < k and t.bound > -np.inf):
+            if t is None or (len(t.rows) < k and t.bound > -_INF):
                 t = self._order(g, want)
             self._top[g] = t
             if t is not None:
@@ -269,27 +286,22 @@ class TopReads:
             return []
         if at < t.t_max:
             return None  # contributions after the read time: the shard sums buckets
-        n = len(t.ranks)
+        rows = t.rows
+        n = len(rows)
         if not n:
             return []
-        asc = t.ranks[::-1]
-        rk = float(t.ranks[min(k, n) - 1])
-        if rk == -np.inf:  # fewer than k keys score: every one that does is listed
-            if t.bound > -np.inf:
+        rk = rows[min(k, n) - 1][0]
+        if rk == -_INF:  # fewer than k keys score: every one that does is listed
+            if t.bound > -_INF:
                 return None
-            m = n - int(asc.searchsorted(-np.inf, "right"))
+            m = bisect_left(rows, _INF, key=_neg_rank)  # the keys ranking above -inf
         else:
             cut = rk - rank_slack(rk)
             if t.bound >= cut:
                 return None  # a near-tie with a key not listed: left to the shard
-            m = n - int(asc.searchsorted(cut, "left"))
+            m = bisect_right(rows, -cut, key=_neg_rank)  # the keys ranking at cut or above
         scored = []
-        for fd, lm, h, e in zip(
-            t.fd[:m].tolist(),
-            t.landmark[:m].tolist(),
-            t.half_life[:m].tolist(),
-            t.entity[:m].tolist(),
-        ):
+        for _r, _k, fd, lm, h, e in rows[:m]:
             diff = at - lm
             if diff >= _EXACT or h >= _EXACT:
                 return None
@@ -304,4 +316,5 @@ class TopReads:
         return [(e, -neg) for neg, e in scored]
 
 
+_INF = float("inf")
 _MISSING: Any = object()

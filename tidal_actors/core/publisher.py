@@ -164,6 +164,12 @@ class Publisher:
             grown[: len(st.key_pub)] = st.key_pub
             st.key_pub = grown  # one assignment: a reader sees the old or this one
         st.key_pub[ks] = self._pubs
+        ng = len(self.groups.members)
+        if len(st.group_pub) < ng:
+            grown = np.zeros(max(64, 2 * ng), dtype=np.int64)
+            grown[: len(st.group_pub)] = st.group_pub
+            st.group_pub = grown
+        st.group_pub[self.groups.of_key[ks]] = self._pubs
 
     def _reuse(self, n: int) -> ViewColumns | None:
         """The buffers of a retired view no reader holds, brought up to date."""
@@ -225,6 +231,10 @@ class Publisher:
             return
         agg = self.agg
         ids = np.arange(first, n, dtype=np.int64)
+        if len(g.of_key) < n:
+            grown = np.zeros(max(1024, n + n // 2), dtype=np.int64)
+            grown[:first] = g.of_key[:first]
+            g.of_key = grown
         cids = agg.key_cohort[first:n].astype(np.int64)
         types = agg.key_type[first:n]
         order = np.lexsort((ids, types, cids))
@@ -237,12 +247,14 @@ class Publisher:
             gid = g.gid.get(code)
             new = ids[order[s:e]]
             if gid is None:
+                g.of_key[new] = len(g.members)
                 arr = np.zeros(max(16, 2 * len(new)), dtype=np.int64)
                 arr[: len(new)] = new
                 g.members.append((arr, len(new)))
                 # its id last: a reader that finds the id finds its members
                 g.gid[code] = len(g.members) - 1
                 continue
+            g.of_key[new] = gid
             arr, m = g.members[gid]
             if m + len(new) > len(arr):
                 grown = np.zeros(2 * (m + len(new)), dtype=np.int64)

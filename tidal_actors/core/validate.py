@@ -165,6 +165,8 @@ def check_consistency(field: str, value: object) -> str:
 
 def check_k(value: object) -> int:
     """A top-k count: int in ``[1, 2**31)``."""
+    if type(value) is int and 1 <= value < 2**31:  # the fast path for the common case
+        return value
     v = _as_int("k", value)
     if not 1 <= v < 2**31:
         raise InvalidArgument("k", value, "must be in [1, 2**31)")

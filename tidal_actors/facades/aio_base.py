@@ -135,10 +135,10 @@ class LoopFacade:
             self._post(event.set)
 
     async def _run(self, call: Call[T]) -> T:
-        if isinstance(call, Answered):
+        if type(call) is Answered:
             # answered from a published view in this thread: nothing to wait for, no
             # wake-up to post, and (like a dict lookup) no yield to the loop either
-            return cast(T, call.result())
+            return cast(T, call.value)
         core = self._core
         replies = call.replies
         # woken once every reply has come, or one failed (`Call.done`)

@@ -40,6 +40,8 @@ class Caller:
     def lagging(self, ledger: int) -> list[int]:
         """The membership shards whose writes ``ledger`` may not have applied yet."""
         seen = self.seen[ledger]
+        if self.n <= seen:  # every write shown applied there
+            return []
         return [m for m, n in self.wrote.items() if n > seen]
 
     def covered(self, ledgers: Iterable[int], upto: int) -> None:
@@ -93,7 +95,10 @@ class Answered(Call[T]):
     __slots__ = ("value",)
 
     def __init__(self, name: str, value: T) -> None:
-        super().__init__(name, [])
+        # `Call`'s fields set here (no reply, no finish): built on every view read
+        self.name = name
+        self.replies = []
+        self.finish = None
         self.value = value
 
     def result(self) -> T:

@@ -156,12 +156,14 @@ class Operations(Intake):
         shard itself, behind the membership shards the caller wrote to since its
         writes were last shown applied there (``read_your_writes``), or at once."""
         mode = self.config.read_consistency if consistency is None else consistency
-        if mode != "latest" and mode != "read_your_writes":
-            check_consistency("consistency", consistency)
         lag: list[int] = []
-        caller = self._callers.get() if mode == "read_your_writes" else None
-        if caller is not None:
-            lag = caller.lagging(ledger)
+        caller = None
+        if mode == "read_your_writes":
+            caller = self._callers.get()
+            if caller is not None:
+                lag = caller.lagging(ledger)
+        elif mode != "latest":
+            check_consistency("consistency", consistency)
         if not lag:
             shard = self.ledgers[ledger]
             shard.wanted = time.monotonic()  # keeps (or starts) its publishing
@@ -190,9 +192,6 @@ class Operations(Intake):
 
     def now(self) -> int:
         return check_timestamp("clock.now_ns()", self.clock.now_ns())
-
-    def _at(self, at_ns: int | None) -> int:
-        return self.now() if at_ns is None else check_timestamp("at_ns", at_ns)
 
     # -- operations with a reply ----------------------------------------------------
 
@@ -260,7 +259,7 @@ class Operations(Intake):
         e = check_id("entity_id", entity_id)
         t = check_id("signal_type", signal_type)
         self.check_open()
-        at = self._at(at_ns)
+        at = self.now() if at_ns is None else check_timestamp("at_ns", at_ns)
         return self._serve("read_decay_score", li, "score", (c, e, t, at), consistency)
 
     def read_window(
@@ -275,7 +274,7 @@ class Operations(Intake):
         e = check_id("entity_id", entity_id)
         t = check_id("signal_type", signal_type)
         self.check_open()
-        at = self._at(at_ns)
+        at = self.now() if at_ns is None else check_timestamp("at_ns", at_ns)
         return self._serve(
             "read_window", li, "window", (c, e, t, at), consistency, lambda v: WindowCount(*v)
         )
@@ -292,14 +291,14 @@ class Operations(Intake):
         t = check_id("signal_type", signal_type)
         kk = check_k(k)
         self.check_open()
-        at = self._at(at_ns)
+        at = self.now() if at_ns is None else check_timestamp("at_ns", at_ns)
         return self._serve("top_entities", li, "top", (c, t, kk, at), consistency)
 
     def aggregate_rows(
         self, at_ns: int | None = None
     ) -> Call[list[tuple[str, int, int, float, int, float]]]:
         self.check_open()
-        at = self._at(at_ns)
+        at = self.now() if at_ns is None else check_timestamp("at_ns", at_ns)
         replies = [self._read_reply(li, "rows", (at,)) for li in range(self._nl)]
 
         def finish(values: list[Any]) -> list[tuple[str, int, int, float, int, float]]:

@@ -117,21 +117,35 @@ class Parsed:
 
 def parse_columnar(payload: bytes | memoryview, index: Index | None = None) -> Parsed:
     """Decompress a columnar payload (version 3 or 2) and read its header and column
-    descriptors; ``index``: its `read_index`, when read already.
+    descriptors; ``index``: its `read_index`, when read already (without it, a
+    version 3 payload's index is skipped: only where it ends and its cohort names are
+    read, as a restore or a compaction needs).
 
     Raises:
         ValueError: an unknown version, codec, transform or width, or lengths that do
             not add up.
     """
     version, codec, n, size = HEAD.unpack_from(payload)
-    if version == VERSION and index is None:
-        index = read_index(payload)
-    elif version != VERSION_2 and version != VERSION:
+    raw_names = None  # version 3: the cohort names' bytes in the index
+    if version == VERSION:
+        if index is None:  # the index skipped: only where it ends and the names
+            if len(payload) < _FILTER_AT:
+                raise ValueError(f"not a columnar history batch (version byte {version})")
+            x, _ts, _kind, f = _INDEX_HEAD.unpack_from(payload, HEAD.size)
+            start = HEAD.size + INDEX_LEN.size + x
+            if start > len(payload) or _FILTER_AT + f > start:
+                raise ValueError(f"an index of {x} bytes, a user filter of {f}, past their ends")
+            raw_names = memoryview(payload)[_FILTER_AT + f : start]
+        else:
+            start = index.start
+    elif version == VERSION_2:
+        start = HEAD.size
+    else:
         raise ValueError(f"not a columnar history batch (version byte {version})")
-    rest = memoryview(payload)[HEAD.size if index is None else index.start :]
+    rest = memoryview(payload)[start:]
     if codec in (CODEC_LZ4, CODEC_LZ4_COMPACTED):
         body = memoryview(lz4.block.decompress(rest, uncompressed_size=size))
-    elif codec == CODEC_NONE or (codec == CODEC_NONE_COMPACTED and index is not None):
+    elif codec == CODEC_NONE or (codec == CODEC_NONE_COMPACTED and version == VERSION):
         body = rest
     else:
         raise ValueError(f"unknown history batch codec {codec}")
@@ -142,8 +156,10 @@ def parse_columnar(payload: bytes | memoryview, index: Index | None = None) -> P
         head = msgpack.unpackb(body[4 : 4 + h], strict_map_key=False)
     except TypeError:  # a context mapping with a tuple key (an array in msgpack)
         head = msgpack.unpackb(body[4 : 4 + h], strict_map_key=False, object_pairs_hook=_pairs)
-    if index is None:
+    if version == VERSION_2:
         names, contexts = head
+    elif index is None:
+        names, contexts = msgpack.unpackb(raw_names), head
     else:
         names, contexts = index.names, head
     if not (isinstance(names, list) and all(isinstance(c, str) for c in names)):
