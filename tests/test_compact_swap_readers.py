@@ -186,9 +186,9 @@ def test_a_hard_link_to_the_old_file_stays_whole(written):
 
 def test_a_lock_file_voided_by_an_unfinished_compaction_is_named(written):
     """A compaction that ended after voiding ``lock.mdb``, with another process still
-    attached: a read-only open says so (LMDB alone says "not an LMDB file"), and the
+    attached: an open says so (LMDB alone says "not an LMDB file"), and the
     first open after that process has gone rebuilds the lock file and reads."""
-    path, _cfg, want = written
+    path, cfg, want = written
     holder = Reader(path, "env = lmdb.open(path, readonly=True, max_dbs=8)\nsys.stdin.readline()")
     assert holder.proc.stdin is not None
     holder.proc.stdin.write("go\n")
@@ -203,6 +203,8 @@ def test_a_lock_file_voided_by_an_unfinished_compaction_is_named(written):
         probe.close()
     with pytest.raises(StorageError, match="voided by a compaction that did not finish"):
         TidalDb.open(path, read_only=True, clock=ManualClock(T0))
+    with pytest.raises(StorageError, match="voided by a compaction that did not finish"):
+        TidalDb.open(path, config=cfg, clock=ManualClock(T0))  # the writer's open too
     holder.proc.stdin.write("done\n")
     holder.proc.stdin.flush()
     assert holder.proc.wait(timeout=300) == 0
