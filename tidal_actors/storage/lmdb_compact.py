@@ -10,8 +10,19 @@ attached would keep ``lock.mdb``'s state of the old file alive, and the new file
 would read as empty. So `compact` takes that write lock itself (`LockProbe`) once
 its environment is closed: held by another process, compaction is refused, naming
 it, and nothing changes; otherwise the file is swapped and reopened under the
-lock, so LMDB re-initializes ``lock.mdb`` for the new file. A process attaching
-meanwhile waits in LMDB's ``F_SETLKW`` until the reopen downgrades the lock.
+lock, so LMDB re-initializes ``lock.mdb`` for the new file.
+
+A process attaching meanwhile waits in that lock, but a read-only LMDB open opens
+``data.mdb`` before it waits (mdb.c, ``mdb_env_open``): it would hold the old file
+and read it through the lock state of the new one (a meta page picked by the new
+file's transaction id: an older state, or pages past the new file's end). Two
+defences: our own read-only open takes the read lock before LMDB opens anything
+(`lmdb_lock.reader_lock`), so it waits and opens the new file; and, once the new
+file is in place, the old one's two meta pages are zeroed if no directory entry
+names it any more (`lmdb_lock.void_unlinked`), so any other process holding it
+fails with ``MDB_INVALID`` ("not an LMDB file") instead of reading it. A hard link
+to the old file (a backup) keeps it whole, and a process that opened the file
+through that link reads it as the old store.
 
 `Compaction` is a part of `lmdb_env.LmdbStore` (it uses the environment, its lock
 and its reopen); kept here so the opening and the compaction read apart.
@@ -27,7 +38,7 @@ from pathlib import Path
 import lmdb
 
 from tidal_actors._errors import StorageError
-from tidal_actors.storage.lmdb_lock import LockProbe, fsync_path
+from tidal_actors.storage.lmdb_lock import LockProbe, fsync_path, void_unlinked
 
 __all__ = ["Compaction"]
 
@@ -99,6 +110,7 @@ class Compaction:
             self._refuse_early()
             data = self.path / "data.mdb"
             before = data.stat().st_size
+            page_bytes = int(self._live().stat()["psize"])
             tmp = self.path / "compact.tmp"
             try:
                 self._remove(tmp)
@@ -125,12 +137,26 @@ class Compaction:
                 # one reopens (or after it dies here) fails with MDB_INVALID instead of
                 # reading the new file through the old state; the first opener rebuilds it
                 self._probe.invalidate()
-                os.replace(tmp / "data.mdb", data)
-                fsync_path(self.path, directory=True)
+                old = os.open(data, os.O_RDWR | os.O_CLOEXEC)
             except OSError as exc:
                 self._reopen()  # the old file (LMDB re-initializes its lock file)
                 self._remove(tmp)
                 raise StorageError(f"compaction failed: {exc}") from exc
+            try:
+                try:
+                    os.replace(tmp / "data.mdb", data)
+                    fsync_path(self.path, directory=True)
+                except OSError as exc:
+                    self._reopen()  # the old file (LMDB re-initializes its lock file)
+                    self._remove(tmp)
+                    raise StorageError(f"compaction failed: {exc}") from exc
+                # a read-only LMDB open opens data.mdb before it waits for the lock: one
+                # waiting now holds the old file; void that file's meta pages so it fails
+                # (MDB_INVALID) instead of reading it through the new file's lock state
+                with contextlib.suppress(OSError):
+                    void_unlinked(old, page_bytes)
+            finally:
+                os.close(old)
             # still holding byte 0: LMDB sees itself as the first opener, re-initializes
             # lock.mdb for the new file, then downgrades this process's lock to shared
             self._reopen()

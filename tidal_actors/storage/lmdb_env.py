@@ -36,7 +36,13 @@ from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed, StorageError, StorageFull
 from tidal_actors.storage.format import Keyspace
 from tidal_actors.storage.lmdb_compact import Compaction
-from tidal_actors.storage.lmdb_lock import DirectoryLock, LockProbe, access_denied
+from tidal_actors.storage.lmdb_lock import (
+    DirectoryLock,
+    LockProbe,
+    access_denied,
+    lock_voided,
+    reader_lock,
+)
 from tidal_actors.storage.protocol import HistoryMarks, HistoryStore
 
 if TYPE_CHECKING:
@@ -56,12 +62,15 @@ class LmdbStore(Compaction, HistoryStore):
         config: sizes (``map_size_bytes``, ``max_map_size_bytes``).
         read_only: `commit` refuses any op (``data.mdb`` is never written), and no
             lock of ours is taken (``tidal.lock`` is not even opened): it reads beside
-            a writer in another process; the directory must hold a store.
+            a writer in another process; the directory must hold a store. LMDB's read
+            lock is taken before LMDB opens ``data.mdb``, waiting while a compaction
+            in another process swaps it (`lmdb_lock.reader_lock`).
 
     Raises:
         DatabaseLocked: the directory is open already (this or another process).
         StorageFull: LMDB's own records at open do not fit in ``max_map_size_bytes``.
-        StorageError: LMDB could not open it.
+        StorageError: LMDB could not open it (``lock.mdb`` voided by a compaction
+            that did not finish while another process has it open: named so).
     """
 
     durable = True
@@ -102,6 +111,8 @@ class LmdbStore(Compaction, HistoryStore):
             why = access_denied(self.path, read_only, exc)
             raise StorageError(why or f"cannot open LMDB at {self.path}: {exc}") from exc
         try:
+            if read_only:
+                self._probe = reader_lock(self.path)  # before LMDB opens data.mdb
             map_size = config.map_size_bytes
             data = self.path / "data.mdb"
             if data.exists():
@@ -126,6 +137,15 @@ class LmdbStore(Compaction, HistoryStore):
             # whatever failed, the directory must not stay registered as open here
             self._close_env()
             self._release()
+            if isinstance(exc, lmdb.InvalidError) and lock_voided(self.path):
+                raise StorageError(
+                    f"cannot open LMDB at {self.path}: its lock file, "
+                    f"{self.path / 'lock.mdb'}, was voided by a compaction that did not "
+                    "finish (the compacting process ended while swapping data.mdb) and "
+                    "another process still has the environment open; data.mdb is whole "
+                    "(the file before the compaction or the one after): open again once "
+                    "no other process has it open (the first opener rebuilds the lock file)"
+                ) from exc
             if isinstance(exc, (lmdb.Error, OSError)):
                 why = access_denied(self.path, read_only, exc)
                 raise StorageError(why or f"cannot open LMDB at {self.path}: {exc}") from exc

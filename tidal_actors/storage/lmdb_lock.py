@@ -10,7 +10,9 @@ LMDB (mdb.c) takes a POSIX ``fcntl`` lock on byte 0 of ``lock.mdb``: a read lock
 every process that has the environment open, a write lock while the first opener
 initializes the file (``mdb_env_excl_lock``, ``mdb_env_setup_locks``,
 ``mdb_env_share_locks``). `LockProbe` tests and takes that byte; `lmdb_env` uses it
-to compact safely. POSIX only (Linux and the BSDs, whose ``struct flock`` differs).
+to compact safely, and a read-only open takes the read lock there itself before
+LMDB opens the files (`reader_lock`; see `lmdb_compact` for why). POSIX only (Linux
+and the BSDs, whose ``struct flock`` differs).
 """
 
 from __future__ import annotations
@@ -26,7 +28,16 @@ from typing import IO
 
 from tidal_actors._errors import DatabaseLocked
 
-__all__ = ["DirectoryLock", "LockProbe", "access_denied", "attached_process", "fsync_path"]
+__all__ = [
+    "DirectoryLock",
+    "LockProbe",
+    "access_denied",
+    "attached_process",
+    "fsync_path",
+    "lock_voided",
+    "reader_lock",
+    "void_unlinked",
+]
 
 # struct flock: Linux puts the type first, the BSDs (macOS) last
 if sys.platform.startswith("linux"):
@@ -166,9 +177,10 @@ class LockProbe:
     environment is closed.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, create: bool = False) -> None:
         self.path = path
-        self.fd = os.open(path / "lock.mdb", os.O_RDWR | os.O_CLOEXEC)
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        self.fd = os.open(path / "lock.mdb", flags, 0o644)  # LMDB's own mode and flags
 
     def holder(self) -> int | None:
         """The pid of another process holding a lock on byte 0, or None (``F_GETLK``
@@ -186,6 +198,16 @@ class LockProbe:
             if exc.errno in (errno.EACCES, errno.EAGAIN):
                 return False
             raise
+
+    def wait_shared(self) -> None:
+        """Take a read lock on byte 0, waiting (``F_SETLKW``) while another process
+        holds the write lock there: a compaction swapping ``data.mdb``, or a first
+        opener initializing ``lock.mdb``.
+
+        Raises:
+            OSError: the lock cannot be taken (``ENOLCK``: no POSIX locks here).
+        """
+        fcntl.lockf(self.fd, fcntl.LOCK_SH, 1, 0, os.SEEK_SET)
 
     def current(self) -> bool:
         """Whether the descriptor still names the file at ``lock.mdb`` (it was not
@@ -210,6 +232,61 @@ class LockProbe:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def reader_lock(path: Path) -> LockProbe | None:
+    """A read-only open's read lock on byte 0 of ``lock.mdb`` in ``path``, taken
+    (waiting while a compaction in another process swaps ``data.mdb``) before LMDB
+    opens the files: read-only, LMDB opens ``data.mdb`` first and only then waits for
+    its lock (mdb.c, ``mdb_env_open``), so it could hold the file a compaction is
+    replacing and read it through the new file's lock state. Keep it until the
+    environment is closed, then close it (see `LockProbe`): no compaction can begin
+    its swap meanwhile. None where ``lock.mdb`` cannot be opened for writing or
+    locked (a read-only file system: LMDB then reads without a lock file; a refused
+    access: LMDB's own open names it)."""
+    try:
+        probe = LockProbe(path, create=True)
+    except OSError:
+        return None
+    try:
+        probe.wait_shared()
+    except OSError:
+        probe.close()
+        return None
+    return probe
+
+
+def lock_voided(path: Path) -> bool:
+    """Whether ``lock.mdb`` in ``path`` carries the zeroed magic number that
+    `LockProbe.invalidate` writes (a compaction that did not finish). Call it only
+    while this process has no LMDB environment of ``path`` open (closing the
+    descriptor it reads through would drop this process's LMDB lock)."""
+    try:
+        fd = os.open(path / "lock.mdb", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return os.pread(fd, 4, 0) == b"\0\0\0\0"
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def void_unlinked(fd: int, page_bytes: int) -> bool:
+    """Zero the two meta pages (``page_bytes`` each) of the data file open at ``fd``
+    if no directory entry names it any more (``st_nlink`` 0: it was replaced), so an
+    LMDB process still holding it open finds no meta page and fails with
+    ``MDB_INVALID`` instead of reading it; a file still linked elsewhere (a hard-link
+    backup) is left whole. Returns whether it was zeroed.
+
+    Raises:
+        OSError: the file cannot be examined or written.
+    """
+    if os.fstat(fd).st_nlink != 0:
+        return False
+    os.pwrite(fd, bytes(2 * page_bytes), 0)
+    return True
 
 
 def attached_process(path: Path) -> int | None:

@@ -6,7 +6,9 @@ stays the writer's), reads the whole store in one LMDB read transaction (so what
 holds is a consistent snapshot as of that read, even while a writer in another
 process commits), keeps the small keyspaces' pairs, and then closes the environment:
 its reader slot is free again, so a writer's ``compact()`` is refused only while
-that one read runs. Must not write: no commit, no lock file of ours, nothing created.
+that one read runs. Its open takes LMDB's read lock before LMDB opens the files
+(`lmdb_lock.reader_lock`), so an open made while a compaction swaps ``data.mdb``
+waits and then reads the new file. Must not write: no commit, no lock file of ours, nothing created.
 """
 
 from __future__ import annotations
@@ -99,6 +101,9 @@ class SnapshotStore(LmdbStore):
         """Close the environment (its reader slot freed); this process may open the
         store again, as a writer too."""
         self._close_env()
+        if self._probe is not None:  # after the environment: see `lmdb_lock.LockProbe`
+            self._probe.close()
+            self._probe = None
         self._dirlock.release()
 
     def close(self) -> None:
