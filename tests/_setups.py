@@ -16,6 +16,10 @@ whose log holds 6 records, and `rounded_rows`, aggregate rows to compare across
 runs. The fixture ``settle_at_once`` is in ``conftest.py``.
 
 For the store tests: `every_read`, what a database answers about some users.
+
+For the differential tests on the deterministic harness (``test_harness``,
+``test_seed_sweep``, ``test_published_reads``, the purge tests): `HOUR_WINDOWS`,
+whose shard counts and log cap each file sets with ``replace``.
 """
 
 from __future__ import annotations
@@ -30,10 +34,19 @@ import pytest
 from tidal_actors import Config, ManualClock, StorageError
 from tidal_actors.testing import ReferenceModel
 
-from .conftest import HOUR, SEC, T0
+from .conftest import HOUR, MIN, SEC, T0
 
 CFG1 = Config(membership_shards=1, ledger_shards=1, rematerialize_after_ms=None)
 """One membership shard and one ledger shard: every message of a test meets one actor."""
+
+HOUR_WINDOWS = Config(
+    half_life_ns=HOUR,
+    window_width_ns=10 * MIN,
+    window_buckets=6,
+    rematerialize_after_ms=None,
+)
+"""A half-life of an hour, windows of 6 buckets of 10 minutes; rebuilds only when asked
+(the reference model rebuilds only when asked too)."""
 
 EVICTING = Config(
     half_life_ns=50 * SEC,

@@ -7,6 +7,7 @@ from tidal_actors.core import states as _states
 
 T0 = 10**18  # a round time in ns (2001-09-09)
 SEC = 10**9
+MIN = 60 * SEC
 HOUR = 3600 * SEC
 DAY = 24 * HOUR
 

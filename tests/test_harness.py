@@ -36,18 +36,10 @@ from ._differential import (
     crashed,
     model_without_lost,
 )
+from ._setups import HOUR_WINDOWS
+from .conftest import HOUR, MIN
 
-MIN = 60 * 10**9
-HOUR = 60 * MIN
-# re-materialization only when asked (the model does it only when asked too)
-CFG = Config(
-    half_life_ns=HOUR,
-    window_width_ns=10 * MIN,
-    window_buckets=6,
-    membership_shards=2,
-    ledger_shards=2,
-    rematerialize_after_ms=None,
-)
+CFG = HOUR_WINDOWS.replace(membership_shards=2, ledger_shards=2)
 MEMBERSHIP0, LEDGER0, PERSISTENCE = ("membership", 0), ("ledger", 0), ("persistence", 0)
 
 

@@ -9,6 +9,8 @@ lines are counted against the messages stamped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from tidal_actors import COMMUNITY, InvalidArgument
@@ -35,14 +37,21 @@ def deliveries(h: Harness) -> int:
     return sum(1 for line in h.trace_lines() if not line.lstrip().startswith("**"))
 
 
-def test_a_lost_message_is_resent_and_applied_once() -> None:
+def one_signal_after(fault: Callable[[Harness], None]) -> Harness:
+    """A harness of one shard each given `fault`, then one signal from user 1, run
+    until idle; its window read checked against the reference model's."""
     h = Harness(seed=0, config=ONE)
     model = ReferenceModel(ONE, h.clock)
-    h.drop_next(FACADE, M0)
+    fault(h)
     for db in (h, model):
         db.signal_with_context(1, 7, 0, 2.0)
     h.run_until_idle()
     assert h.run(h.read_window(COMMUNITY, 7, 0)) == model.read_window(COMMUNITY, 7, 0)
+    return h
+
+
+def test_a_lost_message_is_resent_and_applied_once() -> None:
+    h = one_signal_after(lambda h: h.drop_next(FACADE, M0))
     stats = h.link_stats()
     assert (stats["dropped"], stats["resent"], stats["discarded"]) == (1, 1, 0)
     assert deliveries(h) == stats["sent"]
@@ -52,13 +61,8 @@ def test_a_lost_message_is_resent_and_applied_once() -> None:
 
 
 def test_a_duplicate_is_discarded() -> None:
-    h = Harness(seed=0, config=ONE)
-    model = ReferenceModel(ONE, h.clock)
-    h.duplicate_next(M0, L0)  # the attribution to the ledger arrives twice
-    for db in (h, model):
-        db.signal_with_context(1, 7, 0, 2.0)
-    h.run_until_idle()
-    assert h.run(h.read_window(COMMUNITY, 7, 0)) == model.read_window(COMMUNITY, 7, 0)
+    # the attribution to the ledger arrives twice
+    h = one_signal_after(lambda h: h.duplicate_next(M0, L0))
     stats = h.link_stats()
     assert (stats["duplicated"], stats["discarded"], stats["resent"]) == (1, 1, 0)
     assert deliveries(h) == stats["sent"]

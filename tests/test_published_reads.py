@@ -26,16 +26,10 @@ from tidal_actors.runtime.callers import Answered
 from tidal_actors.testing import Harness, ReferenceModel
 from tidal_actors.testing.harness import START_NS
 
-MIN = 60 * 10**9
-HOUR = 60 * MIN
-CFG = Config(
-    half_life_ns=HOUR,
-    window_width_ns=10 * MIN,
-    window_buckets=6,
-    membership_shards=1,
-    ledger_shards=2,
-    rematerialize_after_ms=None,
-)
+from ._setups import HOUR_WINDOWS
+from .conftest import HOUR, MIN
+
+CFG = HOUR_WINDOWS.replace(membership_shards=1, ledger_shards=2)
 COHORTS = ("red", "blue", COMMUNITY)
 ENTITIES = range(5)
 TYPES = (1, 2)

@@ -409,3 +409,43 @@ def test_calls_carry_link_numbers_and_a_receiver_takes_each_once(ray_session: No
         ]
         assert acks == [1, 1, 1, 3]  # duplicate: 1 again; gap: held; filled: 3
         assert db.read_window(COMMUNITY, 1, 1, T0).count == 6
+
+
+ASYNC_OPEN_STARTS_RAY = """
+import asyncio, sys, time
+from tidal_actors import Config, open_tidal
+
+async def main():
+    async with open_tidal(None, config=Config(host="ray")) as db:
+        time.sleep(3)  # the open's worker thread has ended by now
+        await db.assign_cohort(1, "red")
+        await db.signal_with_context(1, 7, 0, 2.0)
+        await db.flush()
+        print(await db.read_window("red", 7, 0))
+
+asyncio.run(main())
+"""
+
+
+@needs_ray
+def test_an_async_open_that_starts_ray_keeps_it_alive() -> None:
+    """An async facade opens in a worker thread; a local Ray instance started there
+    must outlive that thread (Ray's processes die with the thread that started them
+    unless it lives on): a call made after the open still gets its answer."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")])
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", ASYNC_OPEN_STARTS_RAY],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=400,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip().splitlines()[-1] == "WindowCount(count=1, weight=2.0)"

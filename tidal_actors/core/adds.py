@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tidal_actors.core import sets
 from tidal_actors.core.bucket_adds import SMALL_BATCH, BucketAdds
 from tidal_actors.core.key_state import RENORMALIZE_AT, KeyCode, key_codes
 
@@ -162,14 +163,17 @@ class Adds(BucketAdds):
         w = w32.astype(np.float64)
         cids = np.asarray(cids, dtype=np.int64)
         # keys: (cohort, type, entity) factorized, ids in order of first appearance
-        ue, einv = np.unique(es, return_inverse=True)
-        ut, tinv = np.unique(types, return_inverse=True)
+        ue, einv = sets.unique(es, inverse=True)
+        ut, tinv = sets.unique(types, inverse=True)
         if len(names) * len(ut) * len(ue) < 2**62:
             code = (cids * len(ut) + tinv) * len(ue) + einv
-            _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+            _, first, inv = sets.unique(code, index=True, inverse=True)
         else:
             _, first, inv = np.unique(
-                np.stack([cids, tinv, einv], axis=1), axis=0, return_index=True, return_inverse=True
+                np.stack([cids, tinv, einv], axis=1),
+                axis=0,
+                return_index=True,
+                return_inverse=True,
             )
         inv = inv.reshape(-1)
         g = len(first)
@@ -181,7 +185,7 @@ class Adds(BucketAdds):
         kc, ke, kt = cids[fk], np.asarray(es)[fk], np.asarray(types)[fk]
         per_cohort = np.bincount(kc, minlength=len(names))
         lut = np.zeros(len(names), dtype=np.int32)
-        uc, ufirst = np.unique(kc, return_index=True)
+        uc, ufirst = sets.unique(kc, index=True)
         for c in uc[np.argsort(ufirst)].tolist():  # ids in order of first key, as adds give
             lut[c] = self._cohort_id(names[c])
             self.cohorts[names[c]] = self.cohorts.get(names[c], 0) + int(per_cohort[c])

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tidal_actors.core import sets
 from tidal_actors.core.key_state import RENORMALIZE_AT, KeyCode, KeyState, key_code
 
 __all__ = ["SMALL_BATCH", "BucketAdds"]
@@ -107,7 +108,7 @@ class BucketAdds(KeyState):
         if not newer.any():
             return newer
         kn, bn = k[newer], b[newer]
-        keys, at = np.unique(kn, return_inverse=True)
+        keys, at = sets.unique(kn, inverse=True)
         top = np.full(len(keys), np.iinfo(np.int64).min, dtype=np.int64)
         np.maximum.at(top, at, bn)
         counts = self.latest_count[keys]

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tidal_actors.core import sets
 from tidal_actors.core.segments import Segments, room
 
 __all__ = ["OLDER_COLUMNS", "OlderBucket", "OlderBuckets"]
@@ -251,7 +252,7 @@ class OlderBuckets(Segments):
         n = len(ks)
         if not n:
             return
-        keys, first, per = np.unique(ks, return_index=True, return_counts=True)
+        keys, first, per = sets.unique(ks, index=True, counts=True)
         self._keys(int(keys[-1]) + 1)
         self._rows(n)
         for name in OLDER_COLUMNS:

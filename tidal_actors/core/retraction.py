@@ -15,6 +15,7 @@ from operator import sub, truediv
 import numpy as np
 import numpy.typing as npt
 
+from tidal_actors.core import sets
 from tidal_actors.core.key_state import DEAD, KeyState
 from tidal_actors.core.reads import pow2
 
@@ -85,7 +86,7 @@ class Retraction(KeyState):
         if not len(r):
             del dk
             return 0
-        r, first = np.unique(r, return_index=True)  # a row listed twice counts once
+        r, first = sets.unique(r, index=True)  # a row listed twice counts once
         k = k[first]
         order = np.argsort(first, kind="stable")  # back to the rows' order
         r, k = r[order], k[order]
@@ -187,7 +188,7 @@ class Retraction(KeyState):
         detail rows, so only for the rare key whose retractions cancelled
         (`retract_rows`)."""
         dk = self.view("row_key")
-        rows = np.flatnonzero(np.isin(dk, np.array(ks, dtype=np.uint32)))
+        rows = np.flatnonzero(sets.isin(dk, np.array(ks, dtype=np.uint32)))
         kr = dk[rows].astype(np.int64)
         ts_all = self.view("row_ts")[rows].tolist()
         w_all = self.view("row_weight")[rows].astype(np.float64).tolist()

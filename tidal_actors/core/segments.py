@@ -20,6 +20,8 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from tidal_actors.core import sets
+
 __all__ = ["COMPACT_FROM", "FIRST_CAP", "Segments", "room"]
 
 FIRST_CAP = 2  # rows a key's first segment holds
@@ -136,7 +138,7 @@ class Segments:
         handed out in one block."""
         starts = np.empty(len(caps), dtype=np.int64)
         todo = np.ones(len(caps), dtype=bool)
-        for cap in np.unique(caps).tolist():
+        for cap in sets.unique(caps).tolist():
             free = self._free.get(cap)
             if not free:
                 continue
@@ -171,7 +173,7 @@ class Segments:
                 col = getattr(self, name)
                 col[dst] = col[src]
         old = self.cap[ks]
-        for cap in np.unique(old[old > 0]).tolist():
+        for cap in sets.unique(old[old > 0]).tolist():
             self._free.setdefault(cap, array("q")).extend(self.start[ks[old == cap]].tolist())
         self._free_rows += int(old.sum())
         self.start[ks] = starts

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tidal_actors.core import sets
+
 __all__ = ["SettledBuckets"]
 
 _MASK = (1 << 64) - 1
@@ -145,7 +147,7 @@ class SettledBuckets:
         if not len(want) or not self.index:
             return out
         c = {name: col[: self.size] for name, col in self.cols.items()}
-        rows = np.flatnonzero(np.isin(c["k"], want))
+        rows = np.flatnonzero(sets.isin(c["k"], want))
         for row in rows.tolist():
             out.setdefault(int(c["k"][row]), []).append(
                 (
@@ -165,7 +167,7 @@ class SettledBuckets:
         if not len(want) or not self.index:
             return
         ck = self.cols["k"][: self.size]
-        rows = np.flatnonzero(np.isin(ck, want))
+        rows = np.flatnonzero(sets.isin(ck, want))
         if not len(rows):
             return
         for k, b in zip(ck[rows].tolist(), self.cols["b"][rows].tolist()):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from tidal_actors.core import sets
 from tidal_actors.core.key_state import DEAD, DETAIL_COLUMNS, KeyState
 
 __all__ = ["Settling"]
@@ -41,7 +42,7 @@ class Settling(KeyState):
         dr = self.view("row_rseq")[:cut]
         alive = dk != DEAD
         upto_m = self.settled_upto
-        for m in np.unique(dm[alive]).tolist():
+        for m in sets.unique(dm[alive]).tolist():
             next_rseq = int(dr[alive & (dm == m)].max()) + 1
             if next_rseq > upto_m.get(m, 0):
                 upto_m[m] = next_rseq

@@ -95,7 +95,8 @@ def to_f32(value: float) -> float:
 def check_weight(value: object, field: str = "weight") -> float:
     """A weight: finite, ``>= 0``, representable as float32; returns it rounded to float32."""
     if _is_boolish(value) or isinstance(value, (str, bytes)):
-        raise InvalidArgument(field, value, "must be a finite number >= 0")
+        kind = "bool" if _is_boolish(value) else type(value).__name__
+        raise InvalidArgument(field, value, f"must be a finite number >= 0 ({kind} is not)")
     try:
         w = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError):

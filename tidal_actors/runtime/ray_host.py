@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import queue
 import threading
 import time
 import uuid
@@ -62,14 +63,45 @@ START_WAIT_S = 300.0  # how long start() waits for the actors to be up (seconds)
 STOP_WAIT_S = 120.0  # how long stop() waits for each kind of actor to stop (seconds)
 
 
+_INIT_LOCK = threading.Lock()
+
+
 def ensure_ray(address: str | None) -> None:
     """Connect to Ray (``address``: None starts a local instance) unless connected.
+
+    Called from a thread other than the main one (an async facade opens in a worker
+    thread), ``ray.init`` runs in a thread that lives as long as the process
+    (``tidal-ray-keeper``): Ray starts a local instance's processes with
+    ``PR_SET_PDEATHSIG``, which kills them when the *thread* that started them ends
+    (prctl(2)), so an instance started from a worker thread would die with it.
 
     Raises:
         InvalidArgument: Ray cannot be reached at ``address`` (naming ``ray_address``).
     """
-    if ray.is_initialized():
-        return
+    with _INIT_LOCK:
+        if ray.is_initialized():
+            return
+        if threading.current_thread() is threading.main_thread():
+            _init_ray(address)
+            return
+        outcome: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+
+        def keep() -> None:
+            try:
+                _init_ray(address)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                outcome.put(exc)
+                return
+            outcome.put(None)
+            threading.Event().wait()  # parked for the life of the process
+
+        threading.Thread(target=keep, name="tidal-ray-keeper", daemon=True).start()
+        exc = outcome.get()
+        if exc is not None:
+            raise exc
+
+
+def _init_ray(address: str | None) -> None:
     try:
         ray.init(
             address=address,

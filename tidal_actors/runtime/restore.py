@@ -18,6 +18,7 @@ import numpy as np
 
 from tidal_actors._config import Config
 from tidal_actors._errors import InvalidArgument, StorageError
+from tidal_actors.core import sets
 from tidal_actors.core.states import CoordinatorState, LedgerState, MembershipState
 from tidal_actors.storage.format import (
     Keyspace,
@@ -188,7 +189,7 @@ def _replay_history(
     for m, drained in tomb.items():
         sel = np.flatnonzero(mcol == m)
         if len(sel):
-            keep[sel[np.isin(rcol[sel], np.array(drained, dtype=np.int64))]] = False
+            keep[sel[sets.isin(rcol[sel], np.array(drained, dtype=np.int64))]] = False
     # a pair's evicted records that no manifest has reported yet: the next purge's
     # manifest counts them (records below a purge's bound were reported by it)
     reported: dict[tuple[int, str], int] = {}
@@ -209,7 +210,7 @@ def _replay_history(
         if not len(sel):
             continue
         ms = mcol[sel]
-        if any(np.any(np.diff(rcol[sel[ms == m]]) < 0) for m in np.unique(ms).tolist()):
+        if any(np.any(np.diff(rcol[sel[ms == m]]) < 0) for m in sets.unique(ms).tolist()):
             # batches written under another ledger_shards count join out of order: put
             # each membership shard's records back in rseq order (a pair's log order)
             sel = sel[np.lexsort((rcol[sel], ms))]
@@ -236,7 +237,7 @@ def _replay_history(
             reported,
         )
         seen = ls.rseq_seen
-        for m in np.unique(ms).tolist():
+        for m in sets.unique(ms).tolist():
             last = int(rs[ms == m].max())
             if last >= mstates[m].next_rseq:
                 mstates[m].next_rseq = last + 1

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tidal_actors.core import sets
 from tidal_actors.storage.format import (
     HistoryBatch,
     Keyspace,
@@ -91,7 +92,7 @@ class HistoryReader:
             if len(key) > 9 and key[9] == _TOMB_TAG:
                 for m, r in decode_tombstone(value):
                     by_m.setdefault(m, []).append(r)
-        return {m: np.unique(np.array(rs, dtype=np.int64)) for m, rs in by_m.items()}
+        return {m: sets.unique(np.array(rs, dtype=np.int64)) for m, rs in by_m.items()}
 
     @staticmethod
     def unseen(b: HistoryBatch, seen: dict[tuple[int, int], int]) -> np.ndarray:
@@ -102,7 +103,7 @@ class HistoryReader:
         (`storage.history_compact`); a ledger shard's batches hold growing rseqs per
         membership shard, so those are the ones at or below the highest read."""
         keep = np.ones(len(b.r), dtype=bool)
-        for m in np.unique(b.m).tolist():
+        for m in sets.unique(b.m).tolist():
             sel = np.flatnonzero(b.m == m)
             rs = b.r[sel]
             top = seen.get((b.shard, m))
@@ -118,7 +119,7 @@ class HistoryReader:
         for m, rs in tombs.items():
             sel = np.flatnonzero(b.m == m)
             if len(sel):
-                keep[sel[np.isin(b.r[sel], rs)]] = False
+                keep[sel[sets.isin(b.r[sel], rs)]] = False
         return keep
 
     def settled_detail(

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from tidal_actors.core import sets
 from tidal_actors.storage.format import (
     HistoryBatch,
     Index,
@@ -106,7 +107,7 @@ def erase_history_ops(
         for item, b in zip(chunk, decode_batches(chunk, _ERASE_COLUMNS)):
             if cohort not in b.cohorts:
                 continue
-            mask = (b.ci == b.cohorts.index(cohort)) & np.isin(b.u, users)
+            mask = (b.ci == b.cohorts.index(cohort)) & sets.isin(b.u, users)
             if not mask.any():
                 continue
             rows = np.flatnonzero(mask)

@@ -13,6 +13,7 @@ import lz4.block
 import msgpack
 import numpy as np
 
+from tidal_actors.core import sets
 from tidal_actors.storage.format.columns import (
     CODEC_LZ4,
     CODEC_LZ4_COMPACTED,
@@ -287,7 +288,7 @@ def _group(
     m, at = out["m"], 0
     for i, k, base in zip(idx, seg.tolist(), bases):
         ms, part = m[starts[i] : starts[i] + k], v[at : at + k]
-        for shard in np.unique(ms).tolist():
+        for shard in sets.unique(ms).tolist():
             sel = np.flatnonzero(ms == shard)
             part[sel] = np.cumsum(part[sel])
         part += base

@@ -10,6 +10,7 @@ import lz4.block
 import msgpack
 import numpy as np
 
+from tidal_actors.core import sets
 from tidal_actors.storage.format.columns import (
     CODEC_LZ4,
     CODEC_LZ4_COMPACTED,
@@ -68,7 +69,7 @@ def _mdeltas(v: np.ndarray, m: np.ndarray) -> np.ndarray:
     """``v[i]`` minus the last earlier value of the same ``m`` (``v[0]`` for the first
     of each ``m``), modulo 2**64, as int64."""
     d = np.empty_like(v)
-    for shard in np.unique(m).tolist():
+    for shard in sets.unique(m).tolist():
         sel = np.flatnonzero(m == shard)
         g = v[sel]
         d[sel[:1]] = g[:1] - v[:1]  # slices: arrays wrap modulo 2**64 without a warning

@@ -39,6 +39,7 @@ import msgpack
 import numpy as np
 
 from tidal_actors._errors import StorageError
+from tidal_actors.core import sets
 from tidal_actors.storage.format.columns import (
     CODEC_LZ4_COMPACTED,
     CODEC_NONE_COMPACTED,
@@ -168,7 +169,7 @@ def merged_payload(
 
 def _names_used(b: HistoryBatch, keep: np.ndarray | None) -> list[str]:
     ci = b.ci if keep is None else b.ci[keep]
-    return [b.cohorts[i] for i in np.unique(ci).tolist()]
+    return [b.cohorts[i] for i in sets.unique(ci).tolist()]
 
 
 def decode_context(raw: Any) -> Any:

@@ -29,6 +29,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from tidal_actors.core import sets
+
 __all__ = [
     "BLOOM_BITS_PER_USER",
     "BLOOM_HASHES",
@@ -75,7 +77,7 @@ def _positions(z: np.ndarray, k: int, nbits: int) -> np.ndarray:
 def user_filter(users: np.ndarray) -> tuple[int, bytes]:
     """``(kind, bytes)`` of the filter of the user ids ``users`` (u64 array, repeats
     allowed; module doc for both kinds)."""
-    distinct = np.unique(np.asarray(users, dtype=np.uint64))
+    distinct = sets.unique(np.asarray(users, dtype=np.uint64))
     if len(distinct) <= SORTED_MAX:
         return 0, distinct.astype("<u8").tobytes()
     nbits = 64
@@ -94,7 +96,7 @@ class UserProbe:
     """
 
     def __init__(self, users: Iterable[int]) -> None:
-        self.users = np.unique(np.fromiter(users, dtype=np.uint64))
+        self.users = sets.unique(np.fromiter(users, dtype=np.uint64))
         self._set = set(self.users.tolist())
         self._z = _mix(self.users)
         self._at: dict[
