@@ -30,13 +30,15 @@ deterministic test host). Rules every behaviour keeps:
   returned (the gate is closed when it returns); a purge still covers every record
   its user submitted before the call (its bound is taken at the membership shard
   after them, and its marker follows them to every ledger).
-* Control writes group-commit: a membership shard writing a control operation stashes
-  what arrives meanwhile; when the commit is in, the run of control writes at the
-  head of the stash, on distinct users, goes to persistence back to back, which
-  commits writes waiting together in one transaction; each is applied and answered
-  only after its own commit, and the shard takes the next message once all are in.
-  Users being distinct, each operation computes its ops from the state it would have
-  seen one by one: the order of effects is the order of the messages.
+* Control writes group-commit: a membership shard applies a control write only once
+  its commit is in. While writes commit it keeps taking control writes on users with
+  no write pending (nothing set aside ahead of them) and sends them on, since their
+  ops depend only on their own user's state; anything else, and a write on a user
+  with one pending, is stashed with everything after it until the writes ahead of it
+  are applied. Persistence commits the writes waiting together in one transaction;
+  each is applied and answered only after its own commit. So the
+  order of effects per user is the order of the messages, and every other message
+  sees every control write that reached the shard before it.
 """
 
 from __future__ import annotations
@@ -160,6 +162,12 @@ class Behaviour:
 
     def on_idle(self) -> None:
         """Called by the host when the mailbox is empty after a message."""
+
+    def idle_wait_s(self) -> float:
+        """How long (seconds) a host may wait for another message before it calls
+        `on_idle` on an empty mailbox (0.0: call it now). A host may call `on_idle`
+        at once regardless (the deterministic harness does)."""
+        return 0.0
 
     def held(self) -> int:
         """How many received messages this behaviour holds aside for later; a bounded

@@ -1,12 +1,16 @@
 """Control writes of a membership shard: applied only once committed, group-committed.
 
 A control operation (assign, unassign, leave, rejoin) computes its ops, sends them to
-persistence, and applies its change and answers its caller only when the commit is in
-(`_on_committed`); in an ephemeral database (no store: ``ctx.durable`` false) it is
-applied and answered at once. Meanwhile the shard stashes what arrives, so its own order is kept
-without blocking a thread; when the commit is in, the run of control writes at the
-head of the stash, on distinct users, goes to persistence back to back
-(`_receive_group`), which commits writes waiting together in one transaction.
+persistence, and applies its change only when its commit is in (`_on_committed`); in
+an ephemeral database (no store: ``ctx.durable`` false) it is applied and answered at
+once. While writes commit, the shard keeps taking control writes on users with no
+write pending (nothing being set aside ahead of them): their ops depend only on their
+own user's state, which no pending write changes, so they go to persistence at once
+and join the commits queued there (group commit: persistence commits the writes
+waiting together in one transaction). Anything else, and a control write on a user
+whose write is pending, is set aside (the stash) with everything after it, so the
+shard's own order is kept without blocking a thread, and is handled once the writes
+ahead of it are applied (`resume`).
 """
 
 from __future__ import annotations
@@ -29,8 +33,11 @@ class ControlWrites(Behaviour):
     """The commit-then-apply half of `MembershipShard` (its base class)."""
 
     def _init_control_writes(self) -> None:
-        # the control writes committing now, by token: (apply, reply)
-        self._pending: dict[int, tuple[Callable[[], Any], Reply]] = {}
+        # the control writes committing now, by token: (apply, reply, user; None:
+        # not known, a write a failed incarnation sent, which holds back every user)
+        self._pending: dict[int, tuple[Callable[[], Any], Reply, int | None]] = {}
+        self._writing: set[int] = set()  # the users of the pending writes
+        self._unknown = 0  # pending writes whose user is not known
         self._group: list[M.Write] | None = None
         self._stash: collections.deque[object] = collections.deque()
         self._stashed_batches = 0
@@ -40,7 +47,7 @@ class ControlWrites(Behaviour):
 
     def in_doubt(self) -> dict[int, Reply]:
         """token -> reply of the control writes sent and not answered yet."""
-        return {token: reply for token, (_apply, reply) in self._pending.items()}
+        return {token: pending[1] for token, pending in self._pending.items()}
 
     def held_messages(self) -> list[object]:
         """The messages received and set aside behind a pending commit, in order."""
@@ -55,25 +62,41 @@ class ControlWrites(Behaviour):
                 self._stashed_batches += 1
                 self._stashed_signals += len(message.signals)
 
+    def _may_go(self, message: object) -> bool:
+        """Whether ``message`` may be handled now, before the pending writes are
+        applied: with none pending, anything; else a control write on a user with no
+        write pending."""
+        if not self._pending:
+            return True
+        return (
+            type(message) in CONTROL_WRITES
+            and not self._unknown
+            and cast(ControlWrite, message).user not in self._writing
+        )
+
     def receive(self, message: object) -> None:
-        if self._pending and type(message) is not M.Committed:
+        if type(message) is not M.Committed and (self._stash or not self._may_go(message)):
             self.set_aside([message])
             return
         super().receive(message)
         self.resume()
 
     def resume(self) -> None:
-        """Handle what the stash holds, until a write is pending again. A failure
+        """Handle what the stash holds, from its head, while `_may_go` allows; the
+        control writes handled in one go reach persistence back to back. A failure
         stops the run: a supervisor hands the rest to the next incarnation, or calls
         this again to resume."""
-        if self._stash and not self._pending:
-            while not self._pending and self._stash and self.fault is None:
-                message = self._take_stashed()
-                if type(message) in CONTROL_WRITES:
-                    self._receive_group(cast(ControlWrite, message))
-                else:
-                    super().receive(message)
-            self.room_made()
+        if not self._stash or not self._may_go(self._stash[0]):
+            return
+        self._group = []
+        try:
+            while self._stash and self.fault is None and self._may_go(self._stash[0]):
+                super().receive(self._take_stashed())
+        finally:
+            group, self._group = self._group, None
+            for write in group:
+                self.ctx.tell(M.PERSIST_ADDR, write)
+        self.room_made()
 
     def _take_stashed(self) -> object:
         message = self._stash.popleft()
@@ -81,28 +104,6 @@ class ControlWrites(Behaviour):
             self._stashed_batches -= 1
             self._stashed_signals -= len(message.signals)
         return message
-
-    def _receive_group(self, first: ControlWrite) -> None:
-        """Handle ``first`` and the control writes on distinct users right behind it in
-        the stash as one group: their writes go to persistence back to back, which
-        commits writes waiting together in one transaction (and, should it fail, each
-        on its own, so an error fails only its own writer)."""
-        self._group = []
-        users = {first.user}
-        try:
-            super().receive(first)
-            while (
-                self._stash
-                and type(self._stash[0]) in CONTROL_WRITES
-                and cast(ControlWrite, self._stash[0]).user not in users
-            ):
-                message = cast(ControlWrite, self._take_stashed())
-                users.add(message.user)
-                super().receive(message)
-        finally:
-            group, self._group = self._group, None
-        for write in group:
-            self.ctx.tell(M.PERSIST_ADDR, write)
 
     def held(self) -> int:
         # signal batches stashed while a control write commits count as still queued,
@@ -114,8 +115,14 @@ class ControlWrites(Behaviour):
         return self._stashed_signals
 
     def _write(
-        self, ops: list[tuple[str, bytes, bytes | None]], apply: Callable[[], Any], reply: Reply
+        self,
+        user: int,
+        ops: list[tuple[str, bytes, bytes | None]],
+        apply: Callable[[], Any],
+        reply: Reply,
     ) -> None:
+        """Commit ``ops`` (``user``'s records), then run ``apply`` and answer ``reply``
+        with its value (or with the commit's error, nothing applied)."""
         if not self.ctx.durable:
             # nothing to commit (an ephemeral database): applied and answered now,
             # without the round trip through persistence (a failure to apply fails
@@ -123,13 +130,14 @@ class ControlWrites(Behaviour):
             reply.set_result(apply())
             return
         self._token += 1
-        self._pending[self._token] = (apply, reply)
+        self._pending[self._token] = (apply, reply, user)
+        self._writing.add(user)
         # ahead: it writes only its user's records in ``users``, which no history,
         # purge or eviction write depends on, and the signals it changes the fate of
         # are the ones after it (stashed until it is applied): persistence may commit
         # it before the history writes queued there
         write = M.Write(ops, (self.address, self._token), ahead=True)
-        if self._group is not None:  # joins the group being formed (`_receive_group`)
+        if self._group is not None:  # joins the group being formed (`resume`)
             self._group.append(write)
         else:
             self.ctx.tell(M.PERSIST_ADDR, write)
@@ -138,7 +146,11 @@ class ControlWrites(Behaviour):
         pending = self._pending.pop(msg.token, None)
         if pending is None:
             return
-        apply, reply = pending
+        apply, reply, user = pending
+        if user is None:
+            self._unknown -= 1
+        else:
+            self._writing.discard(user)
         if msg.error is not None:
             reply.set_exception(msg.error)
             return

@@ -102,7 +102,8 @@ class MembershipShard(ControlWrites):
         new = cls(ctx, index, state)
         new._token = incarnation << 40
         for token, reply in (in_doubt or {}).items():
-            new._pending[token] = (_nothing, reply)
+            new._pending[token] = (_nothing, reply, None)
+            new._unknown += 1
         for name in cls.COUNTERS:
             if counters is not None and name in counters:
                 setattr(new, name, counters[name])
@@ -218,7 +219,10 @@ class MembershipShard(ControlWrites):
             return
         new = cur + (msg.cohort,)
         self._write(
-            self._cohort_ops(msg.user, new), lambda: self._set_cohorts(msg.user, new), msg.reply
+            msg.user,
+            self._cohort_ops(msg.user, new),
+            lambda: self._set_cohorts(msg.user, new),
+            msg.reply,
         )
 
     def _on_unassign(self, msg: M.Unassign) -> None:
@@ -228,7 +232,10 @@ class MembershipShard(ControlWrites):
             return
         new = tuple(c for c in cur if c != msg.cohort)
         self._write(
-            self._cohort_ops(msg.user, new), lambda: self._set_cohorts(msg.user, new), msg.reply
+            msg.user,
+            self._cohort_ops(msg.user, new),
+            lambda: self._set_cohorts(msg.user, new),
+            msg.reply,
         )
 
     def _membership_ops(
@@ -254,7 +261,10 @@ class MembershipShard(ControlWrites):
             self._update_route(user)
 
         self._write(
-            self._membership_ops(user, MembershipStatus.Left, msg.now_ns, history), apply, msg.reply
+            user,
+            self._membership_ops(user, MembershipStatus.Left, msg.now_ns, history),
+            apply,
+            msg.reply,
         )
 
     def _on_rejoin(self, msg: M.Rejoin) -> None:
@@ -273,7 +283,10 @@ class MembershipShard(ControlWrites):
             self._update_route(user)
 
         self._write(
-            self._membership_ops(user, MembershipStatus.Active, None, history), apply, msg.reply
+            user,
+            self._membership_ops(user, MembershipStatus.Active, None, history),
+            apply,
+            msg.reply,
         )
 
     def _on_query(self, msg: M.QueryUser) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -37,10 +38,19 @@ class Persistence(Behaviour):
     together is committed on its own as soon as the run ends (the next message is
     anything else) or the mailbox is empty, so a leave under full ingestion costs a
     small commit, not one carrying every history batch queued with it.
+
+    Control writes gather (`idle_wait_s`): once the mailbox is empty with fewer
+    control writes waiting than the last commit of them carried, a host may wait for
+    more, up to that commit's duration (at most ``GATHER_MAX_S``), before committing.
+    Callers whose writes committed together come back together; without the wait the
+    first one back would commit alone and the rest would wait behind it, so
+    concurrent callers would share commits about half as well. A lone caller (the
+    last commit carried one write) never waits.
     """
 
     address = M.PERSIST_ADDR
     GROUP_LIMIT = 50_000
+    GATHER_MAX_S = 0.005  # the longest wait for control writes to gather (seconds)
     # its mailbox is bounded by count only: a control write does not wait behind the
     # history writes queued here, it joins them in the next transaction, and a deep
     # queue is what makes a transaction carry many writes (one fsync for all)
@@ -52,6 +62,10 @@ class Persistence(Behaviour):
         self._writes: list[M.Write] = []
         self._ahead: list[M.Write] = []  # writes that may go first (``Write.ahead``)
         self._ops = 0
+        # control writes the last commit of them carried, and how long it took (s)
+        self._expect = 1
+        self._commit_s = 0.0
+        self._gather_until: float | None = None  # `idle_wait_s`'s deadline (perf_counter)
         # barrier id -> (ledgers reached, losses their parts reported)
         self._barriers: dict[int, tuple[int, tuple[BaseException, ...]]] = {}
         self.commits = 0
@@ -89,6 +103,19 @@ class Persistence(Behaviour):
         if self._ops >= self.GROUP_LIMIT:
             self.commit()
 
+    def idle_wait_s(self) -> float:
+        """How long to wait for more control writes before committing those waiting:
+        while fewer wait than the last commit of them carried, until that commit's
+        duration (at most ``GATHER_MAX_S``) has passed since the mailbox first went
+        empty; 0.0 otherwise."""
+        n = len(self._ahead)
+        if not n or n >= self._expect:
+            return 0.0
+        now = time.perf_counter()
+        if self._gather_until is None:
+            self._gather_until = now + min(self._commit_s, self.GATHER_MAX_S)
+        return max(0.0, self._gather_until - now)
+
     def on_idle(self) -> None:
         if self._ahead:
             self._commit(self._take_ahead())
@@ -119,10 +146,14 @@ class Persistence(Behaviour):
     def _commit(self, writes: list[M.Write]) -> None:
         if not writes:
             return
+        ahead = sum(w.ahead for w in writes)
+        started = time.perf_counter()
         try:
             self.store.commit([op for w in writes for op in w.ops])
             self.commits += 1
             errors: list[BaseException | None] = [None] * len(writes)
+            if ahead:
+                self._expect, self._commit_s = ahead, time.perf_counter() - started
         except Exception:  # noqa: BLE001 - retried one by one: each writer gets its own answer
             errors = []
             for w in writes:
@@ -132,6 +163,7 @@ class Persistence(Behaviour):
                     errors.append(None)
                 except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
                     errors.append(_write_error(exc))
+        self._gather_until = None
         for w, err in zip(writes, errors):
             try:
                 self._ack(w, err)

@@ -100,6 +100,14 @@ class Mailbox(queue.Queue[Envelope[Any]]):
             self._call_room_waiters()
         return item
 
+    def wait_for_message(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until the mailbox holds a message, without
+        taking it; whether it does (the actor's own thread, the one getter, calls it)."""
+        with self.not_empty:
+            if not self._qsize():
+                self.not_empty.wait(timeout)
+            return self._qsize() > 0
+
     def has_room(self) -> bool:
         with self.mutex:
             return not self._full()

@@ -116,6 +116,9 @@ def _actor_class(
                 self.load_msgs += 1
                 self.load_s += time.perf_counter() - started
             if self.actor_inbox.empty():
+                wait = self.behaviour.idle_wait_s()
+                if wait > 0.0 and self.mailbox.wait_for_message(wait):
+                    return  # more came: idle is asked again after it
                 idle = time.perf_counter()
                 try:
                     self.behaviour.on_idle()
