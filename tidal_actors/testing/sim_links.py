@@ -147,15 +147,21 @@ class LinkLayer:
             items = end.resend()
             if not items:  # kept only until durable, all applied
                 continue
-            self.schedule.links.counts["resent"] += len(items)
-            self.schedule.event(
+            self._resend(
+                link,
+                items,
                 f"re-send {addr(link[0])} -> {addr(receiver)}: "
-                f"#{items[0][0]}..#{items[-1][0]} ({len(items)} message(s))"
+                f"#{items[0][0]}..#{items[-1][0]} ({len(items)} message(s))",
             )
-            for seq, message in items:
-                self._transmit(link, seq, message)
             n += len(items)
         return n
+
+    def _resend(self, link: Link, items: list[tuple[int, object]], event: str) -> None:
+        """Transmit ``items`` (``(seq, message)``) on ``link`` again, counted and traced."""
+        self.schedule.links.counts["resent"] += len(items)
+        self.schedule.event(event)
+        for seq, message in items:
+            self._transmit(link, seq, message)
 
     def _progress(self, only: Callable[[M.Address], bool] | None = None) -> bool:
         """Deliver one copy (to a receiver ``only`` accepts), or else re-send what is
@@ -245,15 +251,13 @@ class LinkLayer:
             end = self._send[link] = old.renumbered(drop)
             self._recv[link] = LinkReceiver()
             items = end.unacked()
-            if not items:
-                continue
-            self.schedule.links.counts["resent"] += len(items)
-            self.schedule.event(
-                f"re-send {addr(link[0])} -> {addr(address)} after its restart: "
-                f"{len(items)} message(s) not durable there, numbered afresh"
-            )
-            for seq, message in items:
-                self._transmit(link, seq, message)
+            if items:
+                self._resend(
+                    link,
+                    items,
+                    f"re-send {addr(link[0])} -> {addr(address)} after its restart: "
+                    f"{len(items)} message(s) not durable there, numbered afresh",
+                )
 
     # -- what waits -----------------------------------------------------------------------
 
