@@ -162,12 +162,18 @@ def lost_of(report: Any) -> set[tuple[int, int]]:
 
 
 def crashed(
-    seed: int, config: Any, workload: Callable[[Recorder], None], address: Any, steps: int
+    seed: int,
+    config: Any,
+    workload: Callable[[Recorder], None],
+    address: Any,
+    steps: int,
+    **harness: Any,
 ) -> tuple[Harness, Recorder, Any]:
-    """A Harness (``seed``, ``config``, no store) given ``workload`` through a
+    """A Harness (``seed``, ``config``, no store; ``harness``: more of its keyword
+    arguments, e.g. ``ordering``, ``link_faults``) given ``workload`` through a
     Recorder and run ``steps`` steps; then the shard at ``address`` crashes and the
     harness runs until idle. Returns the harness, the Recorder and the FaultReport."""
-    h = Harness(seed=seed, config=config)
+    h = Harness(seed=seed, config=config, **harness)
     r = Recorder(h)
     workload(r)
     for _ in range(steps):

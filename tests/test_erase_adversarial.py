@@ -393,12 +393,12 @@ def test_an_erasure_of_a_batch_whose_rseq_is_coded_per_membership_shard(level) -
     is coded per membership shard (transform 2, read by the layout). The erasure's
     decision decodes ``r`` without ``m`` unless it asks for it: covered records go,
     exactly."""
-    from tidal_actors.storage.format import batch_key, seal, unseal
+    from tidal_actors.storage.format import batch_key, seal
     from tidal_actors.storage.format.columns_encode import encode_columnar
     from tidal_actors.storage.history_rewrite import erase_history_ops
     from tidal_actors.storage.stores import MemoryStore
 
-    from ._history_scan import decode, transforms
+    from ._history_scan import transforms
 
     recs = [(0, 0, 5), (1, 100, 0)]  # (m, r, user)
     recs += [(0, r, TOP if r % 3 else 5) for r in range(1, 1200)]
@@ -426,24 +426,17 @@ def test_an_erasure_of_a_batch_whose_rseq_is_coded_per_membership_shard(level) -
     ops, erased = erase_history_ops(store.history_items(), "a", covered)
     assert erased == len(recs) - len(kept)
     store.commit(ops)
-    got = sorted(
-        rec
-        for k, v in store.history_items()
-        for rec in decode(bytes(unseal(bytes(v), "history", k)))[0]
-    )
-    assert got == kept
+    assert _records(store) == kept
 
 
 @pytest.mark.parametrize("level", [0, 1])
 def test_an_erasure_of_a_cohort_past_the_256th_name(level) -> None:
     """A batch of 300 cohorts (``ci`` in 4 bytes): a purge of the 290th name drops its
     covered records only."""
-    from tidal_actors.storage.format import batch_key, seal, unseal
+    from tidal_actors.storage.format import batch_key, seal
     from tidal_actors.storage.format.columns_encode import encode_columnar
     from tidal_actors.storage.history_rewrite import erase_history_ops
     from tidal_actors.storage.stores import MemoryStore
-
-    from ._history_scan import decode
 
     names = sorted(f"c{i:03d}" for i in range(300))
     recs = [(ci, u) for ci in range(300) for u in (0, TOP, 3)]
@@ -467,12 +460,7 @@ def test_an_erasure_of_a_cohort_past_the_256th_name(level) -> None:
     ops, erased = erase_history_ops(store.history_items(), "c290", covered)
     assert erased == 2
     store.commit(ops)
-    got = sorted(
-        rec
-        for k, v in store.history_items()
-        for rec in decode(bytes(unseal(bytes(v), "history", k)))[0]
-    )
-    assert got == kept
+    assert _records(store) == kept
 
 
 def test_an_erasure_through_a_bloom_false_positive_changes_nothing_it_should_not() -> None:
@@ -509,6 +497,19 @@ def test_an_erasure_through_a_bloom_false_positive_changes_nothing_it_should_not
     assert [r[1] for r in decode(bytes(unseal(after[keys[1]], "history", keys[1])))[0]] == [5]
 
 
+def _records(store) -> list:  # type: ignore[no-untyped-def]
+    """Every record of a store's history batches, read by the independent reader, sorted."""
+    from tidal_actors.storage.format import unseal
+
+    from ._history_scan import decode
+
+    return sorted(
+        rec
+        for k, v in store.history_items()
+        for rec in decode(bytes(unseal(bytes(v), "history", k)))[0]
+    )
+
+
 def _index_of(payload: bytes) -> dict:
     from ._history_scan import decode
 
@@ -538,11 +539,10 @@ def test_an_erasure_and_retention_across_decode_chunks_of_mixed_versions(
     import random
 
     from tidal_actors.storage import history_rewrite
-    from tidal_actors.storage.format import batch_key, encode_history_columns, seal, unseal
+    from tidal_actors.storage.format import batch_key, encode_history_columns, seal
     from tidal_actors.storage.history_rewrite import erase_history_ops, retention_ops
     from tidal_actors.storage.stores import MemoryStore
 
-    from ._history_scan import decode
     from ._history_v1 import encode_batch
 
     monkeypatch.setattr(history_rewrite, "DECODE_CHUNK", chunk)
@@ -569,11 +569,7 @@ def test_an_erasure_and_retention_across_decode_chunks_of_mixed_versions(
         store.commit([("history", key, seal(key, payload))])
 
     def on_store() -> list:
-        return sorted(
-            rec
-            for k, v in store.history_items()
-            for rec in decode(bytes(unseal(bytes(v), "history", k)))[0]
-        )
+        return _records(store)
 
     covered = {0: r // 2, TOP: r, 7: 10**9}
     kept = [x for x in everything if not (x[3] == "a" and x[2] in covered and x[1] < covered[x[2]])]

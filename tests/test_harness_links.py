@@ -21,6 +21,7 @@ from ._differential import (
     Recorder,
     assert_matches,
     assert_matches_and_reopened,
+    crashed,
     model_without_lost,
 )
 from .test_harness import CFG, LEDGER0, MEMBERSHIP0, _workload
@@ -140,13 +141,9 @@ def test_a_membership_crash_under_link_faults_recovers_to_the_acknowledged_state
     (on its way, lost on the way or held back) is lost with its mailbox and
     reported, as without link faults."""
     for seed in range(8):
-        h = Harness(seed=seed, config=CFG, ordering=ordering, link_faults=EVERY_LINK)  # type: ignore[arg-type]
-        r = Recorder(h)
-        _workload(r)
-        for _ in range(crash_at):
-            h.step()
-        report = h.crash_shard(M0)
-        h.run_until_idle()
+        h, r, report = crashed(
+            seed, CFG, _workload, M0, crash_at, ordering=ordering, link_faults=EVERY_LINK
+        )
         model = model_without_lost(r, CFG, report)
         assert_matches_and_reopened(h, model, range(1, 6), f"seed {seed}, crash at {crash_at}")
 
@@ -238,13 +235,9 @@ def test_a_ledger_crash_with_fifo_per_pair_only_keeps_purges_exact() -> None:
     sweeps seeds, crash points and both ledgers)."""
     cfg = CFG.replace(ledger_shards=1)
     for seed, crash_at, faults in ((0, 25, None), (3, 0, EVERY_LINK)):
-        h = Harness(seed=seed, config=cfg, ordering="pair", link_faults=faults)
-        r = Recorder(h)
-        _workload(r)
-        for _ in range(crash_at):
-            h.step()
-        report = h.crash_shard(L0)
-        h.run_until_idle()
+        h, r, report = crashed(
+            seed, cfg, _workload, L0, crash_at, ordering="pair", link_faults=faults
+        )
         assert_matches(
             Blocking(h), model_without_lost(r, cfg, report), range(1, 6), exact_ids=False
         )
