@@ -132,3 +132,53 @@ def test_a_re_sent_purge_application_is_a_no_op() -> None:
     assert "ledger[0] <- coordinator[0]: ApplyPurge" in h.trace().split("restart ledger[0]")[1]
     assert h.run(h.read_window("red", 7, 0)) == (0, 0.0)
     assert h.run(h.read_window(COMMUNITY, 7, 0)) == (2, 7.0)
+
+
+def _purge_in_flight_at_restart(seed: int, crash: bool) -> bool:
+    """One membership and one ledger shard, the log holding 4 records. User 1's
+    two records come first (red, community), then two purges of theirs (red, then
+    community, which waits behind the first), then 4 records of user 2. The ledger
+    restarts once it has every record and before the red purge's preparation
+    reached it (``crash``: crashed, restored by handshake; else its handler fails
+    on a read, restored with its links kept): the red purge fails with the restart,
+    and the community purge is in flight. Until it ends the log keeps what was not
+    evicted when it was taken (user 1's community record, rseq 1; the records past
+    the cap are counted once its drain is known), so its manifest lists that record
+    as an entry and its retraction takes it out, as in the reference model.
+    Returns whether the community purge was in flight at the restart."""
+    cfg = ONE.replace(max_contribution_log_entries=4)
+    h = Harness(seed=seed, config=cfg, ordering="pair")
+    r = Recorder(h)
+    t0 = h.clock.now_ns()
+    h.run(r.assign_cohort(1, "red"))
+    r.signal_with_context(1, 7, 0, 2.0, t0 - 1)
+    h.run(r.flush())
+    r.request_community_purge(1, "red")
+    community = r.request_community_purge(1, COMMUNITY)
+    for i in range(4):
+        r.signal_with_context(2, 8, 0, 1.0, t0 - 2 - i)
+    r.flush()
+    prepared = "ledger[0] <- coordinator[0]: PreparePurge"
+    while h.behaviour(L0).state.rseq_seen.get(0, -1) < 5:
+        if prepared in h.trace():
+            return False
+        assert h.step(), "the ledger never got user 2's records"
+    if prepared in h.trace():
+        return False
+    if crash:
+        h.crash_shard(L0)
+    else:
+
+        def failing(*_: object) -> None:
+            raise RuntimeError("injected fault in a read")
+
+        h.behaviour(L0)._read = failing  # type: ignore[method-assign]
+        h.stats()
+    h.run_until_idle()
+    assert_matches_and_reopened(h, r.model(cfg), (1, 2), f"seed {seed}")
+    return community.error is None
+
+
+@pytest.mark.parametrize("crash", [True, False], ids=["crash", "handler-failure"])
+def test_a_purge_in_flight_at_a_ledger_restart_holds_the_log_trim(crash: bool) -> None:
+    assert [seed for seed in range(200) if _purge_in_flight_at_restart(seed, crash)]
