@@ -172,6 +172,13 @@ def _replay_history(
         if batch.shard < nl:
             ls = lstates[batch.shard]
             ls.batch_seq = max(ls.batch_seq, batch.seq + 1)
+    # a cohort whose records a purge removed (retracted live, or left out and erased
+    # by a rebuild) stays known to its shard, so that rematerialize() of one whose
+    # records are all gone from the history is not UnknownCohort, as live; a purge
+    # that removed nothing names a cohort that may never have had a record
+    for status, _ in restored.statuses.values():
+        if status.retracted_live or status.excluded_by_rematerialization:
+            lstates[ledger_shard_of(status.cohort, nl)].aggregates.cohort_id_for(status.cohort)
     batches = [b for b in batches if len(b.r)]
     if not batches:
         return
@@ -209,12 +216,9 @@ def _replay_history(
     watermarks = np.array(coord.watermarks, dtype=np.int64)
     shard_of_name = [ledger_shard_of(c, nl) for c in names]
     ledger_of = np.array(shard_of_name, dtype=np.int64)[ccol]
-    # every cohort the history or a purge names is known to its shard (so that
-    # rematerialize() of a cohort whose records were all purged is not UnknownCohort)
+    # every cohort the history names is known to its shard (its records purged too)
     for c, li in zip(names, shard_of_name):
         lstates[li].aggregates.cohort_id_for(c)
-    for status, _ in restored.statuses.values():
-        lstates[ledger_shard_of(status.cohort, nl)].aggregates.cohort_id_for(status.cohort)
     for li, ls in enumerate(lstates):
         sel = np.flatnonzero(keep & (ledger_of == li))
         if not len(sel):
