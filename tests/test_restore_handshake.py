@@ -11,6 +11,8 @@ reference model over every operation (nothing is left out for a ledger crash).
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from tidal_actors import COMMUNITY
@@ -182,3 +184,62 @@ def _purge_in_flight_at_restart(seed: int, crash: bool) -> bool:
 @pytest.mark.parametrize("crash", [True, False], ids=["crash", "handler-failure"])
 def test_a_purge_in_flight_at_a_ledger_restart_holds_the_log_trim(crash: bool) -> None:
     assert [seed for seed in range(200) if _purge_in_flight_at_restart(seed, crash)]
+
+
+def _ledger_crash_storm(seed: int, faults: LinkFaults | None) -> None:
+    """70 random steps on 5 users with a log of 8 records (evictions): signals,
+    assigns, leaves, rejoins, purges, rebuilds run to their end (a ledger crashing
+    in the middle of some), ledger crashes (some back to back, some with a read
+    waiting at the shard), and harness steps between them. Checked against the
+    reference model over every operation that returned, live and reopened."""
+    rnd = random.Random(seed)
+    cfg = CFG.replace(max_contribution_log_entries=8)
+    h = Harness(seed=seed, config=cfg, ordering="pair", link_faults=faults)
+    r = Recorder(h)
+    t0 = h.clock.now_ns()
+
+    def crash(address: M.Address) -> None:
+        if address not in h.host.down:
+            h.crash_shard(address)
+
+    for n in range(70):
+        u = rnd.randrange(1, 6)
+        op = rnd.random()
+        if op < 0.45:
+            r.signal_with_context(u, n % 4, n % 2, 0.5 + n % 3, t0 - n)
+        elif op < 0.55:
+            r.assign_cohort(u, rnd.choice(("red", "blue")))
+        elif op < 0.6:
+            r.leave_community_layer(u)
+        elif op < 0.65:
+            r.rejoin_community_layer(u)
+        elif op < 0.75:
+            r.request_community_purge(u, rnd.choice(("red", "blue", COMMUNITY)))
+        elif op < 0.78:  # a rebuild, run to its end (its order with signals is then known)
+            h.run_until_idle()
+            r.rematerialize(rnd.choice(("red", "blue", COMMUNITY)))
+            for _ in range(rnd.randrange(12)):
+                h.step()
+            if rnd.random() < 0.5:
+                crash(rnd.choice((L0, L1)))
+            h.run_until_idle()
+        elif op < 0.85:
+            crash(rnd.choice((L0, L1)))
+            if rnd.random() < 0.3:
+                crash(rnd.choice((L0, L1)))
+        elif op < 0.9:
+            r.read_window(rnd.choice(("red", COMMUNITY)), 1, 0)
+            crash(rnd.choice((L0, L1)))
+        else:
+            for _ in range(rnd.randrange(10)):
+                h.step()
+    h.run_until_idle()
+    assert_matches_and_reopened(h, r.model(cfg), range(1, 6), f"seed {seed}")
+
+
+@pytest.mark.parametrize("faults", [None, EVERY_LINK], ids=["no-faults", "every-link"])
+def test_ledger_crashes_amid_evictions_purges_rebuilds_and_reads(
+    faults: LinkFaults | None,
+) -> None:
+    for seed in range(30):
+        _ledger_crash_storm(seed, faults)
