@@ -32,7 +32,7 @@ deterministic test host). Rules every behaviour keeps:
   after them, and its marker follows them to every ledger).
 * Control writes group-commit: a membership shard applies a control write only once
   its commit is in. While writes commit it keeps taking control writes on users with
-  no write pending (nothing set aside ahead of them) and sends them on, since their
+  no write pending (nothing set aside ahead of them) and sends them on (a run of them together), since their
   ops depend only on their own user's state; anything else, and a write on a user
   with one pending, is stashed with everything after it until the writes ahead of it
   are applied. Persistence commits the writes waiting together in one transaction;
