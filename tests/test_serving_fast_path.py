@@ -313,3 +313,29 @@ def test_fast_path_errors_after_close_and_from_another_thread(loop: str) -> None
         db.read_decay_score("red", 1, 1)
     with pytest.raises(DatabaseClosed):
         db.read_decay_score("red", 1, 1)
+
+
+def test_each_read_counts_in_the_shards_reads_and_is_noted_when_seen() -> None:
+    """A read that wants a view adds one to its shard's ``reads`` (no clock read); the
+    shard, or the flusher thread through ``unread``, notes the time it sees them
+    move, and a view nobody wanted for ``WANTED_S`` since is unread."""
+    from tidal_actors.actors.ledger_views import WANTED_S
+
+    with TidalDb.open(config=CFG.replace(ledger_shards=1)) as db:
+        led = db._core.ledgers[0]
+        db.read_decay_score("red", 1, 1)
+        db.flush()  # the view is published
+        before = led.reads
+        t0 = time.monotonic()
+        for _ in range(5):
+            db.read_decay_score("red", 1, 1, consistency="latest")
+        assert led.reads == before + 5
+        now = time.monotonic()
+        assert not led.unread(now)
+        assert t0 <= led.wanted <= now  # noted here, or by the flusher thread's look
+        assert led.unread(led.wanted + WANTED_S + 0.1)  # no read since
+        t1 = time.monotonic()
+        db.read_window("red", 1, 1)
+        assert led.reads == before + 6
+        assert not led.unread(time.monotonic() + WANTED_S / 2)
+        assert t1 <= led.wanted  # a look after the read noted it

@@ -23,7 +23,6 @@ the view cannot answer, the read goes to the shard (`_serve`).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,8 +47,6 @@ from tidal_actors.storage.format import ledger_shard_of
 __all__ = ["READ_COHORTS", "Serving"]
 
 READ_COHORTS = 65_536  # cohort names a database remembers as checked for reads
-
-_monotonic = time.monotonic
 
 
 class Serving(Operations):
@@ -97,7 +94,7 @@ class Serving(Operations):
         elif mode != "latest":
             check_consistency("consistency", consistency)
         shard = self.ledgers[ledger]
-        shard.wanted = _monotonic()  # keeps (or starts) its publishing
+        shard.reads += 1  # keeps (or starts) its publishing (`LedgerViews`)
         return shard.view
 
     def _serve(
@@ -173,7 +170,7 @@ class Serving(Operations):
             check_consistency("consistency", consistency)
         if not lagging:
             shard = self.ledgers[li]
-            shard.wanted = _monotonic()  # keeps (or starts) its publishing
+            shard.reads += 1  # keeps (or starts) its publishing (`LedgerViews`)
             view = shard.view
             if view is not None:
                 value = view.score(cohort, entity_id, signal_type, at)
