@@ -11,6 +11,8 @@ reference model over every operation (nothing is left out for a ledger crash).
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from tidal_actors import COMMUNITY
@@ -132,3 +134,112 @@ def test_a_re_sent_purge_application_is_a_no_op() -> None:
     assert "ledger[0] <- coordinator[0]: ApplyPurge" in h.trace().split("restart ledger[0]")[1]
     assert h.run(h.read_window("red", 7, 0)) == (0, 0.0)
     assert h.run(h.read_window(COMMUNITY, 7, 0)) == (2, 7.0)
+
+
+def _purge_in_flight_at_restart(seed: int, crash: bool) -> bool:
+    """One membership and one ledger shard, the log holding 4 records. User 1's
+    two records come first (red, community), then two purges of theirs (red, then
+    community, which waits behind the first), then 4 records of user 2. The ledger
+    restarts once it has every record and before the red purge's preparation
+    reached it (``crash``: crashed, restored by handshake; else its handler fails
+    on a read, restored with its links kept): the red purge fails with the restart,
+    and the community purge is in flight. Until it ends the log keeps what was not
+    evicted when it was taken (user 1's community record, rseq 1; the records past
+    the cap are counted once its drain is known), so its manifest lists that record
+    as an entry and its retraction takes it out, as in the reference model.
+    Returns whether the community purge was in flight at the restart."""
+    cfg = ONE.replace(max_contribution_log_entries=4)
+    h = Harness(seed=seed, config=cfg, ordering="pair")
+    r = Recorder(h)
+    t0 = h.clock.now_ns()
+    h.run(r.assign_cohort(1, "red"))
+    r.signal_with_context(1, 7, 0, 2.0, t0 - 1)
+    h.run(r.flush())
+    r.request_community_purge(1, "red")
+    community = r.request_community_purge(1, COMMUNITY)
+    for i in range(4):
+        r.signal_with_context(2, 8, 0, 1.0, t0 - 2 - i)
+    r.flush()
+    prepared = "ledger[0] <- coordinator[0]: PreparePurge"
+    while h.behaviour(L0).state.rseq_seen.get(0, -1) < 5:
+        if prepared in h.trace():
+            return False
+        assert h.step(), "the ledger never got user 2's records"
+    if prepared in h.trace():
+        return False
+    if crash:
+        h.crash_shard(L0)
+    else:
+
+        def failing(*_: object) -> None:
+            raise RuntimeError("injected fault in a read")
+
+        h.behaviour(L0)._read = failing  # type: ignore[method-assign]
+        h.stats()
+    h.run_until_idle()
+    assert_matches_and_reopened(h, r.model(cfg), (1, 2), f"seed {seed}")
+    return community.error is None
+
+
+@pytest.mark.parametrize("crash", [True, False], ids=["crash", "handler-failure"])
+def test_a_purge_in_flight_at_a_ledger_restart_holds_the_log_trim(crash: bool) -> None:
+    assert [seed for seed in range(200) if _purge_in_flight_at_restart(seed, crash)]
+
+
+def _ledger_crash_storm(seed: int, faults: LinkFaults | None) -> None:
+    """70 random steps on 5 users with a log of 8 records (evictions): signals,
+    assigns, leaves, rejoins, purges, rebuilds run to their end (a ledger crashing
+    in the middle of some), ledger crashes (some back to back, some with a read
+    waiting at the shard), and harness steps between them. Checked against the
+    reference model over every operation that returned, live and reopened."""
+    rnd = random.Random(seed)
+    cfg = CFG.replace(max_contribution_log_entries=8)
+    h = Harness(seed=seed, config=cfg, ordering="pair", link_faults=faults)
+    r = Recorder(h)
+    t0 = h.clock.now_ns()
+
+    def crash(address: M.Address) -> None:
+        if address not in h.host.down:
+            h.crash_shard(address)
+
+    for n in range(70):
+        u = rnd.randrange(1, 6)
+        op = rnd.random()
+        if op < 0.45:
+            r.signal_with_context(u, n % 4, n % 2, 0.5 + n % 3, t0 - n)
+        elif op < 0.55:
+            r.assign_cohort(u, rnd.choice(("red", "blue")))
+        elif op < 0.6:
+            r.leave_community_layer(u)
+        elif op < 0.65:
+            r.rejoin_community_layer(u)
+        elif op < 0.75:
+            r.request_community_purge(u, rnd.choice(("red", "blue", COMMUNITY)))
+        elif op < 0.78:  # a rebuild, run to its end (its order with signals is then known)
+            h.run_until_idle()
+            r.rematerialize(rnd.choice(("red", "blue", COMMUNITY)))
+            for _ in range(rnd.randrange(12)):
+                h.step()
+            if rnd.random() < 0.5:
+                crash(rnd.choice((L0, L1)))
+            h.run_until_idle()
+        elif op < 0.85:
+            crash(rnd.choice((L0, L1)))
+            if rnd.random() < 0.3:
+                crash(rnd.choice((L0, L1)))
+        elif op < 0.9:
+            r.read_window(rnd.choice(("red", COMMUNITY)), 1, 0)
+            crash(rnd.choice((L0, L1)))
+        else:
+            for _ in range(rnd.randrange(10)):
+                h.step()
+    h.run_until_idle()
+    assert_matches_and_reopened(h, r.model(cfg), range(1, 6), f"seed {seed}")
+
+
+@pytest.mark.parametrize("faults", [None, EVERY_LINK], ids=["no-faults", "every-link"])
+def test_ledger_crashes_amid_evictions_purges_rebuilds_and_reads(
+    faults: LinkFaults | None,
+) -> None:
+    for seed in range(30):
+        _ledger_crash_storm(seed, faults)

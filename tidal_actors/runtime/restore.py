@@ -11,7 +11,8 @@ shard's eviction watermark to the aggregates only).
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Mapping
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -51,7 +52,10 @@ FORMAT_VERSION = 1
 
 
 def build_states(
-    config: Config, restored: Restored, store: Store | None = None
+    config: Config,
+    restored: Restored,
+    store: Store | None = None,
+    in_flight: Mapping[int, Mapping[Any, int]] | None = None,
 ) -> tuple[list[MembershipState], list[LedgerState], CoordinatorState]:
     """Rebuild every behaviour's state from what the store holds (restore on open).
 
@@ -59,9 +63,15 @@ def build_states(
     membership shard's eviction watermark go to the aggregates but not to the log.
     With a durable ``store`` that can read its history back while open
     (``reads_history``: not a read-only snapshot, which keeps every detail row), each
-    ledger reads its history through it (`LedgerState.wire_history`) and the detail
-    of records out of the log is settled at once (a restore reads every record;
-    memory stays bounded by the log).
+    ledger reads its history through it (`LedgerState.wire_history`), trims its log
+    of what is surely evicted (`LedgerState.raise_floors`) and settles the detail of
+    records out of the log at once (a restore reads every record; memory stays
+    bounded by the log).
+
+    ``in_flight`` (membership shard -> {marker: bound}) names the purges in flight
+    when a ledger shard restarts beside them (`runtime.supervision.restore_ledger`;
+    none at an open): trimming stops at their bounds, as the ledger holds it while
+    they run, since their drains free room in the log that no ledger can count yet.
     """
     mstates, lstates, coord = _build_states(config, restored)
     if store is not None and store.durable and getattr(store, "reads_history", False):
@@ -69,7 +79,7 @@ def build_states(
         caps = [membership_capacity(config.max_contribution_log_entries, m, nm) for m in range(nm)]
         for i, ls in enumerate(lstates):
             ls.wire_history(HistoryReader(cast(HistoryStore, store), i))
-            ls.raise_floors(caps, {})
+            ls.raise_floors(caps, {m: dict(held) for m, held in (in_flight or {}).items()})
             ls.settle(True, force=True)
     return mstates, lstates, coord
 
@@ -162,6 +172,13 @@ def _replay_history(
         if batch.shard < nl:
             ls = lstates[batch.shard]
             ls.batch_seq = max(ls.batch_seq, batch.seq + 1)
+    # a cohort whose records a purge removed (retracted live, or left out and erased
+    # by a rebuild) stays known to its shard, so that rematerialize() of one whose
+    # records are all gone from the history is not UnknownCohort, as live; a purge
+    # that removed nothing names a cohort that may never have had a record
+    for status, _ in restored.statuses.values():
+        if status.retracted_live or status.excluded_by_rematerialization:
+            lstates[ledger_shard_of(status.cohort, nl)].aggregates.cohort_id_for(status.cohort)
     batches = [b for b in batches if len(b.r)]
     if not batches:
         return
@@ -199,12 +216,9 @@ def _replay_history(
     watermarks = np.array(coord.watermarks, dtype=np.int64)
     shard_of_name = [ledger_shard_of(c, nl) for c in names]
     ledger_of = np.array(shard_of_name, dtype=np.int64)[ccol]
-    # every cohort the history or a purge names is known to its shard (so that
-    # rematerialize() of a cohort whose records were all purged is not UnknownCohort)
+    # every cohort the history names is known to its shard (its records purged too)
     for c, li in zip(names, shard_of_name):
         lstates[li].aggregates.cohort_id_for(c)
-    for status, _ in restored.statuses.values():
-        lstates[ledger_shard_of(status.cohort, nl)].aggregates.cohort_id_for(status.cohort)
     for li, ls in enumerate(lstates):
         sel = np.flatnonzero(keep & (ledger_of == li))
         if not len(sel):

@@ -111,8 +111,14 @@ def restore_ledger(
     """Ledger shard ``index`` rebuilt from ``restored`` (what ``store.load()`` read
     after the exchange), the coordinator's ``recovery`` and the markers the failed
     incarnation took (``inherited``), or, with ``handshake``, restored with its links
-    (`LedgerShard.restarted`)."""
-    _, lstates, _ = build_states(config, restored, store)
+    (`LedgerShard.restarted`). The log is trimmed no further than the bounds of
+    the purges in flight (the coordinator's and the inherited markers), before its
+    rows are settled."""
+    inherited = tuple(inherited)
+    held: dict[int, dict[M.Marker, int]] = {}
+    for note in (*recovery.in_flight, *inherited):
+        held.setdefault(note.mshard, {})[note.marker] = note.bound
+    _, lstates, _ = build_states(config, restored, store, held)
     return LedgerShard.restarted(
         ctx, index, lstates[index], recovery, counters, inherited, handshake
     )
