@@ -10,6 +10,8 @@ to new buckets: the case that made a tuple-keyed index tracked again) and times
 
 * ``runtime``: batched ephemeral ingestion (``signal_batch`` of 1,000, 2 ledger
   shards), the heap frozen (``gc.freeze``) after the set-up, as ``simulate`` does;
+* ``runtime_reading``: the same while a thread reads at ``latest`` (point reads and
+  top-10s), so the ledger shards publish views throughout;
 * ``plain``: `ingest_baselines.tight_loop`, the tight single-threaded dict loop over
   the same signals (its state: dicts keyed by tuples, lists per key, a list of log
   tuples), heap frozen the same way;
@@ -27,6 +29,7 @@ import gc
 import os
 import statistics
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,29 +40,74 @@ from bench_core import report  # noqa: E402
 from bench_ingest import HOUR, assign_all, spread_workload  # noqa: E402
 from ingest_baselines import routes_of, tight_loop  # noqa: E402
 
-from tidal_actors import Config, TidalDb  # noqa: E402
+from tidal_actors import COMMUNITY, Config, TidalDb  # noqa: E402
 
 EVERY = 50_000  # signals between two timed collections
 BATCH = 1_000
 
 
 def full_collection_ms() -> float:
-    t0 = time.perf_counter()
-    gc.collect()
-    return (time.perf_counter() - t0) * 1e3
+    """Milliseconds the collector itself ran in a full ``gc.collect()`` (from its
+    start callback to its stop callback: a wait for the interpreter lock before it,
+    which another thread or the OS scheduler may cause, is not a collection's)."""
+    marks: list[float] = []
+
+    def mark(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] == 2:
+            marks.append(time.perf_counter())
+
+    gc.callbacks.append(mark)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(mark)
+    return (marks[-1] - marks[0]) * 1e3
 
 
-def runtime_pauses(signals: list, cohorts: dict) -> list[float]:  # type: ignore[type-arg]
+def runtime_pauses(signals: list, cohorts: dict, reading: bool = False) -> list[float]:  # type: ignore[type-arg]
+    """The pauses of full collections while the runtime ingests; with ``reading``, a
+    thread reads at ``latest`` meanwhile (point reads and top-10s of the keys
+    ingested, a pause of 0.2 ms after each), so the ledgers publish views throughout
+    (the reader waits while a collection is timed)."""
     pauses = []
     with TidalDb.open(None, config=Config(ledger_shards=2)) as db:
         assign_all(db, cohorts)
+        stop, idle = threading.Event(), threading.Event()
+        names = sorted({c for cs in cohorts.values() for c in cs} | {COMMUNITY})
+        reads = [0]
+
+        def reader() -> None:
+            i = 0
+            while not stop.is_set():
+                if idle.is_set():
+                    time.sleep(0.001)
+                    continue
+                s = signals[(i * 7919) % len(signals)]
+                c = names[i % len(names)]
+                db.read_decay_score(c, s.entity_id, s.signal_type, consistency="latest")
+                db.top_entities(c, s.signal_type, 10, consistency="latest")
+                i += 1
+                time.sleep(0.0002)
+            reads[0] = 2 * i
+
+        thread = threading.Thread(target=reader, daemon=True)
         gc.collect()
         gc.freeze()
+        if reading:
+            thread.start()
         for i in range(0, len(signals), BATCH):
             db.signal_batch(signals[i : i + BATCH])
             if (i + BATCH) % EVERY == 0:
                 db.flush()
+                idle.set()
+                time.sleep(0.005)
                 pauses.append(full_collection_ms())
+                idle.clear()
+        if reading:
+            stop.set()
+            thread.join()
+            publications = sum(lg.publications for lg in db._core.ledgers)
+            print(f"reader: {reads[0]:,} latest reads, {publications:,} views published")
     return pauses
 
 
@@ -88,11 +136,14 @@ def main() -> None:
     gc.collect()
     gc.freeze()  # the input, for both
     runtime = runtime_pauses(signals, cohorts)
+    reading = runtime_pauses(signals, cohorts, reading=True)
     plain = plain_pauses(signals, cohorts)
     out: dict[str, float] = {
         "signals": args.signals,
         "runtime_median_ms": statistics.median(runtime),
         "runtime_max_ms": max(runtime),
+        "runtime_reading_median_ms": statistics.median(reading),
+        "runtime_reading_max_ms": max(reading),
         "plain_median_ms": statistics.median(plain),
         "plain_max_ms": max(plain),
     }

@@ -1,4 +1,6 @@
-"""Child-process side of the crash tests (tests/test_crash.py).
+"""Child-process side of the crash tests (tests/test_crash.py and others), and the
+calls with which a test starts a child and waits for it (`forkserver`,
+`run_until_killed`).
 
 Run in processes forked from a multiprocessing forkserver that has already imported
 the library, so a kill point costs a fork, not an interpreter start. Each function
@@ -241,3 +243,12 @@ def run_and_die(path: str, scenario: str, start_ns: int, cfg: dict[str, Any]) ->
     db = TidalDb.open(path, config=Config(**cfg), clock=ManualClock(start_ns))
     fn(db)
     _kill_self()
+
+
+def run_until_killed(mp: Any, path: str, scenario: str, start_ns: int, cfg: dict[str, Any]) -> None:
+    """The test's side of `run_and_die`: run it in a child of ``mp`` (`forkserver`),
+    wait for the child (60 s at most), and assert it died of its SIGKILL."""
+    p = mp.Process(target=run_and_die, args=(path, scenario, start_ns, cfg))
+    p.start()
+    p.join(60)
+    assert p.exitcode == -signal.SIGKILL, p.exitcode

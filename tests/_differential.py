@@ -2,16 +2,22 @@
 
 A "runtime" here is anything with TidalDb's blocking methods: a ``TidalDb`` itself, or
 :class:`Blocking` around a ``Harness`` (each call runs the harness until its reply).
+`random_op` is one step of the seeded random workloads that drive both.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+import random
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from tidal_actors import PurgeManifest
+import pytest
+
+from tidal_actors import COMMUNITY, ManualClock, PurgeManifest, UnknownCohort
 from tidal_actors.testing import Harness, ReferenceModel
+
+from .conftest import SEC, T0
 
 REL = 1e-9
 ABS = 1e-12  # float residue of an exact retraction: sums that should be 0.0 exactly
@@ -145,3 +151,113 @@ class Recorder:
             getattr(m, name)(*args)
         clock.set(self.h.clock.now_ns())
         return m
+
+
+def lost_of(report: Any) -> set[tuple[int, int]]:
+    """``(user, ts)`` of each signal a FaultReport says was lost: its lost signals
+    (signal tuples) and the user and timestamp of each of its lost records."""
+    return {(s[0], s[4]) for s in report.lost_signals} | {
+        (rec.user, rec.ts) for rec in report.lost_records
+    }
+
+
+def crashed(
+    seed: int, config: Any, workload: Callable[[Recorder], None], address: Any, steps: int
+) -> tuple[Harness, Recorder, Any]:
+    """A Harness (``seed``, ``config``, no store) given ``workload`` through a
+    Recorder and run ``steps`` steps; then the shard at ``address`` crashes and the
+    harness runs until idle. Returns the harness, the Recorder and the FaultReport."""
+    h = Harness(seed=seed, config=config)
+    r = Recorder(h)
+    workload(r)
+    for _ in range(steps):
+        h.step()
+    report = h.crash_shard(address)
+    h.run_until_idle()
+    return h, r, report
+
+
+def model_without_lost(r: Recorder, config: Any, report: Any) -> ReferenceModel:
+    """``r.model(config)`` but for the signals ``report`` says were lost."""
+    lost = lost_of(report)
+    return r.model(
+        config, skip=lambda name, args: name == "signal_with_context" and (args[0], args[4]) in lost
+    )
+
+
+def assert_matches_and_reopened(
+    h: Harness, model: ReferenceModel, users: Iterable[int], where: str
+) -> None:
+    """`assert_matches` (purge ids aside) on the harness ``h``, then again after
+    ``h.close_and_reopen()``: what it serves is what its store holds."""
+    db = Blocking(h)
+    assert_matches(db, model, users, exact_ids=False, where=f"{where}: ")
+    h.close_and_reopen()
+    assert_matches(db, model, users, exact_ids=False, where=f"{where}, after reopen: ")
+
+
+def random_op(
+    db: Any,
+    ref: ReferenceModel,
+    rng: random.Random,
+    clocks: Sequence[ManualClock],
+    mix: Sequence[tuple[float, str]],
+) -> str:
+    """One step of a seeded random workload: the same operation on ``db`` and ``ref``.
+
+    Draws ``op = rng.random()`` and a user in ``[0, 6)``; the operation is the name of
+    the first ``(bound, name)`` of ``mix`` with ``op < bound``: "signal" (entity in
+    [0, 5), type 0 or 1, weight 0.1 to 2.0, at T0 - 5 s to T0 + 39 s), "assign",
+    "unassign" (cohort "a", "b" or "c"), "leave", "rejoin", "purge" (one of those
+    or COMMUNITY; the manifests' entries and evicted counts must agree),
+    "rematerialize" (the runtime's records_excluded at most the model's, which
+    counts the live-retracted records too; UnknownCohort from both or neither) or
+    "advance" (every clock of ``clocks`` by -3 s to 9 s). Any other name is the
+    caller's to do. Returns the name.
+    """
+    op = rng.random()
+    u = rng.randrange(6)
+    name = next(n for bound, n in mix if op < bound)
+    if name == "signal":
+        args = (
+            u,
+            rng.randrange(5),
+            rng.randrange(2),
+            rng.choice([0.5, 1.0, 2.0, 0.1]),
+            T0 + rng.randrange(-5, 40) * SEC,
+        )
+        db.signal_with_context(*args)
+        ref.signal_with_context(*args)
+    elif name == "assign":
+        c = rng.choice("abc")
+        db.assign_cohort(u, c)
+        ref.assign_cohort(u, c)
+    elif name == "unassign":
+        c = rng.choice("abc")
+        db.unassign_cohort(u, c)
+        ref.unassign_cohort(u, c)
+    elif name == "leave":
+        db.leave_community_layer(u)
+        ref.leave_community_layer(u)
+    elif name == "rejoin":
+        db.rejoin_community_layer(u)
+        ref.rejoin_community_layer(u)
+    elif name == "purge":
+        c = rng.choice(["a", "b", "c", COMMUNITY])
+        _, m = db.request_community_purge(u, c)
+        _, rm = ref.request_community_purge(u, c)
+        assert (m.entries, m.evicted) == (rm.entries, rm.evicted)
+    elif name == "rematerialize":
+        c = rng.choice(["a", "b", "c", COMMUNITY])
+        try:
+            excluded = ref.rematerialize(c)
+        except UnknownCohort:
+            with pytest.raises(UnknownCohort):
+                db.rematerialize(c)
+        else:
+            assert db.rematerialize(c).records_excluded <= excluded
+    elif name == "advance":
+        d = rng.randrange(-3, 10) * SEC
+        for clock in clocks:
+            clock.advance(d)
+    return name

@@ -3,9 +3,11 @@ from __future__ import annotations
 import pytest
 
 from tidal_actors import ManualClock, TidalDb
+from tidal_actors.core import states as _states
 
 T0 = 10**18  # a round time in ns (2001-09-09)
 SEC = 10**9
+MIN = 60 * SEC
 HOUR = 3600 * SEC
 DAY = 24 * HOUR
 
@@ -24,3 +26,9 @@ def db(clock):
 @pytest.fixture
 def pdb_path(tmp_path):
     return str(tmp_path / "store")
+
+
+@pytest.fixture
+def settle_at_once(monkeypatch):
+    """Settle every row as soon as it may be (the default waits for 16,384)."""
+    monkeypatch.setattr(_states, "SETTLE_MIN", 1)

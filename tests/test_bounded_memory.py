@@ -28,25 +28,10 @@ from tidal_actors import COMMUNITY, Config, ManualClock, Signal, TidalDb
 from tidal_actors.core import states as _behaviours
 from tidal_actors.testing import ReferenceModel
 
+from ._setups import EVICTING, rounded_rows
 from .conftest import SEC, T0
 
-CFG = Config(
-    half_life_ns=50 * SEC,
-    window_width_ns=10 * SEC,
-    window_buckets=3,
-    max_contribution_log_entries=6,
-    rematerialize_after_ms=None,
-)
-
-
-@pytest.fixture
-def settle_at_once(monkeypatch):
-    """Settle every row as soon as it may be (the default waits for 16,384)."""
-    monkeypatch.setattr(_behaviours, "SETTLE_MIN", 1)
-
-
-def _rows(x, at):
-    return [(r[0], r[1], r[2], round(r[3], 9), r[4], round(r[5], 9)) for r in x.aggregate_rows(at)]
+CFG = EVICTING
 
 
 def _workload(m, user_1_in_c: bool = True) -> None:
@@ -78,7 +63,7 @@ def test_durable_reads_inside_settled_buckets_are_exact(pdb_path, settle_at_once
         assert db.stats()["settled_buckets"] > 0
         assert _held(db) < 42
         for at in READ_TIMES:
-            assert _rows(db, at) == _rows(ref, at), at
+            assert rounded_rows(db, at) == rounded_rows(ref, at), at
             for e in (0, 1, 2):
                 assert db.read_decay_score("c", e, 1, at) == pytest.approx(
                     ref.read_decay_score("c", e, 1, at), rel=1e-12
@@ -87,7 +72,7 @@ def test_durable_reads_inside_settled_buckets_are_exact(pdb_path, settle_at_once
     with TidalDb.open(pdb_path, config=CFG, clock=ManualClock(T0)) as db:
         assert _held(db) < 42
         for at in READ_TIMES:
-            assert _rows(db, at) == _rows(ref, at), at
+            assert rounded_rows(db, at) == rounded_rows(ref, at), at
 
 
 def test_durable_purge_removes_settled_records_too(pdb_path, settle_at_once):
@@ -103,13 +88,13 @@ def test_durable_purge_removes_settled_records_too(pdb_path, settle_at_once):
         report = db.rematerialize("c")
         assert report.records_excluded == 12
         for at in READ_TIMES:
-            got = [r for r in _rows(db, at) if r[0] in ("c", COMMUNITY)]
-            want = [r for r in _rows(never, at) if r[0] in ("c", COMMUNITY)]
+            got = [r for r in rounded_rows(db, at) if r[0] in ("c", COMMUNITY)]
+            want = [r for r in rounded_rows(never, at) if r[0] in ("c", COMMUNITY)]
             assert got == want, at
     with TidalDb.open(pdb_path, config=CFG, clock=ManualClock(T0)) as db:
         for at in READ_TIMES:
-            got = [r for r in _rows(db, at) if r[0] in ("c", COMMUNITY)]
-            assert got == [r for r in _rows(never, at) if r[0] in ("c", COMMUNITY)], at
+            got = [r for r in rounded_rows(db, at) if r[0] in ("c", COMMUNITY)]
+            assert got == [r for r in rounded_rows(never, at) if r[0] in ("c", COMMUNITY)], at
 
 
 def test_ephemeral_rebuild_cannot_reach_settled_records(settle_at_once):
@@ -119,13 +104,13 @@ def test_ephemeral_rebuild_cannot_reach_settled_records(settle_at_once):
     with TidalDb.open(config=CFG, clock=ManualClock(T0)) as db:
         _workload(db)
         db.flush()
-        before = _rows(db, T0 + 40 * SEC)
-        assert before == _rows(ref, T0 + 40 * SEC)
+        before = rounded_rows(db, T0 + 40 * SEC)
+        assert before == rounded_rows(ref, T0 + 40 * SEC)
         _, manifest = db.request_community_purge(1, "c")
         assert manifest.evicted == 12 and not manifest.entries
         report = db.rematerialize("c")
         assert report.records_excluded == 0 and report.matched_live
-        assert _rows(db, T0 + 40 * SEC) == before
+        assert rounded_rows(db, T0 + 40 * SEC) == before
         # a read inside a settled bucket, before its latest record: the log holds
         # the last 6 records (user 2's at +21s and +22s, user 3's at +30s); the rest
         # are settled. Entity 0 of c at +16s: bucket T0..+10s (user 1's 1.0, 4.0, 7.0,
@@ -191,7 +176,7 @@ def test_crash_restore_settles_and_reads_back(pdb_path, settle_at_once):
     with TidalDb.open(pdb_path, config=CFG, clock=ManualClock(T0)) as db:
         assert _held(db) <= 6  # the log's records
         for at in READ_TIMES:
-            assert _rows(db, at) == _rows(ref, at), at
+            assert rounded_rows(db, at) == rounded_rows(ref, at), at
 
 
 def test_held_detail_and_data_file_stay_bounded(tmp_path):
@@ -233,7 +218,7 @@ def test_read_only_open_reads_settled_buckets_back(pdb_path, settle_at_once):
     with TidalDb.open(pdb_path, config=CFG, clock=ManualClock(T0), read_only=True) as db:
         assert _held(db) <= 6
         for at in READ_TIMES:
-            assert _rows(db, at) == _rows(ref, at), at
+            assert rounded_rows(db, at) == rounded_rows(ref, at), at
 
 
 @pytest.mark.parametrize("durable", [False, True])

@@ -45,25 +45,24 @@ SCENARIOS = ROOT / "tidal_actors" / "scenarios"
 H = 3_600_000_000_000
 T = 10 * H
 
+
+def _log(*lines: str) -> str:
+    """An event log's text: the header, then ``lines``."""
+    return "".join(f"{line}\n" for line in (",".join(HEADER), *lines))
+
+
 # A small log whose scores are computed by hand below (half-life 1h, 1h x 2 buckets).
-HAND_LOG = (
-    ",".join(HEADER)
-    + "\n"
-    + "".join(
-        f"{line}\n"
-        for line in [
-            f"{T},assign,1,a,,,",
-            f"{T},assign,2,a,,,",
-            f"{T},assign,2,b,,,",
-            f"{T},signal,1,,10,1,1.0",
-            f"{T + H},signal,2,,10,1,2.0",
-            f"{T + H},leave,1,,,,",
-            f"{T + 2 * H},signal,1,,10,1,4.0",  # gated: user 1 has left
-            f"{T + 2 * H},rejoin,1,,,,",
-            f"{T + 2 * H},signal,1,,20,2,0.5",
-            f"{T + 3 * H},purge,2,b,,,",  # retracts user 2's 2.0 from b: b has nothing left
-        ]
-    )
+HAND_LOG = _log(
+    f"{T},assign,1,a,,,",
+    f"{T},assign,2,a,,,",
+    f"{T},assign,2,b,,,",
+    f"{T},signal,1,,10,1,1.0",
+    f"{T + H},signal,2,,10,1,2.0",
+    f"{T + H},leave,1,,,,",
+    f"{T + 2 * H},signal,1,,10,1,4.0",  # gated: user 1 has left
+    f"{T + 2 * H},rejoin,1,,,,",
+    f"{T + 2 * H},signal,1,,20,2,0.5",
+    f"{T + 3 * H},purge,2,b,,,",  # retracts user 2's 2.0 from b: b has nothing left
 )
 HAND_FLAGS = ["--half-life", "1h", "--window-width", "1h", "--window-buckets", "2"]
 
@@ -83,20 +82,13 @@ HAND_SCORES_AT_2H = [
     ("a", 20, 2, 0.5, 1, 0.5),
 ]
 
-BAD_LOG = (
-    ",".join(HEADER)
-    + "\n"
-    + "".join(
-        f"{line}\n"
-        for line in [
-            f"{T},assign,1,a,,,",
-            f"{T},signal,1,,10,1,1.0",
-            f"{T + H},leave,1,,,,",
-            f"{T + H},signal,1,,10,1,abc",  # line 5
-            f"{T + 2 * H},rejoin,1,,,,",
-            f"{T + 2 * H},signal,1,,11,1,1.0",
-        ]
-    )
+BAD_LOG = _log(
+    f"{T},assign,1,a,,,",
+    f"{T},signal,1,,10,1,1.0",
+    f"{T + H},leave,1,,,,",
+    f"{T + H},signal,1,,10,1,abc",  # line 5
+    f"{T + 2 * H},rejoin,1,,,,",
+    f"{T + 2 * H},signal,1,,11,1,1.0",
 )
 
 
@@ -217,6 +209,7 @@ def test_replay_of_a_small_log_matches_hand_computed_scores(run: Run, tmp_path: 
     }
     assert data["elapsed_s"] > 0 and data["signals_per_s"] > 0
     assert "replayed 10 rows" in res.out and "ephemeral" in res.out
+    assert data["host"] == "pykka" and "\n  host       pykka\n" in res.out  # the default
     assert res.err == ""
 
     res = run("replay", log, *HAND_FLAGS, "--at", T + 2 * H, "--scores-out", scores, "--quiet")

@@ -105,6 +105,10 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupted_run(
     tmp_path: Path, script: str, after: int, pause: float, *args: object
 ) -> subprocess.CompletedProcess[str]:
@@ -120,6 +124,8 @@ def _interrupted_run(
         text=True,
         env=_env(),
         cwd=ROOT,
+        # a terminal's Ctrl-C, even when this suite runs with SIGINT ignored (nohup)
+        preexec_fn=_sigint_default,
     )
     deadline = time.monotonic() + 300
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -322,16 +328,34 @@ def test_replay_into_a_new_or_empty_dir_needs_no_append(tmp_path: Path) -> None:
 
 
 def test_stop_on_sigint_asks_once_then_raises() -> None:
-    before = signal.getsignal(signal.SIGINT)
-    with StopOnSigint() as stop:
-        assert not stop.requested()
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.01)  # the handler runs in the main thread
-        assert stop.requested()
-        with pytest.raises(KeyboardInterrupt):
+    # as in a terminal, even when the suite itself runs with SIGINT ignored (nohup, a
+    # background job: StopOnSigint then leaves it ignored, the next test)
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        before = signal.getsignal(signal.SIGINT)
+        with StopOnSigint() as stop:
+            assert not stop.requested()
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1)
-    assert signal.getsignal(signal.SIGINT) is before
+            time.sleep(0.01)  # the handler runs in the main thread
+            assert stop.requested()
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+        assert signal.getsignal(signal.SIGINT) is before
+    finally:
+        signal.signal(signal.SIGINT, outer)
+
+
+def test_stop_on_sigint_keeps_sigint_ignored_when_it_was() -> None:
+    outer = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopOnSigint() as stop:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+            assert not stop.requested()  # ignored, as the caller chose
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, outer)
 
 
 def test_skip_rows(run: Run, tmp_path: Path) -> None:
@@ -588,3 +612,15 @@ def test_the_go_on_command_keeps_skip_invalid():
     assert go_on_command(Path("l"), Path("d"), 3, outputs=outputs).endswith(
         "--append --scores-out s.csv"
     )
+
+
+def test_the_settings_file_leaves_out_where_the_actors_ran(tmp_path: Path) -> None:
+    """The next command picks its host again (docs/cluster.md): a run on the Ray host
+    does not record it, nor a default pykka one it did not choose."""
+    cfg = Config(host="ray", ray_address="auto", ledger_shards=3)
+    store.write_state(tmp_path, cfg, 5, "test")
+    state = json.loads((tmp_path / store.STATE_FILE).read_text())
+    assert "host" not in state["config"] and "ray_address" not in state["config"]
+    again = store.stored_config(tmp_path)
+    assert again is not None
+    assert (again.host, again.ray_address, again.ledger_shards) == ("pykka", None, 3)

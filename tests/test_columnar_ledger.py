@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import Any
 
 import msgpack
 from hypothesis import given, settings
@@ -17,37 +18,12 @@ from tidal_actors.actors import messages as M
 from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import LogRecord
 from tidal_actors.core.key_state import DETAIL_COLUMNS
-from tidal_actors.storage.format import encode_history_columns, seal
+from tidal_actors.storage.format import decode_batch, encode_history_columns, seal
+
+from ._history_v1 import encode_batch, records_of
 
 WIDTH = 1000
 HALF = {1: 500, 2: 50_000, 3: 7}  # type 3 renormalizes often (RENORMALIZE_AT half-lives)
-
-
-def encode_batch(recs: list[tuple], contexts: dict | None) -> bytes:  # type: ignore[type-arg]
-    """The history batch layout (``storage.format.history``) built by hand, record by
-    record with `struct`: msgpack map ``c`` (sorted cohort names), ``ci`` (u8, or u32
-    from 256 names), ``m`` u8, ``r`` i64, ``u`` u64, ``e`` u64, ``t`` u64, ``w`` f32,
-    ``ts`` i64 (all little-endian), then ``x`` (the contexts) when there are any."""
-    names = sorted({rec[3] for rec in recs})
-    ci = "<B" if len(names) < 256 else "<I"
-
-    def col(fmt: str, field: int) -> bytes:
-        return b"".join(struct.pack(fmt, rec[field]) for rec in recs)
-
-    payload = {
-        "c": names,
-        "ci": b"".join(struct.pack(ci, names.index(rec[3])) for rec in recs),
-        "m": col("<B", 0),
-        "r": col("<q", 1),
-        "u": col("<Q", 2),
-        "e": col("<Q", 4),
-        "t": col("<Q", 5),
-        "w": col("<f", 6),
-        "ts": col("<q", 7),
-    }
-    if contexts:
-        payload["x"] = contexts
-    return msgpack.packb(payload)  # type: ignore[no-any-return]
 
 
 def _older(agg: Aggregates) -> dict[int, dict[int, tuple[int, float, float, int]]]:
@@ -208,7 +184,6 @@ def test_many_key_reads_equal_one_key_reads_and_retraction(raw, at, data) -> Non
 @settings(max_examples=60, deadline=None)
 @given(records, st.integers(0, 13_000))
 def test_dump_loads_back_bit_for_bit(raw: list[tuple[str, int, int, float, int]], at: int) -> None:
-    import msgpack
 
     a = _agg()
     rows = a.add_many(_recs(raw))
@@ -251,7 +226,21 @@ def test_retracting_everything_leaves_nothing() -> None:
     st.one_of(st.none(), st.just({0: {"k": 1}})),
 )
 def test_history_columns_encode_like_records(recs, contexts) -> None:  # type: ignore[no-untyped-def]
-    assert encode_history_columns(tuple(zip(*recs)), contexts) == encode_batch(recs, contexts)
+    """Columns in, the same records back (weights rounded to float32 at intake), and
+    the version 1 layout of the same records decodes alike."""
+    want = [(*r[:6], _f32(r[6]), r[7]) for r in recs]
+    b = decode_batch(0, 0, seal(b"k", encode_history_columns(tuple(zip(*recs)), contexts)), b"k")
+    assert records_of(b) == want and b.contexts == contexts
+    old = decode_batch(0, 0, encode_batch(recs, contexts))
+    assert records_of(old) == want and old.contexts == contexts
+
+
+def _f32(w: float) -> float:
+    return float(struct.unpack("<f", struct.pack("<f", w))[0])
+
+
+def _round_trip(cols: tuple, contexts: dict | None) -> list:  # type: ignore[type-arg]
+    return records_of(decode_batch(0, 0, seal(b"k", encode_history_columns(cols, contexts)), b"k"))
 
 
 @settings(max_examples=100, deadline=None)
@@ -285,12 +274,12 @@ def test_history_columns_from_an_attribute_message_encode_like_records(recs) -> 
         msg.weights,
         msg.timestamps,
     )
-    assert encode_history_columns(cols, {0: 1}) == encode_batch(recs, {0: 1})
+    assert _round_trip(cols, {0: 1}) == [tuple(r) for r in recs]
 
 
 def test_history_columns_with_many_cohorts() -> None:
     recs = [(0, i, i, f"c{i}", i, 1, 1.0, i) for i in range(300)]
-    assert encode_history_columns(tuple(zip(*recs)), None) == encode_batch(recs, None)
+    assert _round_trip(tuple(zip(*recs)), None) == recs
 
 
 pair_records = st.lists(
@@ -348,11 +337,52 @@ def test_log_load_columns_equals_appending_and_counting(recs, reported) -> None:
     assert {k: [pair_positions(v)[0], *pair_positions(v)[1]] for k, v in got.index.items()} == want
 
 
+def _assert_t_max_bounds(
+    one: Aggregates, many: Aggregates, recs: list[Any], rows: list[int], gone: set[int]
+) -> None:
+    """Each live key's ``t_max``, in both, lies between its latest remaining
+    contribution and its latest added one (computed here from the records)."""
+    left: dict[tuple[str, int, int], int] = {}
+    added: dict[tuple[str, int, int], int] = {}
+    for row, (_, _, _, c, e, t, _, ts) in zip(rows, recs):
+        added[(c, e, t)] = max(added.get((c, e, t), ts), ts)
+        if row not in gone:
+            left[(c, e, t)] = max(left.get((c, e, t), ts), ts)
+    for kk, key in enumerate(one.keys):
+        if not one.live[kk] or key not in left:
+            continue
+        for a in (one, many):
+            assert left[key] <= int(a.t_max[kk]) <= added[key], (key, int(a.t_max[kk]))
+
+
+def test_retract_rows_and_one_by_one_may_leave_different_t_max_bounds() -> None:
+    """Found by hypothesis: rows 7 (0.5 at 0) and 19 (0.0 at 1) of key b go. One by
+    one, the 0.5 cancels the latest bucket's weight (a refold: ``t_max`` becomes 1,
+    the latest left then), then the 0.0 goes without one (1 stays); as a batch, one
+    refold after both (0, the only row left). Both bound the remaining 0."""
+    raw = [("a", 0, 1, 0.0, 0)] * 6 + [("b", 1, 2, 0.0, 0), ("b", 1, 2, 0.5, 0)]
+    raw += [("a", 0, 1, 0.0, 0)] * 11 + [("b", 1, 2, 0.0, 1)] + [("a", 0, 1, 0.0, 0)] * 2
+    recs = _recs(raw)
+    one, many = _agg(), _agg()
+    rows = list(one.add_many(recs))
+    many.add_many(recs)
+    for row in (7, 19):
+        one.retract_row(rows[row])
+    many.retract_rows([rows[7], rows[19]])
+    kb = one.keys.index(("b", 1, 2))
+    assert (int(one.t_max[kb]), int(many.t_max[kb])) == (1, 0)
+    assert _reads(one, 0) == _reads(many, 0)
+    _assert_t_max_bounds(one, many, recs, rows, {rows[7], rows[19]})
+
+
 @settings(max_examples=200, deadline=None)
 @given(records, st.integers(0, 13_000), st.data())
 def test_retract_rows_equals_retracting_one_by_one(raw, at, data) -> None:  # type: ignore[no-untyped-def]
     """A purge's column-wise retraction leaves bit for bit the state that retracting
-    its rows one at a time leaves (rows repeated, or retracted before, included)."""
+    its rows one at a time leaves (rows repeated, or retracted before, included),
+    but ``t_max``: after retractions it is an upper bound of the key's latest
+    remaining contribution, exact once the key was refolded, and whether it was
+    depends on how the cancellations were grouped (`core.retraction`)."""
     recs = _recs(raw)
     one, many = _agg(), _agg()
     rows = list(one.add_many(recs))
@@ -369,10 +399,10 @@ def test_retract_rows_equals_retracting_one_by_one(raw, at, data) -> None:  # ty
     for name in DETAIL_COLUMNS:
         assert getattr(one, name) == getattr(many, name)
     n = one.key_total
+    _assert_t_max_bounds(one, many, recs, rows, set(earlier) | set(now))
     for name in (
         "fd_sum",
         "landmark",
-        "t_max",
         "latest_b",
         "latest_count",
         "latest_wsum",
@@ -389,7 +419,7 @@ def test_retract_rows_equals_retracting_one_by_one(raw, at, data) -> None:  # ty
 @given(st.data())
 def test_erasure_rewrite_encodes_like_records(data) -> None:  # type: ignore[no-untyped-def]
     """Erasure rewrites a history batch from its decoded columns: the bytes equal
-    `encode_batch` of the kept records (contexts following their records)."""
+    the kept records (contexts following their records), from a version 1 batch."""
     import numpy as np
 
     from tidal_actors.storage.format import rewrite_batch_op
@@ -420,9 +450,9 @@ def test_erasure_rewrite_encodes_like_records(data) -> None:  # type: ignore[no-
     b = decode_batch(0, 0, encode_batch(recs, ctx))
     keep = sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1)))
     want_ctx = {new: ctx[old] for new, old in enumerate(keep) if ctx and old in ctx} or None
-    assert rewrite_batch_op(b"k", b, np.array(keep))[2] == seal(
-        b"k", encode_batch([recs[i] for i in keep], want_ctx)
-    )
+    _, key, value = rewrite_batch_op(b"k", b, np.array(keep))
+    got = decode_batch(0, 0, value, key)
+    assert records_of(got) == [recs[i] for i in keep] and got.contexts == want_ctx
 
 
 def test_records_evicted_between_prepare_and_apply_stay_counted(monkeypatch) -> None:  # type: ignore[no-untyped-def]

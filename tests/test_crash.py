@@ -480,10 +480,7 @@ def test_evicted_count_of_a_manifest_survives_a_crash(mp, tmp_path):
     reference model and a clean restart do."""
     cfg = {"max_contribution_log_entries": 4, "ledger_shards": 1, "rematerialize_after_ms": None}
     path = str(tmp_path / "db")
-    p = mp.Process(target=W.run_and_die, args=(path, "tests.test_crash:_evicted_scenario", T0, cfg))
-    p.start()
-    p.join(60)
-    assert p.exitcode == -9
+    W.run_until_killed(mp, path, "tests.test_crash:_evicted_scenario", T0, cfg)
     model = ReferenceModel(Config(**cfg), ManualClock(T0))
     _evicted_scenario(model)
     _, want = model.request_community_purge(2, "c")
@@ -504,10 +501,7 @@ def test_a_context_with_a_tuple_key_does_not_poison_the_restore(mp, tmp_path):
     list: the history replay after a crash raised TypeError and the store could not be
     opened any more. Now it restores (the key comes back as a tuple)."""
     path = str(tmp_path / "db")
-    p = mp.Process(target=W.run_and_die, args=(path, "tests.test_crash:_tuple_key_context", T0, {}))
-    p.start()
-    p.join(60)
-    assert p.exitcode == -9
+    W.run_until_killed(mp, path, "tests.test_crash:_tuple_key_context", T0, {})
     with TidalDb.open(path, clock=ManualClock(T0)) as db:
         assert db.read_window(COMMUNITY, 7, 1, T0) == (2, 3.0)
     from tidal_actors.storage.stores import LmdbStore, decode_context

@@ -24,6 +24,7 @@ from tidal_actors import (
 )
 from tidal_actors.actors import messages as M
 
+from ._setups import in_thread, refuse_history_writes
 from .conftest import T0
 
 
@@ -117,20 +118,10 @@ def test_unexpected_store_exception_reaches_the_writer_instead_of_hanging(pdb_pa
                 raise RuntimeError("disk on fire")
 
         store.fault = fault
-        result = {}
-
-        def call():
-            try:
-                db.assign_cohort(1, "c")
-                result["ok"] = True
-            except TidalError as exc:
-                result["exc"] = exc
-
-        t = threading.Thread(target=call, daemon=True)
-        t.start()
+        t, out = in_thread(lambda: db.assign_cohort(1, "c"))
         t.join(10)
         assert not t.is_alive(), "the caller was never answered"
-        exc = result["exc"]
+        exc = out["r"]
         assert isinstance(exc, ActorFailure) and isinstance(exc.__cause__, RuntimeError)
         assert db.cohorts_of(1) == frozenset()
         failing.clear()
@@ -172,12 +163,7 @@ def test_storage_error_fails_only_its_own_writer(pdb_path, clock):
 def test_failed_history_write_is_reported_by_the_next_flush_once(pdb_path, clock):
     with TidalDb.open(pdb_path, clock=clock) as db:
         store = db._core.store
-
-        def fault(ops):
-            if any(ks == "history" for ks, _, _ in ops):
-                raise StorageError("history write refused")
-
-        store.fault = fault
+        store.fault = refuse_history_writes
         db.signal_with_context(1, 1, 1, 1.0)
         with pytest.raises(StorageError, match="history write") as info:
             db.flush()
@@ -253,6 +239,7 @@ def test_full_mailbox_makes_the_producer_wait_then_delivers_everything(clock):
         gate.set()
         assert done.wait(30)
         t.join(5)
+        db.flush()  # the producer's signals, read from this thread
         assert sum(db.read_window(COMMUNITY, e, 1, T0).count for e in range(5)) == n
 
 

@@ -8,9 +8,11 @@ import re
 import struct
 import zlib
 
+import lz4.block
 import msgpack
 import pytest
 
+from tidal_actors._errors import StorageError
 from tidal_actors._types import (
     ContributionRecord,
     MembershipStatus,
@@ -102,9 +104,68 @@ def test_meta_keyspace_values() -> None:
         F.decode_map(msgpack.packb([1]))
 
 
+def _hand_body(head: bytes) -> bytes:
+    """The body of the batch of `test_history_batch_value`, by hand from the layout:
+    head, descriptors, bases, items; ``r`` and ``ts`` as deltas at a write, the
+    other columns plain in the narrowest width their values need."""
+    return (
+        struct.pack("<I", len(head))
+        + head
+        + bytes([0x01, 0x01, 0x11, 0x01, 0x01, 0x01, 0x04, 0x11])  # transform << 4 | width
+        + struct.pack("<qq", 5, 100)  # the bases of r and ts
+        + b"\x01\x00"  # m
+        + b"\x01\x00"  # ci: "b" is 1, "a" is 0
+        + struct.pack("<bb", 0, 1)  # r: 5, 6
+        + b"\x09\x08"  # u
+        + b"\x03\x04"  # e
+        + b"\x01\x02"  # t
+        + struct.pack("<ff", 0.5, 1.0)  # w: the float32 bits
+        + struct.pack("<bb", 0, 100)  # ts: 100, 200
+    )
+
+
 def test_history_batch_value() -> None:
+    """Version 3, built by hand from the layout: header, index (names, least ts, the
+    sorted distinct users: kind 0), then the body with the contexts as its head."""
     cols = ([1, 0], [5, 6], [9, 8], ["b", "a"], [3, 4], [1, 2], [0.5, 1.0], [100, 200])
     op = F.batch_op(2, 7, cols, {1: b"\x80"})
+    # the least ts, kind 0 (the sorted distinct users), 16 bytes of them, the names
+    index = struct.pack("<qBI", 100, 0, 16) + struct.pack("<QQ", 8, 9) + msgpack.packb(["a", "b"])
+    body = _hand_body(msgpack.packb({1: b"\x80"}))
+    key = F.batch_key(2, 7)
+    assert op[:2] == ("history", key)
+    payload = op[2][6:]
+    assert op[2] == F.seal(key, payload)
+    version, codec, n, size, x = struct.unpack_from("<BBIII", payload)
+    assert (version, n, size, payload[14 : 14 + x]) == (3, 2, len(body), index)
+    if codec == 1:
+        assert lz4.block.decompress(payload[14 + x :], uncompressed_size=size) == body
+    else:
+        assert (codec, payload[14 + x :]) == (0, body)
+    b = F.decode_batch(2, 7, op[2])
+    assert b.cohorts == ["a", "b"] and b.u.tolist() == [9, 8] and b.contexts == {1: b"\x80"}
+    assert b.r.tolist() == [5, 6] and b.ts.tolist() == [100, 200] and b.w.tolist() == [0.5, 1.0]
+    got = F.batch_index(op[2], key)
+    assert got is not None and (got.names, got.ts_min, got.user_kind) == (["a", "b"], 100, 0)
+
+
+def test_history_batch_version_2_value_still_decodes() -> None:
+    """A version 2 payload (no index; the names in the body's head), by hand, stored
+    and compressed: it decodes alike, and has no index."""
+    body = _hand_body(msgpack.packb([["a", "b"], {1: b"\x80"}]))
+    key = F.batch_key(2, 7)
+    for codec, rest in ((0, body), (1, lz4.block.compress(body, store_size=False))):
+        value = F.seal(key, struct.pack("<BBII", 2, codec, 2, len(body)) + rest)
+        b = F.decode_batch(2, 7, value)
+        assert b.cohorts == ["a", "b"] and b.ci.tolist() == [1, 0] and b.m.tolist() == [1, 0]
+        assert b.r.tolist() == [5, 6] and b.u.tolist() == [9, 8] and b.e.tolist() == [3, 4]
+        assert b.t.tolist() == [1, 2] and b.w.tolist() == [0.5, 1.0]
+        assert b.ts.tolist() == [100, 200] and b.contexts == {1: b"\x80"}
+        assert F.batch_index(value, key) is None
+
+
+def test_history_batch_version_1_value_still_decodes() -> None:
+    """A store written before version 2 holds msgpack maps: they decode alike."""
     payload = msgpack.packb(
         {
             "c": ["a", "b"],
@@ -119,7 +180,15 @@ def test_history_batch_value() -> None:
             "x": {1: b"\x80"},
         }
     )
-    assert op == ("history", F.batch_key(2, 7), F.seal(F.batch_key(2, 7), payload))
-    b = F.decode_batch(2, 7, op[2])
-    assert b.cohorts == ["a", "b"] and b.u.tolist() == [9, 8] and b.contexts == {1: b"\x80"}
-    assert F.user_bytes(9) in op[2] and F.user_bytes(10) not in op[2]
+    for value in (F.seal(F.batch_key(2, 7), payload), payload):  # sealed, and from before seals
+        b = F.decode_batch(2, 7, value)
+        assert b.cohorts == ["a", "b"] and b.ci.tolist() == [1, 0] and b.m.tolist() == [1, 0]
+        assert b.r.tolist() == [5, 6] and b.u.tolist() == [9, 8] and b.e.tolist() == [3, 4]
+        assert b.t.tolist() == [1, 2] and b.w.tolist() == [0.5, 1.0]
+        assert b.ts.tolist() == [100, 200] and b.contexts == {1: b"\x80"}
+
+
+def test_history_batch_of_an_unknown_version_names_the_key_and_what_to_do() -> None:
+    key = F.batch_key(2, 7)
+    with pytest.raises(StorageError, match=rf"history key {key.hex()}.*version 4.*later version"):
+        F.decode_batch(2, 7, F.seal(key, b"\x04" + bytes(20)))

@@ -28,19 +28,18 @@ from tidal_actors.runtime.engine import Call
 from tidal_actors.storage.stores import MemoryStore
 from tidal_actors.testing import Harness, HarnessStuck, ReferenceModel
 
-from ._differential import Blocking, Recorder, assert_matches
-
-MIN = 60 * 10**9
-HOUR = 60 * MIN
-# re-materialization only when asked (the model does it only when asked too)
-CFG = Config(
-    half_life_ns=HOUR,
-    window_width_ns=10 * MIN,
-    window_buckets=6,
-    membership_shards=2,
-    ledger_shards=2,
-    rematerialize_after_ms=None,
+from ._differential import (
+    Blocking,
+    Recorder,
+    assert_matches,
+    assert_matches_and_reopened,
+    crashed,
+    model_without_lost,
 )
+from ._setups import HOUR_WINDOWS
+from .conftest import HOUR, MIN
+
+CFG = HOUR_WINDOWS.replace(membership_shards=2, ledger_shards=2)
 MEMBERSHIP0, LEDGER0, PERSISTENCE = ("membership", 0), ("ledger", 0), ("persistence", 0)
 
 
@@ -417,24 +416,11 @@ def _workload(r: Recorder, with_cohorts: bool = True) -> None:
         sig(u)
 
 
-def _lost(report) -> set[tuple[int, int]]:  # type: ignore[no-untyped-def]
-    return {(s[0], s[4]) for s in report.lost_signals} | {
-        (rec[2], rec[7]) for rec in report.lost_records
-    }
-
-
 @pytest.mark.parametrize("crash_at", [0, 3, 9, 15, 25, 40, 60])
 def test_membership_shard_crash_recovers_to_the_acknowledged_state(crash_at: int) -> None:
     for seed in range(12):
-        h = Harness(seed=seed, config=CFG)
-        r = Recorder(h)
-        _workload(r)
-        for _ in range(crash_at):
-            h.step()
-        report = h.crash_shard(MEMBERSHIP0)
-        h.run_until_idle()
+        h, r, report = crashed(seed, CFG, _workload, MEMBERSHIP0, crash_at)
         assert "restart membership[0] from storage" in h.trace()
-        lost = _lost(report)
         assert not report.lost_records
         for label in report.failed:
             assert label.split("#")[0] in {
@@ -451,19 +437,8 @@ def test_membership_shard_crash_recovers_to_the_acknowledged_state(crash_at: int
                     handle.result()
                 except ActorFailure as exc:
                     assert "crashed" in str(exc)
-        model = r.model(
-            CFG,
-            skip=lambda name, args, lost=lost: (
-                name == "signal_with_context" and (args[0], args[4]) in lost
-            ),
-        )
-        db = Blocking(h)
-        users = range(1, 6)
-        assert_matches(
-            db, model, users, exact_ids=False, where=f"seed {seed}, crash at {crash_at}: "
-        )
-        h.close_and_reopen()
-        assert_matches(db, model, users, exact_ids=False, where=f"seed {seed}, after reopen: ")
+        model = model_without_lost(r, CFG, report)
+        assert_matches_and_reopened(h, model, range(1, 6), f"seed {seed}, crash at {crash_at}")
 
 
 @pytest.mark.parametrize("crash_at", [0, 5, 12, 20, 30, 45, 70])
@@ -471,28 +446,9 @@ def test_ledger_shard_crash_recovers_to_the_acknowledged_state(crash_at: int) ->
     # one ledger shard: a signal's records travel in one message, so one is lost whole
     cfg = CFG.replace(ledger_shards=1)
     for seed in range(12):
-        h = Harness(seed=seed, config=cfg)
-        r = Recorder(h)
-        _workload(r)
-        for _ in range(crash_at):
-            h.step()
-        report = h.crash_shard(LEDGER0)
-        h.run_until_idle()
-        lost = _lost(report)
-        model = r.model(
-            cfg,
-            skip=lambda name, args, lost=lost: (
-                name == "signal_with_context" and (args[0], args[4]) in lost
-            ),
-        )
-        db = Blocking(h)
-        assert_matches(
-            db, model, range(1, 6), exact_ids=False, where=f"seed {seed}, crash at {crash_at}: "
-        )
-        h.close_and_reopen()
-        assert_matches(
-            db, model, range(1, 6), exact_ids=False, where=f"seed {seed}, after reopen: "
-        )
+        h, r, report = crashed(seed, cfg, _workload, LEDGER0, crash_at)
+        model = model_without_lost(r, cfg, report)
+        assert_matches_and_reopened(h, model, range(1, 6), f"seed {seed}, crash at {crash_at}")
 
 
 def test_a_crashed_shard_waits_for_its_writes_before_restarting() -> None:
@@ -574,14 +530,21 @@ def test_clock_jumping_backwards_never_overweights_a_contribution() -> None:
 # -- re-materialization --------------------------------------------------------------------------
 
 
+def _red_user_1(seed: int, cfg: Config) -> tuple[Harness, Recorder]:
+    """A harness (``seed``, ``cfg``) and its Recorder, given: user 1 joins "red" and
+    sends 4 signals (entities 0 and 1, type 0, weights 1.0 to 4.0, at its now)."""
+    h = Harness(seed=seed, config=cfg)
+    r = Recorder(h)
+    r.assign_cohort(1, "red")
+    for i in range(4):
+        r.signal_with_context(1, i % 2, 0, 1.0 + i)
+    return h, r
+
+
 def test_scheduled_rematerialization_runs_on_tick_and_matches_the_model() -> None:
     cfg = CFG.replace(max_contribution_log_entries=4, rematerialize_after_ms=0)
     for seed in range(6):
-        h = Harness(seed=seed, config=cfg)
-        r = Recorder(h)
-        r.assign_cohort(1, "red")
-        for i in range(4):
-            r.signal_with_context(1, i % 2, 0, 1.0 + i)  # some leave the small log: evicted
+        h, r = _red_user_1(seed, cfg)  # some of its records leave the small log: evicted
         pid, manifest = h.run(r.request_community_purge(1, "red"))
         assert manifest.evicted > 0
         assert not h.run(h.purge_status(pid)).rematerialized  # no timers in the harness
@@ -596,11 +559,7 @@ def test_scheduled_rematerialization_runs_on_tick_and_matches_the_model() -> Non
 def test_ledger_crash_during_rematerialization_fails_it_and_a_retry_succeeds() -> None:
     cfg = CFG.replace(max_contribution_log_entries=4, ledger_shards=1)
     for seed in range(6):
-        h = Harness(seed=seed, config=cfg)
-        r = Recorder(h)
-        r.assign_cohort(1, "red")
-        for i in range(4):
-            r.signal_with_context(1, i % 2, 0, 1.0 + i)
+        h, r = _red_user_1(seed, cfg)
         h.run(r.request_community_purge(1, "red"))
         remat = h.rematerialize("red")
         _step_until(h, lambda h=h: "RematStart" in h.trace_lines()[-1])
@@ -616,6 +575,52 @@ def test_ledger_crash_during_rematerialization_fails_it_and_a_retry_succeeds() -
         assert_matches(db, model, [1], where=f"seed {seed}, retried: ")
         h.close_and_reopen()
         assert_matches(db, model, [1], where=f"seed {seed}, reopened: ")
+
+
+def _red_counts(model: ReferenceModel) -> dict[tuple[int, int], int]:
+    return {(e, t): n for c, e, t, _, n, _ in model.aggregate_rows(None) if c == "red" and n}
+
+
+@pytest.mark.parametrize("timer_ms", [None, 1000.0])
+def test_a_failed_rebuild_is_tried_again_only_while_the_timer_is_on(timer_ms: float | None) -> None:
+    """A rebuild that failed is retried REMAT_RETRY_S (0.1 s) later when
+    ``rematerialize_after_ms`` is set, and never when it is off (rebuilds then run only
+    when asked; the failed call raised). Durable store, log of 4: the purge leaves its
+    2 evicted records in the aggregates, and only a rebuild removes them."""
+    cfg = CFG.replace(
+        max_contribution_log_entries=4, ledger_shards=1, rematerialize_after_ms=timer_ms
+    )
+    h = Harness(seed=3, config=cfg, store=MemoryStore())
+    r = Recorder(h)
+    r.assign_cohort(1, "red")
+    r.assign_cohort(2, "red")
+    for i in range(6):
+        r.signal_with_context(1, i % 2, 0, 1.0 + i)
+    r.signal_with_context(2, 0, 0, 100.0)
+    pid, _ = h.run(r.request_community_purge(1, "red"))
+    remat = h.rematerialize("red")
+    _step_until(h, lambda: "RematStart" in h.trace_lines()[-1])
+    h.crash_shard(LEDGER0)
+    h.run_until_idle()
+    with pytest.raises(TidalError):
+        remat.result()
+    db = Blocking(h)
+    model = r.model(cfg)
+    # 14 records (each signal's red and @community ones); the log held the last 4, of
+    # which the purge retracted user 1's red one (entity 1); the rest were evicted
+    assert _red_counts(model) == {(0, 0): 4, (1, 0): 2}
+    at = h.clock.now_ns()
+    assert_matches(db, model, [1, 2], ats=(at,), where="failed: ")
+    h.advance(150_000_000)  # 150 ms: past the first retry
+    h.tick()
+    h.run_until_idle()
+    if timer_ms is None:
+        assert not h.run(h.purge_status(pid)).rematerialized
+    else:
+        assert h.run(h.purge_status(pid)).rematerialized
+        model.rematerialize("red")
+        assert _red_counts(model) == {(0, 0): 1}  # user 2's only
+    assert_matches(db, model, [1, 2], ats=(at,), where=f"timer {timer_ms}: ")
 
 
 # -- reopen ------------------------------------------------------------------------------------

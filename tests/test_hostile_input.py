@@ -27,6 +27,7 @@ from tidal_actors import (
 )
 from tidal_actors.eventlog.log import EventLogError, apply_events, read_events
 
+from ._setups import every_read
 from .conftest import HOUR, T0
 
 USERS = (0, 1, 2, 3)
@@ -37,16 +38,7 @@ HEADER = "ts_ns,op,user_id,cohort,entity_id,signal_type,weight\n"
 def export(db: TidalDb) -> Any:
     stats = db.stats()
     return (
-        db.aggregate_rows(T0 + HOUR),
-        [
-            (
-                db.community_layer_status(u),
-                db.community_leave_history(u),
-                db.cohorts_of(u),
-                db.list_purge_manifests(u),
-            )
-            for u in USERS
-        ],
+        *every_read(db, USERS),
         {
             k: stats[k]
             for k in (

@@ -9,6 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidal_actors.core import segments
 from tidal_actors.core.older_buckets import OlderBuckets
 
 KEYS = st.integers(0, 12)
@@ -72,6 +73,22 @@ def _plain(model: dict[int, dict[int, tuple]]) -> dict[int, list[tuple]]:  # typ
 @settings(max_examples=300, deadline=None)
 @given(st.lists(OPS, max_size=60))
 def test_older_buckets_match_a_dict_model(ops: list[tuple]) -> None:  # type: ignore[type-arg]
+    _check_against_the_model(ops)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(OPS, max_size=60))
+def test_older_buckets_match_a_dict_model_compacting_at_once(ops: list[tuple]) -> None:  # type: ignore[type-arg]
+    """The same, with segments moved down whenever the free ones are sparse enough."""
+    saved = segments.COMPACT_FROM
+    segments.COMPACT_FROM = 0
+    try:
+        _check_against_the_model(ops)
+    finally:
+        segments.COMPACT_FROM = saved
+
+
+def _check_against_the_model(ops: list[tuple]) -> None:  # type: ignore[type-arg]
     ob = OlderBuckets()
     model: dict[int, dict[int, tuple]] = {}  # type: ignore[type-arg]
     for op in ops:
@@ -102,3 +119,23 @@ def test_segments_are_reused_after_a_drop() -> None:
         ob.put(2, b, (1, 1.0, 1.0, b))
     assert ob._top == before  # key 2 took the segments key 1 gave back
     assert ob.rows(2) == [(b, 1, 1.0, 1.0, b) for b in range(5)]
+
+
+def test_keys_growing_together_do_not_leave_half_the_columns_free() -> None:
+    """10,000 keys each gaining one bucket a round for 24 rounds (a day of hourly
+    buckets): the segments they outgrow are taken back when the columns would grow,
+    so the free rows stay within half the keys' segments (without it a key that
+    reached 2**k rows left 2**k - 2 behind: 62 rows a key for 24 buckets, in segments
+    of 32), and every bucket is still there."""
+    ob = OlderBuckets()
+    keys = np.arange(10_000, dtype=np.int64)
+    ones = np.ones(len(keys), dtype=np.int64)
+    for b in range(24):
+        ob.push_newest(keys, ones * b, ones, ones * 0.5, ones * 0.25, ones * (100 + b))
+        held = int(ob.cap.sum())  # rows in the keys' segments
+        assert 2 * (ob._top - held) <= held  # free rows: at most half of those
+    assert ob.rows(7) == [(b, 1, 0.5, 0.25, 100 + b) for b in range(24)]
+    assert ob.rows(9_999) == ob.rows(0)
+    assert int(ob.cap.sum()) == 32 * len(keys) == ob._top  # moved down after the last growth
+    ks, cols = ob.dump()
+    assert len(ks) == 240_000 and set(np.unique(cols["b"]).tolist()) == set(range(24))

@@ -39,6 +39,11 @@ HARNESS_OWN = {
     "crash_shard",
     "clock_jump",
     "close_and_reopen",
+    "drop_next",
+    "duplicate_next",
+    "reorder_next",
+    "resend",
+    "link_stats",
 }
 # the reference model is the independent oracle: it leaves out what is not semantics
 # (storage maintenance, purge bookkeeping) and reports a re-materialization by count

@@ -9,23 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from tidal_actors import Config
 from tidal_actors.actors.rematerializer import REMAT_YIELDS
 from tidal_actors.storage.rematerialize import RematJob
 from tidal_actors.testing import Harness
 
 from ._differential import Blocking, Recorder, assert_matches
+from ._setups import HOUR_WINDOWS
 
-MIN = 60 * 10**9
-CFG = Config(
-    half_life_ns=60 * MIN,
-    window_width_ns=10 * MIN,
-    window_buckets=6,
-    membership_shards=2,
-    ledger_shards=1,
-    max_contribution_log_entries=6,
-    rematerialize_after_ms=None,
-)
+CFG = HOUR_WINDOWS.replace(membership_shards=2, ledger_shards=1, max_contribution_log_entries=6)
 
 
 LEDGER0 = ("ledger", 0)

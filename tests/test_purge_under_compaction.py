@@ -20,8 +20,8 @@ from tidal_actors.core import contrib_log as _contrib_log
 from tidal_actors.testing import Harness, ReferenceModel
 
 from ._differential import Blocking, assert_matches
-
-MIN = 60 * 10**9
+from ._setups import HOUR_WINDOWS
+from .conftest import MIN
 
 
 def _ledgers(h: Harness) -> list:  # type: ignore[type-arg]
@@ -34,13 +34,9 @@ def _compact_often(monkeypatch):  # type: ignore[no-untyped-def]
 
 
 def _config(rng: random.Random) -> Config:
-    return Config(
-        half_life_ns=60 * MIN,
-        window_width_ns=10 * MIN,
-        window_buckets=6,
+    return HOUR_WINDOWS.replace(
         membership_shards=rng.choice([1, 2, 3]),
         ledger_shards=rng.choice([1, 2, 3]),
-        rematerialize_after_ms=None,
         max_contribution_log_entries=rng.choice([3, 4, 6, 10, 20]),
     )
 
@@ -97,15 +93,7 @@ def test_random_rounds_against_the_model() -> None:
 
 
 def _repeated_run(seed: int, purges: int) -> None:
-    cfg = Config(
-        half_life_ns=60 * MIN,
-        window_width_ns=10 * MIN,
-        window_buckets=6,
-        membership_shards=1,
-        ledger_shards=2,
-        rematerialize_after_ms=None,
-        max_contribution_log_entries=4,
-    )
+    cfg = HOUR_WINDOWS.replace(membership_shards=1, ledger_shards=2, max_contribution_log_entries=4)
     h = Harness(seed=seed, config=cfg)
     model = ReferenceModel(cfg, h.clock)
     db = Blocking(h)

@@ -24,15 +24,10 @@ from tidal_actors import (
 )
 from tidal_actors.testing import ReferenceModel
 
+from ._setups import EVICTING, rounded_rows
 from .conftest import SEC, T0
 
-CFG = Config(
-    half_life_ns=50 * SEC,
-    window_width_ns=10 * SEC,
-    window_buckets=3,
-    max_contribution_log_entries=6,
-    rematerialize_after_ms=None,
-)
+CFG = EVICTING
 
 
 def _workload(db, *, with_user_1_in_c: bool) -> None:
@@ -47,10 +42,6 @@ def _workload(db, *, with_user_1_in_c: bool) -> None:
     db.signal_with_context(3, 1, 1, 2.0, T0 - 30 * SEC)
 
 
-def _rows(x, at):
-    return [(r[0], r[1], r[2], round(r[3], 9), r[4], round(r[5], 9)) for r in x.aggregate_rows(at)]
-
-
 def test_purge_then_rematerialize_equals_never_attributed(pdb_path, clock):
     # reference: a run in which user 1's signals were never attributed to "c"
     never = ReferenceModel(CFG, ManualClock(T0))
@@ -61,15 +52,15 @@ def test_purge_then_rematerialize_equals_never_attributed(pdb_path, clock):
         # the log (cap 6) only held the newest records: most of user 1's were evicted
         assert manifest.evicted > 0
         assert len(manifest.entries) + manifest.evicted == 12
-        assert _rows(db, T0) != _rows(never, T0)  # evicted records still counted live
+        assert rounded_rows(db, T0) != rounded_rows(never, T0)  # evicted records still counted live
         status = db.purge_status(pid)
         assert (status.retracted_live, status.rematerialized) == (len(manifest.entries), False)
         report = db.rematerialize("c")
         assert report.records_excluded == manifest.evicted
         assert report.matched_live is False
         assert report.records_read == 12 + 2 - len(manifest.entries)
-        assert _rows(db, T0) == _rows(never, T0)
-        assert _rows(db, T0 + 7 * SEC) == _rows(never, T0 + 7 * SEC)
+        assert rounded_rows(db, T0) == rounded_rows(never, T0)
+        assert rounded_rows(db, T0 + 7 * SEC) == rounded_rows(never, T0 + 7 * SEC)
         status = db.purge_status(pid)
         assert status.rematerialized and status.rematerialized_at_ns == T0
         assert status.excluded_by_rematerialization == manifest.evicted
@@ -88,11 +79,11 @@ def test_ephemeral_rebuild_leaves_the_evicted_records(clock):
         _, manifest = db.request_community_purge(1, "c")
         ref.request_community_purge(1, "c")
         assert manifest.evicted > 0
-        before = _rows(db, T0)
+        before = rounded_rows(db, T0)
         report = db.rematerialize("c")
         assert (report.records_excluded, report.matched_live) == (0, True)
         assert ref.rematerialize("c") == 0
-        assert _rows(db, T0) == before == _rows(ref, T0)
+        assert rounded_rows(db, T0) == before == rounded_rows(ref, T0)
 
 
 def test_signals_after_the_purge_stay(pdb_path, clock):
@@ -118,7 +109,7 @@ def test_background_rematerialization_after_purge(pdb_path, clock):
             time.sleep(0.01)
         never = ReferenceModel(CFG, ManualClock(T0))
         _workload(never, with_user_1_in_c=False)
-        assert _rows(db, T0) == _rows(never, T0)
+        assert rounded_rows(db, T0) == rounded_rows(never, T0)
 
 
 def test_rematerialization_runs_in_chunks_and_loses_no_concurrent_signal(
@@ -261,26 +252,16 @@ def test_repeated_purges_erase_exactly_what_each_covers(pdb_path, clock):
 
 def test_history_retention_by_age_drops_old_records_at_compaction(pdb_path, clock):
     cfg = CFG.replace(history_retention_ns=100 * SEC)
-    marker = (0x0A0B0C0D0E0F1011).to_bytes(8, "little")
+    old_user = 0x0A0B0C0D0E0F1011
     with TidalDb.open(pdb_path, config=cfg, clock=clock) as db:
-        db.signal_with_context(
-            0x0A0B0C0D0E0F1011, 1, 1, 1.0, T0 - 1000 * SEC
-        )  # older than retention
+        db.signal_with_context(old_user, 1, 1, 1.0, T0 - 1000 * SEC)  # older than retention
         db.signal_with_context(5, 1, 1, 1.0, T0)
         db.compact()
         # aggregates keep what the history forgot
         assert db.read_window(COMMUNITY, 1, 1, T0 - 1000 * SEC).count == 1
     # the durable history (what re-materialization reads) no longer has the old record
-    import lmdb
-
-    env = lmdb.open(pdb_path, max_dbs=8, readonly=True, lock=False)
-    with env.begin() as txn:
-        history = b"".join(
-            v for _, v in txn.cursor(db=env.open_db(b"history", txn=txn, create=False))
-        )
-    env.close()
-    assert marker not in history
-    assert (5).to_bytes(8, "little") in history
+    assert _history_records(pdb_path, old_user, COMMUNITY) == 0
+    assert _history_records(pdb_path, 5, COMMUNITY) == 1
 
 
 CHILD = textwrap.dedent(
@@ -326,10 +307,10 @@ def test_purge_interrupted_by_crash_resumes_on_reopen(pdb_path, point):
         while not db.purge_status(manifest.purge_id).rematerialized:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert _rows(db, T0) == _rows(never, T0)
+        assert rounded_rows(db, T0) == rounded_rows(never, T0)
     # and once more after a clean close
     with TidalDb.open(pdb_path, config=cfg, clock=ManualClock(T0)) as db:
-        assert _rows(db, T0) == _rows(never, T0)
+        assert rounded_rows(db, T0) == rounded_rows(never, T0)
 
 
 def test_inspect_shows_purge_status(tmp_path):

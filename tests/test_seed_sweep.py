@@ -24,22 +24,16 @@ import os
 import random
 import time
 
-from tidal_actors import COMMUNITY, Config, ContributionRecord, MembershipStatus
+from tidal_actors import COMMUNITY, ContributionRecord, MembershipStatus
 from tidal_actors.core.validate import check_weight
 from tidal_actors.testing import Harness, ReferenceModel
 
 from ._differential import Blocking, assert_matches
+from ._setups import HOUR_WINDOWS
+from .conftest import MIN
 
 SEEDS = int(os.environ.get("TIDAL_SWEEP_SEEDS", "1000"))
-MIN = 60 * 10**9
-CFG = Config(
-    half_life_ns=60 * MIN,
-    window_width_ns=10 * MIN,
-    window_buckets=6,
-    membership_shards=2,
-    ledger_shards=2,
-    rematerialize_after_ms=None,
-)
+CFG = HOUR_WINDOWS.replace(membership_shards=2, ledger_shards=2)
 SMALL_LOG = CFG.replace(max_contribution_log_entries=14)
 COHORTS = {1: ("red",), 2: ("red", "blue"), 3: ("blue",), 4: (), 5: ("red",), 6: ("blue", "red")}
 USERS = sorted(COHORTS)

@@ -13,8 +13,9 @@ to crash them as shards.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -36,28 +37,19 @@ from tidal_actors.core.contrib_log import ContributionLog
 from tidal_actors.core.routes import RouteTable
 from tidal_actors.testing import Harness, ReferenceModel
 
-from ._differential import Blocking, Recorder, assert_matches
+from ._differential import (
+    Recorder,
+    assert_matches,
+    assert_matches_and_reopened,
+    crashed,
+    model_without_lost,
+)
+from ._setups import CFG1, fail_next, in_thread, one_red_signal, red_score
 from .conftest import SEC, T0
 
 # one ledger shard: a signal's records travel in one message, so a loss is whole
 CFG = Config(membership_shards=2, ledger_shards=1, rematerialize_after_ms=None)
 USERS = range(1, 7)
-
-
-def _once(cls: type, name: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Make ``cls.name`` raise RuntimeError on its next call only; returns a list
-    that gets one item when it has raised."""
-    real = getattr(cls, name)
-    raised: list[int] = []
-
-    def fn(*args: Any, **kwargs: Any) -> Any:
-        if not raised:
-            raised.append(1)
-            raise RuntimeError(f"injected fault in {cls.__name__}.{name}")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cls, name, fn)
-    return raised
 
 
 def _spy_restarts(monkeypatch: pytest.MonkeyPatch) -> list[M.Address]:
@@ -101,13 +93,38 @@ def _open(path: str, clock: ManualClock) -> TidalDb:
     return TidalDb.open(path, config=CFG, clock=clock)
 
 
-def _signals(db: TidalDb, start: int) -> list[tuple[int, int, int, float, int]]:
+def _signals(db: TidalDb | _Both, start: int) -> list[tuple[int, int, int, float, int]]:
+    """Send 12 signals, numbered from ``start``, to ``db`` (a database, or `_Both`)."""
     out = [
         (1 + i % 6, i % 3, i % 2, 0.5 + i, T0 - (100 + i) * SEC) for i in range(start, start + 12)
     ]
     for s in out:
         db.signal_with_context(*s)
     return out
+
+
+def _apply_kept(model: ReferenceModel, sent: list[tuple[Any, ...]], lost: set[Any]) -> None:
+    """Give ``model`` the ``sent`` signals but those ``lost`` (by (user, ts))."""
+    for s in sent:
+        if (s[0], s[4]) not in lost:
+            model.signal_with_context(*s)
+
+
+@contextlib.contextmanager
+def _checked_run(tmp_path: Any) -> Iterator[tuple[TidalDb, ReferenceModel]]:
+    """A database on a store at ``tmp_path/db`` and the reference model, on one
+    clock at T0, both through `_first_phase`. When the block ends without an error,
+    the database answers every read as the model does, live and after a reopen
+    (what it serves is what the store holds)."""
+    clock = ManualClock(T0)
+    path = str(tmp_path / "db")
+    model = ReferenceModel(CFG, clock)
+    with _open(path, clock) as db:
+        _first_phase(_Both(db, model))
+        yield db, model
+        assert_matches(db, model, USERS, exact_ids=False, where="live: ")
+    with _open(path, clock) as db:
+        assert_matches(db, model, USERS, exact_ids=False, where="reopened: ")
 
 
 def _only_report(db: TidalDb) -> FaultReport:
@@ -122,15 +139,11 @@ def _only_report(db: TidalDb) -> FaultReport:
 def test_a_ledger_handler_failure_restarts_the_shard_from_the_store(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = ManualClock(T0)
-    path = str(tmp_path / "db")
-    model = ReferenceModel(CFG, clock)
     restarts = _spy_restarts(monkeypatch)
-    with _open(path, clock) as db:
-        _first_phase(_Both(db, model))
+    with _checked_run(tmp_path) as (db, model):
         db.flush()
         # the aggregates take the batch, then the log fails: a half-updated shard
-        raised = _once(ContributionLog, "append_columns", monkeypatch)
+        raised = fail_next(ContributionLog, "append_columns", monkeypatch)
         sent = _signals(db, 0)
         with caplog.at_level(logging.ERROR, "tidal_actors"), pytest.raises(StorageError) as info:
             db.flush()  # the batch it failed on is lost, and said so
@@ -141,33 +154,23 @@ def test_a_ledger_handler_failure_restarts_the_shard_from_the_store(
         lost = {(rec.user, rec.ts) for rec in report.lost_records}
         assert lost and lost <= {(s[0], s[4]) for s in sent}
         assert restarts == [(M.LEDGER, 0)]
-        for s in sent:
-            if (s[0], s[4]) not in lost:
-                model.signal_with_context(*s)
+        _apply_kept(model, sent, lost)
         # the restarted shard serves on: more signals, a purge, reads
-        _Both(db, model).request_community_purge(1, "red")
         both = _Both(db, model)
-        for s in _signals(db, 50):
-            model.signal_with_context(*s)
+        both.request_community_purge(1, "red")
+        _signals(both, 50)
         both.flush()
-        assert_matches(db, model, USERS, exact_ids=False, where="live: ")
         assert db.stats()["handler_errors"] == 1
-    with _open(path, clock) as db:  # what it serves is what the store holds
-        assert_matches(db, model, USERS, exact_ids=False, where="reopened: ")
 
 
 def test_a_membership_failure_after_the_commit_restarts_with_the_committed_state(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = ManualClock(T0)
-    path = str(tmp_path / "db")
-    model = ReferenceModel(CFG, clock)
     restarts = _spy_restarts(monkeypatch)
-    with _open(path, clock) as db:
-        _first_phase(_Both(db, model))
+    with _checked_run(tmp_path) as (db, model):
         # the write commits, applying it fails: resumed, the shard would not hold
         # what the store holds; restarted, it does
-        _once(MembershipShard, "_set_cohorts", monkeypatch)
+        fail_next(MembershipShard, "_set_cohorts", monkeypatch)
         with pytest.raises(ActorFailure):
             db.assign_cohort(6, "red")
         model.assign_cohort(6, "red")
@@ -177,40 +180,27 @@ def test_a_membership_failure_after_the_commit_restarts_with_the_committed_state
         address = report.address
         assert address[0] == M.MEMBERSHIP and report.action == "restarted"
         assert restarts == [address]
-        _Both(db, model).leave_community_layer(6)
-        for s in _signals(db, 0):
-            model.signal_with_context(*s)
+        both = _Both(db, model)
+        both.leave_community_layer(6)
+        _signals(both, 0)
         db.flush()
-        assert_matches(db, model, USERS, exact_ids=False, where="live: ")
-    with _open(path, clock) as db:
-        assert_matches(db, model, USERS, exact_ids=False, where="reopened: ")
 
 
 def test_a_membership_failure_on_signals_loses_that_batch_only(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = ManualClock(T0)
-    path = str(tmp_path / "db")
-    model = ReferenceModel(CFG, clock)
-    with _open(path, clock) as db:
-        _first_phase(_Both(db, model))
+    with _checked_run(tmp_path) as (db, model):
         db.flush()
-        _once(RouteTable, "expand", monkeypatch)
+        fail_next(RouteTable, "expand", monkeypatch)
         sent = _signals(db, 0)
         with pytest.raises(StorageError, match="lost 1 signal batch"):
             db.flush()
         report = _only_report(db)
         assert report.action == "restarted" and report.lost_signals
-        lost = {(s[0], s[4]) for s in report.lost_signals}
-        for s in sent:
-            if (s[0], s[4]) not in lost:
-                model.signal_with_context(*s)
-        for s in _signals(db, 40):  # record numbers go on where the store left them
-            model.signal_with_context(*s)
-        _Both(db, model).request_community_purge(2, COMMUNITY)
-        assert_matches(db, model, USERS, exact_ids=False, where="live: ")
-    with _open(path, clock) as db:
-        assert_matches(db, model, USERS, exact_ids=False, where="reopened: ")
+        _apply_kept(model, sent, {(s[0], s[4]) for s in report.lost_signals})
+        both = _Both(db, model)
+        _signals(both, 40)  # record numbers go on where the store left them
+        both.request_community_purge(2, COMMUNITY)
 
 
 def test_an_ephemeral_database_resumes_the_shard_and_says_so(
@@ -218,7 +208,7 @@ def test_an_ephemeral_database_resumes_the_shard_and_says_so(
 ) -> None:
     with TidalDb.open(config=CFG, clock=ManualClock(T0)) as db:
         db.assign_cohort(1, "red")
-        _once(MembershipShard, "_set_cohorts", monkeypatch)
+        fail_next(MembershipShard, "_set_cohorts", monkeypatch)
         with pytest.raises(ActorFailure):
             db.assign_cohort(2, "red")
         assert db.cohorts_of(1) == frozenset({"red"})
@@ -231,8 +221,7 @@ def test_the_coordinator_cannot_restart_it_resumes_and_reports(
 ) -> None:
     from tidal_actors.actors import coordinator
 
-    real = coordinator.encode_manifest
-    monkeypatch.setattr(coordinator, "encode_manifest", _failing_once(real))
+    fail_next(coordinator, "encode_manifest", monkeypatch)
     with _open(str(tmp_path / "db"), ManualClock(T0)) as db:
         db.assign_cohort(1, "red")
         db.signal_with_context(1, 1, 1, 1.0, T0 - SEC)
@@ -242,18 +231,6 @@ def test_the_coordinator_cannot_restart_it_resumes_and_reports(
         assert len(manifest.entries) == 1
         report = _only_report(db)
         assert report.address == M.COORD_ADDR and report.action == "resumed"
-
-
-def _failing_once(real: Callable[..., Any]) -> Callable[..., Any]:
-    raised: list[int] = []
-
-    def fn(*args: Any) -> Any:
-        if not raised:
-            raised.append(1)
-            raise RuntimeError("injected fault")
-        return real(*args)
-
-    return fn
 
 
 # -- the harness --------------------------------------------------------------------
@@ -279,26 +256,10 @@ def test_the_harness_crash_restarts_through_the_same_step(
     restarts = _spy_restarts(monkeypatch)
     for seed in range(4):
         restarts.clear()
-        h = Harness(seed=seed, config=CFG)
-        r = Recorder(h)
-        _harness_workload(r)
-        for _ in range(crash_at):
-            h.step()
-        report = h.crash_shard(address)
-        h.run_until_idle()
+        h, r, report = crashed(seed, CFG, _harness_workload, address, crash_at)
         assert restarts == [address]
-        lost = {(s[0], s[4]) for s in report.lost_signals}
-        lost |= {(rec.user, rec.ts) for rec in report.lost_records}
-        model = r.model(
-            CFG,
-            skip=lambda name, args, lost=lost: (
-                name == "signal_with_context" and (args[0], args[4]) in lost
-            ),
-        )
-        where = f"seed {seed}, {address} at {crash_at}: "
-        assert_matches(Blocking(h), model, USERS, exact_ids=False, where=where)
-        h.close_and_reopen()
-        assert_matches(Blocking(h), model, USERS, exact_ids=False, where="reopened " + where)
+        model = model_without_lost(r, CFG, report)
+        assert_matches_and_reopened(h, model, USERS, f"seed {seed}, {address} at {crash_at}")
 
 
 def test_the_harness_cannot_crash_the_coordinator_or_persistence_as_a_shard() -> None:
@@ -347,21 +308,10 @@ def test_a_purge_whose_marker_reached_the_ledger_before_its_restart_completes(
     clock = ManualClock(T0)
     db = _open(str(tmp_path / "db"), clock)
     try:
-        db.assign_cohort(u1, "red")
-        db.signal_with_context(u1, 7, 1, 2.0, T0 - SEC)
-        db.flush()
-        out: dict[str, Any] = {}
-
-        def purge() -> None:
-            try:
-                out["r"] = db.request_community_purge(u1, "red")
-            except Exception as exc:  # noqa: BLE001 - checked below
-                out["r"] = exc
-
-        t = threading.Thread(target=purge, daemon=True)
-        t.start()
+        one_red_signal(db, T0)  # u1's
+        t, out = in_thread(lambda: db.request_community_purge(u1, "red"))
         assert at_marker.wait(10)
-        raised = _once(ContributionLog, "append_columns", monkeypatch)
+        raised = fail_next(ContributionLog, "append_columns", monkeypatch)
         db.signal_with_context(u2, 8, 1, 1.0, T0 - 1)  # another user's batch fails
         t.join(10)
         assert not t.is_alive(), "the purge hangs"
@@ -375,25 +325,6 @@ def test_a_purge_whose_marker_reached_the_ledger_before_its_restart_completes(
             db.close()
 
 
-def _fail_load(db: TidalDb, monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
-    """Make the store's next ``times`` loads (a restart's read) raise RuntimeError."""
-    store = db._core.store
-    real = store.load
-    raised: list[int] = []
-
-    def load(*args: Any, **kwargs: Any) -> Any:
-        if len(raised) < times:
-            raised.append(1)
-            raise RuntimeError("injected fault in store.load")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(store, "load", load)
-    return raised
-
-
-CFG1 = Config(membership_shards=1, ledger_shards=1, rematerialize_after_ms=None)
-
-
 @pytest.mark.parametrize("load_failures", [1, 100])
 def test_a_failed_restart_is_tried_again_or_fences_the_shard(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, load_failures: int
@@ -404,13 +335,17 @@ def test_a_failed_restart_is_tried_again_or_fences_the_shard(
     path = str(tmp_path / "db")
     clock = ManualClock(T0)
     db = TidalDb.open(path, config=CFG1, clock=clock)
-    db.assign_cohort(1, "red")
-    db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
-    db.flush()
+    one_red_signal(db, T0)
     before = db.read_decay_score("red", 7, 1, T0)
     assert before > 0
-    raised = _once(ContributionLog, "append_columns", monkeypatch)
-    loads = _fail_load(db, monkeypatch, load_failures)
+    raised = fail_next(ContributionLog, "append_columns", monkeypatch)
+    loads = fail_next(
+        db._core.store,
+        "load",
+        monkeypatch,
+        times=load_failures,
+        message="injected fault in store.load",
+    )  # the restart's read
     db.signal_with_context(1, 7, 1, 5.0, T0 - 1)  # the aggregates take it, the log fails
     with pytest.raises((StorageError, ActorFailure)):
         db.flush()
@@ -448,7 +383,7 @@ def test_a_rebuild_that_failed_with_its_ledger_is_queued_again(
 
     from tidal_actors.storage.rematerialize import RematJob
 
-    raised = _once(RematJob, "step", monkeypatch)
+    raised = fail_next(RematJob, "step", monkeypatch)
     cfg = Config(
         membership_shards=1,
         ledger_shards=1,
@@ -509,19 +444,10 @@ def test_the_blocking_facade_stops_waiting_when_a_first_reply_fails() -> None:
     call: Call[int] = Call("two-step", [first, second], lambda v: v[1])
     timer = threading.Timer(0.05, first.set_exception, (ActorFailure("barrier failed"),))
     timer.start()
-    out: dict[str, BaseException] = {}
-
-    def run() -> None:
-        try:
-            BlockingBase(_Core())._run(call)  # type: ignore[arg-type]
-        except ActorFailure as exc:
-            out["err"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
+    t, out = in_thread(lambda: BlockingBase(_Core())._run(call))  # type: ignore[arg-type]
     t.join(10)
     assert not t.is_alive(), "the facade waits for a reply that never comes"
-    assert "barrier failed" in str(out["err"])
+    assert isinstance(out["r"], ActorFailure) and "barrier failed" in str(out["r"])
 
 
 def test_an_attribution_failing_after_its_history_write_is_in_doubt_not_lost(
@@ -534,21 +460,15 @@ def test_an_attribution_failing_after_its_history_write_is_in_doubt_not_lost(
     path = str(tmp_path / "db")
     clock = ManualClock(T0)
     with TidalDb.open(path, config=CFG1, clock=clock) as db:
-        db.assign_cohort(1, "red")
-        db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
-        db.flush()
-        raised = _once(LedgerState, "raise_floors", monkeypatch)  # after the write
+        one_red_signal(db, T0)
+        raised = fail_next(LedgerState, "raise_floors", monkeypatch)  # after the write
         db.signal_with_context(1, 7, 1, 5.0, T0 - 1)
         db.flush()  # no loss to report
         assert raised
         report = _only_report(db)
         assert report.action == "restarted" and report.in_doubt
         assert not report.lost_records and not report.dropped
-        model = ReferenceModel(CFG1, clock)
-        model.assign_cohort(1, "red")
-        model.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
-        model.signal_with_context(1, 7, 1, 5.0, T0 - 1)
-        expected = model.read_decay_score("red", 7, 1, T0)
+        expected = red_score(CFG1, T0, (5.0, T0 - 1))
         assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(expected)
     with TidalDb.open(path, config=CFG1, clock=clock) as db:
         assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(expected)
@@ -601,7 +521,6 @@ def test_a_rebuild_step_failing_during_an_attribution_keeps_the_batch(
     """A running rebuild advances after each attribution batch; its step failing there
     ends the rebuild with the error, and the unrelated batch is applied and kept."""
     import sys
-    import threading
 
     from tidal_actors.storage.rematerialize import RematJob
 
@@ -620,19 +539,8 @@ def test_a_rebuild_step_failing_during_an_attribution_keeps_the_batch(
     path = str(tmp_path / "db")
     clock = ManualClock(T0)
     with TidalDb.open(path, config=CFG1, clock=clock) as db:
-        db.assign_cohort(1, "red")
-        db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
-        db.flush()
-        out: dict[str, Any] = {}
-
-        def rebuild() -> None:
-            try:
-                out["r"] = db.rematerialize("red")
-            except Exception as exc:  # noqa: BLE001 - checked below
-                out["r"] = exc
-
-        t = threading.Thread(target=rebuild, daemon=True)
-        t.start()
+        one_red_signal(db, T0)
+        t, out = in_thread(lambda: db.rematerialize("red"))
         import time
 
         time.sleep(0.2)
@@ -643,11 +551,7 @@ def test_a_rebuild_step_failing_during_an_attribution_keeps_the_batch(
         assert isinstance(out["r"], ActorFailure)
         report = _only_report(db)
         assert report.in_doubt and not report.lost_records
-        model = ReferenceModel(CFG1, clock)
-        model.assign_cohort(1, "red")
-        model.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
-        model.signal_with_context(1, 7, 1, 5.0, T0 - 1)
-        expected = model.read_decay_score("red", 7, 1, T0)
+        expected = red_score(CFG1, T0, (5.0, T0 - 1))
         assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(expected)
     with TidalDb.open(path, config=CFG1, clock=clock) as db:
         assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(expected)

@@ -9,7 +9,6 @@ model's, every caller is answered, every loss is reported.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from typing import Any
 
@@ -27,24 +26,18 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.testing import Harness, ReferenceModel
 
-from ._differential import Blocking
+from ._differential import Blocking, lost_of
+from ._setups import (
+    CFG1,
+    fail_handler,
+    fail_next,
+    fail_tell,
+    in_thread,
+    one_red_signal,
+    red_score,
+    slow_next_commit,
+)
 from .conftest import SEC, T0
-
-CFG1 = Config(membership_shards=1, ledger_shards=1, rematerialize_after_ms=None)
-
-
-def _in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["r"] = fn()
-        except Exception as exc:  # noqa: BLE001 - checked by the test
-            out["r"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, out
 
 
 def _report_of(db: TidalDb, address: M.Address) -> Any:
@@ -101,21 +94,6 @@ def test_a_membership_restart_never_numbers_a_record_twice(tmp_path: Any) -> Non
 # -- a fenced membership shard and its control writes in doubt --------------------------
 
 
-def _fail_load(db: TidalDb, monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
-    store = db._core.store
-    real = store.load
-    raised: list[int] = []
-
-    def load(*args: Any, **kwargs: Any) -> Any:
-        if len(raised) < times:
-            raised.append(1)
-            raise RuntimeError("injected fault in store.load")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(store, "load", load)
-    return raised
-
-
 def test_a_fenced_membership_shard_answers_its_control_writes_in_doubt(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -126,17 +104,7 @@ def test_a_fenced_membership_shard_answers_its_control_writes_in_doubt(
     db = TidalDb.open(path, config=CFG1, clock=ManualClock(T0))
     try:
         db.assign_cohort(9, "red")
-        store = db._core.store
-        real_commit = store.commit
-        slow = threading.Event()
-
-        def commit(ops: Any) -> Any:
-            if slow.is_set():
-                slow.clear()
-                time.sleep(0.4)  # assigns 2 and 3 are stashed meanwhile
-            return real_commit(ops)
-
-        monkeypatch.setattr(store, "commit", commit)
+        slow = slow_next_commit(db, monkeypatch)  # assigns 2 and 3 are stashed meanwhile
         real_set = MembershipShard._set_cohorts
 
         def set_cohorts(self: MembershipShard, user: int, cohorts: tuple[str, ...]) -> None:
@@ -146,12 +114,12 @@ def test_a_fenced_membership_shard_answers_its_control_writes_in_doubt(
 
         monkeypatch.setattr(MembershipShard, "_set_cohorts", set_cohorts)
         slow.set()
-        t1, _ = _in_thread(lambda: db.assign_cohort(1, "red"))
+        t1, _ = in_thread(lambda: db.assign_cohort(1, "red"))
         time.sleep(0.1)
-        _fail_load(db, monkeypatch, 1000)
-        t2, out2 = _in_thread(lambda: db.assign_cohort(2, "red"))
+        fail_next(db._core.store, "load", monkeypatch, times=1000)  # every restart fails
+        t2, out2 = in_thread(lambda: db.assign_cohort(2, "red"))
         time.sleep(0.05)
-        t3, out3 = _in_thread(lambda: db.assign_cohort(3, "red"))
+        t3, out3 = in_thread(lambda: db.assign_cohort(3, "red"))
         for t in (t1, t2, t3):
             t.join(15)
         assert isinstance(out2.get("r"), ActorFailure)
@@ -187,17 +155,8 @@ def _capped_run(path: str, monkeypatch: pytest.MonkeyPatch, fault: bool) -> dict
         db.assign_cohort(1, "red")
         db.signal_with_context(1, 7, 1, 1.0, T0 - SEC)
         db.flush()
-        if fault:
-            ctx = db._core.host.ctx
-            real_tell = ctx.tell
-
-            def tell(address: M.Address, message: object) -> None:
-                if isinstance(message, M.Purge):
-                    monkeypatch.setattr(ctx, "tell", real_tell)
-                    raise RuntimeError("injected fault sending the purge to the coordinator")
-                real_tell(address, message)
-
-            monkeypatch.setattr(ctx, "tell", tell)
+        if fault:  # the purge does not reach the coordinator
+            fail_tell(db._core.host.ctx, M.Purge, monkeypatch)
             with pytest.raises(ActorFailure):
                 db.request_community_purge(1, "red")
         for i in range(200):
@@ -223,6 +182,19 @@ def test_a_purge_request_failing_after_its_marker_does_not_pin_the_log(
 # -- the coordinator failing after a purge's commit -------------------------------------
 
 
+def _two_users_in_red() -> tuple[Harness, int]:
+    """A harness (no store) where users 1 and 2 joined "red" and sent one signal each,
+    at now - 1 s: user 1 to entity 7 (weight 1.0), user 2 to entity 8 (weight 2.0).
+    Returns it and its now (ns)."""
+    h = Harness(seed=0, config=CFG1, store="memory")
+    t0 = h.clock.now_ns()
+    h.run(h.assign_cohort(1, "red"))
+    h.run(h.assign_cohort(2, "red"))
+    h.signal_with_context(1, 7, 1, 1.0, t0 - SEC)
+    h.signal_with_context(2, 8, 1, 2.0, t0 - SEC)
+    return h, t0
+
+
 def test_a_coordinator_failure_after_a_commit_does_not_stall_the_next_purge(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -231,22 +203,8 @@ def test_a_coordinator_failure_after_a_commit_does_not_stall_the_next_purge(
     the coordinator resumes, and the second purge must still run."""
     from tidal_actors.actors.coordinator import PurgeCoordinator
 
-    real = PurgeCoordinator._schedule_remat
-    raised: list[int] = []
-
-    def schedule(self: PurgeCoordinator, cohort: str) -> None:
-        if not raised:
-            raised.append(1)
-            raise RuntimeError("injected fault after the purge's commit")
-        real(self, cohort)
-
-    monkeypatch.setattr(PurgeCoordinator, "_schedule_remat", schedule)
-    h = Harness(seed=0, config=CFG1, store="memory")
-    t0 = h.clock.now_ns()
-    h.run(h.assign_cohort(1, "red"))
-    h.run(h.assign_cohort(2, "red"))
-    h.signal_with_context(1, 7, 1, 1.0, t0 - SEC)
-    h.signal_with_context(2, 8, 1, 2.0, t0 - SEC)
+    raised = fail_next(PurgeCoordinator, "_schedule_remat", monkeypatch)  # after the commit
+    h, t0 = _two_users_in_red()
     first = h.request_community_purge(1, "red")
     second = h.request_community_purge(2, "red")
     h.run_until_idle()
@@ -265,7 +223,7 @@ def test_a_coordinator_failing_on_a_purges_commit_completes_the_purge(
     caller answered with the manifest), not abandoned while the store holds it."""
     from tidal_actors.actors.coordinator import PurgeCoordinator
 
-    raised = _once(PurgeCoordinator, "_on_committed", monkeypatch)
+    raised = fail_next(PurgeCoordinator, "_on_committed", monkeypatch)
     h = Harness(seed=0, config=CFG1, store="memory")
     t0 = h.clock.now_ns()
     h.run(h.assign_cohort(1, "red"))
@@ -294,7 +252,9 @@ def test_a_coordinator_failing_on_a_purges_commit_completes_the_purge(
     reason="a purge committed but whose retraction could not be sent to its ledger "
     "stays in the live aggregates until a reopen (the store holds the purge)",
 )
-def test_a_coordinator_failure_after_a_commit_still_retracts_the_purge() -> None:
+def test_a_coordinator_failure_after_a_commit_still_retracts_the_purge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The purge's manifest and tombstones committed, then the coordinator failed
     before telling the ledger to retract: the live state must not keep serving what
     the store says is purged (nor the caller be told the purge failed)."""
@@ -303,20 +263,9 @@ def test_a_coordinator_failure_after_a_commit_still_retracts_the_purge() -> None
     h.run(h.assign_cohort(1, "red"))
     h.signal_with_context(1, 7, 1, 1.0, t0 - SEC)
     h.run(h.flush())
-    ctx = h.host.ctx
-    real_tell = ctx.tell
-    raised: list[int] = []
-
-    def tell(address: M.Address, message: object) -> None:
-        if isinstance(message, M.ApplyPurge) and not raised:
-            raised.append(1)
-            raise RuntimeError("injected fault telling the ledger to retract")
-        real_tell(address, message)
-
-    ctx.tell = tell  # type: ignore[method-assign]
+    raised = fail_tell(h.host.ctx, M.ApplyPurge, monkeypatch)  # the ledger is not told to retract
     purge = h.request_community_purge(1, "red")
     h.run_until_idle()
-    ctx.tell = real_tell  # type: ignore[method-assign]
     assert raised and purge.done
     manifests = h.run(h.list_purge_manifests(1))
     assert len(manifests) == 1  # committed
@@ -326,20 +275,6 @@ def test_a_coordinator_failure_after_a_commit_still_retracts_the_purge() -> None
 
 
 # -- the harness: a handler failure, as under the pykka host ----------------------------
-
-
-def _once(cls: type, name: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    real = getattr(cls, name)
-    raised: list[int] = []
-
-    def fn(*args: Any, **kwargs: Any) -> Any:
-        if not raised:
-            raised.append(1)
-            raise RuntimeError(f"injected fault in {cls.__name__}.{name}")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cls, name, fn)
-    return raised
 
 
 def test_a_harness_handler_failure_restarts_the_ledger_and_reports_it(
@@ -353,10 +288,8 @@ def test_a_harness_handler_failure_restarts_the_ledger_and_reports_it(
     h = Harness(seed=1, config=CFG1, store=f"lmdb:{tmp_path / 'db'}")
     b = Blocking(h)
     t0 = h.clock.now_ns()
-    b.assign_cohort(1, "red")
-    b.signal_with_context(1, 7, 1, 2.0, t0 - SEC)
-    b.flush()
-    raised = _once(ContributionLog, "append_columns", monkeypatch)
+    one_red_signal(b, t0)
+    raised = fail_next(ContributionLog, "append_columns", monkeypatch)
     b.signal_with_context(1, 7, 1, 5.0, t0 - 1)
     with pytest.raises(StorageError, match="lost 1 signal batch"):
         b.flush()
@@ -365,13 +298,8 @@ def test_a_harness_handler_failure_restarts_the_ledger_and_reports_it(
     assert [(r.address, r.action) for r in reports] == [((M.LEDGER, 0), "restarted")]
     lost = sorted((rec.user, rec.cohort, rec.weight) for rec in reports[0].lost_records)
     assert lost == [(1, COMMUNITY, 5.0), (1, "red", 5.0)]
-    model = ReferenceModel(CFG1, ManualClock(t0))
-    model.assign_cohort(1, "red")
-    model.signal_with_context(1, 7, 1, 2.0, t0 - SEC)
-    want = model.read_decay_score("red", 7, 1, t0)
-    assert b.read_decay_score("red", 7, 1, t0) == pytest.approx(want)
+    assert b.read_decay_score("red", 7, 1, t0) == pytest.approx(red_score(CFG1, t0))
     b.signal_with_context(1, 7, 1, 1.0, t0 - 2)
-    model.signal_with_context(1, 7, 1, 1.0, t0 - 2)
     b.flush()
     _, manifest = b.request_community_purge(1, "red")
     assert sorted(e.weight for e in manifest.entries) == [1.0, 2.0]
@@ -390,18 +318,13 @@ def test_a_harness_membership_failure_on_apply_restarts_with_the_committed_state
     h = Harness(seed=2, config=CFG1, store=f"lmdb:{tmp_path / 'db'}")
     b = Blocking(h)
     t0 = h.clock.now_ns()
-    _once(MembershipShard, "_set_cohorts", monkeypatch)
+    fail_next(MembershipShard, "_set_cohorts", monkeypatch)
     with pytest.raises(ActorFailure):
         b.assign_cohort(1, "red")
     assert b.cohorts_of(1) == frozenset({"red"})
     b.signal_with_context(1, 7, 1, 2.0, t0 - SEC)
     b.flush()
-    model = ReferenceModel(CFG1, ManualClock(t0))
-    model.assign_cohort(1, "red")
-    model.signal_with_context(1, 7, 1, 2.0, t0 - SEC)
-    assert b.read_decay_score("red", 7, 1, t0) == pytest.approx(
-        model.read_decay_score("red", 7, 1, t0)
-    )
+    assert b.read_decay_score("red", 7, 1, t0) == pytest.approx(red_score(CFG1, t0))
     reports = h.core.fault_reports()
     assert [(r.address, r.action) for r in reports] == [((M.MEMBERSHIP, 0), "restarted")]
     h.close()
@@ -417,29 +340,17 @@ def test_a_ledger_failing_on_a_barrier_part_answers_the_barrier(
     """A flush, a read and a rebuild's sync travel through the ledgers as barrier
     parts; a ledger whose handler fails on one restarts, and the caller waiting on
     the barrier must be answered (ActorFailure), not left waiting."""
-    from tidal_actors.actors.ledger import LedgerShard
-
     with TidalDb.open(str(tmp_path / "db"), config=CFG1, clock=ManualClock(T0)) as db:
-        db.assign_cohort(1, "red")
-        db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
-        db.flush()
-        real = LedgerShard._on_barrier_part
-        raised: list[int] = []
-
-        def part(self: LedgerShard, msg: M.BarrierPart) -> None:
-            if not raised:
-                raised.append(1)
-                raise RuntimeError("injected fault on a barrier part")
-            real(self, msg)
-
+        one_red_signal(db, T0)
         ledger = db._core.host.behaviours[(M.LEDGER, 0)]
-        monkeypatch.setitem(ledger._handlers, M.BarrierPart, part.__get__(ledger))
+        raised = fail_handler(ledger, M.BarrierPart, monkeypatch)  # its first part fails
         fn = {
             "flush": db.flush,
-            "read": lambda: db.read_decay_score("red", 7, 1, T0),
+            # a read that waits (serving reads are answered from the shard's view)
+            "read": lambda: db.aggregate_rows(T0),
             "rematerialize": lambda: db.rematerialize("red"),
         }[call]
-        t, out = _in_thread(fn)
+        t, out = in_thread(fn)
         t.join(10)
         assert raised
         assert not t.is_alive(), f"{call} waits forever for the barrier"
@@ -447,12 +358,7 @@ def test_a_ledger_failing_on_a_barrier_part_answers_the_barrier(
         report = _report_of(db, (M.LEDGER, 0))
         assert report.action == "restarted" and report.failed
         # the restarted ledger serves the next one
-        model = ReferenceModel(CFG1, ManualClock(T0))
-        model.assign_cohort(1, "red")
-        model.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
-        assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(
-            model.read_decay_score("red", 7, 1, T0)
-        )
+        assert db.read_decay_score("red", 7, 1, T0) == pytest.approx(red_score(CFG1, T0))
 
 
 # -- a rebuild the coordinator failed at a ledger restart -------------------------------
@@ -463,6 +369,26 @@ CAP4 = Config(
     max_contribution_log_entries=4,
     rematerialize_after_ms=None,
 )
+
+
+def _evicted_red(seed: int, path: Any, *, user_2: bool) -> tuple[Harness, int, ReferenceModel]:
+    """A harness (``seed``, CAP4) on an LMDB store at ``path`` and the reference
+    model, both given: user 1 joins "red" and sends 6 signals (entities 0-5, weights
+    1.0-6.0, at now - 10 s to now - 5 s), more records than the log of 4 holds, so
+    the oldest are evicted; with ``user_2``, user 2 (in no cohort) sends one (entity
+    9, at now - 1 s). The harness is run until idle. Returns the harness, its now
+    (ns) and the model."""
+    h = Harness(seed=seed, config=CAP4, store=f"lmdb:{path}")
+    t0 = h.clock.now_ns()
+    model = ReferenceModel(CAP4, ManualClock(t0))
+    for obj in (h, model):
+        obj.assign_cohort(1, "red")
+        for i in range(6):
+            obj.signal_with_context(1, i, 1, 1.0 + i, t0 - (10 - i) * SEC)
+        if user_2:
+            obj.signal_with_context(2, 9, 1, 1.0, t0 - SEC)
+    h.run_until_idle()
+    return h, t0, model
 
 
 def test_a_rebuild_failed_at_a_ledger_restart_is_not_applied_by_the_next_incarnation(
@@ -479,16 +405,8 @@ def test_a_rebuild_failed_at_a_ledger_restart_is_not_applied_by_the_next_incarna
 
     hit = 0
     for seed in range(12):
-        h = Harness(seed=seed, config=CAP4, store=f"lmdb:{tmp_path / str(seed)}")
-        t0 = h.clock.now_ns()
-        model = ReferenceModel(CAP4, ManualClock(t0))
-        for obj in (h, model):
-            obj.assign_cohort(1, "red")
-            for i in range(6):
-                obj.signal_with_context(1, i, 1, 1.0 + i, t0 - (10 - i) * SEC)
-            obj.signal_with_context(2, 9, 1, 1.0, t0 - SEC)
-        h.run_until_idle()
-        raised = _once(Aggregates, "retract_rows", monkeypatch)
+        h, t0, model = _evicted_red(seed, tmp_path / str(seed), user_2=True)
+        raised = fail_next(Aggregates, "retract_rows", monkeypatch)
         purge = h.request_community_purge(1, "red")
         rebuild = h.rematerialize("red")
         h.run_until_idle()
@@ -536,26 +454,12 @@ def test_a_harness_restart_that_fails_is_tried_again_or_fences_the_shard(
     h = Harness(seed=0, config=CFG1, store=f"lmdb:{tmp_path / 'db'}")
     b = Blocking(h)
     t0 = h.clock.now_ns()
-    b.assign_cohort(1, "red")
-    b.signal_with_context(1, 7, 1, 2.0, t0 - SEC)
-    b.flush()
+    one_red_signal(b, t0)
     coord = h.behaviour(M.COORD_ADDR)
-    real = coord._handlers[RecoverLedger]
-    calls: list[int] = []
-
-    def recover(msg: RecoverLedger) -> None:
-        calls.append(1)
-        if len(calls) <= failures:
-            raise RuntimeError("injected fault in the coordinator's recovery")
-        real(msg)
-
-    monkeypatch.setitem(coord._handlers, RecoverLedger, recover)
+    calls = fail_handler(coord, RecoverLedger, monkeypatch, times=failures)
     report = h.crash_shard((M.LEDGER, 0))
     h.run_until_idle()
-    model = ReferenceModel(CFG1, ManualClock(t0))
-    model.assign_cohort(1, "red")
-    model.signal_with_context(1, 7, 1, 2.0, t0 - SEC)
-    want = model.read_decay_score("red", 7, 1, t0)
+    want = red_score(CFG1, t0)
     if failures == 1:
         assert len(calls) == 2 and report.action == "down"
         assert b.read_decay_score("red", 7, 1, t0) == pytest.approx(want)
@@ -589,21 +493,11 @@ def test_a_failure_on_a_carried_over_message_restarts_the_shard_again(
     db = TidalDb.open(str(tmp_path / "db"), config=CFG1, clock=ManualClock(T0))
     try:
         db.assign_cohort(9, "red")
-        store = db._core.store
-        real_commit = store.commit
-        slow = threading.Event()
-
-        def commit(ops: Any) -> Any:
-            if slow.is_set():
-                slow.clear()
-                time.sleep(0.4)  # the signal batch is stashed meanwhile
-            return real_commit(ops)
-
-        monkeypatch.setattr(store, "commit", commit)
-        _once(MembershipShard, "_set_cohorts", monkeypatch)
-        expand_raised = _once(RouteTable, "expand", monkeypatch)
+        slow = slow_next_commit(db, monkeypatch)  # the signal batch is stashed meanwhile
+        fail_next(MembershipShard, "_set_cohorts", monkeypatch)
+        expand_raised = fail_next(RouteTable, "expand", monkeypatch)
         slow.set()
-        t, out = _in_thread(lambda: db.assign_cohort(1, "red"))
+        t, out = in_thread(lambda: db.assign_cohort(1, "red"))
         time.sleep(0.1)
         db.signal_with_context(2, 8, 1, 1.0, T0 - SEC)
         t.join(10)
@@ -680,7 +574,7 @@ def test_a_fault_at_each_handler_kind_leaves_the_reference_models_state(
     model = ReferenceModel(cfg, clock)
     users = range(1, 8)
     with TidalDb.open(path, config=cfg, clock=clock) as db:
-        raised = _once(cls, method, monkeypatch)
+        raised = fail_next(cls, method, monkeypatch)
         done: list[tuple[str, tuple[Any, ...]]] = []
 
         def op(name: str, *args: Any) -> None:
@@ -715,8 +609,7 @@ def test_a_fault_at_each_handler_kind_leaves_the_reference_models_state(
         lost: set[tuple[int, int]] = set()
         for report in db._core.fault_reports():
             assert report.action == "restarted", report
-            lost |= {(s[0], s[4]) for s in report.lost_signals}
-            lost |= {(r.user, r.ts) for r in report.lost_records}
+            lost |= lost_of(report)
         for name, args in done:
             if name == "signal_with_context" and (args[0], args[4]) in lost:
                 continue
@@ -741,29 +634,12 @@ def test_a_rebuild_whose_commit_fails_leaves_the_live_state_as_the_store(
     records from the history fails: the caller gets the error and the purge stays
     not re-materialized, so the live aggregates should still hold the purged user's
     evicted records, as the store (and a ledger restarted from it) does."""
-    h = Harness(seed=0, config=CAP4, store=f"lmdb:{tmp_path / 'db'}")
-    t0 = h.clock.now_ns()
-    model = ReferenceModel(CAP4, ManualClock(t0))
-    for obj in (h, model):
-        obj.assign_cohort(1, "red")
-        for i in range(6):
-            obj.signal_with_context(1, i, 1, 1.0 + i, t0 - (10 - i) * SEC)
-    h.run_until_idle()
+    h, t0, model = _evicted_red(0, tmp_path / "db", user_2=False)
     b = Blocking(h)
     _, manifest = b.request_community_purge(1, "red")
     model.request_community_purge(1, "red")
     assert manifest.evicted > 0
-    store = h.host.store
-    real = store.history_items
-    raised: list[int] = []
-
-    def history_items(*args: Any, **kwargs: Any) -> Any:
-        if not raised:
-            raised.append(1)
-            raise RuntimeError("injected fault reading the history to erase")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(store, "history_items", history_items)
+    raised = fail_next(h.host.store, "history_items", monkeypatch)  # the history to erase
     with pytest.raises(ActorFailure):
         b.rematerialize("red")
     assert raised
@@ -787,16 +663,7 @@ def test_a_purge_failing_as_the_coordinator_starts_it_releases_its_marker(
     from tidal_actors.actors import coordinator
 
     want = _capped_run(str(tmp_path / "plain"), monkeypatch, fault=False)
-    real = coordinator.advance_watermark
-    raised: list[int] = []
-
-    def advance(*args: Any) -> Any:
-        if not raised:
-            raised.append(1)
-            raise RuntimeError("injected fault starting the purge")
-        return real(*args)
-
-    monkeypatch.setattr(coordinator, "advance_watermark", advance)
+    raised = fail_next(coordinator, "advance_watermark", monkeypatch)  # starting the purge
     with TidalDb.open(str(tmp_path / "faulted"), config=CAPPED, clock=ManualClock(T0)) as db:
         db.assign_cohort(1, "red")
         db.signal_with_context(1, 7, 1, 1.0, T0 - SEC)
@@ -810,32 +677,18 @@ def test_a_purge_failing_as_the_coordinator_starts_it_releases_its_marker(
         assert db.stats()["log_records"] == want["log_records"]
 
 
-def test_a_purge_failing_once_started_does_not_block_the_next() -> None:
+def test_a_purge_failing_once_started_does_not_block_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The coordinator fails sending a purge's preparation to its ledger, after it
     took the purge as the one in progress: the purge is abandoned, and the next
     purge runs (it would otherwise wait forever behind it)."""
-    h = Harness(seed=0, config=CFG1, store="memory")
-    t0 = h.clock.now_ns()
-    h.run(h.assign_cohort(1, "red"))
-    h.run(h.assign_cohort(2, "red"))
-    h.signal_with_context(1, 7, 1, 1.0, t0 - SEC)
-    h.signal_with_context(2, 8, 1, 2.0, t0 - SEC)
+    h, t0 = _two_users_in_red()
     h.run(h.flush())
-    ctx = h.host.ctx
-    real_tell = ctx.tell
-    raised: list[int] = []
-
-    def tell(address: M.Address, message: object) -> None:
-        if isinstance(message, M.PreparePurge) and not raised:
-            raised.append(1)
-            raise RuntimeError("injected fault sending the preparation")
-        real_tell(address, message)
-
-    ctx.tell = tell  # type: ignore[method-assign]
+    raised = fail_tell(h.host.ctx, M.PreparePurge, monkeypatch)
     first = h.request_community_purge(1, "red")
     second = h.request_community_purge(2, "red")
     h.run_until_idle()
-    ctx.tell = real_tell  # type: ignore[method-assign]
     assert raised and first.done and second.done, "the second purge waits forever"
     with pytest.raises(ActorFailure):
         first.result()

@@ -17,6 +17,8 @@ from tidal_actors.actors.ledger import LedgerShard
 from tidal_actors.storage.format import ledger_shard_of
 from tidal_actors.storage.stores import decode_batch
 
+from ._setups import refuse_history_writes
+
 T0 = 10**18
 
 
@@ -191,12 +193,7 @@ def test_a_failed_history_write_waits_for_the_flush_past_a_rebuild_and_a_compact
         db.signal_with_context(1, 7, 1, 1.0)
         db.flush()
         store = db._core.store
-
-        def fault(ops):
-            if any(ks == "history" for ks, _, _ in ops):
-                raise StorageError("history write refused")
-
-        store.fault = fault
+        store.fault = refuse_history_writes
         db.signal_with_context(1, 7, 1, 1.0)
         db.rematerialize("c1")  # its sync commits first, and passes the failure on
         store.fault = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import random
 import threading
 
 import pytest
@@ -51,7 +52,9 @@ def _count(db, cohort, entities, at=T0):
 
 def test_map_doubles_and_a_retried_batch_is_there_exactly_once(pdb_path):
     cfg = Config(map_size_bytes=64 * KIB, max_map_size_bytes=16 * 1024 * KIB, ledger_shards=2)
-    n = 20_000
+    n = 50_000
+    rng = random.Random(1)
+    weights = [rng.random() * 1000 for _ in range(n)]  # 4 bytes a record that LZ4 keeps
     clock = ManualClock(T0)
     with TidalDb.open(pdb_path, config=cfg, clock=clock) as db:
         store = db._core.store
@@ -66,7 +69,7 @@ def test_map_doubles_and_a_retried_batch_is_there_exactly_once(pdb_path):
         db.assign_cohort(1, "c")
         # one call: the persistence actor takes these writes in few large transactions,
         # each hits MapFullError mid-way, is rolled back whole, and retried after growth
-        db.signal_batch([Signal(1, i % 50, 1, 1.0, T0) for i in range(n)])
+        db.signal_batch([Signal(1, i % 50, 1, weights[i], T0) for i in range(n)])
         db.flush()
         assert seen[0] == 64 * KIB and len(seen) >= 4
         assert all(b == 2 * a for a, b in itertools.pairwise(seen)), seen

@@ -21,7 +21,7 @@ from typing import Any
 from tidal_actors._durations import parse_duration
 from tidal_actors._errors import InvalidArgument
 
-__all__ = ["MAX_MAP_SIZE_BYTES", "MIN_MAP_SIZE_BYTES", "Config"]
+__all__ = ["MAX_MAP_SIZE_BYTES", "MIN_MAP_SIZE_BYTES", "READ_CONSISTENCIES", "Config"]
 
 NS_PER_S = 1_000_000_000
 HOUR_NS = 3600 * NS_PER_S
@@ -42,13 +42,28 @@ SECTIONS: dict[str, frozenset[str]] = {
     ),
     "storage": frozenset({"map_size_bytes", "max_map_size_bytes"}),
     "purge": frozenset({"rematerialize_after_ms"}),
+    "reads": frozenset({"read_consistency"}),
+    "runtime": frozenset({"host", "ray_address"}),
 }
 """The TOML sections of ``config/default.toml`` and the settings each holds."""
+
+READ_CONSISTENCIES = ("read_your_writes", "latest")
+"""The read consistency levels (docs/semantics.md, "Read consistency")."""
 
 NS_DURATIONS = ("half_life_ns", "window_width_ns", "history_retention_ns")
 """Settings in int nanoseconds (besides ``half_life_ns_by_type``'s values)."""
 MS_DURATIONS = ("signal_flush_interval_ms", "rematerialize_after_ms", "inflight_budget_ms")
 """Settings in float milliseconds."""
+
+
+HOSTS = ("pykka", "ray")
+"""The values of ``Config.host``: threads in this process, or Ray actors (`runtime.ray_host`)."""
+
+
+def _host_port(address: str) -> bool:
+    """Whether ``address`` is ``<host>:<port>``."""
+    head, sep, port = address.rpartition(":")
+    return bool(sep and head and port.isdigit() and 0 < int(port) < 65536)
 
 
 def _duration_ns(name: str, value: Any) -> Any:
@@ -96,6 +111,9 @@ class Config:
     max_map_size_bytes: int = 64 * 1024**3
     history_retention_ns: int | None = None
     rematerialize_after_ms: float | None = 1000.0
+    read_consistency: str = "read_your_writes"
+    host: str = "pykka"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         for name in NS_DURATIONS:
@@ -194,6 +212,30 @@ class Config:
                 self.rematerialize_after_ms,
                 "must be None or in [0, 86400000]",
             )
+        if not isinstance(self.read_consistency, str) or (
+            self.read_consistency not in READ_CONSISTENCIES
+        ):
+            raise InvalidArgument(
+                "read_consistency",
+                self.read_consistency,
+                "must be 'read_your_writes' or 'latest'",
+            )
+        if not isinstance(self.host, str) or self.host not in HOSTS:
+            raise InvalidArgument("host", self.host, f"must be one of {', '.join(HOSTS)}")
+        if self.ray_address is not None and not (
+            isinstance(self.ray_address, str)
+            and (
+                self.ray_address == "auto"
+                or (self.ray_address.startswith("ray://") and len(self.ray_address) > 6)
+                or _host_port(self.ray_address)
+            )
+        ):
+            raise InvalidArgument(
+                "ray_address",
+                self.ray_address,
+                'must be None (start a local Ray instance), "auto" (the running cluster), '
+                '"ray://<head>:<port>" (Ray Client) or "<head>:<port>"',
+            )
         object.__setattr__(
             self,
             "half_life_ns_by_type",
@@ -214,8 +256,8 @@ class Config:
 
         Settings sit in their sections (``SECTIONS``: ``[decay]``, ``[window]``,
         ``[contribution_log]``, ``[shards]``, ``[ingest]``, ``[storage]``,
-        ``[purge]``) or at the top level; ``[decay.half_life_ns_by_type]`` maps type
-        ids (as strings) to half-lives. Durations are numbers in the setting's unit
+        ``[purge]``, ``[reads]``, ``[runtime]``) or at the top level;
+        ``[decay.half_life_ns_by_type]`` maps type ids (as strings) to half-lives. Durations are numbers in the setting's unit
         or strings such as ``"7d"`` (see :class:`Config`). An unknown key, a key in
         another section, one set twice, or a bad value raises InvalidArgument.
         """
@@ -230,7 +272,9 @@ class Config:
                     flat[key] = {int(k): v for k, v in dict(value).items()}
                 except (TypeError, ValueError) as exc:
                     raise InvalidArgument(key, value, "keys must be integer type ids") from exc
-            elif key in ("rematerialize_after_ms", "inflight_budget_ms") and value is False:
+            elif key in ("rematerialize_after_ms", "inflight_budget_ms", "ray_address") and (
+                value is False
+            ):
                 flat[key] = None  # TOML has no null: false turns the setting off
             elif key in known:
                 flat[key] = value

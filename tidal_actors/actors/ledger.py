@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Context
 from tidal_actors.actors.ledger_remat import LedgerRebuilds
+from tidal_actors.actors.ledger_views import LedgerViews
 from tidal_actors.actors.recovery import LedgerRecovery
 from tidal_actors.core.contrib_log import EMPTY
 from tidal_actors.core.states import LedgerState
@@ -17,8 +18,9 @@ if TYPE_CHECKING:
     pass
 
 
-class LedgerShard(LedgerRebuilds):
-    """Aggregates, contribution log and durable history of the cohorts hashed here."""
+class LedgerShard(LedgerViews, LedgerRebuilds):
+    """Aggregates, contribution log and durable history of the cohorts hashed here,
+    and the view of them it publishes (`LedgerViews`)."""
 
     def __init__(self, ctx: Context, index: int, state: LedgerState | None = None) -> None:
         super().__init__(ctx)
@@ -51,6 +53,7 @@ class LedgerShard(LedgerRebuilds):
         self._in_flight: dict[int, dict[M.Marker, int]] = {}
         self._ended_early: set[M.Marker] = set()
         self._init_rebuilds()
+        self._init_views()
         # barrier id -> (barrier, parts received, losses they reported)
         self._barrier_parts: dict[int, tuple[M.Barrier, int, tuple[BaseException, ...]]] = {}
         # purges prepared by this incarnation, not applied yet (`_on_apply`)
@@ -145,6 +148,7 @@ class LedgerShard(LedgerRebuilds):
         rows = st.aggregates.add_columns(
             m, rs, us, msg.cohorts, msg.entities, msg.types, msg.weights, msg.timestamps
         )
+        self.note_rows(rows)
         # a rebuild step failing here ends that rebuild (`_advance`), not this batch:
         # the batch is applied first, then the failure is raised (so counted and the
         # shard restarted) with the batch written (`on_error`)
@@ -218,6 +222,7 @@ class LedgerShard(LedgerRebuilds):
             self._barrier_parts[key] = (b, n, lost)
             return
         self._barrier_parts.pop(key, None)
+        self.publish_now()  # what the barrier's sender submitted before it is in the view
         if b.action is not None:
             self._read(b.action)
             return
@@ -227,6 +232,7 @@ class LedgerShard(LedgerRebuilds):
     def on_idle(self) -> None:
         # history batches committed since the last message may let rows settle
         self._settle()
+        super().on_idle()  # publish what is not yet
 
     def _read(self, r: M.Read) -> None:
         self._settle()  # so that stats() after a flush shows what is settled
@@ -320,6 +326,7 @@ class LedgerShard(LedgerRebuilds):
             # state's, and the state restored after the commit leaves them out already
             return
         self._prepared.discard(msg.purge_id)
+        self.note_retraction(msg.prepared.rows)
         self.state.aggregates.retract_rows(msg.prepared.rows)
         self.state.log.apply(msg.user, msg.cohort, msg.prepared)
         self.retracted += len(msg.prepared.records)

@@ -40,6 +40,10 @@ class LedgerRebuilds(Behaviour):
         """Settle what may be settled (`LedgerShard._settle`)."""
         raise NotImplementedError
 
+    def rebuilding(self) -> None:
+        """`LedgerViews.rebuilding`."""
+        raise NotImplementedError
+
     def _on_remat_start(self, msg: M.RematStart) -> None:
         from tidal_actors.storage.rematerialize import RematJob
 
@@ -77,6 +81,7 @@ class LedgerRebuilds(Behaviour):
                 return False
             # known: something was ever attributed here (the key table only grows)
             known = job.read > 0 or self.state.aggregates.cohort_id(job.cohort) is not None
+            self.rebuilding()  # it may rewrite the cohort's keys: views republished
             read, excluded, matched, per_user = job.finish()
             del self._jobs[token]
             self.ctx.tell(

@@ -359,6 +359,12 @@ class Tick:
 
 
 @dataclass(frozen=True, slots=True)
+class Publish:
+    """Facade -> ledger, from the flusher thread: publish the changes not yet in the
+    shard's view (`actors.ledger_views`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Drain:
     """Facade -> coordinator at close: reply once no purge is in flight or waiting."""
 

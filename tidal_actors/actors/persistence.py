@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from tidal_actors._errors import ActorFailure, StorageError, TidalError
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour, Context
 from tidal_actors.actors.recovery import LoadStore
 from tidal_actors.actors.reply import Reply
+
+T = TypeVar("T")
 
 
 def _write_error(exc: Exception) -> TidalError:
@@ -137,7 +140,7 @@ class Persistence(Behaviour):
                 self.last_error = exc
 
     def _on_erase(self, msg: M.EraseHistory) -> None:
-        from tidal_actors.storage.rematerialize import erase_history_ops
+        from tidal_actors.storage.history_rewrite import erase_history_ops
 
         self.commit()  # history batches queued before are in the store first
         try:
@@ -163,17 +166,61 @@ class Persistence(Behaviour):
         msg.reply.set_result(self.store.load())
 
     def _on_compact(self, msg: M.Compact) -> None:
+        """Commit what waits; drop the history past its retention; merge and rewrite
+        the history batches (`storage.history_compact`); then compact the file.
+
+        A refusal the store finds before anything is rewritten (``check_compact``:
+        read-only, another process attached) changes nothing. One it finds only at
+        the file's compaction (a process attached after the check) comes after the
+        history's rewrites, each committed in its own transaction: they stay (the
+        same records less those past the retention, in fewer blocks: a state every
+        reader and a restore read as any other), the file is not rewritten, and the
+        `StorageError` raised says so."""
         self.commit()
         cfg = self.ctx.config
-        if cfg.history_retention_ns is not None and self.store.durable:
-            from tidal_actors.storage.rematerialize import retention_ops
+        check = getattr(self.store, "check_compact", None)  # LMDB: a refusal changes nothing
+        if check is not None:
+            check()
+        rewritten: list[str] = []
+        if self.store.durable:
+            from tidal_actors.storage.history_compact import compact_history_ops
+            from tidal_actors.storage.history_rewrite import retention_ops
 
-            cutoff = self.ctx.clock.now_ns() - cfg.history_retention_ns
-            dropped = retention_ops(self.store.history_items(), cutoff)
-            self.store.commit(dropped)
-            if dropped:
+            if cfg.history_retention_ns is not None:
+                cutoff = self.ctx.clock.now_ns() - cfg.history_retention_ns
+                dropped = self._read_history(lambda items: retention_ops(items, cutoff))
+                self.store.commit(dropped)
+                if dropped:
+                    self.store.history_marks.rewritten()
+                    rewritten.append(f"{len(dropped)} batches rewritten past the retention")
+            merged, stats = self._read_history(compact_history_ops)
+            if merged:
+                self.store.commit(merged)
                 self.store.history_marks.rewritten()
-        msg.reply.set_result(self.store.compact())
+                rewritten.append(
+                    f"{stats['batches_before']} batches merged into {stats['batches_after']}"
+                )
+        try:
+            result = self.store.compact()
+        except StorageError as exc:
+            if not rewritten:
+                raise
+            raise StorageError(
+                f"{exc} (before this refusal the history was rewritten, and stays so: "
+                f"{'; '.join(rewritten)}; the file is not compacted)"
+            ) from exc
+        msg.reply.set_result(result)
+
+    def _read_history(self, fn: Callable[[Iterable[tuple[bytes, bytes]]], T]) -> T:
+        """``fn`` of the store's history batches; the read (its transaction) ends
+        before this returns or raises, so a commit may follow."""
+        items = self.store.history_items()
+        try:
+            return fn(items)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
 
     def _report(self, reply: Reply, lost: list[BaseException] | None = None) -> None:
         """Answer a flush: None, or every loss since the last one in one StorageError

@@ -29,7 +29,7 @@ from tidal_actors.storage.format import ledger_shard_of, status_op
 __all__ = ["REMAT_RETRIES", "REMAT_RETRY_S", "REMAT_YIELDS", "RematInFlight", "Rematerializer"]
 
 # a failed rebuild is tried again after REMAT_RETRY_S, doubling, at most REMAT_RETRIES
-# times in a row
+# times in a row (only while the timer is on, `Rematerializer._retry_remat`)
 REMAT_RETRY_S = 0.1
 REMAT_RETRIES = 6
 # a rebuild gives way to a purge of its cohort at most REMAT_YIELDS times in a row
@@ -183,7 +183,12 @@ class Rematerializer(Behaviour):
         """A rebuild of ``cohort`` failed (a ledger restart, a failing step, a failed
         commit): its purges still wait for one, so it is scheduled again, after
         ``REMAT_RETRY_S`` doubling per failure in a row, at most ``REMAT_RETRIES``
-        times (then the next open resumes it, `ResumeRematerialization`)."""
+        times (then the next open resumes it, `ResumeRematerialization`). With the
+        timer off (``Config.rematerialize_after_ms`` None) nothing is retried, as
+        nothing is resumed at open: rebuilds run only when `rematerialize` is
+        called, and a failed one raised to its caller."""
+        if self.ctx.config.rematerialize_after_ms is None:
+            return
         if not any(
             s.cohort == cohort and not s.rematerialized for s, _ in self.state.statuses.values()
         ):

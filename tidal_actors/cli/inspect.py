@@ -38,7 +38,8 @@ __all__ = ["inspect"]
 
 ID = click.IntRange(0, 2**64 - 1)
 _DATA_DIR_HELP = (
-    "A data directory written by replay or simulate (required; after the "
+    "A store's directory: one replay or simulate wrote, or any the library wrote "
+    "(required; after the "
     "subcommand, or before it: `tidal-actors --data-dir D inspect user 1` and "
     "`tidal-actors inspect --data-dir D user 1` work too)."
 )

@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from tidal_actors._clock import ManualClock
+from tidal_actors._config import HOSTS
 from tidal_actors._durations import parse_duration
 from tidal_actors._errors import InvalidArgument, TidalError
 from tidal_actors._text import plural
@@ -183,6 +184,13 @@ def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
     metavar="N",
     help="Longest run of signals sent in one signal_batch call.",
 )
+@click.option(
+    "--host",
+    type=click.Choice(HOSTS),
+    help="Where the actors run: pykka (threads in this process) or ray (one Ray actor "
+    "each; needs the 'ray' extra; RAY_ADDRESS or --config's ray_address picks the "
+    "cluster). Default: the settings' host (pykka).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.pass_context
 def replay(
@@ -200,6 +208,7 @@ def replay(
     report_out: Path | None,
     skip_invalid: bool,
     batch_size: int,
+    host: str | None,
     quiet: bool,
 ) -> None:
     """Apply the event log EVENTS.csv, each row at its own ts_ns.
@@ -238,9 +247,10 @@ def replay(
         try:
             size = events.stat().st_size
             phase = phase_bars(quiet, f"replay {events.name}: ")
-            with store.opened(
-                data_dir, config.replace(rematerialize_after_ms=None), clock, phase
-            ) as db:
+            run_config = config.replace(rematerialize_after_ms=None)
+            if host is not None:  # where this run's actors run: not kept with the store
+                run_config = run_config.replace(host=host)
+            with store.opened(data_dir, run_config, clock, phase) as db:
                 if data_dir is not None:  # before the first row: it survives a kill
                     store.write_state(data_dir, config, None, source)
                 before = dict(db.stats())
@@ -307,6 +317,7 @@ def replay(
     report = {
         "events": str(events),
         "data_dir": None if data_dir is None else str(data_dir),
+        "host": run_config.host,
         "rows": counts.rows,
         "skipped_first_rows": feed.skipped,
         "signals": counts.signals,

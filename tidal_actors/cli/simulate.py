@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from tidal_actors._clock import ManualClock
-from tidal_actors._config import Config
+from tidal_actors._config import HOSTS, Config
 from tidal_actors._errors import InvalidArgument, TidalError
 from tidal_actors.cli import store
 from tidal_actors.cli.group import EXIT_BAD_INPUT, EXIT_FAILED, data_dir_of, fail, write_json
@@ -85,6 +85,13 @@ __all__ = ["simulate"]
     is_flag=True,
     help="Also print timings, counters and memory (--report-out has them all).",
 )
+@click.option(
+    "--host",
+    type=click.Choice(HOSTS),
+    help="Where the runtime's actors run: pykka (threads in this process) or ray (one "
+    "Ray actor each; needs the 'ray' extra; RAY_ADDRESS picks the cluster). "
+    "Default: the scenario's settings (pykka).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.pass_context
 def simulate(
@@ -97,6 +104,7 @@ def simulate(
     report_out: Path | None,
     plot_out: Path | None,
     verbose: bool,
+    host: str | None,
     quiet: bool,
 ) -> None:
     """Generate a seeded scenario, run it measured, and check it against the reference model.
@@ -163,7 +171,7 @@ def simulate(
     source = f"simulate {scenario.name} seed {scenario.seed}"
 
     def open_store(cfg: Config, clk: ManualClock) -> Any:
-        db = store.open_db(store_dir, cfg, clk)
+        db = store.open_db(store_dir, cfg if host is None else cfg.replace(host=host), clk)
         if data_dir is not None and not (data_dir / store.STATE_FILE).exists():
             store.write_state(data_dir, config, None, source)  # before the first row
         return db
@@ -208,7 +216,9 @@ def simulate(
     if data_dir is not None:
         store.write_state(data_dir, config, result.at_ns, source, stopped=None)
 
-    print_summary(click.echo, result, events, generated_s, data_dir, verbose, iso)
+    print_summary(
+        click.echo, result, events, generated_s, data_dir, verbose, iso, host or config.host
+    )
     if report_out is not None:
         write_json(report_out, result.report())
     if plot_out is not None:

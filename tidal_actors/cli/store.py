@@ -145,14 +145,17 @@ def write_state(
     data_dir: Path, config: Config, last_event_ns: int | None, source: str, **extra: Any
 ) -> None:
     """Write the settings file (atomically): ``config``, the last event time (int ns,
-    never moved back), what wrote it, and ``extra`` keys (a None value removes one)."""
+    never moved back), what wrote it, and ``extra`` keys (a None value removes one).
+    Where the actors ran (``host``, ``ray_address``) is left out: each command picks it
+    again (docs/cluster.md)."""
     state = read_state(data_dir)
     previous = state.get("last_event_ns")
     if isinstance(previous, int) and (last_event_ns is None or previous > last_event_ns):
         last_event_ns = previous
-    state.update(
-        format=1, config=dataclasses.asdict(config), last_event_ns=last_event_ns, source=source
-    )
+    settings = dataclasses.asdict(config)
+    for key in ("host", "ray_address"):
+        settings.pop(key, None)
+    state.update(format=1, config=settings, last_event_ns=last_event_ns, source=source)
     for key, value in extra.items():
         if value is None:
             state.pop(key, None)

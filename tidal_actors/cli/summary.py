@@ -58,6 +58,7 @@ def print_replay_summary(
         + (f" (after skipping the first {skipped_first:,})" if skipped_first else "")
         + (f" ({plural(skipped, 'invalid row')} skipped)" if skipped else "")
     )
+    out(f"  host       {report['host']}")
     out(
         f"  signals    {report['signals']:>10,}   forwarded {report['forwarded']:,}, "
         f"gated {report['gated']:,}   ({report['signals_per_s']:,.0f} signals/s)"
@@ -112,8 +113,10 @@ def print_summary(
     data_dir: Path | None,
     verbose: bool,
     iso: Callable[[int], str],
+    host: str,
 ) -> None:
-    """Print the run's summary with ``out`` (``verbose``: the internals too)."""
+    """Print the run's summary with ``out`` (``verbose``: the internals too; ``host``:
+    where the actors ran, ``Config.host``)."""
     scenario, c, check = result.scenario, result.counts, result.check
     config = scenario.build_config()
     with_events = len({r.user_id for r in events})
@@ -136,6 +139,7 @@ def print_summary(
         f"{plural(c.assigns, 'assign')}, {plural(c.leaves, 'leave')}, "
         f"{plural(c.rejoins, 'rejoin')}, {plural(c.purges, 'purge')}"
     )
+    out(f"  host       {host}")
     if c.purges:
         out(
             f"  purges     {plural(c.manifest_entries, 'record')} retracted in "
@@ -150,10 +154,11 @@ def print_summary(
         f"             {result.reference_signals_per_s:>10,.0f} signals/s through the reference "
         f"model (single-threaded, in memory, {result.reference_s:.3f} s)"
     )
-    out(
-        "             (the model is a single-threaded in-memory fold: a runtime that also "
-        "routes, logs and persists is expected to be slower)"
-    )
+    if result.signals_per_s < result.reference_signals_per_s:
+        out(
+            "             (the model is a single-threaded in-memory fold: a runtime that also "
+            "routes, logs and persists is expected to be slower)"
+        )
     if verbose:
         _internals(out, result, generated_s, config)
     out(f"  latency    {'ms:':<12}{'p50':>10}{'p99':>10}{'p99.9':>10}{'max':>10}{'count':>13}")

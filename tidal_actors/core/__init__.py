@@ -93,6 +93,15 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
    any message is sent, a failed check raising `InvalidArgument` and changing
    nothing: `core.validate` (``check_*``; ``signal_columns`` for a batch).
 
+10. Published views: what a read answered in the caller's thread may show.
+   A ledger shard publishes immutable views of its aggregates while they are read
+   (`core.published.PublishedView`, numpy copies built by `core.publisher.Publisher`);
+   a read answered from one equals the shard's own read on the state it was
+   published from, bit for bit, or is left to the shard (None). Top-k orders each
+   (cohort, type)'s keys by forward-decay rank (`core.published_top`, its theory of
+   operation). When a shard publishes, and what each consistency level sees:
+   docs/semantics.md, "Read consistency".
+
 Glossary of eviction terms
 ==========================
 One name per concept (``rseq``: a record's sequence number in its membership shard,

@@ -20,7 +20,8 @@ operations. The parts: `key_state` (columns, detail rows, key ids), `adds`,
   inverses and order-independent, unlike a lazily decayed ``(score, last_ns)`` pair.
   When ``(t - landmark) / h`` passes ``RENORMALIZE_AT`` the landmark moves to ``t``
   and every stored sum is rescaled, so nothing overflows. ``t_max[k]`` is the latest
-  timestamp added, ``key_half_life[k]`` (``h``) the half-life of the key's type.
+  timestamp added (after retractions an upper bound of the latest remaining one,
+  exact again once the key is refolded, `core.retraction`), ``key_half_life[k]`` (``h``) the half-life of the key's type.
 * Buckets ``b = t // width`` each hold ``count, weight_sum, fd_sum, t_max_b``. The
   latest bucket sits in columns (``latest_b``, ``latest_count``, ``latest_wsum``,
   ``latest_fd``, ``latest_t_max``): most contributions land there. Earlier buckets

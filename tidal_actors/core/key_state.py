@@ -72,12 +72,16 @@ def key_codes(
     e = np.asarray(es, dtype=np.uint64)
     t = np.asarray(types, dtype=np.uint64)
     narrow = (c < 1 << _CID_BITS) & (t < 1 << _TYPE_BITS) & (e < 1 << _ENTITY_BITS)
+    if not narrow.any():  # e.g. 64-bit hashed entity ids: every key a tuple
+        return list(zip(c.tolist(), e.tolist(), t.tolist()))
     codes = (
         (c.astype(np.uint64) << np.uint64(_CID_SHIFT)) | (t << np.uint64(_TYPE_SHIFT)) | e
     ).tolist()
-    if not narrow.all():
-        for i in np.flatnonzero(~narrow).tolist():
-            codes[i] = (int(c[i]), int(e[i]), int(t[i]))
+    if not narrow.all():  # the wide ones' tuples built from lists, not numpy scalars
+        wide = np.flatnonzero(~narrow)
+        tuples = zip(c[wide].tolist(), e[wide].tolist(), t[wide].tolist())
+        for i, code in zip(wide.tolist(), tuples):
+            codes[i] = code
     return codes  # type: ignore[no-any-return]
 
 
@@ -165,6 +169,7 @@ class KeyState:
         "_width",
         "cohort_names",
         "cohorts",
+        "drop_epoch",
         "index",
         "older",
         "phys_base",
@@ -206,6 +211,9 @@ class KeyState:
         self.cohort_names: list[str] = []  # cohort id -> name
         self.cohorts: dict[str, int] = {}  # cohort -> number of live keys
         self.index: dict[KeyCode, int] = {}  # live key (`key_code`) -> key id
+        # incremented before any key leaves ``index`` (`_drop_keys`): a published view
+        # sharing ``index`` tells a miss it cannot trust by it (`core.published`)
+        self.drop_epoch = np.zeros(1, dtype=np.int64)
         # key ids allotted so far; a key id's (cohort, entity, type) is in the key_cohort,
         # key_entity and key_type columns (`key`), not in a list of tuples: a list the cyclic GC would
         # walk item by item in every full collection
@@ -341,6 +349,8 @@ class KeyState:
         for all of ``ks``): the entity id, the timestamps and the sums of a key whose
         contributions a purge removed must not outlive it in a snapshot (erasure)."""
         gone = []
+        if len(ks):
+            self.drop_epoch[0] += 1
         for k in ks:
             if not self.live[k]:
                 continue

@@ -6,14 +6,11 @@ per (key, bucket) in five numpy columns, ``b`` (bucket index, ``t // width``),
 ``count``, ``wsum`` (weight sum), ``fd`` (forward-decayed sum against the key's
 landmark) and ``tmax`` (latest timestamp in the bucket, ns).
 
-Layout: the rows of key ``k`` are one segment of the columns, ``start[k] ..
-start[k] + length[k]``, sorted by ``b``, with room for ``cap[k]`` rows. A key's
+Layout: the rows of key ``k`` are one segment of the columns (`segments.Segments`:
+how segments are handed out, moved, reused and compacted), sorted by ``b``. A key's
 latest bucket moves here when a newer one opens, so it always goes to the end of the
-segment (`push_newest`, vectorized over a batch's keys); a segment that is full moves
-to one of twice the size, and the old one is kept for reuse (free segments by size).
-No Python object per bucket: 40 bytes a bucket plus the segments' spare room, and
-nothing the cyclic GC walks (the free lists are a dict of ``array`` objects, which
-hold no references).
+segment (`push_newest`, vectorized over a batch's keys). No Python object per bucket:
+40 bytes a bucket plus the segments' spare room, and nothing the cyclic GC walks.
 
 No threads, no I/O.
 """
@@ -21,12 +18,13 @@ No threads, no I/O.
 from __future__ import annotations
 
 import bisect
-from array import array
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from tidal_actors.core.segments import Segments, room
 
 __all__ = ["OLDER_COLUMNS", "OlderBucket", "OlderBuckets"]
 
@@ -40,122 +38,20 @@ OLDER_COLUMNS: dict[str, type[np.generic]] = {
     "fd": np.float64,
     "tmax": np.int64,
 }
-_FIRST_CAP = 2  # rows a key's first segment holds
 
 
-class OlderBuckets:
+class OlderBuckets(Segments):
     """The earlier buckets of every key of one shard's aggregates (see the module)."""
 
-    __slots__ = ("_free", "_top", "b", "cap", "count", "fd", "length", "start", "tmax", "wsum")
+    __slots__ = ("b", "count", "fd", "tmax", "wsum")
+
+    COLUMNS = OLDER_COLUMNS
 
     b: npt.NDArray[np.int64]
     count: npt.NDArray[np.int64]
     wsum: npt.NDArray[np.float64]
     fd: npt.NDArray[np.float64]
     tmax: npt.NDArray[np.int64]
-
-    def __init__(self) -> None:
-        for name, dtype in OLDER_COLUMNS.items():
-            setattr(self, name, np.zeros(0, dtype))
-        # per key id: its segment's first row, rows used and rows of room
-        self.start = np.zeros(0, np.int64)
-        self.length = np.zeros(0, np.int64)
-        self.cap = np.zeros(0, np.int64)
-        self._top = 0  # rows of the columns handed out to segments so far
-        self._free: dict[int, array[int]] = {}  # segment size -> starts of free ones
-
-    # -- room --------------------------------------------------------------------------
-
-    def _keys(self, n: int) -> None:
-        """Make the per-key arrays hold key ids below ``n``."""
-        have = len(self.length)
-        if n <= have:
-            return
-        size = max(n, have + have // 2, 1024)
-        for name in ("start", "length", "cap"):
-            col = np.zeros(size, np.int64)
-            col[:have] = getattr(self, name)
-            setattr(self, name, col)
-
-    def _rows(self, n: int) -> None:
-        """Make the columns hold rows below ``n``."""
-        have = len(self.b)
-        if n <= have:
-            return
-        size = max(n, have + have // 2, 1024)
-        for name, dtype in OLDER_COLUMNS.items():
-            col = np.zeros(size, dtype)
-            col[:have] = getattr(self, name)
-            setattr(self, name, col)
-
-    def _alloc(self, cap: int) -> int:
-        free = self._free.get(cap)
-        if free:
-            return free.pop()
-        at = self._top
-        self._top = at + cap
-        self._rows(self._top)
-        return at
-
-    def _release(self, k: int) -> None:
-        cap = int(self.cap[k])
-        if cap:
-            self._free.setdefault(cap, array("q")).append(int(self.start[k]))
-        self.length[k] = self.cap[k] = 0
-
-    def _move(self, k: int, cap: int) -> int:
-        """Move key ``k``'s rows to a segment of ``cap`` rows; returns its start."""
-        at = self._alloc(cap)
-        n = int(self.length[k])
-        if n:
-            s = int(self.start[k])
-            for name in OLDER_COLUMNS:
-                col = getattr(self, name)
-                col[at : at + n] = col[s : s + n]
-        self._release(k)
-        self.start[k], self.length[k], self.cap[k] = at, n, cap
-        return at
-
-    def _alloc_many(self, caps: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Segments of ``caps`` rows each: free ones of the same size first, the rest
-        handed out in one block."""
-        starts = np.empty(len(caps), dtype=np.int64)
-        todo = np.ones(len(caps), dtype=bool)
-        for cap in np.unique(caps).tolist():
-            free = self._free.get(cap)
-            if not free:
-                continue
-            at = np.flatnonzero(caps == cap)[: len(free)]
-            take = len(at)
-            starts[at] = np.array(free[len(free) - take :], dtype=np.int64)
-            del free[len(free) - take :]
-            todo[at] = False
-        if todo.any():
-            c = caps[todo]
-            ends = self._top + np.cumsum(c)
-            starts[todo] = ends - c
-            self._top = int(ends[-1])
-            self._rows(self._top)
-        return starts
-
-    def _move_many(self, ks: npt.NDArray[np.int64]) -> None:
-        """`_move` of keys ``ks`` (distinct) to segments twice their length (at least
-        ``_FIRST_CAP``), at once."""
-        lens = self.length[ks]
-        caps = np.maximum(2 * lens, _FIRST_CAP)
-        starts = self._alloc_many(caps)
-        if lens.any():
-            offs = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-            src = np.repeat(self.start[ks], lens) + offs
-            dst = np.repeat(starts, lens) + offs
-            for name in OLDER_COLUMNS:
-                col = getattr(self, name)
-                col[dst] = col[src]
-        old = self.cap[ks]
-        for cap in np.unique(old[old > 0]).tolist():
-            self._free.setdefault(cap, array("q")).extend(self.start[ks[old == cap]].tolist())
-        self.start[ks] = starts
-        self.cap[ks] = caps
 
     # -- reading -----------------------------------------------------------------------
 
@@ -176,6 +72,17 @@ class OlderBuckets:
 
     def __len__(self) -> int:
         return int(np.count_nonzero(self.length))
+
+    def newest_b(self, ks: npt.NDArray[np.int64], none: int) -> npt.NDArray[np.int64]:
+        """For each key id of ``ks``, its newest earlier bucket's ``b``, or ``none``."""
+        ks = np.asarray(ks, dtype=np.int64)
+        out = np.full(len(ks), none, dtype=np.int64)
+        inside = np.flatnonzero(ks < len(self.length))
+        kk = ks[inside]
+        n = self.length[kk]
+        has = n > 0
+        out[inside[has]] = self.b[self.start[kk[has]] + n[has] - 1]
+        return out
 
     def rows(self, k: int) -> list[tuple[int, int, float, float, int]]:
         """Key ``k``'s earlier buckets, ``(b, count, wsum, fd, tmax)``, by ``b``."""
@@ -231,9 +138,10 @@ class OlderBuckets:
         )
 
     def nbytes(self) -> int:
-        """Bytes held: the columns' rows handed out, and the per-key arrays."""
-        row = sum(np.dtype(d).itemsize for d in OLDER_COLUMNS.values())
-        return self._top * row + self.start.nbytes + self.length.nbytes + self.cap.nbytes
+        """Bytes held: the columns as allocated (rows handed out to segments and the
+        room the columns grew by), and the per-key arrays."""
+        cols = sum(int(getattr(self, name).nbytes) for name in OLDER_COLUMNS)
+        return cols + self.start.nbytes + self.length.nbytes + self.cap.nbytes
 
     # -- writing -----------------------------------------------------------------------
 
@@ -249,7 +157,7 @@ class OlderBuckets:
             n = int(self.length[k])
             if n == int(self.cap[k]):
                 i = row - int(self.start[k])
-                row = self._move(k, max(_FIRST_CAP, 2 * n)) + i
+                row = self._move(k, room(n + 1)) + i
             end = int(self.start[k]) + n
             for name in OLDER_COLUMNS:
                 col = getattr(self, name)
@@ -293,7 +201,7 @@ class OlderBuckets:
         n = len(buckets)
         if not n:
             return
-        cap = max(_FIRST_CAP, n)
+        cap = room(n)
         at = self._alloc(cap)
         bs = sorted(buckets)
         self.b[at : at + n] = bs

@@ -19,11 +19,13 @@ from typing import Any, SupportsIndex
 
 import msgpack
 
+from tidal_actors._config import READ_CONSISTENCIES
 from tidal_actors._errors import InvalidArgument
 from tidal_actors._types import COMMUNITY
 
 __all__ = [
     "check_cohort",
+    "check_consistency",
     "check_context",
     "check_id",
     "check_k",
@@ -150,6 +152,14 @@ def check_context(value: object) -> bytes | None:
         return packed
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidArgument("context", value, f"must be msgpack-encodable: {exc}") from None
+
+
+def check_consistency(field: str, value: object) -> str:
+    """A read consistency level: ``"read_your_writes"`` or ``"latest"``
+    (`READ_CONSISTENCIES`; docs/semantics.md, "Read consistency")."""
+    if not isinstance(value, str) or value not in READ_CONSISTENCIES:
+        raise InvalidArgument(field, value, "must be 'read_your_writes' or 'latest'")
+    return value
 
 
 def check_k(value: object) -> int:

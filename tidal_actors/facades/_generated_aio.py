@@ -211,7 +211,12 @@ class AsyncOperations(LoopFacade):
         return await self._run(self._check().list_purge_manifests(user_id))
 
     async def read_decay_score(
-        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
+        self,
+        cohort: str,
+        entity_id: int,
+        signal_type: int,
+        at_ns: int | None = None,
+        consistency: str | None = None,
     ) -> float:
         """``sum(w_i * 2 ** (-(at - t_i) / half_life))`` over the key's unretracted
         contributions with ``t_i <= at`` (forward decay, Cormode et al., ICDE 2009);
@@ -221,7 +226,12 @@ class AsyncOperations(LoopFacade):
             cohort: a cohort name or ``@community``.
             entity_id, signal_type: ints in ``[0, 2**64)``.
             at_ns: read time, int ns (default the database clock's now, never an event
-                loop's clock). Sees every signal submitted before the call.
+                loop's clock).
+            consistency: ``"read_your_writes"`` (sees every write the calling thread or
+                task submitted before the call; waits only while one may be in flight) or
+                ``"latest"`` (the state the cohort's ledger shard last published, a few
+                milliseconds old under load; never waits); None: ``Config.read_consistency``.
+                See docs/semantics.md, "Read consistency".
 
         Cancellation: a read; nothing to undo.
 
@@ -229,35 +239,50 @@ class AsyncOperations(LoopFacade):
             InvalidArgument: a bad argument (named, with its value).
         """
         return await self._run(
-            self._check().read_decay_score(cohort, entity_id, signal_type, at_ns)
+            self._check().read_decay_score(cohort, entity_id, signal_type, at_ns, consistency)
         )
 
     async def read_window(
-        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
+        self,
+        cohort: str,
+        entity_id: int,
+        signal_type: int,
+        at_ns: int | None = None,
+        consistency: str | None = None,
     ) -> WindowCount:
         """Count and weight sum of the key's contributions in buckets
         ``b(at)-n+1 .. b(at)``, where ``b(t) = t // window_width_ns`` and
-        ``n = window_buckets``; ``WindowCount(0, 0.0)`` if none.
+        ``n = window_buckets``; ``WindowCount(0, 0.0)`` if none. ``consistency`` as
+        :meth:`read_decay_score`.
 
         Cancellation: a read; nothing to undo.
 
         Raises:
             InvalidArgument: a bad argument (as :meth:`read_decay_score`).
         """
-        return await self._run(self._check().read_window(cohort, entity_id, signal_type, at_ns))
+        return await self._run(
+            self._check().read_window(cohort, entity_id, signal_type, at_ns, consistency)
+        )
 
     async def top_entities(
-        self, cohort: str, signal_type: int, k: int, at_ns: int | None = None
+        self,
+        cohort: str,
+        signal_type: int,
+        k: int,
+        at_ns: int | None = None,
+        consistency: str | None = None,
     ) -> list[tuple[int, float]]:
         """Up to ``k`` ``(entity_id, decay score)`` with score > 0 at ``at``, highest
-        first (ties: lower entity_id first).
+        first (ties: lower entity_id first). ``consistency`` as :meth:`read_decay_score`.
 
         Cancellation: a read; nothing to undo.
 
         Raises:
             InvalidArgument: a bad argument; ``k`` must be an int in ``[1, 2**31)``.
         """
-        return await self._run(self._check().top_entities(cohort, signal_type, k, at_ns))
+        return await self._run(
+            self._check().top_entities(cohort, signal_type, k, at_ns, consistency)
+        )
 
     async def aggregate_rows(
         self, at_ns: int | None = None
@@ -347,7 +372,9 @@ class AsyncOperations(LoopFacade):
 
         Raises:
             StorageError: another process has the environment open (its pid named), or
-                the rewrite failed; the old file stays in use, unchanged.
+                the rewrite failed; the old file stays in use, unchanged, except for the
+                history's merge (and retention) when the refusal came after them (a
+                process attached meanwhile): those stay, and the error says so.
         """
         return await self._run(self._check().compact())
 

@@ -18,7 +18,7 @@ from tidal_actors.facades._generated_blocking import BlockingOperations, ReadOnl
 from tidal_actors.facades.readonly import open_snapshot
 from tidal_actors.runtime.engine import Core, check_meta
 from tidal_actors.runtime.host import Host
-from tidal_actors.runtime.pykka_host import PykkaHost
+from tidal_actors.runtime.hosts import host_factory as runtime_host
 from tidal_actors.storage.lmdb_reader import SnapshotStore
 from tidal_actors.storage.protocol import Store
 from tidal_actors.storage.settings import settings_ops
@@ -60,6 +60,8 @@ def open_core(
                 "read_only", read_only, "needs a path: an ephemeral database holds nothing to read"
             )
         return open_snapshot(path, config, clock, host_factory)
+    # the host first: a Ray cluster that cannot be reached leaves no store behind
+    factory = host_factory or runtime_host(config)
     store: Store = NullStore() if path is None else LmdbStore(path, config)
     try:
         restored = store.load(snapshot_key(config))
@@ -68,7 +70,6 @@ def open_core(
             ops = settings_ops(config, restored.settings)
             if ops:
                 store.commit(ops)
-        factory = host_factory or PykkaHost
         host = factory(config, clock, store.durable)
         return Core(config, clock, store, restored, host, buffered=buffered)
     except BaseException:

@@ -82,11 +82,13 @@ class FlushCall(Call[None]):
     once, to a caller. One whose caller went away (`abandon`) hands it to the next
     flush or to ``close()``, so no loss goes unreported."""
 
-    __slots__ = ("carrier",)
+    __slots__ = ("carrier", "then")
 
     def __init__(self, carrier: ErrorCarrier, reply: Reply) -> None:
         super().__init__("flush", [reply])
         self.carrier = carrier
+        # run once the flush has returned (in the caller's thread or task)
+        self.then: Callable[[], None] | None = None
 
     def result(self) -> None:
         own: list[StorageError] = []
@@ -95,6 +97,8 @@ class FlushCall(Call[None]):
         except StorageError as exc:
             own.append(exc)
         errors = self.carrier.take_carried() + own
+        if self.then is not None:
+            self.then()  # every ledger applied what came before, lost or not
         if errors:
             raise combined(errors)
 

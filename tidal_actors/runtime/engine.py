@@ -28,11 +28,13 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.coordinator import PurgeCoordinator
 from tidal_actors.actors.ledger import LedgerShard
+from tidal_actors.actors.ledger_views import WANTED_S
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.call import Call, combined, error_of
+from tidal_actors.runtime.callers import Callers
 from tidal_actors.runtime.engine_ops import Operations
 from tidal_actors.runtime.host import Host
 from tidal_actors.runtime.intake import Buffer
@@ -118,6 +120,7 @@ class Core(Operations):
         self.host = host
         self.closed = False
         self.fenced = False  # a shard was fenced (`_replaced`)
+        self._fence_causes: list[str] = []  # why, one line per fenced shard
         self.pid = os.getpid()  # the process that opened it: the only one that may use it
         self._carried: list[StorageError] = []  # errors of flushes nobody read (`FlushCall`)
         self._carry_lock = threading.Lock()
@@ -135,6 +138,8 @@ class Core(Operations):
         self._steps = [self._batch] * self._nm
         self._buffered = buffered
         self._buffers = [Buffer() for _ in range(self._nm)]
+        self._callers = Callers(self._nl)  # what each caller wrote (`_serve`)
+        self._read_cohorts: dict[str, int] = {}  # cohort -> ledger shard (`_read_cohort`)
         self.nonblocking = False  # set by an async facade: no call ever waits for room
         # blocking signal_batch calls sending chunk by chunk: close() waits for them
         self._batch_calls = 0
@@ -182,6 +187,9 @@ class Core(Operations):
             # fenced (`runtime.supervision.Fenced`): the state it held may be
             # half-updated, so no snapshot is written; the next open reads the store
             self.fenced = True
+            self._fence_causes.append(str(getattr(behaviour, "error", "")))
+            if address[0] == M.LEDGER:  # its reads go to it, and fail
+                self.ledgers[address[1]].view = None
         elif isinstance(behaviour, Persistence):
             self.persistence = behaviour
         elif isinstance(behaviour, LedgerShard):
@@ -275,8 +283,10 @@ class Core(Operations):
         if self.fenced and lost is None:
             errors.append(
                 StorageError(
-                    "closed with a fenced shard (its restart failed): what it was sent "
-                    "since the failure is lost; the next open restores it from the store"
+                    "closed with a fenced shard ("
+                    + "; ".join(self._fence_causes)
+                    + "): what it was sent since the failure is lost; the next open "
+                    "restores it from the store"
                 )
             )
         if errors:
@@ -334,12 +344,19 @@ class Core(Operations):
 
     def _flush_loop(self) -> None:
         interval = self.config.signal_flush_interval_ms / 1000.0
-        next_tick = 0.0
+        next_tick = next_unread = 0.0
         while not self._flusher_stop.wait(interval):
             try:
                 self._send_all_buffers(offer=True)
                 self._tune_batches()
                 now = time.monotonic()
+                unread = now >= next_unread
+                if unread:  # a shard idle since its views were last read drops them
+                    next_unread = now + WANTED_S / 4
+                for i, ledger in enumerate(self.ledgers):
+                    # changes wait for the next publication, or nobody reads the view
+                    if ledger.unpublished or (unread and ledger.unread(now)):
+                        self.host.tell((M.LEDGER, i), M.Publish())
                 if now >= next_tick and self.coordinator.remat_due:
                     next_tick = now + 0.05
                     self.host.tell(M.COORD_ADDR, M.Tick())

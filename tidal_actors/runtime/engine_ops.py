@@ -12,6 +12,7 @@ never reaches an actor, storage or an aggregate.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,22 +28,27 @@ from tidal_actors._types import (
     WindowCount,
 )
 from tidal_actors.actors import messages as M
+from tidal_actors.actors.ledger import LedgerShard
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.validate import (
     check_cohort,
+    check_consistency,
     check_id,
     check_k,
     check_purge_id,
     check_timestamp,
 )
 from tidal_actors.runtime.call import Call, FlushCall, error_of
+from tidal_actors.runtime.callers import Answered, Callers
 from tidal_actors.runtime.intake import Intake
 from tidal_actors.storage.format import ledger_shard_of
 from tidal_actors.storage.protocol import Store
 from tidal_actors.storage.stores import LmdbStore
 
-__all__ = ["Operations"]
+__all__ = ["READ_COHORTS", "Operations"]
+
+READ_COHORTS = 65_536  # cohort names a database remembers as checked for reads
 
 
 class Operations(Intake):
@@ -52,6 +58,9 @@ class Operations(Intake):
     store: Store
     persistence: Persistence
     _nl: int
+    ledgers: list[LedgerShard]
+    _callers: Callers
+    _read_cohorts: dict[str, int]  # `_read_cohort`
     _carried: list[StorageError]  # errors of flushes nobody read (`FlushCall`)
     _carry_lock: threading.Lock
 
@@ -88,10 +97,15 @@ class Operations(Intake):
                 self._tell_signals(m, items)
             self.host.tell((M.MEMBERSHIP, m), message)
 
-    def _user_call(self, name: str, user: int, make: Callable[[Reply], object]) -> Call[Any]:
+    def _user_call(
+        self, name: str, user: int, make: Callable[[Reply], object], writes: bool = False
+    ) -> Call[Any]:
         self.check_open()
         reply = Reply(name)
-        self._send(self._shard_of(user), make(reply))
+        m = self._shard_of(user)
+        if writes:
+            self._callers.wrote(m)
+        self._send(m, make(reply))
         return Call(name, [reply])
 
     def _barrier(
@@ -114,6 +128,66 @@ class Operations(Intake):
         self._barrier((ledger,), reply, M.Read(kind, args, reply))
         return reply
 
+    def _read_cohort(self, cohort: object) -> tuple[str, int]:
+        """A read's cohort, checked (`check_cohort`, ``@community`` allowed), and its
+        ledger shard; names checked before are remembered (up to ``READ_COHORTS``)."""
+        known = self._read_cohorts
+        if type(cohort) is str:
+            hit = known.get(cohort)
+            if hit is not None:
+                return cohort, hit
+        c = check_cohort(cohort, allow_community=True)
+        li = 0 if self._nl == 1 else ledger_shard_of(c, self._nl)
+        if type(cohort) is str and len(known) < READ_COHORTS:
+            known[c] = li
+        return c, li
+
+    def _serve(
+        self,
+        name: str,
+        ledger: int,
+        kind: str,
+        args: tuple[Any, ...],
+        consistency: str | None,
+        finish: Callable[[Any], Any] | None = None,
+    ) -> Call[Any]:
+        """A serving read (docs/semantics.md, "Read consistency"): from ``ledger``'s
+        published view when it can answer and the consistency allows; else from the
+        shard itself, behind the membership shards the caller wrote to since its
+        writes were last shown applied there (``read_your_writes``), or at once."""
+        mode = self.config.read_consistency if consistency is None else consistency
+        if mode != "latest" and mode != "read_your_writes":
+            check_consistency("consistency", consistency)
+        lag: list[int] = []
+        caller = self._callers.get() if mode == "read_your_writes" else None
+        if caller is not None:
+            lag = caller.lagging(ledger)
+        if not lag:
+            shard = self.ledgers[ledger]
+            shard.wanted = time.monotonic()  # keeps (or starts) its publishing
+            view = shard.view
+            if view is not None:
+                value = getattr(view, kind)(*args)
+                if value is not None:
+                    return Answered(name, value if finish is None else finish(value))
+        reply = Reply(kind)
+        read = M.Read(kind, args, reply)
+        if lag:
+            assert caller is not None
+            upto = caller.n
+            barrier = M.Barrier((ledger,), len(lag), reply, read)
+            for m in lag:
+                self._send(m, barrier)
+
+            def done(values: list[Any]) -> Any:
+                caller.covered((ledger,), upto)
+                return values[0] if finish is None else finish(values[0])
+
+            return Call(name, [reply], done)
+        # straight to the shard, behind only what it has queued
+        self.host.tell((M.LEDGER, ledger), M.BarrierPart(M.Barrier((ledger,), 1, reply, read)))
+        return Call(name, [reply], None if finish is None else (lambda v: finish(v[0])))
+
     def now(self) -> int:
         return check_timestamp("clock.now_ns()", self.clock.now_ns())
 
@@ -125,12 +199,12 @@ class Operations(Intake):
     def assign_cohort(self, user_id: int, cohort: str) -> Call[None]:
         u = check_id("user_id", user_id)
         c = check_cohort(cohort)
-        return self._user_call("assign_cohort", u, lambda r: M.Assign(u, c, r))
+        return self._user_call("assign_cohort", u, lambda r: M.Assign(u, c, r), True)
 
     def unassign_cohort(self, user_id: int, cohort: str) -> Call[None]:
         u = check_id("user_id", user_id)
         c = check_cohort(cohort)
-        return self._user_call("unassign_cohort", u, lambda r: M.Unassign(u, c, r))
+        return self._user_call("unassign_cohort", u, lambda r: M.Unassign(u, c, r), True)
 
     def cohorts_of(self, user_id: int) -> Call[frozenset[str]]:
         u = check_id("user_id", user_id)
@@ -140,13 +214,13 @@ class Operations(Intake):
         u = check_id("user_id", user_id)
         self.check_open()
         now = self.now()
-        return self._user_call("leave_community_layer", u, lambda r: M.Leave(u, now, r))
+        return self._user_call("leave_community_layer", u, lambda r: M.Leave(u, now, r), True)
 
     def rejoin_community_layer(self, user_id: int) -> Call[None]:
         u = check_id("user_id", user_id)
         self.check_open()
         now = self.now()
-        return self._user_call("rejoin_community_layer", u, lambda r: M.Rejoin(u, now, r))
+        return self._user_call("rejoin_community_layer", u, lambda r: M.Rejoin(u, now, r), True)
 
     def community_layer_status(self, user_id: int) -> Call[CommunityMembership]:
         u = check_id("user_id", user_id)
@@ -163,7 +237,9 @@ class Operations(Intake):
         c = check_cohort(cohort_name, allow_community=True, field="cohort_name")
         self.check_open()
         now = self.now()
-        return self._user_call("request_community_purge", u, lambda r: M.PurgeRequest(u, c, now, r))
+        return self._user_call(
+            "request_community_purge", u, lambda r: M.PurgeRequest(u, c, now, r), True
+        )
 
     def list_purge_manifests(self, user_id: int) -> Call[list[PurgeManifest]]:
         u = check_id("user_id", user_id)
@@ -173,40 +249,51 @@ class Operations(Intake):
         return Call("list_purge_manifests", [reply])
 
     def read_decay_score(
-        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
+        self,
+        cohort: str,
+        entity_id: int,
+        signal_type: int,
+        at_ns: int | None = None,
+        consistency: str | None = None,
     ) -> Call[float]:
-        c = check_cohort(cohort, allow_community=True)
+        c, li = self._read_cohort(cohort)
         e = check_id("entity_id", entity_id)
         t = check_id("signal_type", signal_type)
         self.check_open()
         at = self._at(at_ns)
-        return Call(
-            "read_decay_score",
-            [self._read_reply(ledger_shard_of(c, self._nl), "score", (c, e, t, at))],
-        )
+        return self._serve("read_decay_score", li, "score", (c, e, t, at), consistency)
 
     def read_window(
-        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
+        self,
+        cohort: str,
+        entity_id: int,
+        signal_type: int,
+        at_ns: int | None = None,
+        consistency: str | None = None,
     ) -> Call[WindowCount]:
-        c = check_cohort(cohort, allow_community=True)
+        c, li = self._read_cohort(cohort)
         e = check_id("entity_id", entity_id)
         t = check_id("signal_type", signal_type)
         self.check_open()
         at = self._at(at_ns)
-        r = self._read_reply(ledger_shard_of(c, self._nl), "window", (c, e, t, at))
-        return Call("read_window", [r], lambda v: WindowCount(*v[0]))
+        return self._serve(
+            "read_window", li, "window", (c, e, t, at), consistency, lambda v: WindowCount(*v)
+        )
 
     def top_entities(
-        self, cohort: str, signal_type: int, k: int, at_ns: int | None = None
+        self,
+        cohort: str,
+        signal_type: int,
+        k: int,
+        at_ns: int | None = None,
+        consistency: str | None = None,
     ) -> Call[list[tuple[int, float]]]:
-        c = check_cohort(cohort, allow_community=True)
+        c, li = self._read_cohort(cohort)
         t = check_id("signal_type", signal_type)
         kk = check_k(k)
         self.check_open()
         at = self._at(at_ns)
-        return Call(
-            "top_entities", [self._read_reply(ledger_shard_of(c, self._nl), "top", (c, t, kk, at))]
-        )
+        return self._serve("top_entities", li, "top", (c, t, kk, at), consistency)
 
     def aggregate_rows(
         self, at_ns: int | None = None
@@ -250,12 +337,18 @@ class Operations(Intake):
     def flush(self) -> Call[None]:
         self.check_open()
         reply = Reply("flush")
+        caller = self._callers.get()
+        upto = 0 if caller is None else caller.n
         self._barrier(tuple(range(self._nl)), reply, durable=True, reports_loss=True)
-        return FlushCall(self, reply)
+        call = FlushCall(self, reply)
+        if caller is not None:  # once it returns, every ledger has applied and published
+            call.then = lambda: caller.covered(range(self._nl), upto)
+        return call
 
     def rematerialize(self, cohort: str) -> Call[RematerializationReport]:
         c = check_cohort(cohort, allow_community=True)
         self.check_open()
+        self._callers.wrote_many(range(self._nm))  # it rewrites the cohort's keys
         # everything submitted before the call is applied and committed first
         sync = Reply("rematerialize-sync")
         reply = Reply("rematerialize")

@@ -1,8 +1,9 @@
 """The contract the engine runs its behaviours on: `Host`.
 
 Owns the `typing.Protocol` `Core` is typed with beside `storage.protocol.Store`.
-`PykkaHost` (threads, bounded mailboxes) and the test harness's `DeterministicHost`
-(one thread, seeded delivery) implement `Host`; `LmdbStore`, `SnapshotStore`,
+`PykkaHost` (threads, bounded mailboxes), `RayHost` (one Ray actor per behaviour,
+`runtime.ray_host`) and the test harness's `DeterministicHost` (one thread, seeded
+delivery) implement `Host`; `LmdbStore`, `SnapshotStore`,
 `MemoryStore` and `NullStore` implement `storage.protocol.Store`. Optional extras are
 looked up with ``getattr`` where used: a host's ``unit_s`` (measured seconds per unit
 of load, for batch sizing); a store's ``path``, ``existed``, ``read_only``,

@@ -36,6 +36,7 @@ from tidal_actors._types import Signal
 from tidal_actors.actors import messages as M
 from tidal_actors.core.sharding import membership_shard_of, shard_split
 from tidal_actors.core.validate import U64, check_signal, signal_columns
+from tidal_actors.runtime.callers import Callers
 from tidal_actors.runtime.host import Host
 
 __all__ = ["Buffer", "Intake"]
@@ -62,6 +63,7 @@ class Intake:
     _batch: int
     _steps: list[int]
     _buffers: list[Buffer]
+    _callers: Callers
     _close_lock: threading.Lock
     _batch_calls: int
     _batch_calls_done: threading.Condition
@@ -157,6 +159,7 @@ class Intake:
             user_id, entity_id, signal_type, weight, timestamp_ns, context, now=self.now
         )
         m = self._shard_of(item[0])
+        self._callers.wrote(m)
         buf = self._buffers[m]
         reserved = False
         if not self.nonblocking and len(buf.items) + 1 >= self._steps[m]:
@@ -213,6 +216,7 @@ class Intake:
                 per_shard[self._shard_of(item[0])].append(item)
         steps = self._steps
         shards = [m for m, items in enumerate(per_shard) if items]
+        self._callers.wrote_many(shards)
         if not self.nonblocking:
             self._send_chunks(shards, per_shard)
             return

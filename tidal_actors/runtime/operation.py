@@ -12,6 +12,8 @@ __all__ = [
     "BAD_USER",
     "COHORT",
     "COMMIT_FAILED",
+    "CONSISTENCY",
+    "CONSISTENCY_DOC",
     "KEY",
     "READ",
     "USER",
@@ -61,10 +63,16 @@ class Operation:
 USER = Param("user_id", "int")
 COHORT = Param("cohort", "str")
 AT = Param("at_ns", "int | None", "None")
-KEY = (COHORT, Param("entity_id", "int"), Param("signal_type", "int"), AT)
+CONSISTENCY = Param("consistency", "str | None", "None")
+KEY = (COHORT, Param("entity_id", "int"), Param("signal_type", "int"), AT, CONSISTENCY)
 
 APPLIED = "applied completely (sent when the call begins)."
 READ = "a read; nothing to undo."
+CONSISTENCY_DOC = """    consistency: ``"read_your_writes"`` (sees every write the calling thread or
+        task submitted before the call; waits only while one may be in flight) or
+        ``"latest"`` (the state the cohort's ledger shard last published, a few
+        milliseconds old under load; never waits); None: ``Config.read_consistency``.
+        See docs/semantics.md, "Read consistency"."""
 BAD_USER = """Raises:
     InvalidArgument: bad ``user_id`` (not an int in ``[0, 2**64)``)."""
 COMMIT_FAILED = "StorageError: the commit failed (nothing changed)."

@@ -30,6 +30,8 @@ from tidal_actors.runtime.operation import (
     BAD_USER,
     COHORT,
     COMMIT_FAILED,
+    CONSISTENCY,
+    CONSISTENCY_DOC,
     KEY,
     READ,
     USER,
@@ -229,7 +231,7 @@ Raises:
         KEY,
         "float",
         "reply",
-        """``sum(w_i * 2 ** (-(at - t_i) / half_life))`` over the key's unretracted
+        f"""``sum(w_i * 2 ** (-(at - t_i) / half_life))`` over the key's unretracted
 contributions with ``t_i <= at`` (forward decay, Cormode et al., ICDE 2009);
 0.0 if none (also for a cohort never seen).
 
@@ -237,7 +239,8 @@ Args:
     cohort: a cohort name or ``@community``.
     entity_id, signal_type: ints in ``[0, 2**64)``.
     at_ns: read time, int ns (default the database clock's now, never an event
-        loop's clock). Sees every signal submitted before the call.
+        loop's clock).
+{CONSISTENCY_DOC}
 
 Raises:
     InvalidArgument: a bad argument (named, with its value).""",
@@ -250,7 +253,8 @@ Raises:
         "reply",
         """Count and weight sum of the key's contributions in buckets
 ``b(at)-n+1 .. b(at)``, where ``b(t) = t // window_width_ns`` and
-``n = window_buckets``; ``WindowCount(0, 0.0)`` if none.
+``n = window_buckets``; ``WindowCount(0, 0.0)`` if none. ``consistency`` as
+:meth:`read_decay_score`.
 
 Raises:
     InvalidArgument: a bad argument (as :meth:`read_decay_score`).""",
@@ -258,11 +262,11 @@ Raises:
     ),
     Operation(
         "top_entities",
-        (COHORT, Param("signal_type", "int"), Param("k", "int"), AT),
+        (COHORT, Param("signal_type", "int"), Param("k", "int"), AT, CONSISTENCY),
         "list[tuple[int, float]]",
         "reply",
         """Up to ``k`` ``(entity_id, decay score)`` with score > 0 at ``at``, highest
-first (ties: lower entity_id first).
+first (ties: lower entity_id first). ``consistency`` as :meth:`read_decay_score`.
 
 Raises:
     InvalidArgument: a bad argument; ``k`` must be an int in ``[1, 2**31)``.""",
@@ -361,7 +365,9 @@ the file under it would lose the store.
 
 Raises:
     StorageError: another process has the environment open (its pid named), or
-        the rewrite failed; the old file stays in use, unchanged.""",
+        the rewrite failed; the old file stays in use, unchanged, except for the
+        history's merge (and retention) when the refusal came after them (a
+        process attached meanwhile): those stay, and the error says so.""",
         APPLIED,
         writes=True,
     ),

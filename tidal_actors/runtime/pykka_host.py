@@ -40,6 +40,7 @@ from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.ledger_views import PUBLISH_EVERY_S
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.mailbox import Mailbox, units
@@ -151,6 +152,8 @@ class HostContext:
         self.durable = durable
         self.tell = tell
         self.monotonic = time.monotonic
+        # how often a ledger shard publishes its view under load (`actors.ledger_views`)
+        self.publish_every_s = PUBLISH_EVERY_S
 
 
 class PykkaHost:

@@ -32,7 +32,7 @@ from tidal_actors.storage.format import (
     Keyspace,
     Tag,
     batch_key_shard_seq,
-    decode_batch,
+    decode_batches,
     decode_tombstone,
 )
 from tidal_actors.storage.protocol import HistoryMarks, HistoryStore
@@ -77,12 +77,12 @@ class HistoryReader:
         Raises:
             StorageError: a batch does not decode (naming its key).
         """
-        out = []
+        items = []
         for key, raw in self.store.get_many(Keyspace.HISTORY, keys):
             if raw is not None:
                 shard, seq = self.key_shard_seq(key)
-                out.append(decode_batch(shard, seq, raw, key))
-        return out
+                items.append((shard, seq, raw, key))
+        return decode_batches(items)
 
     def tombstones(self) -> dict[int, np.ndarray]:
         """membership shard -> sorted rseqs that committed purges retracted live."""
@@ -92,6 +92,24 @@ class HistoryReader:
                 for m, r in decode_tombstone(value):
                     by_m.setdefault(m, []).append(r)
         return {m: np.unique(np.array(rs, dtype=np.int64)) for m, rs in by_m.items()}
+
+    @staticmethod
+    def unseen(b: HistoryBatch, seen: dict[tuple[int, int], int]) -> np.ndarray:
+        """Boolean mask of batch ``b``'s records not read before in one pass over the
+        history; ``seen`` (``(ledger shard of the key, membership shard)`` -> highest
+        rseq read) is updated. A compaction that commits during the pass may have
+        moved records read at an earlier key into a later one
+        (`storage.history_compact`); a ledger shard's batches hold growing rseqs per
+        membership shard, so those are the ones at or below the highest read."""
+        keep = np.ones(len(b.r), dtype=bool)
+        for m in np.unique(b.m).tolist():
+            sel = np.flatnonzero(b.m == m)
+            rs = b.r[sel]
+            top = seen.get((b.shard, m))
+            if top is not None:
+                keep[sel[rs <= top]] = False
+            seen[(b.shard, m)] = max(int(rs.max()), -1 if top is None else top)
+        return keep
 
     @staticmethod
     def untombstoned(b: HistoryBatch, tombs: dict[int, np.ndarray]) -> np.ndarray:
@@ -142,24 +160,55 @@ class HistoryReader:
         by_shard: dict[int, list[bytes]] = {}
         for k in self.batch_keys():  # in key order: by shard, then by sequence
             by_shard.setdefault(self.key_shard_seq(k)[0], []).append(k)
-        for keys in by_shard.values():
-            for i in range(0, len(keys), 64):
-                past = True  # no record of these batches is below its shard's bound
-                for b in self.batches(keys[i : i + 64]):
-                    bound = np.zeros(len(b.r), dtype=np.int64)
-                    for m, top in settled_upto.items():
-                        bound[b.m == m] = top
-                    settled = b.r < bound
-                    past = past and not settled.any()
-                    sel = settled & (b.ts >= t_lo) & (b.ts <= t_hi)
-                    if sel.any():
-                        self._index_into(index, b, sel & self.untombstoned(b, tombs))
-                if past:
-                    break  # a shard's batches hold growing rseqs: none later is below
+        seen: dict[tuple[int, int], int] = {}
+        for shard, keys in by_shard.items():
+            while keys:
+                gone = self._index_keys(keys, t_lo, t_hi, settled_upto, tombs, seen, index)
+                # keys gone since the listing and the pass not ended: a compaction
+                # merged their records into a block, maybe under a key written since
+                keys = self.keys_after(shard, keys[-1]) if gone else []
         return {
             k: (np.concatenate([p[0] for p in v]), np.concatenate([p[1] for p in v]))
             for k, v in index.items()
         }
+
+    def keys_after(self, shard: int, key: bytes) -> list[bytes]:
+        """Ledger shard ``shard``'s history batch keys after ``key``, in key order."""
+        return [k for k in self.batch_keys() if k > key and self.key_shard_seq(k)[0] == shard]
+
+    def _index_keys(
+        self,
+        keys: list[bytes],
+        t_lo: int,
+        t_hi: int,
+        settled_upto: dict[int, int],
+        tombs: dict[int, np.ndarray],
+        seen: dict[tuple[int, int], int],
+        index: dict[tuple[str, int, int], list[tuple[np.ndarray, np.ndarray]]],
+    ) -> bool:
+        """Index the settled records in ``[t_lo, t_hi]`` of one ledger shard's batches
+        at ``keys``, 64 at a time, up to the first chunk past every settled record;
+        True when the pass read them all and some key was gone (the caller lists
+        the keys after)."""
+        gone = False
+        for i in range(0, len(keys), 64):
+            chunk = self.batches(keys[i : i + 64])
+            # no record of these batches is below its shard's bound; a key gone since
+            # the listing had its records merged into a later key's block
+            past = len(chunk) == len(keys[i : i + 64])
+            gone = gone or not past
+            for b in chunk:
+                bound = np.zeros(len(b.r), dtype=np.int64)
+                for m, top in settled_upto.items():
+                    bound[b.m == m] = top
+                settled = b.r < bound
+                past = past and not settled.any()
+                sel = settled & (b.ts >= t_lo) & (b.ts <= t_hi) & self.unseen(b, seen)
+                if sel.any():
+                    self._index_into(index, b, sel & self.untombstoned(b, tombs))
+            if past:
+                return False  # a shard's batches hold growing rseqs: none later is below
+        return gone
 
     @staticmethod
     def _index_into(

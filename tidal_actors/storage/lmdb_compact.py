@@ -55,6 +55,33 @@ class Compaction:
     def _close_env(self) -> None:
         raise NotImplementedError
 
+    def check_compact(self) -> None:
+        """Raise now the `StorageError` that `compact` would refuse with before
+        copying anything (open read-only, ``lock.mdb`` replaced, another process
+        attached), changing nothing: the persistence actor asks before it rewrites
+        the history for a compaction (`storage.history_compact`).
+
+        Raises:
+            StorageError: as `compact`'s refusals.
+        """
+        with self._env_lock:
+            self._live()
+            self._refuse_early()
+            pid = self._probe_holder()
+            if pid is not None:
+                raise self._refusal(pid)
+
+    def _refuse_early(self) -> None:
+        if self.read_only:
+            raise StorageError(f"{self.path} is open read-only: compaction refused")
+        assert self._probe is not None
+        if not self._probe.current():
+            raise StorageError(
+                f"compaction refused: {self.path / 'lock.mdb'} was removed or replaced "
+                "while the store was open, so who else has it open cannot be told; "
+                "nothing was changed: close the store and open it again"
+            )
+
     def compact(self) -> dict[str, int]:
         """Rewrite the environment without free pages (``mdb_env_copy2`` with
         ``MDB_CP_COMPACT``), so bytes of deleted records are gone from the file, and
@@ -69,15 +96,7 @@ class Compaction:
         """
         with self._env_lock:
             self._live()
-            if self.read_only:
-                raise StorageError(f"{self.path} is open read-only: compaction refused")
-            assert self._probe is not None
-            if not self._probe.current():
-                raise StorageError(
-                    f"compaction refused: {self.path / 'lock.mdb'} was removed or replaced "
-                    "while the store was open, so who else has it open cannot be told; "
-                    "nothing was changed: close the store and open it again"
-                )
+            self._refuse_early()
             data = self.path / "data.mdb"
             before = data.stat().st_size
             tmp = self.path / "compact.tmp"

@@ -7,8 +7,8 @@
   Nothing settled: the history is not read at all. Settled records that
   ``history_retention_ns`` has dropped from the history are not reached: the rebuilt
   cohort no longer holds them, as after a restore from the history.
-* `erase_history_ops` rewrites the durable history batches without the records a
-  purge covered; `retention_ops` drops records older than the retention.
+
+The erasure of what a purge covered and retention by age are `history_rewrite`'s.
 
 No threads; the reads go through the store the reader wraps.
 """
@@ -16,7 +16,6 @@ No threads; the reads go through the store the reader wraps.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from typing import Protocol, cast
 
 import numpy as np
@@ -25,10 +24,9 @@ from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import ContributionLog
 from tidal_actors.core.remat import Rebuild, RematConfig, settled_mask
 from tidal_actors.core.states import HistorySource
-from tidal_actors.storage.format import Op, decode_batch, rewrite_batch_op, user_bytes
 from tidal_actors.storage.history import HistoryReader
 
-__all__ = ["HISTORY_BATCHES", "RematJob", "erase_history_ops", "retention_ops"]
+__all__ = ["HISTORY_BATCHES", "RematJob"]
 
 HISTORY_BATCHES = 32  # history batches folded a step
 
@@ -68,6 +66,8 @@ class RematJob:
         )
         self._keys: list[bytes] = []
         self._tombs: dict[int, np.ndarray] = {}
+        self._seen: dict[tuple[int, int], int] = {}  # `HistoryReader.unseen`
+        self._gone = False  # a key listed was gone when read (`_fold_history`)
         if self.history is not None and self.rebuild.settled_upto:
             self._keys = self.history.batch_keys()
             self._tombs = self.history.tombstones()
@@ -88,24 +88,37 @@ class RematJob:
             chunk, self._keys = self._keys[:HISTORY_BATCHES], self._keys[HISTORY_BATCHES:]
             if not self._fold_history(chunk):
                 self._keys = [k for k in self._keys if self._other_shard(k)]
+            if not self._keys and self._gone:
+                # keys gone since the listing: a compaction merged their records into
+                # a block, maybe under a key written since; read the keys after
+                assert self.history is not None
+                self._gone = False
+                self._keys = [k for k in self.history.batch_keys() if k > chunk[-1]]
             return False
         return self.rebuild.step_held()
 
     def _fold_history(self, keys: list[bytes]) -> bool:
         """Fold the settled records of the batches at ``keys``; False once this
         shard's batches have passed every settled record (rseqs grow batch by batch
-        within a membership shard, so no later batch of this shard holds one)."""
+        within a membership shard, so no later batch of this shard holds one). A key
+        gone since the listing had its records merged into a later key's block by a
+        compaction (`storage.history_compact`): the later keys are read then, and
+        the keys written since the listing once the listed ones are read."""
         history = self.history
         assert history is not None
         rebuild = self.rebuild
-        go_on = False
-        for b in history.batches(keys):
+        batches = history.batches(keys)
+        go_on = len(batches) < len(keys)
+        self._gone = self._gone or go_on
+        for b in batches:
             settled = settled_mask(b, rebuild.settled_upto)
             if b.shard != history.shard or settled.any():
                 go_on = True
+            fresh = history.unseen(b, self._seen)  # not read at a key before a compaction
             if self.cohort in b.cohorts:
                 # records a purge retracted live (tombstoned) are gone already
-                rebuild.fold_settled(b, settled, history.untombstoned(b, self._tombs))
+                kept = history.untombstoned(b, self._tombs)
+                rebuild.fold_settled(b, settled & fresh, kept)
         return go_on
 
     def _other_shard(self, key: bytes) -> bool:
@@ -118,64 +131,3 @@ class RematJob:
         Returns ``(records_read, records_excluded, matched_live, excluded_per_user)``.
         """
         return self.rebuild.finish(self.state.log)
-
-
-def erase_history_ops(
-    batches: Iterable[tuple[bytes, bytes]], cohort: str, covered: dict[int, int]
-) -> tuple[list[Op], int]:
-    """Ops rewriting history batches without ``cohort``'s records covered by a purge.
-
-    Args:
-        batches: ``(key, value)`` of every history batch.
-        cohort: the purged cohort.
-        covered: user -> rseq bound (records of that user with a lower rseq go).
-
-    Returns the ops and the number of records erased.
-
-    Raises:
-        StorageError: a batch holding a covered user's id does not decode.
-    """
-    ops: list[Op] = []
-    erased = 0
-    if not covered:
-        return ops, erased
-    users = np.array(sorted(covered), dtype=np.uint64)
-    # a substring test skips the batches holding no covered user without decoding them
-    patterns = [user_bytes(int(u)) for u in users.tolist()]
-    for key, raw in batches:
-        if not any(p in raw for p in patterns):
-            continue
-        b = decode_batch(0, 0, raw, key)
-        if cohort not in b.cohorts:
-            continue
-        ci = b.cohorts.index(cohort)
-        mask = (b.ci == ci) & np.isin(b.u, users)
-        if not mask.any():
-            continue
-        bounds = np.array([covered.get(int(u), -1) for u in b.u[mask]], dtype=np.int64)
-        drop = np.zeros(len(b.r), dtype=bool)
-        drop[np.nonzero(mask)[0][b.r[mask] < bounds]] = True
-        n = int(drop.sum())
-        if not n:
-            continue
-        erased += n
-        ops.append(rewrite_batch_op(key, b, np.nonzero(~drop)[0]))
-    return ops, erased
-
-
-def retention_ops(batches: Iterable[tuple[bytes, bytes]], cutoff_ns: int) -> list[Op]:
-    """Ops dropping history records stamped before ``cutoff_ns`` (nanoseconds;
-    retention by age). Aggregates keep them; only the durable history (what
-    re-materialization reads) forgets them.
-
-    Raises:
-        StorageError: a batch does not decode.
-    """
-    ops: list[Op] = []
-    for key, raw in batches:
-        b = decode_batch(0, 0, raw, key)
-        old = b.ts < cutoff_ns
-        if not old.any():
-            continue
-        ops.append(rewrite_batch_op(key, b, np.nonzero(~old)[0]))
-    return ops

@@ -18,7 +18,7 @@ from tidal_actors.storage.format import (
     HistoryBatch,
     Keyspace,
     Tag,
-    decode_batch,
+    decode_batches,
     decode_cohorts,
     decode_eviction_state,
     decode_key,
@@ -31,6 +31,8 @@ from tidal_actors.storage.format import (
     undecodable,
     unseal,
 )
+
+DECODE_CHUNK = 256  # history batches decoded together at restore
 
 __all__ = ["SNAPSHOT_FORMAT", "Restored", "SnapshotKey", "parse_store", "snapshot_key"]
 
@@ -135,10 +137,15 @@ def parse_store(
                 unseal(value, Keyspace.META.value, key)
             )
 
+    pending: list[tuple[int, int, bytes, bytes | None]] = []
+
     def history(key: bytes, value: bytes) -> None:
         shard, tag, suffix = decode_key(key)
         if tag == Tag.CONTRIBUTION_BATCH:
-            out.batches.append(decode_batch(shard, int.from_bytes(suffix, "big"), value, key))
+            pending.append((shard, int.from_bytes(suffix, "big"), value, key))
+            if len(pending) >= DECODE_CHUNK:  # decoded together (`decode_batches`)
+                out.batches.extend(decode_batches(pending))
+                pending.clear()
 
     _decode_each(keyspaces, Keyspace.USERS, users)
     _decode_each(keyspaces, Keyspace.ITEMS, items)
@@ -151,6 +158,7 @@ def parse_store(
     if mark and snapshot_ledgers is not None and mark.get("key") == snapshot_ledgers:
         return out
     _decode_each(keyspaces, Keyspace.HISTORY, history)
+    out.batches.extend(decode_batches(pending))
     return out
 
 

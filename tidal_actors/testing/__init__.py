@@ -11,6 +11,7 @@ from tidal_actors.testing.harness import (
     FaultReport,
     Harness,
     HarnessStuck,
+    LinkFaults,
     Schedule,
 )
 from tidal_actors.testing.reference import ReferenceModel
@@ -23,6 +24,7 @@ __all__ = [
     "FaultReport",
     "Harness",
     "HarnessStuck",
+    "LinkFaults",
     "ReferenceModel",
     "Schedule",
 ]

@@ -210,7 +210,12 @@ class HarnessOperations(HarnessCalls):
         return self._call(self.core.list_purge_manifests(user_id))
 
     def read_decay_score(
-        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
+        self,
+        cohort: str,
+        entity_id: int,
+        signal_type: int,
+        at_ns: int | None = None,
+        consistency: str | None = None,
     ) -> Call[float]:
         """``sum(w_i * 2 ** (-(at - t_i) / half_life))`` over the key's unretracted
         contributions with ``t_i <= at`` (forward decay, Cormode et al., ICDE 2009);
@@ -224,19 +229,32 @@ class HarnessOperations(HarnessCalls):
             cohort: a cohort name or ``@community``.
             entity_id, signal_type: ints in ``[0, 2**64)``.
             at_ns: read time, int ns (default the database clock's now, never an event
-                loop's clock). Sees every signal submitted before the call.
+                loop's clock).
+            consistency: ``"read_your_writes"`` (sees every write the calling thread or
+                task submitted before the call; waits only while one may be in flight) or
+                ``"latest"`` (the state the cohort's ledger shard last published, a few
+                milliseconds old under load; never waits); None: ``Config.read_consistency``.
+                See docs/semantics.md, "Read consistency".
 
         Raises:
             InvalidArgument: a bad argument (named, with its value).
         """
-        return self._call(self.core.read_decay_score(cohort, entity_id, signal_type, at_ns))
+        return self._call(
+            self.core.read_decay_score(cohort, entity_id, signal_type, at_ns, consistency)
+        )
 
     def read_window(
-        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
+        self,
+        cohort: str,
+        entity_id: int,
+        signal_type: int,
+        at_ns: int | None = None,
+        consistency: str | None = None,
     ) -> Call[WindowCount]:
         """Count and weight sum of the key's contributions in buckets
         ``b(at)-n+1 .. b(at)``, where ``b(t) = t // window_width_ns`` and
-        ``n = window_buckets``; ``WindowCount(0, 0.0)`` if none.
+        ``n = window_buckets``; ``WindowCount(0, 0.0)`` if none. ``consistency`` as
+        :meth:`read_decay_score`.
 
         Sends at once and returns its `Call`; nothing is delivered until a step:
         ``Harness.run(call)`` delivers until it is done and returns the result
@@ -245,13 +263,18 @@ class HarnessOperations(HarnessCalls):
         Raises:
             InvalidArgument: a bad argument (as :meth:`read_decay_score`).
         """
-        return self._call(self.core.read_window(cohort, entity_id, signal_type, at_ns))
+        return self._call(self.core.read_window(cohort, entity_id, signal_type, at_ns, consistency))
 
     def top_entities(
-        self, cohort: str, signal_type: int, k: int, at_ns: int | None = None
+        self,
+        cohort: str,
+        signal_type: int,
+        k: int,
+        at_ns: int | None = None,
+        consistency: str | None = None,
     ) -> Call[list[tuple[int, float]]]:
         """Up to ``k`` ``(entity_id, decay score)`` with score > 0 at ``at``, highest
-        first (ties: lower entity_id first).
+        first (ties: lower entity_id first). ``consistency`` as :meth:`read_decay_score`.
 
         Sends at once and returns its `Call`; nothing is delivered until a step:
         ``Harness.run(call)`` delivers until it is done and returns the result
@@ -260,7 +283,7 @@ class HarnessOperations(HarnessCalls):
         Raises:
             InvalidArgument: a bad argument; ``k`` must be an int in ``[1, 2**31)``.
         """
-        return self._call(self.core.top_entities(cohort, signal_type, k, at_ns))
+        return self._call(self.core.top_entities(cohort, signal_type, k, at_ns, consistency))
 
     def aggregate_rows(
         self, at_ns: int | None = None
@@ -361,6 +384,8 @@ class HarnessOperations(HarnessCalls):
 
         Raises:
             StorageError: another process has the environment open (its pid named), or
-                the rewrite failed; the old file stays in use, unchanged.
+                the rewrite failed; the old file stays in use, unchanged, except for the
+                history's merge (and retention) when the refusal came after them (a
+                process attached meanwhile): those stay, and the error says so.
         """
         return self._call(self.core.compact())

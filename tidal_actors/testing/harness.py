@@ -21,6 +21,7 @@ from tidal_actors.runtime.call import Call
 from tidal_actors.runtime.engine import Core, check_meta
 from tidal_actors.storage.stores import LmdbStore, MemoryStore, NullStore
 from tidal_actors.testing._generated_harness import HarnessOperations
+from tidal_actors.testing.link_faults import LinkFaultCalls, LinkFaults
 from tidal_actors.testing.schedule import FACADE, HarnessStuck, Ordering, Schedule
 from tidal_actors.testing.sim_host import DeterministicHost
 
@@ -31,6 +32,7 @@ __all__ = [
     "FaultReport",
     "Harness",
     "HarnessStuck",
+    "LinkFaults",
     "Schedule",
 ]
 
@@ -60,7 +62,7 @@ def _open_store(store: Any, config: Config) -> tuple[Any, str | None]:
 T = TypeVar("T")
 
 
-class Harness(HarnessOperations):
+class Harness(LinkFaultCalls, HarnessOperations):
     """Drive the real actor behaviours message by message, in a seeded order.
 
     The operations have ``TidalDb``'s names and arguments; each validates at once
@@ -79,6 +81,12 @@ class Harness(HarnessOperations):
         start_ns: where the harness's :class:`ManualClock` starts.
         ordering: ``"mailbox"`` (default: one FIFO mailbox per receiver, as in
             production) or ``"pair"`` (FIFO per sender/receiver pair only).
+        link_faults: a :class:`LinkFaults` (lose, duplicate, reorder messages on
+            every link or on chosen ones, seeded); None (default) for none. The link
+            protocol between every sender and receiver (`runtime.links`) makes each
+            message applied once and in order regardless; what is lost is re-sent
+            once nothing else can be delivered. ``drop_next``, ``duplicate_next``
+            and ``reorder_next`` fault chosen messages; ``link_stats`` counts.
 
     Example::
 
@@ -90,6 +98,7 @@ class Harness(HarnessOperations):
     """
 
     schedule: Schedule
+    host: DeterministicHost
 
     def __init__(
         self,
@@ -99,11 +108,15 @@ class Harness(HarnessOperations):
         *,
         start_ns: int = START_NS,
         ordering: Ordering = "mailbox",
+        link_faults: LinkFaults | None = None,
     ) -> None:
         self.config = config if config is not None else Config()
         if not isinstance(self.config, Config):
             raise InvalidArgument("config", config, "must be a Config")
+        if link_faults is not None and not isinstance(link_faults, LinkFaults):
+            raise InvalidArgument("link_faults", link_faults, "must be a LinkFaults or None")
         self.schedule = Schedule(seed, ordering)
+        self.schedule.links.faults = link_faults
         self.clock = ManualClock(start_ns)
         self.store, self._lmdb_path = _open_store(store, self.config)
         self._calls = 0

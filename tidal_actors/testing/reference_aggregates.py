@@ -24,7 +24,13 @@ from tidal_actors._clock import Clock
 from tidal_actors._config import Config
 from tidal_actors._errors import UnknownCohort
 from tidal_actors._types import ContributionRecord, WindowCount
-from tidal_actors.core.validate import check_cohort, check_id, check_k, check_timestamp
+from tidal_actors.core.validate import (
+    check_cohort,
+    check_consistency,
+    check_id,
+    check_k,
+    check_timestamp,
+)
 
 __all__ = ["ReferenceAggregates"]
 
@@ -32,6 +38,11 @@ __all__ = ["ReferenceAggregates"]
 # contribution, in attribution order.
 _Entries = list[tuple[int, float]]
 _CohortState = dict[tuple[int, int], _Entries]
+
+
+def _consistency(value: str | None) -> None:
+    if value is not None:
+        check_consistency("consistency", value)
 
 
 class ReferenceAggregates:
@@ -145,16 +156,24 @@ class ReferenceAggregates:
         return WindowCount(len(inside), math.fsum(inside))
 
     def read_decay_score(
-        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
+        self,
+        cohort: str,
+        entity_id: int,
+        signal_type: int,
+        at_ns: int | None = None,
+        consistency: str | None = None,
     ) -> float:
         """Decayed score of (cohort, entity, type) at ``at_ns`` (None = clock now).
 
         ``sum(w * 2 ** (-(at - t) / half_life))`` over unretracted contributions with
-        ``t <= at``; 0.0 for an unknown cohort or key; never below 0.0.
+        ``t <= at``; 0.0 for an unknown cohort or key; never below 0.0. The model
+        applies every call at once, so both ``consistency`` levels read the same.
 
         Raises:
-            InvalidArgument: bad cohort (``@community`` allowed), id, or ``at_ns``.
+            InvalidArgument: bad cohort (``@community`` allowed), id, ``at_ns`` or
+                ``consistency``.
         """
+        _consistency(consistency)
         cohort = check_cohort(cohort, allow_community=True)
         entity_id = check_id("entity_id", entity_id)
         signal_type = check_id("signal_type", signal_type)
@@ -163,7 +182,12 @@ class ReferenceAggregates:
         return self._score(entries, self.config.half_life_for(signal_type), at)
 
     def read_window(
-        self, cohort: str, entity_id: int, signal_type: int, at_ns: int | None = None
+        self,
+        cohort: str,
+        entity_id: int,
+        signal_type: int,
+        at_ns: int | None = None,
+        consistency: str | None = None,
     ) -> WindowCount:
         """Count and weight sum of contributions in buckets ``b(at)-n+1 .. b(at)``.
 
@@ -173,6 +197,7 @@ class ReferenceAggregates:
         Raises:
             InvalidArgument: as :meth:`read_decay_score`.
         """
+        _consistency(consistency)
         cohort = check_cohort(cohort, allow_community=True)
         entity_id = check_id("entity_id", entity_id)
         signal_type = check_id("signal_type", signal_type)
@@ -180,15 +205,22 @@ class ReferenceAggregates:
         return self._window(self._agg.get(cohort, {}).get((entity_id, signal_type), []), at)
 
     def top_entities(
-        self, cohort: str, signal_type: int, k: int, at_ns: int | None = None
+        self,
+        cohort: str,
+        signal_type: int,
+        k: int,
+        at_ns: int | None = None,
+        consistency: str | None = None,
     ) -> list[tuple[int, float]]:
         """The ``k`` best ``(entity_id, score)`` of a cohort and type at ``at_ns``.
 
         Only scores > 0; ordered by score descending, then entity_id ascending.
 
         Raises:
-            InvalidArgument: bad cohort, type, ``k`` (int in ``[1, 2**31)``) or ``at_ns``.
+            InvalidArgument: bad cohort, type, ``k`` (int in ``[1, 2**31)``), ``at_ns``
+                or ``consistency``.
         """
+        _consistency(consistency)
         cohort = check_cohort(cohort, allow_community=True)
         signal_type = check_id("signal_type", signal_type)
         k = check_k(k)

@@ -1,4 +1,4 @@
-"""The seeded schedule of the deterministic host: delivery order, trace, write faults.
+"""The seeded schedule of the deterministic host: delivery order, trace, faults.
 
 A :class:`Schedule` is shared by every host a harness starts (a reopen starts a new
 host), so the trace and the random sequence continue across it. The trace's notation
@@ -20,6 +20,7 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import Prepared
 from tidal_actors.storage.format import Tag, decode_key
+from tidal_actors.testing.link_faults import LinkChaos
 
 __all__ = ["FACADE", "HarnessStuck", "Ordering", "Schedule", "addr"]
 
@@ -47,7 +48,7 @@ def addr(a: M.Address) -> str:
 
 
 class Schedule:
-    """Seeded delivery order, trace and injected write failures of one harness.
+    """Seeded delivery order, trace, injected write failures and link faults of one harness.
 
     Shared by every host a harness starts (a reopen starts a new host), so the trace
     and the random sequence continue across it.
@@ -72,6 +73,7 @@ class Schedule:
         # op tuples of writes chosen to fail, kept alive so their ids stay unique
         self._poisoned: dict[int, tuple[str, bytes, bytes | None]] = {}
         self.prior_fault: Callable[[list[Any]], None] | None = None
+        self.links = LinkChaos(seed)  # link faults, with their own seeded draws
 
     # -- trace -------------------------------------------------------------------
 

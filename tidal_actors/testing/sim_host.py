@@ -20,6 +20,12 @@ Theory of operation (FoundationDB-style deterministic simulation):
   ``on_idle`` (persistence group-commits there), exactly as the pykka host does.
 * Same seed and same calls: same deliveries, same trace, byte for byte
   (:class:`~tidal_actors.testing.schedule.Schedule`).
+* Between every sender and receiver runs the link protocol (`runtime.links`): each
+  message is numbered on its link, applied once and in order, and re-sent when
+  nothing else can be delivered; the link faults (``Harness(link_faults=...)``,
+  ``drop_next``, ...) lose, duplicate and reorder messages on the way (base class
+  :class:`~tidal_actors.testing.sim_links.LinkLayer`). Without link faults the links
+  change nothing.
 * The host is the supervisor of the fault calls and of handler failures, which it
   deals with as the pykka host does (its base class,
   :class:`~tidal_actors.testing.faults.FaultInjection`).
@@ -37,15 +43,17 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
+from tidal_actors.runtime.links import LinkReceiver, LinkSender
 from tidal_actors.runtime.pykka_host import HostContext
 from tidal_actors.runtime.supervision import REPORTS_KEPT
 from tidal_actors.testing.faults import FaultInjection, _Down
 from tidal_actors.testing.schedule import FACADE, Schedule, addr
+from tidal_actors.testing.sim_links import Copy, Link, LinkLayer
 
 __all__ = ["DeterministicHost"]
 
 
-class DeterministicHost(FaultInjection):
+class DeterministicHost(LinkLayer, FaultInjection):
     """Hosts behaviours with explicit, seeded, one-at-a-time delivery (PykkaHost's interface).
 
     Args:
@@ -68,6 +76,7 @@ class DeterministicHost(FaultInjection):
         self.schedule = schedule if schedule is not None else Schedule()
         self.store = store
         self.ctx = HostContext(config, clock, durable, self.tell)
+        self.ctx.publish_every_s = 0.0  # a ledger publishes after every change
         # operational delays (re-materialization after a purge) run on the manual
         # clock here, so they are as deterministic as everything else
         self.ctx.monotonic = lambda: clock.now_ns() / 1e9
@@ -75,7 +84,9 @@ class DeterministicHost(FaultInjection):
         self.incarnation: dict[M.Address, int] = {}
         self.on_replace: Callable[[M.Address, Behaviour], None] | None = None
         self._pair = self.schedule.ordering == "pair"
-        self._queues: dict[Any, collections.deque[tuple[M.Address, object]]] = {}
+        self._queues: dict[Any, collections.deque[Copy]] = {}
+        self._send: dict[Link, LinkSender[object]] = {}
+        self._recv: dict[Link, LinkReceiver[object]] = {}
         self._down: dict[M.Address, _Down] = {}
         self._stopped: set[M.Address] = set()
         self._closed = False
@@ -96,11 +107,7 @@ class DeterministicHost(FaultInjection):
         """Append ``message`` to the receiver's mailbox. Raises DatabaseClosed once it is stopped."""
         if self._closed or address in self._stopped or address not in self.behaviours:
             raise DatabaseClosed(f"no actor at {address}")
-        key: Any = (self._sender, address) if self._pair else address
-        q = self._queues.get(key)
-        if q is None:
-            q = self._queues[key] = collections.deque()
-        q.append((self._sender, message))
+        self._send_on(self._sender, address, message)
 
     def offer(self, address: M.Address, message: object) -> bool:
         """Mailboxes here are unbounded: always sent."""
@@ -134,22 +141,18 @@ class DeterministicHost(FaultInjection):
     def stop(self, order: list[str]) -> None:
         """Stop kind by kind in ``order``, each draining its mailboxes first (as PykkaHost)."""
         for kind in order:
-            while True:
-                keys = [k for k in self._deliverable() if self._receiver(k)[0] == kind]
-                if not keys:
-                    break
-                self._deliver_from(keys)
+            while self._progress(lambda a, kind=kind: a[0] == kind):  # type: ignore[misc]
+                pass
             for a in self.behaviours:
                 if a[0] == kind:
                     self._stopped.add(a)
         self._closed = True
         self._queues.clear()
+        self._send.clear()
+        self._recv.clear()
         self._down.clear()
 
     # -- delivery ---------------------------------------------------------------------
-
-    def _receiver(self, key: Any) -> M.Address:
-        return key[1] if self._pair else key  # type: ignore[no-any-return]
 
     def _deliverable(self) -> list[Any]:
         return sorted(
@@ -163,19 +166,15 @@ class DeterministicHost(FaultInjection):
             return not self._queues.get(address)
         return not any(q for k, q in self._queues.items() if k[1] == address)
 
-    def _keys_to(self, address: M.Address) -> list[Any]:
-        return sorted(k for k in self._queues if self._receiver(k) == address)
-
     def step(self) -> bool:
-        """Deliver one message (or restart a crashed shard once nothing else can run).
+        """Deliver one message; when none can be delivered, re-send what the links have
+        not acknowledged, or else restart a crashed shard.
 
         Returns False when there is nothing to do.
         """
         if self._closed:
             return False
-        keys = self._deliverable()
-        if keys:
-            self._deliver_from(keys)
+        if self._progress():
             return True
         if self._down:
             self.restart(min(self._down))
@@ -184,10 +183,25 @@ class DeterministicHost(FaultInjection):
 
     def _deliver_from(self, keys: list[Any]) -> None:
         key = keys[0] if len(keys) == 1 else keys[self.schedule.rng.randrange(len(keys))]
-        sender, msg = self._queues[key].popleft()
-        self._deliver(self._receiver(key), sender, msg)
+        sender, seq, msg = self._queues[key].popleft()
+        address = self._receiver(key)
+        link = (sender, address)
+        ready = self._arrive(link, seq, msg)
+        last = len(ready) - 1
+        for i, m in enumerate(ready):
+            down = self._down.get(address)
+            if down is not None:  # failed on an earlier one: the next incarnation's
+                down.carry.extend(ready[i:])
+                break
+            self._deliver(address, sender, m, more=i < last)
+        if ready:
+            self._acknowledge(link, seq + last)
+        elif address not in self._down and self._mailbox_empty(address):
+            self._idle(address, self.behaviours[address])  # discarded the last one
 
-    def _deliver(self, address: M.Address, sender: M.Address, msg: object) -> None:
+    def _deliver(
+        self, address: M.Address, sender: M.Address, msg: object, more: bool = False
+    ) -> None:
         sched = self.schedule
         sched.steps += 1
         note, drop = self._intercept(address, msg)
@@ -202,16 +216,23 @@ class DeterministicHost(FaultInjection):
             behaviour.receive(msg)
             if behaviour.fault is not None:  # a handler failure: restarted or resumed
                 self.supervise(address, behaviour)
-            if address not in self._down and self._mailbox_empty(address):
-                try:
-                    behaviour.on_idle()
-                except Exception as exc:  # noqa: BLE001 - as PykkaHost: the actor keeps serving
-                    behaviour.handler_errors += 1
-                    behaviour.last_error = exc
+            if not more and address not in self._down and self._mailbox_empty(address):
+                self._idle(address, behaviour)
         finally:
             self._sender = prev
         if type(msg) is M.BarrierPart and address == M.PERSIST_ADDR and msg.barrier.reply.done:
             self._barriers_seen.pop(msg.barrier.barrier_id, None)
+
+    def _idle(self, address: M.Address, behaviour: Behaviour) -> None:
+        """Its mailbox is empty: the behaviour's ``on_idle`` (persistence commits there)."""
+        prev, self._sender = self._sender, address
+        try:
+            behaviour.on_idle()
+        except Exception as exc:  # noqa: BLE001 - as PykkaHost: the actor keeps serving
+            behaviour.handler_errors += 1
+            behaviour.last_error = exc
+        finally:
+            self._sender = prev
 
     def _intercept(self, address: M.Address, msg: object) -> tuple[str, bool]:
         """Supervisor bookkeeping at a delivery: (note for the trace, drop it?)."""
@@ -224,15 +245,6 @@ class DeterministicHost(FaultInjection):
                     return " [dropped: its flush already failed in a persistence crash]", True
                 self._barriers_seen[b.barrier_id] = b
         return "", False
-
-    def pending(self) -> dict[M.Address, list[object]]:
-        """Messages waiting, by receiver (FIFO order per queue), crashed shards included."""
-        out: dict[M.Address, list[object]] = {}
-        for k in sorted(self._queues):
-            q = self._queues[k]
-            if q:
-                out.setdefault(self._receiver(k), []).extend(m for _, m in q)
-        return out
 
     @property
     def down(self) -> list[M.Address]:

@@ -1,6 +1,6 @@
 """Every byte layout of the store: keys, tags, values, and the writes that store them.
 
-One package, four modules, all without I/O:
+One package, five modules, all without I/O:
 
 * `keys` -- the key layout (``encode_key``), the table of tags (``Tag``, with each
   value's shape), the keyspaces, the seal of large values (CRC-32), the error for a
@@ -8,7 +8,9 @@ One package, four modules, all without I/O:
 * `records` -- the small values of the users, items and meta keyspaces (membership,
   leave history, cohort assignment, purge manifest, tombstone and status, eviction
   state, store format, settings and snapshot records) and the writes that store them.
-* `history` -- history batches: contribution records as columns.
+* `history` -- history batches: contribution records as columns, each batch in
+  either encoding; `columns` -- the columnar, compressed encoding (version 3; version 2 read),
+  `columns_encode`, `columns_decode`, `user_filter` (a batch's filter of its users).
 * `snapshot` -- snapshot chunks: a ledger shard's state at a clean close.
 
 Every name is importable from here (``from tidal_actors.storage.format import Tag``).
@@ -18,12 +20,17 @@ from __future__ import annotations
 
 from tidal_actors.storage.format.history import (
     HistoryBatch,
+    Index,
+    batch_index,
     batch_op,
     decode_batch,
+    decode_batches,
     decode_context,
     encode_history_columns,
+    merged_payload,
     rewrite_batch_op,
-    user_bytes,
+    rewrite_level,
+    written_compacted,
 )
 from tidal_actors.storage.format.keys import (
     SEAL_MAGIC,
@@ -77,15 +84,18 @@ __all__ = [
     "SEAL_MAGIC",
     "SEAL_VERSION",
     "HistoryBatch",
+    "Index",
     "Keyspace",
     "LedgerSnapshot",
     "Op",
     "Tag",
+    "batch_index",
     "batch_key",
     "batch_key_shard_seq",
     "batch_op",
     "cohorts_op",
     "decode_batch",
+    "decode_batches",
     "decode_cohorts",
     "decode_context",
     "decode_eviction_state",
@@ -109,7 +119,9 @@ __all__ = [
     "membership_capacity",
     "membership_ops",
     "membership_shard_of",
+    "merged_payload",
     "rewrite_batch_op",
+    "rewrite_level",
     "seal",
     "settings_op",
     "snapshot_chunk_key",
@@ -121,5 +133,5 @@ __all__ = [
     "tombstone_op",
     "undecodable",
     "unseal",
-    "user_bytes",
+    "written_compacted",
 ]

@@ -60,7 +60,7 @@ class Tag(enum.IntEnum):
     COMMUNITY_LEAVE      0x11   users       user / empty / 9 bytes (see `records`)
     LEAVE_HISTORY        0x12   users       user / empty / msgpack [[left, rejoined|nil]]
     COHORT_ASSIGNMENT    0x13   users       user / empty / msgpack [cohort names]
-    CONTRIBUTION_BATCH   0x14   history     ledger shard / batch seq 8B BE / sealed msgpack
+    CONTRIBUTION_BATCH   0x14   history     ledger shard / batch seq 8B BE / sealed columns
     PURGE_TOMBSTONE      0x15   items       user / purge_id 16B BE / msgpack [[mshard, rseq]]
     EVICTION_STATE       0x16   meta        membership shard / empty / msgpack [watermark, [], next]
     PURGE_STATUS         0x17   items       user / purge_id 16B BE / msgpack status

@@ -1,0 +1,176 @@
+"""The Ray host beside the pykka host, in the same run.
+
+Run: ``python bench/bench_ray.py`` (``--quick`` for a run of about two minutes;
+``--json FILE`` writes every figure). Needs the ``ray`` extra.
+
+Figures:
+
+- ``cluster_start_s``: ``ray.init`` of a local instance (2 CPUs, no dashboard), the
+  cost paid once per process; with ``--nodes N`` (N > 1) a local multi-node
+  ``ray.cluster_utils.Cluster`` of N nodes (1 CPU each) started and joined instead,
+  and the ephemeral databases' actors spread over its nodes (a durable database's
+  stay on the facade's node: one store); ``open_s_<host>``: opening an ephemeral database (the
+  Ray host starts its actors and waits for them; median of the rounds);
+- ``<shape>_<host>_signals_per_s``: batched ingestion, `bench_core.workload` and
+  `bench_core.cohorts_for` over ``--users`` users, ``TidalDb.signal_batch`` of 10,000
+  signals a call, ``Config(ledger_shards=2)`` (``signal_batch_size`` 1,024: one Ray
+  call per 1,024 signals and shard), and ``ray_b4096``: the Ray host with
+  ``signal_batch_size=4096`` (a quarter of the calls); from the first call until
+  ``flush()`` returns; the cohorts are assigned before the timing. Shapes
+  ``ephemeral`` and ``persistent`` (a fresh directory). Each contender runs once per
+  round, in turn; a figure is the median of the rounds, ``<shape>_<ray>_per_pykka``
+  the median of the rounds' ratios;
+- ``status_ms_<host>_p50/p99``: ``community_layer_status`` round trips (facade ->
+  membership shard -> reply), on an idle ephemeral database; ``leave_ms_<host>_p50/p99``:
+  ``leave_community_layer`` on a persistent one (a durable commit each).
+
+Every database's counters are checked after its run (every signal received).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_core import cohorts_for, report, workload  # noqa: E402
+
+from tidal_actors import Config, Signal, TidalDb  # noqa: E402
+
+HOSTS = ("pykka", "ray")
+CONTENDERS: dict[str, dict[str, Any]] = {  # the pykka host; the Ray host, two batch sizes
+    "pykka": {"host": "pykka"},
+    "ray": {"host": "ray"},
+    "ray_b4096": {"host": "ray", "signal_batch_size": 4096},
+}
+
+
+def opened(path: str | None, host: str, **settings: Any) -> tuple[TidalDb, float]:
+    t = time.perf_counter()
+    db = TidalDb.open(path, config=Config(ledger_shards=2, host=host, **settings))
+    return db, time.perf_counter() - t
+
+
+def ingest(
+    path: str | None, settings: dict[str, Any], signals: list[Any], cohorts: dict[int, Any]
+) -> float:
+    db, _ = opened(path, **settings)
+    with db:
+        for u, cs in cohorts.items():
+            for c in cs:
+                db.assign_cohort(u, c)
+        batches = [
+            [Signal(u, e, ty, w, ts) for u, e, ty, w, ts in signals[k : k + 10_000]]
+            for k in range(0, len(signals), 10_000)
+        ]
+        t = time.perf_counter()
+        for b in batches:
+            db.signal_batch(b)
+        db.flush()
+        rate = len(signals) / (time.perf_counter() - t)
+        got = db.stats()["signals"]
+        assert got == len(signals), (settings, got)
+    return rate
+
+
+def quantiles_ms(lat: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(lat, n=100)
+    return q[49] * 1e3, q[98] * 1e3
+
+
+def round_trips(host: str, n: int, tmp: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    db, _ = opened(None, host)
+    with db:
+        lat = []
+        for u in range(n):
+            t = time.perf_counter()
+            db.community_layer_status(u)
+            lat.append(time.perf_counter() - t)
+        out[f"status_ms_{host}_p50"], out[f"status_ms_{host}_p99"] = quantiles_ms(lat)
+    db, _ = opened(os.path.join(tmp, f"leave-{host}"), host)
+    with db:
+        lat = []
+        for u in range(n):
+            db.signal_with_context(u, 1, 1)
+            t = time.perf_counter()
+            db.leave_community_layer(u)
+            lat.append(time.perf_counter() - t)
+        out[f"leave_ms_{host}_p50"], out[f"leave_ms_{host}_p99"] = quantiles_ms(lat)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (about two minutes)")
+    ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--users", type=int, default=1_000)
+    ap.add_argument("--nodes", type=int, default=1, help="nodes of a local multi-node cluster")
+    args = ap.parse_args()
+    import ray
+
+    from tidal_actors.runtime.ray_replies import NAMESPACE
+
+    n = 100_000 if args.quick else 400_000
+    rounds = 2 if args.quick else args.rounds
+    out: dict[str, float] = {"signals": n, "users": args.users, "rounds": rounds}
+    out["nodes"] = args.nodes
+    t = time.perf_counter()
+    cluster = None
+    if args.nodes > 1:
+        from ray.cluster_utils import Cluster
+
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        for _ in range(args.nodes - 1):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+    else:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace=NAMESPACE)
+    out["cluster_start_s"] = time.perf_counter() - t
+    signals = workload(n, args.users)
+    cohorts = cohorts_for(args.users)
+    tmp = tempfile.mkdtemp(prefix="tidal-bench-ray-")
+    try:
+        opens: dict[str, list[float]] = {h: [] for h in HOSTS}
+        for shape in ("ephemeral", "persistent"):
+            rates: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+            for r in range(rounds):
+                for name, settings in CONTENDERS.items():
+                    path = (
+                        os.path.join(tmp, f"{shape}-{name}-{r}") if shape == "persistent" else None
+                    )
+                    rates[name].append(ingest(path, settings, signals, cohorts))
+            for name in CONTENDERS:
+                out[f"{shape}_{name}_signals_per_s"] = statistics.median(rates[name])
+            for name in ("ray", "ray_b4096"):
+                out[f"{shape}_{name}_per_pykka"] = statistics.median(
+                    [a / b for a, b in zip(rates[name], rates["pykka"])]
+                )
+        for _ in range(rounds):
+            for host in HOSTS:
+                db, s = opened(None, host)
+                db.close()
+                opens[host].append(s)
+        for host in HOSTS:
+            out[f"open_s_{host}"] = statistics.median(opens[host])
+        for host in HOSTS:
+            out.update(round_trips(host, 100 if args.quick else 300, tmp))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+    report(out, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""One behaviour in one Ray actor (one process): `ShardActor`, for `runtime.ray_host`.
+
+Inside the actor the behaviour runs unchanged on a one-actor `PykkaHost`
+(`LocalHost`): the same bounded mailbox (capacity and time budget), the same
+``on_idle`` (persistence's group commit), the same handler-failure hook. Its
+context's ``tell`` goes to the local actor for the actor's own address and through
+`ray_links.Links` to every other. ``deliver`` (the one Ray method that carries
+messages) puts each message into the local mailbox, waiting for room as a pykka
+sender does, so per-sender FIFO and backpressure hold end to end. Each call carries
+its sender's name and its number on that link: the actor keeps a
+`runtime.links.LinkReceiver` per sender, which discards a duplicate and holds back
+a call after a gap (neither arises while Ray's per-caller order holds), and returns
+the number it has taken up to, the sender's acknowledgement (`runtime.ray_links`).
+
+What the host adds around the behaviour, none of it known to the behaviour:
+
+* persistence relays the history marks to the ledgers after each commit
+  (`ray_stores.Marks`);
+* the coordinator ticks itself while a re-materialization is due (the pykka host's
+  flusher thread reads ``remat_due`` in process; here the coordinator's process does);
+* a membership or ledger shard of a durable database whose handler failed with an
+  unexpected error is fenced, not restarted (`supervision.Fenced`): this host does not
+  restart a shard yet, and a half-updated shard is never served. The `FaultReport`
+  goes to the facade;
+* a clock other than `SystemClock` is the facade's time as last carried by a call
+  (`Stamped`): every call carries its sender's time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import numpy as np
+import ray
+
+from tidal_actors._clock import Clock, SystemClock
+from tidal_actors._config import Config
+from tidal_actors._errors import ActorFailure, StorageError
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviour import Behaviour, replies_of
+from tidal_actors.actors.persistence import Persistence
+from tidal_actors.actors.recovery import FaultReport
+from tidal_actors.runtime.links import LinkReceiver
+from tidal_actors.runtime.pykka_host import PykkaHost
+from tidal_actors.runtime.ray_links import Links, dumps, loads
+from tidal_actors.runtime.ray_replies import register_serializers, send_fault
+from tidal_actors.runtime.ray_stores import Marks, ReaderStore, WriterStore
+from tidal_actors.runtime.supervision import Supervisor
+from tidal_actors.storage.stores import NullStore
+
+__all__ = ["TICK_S", "Counters", "ShardActor", "Stamped"]
+
+log = logging.getLogger("tidal_actors")
+
+TICK_S = 0.05  # how often the coordinator looks whether a re-materialization is due (seconds)
+
+
+class Stamped:
+    """A clock that reads the latest time a call carried (int ns since the epoch)."""
+
+    def __init__(self, now_ns: int = 0) -> None:
+        self.now = now_ns
+
+    def now_ns(self) -> int:
+        return self.now
+
+
+class Counters:
+    """Facade -> persistence, host level: ``reply`` gets its counters."""
+
+    __slots__ = ("reply",)
+
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
+
+
+class _FencingSupervisor(Supervisor):
+    """`Supervisor` whose restart always fails: a failed durable shard is fenced."""
+
+    def _restart(self, old: Behaviour, report: FaultReport) -> Behaviour:
+        raise ActorFailure("the Ray host does not restart a failed shard")
+
+
+class _Durable:
+    def __init__(self, durable: bool) -> None:
+        self.durable = durable
+
+
+class LocalHost(PykkaHost):
+    """The one-actor pykka host inside a `ShardActor`; other addresses go by `Links`."""
+
+    def __init__(self, config: Config, clock: Clock, durable: bool, links: Links) -> None:
+        super().__init__(config, clock, durable)
+        self.links = links
+
+    def tell(self, address: M.Address, message: object) -> None:
+        if address in self._refs:
+            if type(message) is M.Compact and self.ctx.durable:
+                message.reply.set_exception(
+                    StorageError(
+                        "compact() is not available under the Ray host: other processes "
+                        "hold the environment open; compact under the pykka host"
+                    )
+                )
+                return
+            super().tell(address, message)
+        else:
+            self.links.send(address, message)
+
+
+def _writable(msg: object) -> object:
+    """``msg`` with the numpy columns it arrived with made writable (Ray hands out
+    read-only views of its buffers)."""
+    if type(msg) is M.Attribute:
+        return M.Attribute(
+            msg.mshard,
+            np.array(msg.rseqs),
+            np.array(msg.users),
+            msg.cohorts,
+            np.array(msg.entities),
+            np.array(msg.types),
+            np.array(msg.weights),
+            np.array(msg.timestamps),
+            msg.contexts,
+        )
+    return msg
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+class ShardActor:
+    """Hosts one behaviour (see the module).
+
+    Args:
+        db: the database's actor name prefix.
+        address: the behaviour's address.
+        payload: the behaviour, pickled by `ray_links.dumps` (names ``ctx``,
+            ``store``, ``clock``).
+        config: the database's settings.
+        durable: whether the database has a durable store.
+        path: the LMDB directory (None: ephemeral).
+        sink: the facade's reply sink's name.
+        system_clock: the facade's clock is a `SystemClock` (else `Stamped`).
+    """
+
+    def __init__(
+        self,
+        db: str,
+        address: M.Address,
+        payload: bytes,
+        config: Config,
+        durable: bool,
+        path: str | None,
+        sink: str,
+        system_clock: bool,
+    ) -> None:
+        register_serializers()
+        self.address = address
+        self.sink = sink
+        self.clock: Any = SystemClock() if system_clock else Stamped()
+        self.links = Links(db, self._stamp, origin=f"{address[0]}-{address[1]}")
+        self._ends: dict[str, LinkReceiver[list[object]]] = {}
+        self.host = LocalHost(config, self.clock, durable, self.links)
+        self.host.supervisor = _FencingSupervisor(config, self.host.ctx, _Durable(durable))
+        self.host.supervisor.on_fault = self._fault
+        self.store: Any = None
+        self._path = path
+        self._config = config
+        behaviour = loads(payload, self._resolve)
+        self._marks: dict[int, int] = {}
+        self._rewrites = 0
+        if isinstance(behaviour, Persistence):
+            idle = behaviour.on_idle
+
+            def on_idle() -> None:
+                idle()
+                self._relay_marks()
+
+            behaviour.on_idle = on_idle  # type: ignore[method-assign]
+        self.host.start([behaviour])
+        self._stop_tick = threading.Event()
+        if address == M.COORD_ADDR:
+            threading.Thread(target=self._tick, name="tidal-tick", daemon=True).start()
+
+    def _resolve(self, name: str) -> Any:
+        if name == "ctx":
+            return self.host.ctx
+        if name == "clock":
+            return self.clock
+        if name == "store":
+            if self.store is None:
+                if self._path is None:
+                    self.store = NullStore()
+                elif self.address == M.PERSIST_ADDR:
+                    self.store = WriterStore(self._path, self._config)
+                else:
+                    self.store = ReaderStore(self._path, self._config)
+            return self.store
+        raise KeyError(name)
+
+    def _stamp(self) -> int | None:
+        return None if isinstance(self.clock, SystemClock) else self.clock.now
+
+    def _fault(self, report: FaultReport) -> None:
+        send_fault(self.sink, report)
+
+    def _relay_marks(self) -> None:
+        marks = getattr(self.store, "history_marks", None)
+        if marks is None:
+            return
+        rewrites = marks.rewrites
+        for shard, top in list(marks.top.items()):
+            if self._marks.get(shard) != top or rewrites != self._rewrites:
+                self._marks[shard] = top
+                self.links.send((M.LEDGER, shard), Marks(top, rewrites))
+        self._rewrites = rewrites
+
+    def _tick(self) -> None:
+        while not self._stop_tick.wait(TICK_S):
+            b = self.host.behaviours.get(M.COORD_ADDR)
+            if b is not None and getattr(b, "remat_due", False):
+                try:
+                    self.host.tell(M.COORD_ADDR, M.Tick())
+                except Exception:  # noqa: BLE001 - stopped
+                    return
+
+    def ready(self) -> bool:
+        return True
+
+    def deliver(self, stamp: int | None, origin: str, seq: int, messages: list[object]) -> int:
+        """Take call ``seq`` of the link from ``origin``: put its ``messages`` (and
+        those of the calls after it held back) into the local mailbox, in order
+        (waits for room); a duplicate is discarded. Returns the number taken up to
+        on that link (the acknowledgement)."""
+        if stamp is not None and isinstance(self.clock, Stamped) and stamp > self.clock.now:
+            self.clock.now = stamp
+        end = self._ends.get(origin)
+        if end is None:
+            end = self._ends[origin] = LinkReceiver()
+        for batch in end.accept(seq, messages):
+            self._take(batch)
+        return end.applied
+
+    def _take(self, messages: list[object]) -> None:
+        for msg in messages:
+            t = type(msg)
+            if t is Marks:
+                if isinstance(self.store, ReaderStore):
+                    self.store.take_marks(msg, self.address[1])  # type: ignore[arg-type]
+                continue
+            if t is Counters:
+                b = self.host.behaviours[self.address]
+                msg.reply.set_result(  # type: ignore[attr-defined]
+                    {
+                        "handler_errors": b.handler_errors,
+                        "commits": getattr(b, "commits", 0),
+                        "failed_writes": getattr(b, "failed_writes", 0),
+                    }
+                )
+                continue
+            try:
+                self.host.tell(self.address, _writable(msg))
+            except Exception as exc:  # a host defect: its caller hears it, never a hang
+                err = ActorFailure(
+                    f"{self.address[0]}[{self.address[1]}] could not take {t.__name__}: {exc!r}"
+                )
+                log.error("%s", err)
+                for reply in replies_of(msg):
+                    reply.set_exception(err)
+
+    def stop(self) -> bytes:
+        """Drain and stop the behaviour, wait for what it sent, close the store; the
+        behaviour as it ended, pickled by `ray_links.dumps`."""
+        self._stop_tick.set()
+        self.host.stop([self.address[0]])
+        self.links.drain(timeout=60)
+        self.links.closed = True
+        b = self.host.behaviours[self.address]
+        b.__dict__.pop("room_made", None)  # the local mailbox's wake-up
+        b.__dict__.pop("on_idle", None)
+        b.fault = None
+        data = dumps(b, {"ctx": self.host.ctx, "store": self.store, "clock": self.clock})
+        if self.store is not None:
+            self.store.close()
+        return data
+
+    def pid(self) -> int:
+        """The actor's process id (tests kill it)."""
+        return os.getpid()

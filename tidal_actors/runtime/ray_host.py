@@ -1,0 +1,364 @@
+"""The Ray host: each behaviour in its own Ray actor (one process each).
+
+Implements `runtime.host.Host` for `Config(host="ray")`. Each membership shard, each
+ledger shard, the purge coordinator and persistence is a named Ray actor
+(`runtime.ray_actor.ShardActor`, synchronous, ``max_restarts=0``,
+``max_task_retries=0``) in which the behaviour runs unchanged; the facades and
+`Core` are unchanged.
+
+* Order: one Ray call per message, ``deliver``; a synchronous actor runs one
+  caller's calls in submission order, which is the per sender/receiver FIFO the
+  ordering argument needs (docs/architecture.md).
+* Replies: a `Reply` crosses as ``(sink, reply_id)`` and is settled in this process
+  by one reply path per facade (`runtime.ray_replies`): no thread per waiting call.
+* Backpressure: a credit window per sender and receiver in front of the receiver's
+  bounded local mailbox (`runtime.ray_links`); ``offer``, ``force``, ``reserve`` and
+  ``when_room`` keep their contract (``when_room``'s callback runs on the reply
+  path's thread).
+* Numpy columns (`messages.Attribute`) cross as pickle-5 buffers (Ray's own
+  serialization); signals travel in batches of ``signal_batch_size``.
+* Store: ONE LMDB environment, as under the pykka host, opened by this process,
+  written by the persistence actor's process, read by the ledgers' processes
+  (`runtime.ray_stores`); so the actors of a durable database are placed on this
+  process's node. Per-shard stores are not built yet, nor a restart of a failed
+  shard (it is fenced: `runtime.ray_actor`), nor links that survive a process's
+  death (docs/cluster.md).
+
+Ray is started here if it is not running (``Config.ray_address``: None starts a
+local instance, ``"auto"`` or ``"ray://..."`` joins a cluster).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from tidal_actors._clock import Clock, SystemClock
+from tidal_actors._config import Config
+from tidal_actors._errors import ActorFailure, DatabaseClosed, InvalidArgument
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.persistence import Persistence
+from tidal_actors.actors.recovery import FaultReport
+from tidal_actors.actors.reply import Reply
+from tidal_actors.runtime.pykka_host import HostContext
+from tidal_actors.runtime.ray_actor import Counters, ShardActor
+from tidal_actors.runtime.ray_links import Links, actor_name, dumps, loads
+from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, forget, register_serializers
+from tidal_actors.runtime.ray_stores import adopt_map_size
+from tidal_actors.runtime.supervision import REPORTS_KEPT, Fenced
+
+__all__ = ["START_WAIT_S", "STOP_WAIT_S", "RayHost", "ensure_ray"]
+
+PROBE_S = 1.0  # how often the reply path looks whether an actor's process died (seconds)
+START_WAIT_S = 300.0  # how long start() waits for the actors to be up (seconds)
+STOP_WAIT_S = 120.0  # how long stop() waits for each kind of actor to stop (seconds)
+
+
+def ensure_ray(address: str | None) -> None:
+    """Connect to Ray (``address``: None starts a local instance) unless connected.
+
+    Raises:
+        InvalidArgument: Ray cannot be reached at ``address`` (naming ``ray_address``).
+    """
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(
+            address=address,
+            namespace=NAMESPACE,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise InvalidArgument(
+            "ray_address", address, f"cannot connect to Ray: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+class RayHost:
+    """Runs each behaviour in a Ray actor (see the module).
+
+    Args:
+        config: the database's settings (``ray_address`` says which cluster).
+        clock: the facade's clock; a clock other than `SystemClock` reaches the
+            actors as the time each call carries.
+        durable: whether the store is durable.
+    """
+
+    def __init__(self, config: Config, clock: Clock, durable: bool) -> None:
+        ensure_ray(config.ray_address)
+        self.config = config
+        self.clock = clock
+        self.durable = durable
+        self.ctx = HostContext(config, clock, durable, self.tell)
+        self.behaviours: dict[M.Address, Behaviour] = {}
+        self.on_replace: Callable[[M.Address, Behaviour], None] | None = None
+        self.reports: collections.deque[FaultReport] = collections.deque(maxlen=REPORTS_KEPT)
+        self.on_fault: Callable[[FaultReport], None] | None = None
+        self.db = f"tidal-{uuid.uuid4().hex[:12]}"
+        self._system_clock = type(clock) is SystemClock
+        self._waiters: dict[M.Address, list[Callable[[], None]]] = {}
+        self._waiters_lock = threading.Lock()
+        self.path = ReplyPath(f"{self.db}-sink", self._fault, self._poll)
+        register_serializers(self.path)
+        self.links = Links(self.db, self._stamp, self.path)
+        self._actors: dict[M.Address, Any] = {}
+        self._store: Any = None
+        self._stopped = False
+        self._dead: ActorFailure | None = None  # an actor's process died (`_watch`)
+        self._probes: dict[M.Address, Any] = {}
+        self._next_probe = 0.0
+
+    # -- lifetime -------------------------------------------------------------------
+
+    def start(self, behaviours: list[Behaviour]) -> None:
+        """One actor per behaviour (persistence first), each waited for."""
+        store_path: str | None = None
+        for b in behaviours:
+            if isinstance(b, Persistence):
+                self._store = b.store
+                path = getattr(b.store, "path", None)
+                store_path = None if path is None or not b.store.durable else str(path)
+        options: dict[str, Any] = {"namespace": NAMESPACE}
+        if store_path is not None:
+            # every process of a durable database opens the one environment here
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            node = ray.get_runtime_context().get_node_id()
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+        else:  # nothing ties an ephemeral database's actors to a node: over the cluster
+            options["scheduling_strategy"] = "SPREAD"
+        named = {"ctx": self.ctx, "store": self._store, "clock": self.clock}
+        for b in behaviours:
+            self.behaviours[b.address] = b
+            actor = ShardActor.options(  # type: ignore[attr-defined]
+                name=actor_name(self.db, b.address), **options
+            ).remote(
+                self.db,
+                b.address,
+                dumps(b, named),
+                self.config,
+                self.durable,
+                store_path,
+                self.path.name,
+                self._system_clock,
+            )
+            self._actors[b.address] = actor
+            self.links.add(b.address, actor)
+        try:
+            ray.get([a.ready.remote() for a in self._actors.values()], timeout=START_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - an actor could not start: none is left running
+            self._stopped = True
+            self.links.closed = True
+            for h in self._actors.values():
+                with contextlib.suppress(Exception):
+                    ray.kill(h)
+            self._actors.clear()
+            self.path.close()
+            forget(self.path)
+            raise ActorFailure(
+                f"the Ray host could not start its actors: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def stop(self, order: list[str]) -> None:
+        """Stop the actors kind by kind in ``order`` (each drains its mailbox and waits
+        for what it sent); the behaviours as they ended replace this process's copies
+        (the engine reads them at close: the ledgers' state for the snapshot)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.links.drain(timeout=STOP_WAIT_S)
+        named = {"ctx": self.ctx, "store": self._store, "clock": self.clock}
+        for kind in order:
+            stopping = {a: h.stop.remote() for a, h in self._actors.items() if a[0] == kind}
+            for address, ref in stopping.items():
+                try:
+                    data = ray.get(ref, timeout=STOP_WAIT_S)
+                except Exception as exc:  # noqa: BLE001 - its process is gone: nothing to read back
+                    self._lost(address, exc)
+                    continue
+                self._adopt(address, loads(data, named.__getitem__))
+        self.links.closed = True
+        for h in self._actors.values():
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(h)
+        self._actors.clear()
+        self.path.close()
+        forget(self.path)
+        self._call_waiters(everyone=True)
+        if self._store is not None and self._store.durable and hasattr(self._store, "env"):
+            with contextlib.suppress(Exception):  # the snapshot write says so if it matters
+                adopt_map_size(self._store)  # persistence may have grown the map
+
+    def _adopt(self, address: M.Address, ended: Behaviour) -> None:
+        local = self.behaviours.get(address)
+        if local is not None and type(local) is type(ended):
+            handlers = local.__dict__.get("_handlers")
+            local.__dict__.update(ended.__dict__)
+            if handlers is not None:
+                local.__dict__["_handlers"] = handlers
+            return
+        self.behaviours[address] = ended
+        if self.on_replace is not None:
+            self.on_replace(address, ended)
+
+    def _lost(self, address: M.Address, exc: BaseException) -> None:
+        """``address``'s state is gone with its process: this process's copy of it is
+        stale, so it is fenced here (`Core._replaced`: no snapshot is written from
+        it, close() says so, and the next open restores from the store)."""
+        err = ActorFailure(f"{address[0]}[{address[1]}]'s process died: {exc}")
+        fence = Fenced(self.ctx, address, err)
+        self.behaviours[address] = fence
+        if self.on_replace is not None:
+            self.on_replace(address, fence)
+
+    def _watch(self) -> None:
+        """Every ``PROBE_S``: an actor whose process died fails every call waiting and
+        every call after (the database must be reopened)."""
+        now = time.monotonic()
+        if self._dead is not None or self._stopped or now < self._next_probe:
+            return
+        self._next_probe = now + PROBE_S
+        refs = list(self._probes.values())
+        done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) if refs else set()
+        for address, ref in list(self._probes.items()):
+            if ref not in done:
+                continue
+            del self._probes[address]
+            try:
+                ray.get(ref, timeout=0)
+            except Exception as exc:  # noqa: BLE001 - the actor died (RayActorError)
+                kind, index = address
+                self._dead = ActorFailure(
+                    f"{kind}[{index}]'s process died ({type(exc).__name__}): calls in flight "
+                    "failed, and each may have been applied; close the database and open it "
+                    "again (the store holds what was committed)"
+                )
+                self.path.fail_all(self._dead)
+                return
+        for address, h in list(self._actors.items()):
+            if address not in self._probes:
+                self._probes[address] = h.ready.remote()
+
+    def _fault(self, report: FaultReport) -> None:
+        self.reports.append(report)
+        if self.on_fault is not None:
+            self.on_fault(report)
+
+    def _stamp(self) -> int | None:
+        return None if self._system_clock else self.clock.now_ns()
+
+    # -- sending --------------------------------------------------------------------
+
+    def tell(self, address: M.Address, message: object) -> None:
+        """Send ``message`` (a load message waits for the window). Raises
+        DatabaseClosed once the host has stopped."""
+        if type(message) is M.QueryManifests and message.user == -1:
+            self._stats(message)
+            return
+        self._check(address)
+        self.links.send(address, message)
+
+    def _stats(self, message: M.QueryManifests) -> None:
+        """The coordinator's stats, with persistence's counters brought into this
+        process's copy first (`Operations.stats` reads them there)."""
+        coord, counts = Reply("coordinator-stats"), Reply("persistence-counters")
+        self._check(M.COORD_ADDR)
+        self.links.send(M.COORD_ADDR, M.QueryManifests(-1, coord))
+        self.links.send(M.PERSIST_ADDR, Counters(counts))
+        target = message.reply
+
+        def done(_: Reply) -> None:
+            if not (coord.done and counts.done):
+                return
+            if counts.error is None:
+                persistence = self.behaviours.get(M.PERSIST_ADDR)
+                for k, v in counts.result().items():
+                    setattr(persistence, k, v)
+            if coord.error is not None:
+                target.set_exception(coord.error)
+            else:
+                target.set_result(coord.result())
+
+        coord.add_done_callback(done)
+        counts.add_done_callback(done)
+
+    def _check(self, address: M.Address) -> None:
+        if self._dead is not None:
+            raise self._dead
+        if self._stopped or address not in self._actors:
+            raise DatabaseClosed(f"no actor at {address}")
+
+    def offer(self, address: M.Address, message: object) -> bool:
+        """Send if the window has room; False (nothing sent) if not."""
+        self._check(address)
+        return self.links.offer(address, message)
+
+    def force(self, address: M.Address, message: object) -> None:
+        """Send past the window, without waiting."""
+        self._check(address)
+        self.links.send(address, message, wait=False)
+
+    def has_room(self, address: M.Address) -> bool:
+        self._check(address)
+        return self.links.has_room(address)
+
+    def reserve(self, address: M.Address) -> None:
+        """Wait for room in the window at ``address`` and hold it for one `put_reserved`."""
+        self._check(address)
+        self.links.wait_room(address)
+        with self._waiters_lock:
+            self.links.reserved[address] = self.links.reserved.get(address, 0) + 1
+
+    def release(self, address: M.Address) -> None:
+        with self._waiters_lock:
+            self.links.reserved[address] = max(0, self.links.reserved.get(address, 0) - 1)
+
+    def put_reserved(self, address: M.Address, message: object) -> None:
+        self.release(address)
+        self._check(address)
+        self.links.send(address, message, wait=False)
+
+    def when_room(self, address: M.Address, fn: Callable[[], None]) -> bool:
+        """True if there is room now; else ``fn()`` runs once there is (on the reply
+        path's thread, or at stop) and False."""
+        self._check(address)
+        if self.links.has_room(address):
+            return True
+        with self._waiters_lock:
+            self._waiters.setdefault(address, []).append(fn)
+        return False
+
+    def _poll(self) -> None:
+        self._call_waiters()
+        self._watch()
+
+    def _call_waiters(self, everyone: bool = False) -> None:
+        with self._waiters_lock:
+            if not self._waiters:
+                return
+            ready = [
+                a for a in self._waiters if everyone or self._stopped or self.links.has_room(a)
+            ]
+            fns = [fn for a in ready for fn in self._waiters.pop(a)]
+        for fn in fns:
+            with contextlib.suppress(Exception):  # a waiter gone must not stop the path
+                fn()
+
+    def settle(self, reply: Reply, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for ``reply`` (the reply path settles it)."""
+        return bool(reply.wait(timeout))
+
+    def pids(self) -> dict[M.Address, int]:
+        """Each actor's process id."""
+        refs = {a: h.pid.remote() for a, h in self._actors.items()}
+        return {a: ray.get(r) for a, r in refs.items()}
