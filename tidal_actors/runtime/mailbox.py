@@ -6,6 +6,15 @@ attributions, history writes; ``units`` counts their work) wait for room once it
 more than ``Config.inflight_budget_ms`` to work through (queued units times the
 actor's measured seconds per unit, a moving average). ``offer``, ``force``,
 ``reserve``/``put_reserved`` and ``when_room`` serve producers that must not wait.
+
+An actor takes the signal batches queued back to back at the head of its mailbox as
+one message, and a membership shard's attributions queued before the first message
+of another kind as one message, up to ``COALESCE_RECORDS`` units (`coalesce`). An
+actor whose behaviour asks for it (``gather``: a ledger shard that no reader wants a
+view of) first waits, up to the seconds it says, while its mailbox holds only
+attributions: until a message of another kind comes, ``COALESCE_RECORDS`` records
+are queued, or the mailbox is full (a producer would wait for room). Its fixed cost
+a message is then paid once for many small calls' records.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,9 +36,9 @@ __all__ = ["COALESCE_RECORDS", "Mailbox", "coalesce", "units"]
 
 _BOUNDED = (M.SignalBatch, M.Attribute)
 
-# an actor takes the signal batches, or one membership shard's attributions, queued
-# back to back at the head of its mailbox as one message, up to this many signals or
-# records (`Mailbox._get`)
+# an actor takes the signal batches queued back to back at the head of its mailbox,
+# or one membership shard's attributions queued before any other kind of message, as
+# one message, up to this many signals or records (`Mailbox._get`)
 COALESCE_RECORDS = 4096
 
 
@@ -96,6 +106,13 @@ class Mailbox(queue.Queue[Envelope[Any]]):
         self.held: Callable[[], int] = lambda: 0
         self.held_units: Callable[[], int] = lambda: 0
         self._room_waiters: list[Callable[[], None]] = []
+        # the seconds the actor may wait for more attributions before it takes them
+        # (`Behaviour.gather_s`; called by the actor's thread with the mutex held)
+        self.gather: Callable[[], float] = lambda: 0.0
+        self._others = 0  # queued messages that are not attributions
+        # what the actor waits on while it gathers: a message that is not an
+        # attribution, the cap reached, or a producer finding no room (not each put)
+        self._gathered = threading.Condition(self.mutex)
 
     def _full(self) -> bool:  # under self.mutex
         if self._qsize() + self.held() + self._reserved >= self._cap:
@@ -108,12 +125,19 @@ class Mailbox(queue.Queue[Envelope[Any]]):
     def _put(self, item: Envelope[Any]) -> None:
         super()._put(item)
         self._units += units(item.message)
+        if type(item.message) is not M.Attribute:
+            self._others += 1
+            self._gathered.notify()
+        elif self._units >= COALESCE_RECORDS:
+            self._gathered.notify()
 
     def _get(self) -> Envelope[Any]:
         item = super()._get()
         msg = item.message
         self._units -= units(msg)
         kind = type(msg)
+        if kind is not M.Attribute:
+            self._others -= 1
         if (kind is M.Attribute or kind is M.SignalBatch) and self.queue:
             taken = self._take_alike(msg)
             if len(taken) > 1:
@@ -122,17 +146,24 @@ class Mailbox(queue.Queue[Envelope[Any]]):
         return item
 
     def _take_alike(self, msg: M.Attribute | M.SignalBatch) -> list[Any]:
-        """``msg`` and the messages right behind it it can be handled with as one
-        (`coalesce`), taken out, up to ``COALESCE_RECORDS`` units in all."""
+        """``msg`` and the messages behind it it can be handled with as one
+        (`coalesce`), taken out, up to ``COALESCE_RECORDS`` units in all: the signal
+        batches right behind it; or the attributions of its membership shard before
+        the first message that is not an attribution (those of other membership
+        shards stay, in their order: only one sender's order is kept, `pykka_host`)."""
         taken: list[Any] = [msg]
         kind: Any = type(msg)
         shard = msg.mshard if isinstance(msg, M.Attribute) else None
         n = units(msg)
         queue = self.queue
+        passed: list[Envelope[Any]] = []
         while queue:
             nxt: Any = queue[0].message
-            if type(nxt) is not kind or (shard is not None and nxt.mshard != shard):
+            if type(nxt) is not kind:
                 break
+            if shard is not None and nxt.mshard != shard:
+                passed.append(queue.popleft())
+                continue
             k = units(nxt)
             if n + k > COALESCE_RECORDS:
                 break
@@ -140,6 +171,8 @@ class Mailbox(queue.Queue[Envelope[Any]]):
             self._units -= k
             taken.append(nxt)
             n += k
+        if passed:
+            queue.extendleft(reversed(passed))
         return taken
 
     def handled(self, n: int, seconds: float) -> None:
@@ -166,10 +199,37 @@ class Mailbox(queue.Queue[Envelope[Any]]):
                 fn()
 
     def get(self, block: bool = True, timeout: float | None = None) -> Envelope[Any]:
+        if block and timeout is None:
+            self._gather()
         item = super().get(block, timeout)
         if self._room_waiters:
             self._call_room_waiters()
         return item
+
+    def _gather(self) -> None:
+        """Wait for a message; then, while the mailbox holds only attributions, fewer
+        than ``COALESCE_RECORDS`` records and room, wait for more, up to
+        ``gather()`` seconds in all (the actor's own thread, the one getter)."""
+        stopped = self.stopped
+        with self.not_empty:
+            while not self._qsize():
+                self.not_empty.wait()
+            if self._others:
+                return
+            window = self.gather()
+            if window <= 0.0:
+                return
+            end = time.monotonic() + window
+            while (
+                not self._others
+                and self._units < COALESCE_RECORDS
+                and not self._full()
+                and not (stopped is not None and stopped.is_set())
+            ):
+                left = end - time.monotonic()
+                if left <= 0.0:
+                    return
+                self._gathered.wait(left)
 
     def wait_for_message(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until the mailbox holds a message, without
@@ -190,6 +250,7 @@ class Mailbox(queue.Queue[Envelope[Any]]):
             if not self._full():
                 return True
             self._room_waiters.append(fn)
+            self._gathered.notify()  # an actor gathering (`_gather`) takes what is queued
         stopped = self.stopped
         if stopped is not None and stopped.is_set():
             self._call_room_waiters()
@@ -215,6 +276,8 @@ class Mailbox(queue.Queue[Envelope[Any]]):
                 now would be dropped unseen, so the producer hears about it.
         """
         stopped = self.stopped
+        if self._full():
+            self._gathered.notify()  # an actor gathering (`_gather`) takes what is queued
         while self._full() and not (stopped and stopped.is_set()):
             self.not_full.wait(0.05)
         if stopped is not None and stopped.is_set():

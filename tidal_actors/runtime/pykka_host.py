@@ -12,10 +12,13 @@ senders that never wait on the receiver are held this way (facade -> membership 
 ledger -> persistence), so no cycle of waits can form; replies and control traffic
 always go through.
 
-An actor takes the signal batches, or one membership shard's attributions, queued
-back to back at the head of its mailbox as one message (`mailbox.coalesce`, up to
-``COALESCE_RECORDS``): a run of small calls costs one message's fixed cost at each
-shard, not one per call. The deterministic host delivers messages one by one.
+An actor takes the signal batches queued back to back at the head of its mailbox,
+or one membership shard's attributions queued before any other kind of message, as
+one message (`mailbox.coalesce`, up to ``COALESCE_RECORDS``): a run of small calls
+costs one message's fixed cost at each shard, not one per call. A ledger shard that
+no reader wants a view of waits a little for more attributions before it takes them
+(`Behaviour.gather_s`, `Mailbox._gather`). The deterministic host delivers messages
+one by one.
 
 A producer that must not wait (the flusher thread, an event loop) uses ``offer``
 (put only if there is room, atomically) or ``force`` (put past the capacity: a
@@ -90,6 +93,7 @@ def _actor_class(
             inbox = self.mailbox
             inbox.held = behaviour.held
             inbox.held_units = behaviour.held_units
+            inbox.gather = behaviour.gather_s
             # the behaviour's hook (a no-op method) becomes its mailbox's wake-up
             behaviour.room_made = inbox.room_made  # type: ignore[method-assign]
 
