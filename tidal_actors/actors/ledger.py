@@ -175,7 +175,7 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
         of another kind, which ends the wait at once; what waits is only records no
         caller waits for. While a reader wants views, attributions are taken as they
         come, so a ``"latest"`` read lags no more than documented."""
-        if time.monotonic() - self.wanted <= WANTED_S:
+        if self._idle_for(time.monotonic()) <= WANTED_S:
             return 0.0
         return GATHER_S
 

@@ -6,9 +6,9 @@ close the store), plus what a process exit or a fork means for open databases. H
 no domain state and never waits for a reply (the facades decide how to wait: block,
 await, or step a harness).
 
-The operations are `runtime.engine_ops.Operations` (validation and message building)
-and signal intake (buffering, batching, backpressure) `runtime.intake.Intake`, which
-`Core` extends.
+The operations are `runtime.engine_ops.Operations` (validation and message building),
+the serving reads `runtime.serving.Serving` and signal intake (buffering, batching,
+backpressure) `runtime.intake.Intake`, which `Core` extends.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import threading
 import time
 import weakref
 
-from tidal_actors._clock import Clock
+from tidal_actors._clock import Clock, SystemClock
 from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed, StorageError, TidalError
 from tidal_actors.actors import messages as M
@@ -35,7 +35,6 @@ from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.call import Call, combined, error_of
 from tidal_actors.runtime.callers import Callers
-from tidal_actors.runtime.engine_ops import Operations
 from tidal_actors.runtime.host import Host
 from tidal_actors.runtime.intake import Buffer
 from tidal_actors.runtime.restore import (
@@ -44,6 +43,7 @@ from tidal_actors.runtime.restore import (
     snapshot_delete_ops,
     snapshot_write_ops,
 )
+from tidal_actors.runtime.serving import Serving
 from tidal_actors.storage.protocol import Store
 from tidal_actors.storage.stores import Restored
 
@@ -92,7 +92,7 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-class Core(Operations):
+class Core(Serving):
     """Validation, buffering and message building on top of a host.
 
     Args:
@@ -116,6 +116,9 @@ class Core(Operations):
     ) -> None:
         self.config = config
         self.clock = clock
+        # the read time of a serving read (`Serving`): the system clock's is read
+        # directly, without its method's Python frame (what `SystemClock.now_ns` returns)
+        self._clock_now = time.time_ns if type(clock) is SystemClock else clock.now_ns
         self.store = store
         self.host = host
         self.closed = False

@@ -245,6 +245,7 @@ Args:
 Raises:
     InvalidArgument: a bad argument (named, with its value).""",
         READ,
+        served=True,
     ),
     Operation(
         "read_window",
@@ -259,6 +260,7 @@ Raises:
 Raises:
     InvalidArgument: a bad argument (as :meth:`read_decay_score`).""",
         READ,
+        served=True,
     ),
     Operation(
         "top_entities",
@@ -271,6 +273,7 @@ first (ties: lower entity_id first). ``consistency`` as :meth:`read_decay_score`
 Raises:
     InvalidArgument: a bad argument; ``k`` must be an int in ``[1, 2**31)``.""",
         READ,
+        served=True,
     ),
     Operation(
         "aggregate_rows",
@@ -294,8 +297,11 @@ Raises:
 ``purges``, ``retracted``, ``log_records``, ``keys``, ``log_bytes``,
 ``detail_rows`` (contribution records whose detail is held in memory: the
 log's and those not yet settled), ``settled_buckets`` ((key, bucket) sums of
-the records whose detail was dropped), ``handler_errors``, ``commits``,
-``failed_writes``.
+the records whose detail was dropped), ``handler_errors``, ``commits`` (the
+group commits persistence ran; an ephemeral database counts them alike, with
+nothing written), ``failed_writes``. ``detail_rows`` counts the span of held rows,
+so a purged row inside it still counts until it is settled (a reopened store's span
+starts at its first live row).
 
 Raises:
     DatabaseClosed: the database is closed (as every method).""",
