@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -10,7 +9,7 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Context
 from tidal_actors.actors.ledger_durability import LedgerDurability
 from tidal_actors.actors.ledger_remat import LedgerRebuilds
-from tidal_actors.actors.ledger_views import WANTED_S, LedgerViews
+from tidal_actors.actors.ledger_views import LedgerViews
 from tidal_actors.actors.recovery import LedgerRecovery
 from tidal_actors.core.contrib_log import EMPTY
 from tidal_actors.core.states import LedgerState
@@ -18,10 +17,6 @@ from tidal_actors.storage.format import batch_op, ledger_shard_of, membership_ca
 
 if TYPE_CHECKING:
     pass
-
-# while no reader wants its view, a ledger shard lets its host wait this long (seconds)
-# for more attributions before it takes those queued as one (`gather_s`)
-GATHER_S = 0.002
 
 
 class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
@@ -167,17 +162,6 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
         """Whether ``marker``'s purge ended before this incarnation started."""
         upto = self._ended_upto.get(marker[0])
         return upto is not None and marker[1] <= upto
-
-    def gather_s(self) -> float:
-        """`GATHER_S` while no reader wanted a view within `WANTED_S`, else 0.0.
-
-        No read then answers from a view: a read, a flush or a barrier is a message
-        of another kind, which ends the wait at once; what waits is only records no
-        caller waits for. While a reader wants views, attributions are taken as they
-        come, so a ``"latest"`` read lags no more than documented."""
-        if self._idle_for(time.monotonic()) <= WANTED_S:
-            return 0.0
-        return GATHER_S
 
     def _on_attribute(self, msg: M.Attribute) -> None:
         self._sent_write = self._applied = False

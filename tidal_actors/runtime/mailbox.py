@@ -10,11 +10,10 @@ actor's measured seconds per unit, a moving average). ``offer``, ``force``,
 An actor takes the signal batches queued back to back at the head of its mailbox as
 one message, and a membership shard's attributions queued before the first message
 of another kind as one message, up to ``COALESCE_RECORDS`` units (`coalesce`). An
-actor whose behaviour asks for it (``gather``: a ledger shard that no reader wants a
-view of) first waits, up to the seconds it says, while its mailbox holds only
+actor whose behaviour asks for it (``gather``, `Behaviour.gather_s`; no behaviour
+does by default) first waits, up to the seconds it says, while its mailbox holds only
 attributions: until a message of another kind comes, ``COALESCE_RECORDS`` records
-are queued, or the mailbox is full (a producer would wait for room). Its fixed cost
-a message is then paid once for many small calls' records.
+are queued, or the mailbox is full (a producer would wait for room).
 """
 
 from __future__ import annotations

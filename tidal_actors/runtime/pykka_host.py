@@ -15,10 +15,10 @@ always go through.
 An actor takes the signal batches queued back to back at the head of its mailbox,
 or one membership shard's attributions queued before any other kind of message, as
 one message (`mailbox.coalesce`, up to ``COALESCE_RECORDS``): a run of small calls
-costs one message's fixed cost at each shard, not one per call. A ledger shard that
-no reader wants a view of waits a little for more attributions before it takes them
-(`Behaviour.gather_s`, `Mailbox._gather`). The deterministic host delivers messages
-one by one.
+costs one message's fixed cost at each shard, not one per call. A behaviour may
+also ask to wait a little for more attributions before it takes them
+(`Behaviour.gather_s`, `Mailbox._gather`; none does by default). The deterministic
+host delivers messages one by one.
 
 A producer that must not wait (the flusher thread, an event loop) uses ``offer``
 (put only if there is room, atomically) or ``force`` (put past the capacity: a
