@@ -118,8 +118,11 @@ class LedgerViews(Behaviour):
         wait = max(self._every, self._cost * PUBLISH_SPACING)
         if self._urgent or self.view is None or now - self._published_at >= wait:
             self.publish()
-        else:
+        elif not self.unpublished:
             self.unpublished = True
+            wake = getattr(self.ctx, "wake_ticker", None)
+            if wake is not None:  # the flusher thread may sleep: it sends the `Publish`
+                wake()
 
     def _idle_for(self, now: float) -> float:
         """Seconds since readers were last seen wanting a view (``now``:

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import weakref
+from typing import Any, cast
 
 from tidal_actors._clock import Clock, SystemClock
 from tidal_actors._config import Config
@@ -130,8 +131,9 @@ class Core(Serving):
         self._close_lock = threading.Lock()
         self._close_done = threading.Event()
         self._closer: int | None = None
-        self._inflight: weakref.WeakSet[Reply] = weakref.WeakSet()
-        self._inflight_lock = threading.Lock()
+        # the replies callers wait for (`track`), failed by close(): a plain set used
+        # without a lock (add, discard and list() are each one step under the GIL)
+        self._inflight: set[Reply] = set()
         self._inflight_failed = False
         self._nm = config.membership_shards
         self._nl = config.ledger_shards
@@ -175,9 +177,12 @@ class Core(Serving):
             # a crash interrupted a purge's re-materialization: finish it now
             host.tell(M.COORD_ADDR, M.ResumeRematerialization())
         self._flusher_stop = threading.Event()
+        self._flusher_wake = threading.Event()
+        self._flusher_asleep = False  # waiting on ``_flusher_wake`` (`_flush_loop`)
         self._flusher: threading.Thread | None = None
         _OPEN_CORES.add(self)
         if buffered:
+            cast(Any, host.ctx).wake_ticker = self.wake_flusher  # a `HostContext`
             self._flusher = threading.Thread(
                 target=self._flush_loop, name="tidal-flusher", daemon=True
             )
@@ -237,6 +242,7 @@ class Core(Serving):
         with self._batch_calls_done:  # blocking signal_batch calls under way finish
             self._batch_calls_done.wait_for(lambda: self._batch_calls == 0, CLOSE_WAIT_S)
         self._flusher_stop.set()
+        self._flusher_wake.set()
         if self._flusher is not None:
             self._flusher.join()
         try:
@@ -298,9 +304,8 @@ class Core(Serving):
             raise combined(errors)
 
     def fail_inflight(self) -> None:
-        with self._inflight_lock:
-            self._inflight_failed = True
-            pending = list(self._inflight)
+        self._inflight_failed = True
+        pending = list(self._inflight)  # after the flag: a reply tracked later sees it
         for reply in pending:
             reply.set_exception(
                 DatabaseClosed("the database was closed before this call completed")
@@ -331,25 +336,31 @@ class Core(Serving):
             disown()
 
     def track(self, reply: Reply) -> None:
-        with self._inflight_lock:
-            self._inflight.add(reply)
-            failed = self._inflight_failed
-        if failed:  # close() already failed what was in flight: this one too
+        """Fail ``reply`` with `DatabaseClosed` if the database closes before it is
+        settled (until `untrack`)."""
+        self._inflight.add(reply)
+        if self._inflight_failed:  # close() already failed what was in flight: this one too
             reply.set_exception(
                 DatabaseClosed("the database was closed before this call completed")
             )
 
     def untrack(self, reply: Reply) -> None:
-        with self._inflight_lock:
-            self._inflight.discard(reply)
+        self._inflight.discard(reply)
 
     # -- plumbing -------------------------------------------------------------------
 
     def _flush_loop(self) -> None:
+        """Every ``signal_flush_interval_ms`` while there is work: send what is buffered,
+        size the batches, have ledger shards publish (or drop unread views) and the
+        coordinator tick. A tick that finds nothing to do puts the thread to sleep until
+        `wake_flusher` (the first signal buffered, a shard that needs a `Publish`, a
+        re-materialization scheduled) or a quarter of ``WANTED_S`` (unread views)."""
         interval = self.config.signal_flush_interval_ms / 1000.0
         next_tick = next_unread = 0.0
-        while not self._flusher_stop.wait(interval):
+        stop, wake = self._flusher_stop, self._flusher_wake
+        while not stop.wait(interval):
             try:
+                busy = any(buf.items for buf in self._buffers)
                 self._send_all_buffers(offer=True)
                 self._tune_batches()
                 now = time.monotonic()
@@ -359,9 +370,37 @@ class Core(Serving):
                 for i, ledger in enumerate(self.ledgers):
                     # changes wait for the next publication, or nobody reads the view
                     if ledger.unpublished or (unread and ledger.unread(now)):
+                        busy = True
                         self.host.tell((M.LEDGER, i), M.Publish())
-                if now >= next_tick and self.coordinator.remat_due:
-                    next_tick = now + 0.05
-                    self.host.tell(M.COORD_ADDR, M.Tick())
+                if self.coordinator.remat_due:
+                    busy = True
+                    if now >= next_tick:
+                        next_tick = now + 0.05
+                        self.host.tell(M.COORD_ADDR, M.Tick())
             except TidalError:
                 return
+            if busy:
+                continue
+            # nothing to do: sleep until woken (`wake_flusher`: set ``asleep`` first,
+            # then look again, so a wake-up between the look and the wait is not lost)
+            wake.clear()
+            self._flusher_asleep = True
+            if not self._flusher_work():
+                wake.wait(WANTED_S / 4)
+            self._flusher_asleep = False
+
+    def _flusher_work(self) -> bool:
+        """Whether a flusher tick has work now (signals buffered, a ledger shard's
+        changes waiting, a re-materialization due)."""
+        return (
+            any(buf.items for buf in self._buffers)
+            or any(ledger.unpublished for ledger in self.ledgers)
+            or self.coordinator.remat_due
+        )
+
+    def wake_flusher(self) -> None:
+        """Wake the flusher thread if it sleeps (called after the work was made: a
+        signal buffered, ``unpublished`` set, a re-materialization scheduled)."""
+        if self._flusher_asleep:
+            self._flusher_asleep = False
+            self._flusher_wake.set()
