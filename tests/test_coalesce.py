@@ -4,8 +4,6 @@ attributions, queued back to back at its head as one message (up to
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from tidal_actors.actors import messages as M
@@ -64,7 +62,7 @@ def test_attributions_merge_within_one_membership_shard_up_to_another_kind() -> 
     assert box.get().message.records == c.records + e.records
     assert box.get().message == "control"
     assert box.get().message is f  # behind the control message: not merged with d
-    assert box.empty() and box._units == 0 and box._others == 0
+    assert box.empty() and box._units == 0
 
 
 def test_a_merge_stops_at_the_cap() -> None:
@@ -75,55 +73,3 @@ def test_a_merge_stops_at_the_cap() -> None:
     assert units(box.get().message) == 2 * half  # a third would pass the cap
     assert units(box.get().message) == half
 
-
-def _gathering(box: Mailbox, window_s: float) -> tuple[threading.Thread, list[object]]:
-    """A getter thread on ``box`` whose behaviour asks to gather for ``window_s``."""
-    box.gather = lambda: window_s
-    got: list[object] = []
-    t = threading.Thread(target=lambda: got.append(box.get().message), daemon=True)
-    t.start()
-    return t, got
-
-
-def test_a_gathering_actor_takes_the_attributions_queued_meanwhile_as_one() -> None:
-    box = Mailbox(capacity=64)
-    a, b, c = _attribute(0, 0, 2), _attribute(1, 0, 1), _attribute(0, 2, 3)
-    box.put(_Env(a))  # type: ignore[arg-type]
-    t, got = _gathering(box, 60.0)
-    box.put(_Env(b))  # type: ignore[arg-type]
-    box.put(_Env(c))  # type: ignore[arg-type]
-    assert t.is_alive()  # only attributions, far below the cap: still waiting
-    box.put(_Env("control"))  # type: ignore[arg-type]
-    t.join(5.0)
-    assert not t.is_alive()
-    assert got[0].records == a.records + c.records  # type: ignore[attr-defined]
-    assert box.get().message is b
-    assert box.get().message == "control"
-
-
-def test_gathering_ends_at_its_window_and_when_a_producer_finds_no_room() -> None:
-    box = Mailbox(capacity=3)
-    a = _attribute(0, 0, 2)
-    box.put(_Env(a))  # type: ignore[arg-type]
-    t, got = _gathering(box, 0.05)
-    t.join(5.0)  # nothing else comes: the window ends it
-    assert not t.is_alive() and got == [a]
-    for i in range(3):
-        box.put(_Env(_attribute(0, 2 + i, 1)))  # type: ignore[arg-type]
-    t, got = _gathering(box, 60.0)  # full: a producer would wait, so no gathering
-    t.join(5.0)
-    assert not t.is_alive() and len(got[0].records) == 3  # type: ignore[attr-defined]
-    box.put(_Env(_attribute(0, 5, 1)))  # type: ignore[arg-type]
-    box.put(_Env(_attribute(0, 6, 1)))  # type: ignore[arg-type]
-    t, got = _gathering(box, 60.0)
-    waiter = threading.Thread(target=lambda: box.put(_Env(_attribute(0, 7, 1))), daemon=True)
-    waiter.start()  # the third fills the box
-    waiter.join(5.0)
-    third = threading.Thread(target=lambda: box.put(_Env(_attribute(0, 8, 1))), daemon=True)
-    third.start()  # finds no room: wakes the gathering actor, then gets room
-    t.join(5.0)
-    third.join(5.0)
-    assert not t.is_alive() and not third.is_alive()
-    assert [r.rseq for r in got[0].records] == [5, 6, 7]  # type: ignore[attr-defined]
-    box.gather = lambda: 0.0  # else this get would wait the window out
-    assert [r.rseq for r in box.get().message.records] == [8]

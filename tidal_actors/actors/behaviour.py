@@ -169,12 +169,6 @@ class Behaviour:
         at once regardless (the deterministic harness does)."""
         return 0.0
 
-    def gather_s(self) -> float:
-        """How long (seconds) a host may wait, while this behaviour's mailbox holds
-        only attributions, for more of them before handing them over as one message
-        (0.0: do not wait). Called by the host from the behaviour's own thread."""
-        return 0.0
-
     def held(self) -> int:
         """How many received messages this behaviour holds aside for later; a bounded
         mailbox counts them against its capacity (called from other threads)."""

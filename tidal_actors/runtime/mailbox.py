@@ -9,11 +9,8 @@ actor's measured seconds per unit, a moving average). ``offer``, ``force``,
 
 An actor takes the signal batches queued back to back at the head of its mailbox as
 one message, and a membership shard's attributions queued before the first message
-of another kind as one message, up to ``COALESCE_RECORDS`` units (`coalesce`). An
-actor whose behaviour asks for it (``gather``, `Behaviour.gather_s`; no behaviour
-does by default) first waits, up to the seconds it says, while its mailbox holds only
-attributions: until a message of another kind comes, ``COALESCE_RECORDS`` records
-are queued, or the mailbox is full (a producer would wait for room).
+of another kind as one message, up to ``COALESCE_RECORDS`` units (`coalesce`). It takes what is
+queued when it asks: it never waits for more.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -105,13 +101,6 @@ class Mailbox(queue.Queue[Envelope[Any]]):
         self.held: Callable[[], int] = lambda: 0
         self.held_units: Callable[[], int] = lambda: 0
         self._room_waiters: list[Callable[[], None]] = []
-        # the seconds the actor may wait for more attributions before it takes them
-        # (`Behaviour.gather_s`; called by the actor's thread with the mutex held)
-        self.gather: Callable[[], float] = lambda: 0.0
-        self._others = 0  # queued messages that are not attributions
-        # what the actor waits on while it gathers: a message that is not an
-        # attribution, the cap reached, or a producer finding no room (not each put)
-        self._gathered = threading.Condition(self.mutex)
 
     def _full(self) -> bool:  # under self.mutex
         if self._qsize() + self.held() + self._reserved >= self._cap:
@@ -124,19 +113,12 @@ class Mailbox(queue.Queue[Envelope[Any]]):
     def _put(self, item: Envelope[Any]) -> None:
         super()._put(item)
         self._units += units(item.message)
-        if type(item.message) is not M.Attribute:
-            self._others += 1
-            self._gathered.notify()
-        elif self._units >= COALESCE_RECORDS:
-            self._gathered.notify()
 
     def _get(self) -> Envelope[Any]:
         item = super()._get()
         msg = item.message
         self._units -= units(msg)
         kind = type(msg)
-        if kind is not M.Attribute:
-            self._others -= 1
         if (kind is M.Attribute or kind is M.SignalBatch) and self.queue:
             taken = self._take_alike(msg)
             if len(taken) > 1:
@@ -198,37 +180,10 @@ class Mailbox(queue.Queue[Envelope[Any]]):
                 fn()
 
     def get(self, block: bool = True, timeout: float | None = None) -> Envelope[Any]:
-        if block and timeout is None:
-            self._gather()
         item = super().get(block, timeout)
         if self._room_waiters:
             self._call_room_waiters()
         return item
-
-    def _gather(self) -> None:
-        """Wait for a message; then, while the mailbox holds only attributions, fewer
-        than ``COALESCE_RECORDS`` records and room, wait for more, up to
-        ``gather()`` seconds in all (the actor's own thread, the one getter)."""
-        stopped = self.stopped
-        with self.not_empty:
-            while not self._qsize():
-                self.not_empty.wait()
-            if self._others:
-                return
-            window = self.gather()
-            if window <= 0.0:
-                return
-            end = time.monotonic() + window
-            while (
-                not self._others
-                and self._units < COALESCE_RECORDS
-                and not self._full()
-                and not (stopped is not None and stopped.is_set())
-            ):
-                left = end - time.monotonic()
-                if left <= 0.0:
-                    return
-                self._gathered.wait(left)
 
     def wait_for_message(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until the mailbox holds a message, without
@@ -249,7 +204,6 @@ class Mailbox(queue.Queue[Envelope[Any]]):
             if not self._full():
                 return True
             self._room_waiters.append(fn)
-            self._gathered.notify()  # an actor gathering (`_gather`) takes what is queued
         stopped = self.stopped
         if stopped is not None and stopped.is_set():
             self._call_room_waiters()
@@ -275,8 +229,6 @@ class Mailbox(queue.Queue[Envelope[Any]]):
                 now would be dropped unseen, so the producer hears about it.
         """
         stopped = self.stopped
-        if self._full():
-            self._gathered.notify()  # an actor gathering (`_gather`) takes what is queued
         while self._full() and not (stopped and stopped.is_set()):
             self.not_full.wait(0.05)
         if stopped is not None and stopped.is_set():

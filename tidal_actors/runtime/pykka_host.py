@@ -15,9 +15,7 @@ always go through.
 An actor takes the signal batches queued back to back at the head of its mailbox,
 or one membership shard's attributions queued before any other kind of message, as
 one message (`mailbox.coalesce`, up to ``COALESCE_RECORDS``): a run of small calls
-costs one message's fixed cost at each shard, not one per call. A behaviour may
-also ask to wait a little for more attributions before it takes them
-(`Behaviour.gather_s`, `Mailbox._gather`; none does by default). The deterministic
+costs one message's fixed cost at each shard, not one per call. The deterministic
 host delivers messages one by one.
 
 A producer that must not wait (the flusher thread, an event loop) uses ``offer``
@@ -93,7 +91,6 @@ def _actor_class(
             inbox = self.mailbox
             inbox.held = behaviour.held
             inbox.held_units = behaviour.held_units
-            inbox.gather = behaviour.gather_s
             # the behaviour's hook (a no-op method) becomes its mailbox's wake-up
             behaviour.room_made = inbox.room_made  # type: ignore[method-assign]
 
