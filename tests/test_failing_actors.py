@@ -176,7 +176,7 @@ def test_failed_history_write_is_reported_by_the_next_flush_once(pdb_path, clock
 def test_signal_path_failure_is_counted_and_exposed(db):
     shard = _membership(db)
     table = shard.routes
-    table.expand = _once(RuntimeError("route"), table.expand)
+    table.expand_few = _once(RuntimeError("route"), table.expand_few)  # a 1-signal batch
     db.signal_with_context(5, 1, 1, 1.0)
     with pytest.raises(StorageError, match="lost 1 signal batch"):
         db.flush()  # an acknowledged signal was lost: never silently

@@ -39,6 +39,7 @@ def test_the_budget_bounds_the_queued_load_in_time() -> None:
     assert box.has_room()  # not measured yet: only the capacity bounds it
     box.handled(100, 0.001)  # 10 µs a signal: 100 queued are 1 ms of work
     assert box.has_room()
+    box.put(_Env("control"))  # not load; keeps the two batches apart (else one get takes both)
     box.put(batch(100))  # 200 signals: 2 ms, the budget
     assert not box.has_room()
     assert not box.offer(batch(1))

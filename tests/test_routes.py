@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tidal_actors import COMMUNITY, Config
 from tidal_actors._clock import ManualClock
 from tidal_actors._types import MembershipStatus
+from tidal_actors.actors import membership
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.core.contrib_log import LogRecord
@@ -99,8 +100,13 @@ cohort_lists = st.lists(
         ),
         max_size=40,
     ),
+    few=st.sampled_from([0, 10**6]),
 )
-def test_fan_out_equals_the_per_record_loop(shards, cohorts, left, first_rseq, signals) -> None:  # type: ignore[no-untyped-def]
+def test_fan_out_equals_the_per_record_loop(
+    shards, cohorts, left, first_rseq, signals, few
+) -> None:  # type: ignore[no-untyped-def]
+    """Both layouts (numpy's, and plain Python's for a few signals: ``few`` the
+    threshold, 0 or above any batch here) give the loop's records, column types kept."""
     state = MembershipState()
     state.cohorts = {u: tuple(cs) for u, cs in cohorts.items() if cs}
     state.status = {u: (MembershipStatus.Left, 1) for u in left}
@@ -108,12 +114,24 @@ def test_fan_out_equals_the_per_record_loop(shards, cohorts, left, first_rseq, s
     ctx = _Ctx(Config(ledger_shards=shards, membership_shards=3))
     shard = MembershipShard(ctx, 2, state)  # routes derived from the restored state
     expected = _naive(state, left, 2, shards, signals)
-    shard.receive(M.SignalBatch(list(signals)))
+    was = membership.FEW_SIGNALS
+    membership.FEW_SIGNALS = few
+    try:
+        shard.receive(M.SignalBatch(list(signals)))
+    finally:
+        membership.FEW_SIGNALS = was
     assert shard.handler_errors == 0
     got = {}
     for (kind, li), msg in ctx.sent:
         assert kind == M.LEDGER and isinstance(msg, M.Attribute) and li not in got
         got[li] = (msg.records, msg.contexts or {})
+        assert [msg.rseqs.dtype, msg.users.dtype, msg.entities.dtype, msg.types.dtype] == [
+            np.int64,
+            np.uint64,
+            np.uint64,
+            np.uint64,
+        ]
+        assert (msg.weights.dtype, msg.timestamps.dtype) == (np.float64, np.int64)
     assert got == expected
     forwarded = sum(1 for s in signals if s[0] not in left)
     assert (shard.signals, shard.forwarded, shard.gated) == (

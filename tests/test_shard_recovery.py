@@ -191,7 +191,7 @@ def test_a_membership_failure_on_signals_loses_that_batch_only(
 ) -> None:
     with _checked_run(tmp_path) as (db, model):
         db.flush()
-        fail_next(RouteTable, "expand", monkeypatch)
+        fail_next(RouteTable, "expand_few", monkeypatch)  # 12 signals: laid out in Python
         sent = _signals(db, 0)
         with pytest.raises(StorageError, match="lost 1 signal batch"):
             db.flush()

@@ -495,7 +495,7 @@ def test_a_failure_on_a_carried_over_message_restarts_the_shard_again(
         db.assign_cohort(9, "red")
         slow = slow_next_commit(db, monkeypatch)  # the signal batch is stashed meanwhile
         fail_next(MembershipShard, "_set_cohorts", monkeypatch)
-        expand_raised = fail_next(RouteTable, "expand", monkeypatch)
+        expand_raised = fail_next(RouteTable, "expand_few", monkeypatch)  # one signal
         slow.set()
         t, out = in_thread(lambda: db.assign_cohort(1, "red"))
         time.sleep(0.1)
@@ -538,7 +538,7 @@ def _targets() -> list[tuple[str, str, str]]:
     """(module path of the class, class, method): each fails inside one handler kind."""
     return [
         ("tidal_actors.core.contrib_log", "ContributionLog", "append_columns"),  # Attribute
-        ("tidal_actors.core.routes", "RouteTable", "expand"),  # SignalBatch
+        ("tidal_actors.core.routes", "RouteTable", "expand_few"),  # SignalBatch (small)
         ("tidal_actors.core.aggregates", "Aggregates", "retract_rows"),  # ApplyPurge
         ("tidal_actors.core.contrib_log", "ContributionLog", "prepare"),  # PreparePurge
         ("tidal_actors.core.pair_index", "PairIndex", "hold"),  # PurgeMarker

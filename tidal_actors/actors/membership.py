@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 from itertools import repeat
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -21,6 +21,10 @@ from tidal_actors.actors.reply import Reply
 from tidal_actors.core.routes import COMMUNITY_ONLY, GATED, RouteTable
 from tidal_actors.core.states import MembershipState
 from tidal_actors.storage.format import cohorts_op, ledger_shard_of, membership_ops
+
+# batches of at most this many signals are laid out in plain Python (`_fan_out_few`):
+# numpy's fixed cost a call (about 30 calls a batch) outweighs a loop over so few
+FEW_SIGNALS = 32
 
 
 def _nothing() -> None:
@@ -148,7 +152,11 @@ class MembershipShard(ControlWrites):
         self._fanned = 0
         if not n:
             return
-        us, es, ts_, ws, tss, cxs = zip(*signals)
+        cols = tuple(zip(*signals))
+        if n <= FEW_SIGNALS:
+            self._fan_out_few(cols)
+            return
+        us, es, ts_, ws, tss, cxs = cols
         rids = np.fromiter(map(self._rid.get, us, repeat(COMMUNITY_ONLY)), dtype=np.int64, count=n)
         table = self.routes
         sig, entry = table.expand(rids)
@@ -197,6 +205,26 @@ class MembershipShard(ControlWrites):
                     ctx,
                 ),
             )
+            self._fanned += 1
+        self._fanned = 0  # handled: nothing of it is in doubt
+
+    def _fan_out_few(self, cols: tuple[tuple[Any, ...], ...]) -> None:
+        """`_on_signals` of a few signals (``cols``: users, entities, types, weights,
+        timestamps, contexts) laid out in plain Python (`RouteTable.expand_few`): the
+        same counters and the same messages, column for column."""
+        n = len(cols[0])
+        rids = list(map(self._rid.get, cols[0], repeat(COMMUNITY_ONLY)))
+        pairs = self.routes.pairs
+        gated = sum(1 for r in rids if not pairs[r])
+        total, parts = self.routes.expand_few(rids, cols, self.ctx.config.ledger_shards)
+        r0 = self.state.next_rseq
+        self.signals += n
+        self.gated += gated
+        self.forwarded += n - gated
+        self.records += total
+        self.state.next_rseq = r0 + total
+        for li, (pos, *rest) in parts:
+            self.ctx.tell((M.LEDGER, li), M.Attribute(self.index, pos + r0, *rest))
             self._fanned += 1
         self._fanned = 0  # handled: nothing of it is in doubt
 

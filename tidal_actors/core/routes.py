@@ -11,6 +11,7 @@ instead of a Python loop over its records (DESIGN.md "What things cost here").
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +55,9 @@ class RouteTable:
         self.entry_ledger = np.zeros(64, dtype=np.int64)
         self._routes = 0
         self._entries = 0
+        # route id -> its entries as Python pairs (cohort name, ledger shard), for the
+        # fan-out of a few signals without numpy (`MembershipShard._fan_out_small`)
+        self.pairs: list[tuple[tuple[str, int], ...]] = []
         assert self._intern(()) == GATED and self._intern((COMMUNITY,)) == COMMUNITY_ONLY
 
     def __len__(self) -> int:
@@ -88,6 +92,7 @@ class RouteTable:
             self.entry_cohort[s + j] = cid
             self.entry_ledger[s + j] = self._ledger_of(c)
         self.start[rid], self.length[rid] = s, len(route)
+        self.pairs.append(tuple((c, self._ledger_of(c)) for c in route))
         self._entries = s + len(route)
         self._routes = rid + 1
         self._ids[route] = rid
@@ -107,3 +112,58 @@ class RouteTable:
         # entry = the route's start + the record's place in its route
         entry = np.arange(total, dtype=np.int64) + np.repeat(self.start[rids] - (ends - lens), lens)
         return signal, entry
+
+    def expand_few(
+        self, rids: list[int], cols: tuple[tuple[Any, ...], ...], shards: int
+    ) -> tuple[int, list[tuple[int, Any]]]:
+        """`expand` for a few signals, in plain Python (numpy's fixed cost a call
+        outweighs a loop over so few), with each ledger shard's record columns.
+
+        Args:
+            rids: the signals' route ids.
+            cols: the signals' users, entities, types, weights, timestamps (ns) and
+                contexts (None or msgpack bytes), one tuple each.
+            shards: the number of ledger shards.
+
+        Returns ``(records, parts)``: the number of records, and for each ledger shard
+        that has some, ``(shard, (places, users, cohorts, entities, types, weights,
+        timestamps, contexts))``: its records in attribution order, ``places`` each
+        one's place among all the batch's records (int64), ``users``, ``entities``,
+        ``types`` uint64, ``weights`` float64, ``timestamps`` int64, ``cohorts`` the
+        names, ``contexts`` {place in this part: context} or None. The same records,
+        in the same order, as `expand`."""
+        out: list[tuple[list[int], list[int], list[str]]] = [([], [], []) for _ in range(shards)]
+        pairs = self.pairs
+        n = 0
+        for i, rid in enumerate(rids):
+            for name, li in pairs[rid]:
+                pos, sig, names = out[li]
+                pos.append(n)
+                sig.append(i)
+                names.append(name)
+                n += 1
+        us, es, ts_, ws, tss, cxs = cols
+        with_cx = cxs.count(None) != len(cxs)
+        parts: list[tuple[int, Any]] = []
+        for li, (pos, sig, names) in enumerate(out):
+            if not pos:
+                continue
+            ctx = None
+            if with_cx:
+                ctx = {j: cxs[i] for j, i in enumerate(sig) if cxs[i] is not None} or None
+            parts.append(
+                (
+                    li,
+                    (
+                        np.array(pos, dtype=np.int64),
+                        np.array([us[i] for i in sig], dtype=np.uint64),
+                        names,
+                        np.array([es[i] for i in sig], dtype=np.uint64),
+                        np.array([ts_[i] for i in sig], dtype=np.uint64),
+                        np.array([ws[i] for i in sig], dtype=np.float64),
+                        np.array([tss[i] for i in sig], dtype=np.int64),
+                        ctx,
+                    ),
+                )
+            )
+        return n, parts

@@ -6,6 +6,11 @@ attributions, history writes; ``units`` counts their work) wait for room once it
 more than ``Config.inflight_budget_ms`` to work through (queued units times the
 actor's measured seconds per unit, a moving average). ``offer``, ``force``,
 ``reserve``/``put_reserved`` and ``when_room`` serve producers that must not wait.
+
+An actor takes the signal batches queued back to back at the head of its mailbox as
+one message, and a membership shard's attributions queued before the first message
+of another kind as one message, up to ``COALESCE_RECORDS`` units (`coalesce`). It takes what is
+queued when it asks: it never waits for more.
 """
 
 from __future__ import annotations
@@ -16,14 +21,20 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from pykka._envelope import Envelope  # what ActorRef.tell puts; offer/force bypass tell
 
 from tidal_actors._errors import DatabaseClosed
 from tidal_actors.actors import messages as M
 
-__all__ = ["Mailbox", "units"]
+__all__ = ["COALESCE_RECORDS", "Mailbox", "coalesce", "units"]
 
 _BOUNDED = (M.SignalBatch, M.Attribute)
+
+# an actor takes the signal batches queued back to back at the head of its mailbox,
+# or one membership shard's attributions queued before any other kind of message, as
+# one message, up to this many signals or records (`Mailbox._get`)
+COALESCE_RECORDS = 4096
 
 
 def units(msg: object) -> int:
@@ -35,6 +46,43 @@ def units(msg: object) -> int:
     if type(msg) is M.Write and msg.reply is None:
         return 1
     return 0
+
+
+def coalesce(msgs: list[Any]) -> Any:
+    """One message holding the load of ``msgs`` (all `SignalBatch`, or all
+    `Attribute` of one membership shard), in order: signals concatenated; records'
+    columns concatenated and each context at its record's new index.
+
+    Handling it is handling ``msgs`` one after the other: a membership shard routes a
+    batch's signals in order, and a ledger adds a batch's records in order, which
+    equals adding them one by one (the property tests of
+    ``tests/test_columnar_ledger.py``)."""
+    if type(msgs[0]) is M.SignalBatch:
+        signals: list[Any] = []
+        for m in msgs:
+            signals.extend(m.signals)
+        return M.SignalBatch(signals)
+    contexts: dict[int, bytes] = {}
+    at = 0
+    for m in msgs:
+        if m.contexts:
+            contexts.update((at + i, cx) for i, cx in m.contexts.items())
+        at += len(m.cohorts)
+    cohorts: list[str] = []
+    for m in msgs:
+        cohorts.extend(m.cohorts)
+    cat = np.concatenate
+    return M.Attribute(
+        msgs[0].mshard,
+        cat([m.rseqs for m in msgs]),
+        cat([m.users for m in msgs]),
+        cohorts,
+        cat([m.entities for m in msgs]),
+        cat([m.types for m in msgs]),
+        cat([m.weights for m in msgs]),
+        cat([m.timestamps for m in msgs]),
+        contexts or None,
+    )
 
 
 class Mailbox(queue.Queue[Envelope[Any]]):
@@ -68,8 +116,45 @@ class Mailbox(queue.Queue[Envelope[Any]]):
 
     def _get(self) -> Envelope[Any]:
         item = super()._get()
-        self._units -= units(item.message)
+        msg = item.message
+        self._units -= units(msg)
+        kind = type(msg)
+        if (kind is M.Attribute or kind is M.SignalBatch) and self.queue:
+            taken = self._take_alike(msg)
+            if len(taken) > 1:
+                item = Envelope(coalesce(taken))
+                self.not_full.notify_all()
         return item
+
+    def _take_alike(self, msg: M.Attribute | M.SignalBatch) -> list[Any]:
+        """``msg`` and the messages behind it it can be handled with as one
+        (`coalesce`), taken out, up to ``COALESCE_RECORDS`` units in all: the signal
+        batches right behind it; or the attributions of its membership shard before
+        the first message that is not an attribution (those of other membership
+        shards stay, in their order: only one sender's order is kept, `pykka_host`)."""
+        taken: list[Any] = [msg]
+        kind: Any = type(msg)
+        shard = msg.mshard if isinstance(msg, M.Attribute) else None
+        n = units(msg)
+        queue = self.queue
+        passed: list[Envelope[Any]] = []
+        while queue:
+            nxt: Any = queue[0].message
+            if type(nxt) is not kind:
+                break
+            if shard is not None and nxt.mshard != shard:
+                passed.append(queue.popleft())
+                continue
+            k = units(nxt)
+            if n + k > COALESCE_RECORDS:
+                break
+            queue.popleft()
+            self._units -= k
+            taken.append(nxt)
+            n += k
+        if passed:
+            queue.extendleft(reversed(passed))
+        return taken
 
     def handled(self, n: int, seconds: float) -> None:
         """The actor took ``seconds`` over a message of ``n`` units (n > 0)."""

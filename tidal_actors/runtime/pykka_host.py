@@ -12,6 +12,12 @@ senders that never wait on the receiver are held this way (facade -> membership 
 ledger -> persistence), so no cycle of waits can form; replies and control traffic
 always go through.
 
+An actor takes the signal batches queued back to back at the head of its mailbox,
+or one membership shard's attributions queued before any other kind of message, as
+one message (`mailbox.coalesce`, up to ``COALESCE_RECORDS``): a run of small calls
+costs one message's fixed cost at each shard, not one per call. The deterministic
+host delivers messages one by one.
+
 A producer that must not wait (the flusher thread, an event loop) uses ``offer``
 (put only if there is room, atomically) or ``force`` (put past the capacity: a
 control operation's buffered signals, bounded by what one buffer holds), and

@@ -1,0 +1,139 @@
+"""The main job: `tidal-actors simulate` with the default scenario, runtime against
+its reference model, by wall clock and by CPU.
+
+The default scenario (2,000 users in 1-3 of 20 cohorts, 5,000 Zipf entities, 3
+signal types, 50,000 signals over 14 days with hourly buckets; each user joins its
+cohorts just before its first signal, plus leaves, rejoins and purges) sends a
+``signal_batch`` before every control row, so the runtime sees about 20 signals a
+call. Each round runs `loadsim.simulate.run_simulation` as the command does
+(ephemeral `TidalDb`, `testing.ReferenceModel` as the oracle, the check included)
+and reports:
+
+- signals/s of the runtime's measured run and of the model (wall clock; the model
+  is one thread, the runtime's actors share the interpreter lock, so under load the
+  runtime gets more of the host and this ratio flatters it);
+- CPU microseconds a signal: the whole process during the runtime's run (every
+  thread), and the model's thread; their ratio is the one to compare across loads;
+- each actor kind's thread CPU a signal, and whether the check passed.
+
+Medians over ``--rounds`` (default 3; ``--quick``: one). Run:
+``python bench/bench_main_job.py`` (``--json FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from bench_core import report  # noqa: E402
+
+from tidal_actors import TidalDb  # noqa: E402
+from tidal_actors.loadsim import simulate as sim  # noqa: E402
+from tidal_actors.loadsim.generator import generate_events  # noqa: E402
+from tidal_actors.loadsim.scenario import load_scenario  # noqa: E402
+from tidal_actors.testing.reference import ReferenceModel  # noqa: E402
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _thread_cpu() -> Counter[str]:
+    """CPU seconds (user + system) of each live thread, summed by name without its
+    trailing shard number (``tidal-ledger-1`` -> ``tidal-ledger``)."""
+    out: Counter[str] = Counter()
+    for t in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{t.native_id}/stat") as fh:
+                f = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[re.sub(r"[-_]?\d+$", "", t.name)] += (int(f[11]) + int(f[12])) / _TICK
+    return out
+
+
+def one_round(events: list[Any]) -> dict[str, Any]:
+    """One `run_simulation` of the default scenario; its figures."""
+    got: dict[str, Any] = {}
+    measured, apply_events = sim._apply_measured, sim.apply_events
+
+    def timed_run(*a: Any, **k: Any) -> None:  # the runtime's measured run
+        before, c0 = _thread_cpu(), time.process_time()
+        measured(*a, **k)
+        got["process_cpu"] = time.process_time() - c0
+        after = _thread_cpu()
+        got["threads"] = {name: after[name] - before.get(name, 0.0) for name in after}
+
+    def timed_model(db: Any, *a: Any, **k: Any) -> Any:  # the model's run is one thread
+        if getattr(db, "_core", None) is not None:
+            return apply_events(db, *a, **k)
+        c0 = time.thread_time()
+        out = apply_events(db, *a, **k)
+        got["model_cpu"] = time.thread_time() - c0
+        return out
+
+    sim._apply_measured, sim.apply_events = timed_run, timed_model  # type: ignore[assignment]
+    try:
+        result = sim.run_simulation(
+            load_scenario(),
+            lambda cfg, clk: TidalDb.open(None, config=cfg, clock=clk),
+            reference=ReferenceModel,
+            events=events,
+        )
+    finally:
+        sim._apply_measured, sim.apply_events = measured, apply_events  # type: ignore[assignment]
+    n = result.counts.signals
+    got.update(
+        signals=n,
+        runtime_signals_per_s=n / result.runtime_s,
+        model_signals_per_s=n / result.reference_s,
+        ok=result.ok,
+    )
+    return got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="one round")
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args()
+    events = generate_events(load_scenario())
+    rounds = [one_round(events) for _ in range(1 if args.quick else args.rounds)]
+    n = rounds[0]["signals"]
+
+    def med(fn: Any) -> float:
+        return float(statistics.median(fn(r) for r in rounds))
+
+    out: dict[str, Any] = {
+        "signals": n,
+        "rounds": len(rounds),
+        "runtime_signals_per_s": med(lambda r: r["runtime_signals_per_s"]),
+        "model_signals_per_s": med(lambda r: r["model_signals_per_s"]),
+        "runtime_over_model_wall": med(
+            lambda r: r["runtime_signals_per_s"] / r["model_signals_per_s"]
+        ),
+        "runtime_cpu_us_a_signal": med(lambda r: r["process_cpu"] / n * 1e6),
+        "model_cpu_us_a_signal": med(lambda r: r["model_cpu"] / n * 1e6),
+        "runtime_over_model_cpu": med(lambda r: r["model_cpu"] / r["process_cpu"]),
+    }
+    for name in sorted(rounds[0]["threads"]):
+        if name.startswith("tidal-") or name == "MainThread":
+            out[f"{name}_cpu_us_a_signal"] = med(
+                lambda r, name=name: r["threads"].get(name, 0.0) / n * 1e6
+            )
+    out["checks_ok"] = sum(1 for r in rounds if r["ok"])
+    report(out, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""A mailbox hands an actor the signal batches, or one membership shard's
+attributions, queued back to back at its head as one message (up to
+``COALESCE_RECORDS`` units), in order; anything else stays where it is."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tidal_actors.actors import messages as M
+from tidal_actors.core.contrib_log import LogRecord
+from tidal_actors.runtime.mailbox import COALESCE_RECORDS, Mailbox, units
+
+from .conftest import T0
+
+
+class _Env:
+    def __init__(self, message: object) -> None:
+        self.message = message
+
+
+def _signals(first: int, n: int) -> M.SignalBatch:
+    return M.SignalBatch([(first + i, 7, 1, 1.0, T0 + i, None) for i in range(n)])
+
+
+def _attribute(
+    mshard: int, first_rseq: int, n: int, contexts: dict[int, bytes] | None = None
+) -> M.Attribute:
+    recs = [
+        LogRecord(mshard, first_rseq + i, 100 + i, f"c{i % 2}", 5, 1, 0.5, T0 + i) for i in range(n)
+    ]
+    return M.Attribute.of_records(recs, contexts)
+
+
+def test_signal_batches_back_to_back_come_out_as_one_in_order() -> None:
+    box = Mailbox(capacity=64)
+    for m in (_signals(0, 3), _signals(3, 2), _signals(5, 4), "control", _signals(9, 1)):
+        box.put(_Env(m))  # type: ignore[arg-type]
+    first = box.get().message
+    assert first == M.SignalBatch(
+        _signals(0, 3).signals + _signals(3, 2).signals + _signals(5, 4).signals
+    )
+    assert box.get().message == "control"
+    assert box.get().message == _signals(9, 1)
+    assert box.empty() and box._units == 0
+
+
+def test_attributions_merge_within_one_membership_shard_up_to_another_kind() -> None:
+    box = Mailbox(capacity=64)
+    a = _attribute(0, 0, 3, {1: b"x"})
+    b = _attribute(0, 3, 2, {0: b"y", 1: b"z"})
+    c = _attribute(1, 0, 2)
+    d = _attribute(0, 5, 1)
+    e = _attribute(1, 2, 1)
+    f = _attribute(0, 6, 2)
+    for m in (a, b, c, d, e, "control", f):
+        box.put(_Env(m))  # type: ignore[arg-type]
+    got = box.get().message
+    # shard 0's records before the control message, in their order; shard 1's stay
+    assert got.records == a.records + b.records + d.records
+    assert got.contexts == {1: b"x", 3: b"y", 4: b"z"}  # b's records moved up by a's 3
+    assert got.rseqs.dtype == np.int64 and got.users.dtype == np.uint64
+    assert box.get().message.records == c.records + e.records
+    assert box.get().message == "control"
+    assert box.get().message is f  # behind the control message: not merged with d
+    assert box.empty() and box._units == 0
+
+
+def test_a_merge_stops_at_the_cap() -> None:
+    box = Mailbox(capacity=64)
+    half = COALESCE_RECORDS // 2
+    for i in range(3):
+        box.put(_Env(_signals(i * half, half)))  # type: ignore[arg-type]
+    assert units(box.get().message) == 2 * half  # a third would pass the cap
+    assert units(box.get().message) == half
+
