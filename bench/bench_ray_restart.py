@@ -13,6 +13,10 @@ ledger (a barrier through every ledger to persistence). Figures:
 - ``recovery_s_min/median/max``: from the kill until that ``flush()`` returns (Ray
   notices the death, starts a process, the new incarnation fences, asks the
   coordinator, has persistence read the store, restores, and its senders re-send);
+- ``restore_s_median``: of that, the new incarnation's own restore (fence, ask the
+  coordinator, persistence's read of the store, rebuild; from its constructor's
+  start, as its fault report says); the rest is Ray's (noticing the death, a new
+  worker process importing the library) and the senders' re-sends;
 - ``flush_s_median``: the same batch and ``flush()`` with no kill, in the same run
   (the baseline), and ``recovery_per_flush``: the ratio of the medians;
 - ``store_signals``: signals in the store at the last kill.
@@ -94,6 +98,7 @@ def main() -> None:
                 break
             time.sleep(0.1)
         assert len(restarts) == args.kills, restarts
+        restore = [float(r.cause.split("restored in ")[1].split(" s")[0]) for r in restarts]
         db.close()
         figures = {
             "store_signals": sent,
@@ -101,6 +106,7 @@ def main() -> None:
             "recovery_s_min": min(recovery),
             "recovery_s_median": statistics.median(recovery),
             "recovery_s_max": max(recovery),
+            "restore_s_median": statistics.median(restore),
             "flush_s_median": statistics.median(plain),
             "recovery_per_flush": statistics.median(recovery) / statistics.median(plain),
             "load_average_1min": os.getloadavg()[0],

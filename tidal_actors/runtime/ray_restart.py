@@ -222,11 +222,13 @@ def restore(actor: Any) -> tuple[Behaviour, LedgerRestart]:
     constructor Ray re-runs): the failed incarnation's sends to the coordinator and
     persistence fenced, the coordinator asked (`RecoverLedger`), the store read once
     persistence committed what waits (`LoadStore`), restored by handshake; and the
-    notice for its senders. A `FaultReport` ("restarted") goes to the facade.
+    notice for its senders. A `FaultReport` ("restarted", its ``cause`` saying how
+    long the restore took) goes to the facade.
 
     Raises:
         ActorFailure, StorageError: the restart failed (Ray restarts it again).
     """
+    started = time.monotonic()
     i, cfg, links = actor.address[1], actor._config, actor.links
     others = (M.COORD_ADDR, M.PERSIST_ADDR)
     ray.get([links.handle(a).fence.remote(f"{M.LEDGER}-{i}", actor.epoch) for a in others])
@@ -235,9 +237,10 @@ def restore(actor: Any) -> tuple[Behaviour, LedgerRestart]:
     store = actor._resolve("store")
     new = restore_ledger(cfg, actor.host.ctx, restored, store, i, recovery, None, (), True)
     notice = LedgerRestart(actor.address, actor.epoch, link_states(store, i), recovery.ended_upto)
+    took = time.monotonic() - started
+    cause = f"its process died (restored in {took:.3f} s)"
     send_fault(
-        actor.sink,
-        FaultReport(actor.address, "restarted", "its process died", failed=[*recovery.failed]),
+        actor.sink, FaultReport(actor.address, "restarted", cause, failed=[*recovery.failed])
     )
     return new, notice
 
