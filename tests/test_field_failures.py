@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from tidal_actors import (
@@ -54,6 +55,36 @@ def test_purge_id_is_16_bytes_and_round_trips(pdb_path, clock):
     with TidalDb.open(pdb_path, clock=clock) as db:
         [m2] = db.list_purge_manifests(1)
     assert m2 == m and isinstance(m2.purge_id, PurgeId) and isinstance(m2.entries, tuple)
+
+
+def test_purge_id_reads_the_hex_form_it_prints_and_refuses_bad_values():
+    pid = PurgeId((1_700_000_000 * 10**9 << 64) | 7)
+    printed = str(pid)
+    assert printed == f"{(1_700_000_000 * 10**9 << 64) | 7:032x}" and len(printed) == 32
+    assert PurgeId(printed) == pid and PurgeId("0x" + printed.upper()) == pid
+    assert PurgeId(np.uint64(5)) == 5 and type(PurgeId(5)) is PurgeId
+    for bad, says in (
+        ("abc", "32 hexadecimal digits"),
+        ("g" * 32, "32 hexadecimal digits"),
+        (b"\x00" * 16, "not bytes"),
+        (True, "not bool"),
+        (2.0, "not float"),
+        (-1, "[0, 2**128)"),
+        (2**128, "[0, 2**128)"),
+    ):
+        with pytest.raises(InvalidArgument, match="purge_id") as err:
+            PurgeId(bad)
+        assert says in str(err.value) and err.value.value == bad
+
+
+def test_purge_status_takes_the_id_parsed_from_its_printed_form(db):
+    db.assign_cohort(1, "c")
+    for entity in (1, 2):
+        db.signal_with_context(1, entity, 1, 1.0)
+    pid, manifest = db.request_community_purge(1, "c")
+    status = db.purge_status(PurgeId(str(pid)))
+    assert (status.purge_id, status.user_id, status.cohort) == (pid, 1, "c")
+    assert status.retracted_live == len(manifest.entries) == 2
 
 
 def test_lmdb_environment_flags_are_fully_durable(pdb_path):

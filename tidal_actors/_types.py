@@ -8,9 +8,12 @@ FR-1 and FR-3).
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from tidal_actors._errors import InvalidArgument
 
 __all__ = [
     "COMMUNITY",
@@ -101,18 +104,39 @@ class ContributionRecord(NamedTuple):
     timestamp_ns: int
 
 
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
 class PurgeId(int):
     """A 128-bit purge id, ordered by creation (an int in ``[0, 2**128)``).
 
     The high 64 bits are the creation time in ns, the low 64 a sequence; ids are
     strictly increasing within a store even if the clock steps back. Stored as 16
     bytes big-endian (the manifest key suffix, retroactive-purge FR-3).
+
+    ``PurgeId(value)`` takes an int, or the 32 hexadecimal digits that ``str()``
+    and ``tidal-actors inspect`` print (an optional ``0x`` prefix allowed).
+
+    Raises:
+        InvalidArgument: (field ``purge_id``) a value out of range, a string that is
+            not 32 hexadecimal digits, or another type (a bool, bytes, a float).
     """
 
-    def __new__(cls, value: int) -> PurgeId:
-        value = int(value)
+    def __new__(cls, value: int | str) -> PurgeId:
+        if isinstance(value, str):
+            digits = value[2:] if value[:2] in ("0x", "0X") else value
+            if len(digits) != 32 or not all(c in _HEX_DIGITS for c in digits):
+                raise InvalidArgument(
+                    "purge_id", value, "must be 32 hexadecimal digits (as str() prints)"
+                )
+            value = int(digits, 16)
+        elif isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise InvalidArgument(
+                "purge_id", value, f"must be an int or a hex string, not {type(value).__name__}"
+            )
+        value = operator.index(value)
         if not 0 <= value < 2**128:
-            raise ValueError(f"purge id out of range: {value}")
+            raise InvalidArgument("purge_id", value, "must be in [0, 2**128)")
         return super().__new__(cls, value)
 
     def to_bytes16(self) -> bytes:

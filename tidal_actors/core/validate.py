@@ -231,7 +231,11 @@ def check_signal(
 def check_purge_id(value: object) -> int:
     """A purge id: int in ``[0, 2**128)`` (a :class:`PurgeId`)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**128:
-        raise InvalidArgument("purge_id", value, "must be a PurgeId (int in [0, 2**128))")
+        raise InvalidArgument(
+            "purge_id",
+            value,
+            "must be a PurgeId (int in [0, 2**128); PurgeId('<32 hex digits>') reads the printed form)",
+        )
     return int(value)
 
 

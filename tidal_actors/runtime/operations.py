@@ -294,8 +294,11 @@ Raises:
 ``purges``, ``retracted``, ``log_records``, ``keys``, ``log_bytes``,
 ``detail_rows`` (contribution records whose detail is held in memory: the
 log's and those not yet settled), ``settled_buckets`` ((key, bucket) sums of
-the records whose detail was dropped), ``handler_errors``, ``commits``,
-``failed_writes``.
+the records whose detail was dropped), ``handler_errors``, ``commits`` (the
+group commits persistence ran; an ephemeral database counts them alike, with
+nothing written), ``failed_writes``. ``detail_rows`` counts the span of held rows,
+so a purged row inside it still counts until it is settled (a reopened store's span
+starts at its first live row).
 
 Raises:
     DatabaseClosed: the database is closed (as every method).""",
