@@ -11,7 +11,9 @@ of one run sits beside its baseline from the same run (idle beside loaded, inges
 without beside with control traffic); the machine is shared, so figures are noisy.
 
 Run: ``python bench/bench_control.py [--users 20000] [--ops 200] [--seconds 4] [--json FILE]``
-(``--quick``: 5,000 users, 60 operations).
+(``--quick``: 5,000 users, 60 operations; ``--assigns-only --rounds 5``: the assigns
+alone, 16 and 1 callers alternating, medians of the rates and of the process CPU per
+assign).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import tempfile
 import threading
 import time
@@ -38,8 +41,9 @@ def cohorts_of(u: int) -> list[str]:
     return [f"c{k}" for k in r.sample(range(100), 1 + u % 3)]
 
 
-def assign_all(db: TidalDb, users: int, callers: int) -> float:
-    """Assign every user its cohorts from ``callers`` threads; assigns per second."""
+def assign_all(db: TidalDb, users: int, callers: int, cpu: list[float] | None = None) -> float:
+    """Assign every user its cohorts from ``callers`` threads; assigns per second.
+    ``cpu``: gets the process's CPU seconds (every thread's) over the assigns."""
     # each caller's (user, cohort) pairs, built before the clock starts
     plans = [
         [(u, c) for u in range(k, users, callers) for c in cohorts_of(u)] for k in range(callers)
@@ -52,11 +56,14 @@ def assign_all(db: TidalDb, users: int, callers: int) -> float:
             assign(u, c)
 
     start = time.perf_counter()
+    cpu_start = time.process_time()
     threads = [threading.Thread(target=work, args=(k,)) for k in range(callers)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if cpu is not None:
+        cpu.append(time.process_time() - cpu_start)
     return n / (time.perf_counter() - start)
 
 
@@ -140,11 +147,21 @@ def measure(path: str | None, users: int, ops: int, seconds: float) -> dict[str,
     return res
 
 
-def assigns_one_vs_16(path: str, users: int) -> dict[str, float]:
+def assigns_one_vs_16(path: str, users: int, rounds: int = 1) -> dict[str, float]:
+    """Assigns per second and process CPU per assign (µs), 1 and 16 callers, each on a
+    fresh store; with ``rounds`` > 1 the two alternate and the medians are given.
+    Under load the rates follow the host; the CPU per assign is what to compare."""
+    n = sum(len(cohorts_of(u)) for u in range(users))
+    rates: dict[int, list[float]] = {1: [], 16: []}
+    cpus: dict[int, list[float]] = {1: [], 16: []}
+    for r in range(rounds):
+        for callers in (16, 1):
+            with TidalDb.open(os.path.join(path, f"assign-{callers}-{r}")) as db:
+                rates[callers].append(assign_all(db, users, callers, cpus[callers]))
     out: dict[str, float] = {}
     for callers in (1, 16):
-        with TidalDb.open(os.path.join(path, f"assign-{callers}")) as db:
-            out[f"assigns_per_s_{callers}_callers"] = assign_all(db, users, callers)
+        out[f"assigns_per_s_{callers}_callers"] = statistics.median(rates[callers])
+        out[f"cpu_us_per_assign_{callers}_callers"] = statistics.median(cpus[callers]) / n * 1e6
     out["assigns_16_vs_1"] = out["assigns_per_s_16_callers"] / out["assigns_per_s_1_callers"]
     return out
 
@@ -157,6 +174,8 @@ def main() -> None:
     ap.add_argument(
         "--assign-users", type=int, default=1_000, help="users for the 1-vs-16 callers assign rate"
     )
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of 16 then 1 assign callers")
+    ap.add_argument("--assigns-only", action="store_true", help="only the 1-vs-16 callers assigns")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--quick", action="store_true", help="5,000 users, 60 operations, 2 s")
     args = ap.parse_args()
@@ -164,9 +183,10 @@ def main() -> None:
         args.users, args.ops, args.seconds, args.assign_users = 5_000, 60, 2.0, 300
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tidal-control-") as tmp:
-        out["ephemeral"] = measure(None, args.users, args.ops, args.seconds)
-        out["persistent"] = measure(os.path.join(tmp, "p"), args.users, args.ops, args.seconds)
-        out["group_commit"] = assigns_one_vs_16(tmp, args.assign_users)
+        if not args.assigns_only:
+            out["ephemeral"] = measure(None, args.users, args.ops, args.seconds)
+            out["persistent"] = measure(os.path.join(tmp, "p"), args.users, args.ops, args.seconds)
+        out["group_commit"] = assigns_one_vs_16(tmp, args.assign_users, args.rounds)
     for kind, figures in out.items():
         print(kind)
         for k, v in figures.items():

@@ -11,7 +11,9 @@ entities, 4 signal types), then, each beside its baselines run in the same proce
   ingesting threads get the interpreter lock as often, whatever a read costs; the
   signals/s and publications/s of that phase are printed);
 * 8 reader threads together beside one reader (reads/s and p50);
-* awaited reads from 100 trio tasks and from 100 asyncio tasks (reads/s);
+* awaited reads from 100 trio tasks and from 100 asyncio tasks (reads/s), then the
+  same with a checkpoint after each read (``trio.lowlevel.checkpoint()``,
+  ``asyncio.sleep(0)``: a read a view answers yields to the loop nowhere);
 * baselines: a plain dict lookup with the same decay formula, a top-10 of the same
   rows kept sorted by rank (the first ten of one cohort and type's sorted list),
   and SQLite (stdlib, in memory) holding the same aggregate table with an index on
@@ -285,34 +287,49 @@ def ingest_with_and_without_reader(
     }
 
 
-async def trio_rate(path: str, config: Config, keys: list[tuple[str, int, int]], n: int) -> float:
+async def trio_rate(
+    path: str, config: Config, keys: list[tuple[str, int, int]], n: int
+) -> tuple[float, float]:
+    """Reads/s of 100 tasks; then the same with a checkpoint after each read (what
+    a read answered from a view does not do: docs/async.md, "Cancellation")."""
     async with open_tidal(path, config=config) as db:
         per = n // 100
+        rates = []
+        for checkpoint in (False, True):
 
-        async def worker(j: int) -> None:
-            for i in range(per):
-                await db.read_decay_score(*keys[(i * 100 + j) % len(keys)])
+            async def worker(j: int, checkpoint: bool = checkpoint) -> None:
+                for i in range(per):
+                    await db.read_decay_score(*keys[(i * 100 + j) % len(keys)])
+                    if checkpoint:
+                        await trio.lowlevel.checkpoint()
 
-        start = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for j in range(100):
-                nursery.start_soon(worker, j)
-        return per * 100 / (time.perf_counter() - start)
+            start = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for j in range(100):
+                    nursery.start_soon(worker, j)
+            rates.append(per * 100 / (time.perf_counter() - start))
+        return rates[0], rates[1]
 
 
 async def asyncio_rate(
     path: str, config: Config, keys: list[tuple[str, int, int]], n: int
-) -> float:
+) -> tuple[float, float]:
+    """As `trio_rate`, the yield being ``asyncio.sleep(0)``."""
     async with open_tidal(path, config=config) as db:
         per = n // 100
+        rates = []
+        for checkpoint in (False, True):
 
-        async def worker(j: int) -> None:
-            for i in range(per):
-                await db.read_decay_score(*keys[(i * 100 + j) % len(keys)])
+            async def worker(j: int, checkpoint: bool = checkpoint) -> None:
+                for i in range(per):
+                    await db.read_decay_score(*keys[(i * 100 + j) % len(keys)])
+                    if checkpoint:
+                        await asyncio.sleep(0)
 
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(j) for j in range(100)))
-        return per * 100 / (time.perf_counter() - start)
+            start = time.perf_counter()
+            await asyncio.gather(*(worker(j) for j in range(100)))
+            rates.append(per * 100 / (time.perf_counter() - start))
+        return rates[0], rates[1]
 
 
 def main() -> None:
@@ -421,8 +438,12 @@ def main() -> None:
         out["readers_8_reads_per_s"], out["readers_8_p50_us"] = eight
         out["ratio_readers_8_vs_1_rate"] = eight[0] / one[0]
         db.close()
-        out["trio_100_tasks_reads_per_s"] = trio.run(trio_rate, path, config, keys, n * 5)
-        out["asyncio_100_tasks_reads_per_s"] = asyncio.run(asyncio_rate(path, config, keys, n * 5))
+        rate, checkpointed = trio.run(trio_rate, path, config, keys, n * 5)
+        out["trio_100_tasks_reads_per_s"] = rate
+        out["trio_100_tasks_checkpoint_each_reads_per_s"] = checkpointed
+        rate, checkpointed = asyncio.run(asyncio_rate(path, config, keys, n * 5))
+        out["asyncio_100_tasks_reads_per_s"] = rate
+        out["asyncio_100_tasks_sleep0_each_reads_per_s"] = checkpointed
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     report(out, args.json)

@@ -9,6 +9,9 @@ persistence (a context that records what each sends, a `MemoryStore`):
 * a failed group commit fails every caller whose write was in it, with the error,
   and changes neither the store nor the shard;
 * a group's writes on one user keep their order (each its own commit);
+* a run of control writes handled one after another reaches persistence together,
+  once the shard's mailbox is empty or anything else comes;
+* one commit answers its shard in one message;
 * persistence's wait for a group to gather (`Persistence.idle_wait_s`).
 
 Expected states come from the reference model.
@@ -60,9 +63,13 @@ class _Pair:
         self.persist = Persistence(self.ctx, self.store)
         self.model = ReferenceModel(self.ctx.config, self.ctx.clock)
 
-    def send(self, make: Any) -> Reply:
+    def send(self, make: Any, idle: bool = True) -> Reply:
+        """Deliver ``make(reply)`` to the shard; ``idle``: its mailbox is empty after
+        it (a host then calls ``on_idle``), else more messages wait behind it."""
         reply = Reply()
         self.shard.receive(make(reply))
+        if idle:
+            self.shard.on_idle()
         return reply
 
     def commit(self) -> int:
@@ -230,3 +237,69 @@ def test_persistence_gathers_as_many_control_writes_as_its_last_commit_carried()
     lone.send(lambda r: M.Assign(2, "a", r))
     lone.persist.receive(lone.ctx.take(M.PERSIST_ADDR)[0])
     assert lone.persist.idle_wait_s() == 0.0
+
+
+def test_a_commit_answers_its_shard_in_one_message() -> None:
+    p = _Pair()
+    calls = [p.send(lambda r, u=u: M.Assign(u, "a", r)) for u in range(5)]
+    assert p.commit() == 5
+    acks = p.ctx.take(p.shard.address)
+    assert len(acks) == 1  # one `Committed` for the five writes, not five
+    (ack,) = acks
+    assert ack.error is None and len((ack.token, *ack.more)) == 5
+    p.shard.receive(ack)
+    for u in range(5):
+        p.model.assign_cohort(u, "a")
+    assert all(c.done and c.result() is None for c in calls)
+    assert {u: frozenset(c) for u, c in p.shard.state.cohorts.items()} == {
+        u: p.model.cohorts_of(u) for u in range(5)
+    }
+
+
+def test_a_write_that_fails_to_apply_hands_the_rest_of_its_commit_on() -> None:
+    p = _Pair()
+    calls = [p.send(lambda r, u=u: M.Assign(u, "a", r)) for u in range(3)]
+    p.commit()
+    (ack,) = p.ctx.take(p.shard.address)
+    second = ack.more[0]
+    _, reply, user = p.shard._pending[second]
+
+    def broken() -> None:
+        raise ValueError("apply failed")
+
+    p.shard._pending[second] = (broken, reply, user)
+    p.shard.receive(ack)
+    assert p.shard.fault is not None and isinstance(p.shard.fault[1], ValueError)
+    assert calls[0].result() is None and calls[1].error is not None
+    # the third write's outcome goes back to the shard's address, still pending
+    (rest,) = p.ctx.take(p.shard.address)
+    assert (rest.token, *rest.more) == (ack.more[1],) and rest.error is None
+    assert not calls[2].done and list(p.shard.in_doubt()) == [ack.more[1]]
+    p.shard.fault = None  # as a supervisor that resumes it
+    p.shard.receive(rest)
+    p.model.assign_cohort(0, "a")
+    p.model.assign_cohort(2, "a")
+    assert calls[2].result() is None
+    assert {u: frozenset(c) for u, c in p.shard.state.cohorts.items()} == {
+        u: p.model.cohorts_of(u) for u in (0, 2)
+    }
+
+
+def test_a_run_of_control_writes_goes_on_when_the_mailbox_is_empty_or_else_comes() -> None:
+    p = _Pair()
+    calls = [p.send(lambda r, u=u: M.Assign(u, "a", r), idle=False) for u in range(3)]
+    assert not p.ctx.sent  # more wait in the mailbox: the writes gather
+    p.shard.on_idle()  # the mailbox is empty: the run goes on, in order
+    writes = p.ctx.take(M.PERSIST_ADDR)
+    assert [w.reply[1] for w in writes] == sorted(p.shard.in_doubt())
+    for w in writes:
+        p.persist.receive(w)
+    p.persist.on_idle()
+    p.acks()
+    assert all(c.done and c.result() is None for c in calls)
+    # anything but a control write handled at once sends the run made before it
+    p.send(lambda r: M.Assign(5, "a", r), idle=False)
+    query = p.send(lambda r: M.QueryUser(5, "cohorts", r), idle=False)  # waits for user 5
+    assert len(p.ctx.take(M.PERSIST_ADDR)) == 1 and not query.done
+    p.send(lambda r: M.Assign(6, "a", r), idle=False)  # set aside behind the query
+    assert not p.ctx.sent and len(p.shard.held_messages()) == 2

@@ -32,10 +32,10 @@ deterministic test host). Rules every behaviour keeps:
   after them, and its marker follows them to every ledger).
 * Control writes group-commit: a membership shard applies a control write only once
   its commit is in. While writes commit it keeps taking control writes on users with
-  no write pending (nothing set aside ahead of them) and sends them on, since their
-  ops depend only on their own user's state; anything else, and a write on a user
-  with one pending, is stashed with everything after it until the writes ahead of it
-  are applied. Persistence commits the writes waiting together in one transaction;
+  no write pending (nothing set aside ahead of them) and sends them on (a run of
+  them together, before anything else it handles), since their ops depend only on
+  their own user's state; anything else, and a write on a user with one pending, is
+  stashed with everything after it until the writes ahead of it are applied. Persistence commits the writes waiting together in one transaction;
   each is applied and answered only after its own commit. So the
   order of effects per user is the order of the messages, and every other message
   sees every control write that reached the shard before it.

@@ -5,12 +5,15 @@ persistence, and applies its change only when its commit is in (`_on_committed`)
 an ephemeral database (no store: ``ctx.durable`` false) it is applied and answered at
 once. While writes commit, the shard keeps taking control writes on users with no
 write pending (nothing being set aside ahead of them): their ops depend only on their
-own user's state, which no pending write changes, so they go to persistence at once
-and join the commits queued there (group commit: persistence commits the writes
-waiting together in one transaction). Anything else, and a control write on a user
-whose write is pending, is set aside (the stash) with everything after it, so the
-shard's own order is kept without blocking a thread, and is handled once the writes
-ahead of it are applied (`resume`).
+own user's state, which no pending write changes, so they go to persistence and join
+the commits queued there (group commit: persistence commits the writes waiting
+together in one transaction). A run of control writes handled one after another is
+sent together, once the mailbox is empty or any other message comes (`send_writes`),
+and persistence answers the writes one commit carried in one `Committed` (its
+``token`` and ``more``): one hand-off each way per run, not one per write. Anything
+else, and a control write on a user whose write is pending, is set aside (the stash)
+with everything after it, so the shard's own order is kept without blocking a
+thread, and is handled once the writes ahead of it are applied (`resume`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import collections
 from collections.abc import Callable
 from typing import Any, cast
 
+from tidal_actors._errors import TidalError
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.reply import Reply
@@ -38,7 +42,9 @@ class ControlWrites(Behaviour):
         self._pending: dict[int, tuple[Callable[[], Any], Reply, int | None]] = {}
         self._writing: set[int] = set()  # the users of the pending writes
         self._unknown = 0  # pending writes whose user is not known
-        self._group: list[M.Write] | None = None
+        # control writes made and not sent yet: a run of control writes handled one
+        # after another reaches persistence back to back (`send_writes`)
+        self._outbox: list[M.Write] = []
         self._stash: collections.deque[object] = collections.deque()
         self._stashed_batches = 0
         self._stashed_signals = 0
@@ -75,11 +81,34 @@ class ControlWrites(Behaviour):
         )
 
     def receive(self, message: object) -> None:
+        gather = False
         if type(message) is not M.Committed and (self._stash or not self._may_go(message)):
             self.set_aside([message])
-            return
-        super().receive(message)
-        self.resume()
+        else:
+            super().receive(message)
+            self.resume()
+            gather = type(message) in CONTROL_WRITES and self.fault is None
+        if self._outbox and not gather:
+            self.send_writes()
+
+    def on_idle(self) -> None:
+        self.send_writes()
+        super().on_idle()
+
+    def send_writes(self) -> None:
+        """Send the control writes made since the last call to persistence, in order
+        (after each message but a control write handled now, on a failure, and when
+        the mailbox is empty: a run of control writes goes on together). One that
+        cannot be sent (persistence stopped: closing) fails its caller."""
+        writes, self._outbox = self._outbox, []
+        for write in writes:
+            try:
+                self.ctx.tell(M.PERSIST_ADDR, write)
+            except TidalError as exc:
+                self.handler_errors += 1
+                self.last_error = exc
+                token = write.reply[1]
+                self._committed(token, M.Committed(token, exc))
 
     def resume(self) -> None:
         """Handle what the stash holds, from its head, while `_may_go` allows; the
@@ -88,14 +117,11 @@ class ControlWrites(Behaviour):
         this again to resume."""
         if not self._stash or not self._may_go(self._stash[0]):
             return
-        self._group = []
         try:
             while self._stash and self.fault is None and self._may_go(self._stash[0]):
                 super().receive(self._take_stashed())
         finally:
-            group, self._group = self._group, None
-            for write in group:
-                self.ctx.tell(M.PERSIST_ADDR, write)
+            self.send_writes()
         self.room_made()
 
     def _take_stashed(self) -> object:
@@ -136,14 +162,27 @@ class ControlWrites(Behaviour):
         # purge or eviction write depends on, and the signals it changes the fate of
         # are the ones after it (stashed until it is applied): persistence may commit
         # it before the history writes queued there
-        write = M.Write(ops, (self.address, self._token), ahead=True)
-        if self._group is not None:  # joins the group being formed (`resume`)
-            self._group.append(write)
-        else:
-            self.ctx.tell(M.PERSIST_ADDR, write)
+        self._outbox.append(M.Write(ops, (self.address, self._token), ahead=True))
 
     def _on_committed(self, msg: M.Committed) -> None:
-        pending = self._pending.pop(msg.token, None)
+        """Apply and answer each write the commit carried (``token``, then ``more``).
+        If one fails to apply, the rest are sent back to this address in a
+        `Committed` of their own, still pending: after the failure they reach
+        whatever incarnation handles this address next (the shard, restarted, answers
+        each with its outcome; a fenced one finds them answered as in doubt), as
+        they would have if each had come in a message of its own."""
+        tokens = (msg.token, *msg.more)
+        for i, token in enumerate(tokens):
+            try:
+                self._committed(token, msg)
+            except Exception:
+                if i + 1 < len(tokens):
+                    rest = M.Committed(tokens[i + 1], msg.error, tokens[i + 2 :])
+                    self.ctx.tell(self.address, rest)
+                raise
+
+    def _committed(self, token: int, msg: M.Committed) -> None:
+        pending = self._pending.pop(token, None)
         if pending is None:
             return
         apply, reply, user = pending

@@ -1,9 +1,13 @@
 """The publishing half of a ledger shard: its `PublishedView`, kept current while read.
 
 A shard publishes only while its views are read: a reader that answers from
-``view``, or finds none, sets ``wanted`` (``time.monotonic()``, one attribute
-write). After a message the shard handled, if a reader wanted a view in the last
-``WANTED_S`` seconds, the shard publishes the keys changed since its last
+``view``, or finds none, adds one to ``reads`` (an attribute write, no clock read;
+not atomic between reader threads, and need not be: a lost increment hides a read
+only from a look that saw another read at the same moment). The shard notes the
+time (``time.monotonic()``) when it sees ``reads`` moved (``wanted``): after each
+message it handles, and whenever the flusher thread looks (`unread`, every quarter
+of ``WANTED_S``). After a message the shard handled, if a reader wanted a view in
+the last ``WANTED_S`` seconds, the shard publishes the keys changed since its last
 publication (`core.publisher.Publisher`) once ``PUBLISH_EVERY_S`` and twice the last
 publication's duration (``PUBLISH_SPACING``) have passed since it (so publishing
 takes at most about a third of a busy shard's time); else it notes that changes
@@ -63,7 +67,9 @@ class LedgerViews(Behaviour):
         self._always = every == 0.0  # the deterministic host: after every message
         self._every = float(every or 0.0)
         self.view: PublishedView | None = None  # what readers answer from
-        self.wanted = -math.inf  # time.monotonic() of the last reader that wanted one
+        self.reads = 0  # readers that wanted a view: each adds one
+        self._reads_seen = 0  # ``reads`` when ``wanted`` was last noted
+        self.wanted = -math.inf  # time.monotonic() when ``reads`` was last seen moved
         self._on = False  # publishing (changes are noted)
         self._dirty: list[np.ndarray] = []
         self._dirty_all = True
@@ -98,7 +104,7 @@ class LedgerViews(Behaviour):
                 self.publish()
             return
         now = time.monotonic()
-        if now - self.wanted > WANTED_S:
+        if self._idle_for(now) > WANTED_S:
             if self._on:  # nobody reads the views: stop publishing
                 self._on = False
                 self.view = None
@@ -112,14 +118,28 @@ class LedgerViews(Behaviour):
         wait = max(self._every, self._cost * PUBLISH_SPACING)
         if self._urgent or self.view is None or now - self._published_at >= wait:
             self.publish()
-        else:
+        elif not self.unpublished:
             self.unpublished = True
+            wake = getattr(self.ctx, "wake_ticker", None)
+            if wake is not None:  # the flusher thread may sleep: it sends the `Publish`
+                wake()
+
+    def _idle_for(self, now: float) -> float:
+        """Seconds since readers were last seen wanting a view (``now``:
+        ``time.monotonic()``); notes ``now`` as ``wanted`` if ``reads`` moved. Called
+        by the shard's thread and the flusher thread: both note a time at or after
+        the reads they saw, so either order leaves a recent one."""
+        reads = self.reads
+        if reads != self._reads_seen:
+            self._reads_seen = reads
+            self.wanted = now
+        return now - self.wanted
 
     def unread(self, now: float) -> bool:
         """Whether the shard keeps a view nobody wanted for ``WANTED_S`` (``now``:
         ``time.monotonic()``); read by the flusher thread, which then sends a
         `Publish` so that an idle shard drops it too."""
-        return self._on and now - self.wanted > WANTED_S
+        return self._on and self._idle_for(now) > WANTED_S
 
     def on_idle(self) -> None:
         if self.fault is None:

@@ -264,8 +264,14 @@ class Write:
 
 @dataclass(frozen=True, slots=True)
 class Committed:
+    """Persistence -> a writer: the write ``token`` committed (``error`` None) or
+    failed with ``error``; ``more``: the tokens of further writes of the same writer
+    that the same commit carried with the same outcome, in the order sent (control
+    writes, ``Write.ahead``: one message per commit per membership shard)."""
+
     token: Any
     error: BaseException | None = None
+    more: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

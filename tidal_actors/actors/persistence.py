@@ -34,7 +34,7 @@ class Persistence(Behaviour):
     next flush.
 
     Writes marked ``ahead`` (control writes, which depend on nothing queued before
-    them) do not wait for the history writes around them: a run of them arriving
+    them; each shard hears of those one commit carried in one `Committed`) do not wait for the history writes around them: a run of them arriving
     together is committed on its own as soon as the run ends (the next message is
     anything else) or the mailbox is empty, so a leave under full ingestion costs a
     small commit, not one carrying every history batch queued with it.
@@ -164,12 +164,41 @@ class Persistence(Behaviour):
                 except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
                     errors.append(_write_error(exc))
         self._gather_until = None
+        run: list[Any] = []  # a run of control writes to one shard with one outcome
         for w, err in zip(writes, errors):
-            try:
-                self._ack(w, err)
-            except TidalError as exc:  # a writer that stopped (closing): answer the others
-                self.handler_errors += 1
-                self.last_error = exc
+            r = w.reply
+            if w.ahead and type(r) is tuple:
+                if run and (run[0] != r[0] or run[1] is not err):
+                    self._ack_run(run)
+                    run = []
+                if run:
+                    run.append(r[1])
+                else:
+                    run = [r[0], err, r[1]]
+                continue
+            self._ack_run(run)
+            run = []
+            self._ack_safely(w, err)
+        self._ack_run(run)
+
+    def _ack_safely(self, w: M.Write, error: BaseException | None) -> None:
+        try:
+            self._ack(w, error)
+        except TidalError as exc:  # a writer that stopped (closing): answer the others
+            self.handler_errors += 1
+            self.last_error = exc
+
+    def _ack_run(self, run: list[Any]) -> None:
+        """Answer a run of control writes (``[address, error, token, ...]``: one shard's,
+        consecutive, one outcome) with one `Committed` carrying every token."""
+        if not run:
+            return
+        address, error, token, *more = run
+        try:
+            self.ctx.tell(address, M.Committed(token, error, tuple(more)))
+        except TidalError as exc:  # a shard that stopped (closing): answer the others
+            self.handler_errors += 1
+            self.last_error = exc
 
     def _on_erase(self, msg: M.EraseHistory) -> None:
         from tidal_actors.storage.history_rewrite import erase_history_ops

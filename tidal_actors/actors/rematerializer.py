@@ -98,6 +98,9 @@ class Rematerializer(Behaviour):
             return
         if cohort not in self._remat_due:
             self._remat_due[cohort] = self._monotonic() + delay / 1000.0
+            wake = getattr(self.ctx, "wake_ticker", None)
+            if wake is not None:  # the flusher thread may sleep: it sends the `Tick`s
+                wake()
 
     def _monotonic(self) -> float:
         # an operational delay, not domain time: the host's monotonic seconds (the

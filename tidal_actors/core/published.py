@@ -42,7 +42,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tidal_actors.core.key_state import key_code
+from tidal_actors.core.key_state import (
+    _CID_BITS,
+    _CID_SHIFT,
+    _ENTITY_BITS,
+    _TYPE_BITS,
+    _TYPE_SHIFT,
+    key_code,
+)
 from tidal_actors.core.published_top import (
     TINY_SCORE,
     Groups,
@@ -66,6 +73,9 @@ __all__ = [
 ]
 
 NO_BUCKET = np.iinfo(np.int64).min  # ``prev_b`` of a key without earlier buckets
+
+# the bounds of a narrow `key_code` (`score` computes it inline)
+_CID_END, _TYPE_END, _ENTITY_END = 1 << _CID_BITS, 1 << _TYPE_BITS, 1 << _ENTITY_BITS
 
 
 class PublishedView(TopReads):
@@ -144,10 +154,15 @@ class PublishedView(TopReads):
 
     def score(self, cohort: str, entity: int, stype: int, at: int) -> float | None:
         """`Reads.decay_score` at ``at`` (ns); None when only the shard can answer."""
-        # `_find`, inlined, and ``item`` (a Python number, no numpy scalar): the
-        # serving path's most frequent read
+        # `_find` and `key_code` inlined, and ``item`` (a Python number, no numpy
+        # scalar): the serving path's most frequent read
         cid = self.cids.get(cohort)
-        k = None if cid is None else self.index.get(key_code(cid, entity, stype))
+        if cid is None:
+            k = None
+        elif cid < _CID_END and stype < _TYPE_END and entity < _ENTITY_END:
+            k = self.index.get(cid << _CID_SHIFT | stype << _TYPE_SHIFT | entity)  # `key_code`
+        else:
+            k = self.index.get((cid, entity, stype))
         if k is None or k >= self.keys:
             return 0.0 if self._epoch.item(0) == self._e0 else None
         c = self.cols

@@ -23,6 +23,7 @@ from tidal_actors._types import (
     WindowCount,
 )
 from tidal_actors.facades.aio_base import LoopFacade
+from tidal_actors.runtime.call import Call
 
 __all__ = ["AsyncOperations"]
 
@@ -238,9 +239,10 @@ class AsyncOperations(LoopFacade):
         Raises:
             InvalidArgument: a bad argument (named, with its value).
         """
-        return await self._run(
-            self._check().read_decay_score(cohort, entity_id, signal_type, at_ns, consistency)
-        )
+        r = self._check().read_decay_score_now(cohort, entity_id, signal_type, at_ns, consistency)
+        if isinstance(r, Call):
+            return await self._run(r)
+        return r
 
     async def read_window(
         self,
@@ -260,9 +262,10 @@ class AsyncOperations(LoopFacade):
         Raises:
             InvalidArgument: a bad argument (as :meth:`read_decay_score`).
         """
-        return await self._run(
-            self._check().read_window(cohort, entity_id, signal_type, at_ns, consistency)
-        )
+        r = self._check().read_window_now(cohort, entity_id, signal_type, at_ns, consistency)
+        if isinstance(r, Call):
+            return await self._run(r)
+        return r
 
     async def top_entities(
         self,
@@ -280,9 +283,10 @@ class AsyncOperations(LoopFacade):
         Raises:
             InvalidArgument: a bad argument; ``k`` must be an int in ``[1, 2**31)``.
         """
-        return await self._run(
-            self._check().top_entities(cohort, signal_type, k, at_ns, consistency)
-        )
+        r = self._check().top_entities_now(cohort, signal_type, k, at_ns, consistency)
+        if isinstance(r, Call):
+            return await self._run(r)
+        return r
 
     async def aggregate_rows(
         self, at_ns: int | None = None

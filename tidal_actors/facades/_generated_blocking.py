@@ -24,6 +24,7 @@ from tidal_actors._types import (
     WindowCount,
 )
 from tidal_actors.facades.blocking_base import BlockingBase
+from tidal_actors.runtime.call import Call
 
 __all__ = ["BlockingOperations", "ReadOnlyRefusals"]
 
@@ -191,9 +192,8 @@ class BlockingOperations(BlockingBase):
         Raises:
             InvalidArgument: a bad argument (named, with its value).
         """
-        return self._run(
-            self._core.read_decay_score(cohort, entity_id, signal_type, at_ns, consistency)
-        )
+        r = self._core.read_decay_score_now(cohort, entity_id, signal_type, at_ns, consistency)
+        return self._run(r) if isinstance(r, Call) else r
 
     def read_window(
         self,
@@ -211,7 +211,8 @@ class BlockingOperations(BlockingBase):
         Raises:
             InvalidArgument: a bad argument (as :meth:`read_decay_score`).
         """
-        return self._run(self._core.read_window(cohort, entity_id, signal_type, at_ns, consistency))
+        r = self._core.read_window_now(cohort, entity_id, signal_type, at_ns, consistency)
+        return self._run(r) if isinstance(r, Call) else r
 
     def top_entities(
         self,
@@ -227,7 +228,8 @@ class BlockingOperations(BlockingBase):
         Raises:
             InvalidArgument: a bad argument; ``k`` must be an int in ``[1, 2**31)``.
         """
-        return self._run(self._core.top_entities(cohort, signal_type, k, at_ns, consistency))
+        r = self._core.top_entities_now(cohort, signal_type, k, at_ns, consistency)
+        return self._run(r) if isinstance(r, Call) else r
 
     def aggregate_rows(
         self, at_ns: int | None = None

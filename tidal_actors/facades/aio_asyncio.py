@@ -111,6 +111,18 @@ class AsyncioTidalDb(AsyncTidalDb):
         except RuntimeError:  # the loop is closed: nobody waits any more
             self._late_wakeups += 1
 
+    def _check(self) -> Core:
+        try:  # the common case: open, this thread, this loop
+            if (
+                not self._closed
+                and threading.get_ident() == self._thread_id
+                and asyncio.get_running_loop() is self._loop
+            ):
+                return self._core
+        except RuntimeError:  # no running loop
+            pass
+        return super()._check()  # raises what applies
+
     def _check_loop(self) -> None:
         if threading.get_ident() != self._thread_id:
             raise WrongThread(

@@ -14,8 +14,9 @@ Theory of operation
   an event. The callback runs in the settling actor thread and only posts ``set`` to
   the loop; a loop that has ended makes ``_post`` a no-op (counted in
   ``_late_wakeups``), so a late reply never hurts the actor that sends it.
-* A read answered from a ledger shard's published view (`runtime.callers.Answered`)
-  returns at once, in the task, without parking and without a checkpoint.
+* A serving read answered from a ledger shard's published view (the engine's
+  ``<read>_now`` returns the value, not a `Call`: `runtime.serving`) returns at
+  once, in the task, without parking and without a checkpoint.
 * Every reply sent and not yet settled is remembered (``_unsettled``), including
   those whose caller was cancelled, so closing lets each of them finish first.
 * Backpressure is an await. The core of an async facade is ``nonblocking``: it never
@@ -35,14 +36,13 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 from tidal_actors._clock import Clock
 from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed
 from tidal_actors.actors.reply import Reply
 from tidal_actors.facades.blocking import open_core
-from tidal_actors.runtime.callers import Answered
 from tidal_actors.runtime.engine import Call, Core
 
 __all__ = ["LoopFacade", "open_blocking"]
@@ -118,6 +118,13 @@ class LoopFacade:
     # -- shared ---------------------------------------------------------------------
 
     def _check(self) -> Core:
+        """The core, if the database is open and called from its loop (each loop's
+        class checks the common case in one expression first).
+
+        Raises:
+            DatabaseClosed: the database is closed.
+            WrongThread: another thread, run or loop (`_check_loop`).
+        """
         if self._closed:
             raise DatabaseClosed(
                 "the database is closed (its `async with open_tidal()` has exited)"
@@ -135,10 +142,6 @@ class LoopFacade:
             self._post(event.set)
 
     async def _run(self, call: Call[T]) -> T:
-        if type(call) is Answered:
-            # answered from a published view in this thread: nothing to wait for, no
-            # wake-up to post, and (like a dict lookup) no yield to the loop either
-            return cast(T, call.value)
         core = self._core
         replies = call.replies
         # woken once every reply has come, or one failed (`Call.done`)

@@ -129,6 +129,18 @@ class TrioTidalDb(AsyncTidalDb):
             # The run has ended and nobody waits any more: nothing to do, nothing to log.
             self._late_wakeups += 1
 
+    def _check(self) -> Core:
+        try:  # the common case: open, this thread, this run
+            if (
+                not self._closed
+                and threading.get_ident() == self._thread_id
+                and trio.lowlevel.current_trio_token() is self._token
+            ):
+                return self._core
+        except RuntimeError:  # not in a trio run
+            pass
+        return super()._check()  # raises what applies
+
     def _check_loop(self) -> None:
         if threading.get_ident() != self._thread_id:
             raise WrongThread(

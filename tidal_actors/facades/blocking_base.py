@@ -10,11 +10,10 @@ themselves are generated from the operation table (``_generated_blocking``).
 from __future__ import annotations
 
 import threading
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.call import Call
-from tidal_actors.runtime.callers import Answered
 from tidal_actors.runtime.engine import Core
 
 __all__ = ["BlockingBase"]
@@ -29,8 +28,6 @@ class BlockingBase:
         self._core = core
 
     def _run(self, call: Call[T]) -> T:
-        if type(call) is Answered:  # answered from a published view: no reply
-            return cast(T, call.value)
         core = self._core
         for r in call.replies:
             core.track(r)

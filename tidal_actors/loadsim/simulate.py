@@ -20,6 +20,7 @@ import contextlib
 import gc
 import itertools
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
@@ -54,7 +55,7 @@ from tidal_actors.loadsim.measure import (
     settled_rss,
     structure_bytes,
 )
-from tidal_actors.loadsim.phases import PhaseFn, no_phase, ticking
+from tidal_actors.loadsim.phases import PhaseFn, Tick, no_phase, ticking
 from tidal_actors.loadsim.plot import plot_timeline
 from tidal_actors.loadsim.report import SimulationResult
 from tidal_actors.loadsim.scenario import (
@@ -104,6 +105,43 @@ def _apply_measured(
     apply_events(db, rows, clock, batch_size=batch_size, counts=counts, on_call=latency.record)
 
 
+def _assign_from(db: _Db, per_user: list[tuple[int, list[str]]], callers: int, tick: Tick) -> None:
+    """Assign each user its cohorts (in order) from ``callers`` threads, user ``k`` by
+    thread ``k % callers``; ``tick`` (in this thread, every 0.1 s) sees the assigns
+    done. Raises the first error a thread met (the others stop at their next user)."""
+    done = [0] * callers
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        assign = db.assign_cohort
+        try:
+            for user, cohorts in per_user[k::callers]:
+                if errors:
+                    return
+                for cohort in cohorts:
+                    assign(user, cohort)
+                done[k] += len(cohorts)
+        except BaseException as exc:  # noqa: BLE001 - raised by the caller's thread
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=work, args=(k,), name=f"tidal-simulate-setup-{k}", daemon=True)
+        for k in range(callers)
+    ]
+    for t in threads:
+        t.start()
+    ticked = 0
+    for t in threads:
+        while t.is_alive():
+            t.join(0.1)
+            now = sum(done)
+            tick(now - ticked)
+            ticked = now
+    tick(sum(done) - ticked)
+    if errors:
+        raise errors[0]
+
+
 def _set_up(
     db: _Db,
     events: list[EventRow],
@@ -113,11 +151,9 @@ def _set_up(
     phase: PhaseFn = no_phase,
 ) -> int:
     """Apply the leading ``assign`` rows (``assign_upfront``), taking them from
-    ``rows``; returns how many. On the runtime, 16 callers at once (one user's rows
-    stay in order), so the persistence actor commits them in groups. ``phase``
-    sees the assignments done."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    ``rows``; returns how many. On the runtime, 16 callers at once (`_assign_from`:
+    one user's rows stay in order), so the persistence actor commits them in
+    groups. ``phase`` sees the assignments done."""
     n = 0
     while n < len(events) and isinstance(events[n], AssignRow):
         n += 1
@@ -134,19 +170,14 @@ def _set_up(
     n = taken
     clock.set(events[0].ts_ns)
 
-    def join(item: tuple[int, list[str]]) -> None:
-        for cohort in item[1]:
-            db.assign_cohort(item[0], cohort)
-
     with phase("set-up: users join their cohorts", n, "assign") as tick:
         if getattr(db, "_core", None) is None:  # not the threaded runtime: in order
-            for item in per_user.items():
-                join(item)
-                tick(len(item[1]))
+            for user, cohorts in per_user.items():
+                for cohort in cohorts:
+                    db.assign_cohort(user, cohort)
+                tick(len(cohorts))
         else:
-            with ThreadPoolExecutor(16, thread_name_prefix="tidal-simulate-setup") as pool:
-                for item, _ in zip(per_user.items(), pool.map(join, per_user.items())):
-                    tick(len(item[1]))
+            _assign_from(db, list(per_user.items()), 16, tick)
     counts.assigns += n
     counts.rows += n
     counts.first_ts_ns = events[0].ts_ns

@@ -1,5 +1,6 @@
 """The runtime: the engine every facade and the harness drive (`engine`, its
-operations in `engine_ops`, restore on open in `restore`, calls in `call`), the
+operations in `engine_ops`, its serving reads in `serving`, restore on open in
+`restore`, calls in `call`, each caller's writes in `callers`), the
 operation table (`operations`, rendered by `gen_operations`), signal intake
 (`intake`), the `Host` protocol (`host`) and the choice of host (`hosts`), the pykka
 host with its bounded mailboxes and supervision (`pykka_host`, `mailbox`,

@@ -14,8 +14,9 @@ then either sees the other's writes too (never fewer than its own).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
+from functools import partial
 from itertools import count
 from typing import TypeVar
 
@@ -59,15 +60,14 @@ class Callers:
         ledgers: the number of ledger shards.
     """
 
-    __slots__ = ("_ledgers", "_var")
+    __slots__ = ("_ledgers", "_var", "get")
 
     def __init__(self, ledgers: int) -> None:
         self._ledgers = ledgers
         self._var: ContextVar[Caller | None] = ContextVar(f"tidal_caller_{next(_ids)}")
-
-    def get(self) -> Caller | None:
-        """The calling context's record, None if it has written nothing."""
-        return self._var.get(None)
+        # ``get()``: the calling context's record, None if it has written nothing (a
+        # partial of the context variable's own ``get``: no Python frame on a read)
+        self.get: Callable[[], Caller | None] = partial(self._var.get, None)
 
     def wrote(self, m: int) -> None:
         """The caller submitted a write through membership shard ``m``."""

@@ -6,9 +6,9 @@ close the store), plus what a process exit or a fork means for open databases. H
 no domain state and never waits for a reply (the facades decide how to wait: block,
 await, or step a harness).
 
-The operations are `runtime.engine_ops.Operations` (validation and message building)
-and signal intake (buffering, batching, backpressure) `runtime.intake.Intake`, which
-`Core` extends.
+The operations are `runtime.engine_ops.Operations` (validation and message building),
+the serving reads `runtime.serving.Serving` and signal intake (buffering, batching,
+backpressure) `runtime.intake.Intake`, which `Core` extends.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import sys
 import threading
 import time
 import weakref
+from typing import Any, cast
 
-from tidal_actors._clock import Clock
+from tidal_actors._clock import Clock, SystemClock
 from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed, StorageError, TidalError
 from tidal_actors.actors import messages as M
@@ -35,7 +36,6 @@ from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.call import Call, combined, error_of
 from tidal_actors.runtime.callers import Callers
-from tidal_actors.runtime.engine_ops import Operations
 from tidal_actors.runtime.host import Host
 from tidal_actors.runtime.intake import Buffer
 from tidal_actors.runtime.restore import (
@@ -44,6 +44,7 @@ from tidal_actors.runtime.restore import (
     snapshot_delete_ops,
     snapshot_write_ops,
 )
+from tidal_actors.runtime.serving import Serving
 from tidal_actors.storage.protocol import Store
 from tidal_actors.storage.stores import Restored
 
@@ -92,7 +93,7 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-class Core(Operations):
+class Core(Serving):
     """Validation, buffering and message building on top of a host.
 
     Args:
@@ -116,6 +117,9 @@ class Core(Operations):
     ) -> None:
         self.config = config
         self.clock = clock
+        # the read time of a serving read (`Serving`): the system clock's is read
+        # directly, without its method's Python frame (what `SystemClock.now_ns` returns)
+        self._clock_now = time.time_ns if type(clock) is SystemClock else clock.now_ns
         self.store = store
         self.host = host
         self.closed = False
@@ -127,8 +131,9 @@ class Core(Operations):
         self._close_lock = threading.Lock()
         self._close_done = threading.Event()
         self._closer: int | None = None
-        self._inflight: weakref.WeakSet[Reply] = weakref.WeakSet()
-        self._inflight_lock = threading.Lock()
+        # the replies callers wait for (`track`), failed by close(): a plain set used
+        # without a lock (add, discard and list() are each one step under the GIL)
+        self._inflight: set[Reply] = set()
         self._inflight_failed = False
         self._nm = config.membership_shards
         self._nl = config.ledger_shards
@@ -172,9 +177,12 @@ class Core(Operations):
             # a crash interrupted a purge's re-materialization: finish it now
             host.tell(M.COORD_ADDR, M.ResumeRematerialization())
         self._flusher_stop = threading.Event()
+        self._flusher_wake = threading.Event()
+        self._flusher_asleep = False  # waiting on ``_flusher_wake`` (`_flush_loop`)
         self._flusher: threading.Thread | None = None
         _OPEN_CORES.add(self)
         if buffered:
+            cast(Any, host.ctx).wake_ticker = self.wake_flusher  # a `HostContext`
             self._flusher = threading.Thread(
                 target=self._flush_loop, name="tidal-flusher", daemon=True
             )
@@ -234,6 +242,7 @@ class Core(Operations):
         with self._batch_calls_done:  # blocking signal_batch calls under way finish
             self._batch_calls_done.wait_for(lambda: self._batch_calls == 0, CLOSE_WAIT_S)
         self._flusher_stop.set()
+        self._flusher_wake.set()
         if self._flusher is not None:
             self._flusher.join()
         try:
@@ -295,9 +304,8 @@ class Core(Operations):
             raise combined(errors)
 
     def fail_inflight(self) -> None:
-        with self._inflight_lock:
-            self._inflight_failed = True
-            pending = list(self._inflight)
+        self._inflight_failed = True
+        pending = list(self._inflight)  # after the flag: a reply tracked later sees it
         for reply in pending:
             reply.set_exception(
                 DatabaseClosed("the database was closed before this call completed")
@@ -328,25 +336,31 @@ class Core(Operations):
             disown()
 
     def track(self, reply: Reply) -> None:
-        with self._inflight_lock:
-            self._inflight.add(reply)
-            failed = self._inflight_failed
-        if failed:  # close() already failed what was in flight: this one too
+        """Fail ``reply`` with `DatabaseClosed` if the database closes before it is
+        settled (until `untrack`)."""
+        self._inflight.add(reply)
+        if self._inflight_failed:  # close() already failed what was in flight: this one too
             reply.set_exception(
                 DatabaseClosed("the database was closed before this call completed")
             )
 
     def untrack(self, reply: Reply) -> None:
-        with self._inflight_lock:
-            self._inflight.discard(reply)
+        self._inflight.discard(reply)
 
     # -- plumbing -------------------------------------------------------------------
 
     def _flush_loop(self) -> None:
+        """Every ``signal_flush_interval_ms`` while there is work: send what is buffered,
+        size the batches, have ledger shards publish (or drop unread views) and the
+        coordinator tick. A tick that finds nothing to do puts the thread to sleep until
+        `wake_flusher` (the first signal buffered, a shard that needs a `Publish`, a
+        re-materialization scheduled) or a quarter of ``WANTED_S`` (unread views)."""
         interval = self.config.signal_flush_interval_ms / 1000.0
         next_tick = next_unread = 0.0
-        while not self._flusher_stop.wait(interval):
+        stop, wake = self._flusher_stop, self._flusher_wake
+        while not stop.wait(interval):
             try:
+                busy = any(buf.items for buf in self._buffers)
                 self._send_all_buffers(offer=True)
                 self._tune_batches()
                 now = time.monotonic()
@@ -356,9 +370,37 @@ class Core(Operations):
                 for i, ledger in enumerate(self.ledgers):
                     # changes wait for the next publication, or nobody reads the view
                     if ledger.unpublished or (unread and ledger.unread(now)):
+                        busy = True
                         self.host.tell((M.LEDGER, i), M.Publish())
-                if now >= next_tick and self.coordinator.remat_due:
-                    next_tick = now + 0.05
-                    self.host.tell(M.COORD_ADDR, M.Tick())
+                if self.coordinator.remat_due:
+                    busy = True
+                    if now >= next_tick:
+                        next_tick = now + 0.05
+                        self.host.tell(M.COORD_ADDR, M.Tick())
             except TidalError:
                 return
+            if busy:
+                continue
+            # nothing to do: sleep until woken (`wake_flusher`: set ``asleep`` first,
+            # then look again, so a wake-up between the look and the wait is not lost)
+            wake.clear()
+            self._flusher_asleep = True
+            if not self._flusher_work():
+                wake.wait(WANTED_S / 4)
+            self._flusher_asleep = False
+
+    def _flusher_work(self) -> bool:
+        """Whether a flusher tick has work now (signals buffered, a ledger shard's
+        changes waiting, a re-materialization due)."""
+        return (
+            any(buf.items for buf in self._buffers)
+            or any(ledger.unpublished for ledger in self.ledgers)
+            or self.coordinator.remat_due
+        )
+
+    def wake_flusher(self) -> None:
+        """Wake the flusher thread if it sleeps (called after the work was made: a
+        signal buffered, ``unpublished`` set, a re-materialization scheduled)."""
+        if self._flusher_asleep:
+            self._flusher_asleep = False
+            self._flusher_wake.set()

@@ -2,8 +2,9 @@
 
 Owns how every operation of the table (`tidal_actors.runtime.operations`) becomes
 messages: a user's operations go to the user's membership shard (after the signals it
-has buffered, so "submitted before" means "processed before"); reads go to the
-cohort's ledger shard behind a barrier through every membership shard; manifests and
+has buffered, so "submitted before" means "processed before"); ``aggregate_rows`` and
+``stats`` go to every ledger shard behind a barrier through every membership shard
+(the serving reads are `runtime.serving`'s); manifests and
 purge statuses are the coordinator's. Each returns a typed `Call`; nothing here waits.
 Validation (`tidal_actors.core.validate`) happens before anything is sent: bad input
 never reaches an actor, storage or an aggregate.
@@ -12,7 +13,6 @@ never reaches an actor, storage or an aggregate.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +25,6 @@ from tidal_actors._types import (
     PurgeManifest,
     PurgeStatus,
     RematerializationReport,
-    WindowCount,
 )
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.ledger import LedgerShard
@@ -33,22 +32,17 @@ from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.validate import (
     check_cohort,
-    check_consistency,
     check_id,
-    check_k,
     check_purge_id,
     check_timestamp,
 )
 from tidal_actors.runtime.call import Call, FlushCall, error_of
-from tidal_actors.runtime.callers import Answered, Callers
+from tidal_actors.runtime.callers import Callers
 from tidal_actors.runtime.intake import Intake
-from tidal_actors.storage.format import ledger_shard_of
 from tidal_actors.storage.protocol import Store
 from tidal_actors.storage.stores import LmdbStore
 
-__all__ = ["READ_COHORTS", "Operations"]
-
-READ_COHORTS = 65_536  # cohort names a database remembers as checked for reads
+__all__ = ["Operations"]
 
 
 class Operations(Intake):
@@ -60,7 +54,6 @@ class Operations(Intake):
     _nl: int
     ledgers: list[LedgerShard]
     _callers: Callers
-    _read_cohorts: dict[str, int]  # `_read_cohort`
     _carried: list[StorageError]  # errors of flushes nobody read (`FlushCall`)
     _carry_lock: threading.Lock
 
@@ -128,68 +121,6 @@ class Operations(Intake):
         self._barrier((ledger,), reply, M.Read(kind, args, reply))
         return reply
 
-    def _read_cohort(self, cohort: object) -> tuple[str, int]:
-        """A read's cohort, checked (`check_cohort`, ``@community`` allowed), and its
-        ledger shard; names checked before are remembered (up to ``READ_COHORTS``)."""
-        known = self._read_cohorts
-        if type(cohort) is str:
-            hit = known.get(cohort)
-            if hit is not None:
-                return cohort, hit
-        c = check_cohort(cohort, allow_community=True)
-        li = 0 if self._nl == 1 else ledger_shard_of(c, self._nl)
-        if type(cohort) is str and len(known) < READ_COHORTS:
-            known[c] = li
-        return c, li
-
-    def _serve(
-        self,
-        name: str,
-        ledger: int,
-        kind: str,
-        args: tuple[Any, ...],
-        consistency: str | None,
-        finish: Callable[[Any], Any] | None = None,
-    ) -> Call[Any]:
-        """A serving read (docs/semantics.md, "Read consistency"): from ``ledger``'s
-        published view when it can answer and the consistency allows; else from the
-        shard itself, behind the membership shards the caller wrote to since its
-        writes were last shown applied there (``read_your_writes``), or at once."""
-        mode = self.config.read_consistency if consistency is None else consistency
-        lag: list[int] = []
-        caller = None
-        if mode == "read_your_writes":
-            caller = self._callers.get()
-            if caller is not None:
-                lag = caller.lagging(ledger)
-        elif mode != "latest":
-            check_consistency("consistency", consistency)
-        if not lag:
-            shard = self.ledgers[ledger]
-            shard.wanted = time.monotonic()  # keeps (or starts) its publishing
-            view = shard.view
-            if view is not None:
-                value = getattr(view, kind)(*args)
-                if value is not None:
-                    return Answered(name, value if finish is None else finish(value))
-        reply = Reply(kind)
-        read = M.Read(kind, args, reply)
-        if lag:
-            assert caller is not None
-            upto = caller.n
-            barrier = M.Barrier((ledger,), len(lag), reply, read)
-            for m in lag:
-                self._send(m, barrier)
-
-            def done(values: list[Any]) -> Any:
-                caller.covered((ledger,), upto)
-                return values[0] if finish is None else finish(values[0])
-
-            return Call(name, [reply], done)
-        # straight to the shard, behind only what it has queued
-        self.host.tell((M.LEDGER, ledger), M.BarrierPart(M.Barrier((ledger,), 1, reply, read)))
-        return Call(name, [reply], None if finish is None else (lambda v: finish(v[0])))
-
     def now(self) -> int:
         return check_timestamp("clock.now_ns()", self.clock.now_ns())
 
@@ -246,53 +177,6 @@ class Operations(Intake):
         reply = Reply("list_purge_manifests")
         self.host.tell(M.COORD_ADDR, M.QueryManifests(u, reply))
         return Call("list_purge_manifests", [reply])
-
-    def read_decay_score(
-        self,
-        cohort: str,
-        entity_id: int,
-        signal_type: int,
-        at_ns: int | None = None,
-        consistency: str | None = None,
-    ) -> Call[float]:
-        c, li = self._read_cohort(cohort)
-        e = check_id("entity_id", entity_id)
-        t = check_id("signal_type", signal_type)
-        self.check_open()
-        at = self.now() if at_ns is None else check_timestamp("at_ns", at_ns)
-        return self._serve("read_decay_score", li, "score", (c, e, t, at), consistency)
-
-    def read_window(
-        self,
-        cohort: str,
-        entity_id: int,
-        signal_type: int,
-        at_ns: int | None = None,
-        consistency: str | None = None,
-    ) -> Call[WindowCount]:
-        c, li = self._read_cohort(cohort)
-        e = check_id("entity_id", entity_id)
-        t = check_id("signal_type", signal_type)
-        self.check_open()
-        at = self.now() if at_ns is None else check_timestamp("at_ns", at_ns)
-        return self._serve(
-            "read_window", li, "window", (c, e, t, at), consistency, lambda v: WindowCount(*v)
-        )
-
-    def top_entities(
-        self,
-        cohort: str,
-        signal_type: int,
-        k: int,
-        at_ns: int | None = None,
-        consistency: str | None = None,
-    ) -> Call[list[tuple[int, float]]]:
-        c, li = self._read_cohort(cohort)
-        t = check_id("signal_type", signal_type)
-        kk = check_k(k)
-        self.check_open()
-        at = self.now() if at_ns is None else check_timestamp("at_ns", at_ns)
-        return self._serve("top_entities", li, "top", (c, t, kk, at), consistency)
 
     def aggregate_rows(
         self, at_ns: int | None = None

@@ -115,6 +115,7 @@ def _blocking() -> str:
         "    RematerializationReport, Signal, WindowCount,",
         ")",
         "from tidal_actors.facades.blocking_base import BlockingBase",
+        "from tidal_actors.runtime.call import Call",
         "",
         '__all__ = ["BlockingOperations", "ReadOnlyRefusals"]',
         "",
@@ -124,7 +125,12 @@ def _blocking() -> str:
     ]
     for op in OPERATIONS:
         out += ["", _signature(op), _docstring(blocking_doc(op))]
-        if op.kind == "reply":
+        if op.served:
+            out += [
+                f"        r = self._core.{op.name}_now({_args(op)})",
+                "        return self._run(r) if isinstance(r, Call) else r",
+            ]
+        elif op.kind == "reply":
             out.append(f"        return self._run(self._core.{op.name}({_args(op)}))")
         else:
             out.append(f"        return self._core.{op.name}({_args(op)})")
@@ -160,6 +166,7 @@ def _aio() -> str:
         "    RematerializationReport, Signal, WindowCount,",
         ")",
         "from tidal_actors.facades.aio_base import LoopFacade",
+        "from tidal_actors.runtime.call import Call",
         "",
         '__all__ = ["AsyncOperations"]',
         "",
@@ -169,7 +176,14 @@ def _aio() -> str:
     ]
     for op in OPERATIONS:
         out += ["", _signature(op, "async def"), _docstring(async_doc(op))]
-        if op.kind == "reply":
+        if op.served:
+            out += [
+                f"        r = self._check().{op.name}_now({_args(op)})",
+                "        if isinstance(r, Call):",
+                "            return await self._run(r)",
+                "        return r",
+            ]
+        elif op.kind == "reply":
             out.append(f"        return await self._run(self._check().{op.name}({_args(op)}))")
         elif op.kind == "signal":
             out += [

@@ -20,7 +20,8 @@ the lock and puts into the reserved room. A ``nonblocking`` core (an async facad
 never waits: a full batch is offered and stays buffered if there is no room (the
 facade parks its task until there is, before queueing more: `room_needed`,
 `when_room`). The signals a control operation or a read sends ahead of itself go past
-the capacity (at most a buffer's worth). The flusher thread only offers.
+the capacity (at most a buffer's worth). The flusher thread only offers; it sleeps
+while nothing is buffered, and the first signal buffered (or any batch call) wakes it.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ class Intake:
         raise NotImplementedError
 
     def now(self) -> int:
+        raise NotImplementedError
+
+    def wake_flusher(self) -> None:
         raise NotImplementedError
 
     def _send_all_buffers(self, offer: bool = False) -> None:
@@ -169,6 +173,8 @@ class Intake:
             with buf.lock:
                 self.check_open()  # again, under the lock (`close`)
                 buf.items.append(item)
+                if len(buf.items) == 1:  # the first buffered: the flusher sends it
+                    self.wake_flusher()
                 if len(buf.items) >= self._steps[m]:
                     if self.nonblocking:  # never waits: a full mailbox leaves it buffered
                         if self.host.offer((M.MEMBERSHIP, m), M.SignalBatch(buf.items)):
@@ -217,6 +223,7 @@ class Intake:
         steps = self._steps
         shards = [m for m, items in enumerate(per_shard) if items]
         self._callers.wrote_many(shards)
+        self.wake_flusher()  # it sizes the batches (`_tune_batches`) while signals come
         if not self.nonblocking:
             self._send_chunks(shards, per_shard)
             return

@@ -46,6 +46,10 @@ class Operation:
         ``core`` and the arguments).
         ``local``: answered by the engine at once, without a message (not in the
         harness).
+
+    ``served``: a ``reply`` operation whose engine also has ``<name>_now``, which
+    returns the result itself when a published view gives it (the blocking and async
+    facades call that, and wait only for a `Call`; `tidal_actors.runtime.serving`).
     """
 
     name: str
@@ -58,6 +62,7 @@ class Operation:
     async_note: str = ""  # a paragraph only the async facade's docstring has
     room: str = ""  # kind "signal": the membership shards an async caller waits for
     harness: bool = True  # offered by the test harness
+    served: bool = False  # the engine's ``<name>_now`` may answer at once
 
 
 USER = Param("user_id", "int")

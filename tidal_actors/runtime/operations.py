@@ -245,6 +245,7 @@ Args:
 Raises:
     InvalidArgument: a bad argument (named, with its value).""",
         READ,
+        served=True,
     ),
     Operation(
         "read_window",
@@ -259,6 +260,7 @@ Raises:
 Raises:
     InvalidArgument: a bad argument (as :meth:`read_decay_score`).""",
         READ,
+        served=True,
     ),
     Operation(
         "top_entities",
@@ -271,6 +273,7 @@ first (ties: lower entity_id first). ``consistency`` as :meth:`read_decay_score`
 Raises:
     InvalidArgument: a bad argument; ``k`` must be an int in ``[1, 2**31)``.""",
         READ,
+        served=True,
     ),
     Operation(
         "aggregate_rows",

@@ -139,6 +139,10 @@ def _actor_class(
     return _Actor
 
 
+def _nothing() -> None:
+    pass
+
+
 class HostContext:
     """The context behaviours see under this host."""
 
@@ -150,6 +154,9 @@ class HostContext:
         self.durable = durable
         self.tell = tell
         self.monotonic = time.monotonic
+        # called by a behaviour that needs the engine's periodic work soon (a ledger
+        # shard's `Publish`, the coordinator's `Tick`): wakes a sleeping flusher thread
+        self.wake_ticker: Callable[[], None] = _nothing
         # how often a ledger shard publishes its view under load (`actors.ledger_views`)
         self.publish_every_s = PUBLISH_EVERY_S
 

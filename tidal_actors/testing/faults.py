@@ -302,9 +302,10 @@ class FaultInjection(PersistenceCrash):
             assert isinstance(old, MembershipShard)
             restored = self._ask(address, M.PERSIST_ADDR, LoadStore)
             committed = {
-                m.token: m.error
+                token: m.error
                 for m in self.pending().get(address, [])
                 if isinstance(m, M.Committed)
+                for token in (m.token, *m.more)
             }
             in_doubt: dict[Any, Reply] = {}
             for token, (reply, label) in down.orphans.items():

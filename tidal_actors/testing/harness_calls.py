@@ -38,6 +38,7 @@ class HarnessCalls:
         for k, r in enumerate(call.replies):
             self.schedule.label(r, f"{call.name}#{self._calls}" + (f".{k}" if many else ""))
             self.core.track(r)
+            r.add_done_callback(self.core.untrack)  # tracked while it is not settled
         return call
 
     @staticmethod
