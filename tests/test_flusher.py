@@ -89,3 +89,67 @@ def test_a_ledger_shard_with_changes_waiting_wakes_the_flusher() -> None:
     assert shard.unpublished and ctx.woken == 1  # waits for a `Publish`: wakes it
     shard.on_idle()
     assert ctx.woken == 1  # once, when the changes start waiting
+
+
+def test_a_rebuild_scheduled_again_after_a_failure_wakes_the_flusher() -> None:
+    """A failed rebuild is scheduled again (`_retry_remat`): the flusher, asleep,
+    must be woken to send the `Tick` that starts it, as for a first schedule."""
+    from tidal_actors._types import PurgeId, PurgeStatus
+    from tidal_actors.actors.coordinator import PurgeCoordinator
+
+    ctx = _Ctx()
+    coord = PurgeCoordinator(ctx)  # type: ignore[arg-type]
+    status = PurgeStatus(PurgeId(1), 1, "red", 1, False, None, 0)
+    coord.state.statuses[1] = (status, 0)
+    assert not coord.remat_due and ctx.woken == 0
+    coord._retry_remat("red")
+    assert coord.remat_due  # a rebuild waits for a tick...
+    assert ctx.woken == 1  # ...and the flusher was told
+
+
+class _Recording:
+    """Stands in for the flusher's wake event: records, at each wait, whether the
+    flusher's stop event was set."""
+
+    def __init__(self, stop: object, inner: object) -> None:
+        self.stop, self.inner, self.waits_after_stop = stop, inner, 0
+
+    def clear(self) -> None:
+        self.inner.clear()  # type: ignore[attr-defined]
+
+    def set(self) -> None:
+        self.inner.set()  # type: ignore[attr-defined]
+
+    def wait(self, timeout: float) -> bool:
+        if self.stop.is_set():  # type: ignore[attr-defined]
+            self.waits_after_stop += 1
+        return bool(self.inner.wait(0.0))  # type: ignore[attr-defined]
+
+
+def test_close_during_a_tick_does_not_leave_the_flusher_sleeping_out_its_timeout() -> None:
+    """close() sets the stop event, then wakes the flusher; if that lands during a
+    tick with nothing to do (after the flusher looked at its stop event, before it
+    cleared its wake event), the flusher must not then sleep out its timeout (a
+    quarter of ``WANTED_S``) before it stops: close() waits for it."""
+    import threading
+
+    with TidalDb.open(None, config=CFG, clock=ManualClock(T0)) as db:
+        core = db._core
+        thread = core._flusher
+        assert thread is not None
+        core._flusher_stop.set()  # the real flusher stops; this test runs the loop
+        core._flusher_wake.set()
+        thread.join()
+        stop = threading.Event()
+        rec = _Recording(stop, threading.Event())
+        core._flusher_stop, core._flusher_wake = stop, rec  # type: ignore[assignment]
+        tune = core._tune_batches
+
+        def tune_then_close() -> None:  # close() lands here, within the tick
+            tune()
+            stop.set()
+            rec.set()
+
+        core._tune_batches = tune_then_close  # type: ignore[method-assign]
+        core._flush_loop()  # one tick, then it stops
+        assert rec.waits_after_stop == 0

@@ -382,10 +382,11 @@ class Core(Serving):
             if busy:
                 continue
             # nothing to do: sleep until woken (`wake_flusher`: set ``asleep`` first,
-            # then look again, so a wake-up between the look and the wait is not lost)
+            # then look again, so a wake-up between the look and the wait is not lost;
+            # close() sets ``stop`` before ``wake``, so a stop the clear hid is seen)
             wake.clear()
             self._flusher_asleep = True
-            if not self._flusher_work():
+            if not stop.is_set() and not self._flusher_work():
                 wake.wait(WANTED_S / 4)
             self._flusher_asleep = False
 
