@@ -153,3 +153,32 @@ def test_close_during_a_tick_does_not_leave_the_flusher_sleeping_out_its_timeout
         core._tune_batches = tune_then_close  # type: ignore[method-assign]
         core._flush_loop()  # one tick, then it stops
         assert rec.waits_after_stop == 0
+
+
+def test_a_fenced_ledger_shard_leaves_the_flusher_nothing_to_do() -> None:
+    """A ledger shard fenced (its restart failed) with changes waiting for a `Publish`
+    (or a view nobody reads) must not keep the flusher awake sending `Publish` to
+    the fence, which counts each as a handler failure."""
+    import pytest
+
+    from tidal_actors._errors import ActorFailure, StorageError
+    from tidal_actors.runtime.supervision import Fenced
+
+    db = TidalDb.open(None, config=CFG, clock=ManualClock(T0))
+    try:
+        core = db._core
+        thread = core._flusher
+        assert thread is not None
+        core._flusher_stop.set()  # no flusher tick races this test's ledger state
+        core._flusher_wake.set()
+        thread.join()
+        old = core.ledgers[0]
+        old._on, old.wanted = True, time.monotonic() - 60  # a view, unread for 60 s
+        old.unpublished = True  # and changes waiting for a `Publish` at the failure
+        address = (M.LEDGER, 0)
+        core._replaced(address, Fenced(old.ctx, address, ActorFailure("restart failed")))
+        assert not core._flusher_work()  # the flusher may sleep
+        assert not core.ledgers[0].unread(time.monotonic())  # and sends no `Publish`
+    finally:
+        with pytest.raises(StorageError, match="fenced"):  # close() reports the fence
+            db.close()

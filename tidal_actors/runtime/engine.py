@@ -197,7 +197,7 @@ class Core(Serving):
             self.fenced = True
             self._fence_causes.append(str(getattr(behaviour, "error", "")))
             if address[0] == M.LEDGER:  # its reads go to it, and fail
-                self.ledgers[address[1]].view = None
+                self.ledgers[address[1]].stop_publishing()
         elif isinstance(behaviour, Persistence):
             self.persistence = behaviour
         elif isinstance(behaviour, LedgerShard):
