@@ -182,3 +182,45 @@ def test_a_fenced_ledger_shard_leaves_the_flusher_nothing_to_do() -> None:
     finally:
         with pytest.raises(StorageError, match="fenced"):  # close() reports the fence
             db.close()
+
+
+def test_a_signal_buffered_as_the_flusher_goes_to_sleep_is_not_left_behind() -> None:
+    """The first signal buffered after a tick found nothing, before the flusher
+    marks itself asleep: its wake-up finds the flusher awake and does nothing, so
+    the flusher must see the signal when it looks again, and not sleep."""
+    import threading
+
+    db = TidalDb.open(None, config=CFG, clock=ManualClock(T0))
+    try:
+        core = db._core
+        thread = core._flusher
+        assert thread is not None
+        core._flusher_stop.set()  # the real flusher stops; this test runs the loop
+        core._flusher_wake.set()
+        thread.join()
+        stop, inner = threading.Event(), threading.Event()
+        waits: list[bool] = []  # at each sleep: whether a signal was buffered
+
+        class _Wake:
+            cleared = 0
+
+            def clear(self) -> None:
+                inner.clear()
+                self.cleared += 1
+                if self.cleared == 1:  # in the window: the tick looked, not asleep yet
+                    db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+
+            def set(self) -> None:
+                inner.set()
+
+            def wait(self, timeout: float) -> bool:
+                waits.append(bool(core._buffers[0].items))
+                stop.set()  # one sleep is enough: the loop ends after it
+                return True
+
+        core._flusher_stop, core._flusher_wake = stop, _Wake()  # type: ignore[assignment]
+        core._flush_loop()
+        assert waits == [False]  # it slept once, with nothing buffered
+        assert not core._buffers[0].items  # the signal was sent on before that
+    finally:
+        db.close()
