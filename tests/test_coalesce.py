@@ -73,3 +73,37 @@ def test_a_merge_stops_at_the_cap() -> None:
     assert units(box.get().message) == 2 * half  # a third would pass the cap
     assert units(box.get().message) == half
 
+
+def test_signals_held_behind_a_commit_stay_within_the_capacity_when_merged() -> None:
+    """A membership shard sets aside the signal batches it takes while a control
+    write commits, and its mailbox counts them against its capacity (`held`), so
+    queued and held together stay within ``capacity`` batches of at most
+    ``signal_batch_size`` signals even though the mailbox merges the batches it
+    hands out (no time budget here: the capacity is the only bound)."""
+    from tidal_actors import Config, ManualClock
+    from tidal_actors.actors.membership import MembershipShard
+    from tidal_actors.actors.reply import Reply
+
+    batch, cap = 8, 4
+
+    class _Ctx:
+        config = Config(ledger_shards=1, membership_shards=1, signal_batch_size=batch)
+        clock = ManualClock(T0)
+        durable = True
+
+        def tell(self, address: object, message: object) -> None:
+            pass
+
+    shard = MembershipShard(_Ctx(), 0)  # type: ignore[arg-type]
+    shard.receive(M.Assign(1, "red", Reply()))  # its write commits: batches wait
+    box = Mailbox(capacity=cap, budget_s=None)
+    box.held, box.held_units = shard.held, shard.held_units
+    sent = 0
+    for _ in range(3 * cap):  # producers fill every slot; the shard takes one message
+        while box.offer(_Env(_signals(sent, batch))):  # type: ignore[arg-type]
+            sent += batch
+        if box.empty():
+            break
+        shard.receive(box.get().message)
+    assert shard.held_units() + box._units == sent
+    assert sent <= cap * batch  # the capacity: cap slots of one full batch each

@@ -134,8 +134,11 @@ class ControlWrites(Behaviour):
     def held(self) -> int:
         # signal batches stashed while a control write commits count as still queued,
         # so the mailbox capacity bounds the signals in flight here too (control
-        # messages are not bounded in the mailbox either)
-        return self._stashed_batches
+        # messages are not bounded in the mailbox either); a batch the mailbox merged
+        # (`runtime.mailbox.coalesce`) counts as the ``signal_batch_size`` batches
+        # its signals fill, so merging does not let more in
+        size = self.ctx.config.signal_batch_size
+        return max(self._stashed_batches, -(-self._stashed_signals // size))
 
     def held_units(self) -> int:
         return self._stashed_signals

@@ -124,6 +124,12 @@ class LedgerViews(Behaviour):
             if wake is not None:  # the flusher thread may sleep: it sends the `Publish`
                 wake()
 
+    def stop_publishing(self) -> None:
+        """The shard was fenced (`runtime.supervision.Fenced`): no view (its reads go
+        to the fence, and fail), and nothing for the flusher thread to send it."""
+        self.view = None
+        self._on = self.unpublished = False
+
     def _idle_for(self, now: float) -> float:
         """Seconds since readers were last seen wanting a view (``now``:
         ``time.monotonic()``); notes ``now`` as ``wanted`` if ``reads`` moved. Called

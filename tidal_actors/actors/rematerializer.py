@@ -98,9 +98,14 @@ class Rematerializer(Behaviour):
             return
         if cohort not in self._remat_due:
             self._remat_due[cohort] = self._monotonic() + delay / 1000.0
-            wake = getattr(self.ctx, "wake_ticker", None)
-            if wake is not None:  # the flusher thread may sleep: it sends the `Tick`s
-                wake()
+            self._wake_ticker()
+
+    def _wake_ticker(self) -> None:
+        """Wake the host's flusher thread (it may sleep; it sends the `Tick`s), called
+        after a rebuild was added to ``_remat_due``."""
+        wake = getattr(self.ctx, "wake_ticker", None)
+        if wake is not None:
+            wake()
 
     def _monotonic(self) -> float:
         # an operational delay, not domain time: the host's monotonic seconds (the
@@ -202,6 +207,7 @@ class Rematerializer(Behaviour):
         self._remat_failures[cohort] = n + 1
         due = self._monotonic() + REMAT_RETRY_S * 2**n
         self._remat_due[cohort] = min(due, self._remat_due.get(cohort, due))
+        self._wake_ticker()
 
     def _on_rematerialize(self, msg: M.Rematerialize) -> None:
         self._queue_remat(msg.cohort, msg.reply)

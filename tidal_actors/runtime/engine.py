@@ -197,7 +197,7 @@ class Core(Serving):
             self.fenced = True
             self._fence_causes.append(str(getattr(behaviour, "error", "")))
             if address[0] == M.LEDGER:  # its reads go to it, and fail
-                self.ledgers[address[1]].view = None
+                self.ledgers[address[1]].stop_publishing()
         elif isinstance(behaviour, Persistence):
             self.persistence = behaviour
         elif isinstance(behaviour, LedgerShard):
@@ -382,10 +382,11 @@ class Core(Serving):
             if busy:
                 continue
             # nothing to do: sleep until woken (`wake_flusher`: set ``asleep`` first,
-            # then look again, so a wake-up between the look and the wait is not lost)
+            # then look again, so a wake-up between the look and the wait is not lost;
+            # close() sets ``stop`` before ``wake``, so a stop the clear hid is seen)
             wake.clear()
             self._flusher_asleep = True
-            if not self._flusher_work():
+            if not stop.is_set() and not self._flusher_work():
                 wake.wait(WANTED_S / 4)
             self._flusher_asleep = False
 
