@@ -144,7 +144,8 @@ class Serving(Operations):
         at_ns: int | None = None,
         consistency: str | None = None,
     ) -> float | Call[float]:
-        """`read_decay_score`: its value when the view answers, else its `Call`."""
+        """`read_decay_score`: its value when the view answers, else its `Call`
+        (`_key_args`'s checks inlined: the serving path's most frequent read)."""
         li = self._read_cohorts.get(cohort) if type(cohort) is str else None
         if li is None:
             cohort, li = self._read_cohort(cohort)
@@ -179,15 +180,14 @@ class Serving(Operations):
         args = (cohort, entity_id, signal_type, at)
         return self._serve("read_decay_score", li, "score", args, consistency)
 
-    def read_window_now(
-        self,
-        cohort: str,
-        entity_id: int,
-        signal_type: int,
-        at_ns: int | None = None,
-        consistency: str | None = None,
-    ) -> WindowCount | Call[WindowCount]:
-        """`read_window`: its value when the view answers, else its `Call`."""
+    def _key_args(self, cohort: str, entity_id: int, signal_type: int) -> tuple[str, int, int, int]:
+        """A key read's checked ``(cohort, ledger shard, entity_id, signal_type)``,
+        the database open (`read_decay_score_now` inlines the same checks).
+
+        Raises:
+            InvalidArgument: a bad cohort, entity_id or signal_type.
+            DatabaseClosed: the database is closed.
+        """
         li = self._read_cohorts.get(cohort) if type(cohort) is str else None
         if li is None:
             cohort, li = self._read_cohort(cohort)
@@ -197,6 +197,18 @@ class Serving(Operations):
             signal_type = check_id("signal_type", signal_type)
         if self.closed:
             self.check_open()
+        return cohort, li, entity_id, signal_type
+
+    def read_window_now(
+        self,
+        cohort: str,
+        entity_id: int,
+        signal_type: int,
+        at_ns: int | None = None,
+        consistency: str | None = None,
+    ) -> WindowCount | Call[WindowCount]:
+        """`read_window`: its value when the view answers, else its `Call`."""
+        cohort, li, entity_id, signal_type = self._key_args(cohort, entity_id, signal_type)
         at = self._at(at_ns)
         args = (cohort, entity_id, signal_type, at)
         view = self._view(li, consistency)
