@@ -107,8 +107,9 @@ class _Durable:
 
 class LocalHost(PykkaHost):
     """The one-actor pykka host inside a `ShardActor`; other addresses go by `Links`.
-    A ledger's history write made while it handles an attribution carries that
-    attribution's link number (``ends``: `ray_restart.DurableEnds`)."""
+    A ledger's history write made while it handles an attribution (or a merged one)
+    carries the highest link number per sender among those it stands for (``ends``:
+    `ray_restart.DurableEnds`)."""
 
     def __init__(
         self,
@@ -126,6 +127,20 @@ class LocalHost(PykkaHost):
         self.shard = shard
         self.epoch = epoch
 
+    def start(self, behaviours: list[Behaviour]) -> None:
+        """Start ``behaviours``; with ``ends``, each message they handle is followed
+        (`ray_restart.track`), a merged one by the numbers of its parts
+        (`ray_restart.DurableEnds.merged`, told by the mailbox)."""
+        ends = self.ends
+        if ends is None:
+            super().start(behaviours)
+            return
+        for b in behaviours:
+            track(ends, b)
+        super().start(behaviours)
+        for b in behaviours:
+            self._inbox(b.address).on_merge = ends.merged
+
     def tell(self, address: M.Address, message: object) -> None:
         if address in self._refs:
             if type(message) is M.Compact and self.ctx.durable:
@@ -139,15 +154,9 @@ class LocalHost(PykkaHost):
             super().tell(address, message)
             return
         ends = self.ends
-        if (
-            ends is not None
-            and ends.current is not None
-            and type(message) is M.Write
-            and message.reply is None
-        ):
-            origin, seq = ends.current
-            op = link_state_op(self.shard, origin, self.epoch, seq)
-            message = M.Write([*message.ops, op], None, message.ahead)
+        if ends is not None and ends.current and type(message) is M.Write and message.reply is None:
+            ops = [link_state_op(self.shard, o, self.epoch, seq) for o, seq in ends.current]
+            message = M.Write([*message.ops, *ops], None, message.ahead)
         self.links.send(address, message)
 
 
@@ -232,8 +241,6 @@ class ShardActor:
             behaviour, notice = restore(self)
         else:
             behaviour = loads(payload, self._resolve)
-        if self.durable_ends is not None:
-            track(self.durable_ends, behaviour)
         self._marks: dict[int, int] = {}
         self._rewrites = 0
         if isinstance(behaviour, Persistence):

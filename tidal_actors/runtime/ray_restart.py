@@ -129,23 +129,42 @@ class DurableEnds:
     """A ledger actor's receiving side of durable acknowledgements (thread-safe).
 
     ``taken`` (the Ray thread) tags a message with its link and number before it
-    enters the mailbox; ``begin`` / ``end`` (the behaviour's thread) bracket its
-    handling (``current`` is the tag of an attribution meanwhile: the history write
-    it makes carries it); ``report`` (the Ray thread) returns the numbers of a
-    sender's messages durable since the last report.
+    enters the mailbox; ``merged`` (the mailbox, as the behaviour's thread takes a
+    merged message out: `runtime.mailbox.Mailbox.on_merge`) gives the message it
+    made of several the tags of all of them, in order, since handling it is
+    handling them (`mailbox.coalesce`); ``begin`` / ``end`` (the behaviour's
+    thread) bracket its handling (``current`` is meanwhile, for an attribution,
+    ``[(sender, seq)]`` of the highest number per sender among its tags: the
+    history write it makes carries them, `Tag.LINK_STATE`); ``report`` (the Ray
+    thread) returns the numbers of a sender's messages durable since the last
+    report.
+
+    A tag holds its message, so no other message can take its ``id`` while the tag
+    waits (a merged message is a new object; its parts' ids are free once merged).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._tags: dict[int, tuple[str, int]] = {}
+        self._tags: dict[int, tuple[object, list[tuple[str, int]]]] = {}
         self._waiting: dict[str, dict[int, Token]] = {}
         self._ready: dict[str, list[int]] = {}
-        self._handling: tuple[str, int] | None = None
-        self.current: tuple[str, int] | None = None
+        self._handling: list[tuple[str, int]] = []
+        self.current: list[tuple[str, int]] = []
 
     def taken(self, origin: str, seq: int, message: object) -> None:
         with self._lock:
-            self._tags[id(message)] = (origin, seq)
+            self._tags[id(message)] = (message, [(origin, seq)])
+
+    def merged(self, parts: list[object], message: object) -> None:
+        """``message`` stands for ``parts`` (in order) from now on: it takes their tags."""
+        with self._lock:
+            tags: list[tuple[str, int]] = []
+            for part in parts:
+                entry = self._tags.pop(id(part), None)
+                if entry is not None and entry[0] is part:
+                    tags += entry[1]
+            if tags:
+                self._tags[id(message)] = (message, tags)
 
     def now(self, origin: str, seq: int) -> None:
         """Message ``seq`` from ``origin`` is durable at once (a host-level message)."""
@@ -154,19 +173,26 @@ class DurableEnds:
 
     def begin(self, message: object) -> None:
         with self._lock:
-            self._handling = self._tags.pop(id(message), None)
-            self.current = self._handling if type(message) is M.Attribute else None
+            entry = self._tags.pop(id(message), None)
+            tags = entry[1] if entry is not None and entry[0] is message else []
+            self._handling = tags
+            if type(message) is M.Attribute and tags:
+                top: dict[str, int] = {}
+                for origin, seq in tags:
+                    if seq > top.get(origin, 0):
+                        top[origin] = seq
+                self.current = list(top.items())
+            else:
+                self.current = []
 
     def end(self, token: Token | None) -> None:
         with self._lock:
-            tag, self._handling, self.current = self._handling, None, None
-            if tag is None:
-                return
-            origin, seq = tag
-            if token is None:
-                self._ready.setdefault(origin, []).append(seq)
-            else:
-                self._waiting.setdefault(origin, {})[seq] = token
+            tags, self._handling, self.current = self._handling, [], []
+            for origin, seq in tags:
+                if token is None:
+                    self._ready.setdefault(origin, []).append(seq)
+                else:
+                    self._waiting.setdefault(origin, {})[seq] = token
 
     def report(self, origin: str, durable: Callable[[Token], bool]) -> list[int]:
         with self._lock:
@@ -257,10 +283,9 @@ def announce(actor: Any, notice: LedgerRestart) -> None:
     send_fault(actor.sink, notice)
 
 
-def track(ends: DurableEnds | None, behaviour: Behaviour) -> None:
+def track(ends: DurableEnds, behaviour: Behaviour) -> None:
     """Note in ``ends``, for each message ``behaviour`` handles, what it waits for to
     be durable (`LedgerShard.durability`)."""
-    assert ends is not None
     receive = behaviour.receive
     durability = getattr(behaviour, "durability", lambda message: None)
 
