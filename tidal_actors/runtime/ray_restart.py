@@ -21,7 +21,9 @@ survive, as the deterministic test host restores a crashed ledger
   written with the number of that attribution on its link (`Tag.LINK_STATE`: per
   ledger shard and sender, ``[epoch, seq]`` of the last one, in the batch's
   transaction). An attribution's report may die with the process; the store still
-  says whether its batch committed.
+  says whether its batch committed. Attributions the mailbox merged into one
+  message make one batch, written with the highest of their numbers
+  (`DurableEnds.merged`).
 * **The restart** (`restore`): the new incarnation fences the failed one's sends
   still on their way to the coordinator and persistence (`Fences`), asks the
   coordinator (`RecoverLedger`), has persistence commit what waits and read the
