@@ -2,7 +2,8 @@
 
 Owns a database's lifetime on a host: restore on open (`runtime.restore`), starting
 the behaviours, the flusher thread, and closing (flush, stop the actors, snapshot,
-close the store), plus what a process exit or a fork means for open databases. Holds
+close the store); what a process exit or a fork means for open databases is
+`runtime.open_cores`. Holds
 no domain state and never waits for a reply (the facades decide how to wait: block,
 await, or step a harness).
 
@@ -13,13 +14,10 @@ backpressure) `runtime.intake.Intake`, which `Core` extends.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
-import sys
 import threading
 import time
-import weakref
 from typing import Any, cast
 
 from tidal_actors._clock import Clock, SystemClock
@@ -34,6 +32,7 @@ from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
+from tidal_actors.runtime import open_cores
 from tidal_actors.runtime.call import Call, combined, error_of
 from tidal_actors.runtime.callers import Callers
 from tidal_actors.runtime.host import Host
@@ -52,45 +51,6 @@ __all__ = ["CLOSE_WAIT_S", "STOP_ORDER", "Call", "Core", "build_states", "check_
 
 STOP_ORDER = [M.MEMBERSHIP, M.LEDGER, M.COORDINATOR, M.PERSISTENCE]
 CLOSE_WAIT_S = 60.0  # how long close() waits for each of its steps (seconds)
-
-
-_OPEN_CORES: weakref.WeakSet[Core] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_at_exit() -> None:
-    """A program that ends without closing its database still loses nothing it was
-    acknowledged: the open databases are flushed and closed at interpreter exit
-    (actor threads are daemons, alive until then). A crash skips this: call
-    ``flush()`` for signals that must survive one. Only the process that opened a
-    database closes it (see `_forget_in_child`)."""
-    pid = os.getpid()
-    for core in list(_OPEN_CORES):
-        if core.pid == pid:
-            try:
-                core.close()
-            except StorageError as exc:  # nobody to raise it to: say it
-                print(f"tidal_actors: closing at exit: {exc}", file=sys.stderr)
-            except Exception:  # noqa: BLE001, S110 - the interpreter is exiting
-                pass
-
-
-def _forget_in_child() -> None:
-    """After ``os.fork()``, in the child: every database the parent had open is
-    disowned, never flushed, snapshotted, unlocked or closed here. The child has none
-    of the parent's actor threads, and its copy of the LMDB environment and of the
-    directory lock belong to the parent (an ``flock`` is shared with the parent's
-    open file, so releasing it would release the parent's). Using such a database in
-    the child raises `DatabaseClosed`. The child cannot open that store again (py-lmdb
-    keeps one environment per file in a process): a process started with
-    multiprocessing's "spawn" or "forkserver" method can, once the parent has closed
-    it, and so can a child forked before its parent opened the store."""
-    for core in list(_OPEN_CORES):
-        core.disown()
-    _OPEN_CORES.clear()
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class Core(Serving):
@@ -180,7 +140,7 @@ class Core(Serving):
         self._flusher_wake = threading.Event()
         self._flusher_asleep = False  # waiting on ``_flusher_wake`` (`_flush_loop`)
         self._flusher: threading.Thread | None = None
-        _OPEN_CORES.add(self)
+        open_cores.add(self)
         if buffered:
             cast(Any, host.ctx).wake_ticker = self.wake_flusher  # a `HostContext`
             self._flusher = threading.Thread(
@@ -326,7 +286,7 @@ class Core(Serving):
 
     def disown(self) -> None:
         """In a forked child: mark this database closed without touching the store, the
-        actors or the lock (they are the parent's). See `_forget_in_child`."""
+        actors or the lock (they are the parent's). See `open_cores.forget_in_child`."""
         self.closed = True
         done = threading.Event()  # not the parent's: a thread may have held its lock
         done.set()

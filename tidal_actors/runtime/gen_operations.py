@@ -8,6 +8,7 @@ any differs from what the table gives. The output is formatted with ``ruff forma
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -155,26 +156,37 @@ def _blocking() -> str:
     return "\n".join(out) + "\n"
 
 
-def _aio() -> str:
-    out = [
-        _BANNER.format(title="`AsyncTidalDb`'s operations, under trio and asyncio alike."),
-        "from collections.abc import Iterable, Mapping",
-        "from typing import Any",
-        "",
-        "from tidal_actors._types import (",
-        "    CommunityMembership, LeaveEpoch, PurgeId, PurgeManifest, PurgeStatus,",
-        "    RematerializationReport, Signal, WindowCount,",
-        ")",
-        "from tidal_actors.facades.aio_base import LoopFacade",
-        "from tidal_actors.runtime.call import Call",
-        "",
-        '__all__ = ["AsyncOperations"]',
-        "",
-        "",
-        "class AsyncOperations(LoopFacade):",
-        '    """Every operation of the table, awaitable (the loop is never blocked)."""',
-    ]
-    for op in OPERATIONS:
+_TYPES = (
+    "CommunityMembership",
+    "LeaveEpoch",
+    "PurgeId",
+    "PurgeManifest",
+    "PurgeStatus",
+    "RematerializationReport",
+    "Signal",
+    "WindowCount",
+)
+
+
+def _aio_imports(methods: list[str], base: str) -> list[str]:
+    """The imports the async methods ``methods`` use (names found in their text), with
+    ``base``, the import of their class's base."""
+    text = "\n".join(methods)
+    used = [name for name in _TYPES if re.search(rf"\b{name}\b", text)]
+    abc = [name for name in ("Iterable", "Mapping") if re.search(rf"\b{name}\[", text)]
+    out = [f"from collections.abc import {', '.join(abc)}"] if abc else []
+    out += ["from typing import Any"] if "Any" in text else []
+    out += ["", f"from tidal_actors._types import {', '.join(used)}"] if used else [""]
+    out.append(base)
+    if re.search(r"\bCall\b", text):
+        out.append("from tidal_actors.runtime.call import Call")
+    return out
+
+
+def _aio_methods(ops: list[Operation]) -> list[str]:
+    """The async facade's methods of ``ops``, in table order."""
+    out: list[str] = []
+    for op in ops:
         out += ["", _signature(op, "async def"), _docstring(async_doc(op))]
         if op.served:
             out += [
@@ -198,6 +210,48 @@ def _aio() -> str:
                 "        await self._checkpoint_after()",
                 "        return result",
             ]
+    return out
+
+
+def _aio_writes() -> str:
+    """The async facade's writing operations (those a read-only database refuses)."""
+    methods = _aio_methods([op for op in OPERATIONS if op.writes])
+    out = [
+        _BANNER.format(
+            title="`AsyncTidalDb`'s writing operations, under trio and asyncio alike: the\n"
+            "signals, cohorts, the community layer, purges, store upkeep."
+        ),
+        *_aio_imports(methods, "from tidal_actors.facades.aio_base import LoopFacade"),
+        "",
+        '__all__ = ["AsyncWrites"]',
+        "",
+        "",
+        "class AsyncWrites(LoopFacade):",
+        '    """The operations of the table that write, awaitable (the loop is never blocked)."""',
+        *methods,
+    ]
+    return "\n".join(out) + "\n"
+
+
+def _aio() -> str:
+    """The async facade's other operations (reads, stats, flush), on top of its writes."""
+    methods = _aio_methods([op for op in OPERATIONS if not op.writes])
+    out = [
+        _BANNER.format(
+            title="`AsyncTidalDb`'s operations, under trio and asyncio alike: the reads,\n"
+            "stats and flush here, on top of the writes (`_generated_aio_writes`)."
+        ),
+        *_aio_imports(
+            methods, "from tidal_actors.facades._generated_aio_writes import AsyncWrites"
+        ),
+        "",
+        '__all__ = ["AsyncOperations"]',
+        "",
+        "",
+        "class AsyncOperations(AsyncWrites):",
+        '    """Every operation of the table, awaitable (the loop is never blocked)."""',
+        *methods,
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -239,6 +293,7 @@ def _harness() -> str:
 
 TARGETS: dict[str, Callable[[], str]] = {
     "facades/_generated_blocking.py": _blocking,
+    "facades/_generated_aio_writes.py": _aio_writes,
     "facades/_generated_aio.py": _aio,
     "testing/_generated_harness.py": _harness,
 }
