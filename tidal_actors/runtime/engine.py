@@ -15,6 +15,7 @@ backpressure) `runtime.intake.Intake`, which `Core` extends.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -22,7 +23,7 @@ from typing import Any, cast
 
 from tidal_actors._clock import Clock, SystemClock
 from tidal_actors._config import Config
-from tidal_actors._errors import DatabaseClosed, StorageError, TidalError
+from tidal_actors._errors import ActorFailure, DatabaseClosed, StorageError, TidalError
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.coordinator import PurgeCoordinator
@@ -48,6 +49,8 @@ from tidal_actors.storage.protocol import Store
 from tidal_actors.storage.stores import Restored
 
 __all__ = ["CLOSE_WAIT_S", "STOP_ORDER", "Call", "Core", "build_states", "check_meta"]
+
+log = logging.getLogger("tidal_actors")
 
 STOP_ORDER = [M.MEMBERSHIP, M.LEDGER, M.COORDINATOR, M.PERSISTENCE]
 CLOSE_WAIT_S = 60.0  # how long close() waits for each of its steps (seconds)
@@ -83,6 +86,10 @@ class Core(Serving):
         self.store = store
         self.host = host
         self.closed = False
+        # calls are refused: closed (or closing), or the flusher failed (`check_open`);
+        # the one flag the serving and signal fast paths read
+        self.refusing = False
+        self._flusher_error: Exception | None = None  # why the flusher ended (`_flush_loop`)
         self.fenced = False  # a shard was fenced (`_replaced`)
         self._fence_causes: list[str] = []  # why, one line per fenced shard
         self.pid = os.getpid()  # the process that opened it: the only one that may use it
@@ -178,7 +185,7 @@ class Core(Serving):
         close the store, and fail calls still waiting with DatabaseClosed. Idempotent."""
         with self._close_lock:
             first = not self.closed
-            self.closed = True
+            self.closed = self.refusing = True
             if first:
                 self._closer = threading.get_ident()
         if not first:
@@ -261,7 +268,11 @@ class Core(Serving):
         if errors:
             # closed, but signals acknowledged since the last flush are not durable:
             # never silently (close() returning means they are)
+            if self._flusher_error is not None:
+                errors.append(StorageError(str(self._flusher_failure())))
             raise combined(errors)
+        if self._flusher_error is not None:  # durable, but said once more
+            raise self._flusher_failure()
 
     def fail_inflight(self) -> None:
         self._inflight_failed = True
@@ -283,11 +294,25 @@ class Core(Serving):
                     "opening the store"
                 )
             raise DatabaseClosed("the database is closed")
+        if self._flusher_error is not None:
+            raise self._flusher_failure()
+
+    def _flusher_failure(self) -> ActorFailure:
+        """The error every call raises once the flusher thread failed (its cause the
+        flusher's exception)."""
+        cause = self._flusher_error
+        err = ActorFailure(
+            f"the flusher thread failed ({type(cause).__name__}: {cause}): buffered "
+            "signals are no longer sent on a tick, so every call is refused; close() "
+            "sends and commits the signals acknowledged before, then raises this"
+        )
+        err.__cause__ = cause
+        return err
 
     def disown(self) -> None:
         """In a forked child: mark this database closed without touching the store, the
         actors or the lock (they are the parent's). See `open_cores.forget_in_child`."""
-        self.closed = True
+        self.closed = self.refusing = True
         done = threading.Event()  # not the parent's: a thread may have held its lock
         done.set()
         self._close_done = done
@@ -338,6 +363,11 @@ class Core(Serving):
                         next_tick = now + 0.05
                         self.host.tell(M.COORD_ADDR, M.Tick())
             except TidalError:
+                return
+            except Exception as exc:  # noqa: BLE001 - said by every later call and close()
+                log.error("tidal_actors: the flusher thread failed", exc_info=exc)
+                self._flusher_error = exc
+                self.refusing = True
                 return
             if busy:
                 continue

@@ -14,7 +14,7 @@ import sys
 import weakref
 from typing import Protocol
 
-from tidal_actors._errors import StorageError
+from tidal_actors._errors import TidalError
 
 __all__ = ["OpenCore", "add", "close_at_exit", "forget_in_child"]
 
@@ -44,7 +44,7 @@ def close_at_exit() -> None:
         if core.pid == pid:
             try:
                 core.close()
-            except StorageError as exc:  # nobody to raise it to: say it
+            except TidalError as exc:  # nobody to raise it to: say it
                 print(f"tidal_actors: closing at exit: {exc}", file=sys.stderr)
             except Exception:  # noqa: BLE001, S110 - the interpreter is exiting
                 pass
