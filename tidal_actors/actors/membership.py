@@ -154,7 +154,7 @@ class MembershipShard(ControlWrites):
             return
         cols = tuple(zip(*signals))
         if n <= FEW_SIGNALS:
-            self._fan_out_few(cols)
+            self._fan_out_few(cols, msg.batches)
             return
         us, es, ts_, ws, tss, cxs = cols
         rids = np.fromiter(map(self._rid.get, us, repeat(COMMUNITY_ONLY)), dtype=np.int64, count=n)
@@ -203,15 +203,17 @@ class MembershipShard(ControlWrites):
                     W[s],
                     TS[s],
                     ctx,
+                    msg.batches,
                 ),
             )
             self._fanned += 1
         self._fanned = 0  # handled: nothing of it is in doubt
 
-    def _fan_out_few(self, cols: tuple[tuple[Any, ...], ...]) -> None:
+    def _fan_out_few(self, cols: tuple[tuple[Any, ...], ...], batches: int) -> None:
         """`_on_signals` of a few signals (``cols``: users, entities, types, weights,
-        timestamps, contexts) laid out in plain Python (`RouteTable.expand_few`): the
-        same counters and the same messages, column for column."""
+        timestamps, contexts; ``batches``: the signal batches they came in) laid out
+        in plain Python (`RouteTable.expand_few`): the same counters and the same
+        messages, column for column."""
         n = len(cols[0])
         rids = list(map(self._rid.get, cols[0], repeat(COMMUNITY_ONLY)))
         pairs = self.routes.pairs
@@ -223,8 +225,9 @@ class MembershipShard(ControlWrites):
         self.forwarded += n - gated
         self.records += total
         self.state.next_rseq = r0 + total
-        for li, (pos, *rest) in parts:
-            self.ctx.tell((M.LEDGER, li), M.Attribute(self.index, pos + r0, *rest))
+        for li, (pos, us, cs, es, ts_, ws, tss, cxs) in parts:
+            attribute = M.Attribute(self.index, pos + r0, us, cs, es, ts_, ws, tss, cxs, batches)
+            self.ctx.tell((M.LEDGER, li), attribute)
             self._fanned += 1
         self._fanned = 0  # handled: nothing of it is in doubt
 
@@ -376,7 +379,7 @@ class MembershipShard(ControlWrites):
 
     def on_error(self, message: object, err: BaseException) -> None:
         if isinstance(message, M.SignalBatch):
-            self.note_loss(err)
+            self.note_loss(err, message)
             faulted = self.fault is not None and self.fault[0] is message
             if self._fanned and faulted:  # some ledgers got their part: partly applied
                 self.fault_in_doubt = (

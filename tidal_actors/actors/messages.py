@@ -102,7 +102,12 @@ SignalTuple = tuple[int, int, int, float, int, Any]
 
 @dataclass(frozen=True, slots=True)
 class SignalBatch:
+    """Facade -> membership: signals in submission order. ``batches``: how many
+    batches the facade sent that this message holds (more than 1 once a mailbox
+    merged them, `runtime.mailbox.coalesce`): a failure loses that many."""
+
     signals: list[SignalTuple]
+    batches: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +155,10 @@ class Attribute:
     ``rseqs`` (int64) increase; ``users``, ``entities``, ``types`` are uint64;
     ``weights`` float64 holding float32 values; ``timestamps`` int64 ns; ``cohorts``
     a list of names. ``contexts`` maps a record's index in the batch to its context's
-    msgpack bytes (packed at the call, `core.validate.check_context`).
+    msgpack bytes (packed at the call, `core.validate.check_context`). ``batches``:
+    how many of the facade's signal batches these records come from (the
+    `SignalBatch.batches` they were attributed from, summed where a mailbox merged
+    attributions): a failure loses that many.
     """
 
     mshard: int
@@ -162,6 +170,7 @@ class Attribute:
     weights: np.ndarray
     timestamps: np.ndarray
     contexts: dict[int, bytes] | None = None
+    batches: int = 1
 
     def __len__(self) -> int:
         return len(self.cohorts)
