@@ -8,28 +8,14 @@ before, then raises it too. Expected scores come from the reference model.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import pytest
 
 from tidal_actors import ActorFailure, Config, ManualClock, TidalDb
 from tidal_actors.testing import ReferenceModel
 
-from .conftest import T0
+from .conftest import SEC, T0, until
 
-SEC = 10**9
 CFG = Config(ledger_shards=1, membership_shards=1)
-
-
-def _until(cond: Callable[[], bool], limit_s: float = 10.0) -> bool:
-    """Poll ``cond`` until it holds or ``limit_s`` seconds passed; whether it holds."""
-    end = time.monotonic() + limit_s
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def _names_the_cause(exc: BaseException) -> bool:
@@ -41,7 +27,7 @@ def test_a_failed_flusher_fails_the_next_calls_and_close_loses_nothing(tmp_path)
     db = TidalDb.open(path, config=CFG, clock=ManualClock(T0))
     core = db._core
     db.assign_cohort(1, "red")
-    assert _until(lambda: core._flusher_asleep)
+    assert until(lambda: core._flusher_asleep)
     send = core._send_all_buffers
 
     def offer_breaks(offer: bool = False) -> None:  # the flusher's tick offers; close sends

@@ -11,8 +11,6 @@ sends; scores come from the reference model.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 
@@ -22,23 +20,13 @@ from tidal_actors.actors.ledger import LedgerShard
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.testing import ReferenceModel
 
-from .conftest import T0
+from .conftest import SEC, T0, until
 
-SEC = 10**9
 CFG = Config(
     ledger_shards=1, membership_shards=1, inflight_budget_ms=None, rematerialize_after_ms=None
 )
 BATCHES, PER_BATCH = 5, 3  # sent while the shard is held: merged into one message
 ROUTE = 2  # records per signal of user 1: cohort "red", then "@community"
-
-
-def _until(cond: Callable[[], bool], limit_s: float = 10.0) -> bool:
-    end = time.monotonic() + limit_s
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def _held_then_failing(
@@ -86,7 +74,7 @@ def _send_held_batches(
     assert entered.wait(10.0)  # the shard holds the first: the rest queue
     for b in range(BATCHES):
         db.signal_batch([Signal(1, 100 + b, 1, 1.0, T0 - SEC) for _ in range(PER_BATCH)])
-    assert _until(lambda: _queued_units(db, address) == units)
+    assert until(lambda: _queued_units(db, address) == units)
     release.set()
 
 

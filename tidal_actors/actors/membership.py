@@ -162,12 +162,7 @@ class MembershipShard(ControlWrites):
         sig, entry = table.expand(rids)
         total = len(sig)
         gated = n - int(np.count_nonzero(table.length[rids]))
-        r0 = self.state.next_rseq
-        self.signals += n
-        self.gated += gated
-        self.forwarded += n - gated
-        self.records += total
-        self.state.next_rseq = r0 + total
+        r0 = self._number(n, gated, total)
         if not total:
             return
         U = np.array(us, dtype=np.uint64)
@@ -209,6 +204,18 @@ class MembershipShard(ControlWrites):
             self._fanned += 1
         self._fanned = 0  # handled: nothing of it is in doubt
 
+    def _number(self, n: int, gated: int, total: int) -> int:
+        """Count a batch of ``n`` signals (``gated`` of them gated) fanned out to
+        ``total`` records, and give those records their rseqs: the first one's is
+        returned, the others follow it in attribution order."""
+        r0 = self.state.next_rseq
+        self.signals += n
+        self.gated += gated
+        self.forwarded += n - gated
+        self.records += total
+        self.state.next_rseq = r0 + total
+        return r0
+
     def _fan_out_few(self, cols: tuple[tuple[Any, ...], ...], batches: int) -> None:
         """`_on_signals` of a few signals (``cols``: users, entities, types, weights,
         timestamps, contexts; ``batches``: the signal batches they came in) laid out
@@ -219,12 +226,7 @@ class MembershipShard(ControlWrites):
         pairs = self.routes.pairs
         gated = sum(1 for r in rids if not pairs[r])
         total, parts = self.routes.expand_few(rids, cols, self.ctx.config.ledger_shards)
-        r0 = self.state.next_rseq
-        self.signals += n
-        self.gated += gated
-        self.forwarded += n - gated
-        self.records += total
-        self.state.next_rseq = r0 + total
+        r0 = self._number(n, gated, total)
         for li, (pos, us, cs, es, ts_, ws, tss, cxs) in parts:
             attribute = M.Attribute(self.index, pos + r0, us, cs, es, ts_, ws, tss, cxs, batches)
             self.ctx.tell((M.LEDGER, li), attribute)
