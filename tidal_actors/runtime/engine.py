@@ -1,11 +1,11 @@
 """The engine behind `TidalDb`, `AsyncTidalDb` and the test `Harness`: `Core`.
 
 Owns a database's lifetime on a host: restore on open (`runtime.restore`), starting
-the behaviours, the flusher thread, and closing (flush, stop the actors, snapshot,
-close the store); what a process exit or a fork means for open databases is
-`runtime.open_cores`. Holds
-no domain state and never waits for a reply (the facades decide how to wait: block,
-await, or step a harness).
+the behaviours, the flusher thread (and what its failure means: `check_open`), and
+closing (flush, stop the actors, snapshot, close the store); what a process exit or
+a fork means for open databases is `runtime.open_cores`. Holds no domain state and
+never waits for a reply (the facades decide how to wait: block, await, or step a
+harness).
 
 The operations are `runtime.engine_ops.Operations` (validation and message building),
 the serving reads `runtime.serving.Serving` and signal intake (buffering, batching,
@@ -86,9 +86,7 @@ class Core(Serving):
         self.store = store
         self.host = host
         self.closed = False
-        # calls are refused: closed (or closing), or the flusher failed (`check_open`);
-        # the one flag the serving and signal fast paths read
-        self.refusing = False
+        self.refusing = False  # closed, or the flusher failed: the fast paths' one check
         self._flusher_error: Exception | None = None  # why the flusher ended (`_flush_loop`)
         self.fenced = False  # a shard was fenced (`_replaced`)
         self._fence_causes: list[str] = []  # why, one line per fenced shard
@@ -182,7 +180,10 @@ class Core(Serving):
 
     def close(self) -> None:
         """Flush, stop the actors (membership, ledgers, coordinator, persistence last),
-        close the store, and fail calls still waiting with DatabaseClosed. Idempotent."""
+        close the store, and fail calls still waiting with DatabaseClosed. Idempotent.
+
+        Raises (once closed): StorageError: signals acknowledged since the last flush
+            are not durable. ActorFailure: the flusher had failed (`check_open`)."""
         with self._close_lock:
             first = not self.closed
             self.closed = self.refusing = True
