@@ -10,7 +10,8 @@ through the generated facades.
 The facades are generated from this table by `tidal_actors.runtime.gen_operations`:
 ``facades/_generated_blocking.py`` (`TidalDb`'s operations, and the refusals of the
 read-only view), ``facades/_generated_aio.py`` (`AsyncTidalDb`'s, under trio and
-asyncio alike) and ``testing/_generated_harness.py`` (the `Harness`'s, which return
+asyncio alike, its writes in ``facades/_generated_aio_writes.py``) and
+``testing/_generated_harness.py`` (the `Harness`'s, which return
 the typed `Call` handle). ``tests/test_operations.py`` fails when a generated module is
 stale, when a facade's method drifts from its row (signature, docstring), and when the
 reference model's operations take other parameters.
