@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -12,6 +13,17 @@ SEC = 10**9
 MIN = 60 * SEC
 HOUR = 3600 * SEC
 DAY = 24 * HOUR
+
+
+def until(cond: Callable[[], bool], limit_s: float = 10.0) -> bool:
+    """Poll ``cond`` every millisecond until it holds or ``limit_s`` seconds passed;
+    whether it holds (for what another thread makes true)."""
+    end = time.monotonic() + limit_s
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 @pytest.fixture

@@ -233,7 +233,7 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
                 if self.fault is not None and self.fault[0] is message:  # for the supervisor
                     self.fault_in_doubt = doubt
             else:
-                self.note_loss(err)
+                self.note_loss(err, message)
             self._sent_write = self._applied = False
 
     def _on_barrier_part(self, msg: M.BarrierPart) -> None:

@@ -53,7 +53,8 @@ def units(msg: object) -> int:
 def coalesce(msgs: list[Any]) -> Any:
     """One message holding the load of ``msgs`` (all `SignalBatch`, or all
     `Attribute` of one membership shard), in order: signals concatenated; records'
-    columns concatenated and each context at its record's new index.
+    columns concatenated and each context at its record's new index; the signal
+    batches they carry (``batches``) summed, so a failure on it counts them all.
 
     Handling it is handling ``msgs`` one after the other: a membership shard routes a
     batch's signals in order, and a ledger adds a batch's records in order, which
@@ -63,7 +64,7 @@ def coalesce(msgs: list[Any]) -> Any:
         signals: list[Any] = []
         for m in msgs:
             signals.extend(m.signals)
-        return M.SignalBatch(signals)
+        return M.SignalBatch(signals, sum(m.batches for m in msgs))
     contexts: dict[int, bytes] = {}
     at = 0
     for m in msgs:
@@ -84,6 +85,7 @@ def coalesce(msgs: list[Any]) -> Any:
         cat([m.weights for m in msgs]),
         cat([m.timestamps for m in msgs]),
         contexts or None,
+        sum(m.batches for m in msgs),
     )
 
 

@@ -174,6 +174,7 @@ def _writable(msg: object) -> object:
             np.array(msg.weights),
             np.array(msg.timestamps),
             msg.contexts,
+            msg.batches,
         )
     return msg
 
