@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tidal_actors.core import sets
-from tidal_actors.core.segments import Segments, room
+from tidal_actors.core.segments import FIRST_CAP, Segments, room
 
 __all__ = ["OLDER_COLUMNS", "OlderBucket", "OlderBuckets"]
 
@@ -166,6 +166,52 @@ class OlderBuckets(Segments):
             self.b[row] = b
             self.length[k] = n + 1
         self.count[row], self.wsum[row], self.fd[row], self.tmax[row] = bucket
+
+    def push_one(self, k: int, b: int, count: int, wsum: float, fd: float, tmax: int) -> None:
+        """`put` of bucket ``b`` of key ``k`` where ``b`` is later than every bucket the
+        key has here (its latest bucket moving aside), in plain Python: a few item
+        reads and writes, a segment move when the key's is full. A ``b`` that is not
+        later goes to `put`."""
+        length = self.length
+        if k >= len(length):
+            self._keys(k + 1)
+            length = self.length
+        n = length.item(k)
+        if n:
+            s = self.start.item(k)
+            if self.b.item(s + n - 1) >= b:
+                self.put(k, b, (count, wsum, fd, tmax))
+                return
+            if n == self.cap.item(k):
+                self._move(k, room(n + 1))
+                self._compact_if_sparse()
+                s = self.start.item(k)
+        else:
+            if not self.cap.item(k):
+                self._move(k, FIRST_CAP)
+            s = self.start.item(k)
+        row = s + n
+        self.b[row] = b
+        self.count[row] = count
+        self.wsum[row] = wsum
+        self.fd[row] = fd
+        self.tmax[row] = tmax
+        length[k] = n + 1
+
+    def add_record(self, k: int, b: int, w: float, wf: float, ts: int) -> None:
+        """Add one contribution (weight ``w``, forward-decayed ``wf``, at ``ts`` ns) to
+        bucket ``b`` of key ``k``, the bucket made if the key has none there: `put` of
+        ``(count + 1, wsum + w, fd + wf, max(tmax, ts))``, the row found once."""
+        if k < len(self.length) and self.length.item(k):
+            row, hit = self._find(k, b)
+            if hit:
+                self.count[row] = self.count.item(row) + 1
+                self.wsum[row] = self.wsum.item(row) + w
+                self.fd[row] = self.fd.item(row) + wf
+                if ts > self.tmax.item(row):
+                    self.tmax[row] = ts
+                return
+        self.put(k, b, (1, w, wf, ts))
 
     def remove(self, k: int, b: int) -> None:
         """Forget bucket ``b`` of key ``k`` (nothing if it has none there)."""
