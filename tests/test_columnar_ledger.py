@@ -211,6 +211,30 @@ def test_dump_loads_back_bit_for_bit(raw: list[tuple[str, int, int, float, int]]
     assert a.keys == b.keys and a.index == b.index and a.cohorts == b.cohorts
 
 
+@settings(max_examples=40, deadline=None)
+@given(records, records, st.integers(0, 13_000))
+def test_a_pickled_copy_adds_and_reads_as_the_original(
+    first: list[tuple[str, int, int, float, int]],
+    then: list[tuple[str, int, int, float, int]],
+    at: int,
+) -> None:
+    """The key columns are numpy views of the ``array`` objects the per-record path
+    writes through (`KeyState.items`): a copy made by pickling keeps them one, so
+    records added to it afterwards, by either path, read as on the original."""
+    import pickle
+
+    for make in (_agg, _vectorized):
+        a = make()
+        a.add_many(_recs(first))
+        b = pickle.loads(pickle.dumps(a))
+        for agg in (a, b):
+            agg.add_many(_recs(then))
+            agg.add_many(_recs(then)[:1])
+        assert _reads(a, at) == _reads(b, at)
+        for name in ("fd_sum", "latest_count", "latest_b", "landmark"):
+            assert getattr(b, name).base.obj is b.items[name]  # a memoryview of it
+
+
 def test_retracting_everything_leaves_nothing() -> None:
     a = _agg()
     rows = a.add_many(

@@ -34,16 +34,17 @@ class BucketAdds(KeyState):
         self._nkeys = k + 1
         self.index[code] = k
         self._reserve(k + 1)
-        self.key_cohort[k] = self._cohort_id(cohort)
+        c = self.items  # the columns' ``array`` objects (Python numbers in and out)
+        c["key_cohort"][k] = self._cohort_id(cohort)
         self.cohorts[cohort] = self.cohorts.get(cohort, 0) + 1
-        self.key_entity[k] = entity
-        self.key_type[k] = stype
-        self.key_half_life[k] = self.half_life(stype)
-        self.landmark[k] = ts
-        self.t_max[k] = ts
-        self.latest_t_max[k] = ts
-        self.latest_b[k] = ts // self._width
-        self.live[k] = 1
+        c["key_entity"][k] = entity
+        c["key_type"][k] = stype
+        c["key_half_life"][k] = self.half_life(stype)
+        c["landmark"][k] = ts
+        c["t_max"][k] = ts
+        c["latest_t_max"][k] = ts
+        c["latest_b"][k] = ts // self._width
+        c["live"][k] = 1
         return k
 
     def _add_newer(
@@ -102,41 +103,42 @@ class BucketAdds(KeyState):
     def _add_one(self, k: int, ts: int, w: float) -> None:
         """Add one contribution to key ``k`` (a newer or older bucket, or a landmark
         move): ``ts`` an int (ns), ``w`` a float (float32-valued). Plain Python on the
-        columns' items (``item`` reads give Python numbers; each sum is the same IEEE
-        addition as on numpy scalars)."""
-        h = self.key_half_life.item(k)
-        x = (ts - self.landmark.item(k)) / h
+        columns' ``array`` objects (`KeyState.items`: Python numbers; each sum is the
+        same IEEE addition as on numpy scalars)."""
+        c = self.items
+        h = c["key_half_life"][k]
+        x = (ts - c["landmark"][k]) / h
         if x > RENORMALIZE_AT:
             self._renormalize(k, ts, h)
             x = 0.0
         wf = w * 2.0**x
-        self.fd_sum[k] = self.fd_sum.item(k) + wf
-        if ts > self.t_max.item(k):
-            self.t_max[k] = ts
+        c["fd_sum"][k] = c["fd_sum"][k] + wf
+        if ts > c["t_max"][k]:
+            c["t_max"][k] = ts
         b = ts // self._width
-        cb = self.latest_b.item(k)
+        cb = c["latest_b"][k]
         if b == cb:
-            self.latest_count[k] = self.latest_count.item(k) + 1
-            self.latest_wsum[k] = self.latest_wsum.item(k) + w
-            self.latest_fd[k] = self.latest_fd.item(k) + wf
-            if ts > self.latest_t_max.item(k):
-                self.latest_t_max[k] = ts
+            c["latest_count"][k] = c["latest_count"][k] + 1
+            c["latest_wsum"][k] = c["latest_wsum"][k] + w
+            c["latest_fd"][k] = c["latest_fd"][k] + wf
+            if ts > c["latest_t_max"][k]:
+                c["latest_t_max"][k] = ts
         elif b > cb:  # the latest bucket moves to ``older``; the new one is the latest
-            cn = self.latest_count.item(k)
+            cn = c["latest_count"][k]
             if cn:
                 self.older.push_one(
                     k,
                     cb,
                     cn,
-                    self.latest_wsum.item(k),
-                    self.latest_fd.item(k),
-                    self.latest_t_max.item(k),
+                    c["latest_wsum"][k],
+                    c["latest_fd"][k],
+                    c["latest_t_max"][k],
                 )
-            self.latest_b[k] = b
-            self.latest_count[k] = 1
-            self.latest_wsum[k] = w
-            self.latest_fd[k] = wf
-            self.latest_t_max[k] = ts
+            c["latest_b"][k] = b
+            c["latest_count"][k] = 1
+            c["latest_wsum"][k] = w
+            c["latest_fd"][k] = wf
+            c["latest_t_max"][k] = ts
         else:
             self.older.add_record(k, b, w, wf, ts)
 

@@ -2,8 +2,9 @@
 
 `Adds.add_columns` hands batches of at most ``small_batch`` records (``SMALL_BATCH``)
 to `RecordAdds._add_small`: a loop in plain Python over the records, reading and
-writing the key columns item by item (``ndarray.item`` gives Python numbers, so the
-arithmetic runs on floats and ints, not numpy scalars). Its cost a record is about
+writing the key columns item by item through the ``array`` objects under them
+(`KeyState.items`: an item read gives a Python number, so the arithmetic runs on
+floats and ints, not numpy scalars). Its cost a record is about
 flat whatever the batch, where the vectorized path pays some 40-90 numpy calls a
 batch (a microsecond or more each) before its cost a record falls below the loop's:
 on the main job's batches (`tidal-actors simulate`), the loop costs 0.2-0.5 of the
@@ -29,7 +30,7 @@ __all__ = ["SMALL_BATCH", "RecordAdds"]
 
 # batches of at most this many records take the per-record path (`RecordAdds`),
 # near where it stops being the cheaper one (see the module)
-SMALL_BATCH = 96
+SMALL_BATCH = 128
 
 
 class RecordAdds(BucketAdds):
@@ -73,34 +74,36 @@ class RecordAdds(BucketAdds):
                 k = new_key(code, c, e, t, ts)
             keep(k)
         # bound after the keys are made (making one may grow the columns)
-        fd_sum, landmark, hl = self.fd_sum, self.landmark, self.key_half_life
-        t_max, latest_b, latest_count = self.t_max, self.latest_b, self.latest_count
-        latest_wsum, latest_fd, latest_t_max = self.latest_wsum, self.latest_fd, self.latest_t_max
+        items = self.items
+        fd_sum, landmark, hl = items["fd_sum"], items["landmark"], items["key_half_life"]
+        t_max, latest_b, latest_count = items["t_max"], items["latest_b"], items["latest_count"]
+        latest_wsum, latest_fd = items["latest_wsum"], items["latest_fd"]
+        latest_t_max = items["latest_t_max"]
         width = self._width
         slow = self._add_one
         push = self.older.push_one
         for k, ts, w in zip(ks, tss, ws):
-            x = (ts - landmark.item(k)) / hl.item(k)
+            x = (ts - landmark[k]) / hl[k]
             b = ts // width
-            cb = latest_b.item(k)
+            cb = latest_b[k]
             if x > RENORMALIZE_AT or b < cb:
                 slow(k, ts, w)  # an earlier bucket, or a landmark move
                 continue
             wf = w * 2.0**x
-            fd_sum[k] = fd_sum.item(k) + wf
-            if ts > t_max.item(k):
+            fd_sum[k] = fd_sum[k] + wf
+            if ts > t_max[k]:
                 t_max[k] = ts
             if b == cb:
-                latest_count[k] = latest_count.item(k) + 1
-                latest_wsum[k] = latest_wsum.item(k) + w
-                latest_fd[k] = latest_fd.item(k) + wf
-                if ts > latest_t_max.item(k):
+                latest_count[k] = latest_count[k] + 1
+                latest_wsum[k] = latest_wsum[k] + w
+                latest_fd[k] = latest_fd[k] + wf
+                if ts > latest_t_max[k]:
                     latest_t_max[k] = ts
                 continue
             # a newer bucket: the latest moves to ``older`` (as `_add_one`)
-            cn = latest_count.item(k)
+            cn = latest_count[k]
             if cn:
-                push(k, cb, cn, latest_wsum.item(k), latest_fd.item(k), latest_t_max.item(k))
+                push(k, cb, cn, latest_wsum[k], latest_fd[k], latest_t_max[k])
             latest_b[k] = b
             latest_count[k] = 1
             latest_wsum[k] = w
