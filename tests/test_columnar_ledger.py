@@ -218,9 +218,10 @@ def test_a_pickled_copy_adds_and_reads_as_the_original(
     then: list[tuple[str, int, int, float, int]],
     at: int,
 ) -> None:
-    """The key columns are numpy views of the ``array`` objects the per-record path
-    writes through (`KeyState.items`): a copy made by pickling keeps them one, so
-    records added to it afterwards, by either path, read as on the original."""
+    """The key columns and the earlier buckets' columns are numpy views of the
+    ``array`` objects the per-record path writes through (`KeyState.items`,
+    `Segments.items`): a copy made by pickling keeps them one, so records added to it
+    afterwards, by either path, read as on the original."""
     import pickle
 
     for make in (_agg, _vectorized):
@@ -233,6 +234,8 @@ def test_a_pickled_copy_adds_and_reads_as_the_original(
         assert _reads(a, at) == _reads(b, at)
         for name in ("fd_sum", "latest_count", "latest_b", "landmark"):
             assert getattr(b, name).base.obj is b.items[name]  # a memoryview of it
+        for name in ("b", "count", "fd", "start", "length"):  # the earlier buckets' too
+            assert getattr(b.older, name).base.obj is b.older.items[name]
 
 
 def test_retracting_everything_leaves_nothing() -> None:

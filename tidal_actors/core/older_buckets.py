@@ -118,9 +118,10 @@ class OlderBuckets(Segments):
 
     def _find(self, k: int, b: int) -> tuple[int, bool]:
         """Where bucket ``b`` of key ``k`` is (its row) or would go, and whether it is."""
-        s = int(self.start[k])
-        n = int(self.length[k])
-        bs = self.b[s : s + n].tolist()
+        it = self.items
+        s = it["start"][k]
+        n = it["length"][k]
+        bs = it["b"][s : s + n].tolist()
         i = bisect.bisect_left(bs, b)
         return s + i, i < n and bs[i] == b
 
@@ -169,47 +170,48 @@ class OlderBuckets(Segments):
 
     def push_one(self, k: int, b: int, count: int, wsum: float, fd: float, tmax: int) -> None:
         """`put` of bucket ``b`` of key ``k`` where ``b`` is later than every bucket the
-        key has here (its latest bucket moving aside), in plain Python: a few item
-        reads and writes, a segment move when the key's is full. A ``b`` that is not
-        later goes to `put`."""
-        length = self.length
-        if k >= len(length):
+        key has here (its latest bucket moving aside), in plain Python on the
+        ``array`` objects under the columns (`Segments.items`): a few item reads and
+        writes, a segment move when the key's is full. A ``b`` that is not later
+        goes to `put`."""
+        it = self.items
+        if k >= len(it["length"]):
             self._keys(k + 1)
-            length = self.length
-        n = length.item(k)
+        n = it["length"][k]
         if n:
-            s = self.start.item(k)
-            if self.b.item(s + n - 1) >= b:
+            s = it["start"][k]
+            if it["b"][s + n - 1] >= b:
                 self.put(k, b, (count, wsum, fd, tmax))
                 return
-            if n == self.cap.item(k):
+            if n == it["cap"][k]:
                 self._move(k, room(n + 1))
                 self._compact_if_sparse()
-                s = self.start.item(k)
+                s = it["start"][k]
         else:
-            if not self.cap.item(k):
+            if not it["cap"][k]:
                 self._move(k, FIRST_CAP)
-            s = self.start.item(k)
+            s = it["start"][k]
         row = s + n
-        self.b[row] = b
-        self.count[row] = count
-        self.wsum[row] = wsum
-        self.fd[row] = fd
-        self.tmax[row] = tmax
-        length[k] = n + 1
+        it["b"][row] = b
+        it["count"][row] = count
+        it["wsum"][row] = wsum
+        it["fd"][row] = fd
+        it["tmax"][row] = tmax
+        it["length"][k] = n + 1
 
     def add_record(self, k: int, b: int, w: float, wf: float, ts: int) -> None:
         """Add one contribution (weight ``w``, forward-decayed ``wf``, at ``ts`` ns) to
         bucket ``b`` of key ``k``, the bucket made if the key has none there: `put` of
         ``(count + 1, wsum + w, fd + wf, max(tmax, ts))``, the row found once."""
-        if k < len(self.length) and self.length.item(k):
+        it = self.items
+        if k < len(it["length"]) and it["length"][k]:
             row, hit = self._find(k, b)
             if hit:
-                self.count[row] = self.count.item(row) + 1
-                self.wsum[row] = self.wsum.item(row) + w
-                self.fd[row] = self.fd.item(row) + wf
-                if ts > self.tmax.item(row):
-                    self.tmax[row] = ts
+                it["count"][row] = it["count"][row] + 1
+                it["wsum"][row] = it["wsum"][row] + w
+                it["fd"][row] = it["fd"][row] + wf
+                if ts > it["tmax"][row]:
+                    it["tmax"][row] = ts
                 return
         self.put(k, b, (1, w, wf, ts))
 
