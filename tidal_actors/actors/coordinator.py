@@ -357,7 +357,7 @@ class PurgeCoordinator(Rematerializer):
         entry = self.state.statuses.get(msg.purge_id)
         if entry is None:  # the caller's mistake, not a handler failure: not counted
             msg.reply.set_exception(
-                UnknownPurge(f"no purge with id {PurgeId(msg.purge_id)!r} in this store")
+                UnknownPurge(f"no purge with id {PurgeId(msg.purge_id)} in this store")
             )
         else:
             msg.reply.set_result(entry[0])

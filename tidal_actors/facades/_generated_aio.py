@@ -342,7 +342,7 @@ class AsyncOperations(LoopFacade):
 
         Returns a :class:`RematerializationReport` (``matched_live`` False means the
         rebuild changed the aggregates: evicted records of a purged pair were left
-        out).
+        out, or a purged record's timestamps were erased, which a read may not show).
 
         Cancellation: applied completely (sent when the call begins).
 
