@@ -6,25 +6,17 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from tidal_actors._errors import ActorFailure, StorageError, TidalError
+from tidal_actors._errors import StorageError, TidalError
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.behaviour import Context
+from tidal_actors.actors.erasure import Erasure, write_error
 from tidal_actors.actors.recovery import LoadStore
 from tidal_actors.actors.reply import Reply
 
 T = TypeVar("T")
 
 
-def _write_error(exc: Exception) -> TidalError:
-    """What a writer is told when its commit failed: a TidalError, the cause attached."""
-    if isinstance(exc, TidalError):
-        return exc
-    err = ActorFailure(f"persistence failed to commit: {exc!r}")
-    err.__cause__ = exc
-    return err
-
-
-class Persistence(Behaviour):
+class Persistence(Erasure):
     """Sole owner of the store; group-commits every write waiting in its mailbox.
 
     Writes accumulate while messages keep arriving; when the mailbox is empty (or
@@ -68,6 +60,7 @@ class Persistence(Behaviour):
         self._gather_until: float | None = None  # `idle_wait_s`'s deadline (perf_counter)
         # barrier id -> (ledgers reached, losses their parts reported)
         self._barriers: dict[int, tuple[int, tuple[BaseException, ...]]] = {}
+        self._init_erasure()
         self.commits = 0
         self.failed_writes = 0
         self._unreported: BaseException | None = None
@@ -75,7 +68,6 @@ class Persistence(Behaviour):
             (M.Write, self._on_write),
             (M.FlushStore, self._on_flush),
             (M.BarrierPart, self._on_barrier_part),
-            (M.EraseHistory, self._on_erase),
             (M.Compact, self._on_compact),
             (LoadStore, self._on_load),
         ):
@@ -84,6 +76,8 @@ class Persistence(Behaviour):
     def receive(self, message: object) -> None:
         if self._ahead and not (type(message) is M.Write and message.ahead):
             self._commit(self._take_ahead())  # the run of writes that go first ended
+        if self.holds(message):  # after the erasure computed aside commits, in order
+            return
         super().receive(message)
 
     def uncommitted(self) -> list[M.Write]:
@@ -162,7 +156,7 @@ class Persistence(Behaviour):
                     self.commits += 1
                     errors.append(None)
                 except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
-                    errors.append(_write_error(exc))
+                    errors.append(write_error(exc))
         self._gather_until = None
         run: list[Any] = []  # a run of control writes to one shard with one outcome
         for w, err in zip(writes, errors):
@@ -199,26 +193,6 @@ class Persistence(Behaviour):
         except TidalError as exc:  # a shard that stopped (closing): answer the others
             self.handler_errors += 1
             self.last_error = exc
-
-    def _on_erase(self, msg: M.EraseHistory) -> None:
-        from tidal_actors.storage.history_rewrite import erase_history_ops
-
-        self.commit()  # history batches queued before are in the store first
-        try:
-            items = self.store.history_items()
-            try:
-                ops, _ = erase_history_ops(items, msg.cohort, msg.covered)
-            finally:
-                close = getattr(items, "close", None)
-                if close is not None:
-                    close()  # the read transaction ends before the write begins
-            self.store.commit(ops + msg.ops)
-            if ops:
-                self.store.history_marks.rewritten()
-            error: BaseException | None = None
-        except Exception as exc:  # noqa: BLE001 - the coordinator must hear back
-            error = _write_error(exc)
-        self._ack(M.Write(msg.ops, msg.reply), error)
 
     def _on_load(self, msg: LoadStore) -> None:
         """Read the store for a shard restarting (`actors.recovery`), after committing
