@@ -38,11 +38,21 @@ class Persistence(Erasure):
     first one back would commit alone and the rest would wait behind it, so
     concurrent callers would share commits about half as well. A lone caller (the
     last commit carried one write) never waits.
+
+    History writes no caller waits for (a ledger's batches) gather too: with only
+    those waiting, a host may wait up to ``HISTORY_WAIT_S`` from the first of them
+    before committing them (the pykka host does; the test harness commits at once).
+    Under full ingestion this turns a commit after every few batches (each an
+    fsync, persistence busy in them most of the time) into a few a second, so a
+    control write arriving finds persistence idle more often; a control write, a
+    write with a reply, a flush, a barrier or a stop commits them at once.
     """
 
     address = M.PERSIST_ADDR
     GROUP_LIMIT = 50_000
     GATHER_MAX_S = 0.005  # the longest wait for control writes to gather (seconds)
+    # the longest a host waits to commit history writes no caller waits for (seconds)
+    HISTORY_WAIT_S = 0.05
     # its mailbox is bounded by count only: a control write does not wait behind the
     # history writes queued here, it joins them in the next transaction, and a deep
     # queue is what makes a transaction carry many writes (one fsync for all)
@@ -58,6 +68,10 @@ class Persistence(Erasure):
         self._expect = 1
         self._commit_s = 0.0
         self._gather_until: float | None = None  # `idle_wait_s`'s deadline (perf_counter)
+        # when the first history write waiting came (perf_counter), and how many writes
+        # waiting have a writer waiting for them (then they commit once idle)
+        self._history_since: float | None = None
+        self._awaited = 0
         # barrier id -> (ledgers reached, losses their parts reported)
         self._barriers: dict[int, tuple[int, tuple[BaseException, ...]]] = {}
         self._init_erasure()
@@ -92,18 +106,28 @@ class Persistence(Erasure):
         if msg.ahead:
             self._ahead.append(msg)
             return
+        if not self._writes:
+            self._history_since = time.perf_counter()
+        if msg.reply is not None:
+            self._awaited += 1
         self._writes.append(msg)
         self._ops += len(msg.ops)
         if self._ops >= self.GROUP_LIMIT:
             self.commit()
 
     def idle_wait_s(self) -> float:
-        """How long to wait for more control writes before committing those waiting:
-        while fewer wait than the last commit of them carried, until that commit's
-        duration (at most ``GATHER_MAX_S``) has passed since the mailbox first went
-        empty; 0.0 otherwise."""
+        """How long to wait for more writes before committing those waiting: while
+        fewer control writes wait than the last commit of them carried, until that
+        commit's duration (at most ``GATHER_MAX_S``) has passed since the mailbox
+        first went empty; with only history writes no caller waits for, until
+        ``HISTORY_WAIT_S`` has passed since the first of them came; 0.0 otherwise."""
         n = len(self._ahead)
-        if not n or n >= self._expect:
+        if not n:
+            since = self._history_since
+            if since is None or self._awaited or not self._writes:
+                return 0.0
+            return max(0.0, since + self.HISTORY_WAIT_S - time.perf_counter())
+        if n >= self._expect:
             return 0.0
         now = time.perf_counter()
         if self._gather_until is None:
@@ -115,6 +139,10 @@ class Persistence(Erasure):
             self._commit(self._take_ahead())
         if self._writes:
             self.commit()
+
+    def on_stop(self) -> None:
+        super().on_stop()  # an erasure computed aside commits first
+        self.on_idle()
 
     def _ack(self, w: M.Write, error: BaseException | None) -> None:
         r = w.reply
@@ -135,6 +163,7 @@ class Persistence(Erasure):
     def commit(self) -> None:
         """Commit every waiting write in one transaction, then acknowledge each."""
         writes, self._writes, self._ops = self._take_ahead() + self._writes, [], 0
+        self._history_since, self._awaited = None, 0
         self._commit(writes)
 
     def _commit(self, writes: list[M.Write]) -> None:
