@@ -151,7 +151,7 @@ def _set_up(
     phase: PhaseFn = no_phase,
 ) -> int:
     """Apply the leading ``assign`` rows (``assign_upfront``), taking them from
-    ``rows``; returns how many. On the runtime, 16 callers at once (`_assign_from`:
+    ``rows``; returns how many. On the runtime, 64 callers at once (`_assign_from`:
     one user's rows stay in order), so the persistence actor commits them in
     groups. ``phase`` sees the assignments done."""
     n = 0
@@ -177,7 +177,7 @@ def _set_up(
                     db.assign_cohort(user, cohort)
                 tick(len(cohorts))
         else:
-            _assign_from(db, list(per_user.items()), 16, tick)
+            _assign_from(db, list(per_user.items()), 64, tick)
     counts.assigns += n
     counts.rows += n
     counts.first_ts_ns = events[0].ts_ns
