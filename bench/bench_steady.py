@@ -27,6 +27,7 @@ from tidal_actors.loadsim.generator import generate_events
 from tidal_actors.loadsim.interrupt import until_stopped
 from tidal_actors.loadsim.measure import Latency
 from tidal_actors.loadsim.scenario import load_scenario
+from tidal_actors.loadsim.setup import set_up
 
 
 def run(scale: float) -> dict[str, Any]:
@@ -43,7 +44,7 @@ def run(scale: float) -> dict[str, Any]:
             parts = until_stopped(events, lambda: False)
             commits = persistence.commits
             t, cpu = time.perf_counter(), time.process_time()
-            n = S._set_up(db, events, clock, counts, parts)
+            n = set_up(db, events, clock, counts, parts)
             wall, cpu = time.perf_counter() - t, time.process_time() - cpu
             commits = persistence.commits - commits
             out["setup"] = {
