@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+
 import pytest
 
 from tidal_actors import ManualClock, TidalDb
@@ -10,6 +13,17 @@ SEC = 10**9
 MIN = 60 * SEC
 HOUR = 3600 * SEC
 DAY = 24 * HOUR
+
+
+def until(cond: Callable[[], bool], limit_s: float = 10.0) -> bool:
+    """Poll ``cond`` every millisecond until it holds or ``limit_s`` seconds passed;
+    whether it holds (for what another thread makes true)."""
+    end = time.monotonic() + limit_s
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 @pytest.fixture
@@ -32,3 +46,25 @@ def pdb_path(tmp_path):
 def settle_at_once(monkeypatch):
     """Settle every row as soon as it may be (the default waits for 16,384)."""
     monkeypatch.setattr(_states, "SETTLE_MIN", 1)
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """One local Ray instance for the session (2 CPUs: the actors take none); the
+    tests that take it are skipped where Ray is not installed (``tests/_ray.py``)."""
+    import ray
+
+    from tidal_actors.runtime.ray_replies import NAMESPACE
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            namespace=NAMESPACE,
+            configure_logging=False,
+        )
+    yield
+    if started:
+        ray.shutdown()

@@ -37,7 +37,8 @@ def test_signal_batches_back_to_back_come_out_as_one_in_order() -> None:
         box.put(_Env(m))  # type: ignore[arg-type]
     first = box.get().message
     assert first == M.SignalBatch(
-        _signals(0, 3).signals + _signals(3, 2).signals + _signals(5, 4).signals
+        _signals(0, 3).signals + _signals(3, 2).signals + _signals(5, 4).signals,
+        batches=3,  # the three merged: a failure on it loses three
     )
     assert box.get().message == "control"
     assert box.get().message == _signals(9, 1)
@@ -57,9 +58,12 @@ def test_attributions_merge_within_one_membership_shard_up_to_another_kind() -> 
     got = box.get().message
     # shard 0's records before the control message, in their order; shard 1's stay
     assert got.records == a.records + b.records + d.records
+    assert got.batches == 3  # a, b and d
     assert got.contexts == {1: b"x", 3: b"y", 4: b"z"}  # b's records moved up by a's 3
     assert got.rseqs.dtype == np.int64 and got.users.dtype == np.uint64
-    assert box.get().message.records == c.records + e.records
+    got = box.get().message
+    assert got.records == c.records + e.records
+    assert got.batches == 2
     assert box.get().message == "control"
     assert box.get().message is f  # behind the control message: not merged with d
     assert box.empty() and box._units == 0

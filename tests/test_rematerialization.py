@@ -69,6 +69,27 @@ def test_purge_then_rematerialize_equals_never_attributed(pdb_path, clock):
         assert (again.records_excluded, again.matched_live) == (0, True)
 
 
+@pytest.mark.parametrize("newest_at, matched", [(T0, False), (T0 - 10 * SEC, True)])
+def test_matched_live_is_false_when_a_purged_record_was_a_keys_newest(
+    pdb_path, clock, newest_at, matched
+):
+    """Nothing evicted: the live retraction already gives the rebuild's scores and
+    windows, but a purged record's own timestamp (here the key's newest) is only
+    erased by the rebuild; a purged record sharing every timestamp with one that
+    stays leaves nothing to erase."""
+    with TidalDb.open(pdb_path, config=CFG, clock=clock) as db:
+        for u in (1, 2):
+            db.assign_cohort(u, "c")
+        db.signal_with_context(1, 0, 1, 1.0, T0 - 10 * SEC)
+        db.signal_with_context(2, 0, 1, 2.0, newest_at)
+        _, manifest = db.request_community_purge(2, "c")
+        assert (len(manifest.entries), manifest.evicted) == (1, 0)
+        report = db.rematerialize("c")
+        assert (report.records_excluded, report.matched_live) == (0, matched)
+        # by hand: user 1's record left, 1.0 ten seconds before T0, half-life 50 s
+        assert db.read_decay_score("c", 0, 1, T0) == pytest.approx(2.0**-0.2, rel=1e-12)
+
+
 def test_ephemeral_rebuild_leaves_the_evicted_records(clock):
     """No history to rebuild from: the log's records were retracted by the purge,
     the evicted ones stay (as the reference model with ``history=False``)."""
@@ -161,7 +182,8 @@ def test_rematerialize_errors(db):
         db.rematerialize("")
     with pytest.raises(UnknownCohort):
         db.rematerialize("never-seen")
-    with pytest.raises(UnknownPurge):
+    # the id in the printed form the CLI and PurgeId(str) take: 12345 = 0x3039
+    with pytest.raises(UnknownPurge, match=f"no purge with id {'0' * 28}3039 in"):
         db.purge_status(PurgeId(12345))
     with pytest.raises(InvalidArgument):
         db.purge_status(-1)

@@ -96,6 +96,10 @@ class ActorFailure(TidalError):
     commit), the actor resumes as it was. Each failure is logged on the
     ``tidal_actors`` logger at ERROR with a ``FaultReport``
     (``runtime.supervision``; docs/guarantees.md, "A handler failure").
+
+    Also raised by every call, and by ``close()``, once the flusher thread (which
+    sends buffered signals on a tick) has failed: its exception is the cause
+    (docs/guarantees.md, "The flusher failing").
     """
 
 

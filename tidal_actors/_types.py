@@ -208,8 +208,16 @@ class RematerializationReport:
             its manifest's ``evicted`` count, less the records ``history_retention_ns``
             dropped. Always 0 on an ephemeral database (nothing is left out there).
         seconds: wall time taken.
-        matched_live: whether the rebuilt aggregates equalled the live ones (to
-            relative 1e-9) before they were swapped in.
+        matched_live: whether the rebuilt aggregates equalled the live ones
+            before they were swapped in: scores and window weights to relative
+            1e-9, counts and timestamps exactly (each key's landmark, latest
+            contribution and latest bucket; each bucket's latest contribution).
+            False when evicted records of a purged pair were left out, and also
+            when a purged record left a timestamp of its own (a key's newest
+            contribution, its landmark, a bucket's latest contribution): a live
+            retraction does not move timestamps, the rebuild erases them, though
+            every score and window read may be unchanged
+            (``core.aggregates.Aggregates.same_cohort``).
     """
 
     cohort: str

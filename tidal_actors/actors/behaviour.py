@@ -92,6 +92,7 @@ class Behaviour:
         # no flush has reported yet: the next flush's barrier carries it to its caller
         self._loss: BaseException | None = None
         self._lost_batches = 0
+        self._lost_units = 0  # their signals (membership) or records (ledger) here
         # the first unexpected failure (not a TidalError) and its message: a
         # supervisor that restarts the behaviour reads it (`fault`)
         self.fault: tuple[object, BaseException] | None = None
@@ -130,10 +131,15 @@ class Behaviour:
     def on_error(self, message: object, err: BaseException) -> None:
         """Hook: a handler failed on ``message`` (already counted and replied)."""
 
-    def note_loss(self, err: BaseException) -> None:
-        """Signals acknowledged to their callers were lost here (``err`` says why)."""
+    def note_loss(self, err: BaseException, message: M.SignalBatch | M.Attribute) -> None:
+        """Signals acknowledged to their callers were lost here: ``message``'s
+        (``err`` says why), counted as the signal batches it carries (several where a
+        mailbox merged them: ``batches``) and its signals or records."""
         self._loss = err
-        self._lost_batches += 1
+        self._lost_batches += message.batches
+        self._lost_units += (
+            len(message.signals) if isinstance(message, M.SignalBatch) else len(message)
+        )
 
     def take_over_loss(self, old: Behaviour) -> None:
         """Report, at the next flush, what ``old`` (the incarnation this one replaces
@@ -141,6 +147,7 @@ class Behaviour:
         if old._loss is not None:
             self._loss = old._loss
             self._lost_batches += old._lost_batches
+            self._lost_units += old._lost_units
 
     def take_loss(self, barrier: M.Barrier) -> tuple[BaseException, ...]:
         """What `note_loss` recorded, as one StorageError, for a barrier that reports
@@ -148,12 +155,13 @@ class Behaviour:
         barrier does not report them (the loss then waits for one that does)."""
         if not barrier.reports_loss or self._loss is None:
             return ()
+        units = "signals" if self.address[0] == M.MEMBERSHIP else "records"
         err = StorageError(
             f"{self.address[0]}[{self.address[1]}] lost {self._lost_batches} signal "
-            f"batch(es) since the last flush; last: {self._loss}"
+            f"batch(es) ({self._lost_units} {units}) since the last flush; last: {self._loss}"
         )
         err.__cause__ = self._loss
-        self._loss, self._lost_batches = None, 0
+        self._loss, self._lost_batches, self._lost_units = None, 0, 0
         return (err,)
 
     def resume(self) -> None:

@@ -154,7 +154,7 @@ class MembershipShard(ControlWrites):
             return
         cols = tuple(zip(*signals))
         if n <= FEW_SIGNALS:
-            self._fan_out_few(cols)
+            self._fan_out_few(cols, msg.batches)
             return
         us, es, ts_, ws, tss, cxs = cols
         rids = np.fromiter(map(self._rid.get, us, repeat(COMMUNITY_ONLY)), dtype=np.int64, count=n)
@@ -162,12 +162,7 @@ class MembershipShard(ControlWrites):
         sig, entry = table.expand(rids)
         total = len(sig)
         gated = n - int(np.count_nonzero(table.length[rids]))
-        r0 = self.state.next_rseq
-        self.signals += n
-        self.gated += gated
-        self.forwarded += n - gated
-        self.records += total
-        self.state.next_rseq = r0 + total
+        r0 = self._number(n, gated, total)
         if not total:
             return
         U = np.array(us, dtype=np.uint64)
@@ -203,28 +198,38 @@ class MembershipShard(ControlWrites):
                     W[s],
                     TS[s],
                     ctx,
+                    msg.batches,
                 ),
             )
             self._fanned += 1
         self._fanned = 0  # handled: nothing of it is in doubt
 
-    def _fan_out_few(self, cols: tuple[tuple[Any, ...], ...]) -> None:
-        """`_on_signals` of a few signals (``cols``: users, entities, types, weights,
-        timestamps, contexts) laid out in plain Python (`RouteTable.expand_few`): the
-        same counters and the same messages, column for column."""
-        n = len(cols[0])
-        rids = list(map(self._rid.get, cols[0], repeat(COMMUNITY_ONLY)))
-        pairs = self.routes.pairs
-        gated = sum(1 for r in rids if not pairs[r])
-        total, parts = self.routes.expand_few(rids, cols, self.ctx.config.ledger_shards)
+    def _number(self, n: int, gated: int, total: int) -> int:
+        """Count a batch of ``n`` signals (``gated`` of them gated) fanned out to
+        ``total`` records, and give those records their rseqs: the first one's is
+        returned, the others follow it in attribution order."""
         r0 = self.state.next_rseq
         self.signals += n
         self.gated += gated
         self.forwarded += n - gated
         self.records += total
         self.state.next_rseq = r0 + total
-        for li, (pos, *rest) in parts:
-            self.ctx.tell((M.LEDGER, li), M.Attribute(self.index, pos + r0, *rest))
+        return r0
+
+    def _fan_out_few(self, cols: tuple[tuple[Any, ...], ...], batches: int) -> None:
+        """`_on_signals` of a few signals (``cols``: users, entities, types, weights,
+        timestamps, contexts; ``batches``: the signal batches they came in) laid out
+        in plain Python (`RouteTable.expand_few`): the same counters and the same
+        messages, column for column."""
+        n = len(cols[0])
+        rids = list(map(self._rid.get, cols[0], repeat(COMMUNITY_ONLY)))
+        pairs = self.routes.pairs
+        gated = sum(1 for r in rids if not pairs[r])
+        total, parts = self.routes.expand_few(rids, cols, self.ctx.config.ledger_shards)
+        r0 = self._number(n, gated, total)
+        for li, (pos, us, cs, es, ts_, ws, tss, cxs) in parts:
+            attribute = M.Attribute(self.index, pos + r0, us, cs, es, ts_, ws, tss, cxs, batches)
+            self.ctx.tell((M.LEDGER, li), attribute)
             self._fanned += 1
         self._fanned = 0  # handled: nothing of it is in doubt
 
@@ -376,7 +381,7 @@ class MembershipShard(ControlWrites):
 
     def on_error(self, message: object, err: BaseException) -> None:
         if isinstance(message, M.SignalBatch):
-            self.note_loss(err)
+            self.note_loss(err, message)
             faulted = self.fault is not None and self.fault[0] is message
             if self._fanned and faulted:  # some ledgers got their part: partly applied
                 self.fault_in_doubt = (

@@ -4,6 +4,10 @@ Owns the protocol only. Addresses are ``(kind, index)`` tuples: ``("membership",
 ``("ledger", i)``, ``("coordinator", 0)``, ``("persistence", 0)``. Hot-path batches
 carry plain tuples (`SignalBatch`) or numpy columns (`Attribute`), not one object per
 signal (DESIGN.md "What things cost here").
+
+The purge protocol's messages live in `actors.messages_purge`, the
+re-materialization's in `actors.messages_remat`; both are re-exported here, so
+``messages.X`` names every message.
 """
 
 from __future__ import annotations
@@ -14,18 +18,83 @@ from typing import Any
 
 import numpy as np
 
+from tidal_actors.actors.messages_purge import (
+    ApplyPurge,
+    EvictionUpdate,
+    Marker,
+    PreparePurge,
+    Purge,
+    PurgeAbandoned,
+    PurgeMarker,
+    PurgePrepared,
+    PurgeRequest,
+    QueryPurge,
+)
+from tidal_actors.actors.messages_remat import (
+    EraseHistory,
+    RematAbort,
+    RematDone,
+    Rematerialize,
+    RematStart,
+    RematStep,
+    RematToken,
+    ResumeRematerialization,
+    Tick,
+)
 from tidal_actors.actors.reply import Reply
-from tidal_actors.core.contrib_log import LogRecord, Prepared
+from tidal_actors.core.contrib_log import LogRecord
+
+__all__ = [
+    "COORDINATOR",
+    "COORD_ADDR",
+    "LEDGER",
+    "MEMBERSHIP",
+    "PERSISTENCE",
+    "PERSIST_ADDR",
+    "Address",
+    "ApplyPurge",
+    "Assign",
+    "Attribute",
+    "Barrier",
+    "BarrierPart",
+    "Committed",
+    "Compact",
+    "Drain",
+    "EraseHistory",
+    "EvictionUpdate",
+    "FlushStore",
+    "Leave",
+    "Marker",
+    "PreparePurge",
+    "Publish",
+    "Purge",
+    "PurgeAbandoned",
+    "PurgeMarker",
+    "PurgePrepared",
+    "PurgeRequest",
+    "QueryManifests",
+    "QueryPurge",
+    "QueryUser",
+    "Read",
+    "Rejoin",
+    "RematAbort",
+    "RematDone",
+    "RematStart",
+    "RematStep",
+    "RematToken",
+    "Rematerialize",
+    "ResumeRematerialization",
+    "SignalBatch",
+    "SignalTuple",
+    "Tick",
+    "Unassign",
+    "Write",
+]
 
 Address = tuple[str, int]
 MEMBERSHIP, LEDGER, COORDINATOR, PERSISTENCE = "membership", "ledger", "coordinator", "persistence"
 COORD_ADDR: Address = (COORDINATOR, 0)
 PERSIST_ADDR: Address = (PERSISTENCE, 0)
-
-# a purge's marker: (membership shard, a number from its token counter, increasing)
-Marker = tuple[int, int]
-# a re-materialization's token: ("remat", sequence number at the coordinator)
-RematToken = tuple[str, int]
 
 # one signal on the wire: (user, entity, signal_type, weight_f32, ts_ns, context msgpack bytes|None)
 SignalTuple = tuple[int, int, int, float, int, Any]
@@ -33,7 +102,12 @@ SignalTuple = tuple[int, int, int, float, int, Any]
 
 @dataclass(frozen=True, slots=True)
 class SignalBatch:
+    """Facade -> membership: signals in submission order. ``batches``: how many
+    batches the facade sent that this message holds (more than 1 once a mailbox
+    merged them, `runtime.mailbox.coalesce`): a failure loses that many."""
+
     signals: list[SignalTuple]
+    batches: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,27 +148,6 @@ class QueryUser:
 
 
 @dataclass(frozen=True, slots=True)
-class PurgeRequest:
-    user: int
-    cohort: str
-    now_ns: int
-    reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class Purge:
-    """Membership -> coordinator: ``bound`` is the shard's record count then."""
-
-    user: int
-    cohort: str
-    mshard: int
-    bound: int
-    now_ns: int
-    reply: Reply
-    marker: Marker
-
-
-@dataclass(frozen=True, slots=True)
 class Attribute:
     """Membership -> ledger: one membership shard's records, in attribution order, as
     columns (one numpy array per field, so the ledger never transposes per record).
@@ -102,7 +155,10 @@ class Attribute:
     ``rseqs`` (int64) increase; ``users``, ``entities``, ``types`` are uint64;
     ``weights`` float64 holding float32 values; ``timestamps`` int64 ns; ``cohorts``
     a list of names. ``contexts`` maps a record's index in the batch to its context's
-    msgpack bytes (packed at the call, `core.validate.check_context`).
+    msgpack bytes (packed at the call, `core.validate.check_context`). ``batches``:
+    how many of the facade's signal batches these records come from (the
+    `SignalBatch.batches` they were attributed from, summed where a mailbox merged
+    attributions): a failure loses that many.
     """
 
     mshard: int
@@ -114,6 +170,7 @@ class Attribute:
     weights: np.ndarray
     timestamps: np.ndarray
     contexts: dict[int, bytes] | None = None
+    batches: int = 1
 
     def __len__(self) -> int:
         return len(self.cohorts)
@@ -155,42 +212,6 @@ class Attribute:
             np.array(tss, dtype=np.int64),
             contexts,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class PreparePurge:
-    purge_id: int
-    user: int
-    cohort: str
-    watermark: int
-    bound: int
-    marker: Marker
-
-
-@dataclass(frozen=True, slots=True)
-class PurgePrepared:
-    purge_id: int
-    prepared: Prepared
-    error: BaseException | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyPurge:
-    purge_id: int
-    user: int
-    cohort: str
-    prepared: Prepared
-
-
-@dataclass(frozen=True, slots=True)
-class EvictionUpdate:
-    """Coordinator -> ledgers: membership shard ``mshard``'s watermark and drained count,
-    after the purge of ``marker`` committed."""
-
-    mshard: int
-    watermark: int
-    drained: int
-    marker: Marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,82 +307,10 @@ class QueryManifests:
 
 
 @dataclass(frozen=True, slots=True)
-class QueryPurge:
-    purge_id: int
-    reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class RematStart:
-    """Coordinator -> ledger: rebuild ``cohort`` leaving out the covered records."""
-
-    cohort: str
-    covered: dict[int, int]
-    token: RematToken
-
-
-@dataclass(frozen=True, slots=True)
-class RematAbort:
-    """Coordinator -> ledger: drop the running re-materialization ``token`` (a purge
-    of its cohort goes first; the cohort is rebuilt again after it). A no-op if the
-    rebuild has finished or never started."""
-
-    token: RematToken
-
-
-@dataclass(frozen=True, slots=True)
-class RematStep:
-    """Ledger -> itself: fold the next chunk of a running re-materialization."""
-
-    token: RematToken
-
-
-@dataclass(frozen=True, slots=True)
-class RematDone:
-    token: RematToken
-    cohort: str
-    read: int = 0
-    excluded: int = 0
-    matched: bool = True
-    per_user: dict[int, int] | None = None
-    seconds: float = 0.0
-    error: BaseException | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Rematerialize:
-    """Facade -> coordinator: re-materialize ``cohort`` now; reply with the report."""
-
-    cohort: str
-    reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class EraseHistory:
-    """Coordinator -> persistence: erase the covered records of ``cohort`` from the
-    history and commit ``ops`` in the same transaction; ``reply`` as in `Write`."""
-
-    cohort: str
-    covered: dict[int, int]
-    ops: list[tuple[str, bytes, bytes | None]]
-    reply: Any
-
-
-@dataclass(frozen=True, slots=True)
 class Compact:
     """Facade -> persistence: commit, then rewrite the environment compactly."""
 
     reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class ResumeRematerialization:
-    """Facade -> coordinator at open: finish re-materializations a crash interrupted."""
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """Host -> coordinator, every few tens of ms while a re-materialization is due."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,36 +324,3 @@ class Drain:
     """Facade -> coordinator at close: reply once no purge is in flight or waiting."""
 
     reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class PurgeAbandoned:
-    """Coordinator -> every ledger: the purge of ``marker`` failed. Each ledger stops
-    waiting for its eviction update; the cohort's ledger drops its hold
-    (`ContributionLog.release`)."""
-
-    marker: Marker
-    mshard: int
-    user: int
-    cohort: str
-    bound: int
-
-
-@dataclass(frozen=True, slots=True)
-class PurgeMarker:
-    """Membership -> every ledger, right after the user's earlier records.
-
-    At the cohort's ledger the purge's preparation waits for it, so it never overtakes
-    them even where only per-pair FIFO holds (the coordinator's path to the ledger is
-    another pair); it names the pair and the purge's bound, so that ledger can tell the
-    pair's records that come after it (`ContributionLog.hold`). At every ledger it
-    says a purge of membership shard ``mshard`` is in flight: the purge will drain
-    records, which leaves the log more room than the ledger can know of, so until the
-    purge's eviction update (or `PurgeAbandoned`) comes the ledger trims that shard's
-    records only as far as the watermark when the purge was taken (at ``bound``)."""
-
-    marker: Marker
-    mshard: int
-    user: int
-    cohort: str
-    bound: int

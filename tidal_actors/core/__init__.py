@@ -23,7 +23,8 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
    (`core.routes.RouteTable.route_of`; a user in no cohort has ``COMMUNITY_ONLY``).
    A batch fans out signal by signal, each signal's route in order
    (`RouteTable.expand`), and its records take consecutive rseqs of the membership
-   shard in that order (`actors.membership.MembershipShard._on_signals`).
+   shard in that order (`actors.membership.MembershipShard._number`, for both
+   fan-out paths of `MembershipShard._on_signals`).
    Assignment appends a cohort, unassignment removes it
    (`MembershipShard._on_assign`, `MembershipShard._on_unassign`).
 
@@ -116,7 +117,8 @@ from 0); a collection of one value per membership shard takes the plural.
 *bound*
     A purge's bound: its membership shard's record count when the purge was taken.
     The purge covers the pair's records below it (`Purge.bound`, `PurgeMarker.bound`,
-    `PreparePurge.bound`, `Prepared.bound`, `ContributionLog.prepare`); a purge
+    `PreparePurge.bound`: the purge protocol's messages, `actors.messages_purge`;
+    `Prepared.bound`, `ContributionLog.prepare`); a purge
     status is stored with it (`CoordinatorState.statuses`).
 
 *watermark*

@@ -1,10 +1,11 @@
 """The engine behind `TidalDb`, `AsyncTidalDb` and the test `Harness`: `Core`.
 
 Owns a database's lifetime on a host: restore on open (`runtime.restore`), starting
-the behaviours, the flusher thread, and closing (flush, stop the actors, snapshot,
-close the store), plus what a process exit or a fork means for open databases. Holds
-no domain state and never waits for a reply (the facades decide how to wait: block,
-await, or step a harness).
+the behaviours, the flusher thread (and what its failure means: `check_open`), and
+closing (flush, stop the actors, snapshot, close the store); what a process exit or
+a fork means for open databases is `runtime.open_cores`. Holds no domain state and
+never waits for a reply (the facades decide how to wait: block, await, or step a
+harness).
 
 The operations are `runtime.engine_ops.Operations` (validation and message building),
 the serving reads `runtime.serving.Serving` and signal intake (buffering, batching,
@@ -13,18 +14,16 @@ backpressure) `runtime.intake.Intake`, which `Core` extends.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import logging
 import os
-import sys
 import threading
 import time
-import weakref
 from typing import Any, cast
 
 from tidal_actors._clock import Clock, SystemClock
 from tidal_actors._config import Config
-from tidal_actors._errors import DatabaseClosed, StorageError, TidalError
+from tidal_actors._errors import ActorFailure, DatabaseClosed, StorageError, TidalError
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.coordinator import PurgeCoordinator
@@ -34,6 +33,7 @@ from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
+from tidal_actors.runtime import open_cores
 from tidal_actors.runtime.call import Call, combined, error_of
 from tidal_actors.runtime.callers import Callers
 from tidal_actors.runtime.host import Host
@@ -50,47 +50,10 @@ from tidal_actors.storage.stores import Restored
 
 __all__ = ["CLOSE_WAIT_S", "STOP_ORDER", "Call", "Core", "build_states", "check_meta"]
 
+log = logging.getLogger("tidal_actors")
+
 STOP_ORDER = [M.MEMBERSHIP, M.LEDGER, M.COORDINATOR, M.PERSISTENCE]
 CLOSE_WAIT_S = 60.0  # how long close() waits for each of its steps (seconds)
-
-
-_OPEN_CORES: weakref.WeakSet[Core] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_at_exit() -> None:
-    """A program that ends without closing its database still loses nothing it was
-    acknowledged: the open databases are flushed and closed at interpreter exit
-    (actor threads are daemons, alive until then). A crash skips this: call
-    ``flush()`` for signals that must survive one. Only the process that opened a
-    database closes it (see `_forget_in_child`)."""
-    pid = os.getpid()
-    for core in list(_OPEN_CORES):
-        if core.pid == pid:
-            try:
-                core.close()
-            except StorageError as exc:  # nobody to raise it to: say it
-                print(f"tidal_actors: closing at exit: {exc}", file=sys.stderr)
-            except Exception:  # noqa: BLE001, S110 - the interpreter is exiting
-                pass
-
-
-def _forget_in_child() -> None:
-    """After ``os.fork()``, in the child: every database the parent had open is
-    disowned, never flushed, snapshotted, unlocked or closed here. The child has none
-    of the parent's actor threads, and its copy of the LMDB environment and of the
-    directory lock belong to the parent (an ``flock`` is shared with the parent's
-    open file, so releasing it would release the parent's). Using such a database in
-    the child raises `DatabaseClosed`. The child cannot open that store again (py-lmdb
-    keeps one environment per file in a process): a process started with
-    multiprocessing's "spawn" or "forkserver" method can, once the parent has closed
-    it, and so can a child forked before its parent opened the store."""
-    for core in list(_OPEN_CORES):
-        core.disown()
-    _OPEN_CORES.clear()
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class Core(Serving):
@@ -123,6 +86,8 @@ class Core(Serving):
         self.store = store
         self.host = host
         self.closed = False
+        self.refusing = False  # closed, or the flusher failed: the fast paths' one check
+        self._flusher_error: Exception | None = None  # why the flusher ended (`_flush_loop`)
         self.fenced = False  # a shard was fenced (`_replaced`)
         self._fence_causes: list[str] = []  # why, one line per fenced shard
         self.pid = os.getpid()  # the process that opened it: the only one that may use it
@@ -180,7 +145,7 @@ class Core(Serving):
         self._flusher_wake = threading.Event()
         self._flusher_asleep = False  # waiting on ``_flusher_wake`` (`_flush_loop`)
         self._flusher: threading.Thread | None = None
-        _OPEN_CORES.add(self)
+        open_cores.add(self)
         if buffered:
             cast(Any, host.ctx).wake_ticker = self.wake_flusher  # a `HostContext`
             self._flusher = threading.Thread(
@@ -215,10 +180,13 @@ class Core(Serving):
 
     def close(self) -> None:
         """Flush, stop the actors (membership, ledgers, coordinator, persistence last),
-        close the store, and fail calls still waiting with DatabaseClosed. Idempotent."""
+        close the store, and fail calls still waiting with DatabaseClosed. Idempotent.
+
+        Raises (once closed): StorageError: signals acknowledged since the last flush
+            are not durable. ActorFailure: the flusher had failed (`check_open`)."""
         with self._close_lock:
             first = not self.closed
-            self.closed = True
+            self.closed = self.refusing = True
             if first:
                 self._closer = threading.get_ident()
         if not first:
@@ -301,7 +269,11 @@ class Core(Serving):
         if errors:
             # closed, but signals acknowledged since the last flush are not durable:
             # never silently (close() returning means they are)
+            if self._flusher_error is not None:
+                errors.append(StorageError(str(self._flusher_failure())))
             raise combined(errors)
+        if self._flusher_error is not None:  # durable, but said once more
+            raise self._flusher_failure()
 
     def fail_inflight(self) -> None:
         self._inflight_failed = True
@@ -323,11 +295,25 @@ class Core(Serving):
                     "opening the store"
                 )
             raise DatabaseClosed("the database is closed")
+        if self._flusher_error is not None:
+            raise self._flusher_failure()
+
+    def _flusher_failure(self) -> ActorFailure:
+        """The error every call raises once the flusher thread failed (its cause the
+        flusher's exception)."""
+        cause = self._flusher_error
+        err = ActorFailure(
+            f"the flusher thread failed ({type(cause).__name__}: {cause}): buffered "
+            "signals are no longer sent on a tick, so every call is refused; close() "
+            "sends and commits the signals acknowledged before, then raises this"
+        )
+        err.__cause__ = cause
+        return err
 
     def disown(self) -> None:
         """In a forked child: mark this database closed without touching the store, the
-        actors or the lock (they are the parent's). See `_forget_in_child`."""
-        self.closed = True
+        actors or the lock (they are the parent's). See `open_cores.forget_in_child`."""
+        self.closed = self.refusing = True
         done = threading.Event()  # not the parent's: a thread may have held its lock
         done.set()
         self._close_done = done
@@ -378,6 +364,11 @@ class Core(Serving):
                         next_tick = now + 0.05
                         self.host.tell(M.COORD_ADDR, M.Tick())
             except TidalError:
+                return
+            except Exception as exc:  # noqa: BLE001 - said by every later call and close()
+                log.error("tidal_actors: the flusher thread failed", exc_info=exc)
+                self._flusher_error = exc
+                self.refusing = True
                 return
             if busy:
                 continue

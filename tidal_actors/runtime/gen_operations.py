@@ -8,11 +8,13 @@ any differs from what the table gives. The output is formatted with ``ruff forma
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import tidal_actors._types as _types
 from tidal_actors.runtime.operations import OPERATIONS, Operation
 
 __all__ = ["TARGETS", "generate", "main"]
@@ -103,38 +105,44 @@ def _wrap(text: str, width: int = 84) -> str:
     return "\n".join(lines)
 
 
+def _module(title: str, imports: list[str], names: list[str], code: list[str]) -> str:
+    """A generated module: the banner, the imports ``code`` needs (the standard
+    library's and the value types its signatures name, `Call` where the code uses
+    it) with ``imports`` (more ``from tidal_actors...`` lines), ``__all__`` =
+    ``names``, then ``code``."""
+    text = "\n".join(code)
+    signatures = "\n".join(line for line in code if " def " in line)
+    abc = [name for name in ("Iterable", "Mapping") if re.search(rf"\b{name}\[", signatures)]
+    std = [f"from collections.abc import {', '.join(abc)}"] if abc else []
+    std += ["from typing import Any"] if re.search(r"\bAny\]", signatures) else []
+    ours = list(imports)
+    used = sorted(name for name in _types.__all__ if re.search(rf"\b{name}\b", signatures))
+    if used:
+        ours.append(f"from tidal_actors._types import {', '.join(used)}")
+    if re.search(r"\bCall[\[)]", text):
+        ours.append("from tidal_actors.runtime.call import Call")
+    listed = ", ".join(f'"{name}"' for name in names)
+    out = [_BANNER.format(title=title), *std, "", *sorted(ours), "", f"__all__ = [{listed}]"]
+    return "\n".join([*out, "", "", *code]) + "\n"
+
+
 def _blocking() -> str:
-    out = [
-        _BANNER.format(title="`TidalDb`'s operations, and their refusal by a read-only database."),
-        "from collections.abc import Iterable, Mapping",
-        "from typing import Any",
-        "",
-        "from tidal_actors._errors import TidalError",
-        "from tidal_actors._types import (",
-        "    CommunityMembership, LeaveEpoch, PurgeId, PurgeManifest, PurgeStatus,",
-        "    RematerializationReport, Signal, WindowCount,",
-        ")",
-        "from tidal_actors.facades.blocking_base import BlockingBase",
-        "from tidal_actors.runtime.call import Call",
-        "",
-        '__all__ = ["BlockingOperations", "ReadOnlyRefusals"]',
-        "",
-        "",
+    code = [
         "class BlockingOperations(BlockingBase):",
         '    """Every operation of the table, blocking until its reply is in."""',
     ]
     for op in OPERATIONS:
-        out += ["", _signature(op), _docstring(blocking_doc(op))]
+        code += ["", _signature(op), _docstring(blocking_doc(op))]
         if op.served:
-            out += [
+            code += [
                 f"        r = self._core.{op.name}_now({_args(op)})",
                 "        return self._run(r) if isinstance(r, Call) else r",
             ]
         elif op.kind == "reply":
-            out.append(f"        return self._run(self._core.{op.name}({_args(op)}))")
+            code.append(f"        return self._run(self._core.{op.name}({_args(op)}))")
         else:
-            out.append(f"        return self._core.{op.name}({_args(op)})")
-    out += [
+            code.append(f"        return self._core.{op.name}({_args(op)})")
+    code += [
         "",
         "",
         "class ReadOnlyRefusals:",
@@ -146,35 +154,27 @@ def _blocking() -> str:
     ]
     for op in OPERATIONS:
         if op.writes:
-            out += [
+            code += [
                 "",
                 _signature(op),
                 '        """Refused: the database is read-only (StorageError)."""',
                 f'        raise self._refuse("{op.name}")',
             ]
-    return "\n".join(out) + "\n"
+    return _module(
+        "`TidalDb`'s operations, and their refusal by a read-only database.",
+        [
+            "from tidal_actors._errors import TidalError",
+            "from tidal_actors.facades.blocking_base import BlockingBase",
+        ],
+        ["BlockingOperations", "ReadOnlyRefusals"],
+        code,
+    )
 
 
-def _aio() -> str:
-    out = [
-        _BANNER.format(title="`AsyncTidalDb`'s operations, under trio and asyncio alike."),
-        "from collections.abc import Iterable, Mapping",
-        "from typing import Any",
-        "",
-        "from tidal_actors._types import (",
-        "    CommunityMembership, LeaveEpoch, PurgeId, PurgeManifest, PurgeStatus,",
-        "    RematerializationReport, Signal, WindowCount,",
-        ")",
-        "from tidal_actors.facades.aio_base import LoopFacade",
-        "from tidal_actors.runtime.call import Call",
-        "",
-        '__all__ = ["AsyncOperations"]',
-        "",
-        "",
-        "class AsyncOperations(LoopFacade):",
-        '    """Every operation of the table, awaitable (the loop is never blocked)."""',
-    ]
-    for op in OPERATIONS:
+def _aio_methods(ops: list[Operation]) -> list[str]:
+    """The async facade's methods of ``ops``, in table order."""
+    out: list[str] = []
+    for op in ops:
         out += ["", _signature(op, "async def"), _docstring(async_doc(op))]
         if op.served:
             out += [
@@ -198,27 +198,41 @@ def _aio() -> str:
                 "        await self._checkpoint_after()",
                 "        return result",
             ]
-    return "\n".join(out) + "\n"
+    return out
+
+
+def _aio_writes() -> str:
+    """The async facade's writing operations (those a read-only database refuses)."""
+    return _module(
+        "`AsyncTidalDb`'s writing operations, under trio and asyncio alike: the\n"
+        "signals, cohorts, the community layer, purges, store upkeep.",
+        ["from tidal_actors.facades.aio_base import LoopFacade"],
+        ["AsyncWrites"],
+        [
+            "class AsyncWrites(LoopFacade):",
+            '    """The operations of the table that write, awaitable (the loop is never blocked)."""',
+            *_aio_methods([op for op in OPERATIONS if op.writes]),
+        ],
+    )
+
+
+def _aio() -> str:
+    """The async facade's other operations (reads, stats, flush), on top of its writes."""
+    return _module(
+        "`AsyncTidalDb`'s operations, under trio and asyncio alike: the reads,\n"
+        "stats and flush here, on top of the writes (`_generated_aio_writes`).",
+        ["from tidal_actors.facades._generated_aio_writes import AsyncWrites"],
+        ["AsyncOperations"],
+        [
+            "class AsyncOperations(AsyncWrites):",
+            '    """Every operation of the table, awaitable (the loop is never blocked)."""',
+            *_aio_methods([op for op in OPERATIONS if not op.writes]),
+        ],
+    )
 
 
 def _harness() -> str:
-    out = [
-        _BANNER.format(
-            title="The `Harness`'s operations: each sends and returns its typed `Call`."
-        ),
-        "from collections.abc import Iterable, Mapping",
-        "from typing import Any",
-        "",
-        "from tidal_actors._types import (",
-        "    CommunityMembership, LeaveEpoch, PurgeId, PurgeManifest, PurgeStatus,",
-        "    RematerializationReport, Signal, WindowCount,",
-        ")",
-        "from tidal_actors.runtime.call import Call",
-        "from tidal_actors.testing.harness_calls import HarnessCalls",
-        "",
-        '__all__ = ["HarnessOperations"]',
-        "",
-        "",
+    code = [
         "class HarnessOperations(HarnessCalls):",
         '    """Every operation of the table offered by the harness (see `Harness`)."""',
     ]
@@ -226,19 +240,25 @@ def _harness() -> str:
         if not op.harness:
             continue
         sig = _signature(op).replace(f"-> {op.result}:", f"-> Call[{op.result}]:")
-        out += ["", sig, _docstring(harness_doc(op))]
+        code += ["", sig, _docstring(harness_doc(op))]
         if op.kind == "reply":
-            out.append(f"        return self._call(self.core.{op.name}({_args(op)}))")
+            code.append(f"        return self._call(self.core.{op.name}({_args(op)}))")
         else:
-            out += [
+            code += [
                 f"        self.core.{op.name}({_args(op)})",
                 f'        return self._done("{op.name}")',
             ]
-    return "\n".join(out) + "\n"
+    return _module(
+        "The `Harness`'s operations: each sends and returns its typed `Call`.",
+        ["from tidal_actors.testing.harness_calls import HarnessCalls"],
+        ["HarnessOperations"],
+        code,
+    )
 
 
 TARGETS: dict[str, Callable[[], str]] = {
     "facades/_generated_blocking.py": _blocking,
+    "facades/_generated_aio_writes.py": _aio_writes,
     "facades/_generated_aio.py": _aio,
     "testing/_generated_harness.py": _harness,
 }

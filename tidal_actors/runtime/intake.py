@@ -59,6 +59,7 @@ class Intake:
     config: Config
     host: Host
     closed: bool
+    refusing: bool  # closed, or the flusher failed: `check_open` raises
     nonblocking: bool
     _nm: int
     _batch: int
@@ -157,7 +158,7 @@ class Intake:
         timestamp_ns: int | None = None,
         context: Mapping[str, Any] | None = None,
     ) -> None:
-        if self.closed:
+        if self.refusing:
             self.check_open()
         item = check_signal(
             user_id, entity_id, signal_type, weight, timestamp_ns, context, now=self.now

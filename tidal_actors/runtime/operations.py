@@ -10,7 +10,8 @@ through the generated facades.
 The facades are generated from this table by `tidal_actors.runtime.gen_operations`:
 ``facades/_generated_blocking.py`` (`TidalDb`'s operations, and the refusals of the
 read-only view), ``facades/_generated_aio.py`` (`AsyncTidalDb`'s, under trio and
-asyncio alike) and ``testing/_generated_harness.py`` (the `Harness`'s, which return
+asyncio alike, its writes in ``facades/_generated_aio_writes.py``) and
+``testing/_generated_harness.py`` (the `Harness`'s, which return
 the typed `Call` handle). ``tests/test_operations.py`` fails when a generated module is
 stale, when a facade's method drifts from its row (signature, docstring), and when the
 reference model's operations take other parameters.
@@ -333,7 +334,7 @@ now and waits for it.
 
 Returns a :class:`RematerializationReport` (``matched_live`` False means the
 rebuild changed the aggregates: evicted records of a purged pair were left
-out).
+out, or a purged record's timestamps were erased, which a read may not show).
 
 Raises:
     InvalidArgument: bad cohort name.

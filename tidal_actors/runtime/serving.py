@@ -153,7 +153,7 @@ class Serving(Operations):
             entity_id = check_id("entity_id", entity_id)
         if not (type(signal_type) is int and 0 <= signal_type < U64):
             signal_type = check_id("signal_type", signal_type)
-        if self.closed:
+        if self.refusing:
             self.check_open()
         # `_at` and `_view` inlined: the serving path's most frequent read
         if at_ns is None:
@@ -195,7 +195,7 @@ class Serving(Operations):
             entity_id = check_id("entity_id", entity_id)
         if not (type(signal_type) is int and 0 <= signal_type < U64):
             signal_type = check_id("signal_type", signal_type)
-        if self.closed:
+        if self.refusing:
             self.check_open()
         return cohort, li, entity_id, signal_type
 
@@ -234,7 +234,7 @@ class Serving(Operations):
             signal_type = check_id("signal_type", signal_type)
         if not (type(k) is int and 1 <= k < 2**31):
             k = check_k(k)
-        if self.closed:
+        if self.refusing:
             self.check_open()
         at = self._at(at_ns)
         view = self._view(li, consistency)

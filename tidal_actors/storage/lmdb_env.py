@@ -19,6 +19,7 @@ actor starts.
   held by every use of it, so none meets an environment that compaction closed or a
   map that growth is resizing (``set_mapsize`` invalidates read transactions open at
   that moment). `flags` answers from the flags read at open and touches nothing.
+* Reading back (the store at open, the history, single values): `lmdb_readback`.
 * Compaction, and other processes reading the files: `lmdb_compact`.
 """
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,18 +45,18 @@ from tidal_actors.storage.lmdb_lock import (
     lock_voided,
     reader_lock,
 )
+from tidal_actors.storage.lmdb_readback import LmdbReadBack
 from tidal_actors.storage.protocol import HistoryMarks, HistoryStore
 
 if TYPE_CHECKING:
     from tidal_actors.storage.format import Op
-    from tidal_actors.storage.restore import Restored, SnapshotKey
 
 __all__ = ["STORE_MARKER", "LmdbStore"]
 
 STORE_MARKER = "tidal.store"  # written once a store's format record is committed
 
 
-class LmdbStore(Compaction, HistorySlices, HistoryStore):
+class LmdbStore(Compaction, LmdbReadBack, HistorySlices, HistoryStore):
     """An LMDB environment with the keyspaces of `Keyspace`.
 
     Args:
@@ -281,100 +282,6 @@ class LmdbStore(Compaction, HistorySlices, HistoryStore):
         with self._env_lock:
             self._live().set_mapsize(new)
         self.map_size = new
-
-    def load(self, snapshot_ledgers: SnapshotKey = None) -> Restored:
-        """Read the whole store back (membership, manifests, tombstones, history or
-        the snapshot that replaces it); see :func:`storage.restore.parse_store`.
-
-        Raises:
-            StorageError: a page or a value cannot be read or decoded (naming the
-                keyspace, and the key when one was read).
-        """
-        from tidal_actors.storage.restore import parse_store
-
-        with self._env_lock, self._begin() as txn:
-            return parse_store({k.value: self._read(txn, k) for k in Keyspace}, snapshot_ledgers)
-
-    def _begin(self) -> lmdb.Transaction[bytes]:
-        """A read transaction (call with ``_env_lock`` held)."""
-        try:
-            return self._live().begin(buffers=False)
-        except lmdb.Error as exc:
-            raise StorageError(f"cannot read {self.path}: {exc}") from exc
-
-    def _read(
-        self, txn: lmdb.Transaction[bytes], keyspace: Keyspace
-    ) -> Iterator[tuple[bytes, bytes]]:
-        """A keyspace's ``(key, value)`` pairs; an LMDB failure (a corrupt page) is a
-        StorageError naming the keyspace and the last key read before it."""
-        key = None
-        try:
-            for key, value in txn.cursor(db=self.dbs[keyspace.value]):
-                yield key, value
-        except lmdb.Error as exc:
-            after = f" after key {key.hex()}" if key is not None else ""
-            raise StorageError(
-                f"cannot read the {keyspace.value} keyspace of {self.path}{after}: {exc}"
-            ) from exc
-
-    def history_items(self) -> Iterator[tuple[bytes, bytes]]:
-        """Every durable history batch ``(key, value)``, in key order, one at a time
-        (a read transaction, and the environment's lock, held until the iterator is
-        exhausted or closed; consume it before committing from another thread)."""
-        with self._env_lock, self._begin() as txn:
-            yield from self._read(txn, Keyspace.HISTORY)
-
-    def raw_get(self, keyspace: Keyspace, key: bytes) -> bytes | None:
-        """Read one value (tests and `inspect`).
-
-        Raises:
-            DatabaseClosed: the store is closed. StorageError: LMDB failed to read it.
-        """
-        with self._env_lock, self._begin() as txn:
-            try:
-                v = txn.get(key, db=self.dbs[keyspace.value])
-            except lmdb.Error as exc:
-                raise StorageError(
-                    f"cannot read {keyspace.value} key {key.hex()} of {self.path}: {exc}"
-                ) from exc
-            return bytes(v) if v is not None else None
-
-    def get_many(self, keyspace: Keyspace, keys: list[bytes]) -> list[tuple[bytes, bytes | None]]:
-        """``(key, value or None)`` of each key, in one read transaction.
-
-        Raises:
-            DatabaseClosed: the store is closed. StorageError: LMDB failed to read.
-        """
-        with self._env_lock, self._begin() as txn:
-            db = self.dbs[keyspace.value]
-            try:
-                out = []
-                for key in keys:
-                    v = txn.get(key, db=db)
-                    out.append((key, bytes(v) if v is not None else None))
-                return out
-            except lmdb.Error as exc:
-                raise StorageError(
-                    f"cannot read the {keyspace.value} keyspace of {self.path}: {exc}"
-                ) from exc
-
-    def scan(self, keyspace: Keyspace) -> list[tuple[bytes, bytes]]:
-        """Every ``(key, value)`` of ``keyspace``, in key order, in one read transaction.
-
-        Raises:
-            DatabaseClosed: the store is closed. StorageError: LMDB failed to read it.
-        """
-        with self._env_lock, self._begin() as txn:
-            return [(bytes(k), bytes(v)) for k, v in self._read(txn, keyspace)]
-
-    def raw_keys(self, keyspace: Keyspace) -> list[bytes]:
-        """Every key of ``keyspace``, in key order, values not read (`inspect`).
-
-        Raises:
-            DatabaseClosed: the store is closed. StorageError: LMDB failed to read it.
-        """
-        with self._env_lock, self._begin() as txn:
-            return [bytes(k) for k, _ in self._read(txn, keyspace)]
 
     def disown(self) -> None:
         """In a forked child: forget the environment without closing it (closing would

@@ -348,7 +348,7 @@ class HarnessOperations(HarnessCalls):
 
         Returns a :class:`RematerializationReport` (``matched_live`` False means the
         rebuild changed the aggregates: evicted records of a purged pair were left
-        out).
+        out, or a purged record's timestamps were erased, which a read may not show).
 
         Raises:
             InvalidArgument: bad cohort name.
