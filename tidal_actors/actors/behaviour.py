@@ -171,6 +171,10 @@ class Behaviour:
     def on_idle(self) -> None:
         """Called by the host when the mailbox is empty after a message."""
 
+    def on_stop(self) -> None:
+        """Called by a host as it stops the actor, in its thread, after its last
+        message: work it started aside ends here (persistence's erasure)."""
+
     def idle_wait_s(self) -> float:
         """How long (seconds) a host may wait for another message before it calls
         `on_idle` on an empty mailbox (0.0: call it now). A host may call `on_idle`

@@ -6,25 +6,17 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from tidal_actors._errors import ActorFailure, StorageError, TidalError
+from tidal_actors._errors import StorageError, TidalError
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviour import Behaviour, Context
+from tidal_actors.actors.behaviour import Context
+from tidal_actors.actors.erasure import Erasure, write_error
 from tidal_actors.actors.recovery import LoadStore
 from tidal_actors.actors.reply import Reply
 
 T = TypeVar("T")
 
 
-def _write_error(exc: Exception) -> TidalError:
-    """What a writer is told when its commit failed: a TidalError, the cause attached."""
-    if isinstance(exc, TidalError):
-        return exc
-    err = ActorFailure(f"persistence failed to commit: {exc!r}")
-    err.__cause__ = exc
-    return err
-
-
-class Persistence(Behaviour):
+class Persistence(Erasure):
     """Sole owner of the store; group-commits every write waiting in its mailbox.
 
     Writes accumulate while messages keep arriving; when the mailbox is empty (or
@@ -46,11 +38,21 @@ class Persistence(Behaviour):
     first one back would commit alone and the rest would wait behind it, so
     concurrent callers would share commits about half as well. A lone caller (the
     last commit carried one write) never waits.
+
+    History writes no caller waits for (a ledger's batches) gather too: with only
+    those waiting, a host may wait up to ``HISTORY_WAIT_S`` from the first of them
+    before committing them (the pykka host does; the test harness commits at once).
+    Under full ingestion this turns a commit after every few batches (each an
+    fsync, persistence busy in them most of the time) into a few a second, so a
+    control write arriving finds persistence idle more often; a control write, a
+    write with a reply, a flush, a barrier or a stop commits them at once.
     """
 
     address = M.PERSIST_ADDR
     GROUP_LIMIT = 50_000
     GATHER_MAX_S = 0.005  # the longest wait for control writes to gather (seconds)
+    # the longest a host waits to commit history writes no caller waits for (seconds)
+    HISTORY_WAIT_S = 0.05
     # its mailbox is bounded by count only: a control write does not wait behind the
     # history writes queued here, it joins them in the next transaction, and a deep
     # queue is what makes a transaction carry many writes (one fsync for all)
@@ -66,8 +68,13 @@ class Persistence(Behaviour):
         self._expect = 1
         self._commit_s = 0.0
         self._gather_until: float | None = None  # `idle_wait_s`'s deadline (perf_counter)
+        # when the first history write waiting came (perf_counter), and how many writes
+        # waiting have a writer waiting for them (then they commit once idle)
+        self._history_since: float | None = None
+        self._awaited = 0
         # barrier id -> (ledgers reached, losses their parts reported)
         self._barriers: dict[int, tuple[int, tuple[BaseException, ...]]] = {}
+        self._init_erasure()
         self.commits = 0
         self.failed_writes = 0
         self._unreported: BaseException | None = None
@@ -75,7 +82,6 @@ class Persistence(Behaviour):
             (M.Write, self._on_write),
             (M.FlushStore, self._on_flush),
             (M.BarrierPart, self._on_barrier_part),
-            (M.EraseHistory, self._on_erase),
             (M.Compact, self._on_compact),
             (LoadStore, self._on_load),
         ):
@@ -84,6 +90,8 @@ class Persistence(Behaviour):
     def receive(self, message: object) -> None:
         if self._ahead and not (type(message) is M.Write and message.ahead):
             self._commit(self._take_ahead())  # the run of writes that go first ended
+        if self.holds(message):  # after the erasure computed aside commits, in order
+            return
         super().receive(message)
 
     def uncommitted(self) -> list[M.Write]:
@@ -98,18 +106,28 @@ class Persistence(Behaviour):
         if msg.ahead:
             self._ahead.append(msg)
             return
+        if not self._writes:
+            self._history_since = time.perf_counter()
+        if msg.reply is not None:
+            self._awaited += 1
         self._writes.append(msg)
         self._ops += len(msg.ops)
         if self._ops >= self.GROUP_LIMIT:
             self.commit()
 
     def idle_wait_s(self) -> float:
-        """How long to wait for more control writes before committing those waiting:
-        while fewer wait than the last commit of them carried, until that commit's
-        duration (at most ``GATHER_MAX_S``) has passed since the mailbox first went
-        empty; 0.0 otherwise."""
+        """How long to wait for more writes before committing those waiting: while
+        fewer control writes wait than the last commit of them carried, until that
+        commit's duration (at most ``GATHER_MAX_S``) has passed since the mailbox
+        first went empty; with only history writes no caller waits for, until
+        ``HISTORY_WAIT_S`` has passed since the first of them came; 0.0 otherwise."""
         n = len(self._ahead)
-        if not n or n >= self._expect:
+        if not n:
+            since = self._history_since
+            if since is None or self._awaited or not self._writes:
+                return 0.0
+            return max(0.0, since + self.HISTORY_WAIT_S - time.perf_counter())
+        if n >= self._expect:
             return 0.0
         now = time.perf_counter()
         if self._gather_until is None:
@@ -121,6 +139,10 @@ class Persistence(Behaviour):
             self._commit(self._take_ahead())
         if self._writes:
             self.commit()
+
+    def on_stop(self) -> None:
+        super().on_stop()  # an erasure computed aside commits first
+        self.on_idle()
 
     def _ack(self, w: M.Write, error: BaseException | None) -> None:
         r = w.reply
@@ -141,6 +163,7 @@ class Persistence(Behaviour):
     def commit(self) -> None:
         """Commit every waiting write in one transaction, then acknowledge each."""
         writes, self._writes, self._ops = self._take_ahead() + self._writes, [], 0
+        self._history_since, self._awaited = None, 0
         self._commit(writes)
 
     def _commit(self, writes: list[M.Write]) -> None:
@@ -162,7 +185,7 @@ class Persistence(Behaviour):
                     self.commits += 1
                     errors.append(None)
                 except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
-                    errors.append(_write_error(exc))
+                    errors.append(write_error(exc))
         self._gather_until = None
         run: list[Any] = []  # a run of control writes to one shard with one outcome
         for w, err in zip(writes, errors):
@@ -199,26 +222,6 @@ class Persistence(Behaviour):
         except TidalError as exc:  # a shard that stopped (closing): answer the others
             self.handler_errors += 1
             self.last_error = exc
-
-    def _on_erase(self, msg: M.EraseHistory) -> None:
-        from tidal_actors.storage.history_rewrite import erase_history_ops
-
-        self.commit()  # history batches queued before are in the store first
-        try:
-            items = self.store.history_items()
-            try:
-                ops, _ = erase_history_ops(items, msg.cohort, msg.covered)
-            finally:
-                close = getattr(items, "close", None)
-                if close is not None:
-                    close()  # the read transaction ends before the write begins
-            self.store.commit(ops + msg.ops)
-            if ops:
-                self.store.history_marks.rewritten()
-            error: BaseException | None = None
-        except Exception as exc:  # noqa: BLE001 - the coordinator must hear back
-            error = _write_error(exc)
-        self._ack(M.Write(msg.ops, msg.reply), error)
 
     def _on_load(self, msg: LoadStore) -> None:
         """Read the store for a shard restarting (`actors.recovery`), after committing

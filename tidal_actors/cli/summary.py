@@ -226,7 +226,7 @@ def _internals(out: Callable[[str], Any], result: Any, generated_s: float, confi
     out(
         f"  timings    generated in {generated_s:.2f} s; "
         + (
-            f"set-up (every user joins its cohorts up front, 16 callers, not measured) "
+            f"set-up (every user joins its cohorts up front, 64 callers, not measured) "
             f"{result.setup_s:.2f} s; "
             if result.setup_s
             else ""

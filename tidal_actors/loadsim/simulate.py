@@ -20,7 +20,6 @@ import contextlib
 import gc
 import itertools
 import random
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
@@ -29,7 +28,6 @@ from tidal_actors._clock import ManualClock
 from tidal_actors._config import Config
 from tidal_actors.eventlog.log import (
     ApplyCounts,
-    AssignRow,
     EventRow,
     EventSink,
     PurgeRow,
@@ -55,7 +53,7 @@ from tidal_actors.loadsim.measure import (
     settled_rss,
     structure_bytes,
 )
-from tidal_actors.loadsim.phases import PhaseFn, Tick, no_phase, ticking
+from tidal_actors.loadsim.phases import PhaseFn, no_phase, ticking
 from tidal_actors.loadsim.plot import plot_timeline
 from tidal_actors.loadsim.report import SimulationResult
 from tidal_actors.loadsim.scenario import (
@@ -64,6 +62,7 @@ from tidal_actors.loadsim.scenario import (
     builtin_scenarios,
     load_scenario,
 )
+from tidal_actors.loadsim.setup import set_up
 
 __all__ = [
     "LATENCY_OPS",
@@ -103,86 +102,6 @@ def _apply_measured(
 ) -> None:
     """:func:`~tidal_actors.eventlog.log.apply_events`, timing every call into ``latency``."""
     apply_events(db, rows, clock, batch_size=batch_size, counts=counts, on_call=latency.record)
-
-
-def _assign_from(db: _Db, per_user: list[tuple[int, list[str]]], callers: int, tick: Tick) -> None:
-    """Assign each user its cohorts (in order) from ``callers`` threads, user ``k`` by
-    thread ``k % callers``; ``tick`` (in this thread, every 0.1 s) sees the assigns
-    done. Raises the first error a thread met (the others stop at their next user)."""
-    done = [0] * callers
-    errors: list[BaseException] = []
-
-    def work(k: int) -> None:
-        assign = db.assign_cohort
-        try:
-            for user, cohorts in per_user[k::callers]:
-                if errors:
-                    return
-                for cohort in cohorts:
-                    assign(user, cohort)
-                done[k] += len(cohorts)
-        except BaseException as exc:  # noqa: BLE001 - raised by the caller's thread
-            errors.append(exc)
-
-    threads = [
-        threading.Thread(target=work, args=(k,), name=f"tidal-simulate-setup-{k}", daemon=True)
-        for k in range(callers)
-    ]
-    for t in threads:
-        t.start()
-    ticked = 0
-    for t in threads:
-        while t.is_alive():
-            t.join(0.1)
-            now = sum(done)
-            tick(now - ticked)
-            ticked = now
-    tick(sum(done) - ticked)
-    if errors:
-        raise errors[0]
-
-
-def _set_up(
-    db: _Db,
-    events: list[EventRow],
-    clock: ManualClock,
-    counts: ApplyCounts,
-    rows: Iterator[EventRow],
-    phase: PhaseFn = no_phase,
-) -> int:
-    """Apply the leading ``assign`` rows (``assign_upfront``), taking them from
-    ``rows``; returns how many. On the runtime, 16 callers at once (`_assign_from`:
-    one user's rows stay in order), so the persistence actor commits them in
-    groups. ``phase`` sees the assignments done."""
-    n = 0
-    while n < len(events) and isinstance(events[n], AssignRow):
-        n += 1
-    if not n:
-        return 0
-    per_user: dict[int, list[str]] = {}
-    taken = 0  # fewer than n if ``rows`` stops early (a stop asked for)
-    for row in itertools.islice(rows, n):
-        assert isinstance(row, AssignRow)  # ``rows`` yields ``events`` in order
-        per_user.setdefault(row.user_id, []).append(row.cohort)
-        taken += 1
-    if not taken:
-        return 0
-    n = taken
-    clock.set(events[0].ts_ns)
-
-    with phase("set-up: users join their cohorts", n, "assign") as tick:
-        if getattr(db, "_core", None) is None:  # not the threaded runtime: in order
-            for user, cohorts in per_user.items():
-                for cohort in cohorts:
-                    db.assign_cohort(user, cohort)
-                tick(len(cohorts))
-        else:
-            _assign_from(db, list(per_user.items()), 16, tick)
-    counts.assigns += n
-    counts.rows += n
-    counts.first_ts_ns = events[0].ts_ns
-    counts.max_ts_ns = events[n - 1].ts_ns
-    return n
 
 
 def run_simulation(
@@ -267,7 +186,7 @@ def run_simulation(
         done = 0
         if scenario.assign_upfront:
             t = time.perf_counter()
-            done = _set_up(db, events, clock, counts, parts, watch)
+            done = set_up(db, events, clock, counts, parts, watch)
             setup_s = time.perf_counter() - t
             latency = Latency(interval_s)  # the measured load starts now
         # what is alive now (the generated rows above all: millions of tracked objects

@@ -137,6 +137,9 @@ def _actor_class(
             elif self.load_msgs >= 4:
                 self._sample()
 
+        def on_stop(self) -> None:
+            self.behaviour.on_stop()
+
         def _sample(self) -> None:
             self.mailbox.handled(self.load_units, self.load_s)
             self.load_units = self.load_msgs = 0
@@ -147,6 +150,30 @@ def _actor_class(
 
 def _nothing() -> None:
     pass
+
+
+class _AsideJob:
+    """Work run on a thread of its own (`HostContext.run_aside`)."""
+
+    def __init__(self, fn: Callable[[], Any], done: Callable[[_AsideJob], None]) -> None:
+        self._result: tuple[Any, BaseException | None] = (None, None)
+        self._finished = threading.Event()
+        self._fn, self._done = fn, done
+        threading.Thread(target=self._run, name="tidal-aside", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self._result = (self._fn(), None)
+        except Exception as exc:  # noqa: BLE001 - handed to whoever waits for it
+            self._result = (None, exc)
+        self._finished.set()
+        with contextlib.suppress(Exception):  # the actor told may have stopped
+            self._done(self)
+
+    def wait(self) -> tuple[Any, BaseException | None]:
+        """Block until done: ``(result, None)`` or ``(None, error)``."""
+        self._finished.wait()
+        return self._result
 
 
 class HostContext:
@@ -165,6 +192,11 @@ class HostContext:
         self.wake_ticker: Callable[[], None] = _nothing
         # how often a ledger shard publishes its view under load (`actors.ledger_views`)
         self.publish_every_s = PUBLISH_EVERY_S
+        # ``run_aside(fn, done)``: run ``fn()`` off the actor's thread, then
+        # ``done(job)``; ``job.wait()`` gives ``(result, None)`` or ``(None, error)``
+        # (persistence reads a purge's erasure there, `actors.erasure`). None: the
+        # work runs in the handler (the deterministic harness's hosts)
+        self.run_aside: Callable[[Callable[[], Any], Callable[[Any], None]], Any] | None = None
 
 
 class PykkaHost:
@@ -173,6 +205,7 @@ class PykkaHost:
     def __init__(self, config: Config, clock: Clock, durable: bool) -> None:
         self.config = config
         self.ctx = HostContext(config, clock, durable, self.tell)
+        self.ctx.run_aside = _AsideJob  # a thread per job
         self._refs: dict[M.Address, pykka.ActorRef[pykka.ThreadingActor]] = {}
         self.behaviours: dict[M.Address, Behaviour] = {}
         self._actors: list[_Hosted] = []

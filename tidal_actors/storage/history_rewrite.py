@@ -1,8 +1,9 @@
 """Rewrites of the durable history that take records out: a purge's erasure
 (`erase_history_ops`) and retention by age (`retention_ops`).
 
-Both run on the persistence actor's thread, where every group commit waits behind
-them, so each reads first the index of a version 3 batch (`format.batch_index`:
+Both run for the persistence actor (retention on its thread, where every group
+commit waits behind it; an erasure, under the pykka host, on a thread of its own,
+`actors.erasure`), so each reads first the index of a version 3 batch (`format.batch_index`:
 its cohort names, its least timestamp and a filter of its user ids, read without
 decompressing) and decodes only the batches that can hold a record it drops:
 
@@ -20,7 +21,7 @@ so that the next ``compact()`` leaves it as it is unless it merges it with the
 batches next to it; a rewrite of a batch as a ledger wrote it stays at a write's
 settings (``compact()`` merges it anyway).
 
-No threads, no I/O: the persistence actor reads the history and commits the ops.
+No threads, no I/O: the caller reads the history and commits the ops.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ import lmdb
 from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed, StorageError, StorageFull
 from tidal_actors.storage.format import Keyspace
+from tidal_actors.storage.history_slices import HistorySlices
 from tidal_actors.storage.lmdb_compact import Compaction
 from tidal_actors.storage.lmdb_lock import (
     DirectoryLock,
@@ -55,7 +56,7 @@ __all__ = ["STORE_MARKER", "LmdbStore"]
 STORE_MARKER = "tidal.store"  # written once a store's format record is committed
 
 
-class LmdbStore(Compaction, LmdbReadBack, HistoryStore):
+class LmdbStore(Compaction, LmdbReadBack, HistorySlices, HistoryStore):
     """An LMDB environment with the keyspaces of `Keyspace`.
 
     Args:
