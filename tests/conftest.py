@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -46,3 +46,25 @@ def pdb_path(tmp_path):
 def settle_at_once(monkeypatch):
     """Settle every row as soon as it may be (the default waits for 16,384)."""
     monkeypatch.setattr(_states, "SETTLE_MIN", 1)
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """One local Ray instance for the session (2 CPUs: the actors take none); the
+    tests that take it are skipped where Ray is not installed (``tests/_ray.py``)."""
+    import ray
+
+    from tidal_actors.runtime.ray_replies import NAMESPACE
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            namespace=NAMESPACE,
+            configure_logging=False,
+        )
+    yield
+    if started:
+        ray.shutdown()

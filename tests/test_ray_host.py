@@ -12,7 +12,6 @@ import csv
 import importlib.util
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,45 +24,10 @@ from tidal_actors.runtime import hosts
 from tidal_actors.testing import ReferenceModel
 
 from ._differential import assert_matches, random_op, rows_mismatch
+from ._ray import needs_ray, ray_config
 from .conftest import SEC, T0
 
-HAS_RAY = importlib.util.find_spec("ray") is not None
-needs_ray = pytest.mark.skipif(
-    not HAS_RAY, reason="Ray is not installed: pip install -e '.[ray]' (the ray extra)"
-)
 SCENARIOS = Path(__file__).resolve().parent.parent / "tidal_actors" / "scenarios"
-
-
-@pytest.fixture(scope="session")
-def ray_session() -> Iterator[None]:
-    """One local Ray instance for the session (2 CPUs: the actors take none)."""
-    import ray
-
-    from tidal_actors.runtime.ray_replies import NAMESPACE
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            namespace=NAMESPACE,
-            configure_logging=False,
-        )
-    yield
-    if started:
-        ray.shutdown()
-
-
-def ray_config(**changes: Any) -> Config:
-    base = Config(
-        half_life_ns=30 * SEC,
-        window_width_ns=10 * SEC,
-        window_buckets=4,
-        rematerialize_after_ms=None,
-        host="ray",
-    )
-    return base.replace(**changes)
 
 
 # -- selection --------------------------------------------------------------------
@@ -315,10 +279,11 @@ def test_a_failed_durable_shard_is_fenced_and_reported(ray_session: None, tmp_pa
 def test_a_killed_shard_process_fails_calls_instead_of_hanging(
     ray_session: None, tmp_path: Path
 ) -> None:
-    """SIGKILL of a ledger's process (nothing restarts it under this host yet): the
-    calls waiting and the calls after fail with an error saying they may have been
-    applied; close() refuses to write a snapshot from the lost shard; the store keeps
-    everything flushed before the kill."""
+    """SIGKILL of a membership shard's process (nothing restarts it under this host;
+    a ledger's restarts, tests/test_ray_restart.py): the calls waiting and the calls
+    after fail with an error saying they may have been applied; close() refuses to
+    write a snapshot from the lost shard; the store keeps everything flushed before
+    the kill."""
     import os
     import signal
 
@@ -328,7 +293,7 @@ def test_a_killed_shard_process_fails_calls_instead_of_hanging(
     path = str(tmp_path / "store")
     with (
         pytest.raises(
-            StorageError, match=r"closed with a fenced shard \(ledger\[\d\]'s process died"
+            StorageError, match=r"closed with a fenced shard \(membership\[\d\]'s process died"
         ),
         TidalDb.open(path, config=ray_config(), clock=ManualClock(T0)) as db,
     ):
@@ -336,10 +301,11 @@ def test_a_killed_shard_process_fails_calls_instead_of_hanging(
             db.assign_cohort(u, "a")
             db.signal_with_context(u, 1, 1, 1.0, T0)
         db.flush()
-        os.kill(db._core.host.pids()[(M.LEDGER, 0)], signal.SIGKILL)
+        os.kill(db._core.host.pids()[(M.MEMBERSHIP, 0)], signal.SIGKILL)
         with pytest.raises(ActorFailure, match="may have been applied"):
-            for _ in range(100):  # reads of every ledger until the death is seen
-                db.aggregate_rows()
+            for _ in range(100):  # calls through every membership shard until the death is seen
+                db.community_layer_status(0)
+                db.community_layer_status(1)
     with TidalDb.open(path, config=ray_config(host="pykka"), clock=ManualClock(T0)) as again:
         assert again.read_window("a", 1, 1, T0).weight == 4.0
 
@@ -403,11 +369,15 @@ def test_calls_carry_link_numbers_and_a_receiver_takes_each_once(ray_session: No
             assert links.kept(address) == 0, address
         ledger = links.handle((M.LEDGER, 0))
         # a probe link of its own; Marks is a host-level message an ephemeral ledger ignores
+        epoch = db._core.host.opened  # the first incarnation's
         acks = [
-            ray.get(ledger.deliver.remote(None, "probe", seq, [Marks(0, 0)]))
+            ray.get(ledger.deliver.remote(None, "probe", epoch, seq, [Marks(0, 0)]))
             for seq in (1, 1, 3, 2)
         ]
-        assert acks == [1, 1, 1, 3]  # duplicate: 1 again; gap: held; filled: 3
+        # duplicate: 1 again; gap: held; filled: 3 (an ephemeral ledger reports none durable)
+        assert acks == [(epoch, 1, []), (epoch, 1, []), (epoch, 1, []), (epoch, 3, [])]
+        # a call numbered for another incarnation of the receiver is discarded
+        assert ray.get(ledger.deliver.remote(None, "probe", epoch + 1, 4, [Marks(0, 0)])) is None
         assert db.read_window(COMMUNITY, 1, 1, T0).count == 6
 
 

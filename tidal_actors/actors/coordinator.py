@@ -288,7 +288,12 @@ class PurgeCoordinator(Rematerializer):
         if on_li:  # its preparation may have died with the shard: nothing is committed
             assert p is not None
             failed.append(p.request.reply.label or "purge")
-            self._fail_pending(ActorFailure(f"ledger[{li}] restarted during this purge"))
+            self._fail_pending(
+                ActorFailure(
+                    f"ledger[{li}] restarted during this purge; nothing of it was "
+                    "committed: request it again"
+                )
+            )
         r = self._remat  # a rebuild whose job died with the shard (no result yet)
         nl = self.ctx.config.ledger_shards
         ended: tuple[M.RematToken, ...] = ()
@@ -296,7 +301,10 @@ class PurgeCoordinator(Rematerializer):
             failed += [w.label or "rematerialize" for w in self._remat_waiters.get(r.cohort, [])]
             ended = (r.token,)  # its start may still be on its way to the shard
             self._remat_finished(
-                error=ActorFailure(f"ledger[{li}] restarted during this re-materialization")
+                error=ActorFailure(
+                    f"ledger[{li}] restarted during this re-materialization; nothing of "
+                    "it was applied: start it again"
+                )
             )
         purges = [self._pending.request] if self._pending is not None else []
         in_flight = tuple(

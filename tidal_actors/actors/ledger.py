@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Context
-from tidal_actors.actors.ledger_durability import LedgerDurability
+from tidal_actors.actors.ledger_durability import LedgerDurability, ended_before
 from tidal_actors.actors.ledger_remat import LedgerRebuilds
 from tidal_actors.actors.ledger_views import LedgerViews
 from tidal_actors.actors.recovery import LedgerRecovery
@@ -160,8 +160,7 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
 
     def _ended_before(self, marker: M.Marker) -> bool:
         """Whether ``marker``'s purge ended before this incarnation started."""
-        upto = self._ended_upto.get(marker[0])
-        return upto is not None and marker[1] <= upto
+        return ended_before(self._ended_upto, marker)
 
     def _on_attribute(self, msg: M.Attribute) -> None:
         self._sent_write = self._applied = False

@@ -30,10 +30,18 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.core.states import LedgerState
 
-__all__ = ["LedgerDurability", "Token"]
+__all__ = ["LedgerDurability", "Token", "ended_before"]
 
 Token = tuple[str, Any]
 """``("batch", seq)``, ``("purge", marker)`` or ``("barrier", barrier_id)``."""
+
+
+def ended_before(ended_upto: dict[int, int], marker: M.Marker) -> bool:
+    """Whether ``marker``'s purge is among those the coordinator reported ended at a
+    restart (``ended_upto``: membership shard -> the marker number of its newest
+    purge ended; a shard's purges end in the order they were taken)."""
+    upto = ended_upto.get(marker[0])
+    return upto is not None and marker[1] <= upto
 
 
 class LedgerDurability(Behaviour):

@@ -31,7 +31,8 @@ what waits first).
 Restore by handshake. Where a host runs restart-safe links into the ledgers
 (`runtime.links`: a sender keeps each message until it is durable at the receiver,
 `actors.ledger_durability`; the deterministic test host does, for a crashed ledger
-shard), a restarted ledger takes nothing from the failed incarnation's memory: it
+shard, and the Ray host, for a ledger whose process died: `runtime.ray_restart`),
+a restarted ledger takes nothing from the failed incarnation's memory: it
 restores from the store, asks the coordinator (:class:`RecoverLedger`), and then its
 senders drop what the store shows survived and re-send the rest, on a new epoch of
 each link, in the order first sent (`LedgerShard.restarted` with ``handshake``).

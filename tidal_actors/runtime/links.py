@@ -69,9 +69,10 @@ does (DISTRIBUTED.md: replies carry ``(applied, durable)``):
 
 With ``K`` the sender's kept set, durable acknowledgements keep ``K`` = the stamped
 messages not reported durable, a superset of ``A + 1 .. S``; the invariants above hold
-for the applied point unchanged. The deterministic test host runs restart-safe links
-into every ledger shard of a durable store (``testing.sim_links``); the pykka host
-has no links, and the Ray host acknowledges at the applied point.
+for the applied point unchanged. The deterministic test host (``testing.sim_links``)
+and the Ray host (``runtime.ray_restart``) run restart-safe links into every ledger
+shard of a durable store; the Ray host's other links acknowledge at the applied
+point, and the pykka host has no links.
 """
 
 from __future__ import annotations

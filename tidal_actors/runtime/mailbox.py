@@ -10,7 +10,9 @@ actor's measured seconds per unit, a moving average). ``offer``, ``force``,
 An actor takes the signal batches queued back to back at the head of its mailbox as
 one message, and a membership shard's attributions queued before the first message
 of another kind as one message, up to ``COALESCE_RECORDS`` units (`coalesce`). It takes what is
-queued when it asks: it never waits for more.
+queued when it asks: it never waits for more. A host that follows each message it
+put (the Ray host's durable acknowledgements, `runtime.ray_restart.DurableEnds`)
+hears which messages a merged one stands for (``on_merge``).
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ class Mailbox(queue.Queue[Envelope[Any]]):
         self.held: Callable[[], int] = lambda: 0
         self.held_units: Callable[[], int] = lambda: 0
         self._room_waiters: list[Callable[[], None]] = []
+        # told ``(parts, merged)`` when the actor takes ``merged`` for ``parts``
+        self.on_merge: Callable[[list[Any], Any], None] | None = None
 
     def _full(self) -> bool:  # under self.mutex
         if self._qsize() + self.held() + self._reserved >= self._cap:
@@ -124,7 +128,10 @@ class Mailbox(queue.Queue[Envelope[Any]]):
         if (kind is M.Attribute or kind is M.SignalBatch) and self.queue:
             taken = self._take_alike(msg)
             if len(taken) > 1:
-                item = Envelope(coalesce(taken))
+                merged = coalesce(taken)
+                if self.on_merge is not None:
+                    self.on_merge(taken, merged)
+                item = Envelope(merged)
                 self.not_full.notify_all()
         return item
 

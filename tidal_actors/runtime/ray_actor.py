@@ -19,18 +19,24 @@ What the host adds around the behaviour, none of it known to the behaviour:
 * the coordinator ticks itself while a re-materialization is due (the pykka host's
   flusher thread reads ``remat_due`` in process; here the coordinator's process does);
 * a membership or ledger shard of a durable database whose handler failed with an
-  unexpected error is fenced, not restarted (`supervision.Fenced`): this host does not
-  restart a shard yet, and a half-updated shard is never served. The `FaultReport`
-  goes to the facade;
+  unexpected error is fenced, not restarted (`supervision.Fenced`): a half-updated
+  shard is never served. The `FaultReport` goes to the facade;
+* a ledger actor of a durable database whose process died is restarted by Ray in a
+  new process (``max_restarts``) and restores by handshake (`runtime.ray_restart`):
+  its calls carry its incarnation's epoch, it reports its messages durable
+  (`ray_restart.DurableEnds`) and writes each attribution's link number with its
+  history batch (`Tag.LINK_STATE`);
 * a clock other than `SystemClock` is the facade's time as last carried by a call
   (`Stamped`): every call carries its sender's time.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -43,12 +49,22 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour, replies_of
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
+from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.links import LinkReceiver
 from tidal_actors.runtime.pykka_host import PykkaHost
-from tidal_actors.runtime.ray_links import Links, dumps, loads
-from tidal_actors.runtime.ray_replies import register_serializers, send_fault
+from tidal_actors.runtime.ray_links import RETRY_S, Links, dumps, loads
+from tidal_actors.runtime.ray_replies import portable, register_serializers, send_fault
+from tidal_actors.runtime.ray_restart import (
+    DurableEnds,
+    Fences,
+    LedgerRestart,
+    announce,
+    restore,
+    track,
+)
 from tidal_actors.runtime.ray_stores import Marks, ReaderStore, WriterStore
 from tidal_actors.runtime.supervision import Supervisor
+from tidal_actors.storage.format import link_state_op
 from tidal_actors.storage.stores import NullStore
 
 __all__ = ["TICK_S", "Counters", "ShardActor", "Stamped"]
@@ -90,11 +106,40 @@ class _Durable:
 
 
 class LocalHost(PykkaHost):
-    """The one-actor pykka host inside a `ShardActor`; other addresses go by `Links`."""
+    """The one-actor pykka host inside a `ShardActor`; other addresses go by `Links`.
+    A ledger's history write made while it handles an attribution (or a merged one)
+    carries the highest link number per sender among those it stands for (``ends``:
+    `ray_restart.DurableEnds`)."""
 
-    def __init__(self, config: Config, clock: Clock, durable: bool, links: Links) -> None:
+    def __init__(
+        self,
+        config: Config,
+        clock: Clock,
+        durable: bool,
+        links: Links,
+        ends: DurableEnds | None = None,
+        shard: int = 0,
+        epoch: int = 0,
+    ) -> None:
         super().__init__(config, clock, durable)
         self.links = links
+        self.ends = ends
+        self.shard = shard
+        self.epoch = epoch
+
+    def start(self, behaviours: list[Behaviour]) -> None:
+        """Start ``behaviours``; with ``ends``, each message they handle is followed
+        (`ray_restart.track`), a merged one by the numbers of its parts
+        (`ray_restart.DurableEnds.merged`, told by the mailbox)."""
+        ends = self.ends
+        if ends is None:
+            super().start(behaviours)
+            return
+        for b in behaviours:
+            track(ends, b)
+        super().start(behaviours)
+        for b in behaviours:
+            self._inbox(b.address).on_merge = ends.merged
 
     def tell(self, address: M.Address, message: object) -> None:
         if address in self._refs:
@@ -107,8 +152,12 @@ class LocalHost(PykkaHost):
                 )
                 return
             super().tell(address, message)
-        else:
-            self.links.send(address, message)
+            return
+        ends = self.ends
+        if ends is not None and ends.current and type(message) is M.Write and message.reply is None:
+            ops = [link_state_op(self.shard, o, self.epoch, seq) for o, seq in ends.current]
+            message = M.Write([*message.ops, *ops], None, message.ahead)
+        self.links.send(address, message)
 
 
 def _writable(msg: object) -> object:
@@ -125,6 +174,7 @@ def _writable(msg: object) -> object:
             np.array(msg.weights),
             np.array(msg.timestamps),
             msg.contexts,
+            msg.batches,
         )
     return msg
 
@@ -143,6 +193,7 @@ class ShardActor:
         path: the LMDB directory (None: ephemeral).
         sink: the facade's reply sink's name.
         system_clock: the facade's clock is a `SystemClock` (else `Stamped`).
+        opened: the epoch of every actor's first incarnation (int ns).
     """
 
     def __init__(
@@ -155,20 +206,42 @@ class ShardActor:
         path: str | None,
         sink: str,
         system_clock: bool,
+        opened: int = 0,
     ) -> None:
         register_serializers()
         self.address = address
         self.sink = sink
         self.clock: Any = SystemClock() if system_clock else Stamped()
-        self.links = Links(db, self._stamp, origin=f"{address[0]}-{address[1]}")
+        # a ledger of a durable database restarts in place (`ray_restart`)
+        restartable = address[0] == M.LEDGER and path is not None
+        restarted = restartable and ray.get_runtime_context().was_current_actor_reconstructed
+        self.epoch = time.time_ns() if restarted else opened
+        origin = f"{address[0]}-{address[1]}"
+        self.links = Links(
+            db,
+            self._stamp,
+            origin=f"{origin}@{self.epoch}" if restartable else origin,
+            opened=opened,
+            restart_safe=lambda a: path is not None and a[0] == M.LEDGER,
+        )
         self._ends: dict[str, LinkReceiver[list[object]]] = {}
-        self.host = LocalHost(config, self.clock, durable, self.links)
+        self._fences = Fences()
+        self._asks: dict[int, Reply] = {}
+        self._ask_ids = itertools.count(1)
+        self.durable_ends = DurableEnds() if restartable else None
+        self.host = LocalHost(
+            config, self.clock, durable, self.links, self.durable_ends, address[1], self.epoch
+        )
         self.host.supervisor = _FencingSupervisor(config, self.host.ctx, _Durable(durable))
         self.host.supervisor.on_fault = self._fault
         self.store: Any = None
         self._path = path
         self._config = config
-        behaviour = loads(payload, self._resolve)
+        notice: LedgerRestart | None = None
+        if restarted:
+            behaviour, notice = restore(self)
+        else:
+            behaviour = loads(payload, self._resolve)
         self._marks: dict[int, int] = {}
         self._rewrites = 0
         if isinstance(behaviour, Persistence):
@@ -183,6 +256,36 @@ class ShardActor:
         self._stop_tick = threading.Event()
         if address == M.COORD_ADDR:
             threading.Thread(target=self._tick, name="tidal-tick", daemon=True).start()
+        threading.Thread(target=self._retry, name="tidal-retry", daemon=True).start()
+        if notice is not None:
+            announce(self, notice)
+
+    # -- restart in place (`runtime.ray_restart`) ---------------------------------------
+
+    def _durable(self, token: Any) -> bool:
+        durable = getattr(self.host.behaviours.get(self.address), "durable", None)
+        return durable is not None and bool(durable(token))
+
+    def fence(self, name: str, epoch: int) -> None:
+        """Discard from now on the calls of ``name``'s incarnations before ``epoch``."""
+        self._fences.fence(name, epoch)
+
+    def ask(self, make: Any, label: str) -> int:
+        """Put ``make(reply)`` into the mailbox; returns the id `answer` takes."""
+        rid = next(self._ask_ids)
+        reply = self._asks[rid] = Reply(label)
+        self.host.tell(self.address, make(reply))
+        return rid
+
+    def answer(self, rid: int) -> tuple[bool, Any, Any]:
+        """``(done, value, error)`` of the reply of `ask` ``rid``."""
+        reply = self._asks[rid]
+        if not reply.done:
+            return (False, None, None)
+        del self._asks[rid]
+        if reply.error is not None:
+            return (True, None, portable(reply.error))
+        return (True, reply.result(), None)
 
     def _resolve(self, name: str) -> Any:
         if name == "ctx":
@@ -226,26 +329,49 @@ class ShardActor:
                 except Exception:  # noqa: BLE001 - stopped
                     return
 
+    def _retry(self) -> None:
+        while not self._stop_tick.wait(RETRY_S):
+            try:
+                self.links.retry()
+            except Exception:  # noqa: BLE001 - stopped
+                return
+
     def ready(self) -> bool:
         return True
 
-    def deliver(self, stamp: int | None, origin: str, seq: int, messages: list[object]) -> int:
+    def deliver(
+        self, stamp: int | None, origin: str, epoch: int, seq: int, messages: list[object]
+    ) -> tuple[int, int, list[int]] | None:
         """Take call ``seq`` of the link from ``origin``: put its ``messages`` (and
         those of the calls after it held back) into the local mailbox, in order
-        (waits for room); a duplicate is discarded. Returns the number taken up to
-        on that link (the acknowledgement)."""
+        (waits for room); a duplicate is discarded, and so is a call numbered for
+        another ``epoch`` than this incarnation's or from a fenced incarnation
+        (then None). Returns ``(epoch, applied, durable)``: the number taken up to
+        on that link (the acknowledgement) and, at a ledger of a durable database,
+        the numbers durable here since the last return to ``origin``."""
         if stamp is not None and isinstance(self.clock, Stamped) and stamp > self.clock.now:
             self.clock.now = stamp
+        if epoch != self.epoch or self._fences.fenced(origin):
+            return None
         end = self._ends.get(origin)
         if end is None:
             end = self._ends[origin] = LinkReceiver()
-        for batch in end.accept(seq, messages):
-            self._take(batch)
-        return end.applied
+        first = end.applied + 1
+        for k, batch in enumerate(end.accept(seq, messages)):
+            self._take(origin, first + k, batch)
+        ends = self.durable_ends
+        durable = [] if ends is None else ends.report(origin, self._durable)
+        return (self.epoch, end.applied, durable)
 
-    def _take(self, messages: list[object]) -> None:
+    def _take(self, origin: str, seq: int, messages: list[object]) -> None:
+        ends = self.durable_ends
         for msg in messages:
             t = type(msg)
+            if ends is not None and (t is Marks or t is Counters or t is LedgerRestart):
+                ends.now(origin, seq)  # nothing of it to restore: durable at once
+            if t is LedgerRestart:
+                self.links.restarted(msg)  # type: ignore[arg-type]
+                continue
             if t is Marks:
                 if isinstance(self.store, ReaderStore):
                     self.store.take_marks(msg, self.address[1])  # type: ignore[arg-type]
@@ -261,7 +387,10 @@ class ShardActor:
                 )
                 continue
             try:
-                self.host.tell(self.address, _writable(msg))
+                msg = _writable(msg)
+                if ends is not None:
+                    ends.taken(origin, seq, msg)
+                self.host.tell(self.address, msg)
             except Exception as exc:  # a host defect: its caller hears it, never a hang
                 err = ActorFailure(
                     f"{self.address[0]}[{self.address[1]}] could not take {t.__name__}: {exc!r}"
@@ -280,6 +409,7 @@ class ShardActor:
         b = self.host.behaviours[self.address]
         b.__dict__.pop("room_made", None)  # the local mailbox's wake-up
         b.__dict__.pop("on_idle", None)
+        b.__dict__.pop("receive", None)  # `ray_restart.track`'s
         b.fault = None
         data = dumps(b, {"ctx": self.host.ctx, "store": self.store, "clock": self.clock})
         if self.store is not None:

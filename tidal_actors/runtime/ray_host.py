@@ -20,9 +20,12 @@ ledger shard, the purge coordinator and persistence is a named Ray actor
 * Store: ONE LMDB environment, as under the pykka host, opened by this process,
   written by the persistence actor's process, read by the ledgers' processes
   (`runtime.ray_stores`); so the actors of a durable database are placed on this
-  process's node. Per-shard stores are not built yet, nor a restart of a failed
-  shard (it is fenced: `runtime.ray_actor`), nor links that survive a process's
-  death (docs/cluster.md).
+  process's node. Per-shard stores are not built yet.
+* Restarts: a ledger actor of a durable database whose process died is restarted
+  by Ray (``max_restarts``) and restores by handshake; the links into it keep each
+  message until it is durable there and re-send the rest after the restart
+  (`runtime.ray_restart`). Any other actor's death fails every call waiting and
+  every call after; a shard whose handler failed is fenced (`runtime.ray_actor`).
 
 Ray is started here if it is not running (``Config.ray_address``: None starts a
 local instance, ``"auto"`` or ``"ray://..."`` joins a cluster).
@@ -32,7 +35,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import queue
 import threading
 import time
 import uuid
@@ -43,7 +45,7 @@ import ray
 
 from tidal_actors._clock import Clock, SystemClock
 from tidal_actors._config import Config
-from tidal_actors._errors import ActorFailure, DatabaseClosed, InvalidArgument
+from tidal_actors._errors import ActorFailure, DatabaseClosed
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.persistence import Persistence
@@ -51,8 +53,10 @@ from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.pykka_host import HostContext
 from tidal_actors.runtime.ray_actor import Counters, ShardActor
-from tidal_actors.runtime.ray_links import Links, actor_name, dumps, loads
+from tidal_actors.runtime.ray_links import RETRY_S, Links, actor_name, dumps, loads
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, forget, register_serializers
+from tidal_actors.runtime.ray_restart import LEDGER_RESTARTS, LedgerRestart
+from tidal_actors.runtime.ray_start import ensure_ray
 from tidal_actors.runtime.ray_stores import adopt_map_size
 from tidal_actors.runtime.supervision import REPORTS_KEPT, Fenced
 
@@ -61,59 +65,6 @@ __all__ = ["START_WAIT_S", "STOP_WAIT_S", "RayHost", "ensure_ray"]
 PROBE_S = 1.0  # how often the reply path looks whether an actor's process died (seconds)
 START_WAIT_S = 300.0  # how long start() waits for the actors to be up (seconds)
 STOP_WAIT_S = 120.0  # how long stop() waits for each kind of actor to stop (seconds)
-
-
-_INIT_LOCK = threading.Lock()
-
-
-def ensure_ray(address: str | None) -> None:
-    """Connect to Ray (``address``: None starts a local instance) unless connected.
-
-    Called from a thread other than the main one (an async facade opens in a worker
-    thread), ``ray.init`` runs in a thread that lives as long as the process
-    (``tidal-ray-keeper``): Ray starts a local instance's processes with
-    ``PR_SET_PDEATHSIG``, which kills them when the *thread* that started them ends
-    (prctl(2)), so an instance started from a worker thread would die with it.
-
-    Raises:
-        InvalidArgument: Ray cannot be reached at ``address`` (naming ``ray_address``).
-    """
-    with _INIT_LOCK:
-        if ray.is_initialized():
-            return
-        if threading.current_thread() is threading.main_thread():
-            _init_ray(address)
-            return
-        outcome: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
-
-        def keep() -> None:
-            try:
-                _init_ray(address)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                outcome.put(exc)
-                return
-            outcome.put(None)
-            threading.Event().wait()  # parked for the life of the process
-
-        threading.Thread(target=keep, name="tidal-ray-keeper", daemon=True).start()
-        exc = outcome.get()
-        if exc is not None:
-            raise exc
-
-
-def _init_ray(address: str | None) -> None:
-    try:
-        ray.init(
-            address=address,
-            namespace=NAMESPACE,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    except (ConnectionError, ValueError, RuntimeError) as exc:
-        raise InvalidArgument(
-            "ray_address", address, f"cannot connect to Ray: {type(exc).__name__}: {exc}"
-        ) from exc
 
 
 class RayHost:
@@ -142,13 +93,22 @@ class RayHost:
         self._waiters_lock = threading.Lock()
         self.path = ReplyPath(f"{self.db}-sink", self._fault, self._poll)
         register_serializers(self.path)
-        self.links = Links(self.db, self._stamp, self.path)
+        self.opened = time.time_ns()  # the epoch of each actor's first incarnation
+        self._restartable = False  # ledgers restart in place: a durable database's
+        self.links = Links(
+            self.db,
+            self._stamp,
+            self.path,
+            opened=self.opened,
+            restart_safe=lambda a: self._restartable and a[0] == M.LEDGER,
+        )
         self._actors: dict[M.Address, Any] = {}
         self._store: Any = None
         self._stopped = False
         self._dead: ActorFailure | None = None  # an actor's process died (`_watch`)
         self._probes: dict[M.Address, Any] = {}
         self._next_probe = 0.0
+        self._next_retry = 0.0
 
     # -- lifetime -------------------------------------------------------------------
 
@@ -170,10 +130,12 @@ class RayHost:
         else:  # nothing ties an ephemeral database's actors to a node: over the cluster
             options["scheduling_strategy"] = "SPREAD"
         named = {"ctx": self.ctx, "store": self._store, "clock": self.clock}
+        self._restartable = store_path is not None
         for b in behaviours:
             self.behaviours[b.address] = b
+            restarts = LEDGER_RESTARTS if self._restartable and b.address[0] == M.LEDGER else 0
             actor = ShardActor.options(  # type: ignore[attr-defined]
-                name=actor_name(self.db, b.address), **options
+                name=actor_name(self.db, b.address), max_restarts=restarts, **options
             ).remote(
                 self.db,
                 b.address,
@@ -183,6 +145,7 @@ class RayHost:
                 store_path,
                 self.path.name,
                 self._system_clock,
+                self.opened,
             )
             self._actors[b.address] = actor
             self.links.add(b.address, actor)
@@ -268,6 +231,8 @@ class RayHost:
             del self._probes[address]
             try:
                 ray.get(ref, timeout=0)
+            except ray.exceptions.ActorUnavailableError:
+                continue  # a ledger restarting in place (`runtime.ray_restart`)
             except Exception as exc:  # noqa: BLE001 - the actor died (RayActorError)
                 kind, index = address
                 self._dead = ActorFailure(
@@ -281,7 +246,10 @@ class RayHost:
             if address not in self._probes:
                 self._probes[address] = h.ready.remote()
 
-    def _fault(self, report: FaultReport) -> None:
+    def _fault(self, report: FaultReport | LedgerRestart) -> None:
+        if isinstance(report, LedgerRestart):  # restore by handshake (`Links.restarted`)
+            self.links.restarted(report)
+            return
         self.reports.append(report)
         if self.on_fault is not None:
             self.on_fault(report)
@@ -373,6 +341,11 @@ class RayHost:
     def _poll(self) -> None:
         self._call_waiters()
         self._watch()
+        now = time.monotonic()
+        if now >= self._next_retry and not self._stopped and self._dead is None:
+            self._next_retry = now + RETRY_S
+            with contextlib.suppress(Exception):  # closing
+                self.links.retry()
 
     def _call_waiters(self, everyone: bool = False) -> None:
         with self._waiters_lock:

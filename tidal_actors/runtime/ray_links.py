@@ -14,15 +14,20 @@ sends load (signal batches, attributions, history writes) only while fewer than
 replies never wait. So what queues in Ray in front of a mailbox is at most
 ``WINDOW`` calls per sender: no unbounded growth.
 
-Sequence numbers: each call carries its sender's name (``origin``) and the next
-number of the link from that sender to that receiver (`runtime.links.LinkSender`);
-the receiver applies only the next number, discards a duplicate and holds back a
-message after a gap (`runtime.links.LinkReceiver`, in `runtime.ray_actor`), and
-returns the number it has taken up to. The sender keeps each message until a
-returned number covers it (read as finished calls are pruned, `Links.kept`). While
-the receiver lives, Ray neither loses, duplicates nor reorders one caller's calls,
-so no gap and no duplicate arises; nothing re-sends yet, as nothing restarts an
-actor (docs/cluster.md).
+Sequence numbers: each call carries its sender's name (``origin``), the epoch of
+the receiver's incarnation it is numbered for, and the next number of the link from
+that sender to that receiver (`runtime.links.LinkSender`); the receiver applies only
+the next number, discards a duplicate and holds back a message after a gap
+(`runtime.links.LinkReceiver`, in `runtime.ray_actor`), discards a call numbered for
+another epoch, and returns ``(epoch, applied, durable)``: the number it has taken up
+to and, on a restart-safe link, the numbers of messages durable there since its last
+return to that sender. The sender keeps each message until a returned number covers
+it (read as finished calls are pruned, `Links.kept`), or on a restart-safe link (into
+a ledger of a durable database) until it is reported durable. While the receiver
+lives, Ray neither loses, duplicates nor reorders one caller's calls, so no gap and
+no duplicate arises. When a ledger's process dies, Ray restarts it and it restores by
+handshake (`runtime.ray_restart`): `Links.restarted` drops what survived there and
+re-sends the rest on the new epoch, numbered afresh.
 
 Behaviours cross once, at start (facade -> actor) and at stop (actor -> facade), as
 pickles in which the host's context, the store and the clock are named, not copied
@@ -44,11 +49,14 @@ from tidal_actors._errors import DatabaseClosed
 from tidal_actors.actors import messages as M
 from tidal_actors.runtime.links import LinkSender
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, sending
+from tidal_actors.runtime.ray_restart import LedgerRestart
 
-__all__ = ["PRUNE_AT", "WINDOW", "Links", "actor_name", "dumps", "is_load", "loads"]
+__all__ = ["PRUNE_AT", "RETRY_S", "WINDOW", "Links", "actor_name", "dumps", "is_load", "loads"]
 
 WINDOW = 4
 """Load-carrying calls a sender keeps outstanding per receiver."""
+RETRY_S = 0.2
+"""How often a sender reads its finished calls and re-sends after a failed one (s)."""
 PRUNE_AT = 64  # outstanding calls to one receiver before finished ones are looked for
 
 
@@ -103,6 +111,9 @@ class Links:
             or None.
         path: the facade's `ReplyPath` (None in an actor's process).
         origin: the sender's name on its links (the facade, or the actor's name).
+        opened: the epoch of every receiver's first incarnation (int ns).
+        restart_safe: whether the links into an address keep each message until it
+            is durable there (a ledger of a durable database).
     """
 
     def __init__(
@@ -111,9 +122,16 @@ class Links:
         stamp: Callable[[], int | None],
         path: ReplyPath | None = None,
         origin: str = "facade",
+        opened: int = 0,
+        restart_safe: Callable[[M.Address], bool] = lambda address: False,
     ) -> None:
         self.db = db
         self.origin = origin
+        self.opened = opened
+        self._restart_safe = restart_safe
+        self._epochs: dict[M.Address, int] = {}  # receivers restarted: their epoch
+        self._failed: set[M.Address] = set()  # a call to it failed since the last `retry`
+        self.resent = 0  # messages sent again (after a failed call or a restart)
         self._stamp = stamp
         self._path = path
         self._lock = threading.Lock()
@@ -146,28 +164,97 @@ class Links:
         with self._seq_lock:
             end = self._ends.get(address)
             if end is None:
-                end = self._ends[address] = LinkSender()
-            seq = end.stamp(msg)
-            if self._path is not None:
-                with sending(self._path):
-                    return h.deliver.remote(self._stamp(), self.origin, seq, [msg])
-            return h.deliver.remote(self._stamp(), self.origin, seq, [msg])
+                end = self._ends[address] = LinkSender(self._restart_safe(address))
+            return self._call(h, address, end.stamp(msg), msg)
+
+    def _call(self, h: Any, address: M.Address, seq: int, msg: object) -> Any:
+        """One ``deliver`` call (under ``_seq_lock``: numbering and submission are one
+        step, so Ray's per-caller order is the numbering's)."""
+        epoch = self._epochs.get(address, self.opened)
+        if self._path is not None:
+            with sending(self._path):
+                return h.deliver.remote(self._stamp(), self.origin, epoch, seq, [msg])
+        return h.deliver.remote(self._stamp(), self.origin, epoch, seq, [msg])
 
     def _prune(self, address: M.Address, refs: list[Any]) -> list[Any]:
-        """The calls of ``refs`` not finished; the finished ones acknowledge."""
+        """The calls of ``refs`` not finished; the finished ones acknowledge (those
+        numbered for the receiver's current epoch)."""
         if not refs:
             return refs
         done, left = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
-        if done:
+        returns = []
+        for ref in done:
             try:
-                upto = max(ray.get(done, timeout=0))
+                returns.append(ray.get(ref, timeout=0))
             except Exception:  # noqa: BLE001 - a failed call acknowledges nothing
-                return left
+                self._failed.add(address)  # and its message may be lost: `retry`
+                continue
+        if returns:
             with self._seq_lock:
                 end = self._ends.get(address)
-                if end is not None and upto < end.next_seq:
-                    end.ack(upto)
+                epoch = self._epochs.get(address, self.opened)
+                mine = [r for r in returns if r is not None and r[0] == epoch]
+                if end is not None and mine:
+                    upto = max(r[1] for r in mine)
+                    if upto < end.next_seq:
+                        end.ack(upto)
+                    durable = [seq for r in mine for seq in r[2] if seq <= end.acked]
+                    if durable:
+                        end.settle(durable)
         return left
+
+    def retry(self) -> int:
+        """Read the finished calls to every receiver; where one failed (the receiver's
+        process died, or a call to its restarted process was lost), send every
+        message not acknowledged again (`runtime.links`, rule 4: the receiver
+        discards what it has). Called every `RETRY_S` by each process's sender.
+        Returns the messages sent again."""
+        with self._lock:
+            for address in list(self._pending):
+                self._pending[address] = self._prune(address, self._pending[address])
+            for address in list(self._other):
+                self._other[address] = self._prune(address, self._other[address])
+            failed, self._failed = self._failed, set()
+        n = 0
+        for address in failed:
+            if self.closed:
+                return n
+            h = self.handle(address)
+            with self._seq_lock:
+                end = self._ends.get(address)
+                items = [] if end is None else end.resend()
+                refs = [self._call(h, address, seq, m) for seq, m in items]
+            with self._lock:
+                self._other.setdefault(address, []).extend(refs)
+            self.resent += len(refs)
+            n += len(refs)
+        return n
+
+    def restarted(self, notice: LedgerRestart) -> int:
+        """Restore by handshake with the restarted receiver ``notice.address``
+        (`runtime.links`, rule 6): of what its link keeps, drop what survived there
+        (`LedgerRestart.survived`), and send the rest again on its new epoch,
+        numbered afresh from 1 in their order. A notice of an epoch not newer than
+        the one this link numbers for is ignored. Returns the messages sent again."""
+        address = notice.address
+        if self.closed:
+            return 0
+        h = self.handle(address)
+        with self._seq_lock:
+            epoch = self._epochs.get(address, self.opened)
+            if notice.epoch <= epoch:
+                return 0
+            self._epochs[address] = notice.epoch
+            end = self._ends.get(address)
+            if end is None:
+                return 0
+            drop = {s for s, m in end.kept() if notice.survived(self.origin, epoch, s, m)}
+            end = self._ends[address] = end.renumbered(drop)
+            refs = [self._call(h, address, seq, m) for seq, m in end.unacked()]
+        self.resent += len(refs)
+        with self._lock:
+            self._other.setdefault(address, []).extend(refs)
+        return len(refs)
 
     def kept(self, address: M.Address) -> int:
         """Messages sent to ``address`` and not acknowledged yet (finished calls are

@@ -68,6 +68,7 @@ class Tag(enum.IntEnum):
     SNAPSHOT_CHUNK       0x19   meta        ledger shard / chunk 4B BE / sealed msgpack
     SNAPSHOT_MARK        0x1A   meta        0 / empty / msgpack {format, key}
     STORE_SETTINGS       0x1B   meta        0 / empty / msgpack {setting: value}
+    LINK_STATE           0x1C   meta        ledger shard / sender name / msgpack [epoch, seq]
     ===================  =====  ==========  =========================================
     """
 
@@ -83,6 +84,7 @@ class Tag(enum.IntEnum):
     SNAPSHOT_CHUNK = 0x19
     SNAPSHOT_MARK = 0x1A
     STORE_SETTINGS = 0x1B
+    LINK_STATE = 0x1C
 
 
 class Keyspace(str, enum.Enum):

@@ -32,6 +32,7 @@ __all__ = [
     "decode_cohorts",
     "decode_eviction_state",
     "decode_leave_history",
+    "decode_link_state",
     "decode_manifest",
     "decode_map",
     "decode_membership",
@@ -41,6 +42,7 @@ __all__ = [
     "encode_membership",
     "encode_status",
     "eviction_state_op",
+    "link_state_op",
     "manifest_op",
     "membership_ops",
     "settings_op",
@@ -242,3 +244,20 @@ def snapshot_delete_ops(chunks: dict[int, int]) -> list[Op]:
     for shard, n in chunks.items():
         ops.extend((Keyspace.META.value, snapshot_chunk_key(shard, k), None) for k in range(n))
     return ops
+
+
+def link_state_op(shard: int, sender: str, epoch: int, seq: int) -> Op:
+    """The write of a link's state at ledger shard ``shard``: the last message
+    (``seq``, in the link's ``epoch``) from ``sender`` (a name, UTF-8 in the key
+    suffix) whose history batch commits in the same transaction (msgpack
+    ``[epoch, seq]``; `runtime.ray_restart`)."""
+    key = encode_key(shard, Tag.LINK_STATE, sender.encode("utf-8"))
+    return (Keyspace.META.value, key, _packb([epoch, seq]))
+
+
+def decode_link_state(raw: bytes) -> tuple[int, int]:
+    """``(epoch, seq)`` of a LINK_STATE value."""
+    epoch, seq = msgpack.unpackb(raw)
+    if not (_is_int(epoch) and _is_int(seq)):
+        raise ValueError("not [epoch, seq]")
+    return epoch, seq

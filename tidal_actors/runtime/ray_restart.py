@@ -1,0 +1,303 @@
+"""A ledger actor restarted in place under the Ray host: restore by handshake.
+
+A ledger shard's Ray actor of a durable database has ``max_restarts`` (Ray re-runs
+its constructor in a new process when the process dies, `LEDGER_RESTARTS` times at
+most). The new incarnation takes nothing from the old one's memory: it restores
+from the store and the coordinator's answer, and the senders re-send what did not
+survive, as the deterministic test host restores a crashed ledger
+(`actors.recovery`, "Restore by handshake"; `testing.sim_links`). The pieces:
+
+* **Epochs.** Every call carries the epoch of the receiver's incarnation the sender
+  numbers for (the database's open time in ns for the first incarnation, the
+  restart's wall time in ns after a restart); a ledger discards a call numbered
+  for another epoch. So a message numbered for the failed incarnation never mixes
+  with the new numbering.
+* **Durable acknowledgements** (`runtime.links`, rule 5). Links into a ledger of a
+  durable database keep each message until the ledger reports it durable: after
+  handling it the ledger's actor asks the shard what it waits for
+  (`LedgerShard.durability`), and reports it with the return of a later call from
+  the same sender once that has happened (`LedgerShard.durable`; `DurableEnds`).
+* **The link state in the store.** The history batch an attribution makes is
+  written with the number of that attribution on its link (`Tag.LINK_STATE`: per
+  ledger shard and sender, ``[epoch, seq]`` of the last one, in the batch's
+  transaction). An attribution's report may die with the process; the store still
+  says whether its batch committed. Attributions the mailbox merged into one
+  message make one batch, written with the highest of their numbers
+  (`DurableEnds.merged`).
+* **The restart** (`restore`): the new incarnation fences the failed one's sends
+  still on their way to the coordinator and persistence (`Fences`), asks the
+  coordinator (`RecoverLedger`), has persistence commit what waits and read the
+  store (`LoadStore`), restores (`supervision.restore_ledger` with ``handshake``),
+  reads its links' states, and tells every other actor and the facade
+  (`LedgerRestart`). Each sender then drops what survived (`LedgerRestart.survived`:
+  an attribution whose batch is in the store; a purge's marker whose purge ended,
+  `ledger_durability.ended_before`) and re-sends the rest on the new epoch,
+  numbered afresh from 1 in their order (`ray_links.Links.restarted`).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from tidal_actors._errors import ActorFailure
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.ledger_durability import Token, ended_before
+from tidal_actors.actors.recovery import FaultReport, LoadStore, RecoverLedger
+from tidal_actors.runtime.ray_replies import send_fault
+from tidal_actors.runtime.supervision import restore_ledger
+from tidal_actors.storage.format import Keyspace, Tag, decode_key, decode_link_state
+
+__all__ = [
+    "ASK_POLL_S",
+    "LEDGER_RESTARTS",
+    "DurableEnds",
+    "Fences",
+    "LedgerRestart",
+    "announce",
+    "ask",
+    "link_states",
+    "origin_epoch",
+    "restore",
+    "track",
+]
+
+LEDGER_RESTARTS = 1000
+"""How many times Ray restarts a ledger actor of a durable database."""
+ASK_POLL_S = 0.01  # how often a restarting ledger looks for an answer (seconds)
+ASK_WAIT_S = 120.0  # how long it waits for one (seconds)
+
+
+def origin_epoch(origin: str) -> tuple[str, int]:
+    """A sender's name on its links, split: ``"ledger-0@<epoch>"`` -> ``("ledger-0",
+    epoch)``; a name without ``@`` has epoch 0."""
+    name, _, epoch = origin.partition("@")
+    return name, int(epoch) if epoch else 0
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRestart:
+    """A restarted ledger -> every other actor and the facade (host level).
+
+    Attributes:
+        address: the ledger's address.
+        epoch: its new incarnation's epoch (int ns).
+        committed: sender name -> ``(epoch, seq)`` of the last attribution from it
+            whose history batch the store holds (`Tag.LINK_STATE`).
+        ended_upto: the coordinator's `LedgerRecovery.ended_upto` (membership shard
+            -> the marker number of its newest purge ended).
+    """
+
+    address: M.Address
+    epoch: int
+    committed: dict[str, tuple[int, int]] = field(default_factory=dict)
+    ended_upto: dict[int, int] = field(default_factory=dict)
+
+    def survived(self, sender: str, epoch: int, seq: int, message: object) -> bool:
+        """Whether message ``seq`` of ``sender``'s link in ``epoch``, kept as not yet
+        durable, had its effect restored: an attribution whose batch committed, a
+        purge's marker whose purge ended. Anything else is sent again (a copy of a
+        message durable at once is a no-op there, `actors.recovery` item 5)."""
+        if type(message) is M.Attribute:
+            top = self.committed.get(sender)
+            return top is not None and top[0] == epoch and seq <= top[1]
+        if type(message) is M.PurgeMarker:
+            return ended_before(self.ended_upto, message.marker)
+        return False
+
+
+def link_states(store: Any, shard: int) -> dict[str, tuple[int, int]]:
+    """Sender name -> ``(epoch, seq)`` from ledger ``shard``'s LINK_STATE records.
+
+    Raises:
+        StorageError: the store cannot be read.
+    """
+    out: dict[str, tuple[int, int]] = {}
+    for key, value in store.scan(Keyspace.META):
+        ident, tag, suffix = decode_key(key)
+        if tag == Tag.LINK_STATE and ident == shard:
+            out[suffix.decode("utf-8")] = decode_link_state(value)
+    return out
+
+
+class DurableEnds:
+    """A ledger actor's receiving side of durable acknowledgements (thread-safe).
+
+    ``taken`` (the Ray thread) tags a message with its link and number before it
+    enters the mailbox; ``merged`` (the mailbox, as the behaviour's thread takes a
+    merged message out: `runtime.mailbox.Mailbox.on_merge`) gives the message it
+    made of several the tags of all of them, in order, since handling it is
+    handling them (`mailbox.coalesce`); ``begin`` / ``end`` (the behaviour's
+    thread) bracket its handling (``current`` is meanwhile, for an attribution,
+    ``[(sender, seq)]`` of the highest number per sender among its tags: the
+    history write it makes carries them, `Tag.LINK_STATE`); ``report`` (the Ray
+    thread) returns the numbers of a sender's messages durable since the last
+    report.
+
+    A tag holds its message, so no other message can take its ``id`` while the tag
+    waits (a merged message is a new object; its parts' ids are free once merged).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tags: dict[int, tuple[object, list[tuple[str, int]]]] = {}
+        self._waiting: dict[str, dict[int, Token]] = {}
+        self._ready: dict[str, list[int]] = {}
+        self._handling: list[tuple[str, int]] = []
+        self.current: list[tuple[str, int]] = []
+
+    def taken(self, origin: str, seq: int, message: object) -> None:
+        with self._lock:
+            self._tags[id(message)] = (message, [(origin, seq)])
+
+    def merged(self, parts: list[object], message: object) -> None:
+        """``message`` stands for ``parts`` (in order) from now on: it takes their tags."""
+        with self._lock:
+            tags: list[tuple[str, int]] = []
+            for part in parts:
+                entry = self._tags.pop(id(part), None)
+                if entry is not None and entry[0] is part:
+                    tags += entry[1]
+            if tags:
+                self._tags[id(message)] = (message, tags)
+
+    def now(self, origin: str, seq: int) -> None:
+        """Message ``seq`` from ``origin`` is durable at once (a host-level message)."""
+        with self._lock:
+            self._ready.setdefault(origin, []).append(seq)
+
+    def begin(self, message: object) -> None:
+        with self._lock:
+            entry = self._tags.pop(id(message), None)
+            tags = entry[1] if entry is not None and entry[0] is message else []
+            self._handling = tags
+            if type(message) is M.Attribute and tags:
+                top: dict[str, int] = {}
+                for origin, seq in tags:
+                    if seq > top.get(origin, 0):
+                        top[origin] = seq
+                self.current = list(top.items())
+            else:
+                self.current = []
+
+    def end(self, token: Token | None) -> None:
+        with self._lock:
+            tags, self._handling, self.current = self._handling, [], []
+            for origin, seq in tags:
+                if token is None:
+                    self._ready.setdefault(origin, []).append(seq)
+                else:
+                    self._waiting.setdefault(origin, {})[seq] = token
+
+    def report(self, origin: str, durable: Callable[[Token], bool]) -> list[int]:
+        with self._lock:
+            out = self._ready.pop(origin, [])
+            waiting = self._waiting.get(origin)
+            if waiting:
+                done = [seq for seq, token in waiting.items() if durable(token)]
+                for seq in done:
+                    del waiting[seq]
+                out += done
+            return out
+
+
+class Fences:
+    """The epochs below which a restarted ledger's earlier incarnations are fenced
+    at a receiver: their calls still on the way are discarded."""
+
+    def __init__(self) -> None:
+        self._floor: dict[str, int] = {}
+
+    def fence(self, name: str, epoch: int) -> None:
+        if epoch > self._floor.get(name, 0):
+            self._floor[name] = epoch
+
+    def fenced(self, origin: str) -> bool:
+        name, epoch = origin_epoch(origin)
+        floor = self._floor.get(name)
+        return floor is not None and epoch < floor
+
+
+def ask(handle: Any, make: Callable[[Any], object], label: str) -> Any:
+    """Put ``make(reply)`` into the mailbox of the actor behind ``handle`` (a
+    `ShardActor`) and poll for the reply's value (no Ray call waits there, so the
+    actor keeps taking the calls its answer depends on).
+
+    Raises:
+        ActorFailure: no answer within ``ASK_WAIT_S``; the reply's error as it is.
+    """
+    rid = ray.get(handle.ask.remote(make, label))
+    deadline = time.monotonic() + ASK_WAIT_S
+    while time.monotonic() < deadline:
+        done, value, error = ray.get(handle.answer.remote(rid))
+        if done:
+            if error is not None:
+                raise error
+            return value
+        time.sleep(ASK_POLL_S)
+    raise ActorFailure(f"no answer to {label} within {ASK_WAIT_S} s")
+
+
+def restore(actor: Any) -> tuple[Behaviour, LedgerRestart]:
+    """The new incarnation of the ledger hosted by ``actor`` (a `ShardActor` whose
+    constructor Ray re-runs): the failed incarnation's sends to the coordinator and
+    persistence fenced, the coordinator asked (`RecoverLedger`), the store read once
+    persistence committed what waits (`LoadStore`), restored by handshake; and the
+    notice for its senders. A `FaultReport` ("restarted", its ``cause`` saying how
+    long the restore took) goes to the facade.
+
+    Raises:
+        ActorFailure, StorageError: the restart failed (Ray restarts it again).
+    """
+    started = time.monotonic()
+    i, cfg, links = actor.address[1], actor._config, actor.links
+    others = (M.COORD_ADDR, M.PERSIST_ADDR)
+    ray.get([links.handle(a).fence.remote(f"{M.LEDGER}-{i}", actor.epoch) for a in others])
+    recovery = ask(links.handle(M.COORD_ADDR), functools.partial(RecoverLedger, i), "recover")
+    restored = ask(links.handle(M.PERSIST_ADDR), LoadStore, "load-store")
+    store = actor._resolve("store")
+    new = restore_ledger(cfg, actor.host.ctx, restored, store, i, recovery, None, (), True)
+    notice = LedgerRestart(actor.address, actor.epoch, link_states(store, i), recovery.ended_upto)
+    took = time.monotonic() - started
+    cause = f"its process died (restored in {took:.3f} s)"
+    send_fault(
+        actor.sink, FaultReport(actor.address, "restarted", cause, failed=[*recovery.failed])
+    )
+    return new, notice
+
+
+def announce(actor: Any, notice: LedgerRestart) -> None:
+    """Tell every other actor of the database and the facade (by its sink, as a
+    fault) that the ledger ``actor`` hosts restarted."""
+    cfg = actor._config
+    addresses = [(M.MEMBERSHIP, i) for i in range(cfg.membership_shards)]
+    addresses += [(M.LEDGER, i) for i in range(cfg.ledger_shards)]
+    for address in [*addresses, M.COORD_ADDR, M.PERSIST_ADDR]:
+        if address != actor.address:
+            actor.links.send(address, notice)
+    send_fault(actor.sink, notice)
+
+
+def track(ends: DurableEnds, behaviour: Behaviour) -> None:
+    """Note in ``ends``, for each message ``behaviour`` handles, what it waits for to
+    be durable (`LedgerShard.durability`)."""
+    receive = behaviour.receive
+    durability = getattr(behaviour, "durability", lambda message: None)
+
+    def tracked(message: object) -> None:
+        ends.begin(message)
+        token = None
+        try:
+            receive(message)
+            token = durability(message)
+        finally:
+            ends.end(token)
+
+    behaviour.receive = tracked  # type: ignore[method-assign]
