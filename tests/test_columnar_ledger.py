@@ -35,6 +35,19 @@ def _agg() -> Aggregates:
     return Aggregates(HALF.__getitem__, WIDTH, 4)
 
 
+class _Vectorized(Aggregates):
+    """Aggregates that add every batch with numpy (`Adds.add_columns`'s vectorized
+    path), however small: the default adds batches of up to ``small_batch`` records
+    one record at a time (`core.record_adds`)."""
+
+    __slots__ = ()
+    small_batch = 0
+
+
+def _vectorized() -> Aggregates:
+    return _Vectorized(HALF.__getitem__, WIDTH, 4)
+
+
 records = st.lists(
     st.tuples(
         st.sampled_from(["a", "b", "@community"]),
@@ -74,12 +87,14 @@ def _close(x: tuple[object, ...], y: tuple[object, ...]) -> bool:
 
 
 @settings(max_examples=150, deadline=None)
-@given(records, st.integers(1, 20), st.integers(0, 13_000))
+@given(records, st.integers(1, 20), st.integers(0, 13_000), st.booleans())
 def test_batches_equal_one_at_a_time(
-    raw: list[tuple[str, int, int, float, int]], step: int, at: int
+    raw: list[tuple[str, int, int, float, int]], step: int, at: int, vectorized: bool
 ) -> None:
+    """Batches added by either path (numpy, or record by record in plain Python)
+    leave the state of adding each record on its own."""
     recs = _recs(raw)
-    one, batched = _agg(), _agg()
+    one, batched = _agg(), (_vectorized() if vectorized else _agg())
     for r in recs:
         one.add_many([r])
     for k in range(0, len(recs), step):
@@ -90,9 +105,11 @@ def test_batches_equal_one_at_a_time(
         assert getattr(one, name) == getattr(batched, name)
 
 
-class _OneByOne(Aggregates):
-    """Aggregates whose records outside the latest bucket all go through `_add_one`
-    (no bulk bucket moves): the sequential definition of a bucket move."""
+class _OneByOne(_Vectorized):
+    """Vectorized aggregates whose records outside the latest bucket all go through
+    `_add_one` (no bulk bucket moves): the sequential definition of a bucket move."""
+
+    __slots__ = ()
 
     def _add_newer(self, k, b, x, w, wf, ts, cand):  # type: ignore[no-untyped-def]
         import numpy as np
@@ -108,7 +125,7 @@ def test_bulk_bucket_moves_equal_moving_one_record_at_a_time(
     """Batches that open newer buckets (moving each key's latest bucket to its older
     ones in bulk) leave the buckets that adding each record on its own leaves."""
     recs = _recs(raw)
-    seq, bulk = _OneByOne(HALF.__getitem__, WIDTH, 4), _agg()
+    seq, bulk = _OneByOne(HALF.__getitem__, WIDTH, 4), _vectorized()
     for k in range(0, len(recs), step):
         seq.add_many(recs[k : k + step])
         bulk.add_many(recs[k : k + step])
@@ -192,6 +209,33 @@ def test_dump_loads_back_bit_for_bit(raw: list[tuple[str, int, int, float, int]]
     b.load(msgpack.unpackb(msgpack.packb(a.dump()), strict_map_key=False))
     assert _reads(a, at) == _reads(b, at)
     assert a.keys == b.keys and a.index == b.index and a.cohorts == b.cohorts
+
+
+@settings(max_examples=40, deadline=None)
+@given(records, records, st.integers(0, 13_000))
+def test_a_pickled_copy_adds_and_reads_as_the_original(
+    first: list[tuple[str, int, int, float, int]],
+    then: list[tuple[str, int, int, float, int]],
+    at: int,
+) -> None:
+    """The key columns and the earlier buckets' columns are numpy views of the
+    ``array`` objects the per-record path writes through (`KeyState.items`,
+    `Segments.items`): a copy made by pickling keeps them one, so records added to it
+    afterwards, by either path, read as on the original."""
+    import pickle
+
+    for make in (_agg, _vectorized):
+        a = make()
+        a.add_many(_recs(first))
+        b = pickle.loads(pickle.dumps(a))
+        for agg in (a, b):
+            agg.add_many(_recs(then))
+            agg.add_many(_recs(then)[:1])
+        assert _reads(a, at) == _reads(b, at)
+        for name in ("fd_sum", "latest_count", "latest_b", "landmark"):
+            assert getattr(b, name).base.obj is b.items[name]  # a memoryview of it
+        for name in ("b", "count", "fd", "start", "length"):  # the earlier buckets' too
+            assert getattr(b.older, name).base.obj is b.older.items[name]
 
 
 def test_retracting_everything_leaves_nothing() -> None:

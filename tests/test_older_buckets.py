@@ -25,6 +25,8 @@ OPS = st.one_of(
     st.tuples(st.just("drop"), KEYS),
     st.tuples(st.just("replace"), KEYS, st.dictionaries(BUCKETS, VALUES, max_size=6)),
     st.tuples(st.just("push"), st.sets(KEYS, max_size=6), VALUES),
+    st.tuples(st.just("push_one"), KEYS, st.integers(-3, 1), VALUES),
+    st.tuples(st.just("add_record"), KEYS, BUCKETS, VALUES),
 )
 
 
@@ -50,6 +52,16 @@ def _apply(ob: OlderBuckets, model: dict[int, dict[int, tuple]], op: tuple) -> N
         _, k, buckets = op
         ob.replace(k, buckets)
         model[k] = dict(buckets)
+    elif kind == "push_one":  # after the key's last bucket (offset > 0), else a put
+        _, k, offset, v = op
+        b = max(model.get(k, {}), default=-10) + offset
+        ob.push_one(k, b, *v)
+        model.setdefault(k, {})[b] = v
+    elif kind == "add_record":  # one contribution: (w, wf, ts) from the values
+        _, k, b, (_, w, wf, ts) = op
+        ob.add_record(k, b, w, wf, ts)
+        n0, w0, f0, t0 = model.get(k, {}).get(b, (0, 0.0, 0.0, ts))
+        model.setdefault(k, {})[b] = (n0 + 1, w0 + w, f0 + wf, max(t0, ts))
     else:  # push: each key's new bucket after its last one
         _, keys, (n, w, fd, tm) = op
         ks = sorted(keys)

@@ -35,8 +35,9 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
    Practical Time Decay Model for Streaming Systems", ICDE 2009), so that add and
    retract are exact, order-independent inverses. The formula and the layout:
    `core.aggregates` (theory of operation) and `core.key_state.KEY_COLUMNS`; adding
-   and moving the landmark: `core.adds.Adds` (vectorized) and
-   `core.bucket_adds.BucketAdds._add_one` (one record: the definition); retracting, with its exactness bound
+   and moving the landmark: `core.adds.Adds` (vectorized),
+   `core.bucket_adds.BucketAdds._add_one` (one record: the definition) and
+   `core.record_adds.RecordAdds` (small batches, record by record); retracting, with its exactness bound
    (``REFOLD_AT``): `core.retraction.Retraction.retract_rows`; reading:
    `core.reads.Reads` (``_score``). Weights are rounded to float32 once, at intake
    (`core.validate.check_weight`), so the weight retracted is the weight added.

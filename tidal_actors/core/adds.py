@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from tidal_actors.core import sets
-from tidal_actors.core.bucket_adds import SMALL_BATCH, BucketAdds
 from tidal_actors.core.key_state import RENORMALIZE_AT, KeyCode, key_codes
+from tidal_actors.core.record_adds import RecordAdds
 
 __all__ = ["Adds", "Record"]
 
@@ -31,7 +31,7 @@ def _plain(x: Sequence[Any] | np.ndarray) -> list[Any]:
     return x.tolist() if isinstance(x, np.ndarray) else list(x)
 
 
-class Adds(BucketAdds):
+class Adds(RecordAdds):
     """Adding contributions (`add_columns`, `add_many`, `load_columns`)."""
 
     __slots__ = ()
@@ -69,7 +69,7 @@ class Adds(BucketAdds):
         first = self.row_end
         if not n:
             return range(first, first)
-        if n <= SMALL_BATCH:
+        if n <= self.small_batch:
             return self._add_small(
                 ms if isinstance(ms, int) else _plain(ms),
                 _plain(rs),

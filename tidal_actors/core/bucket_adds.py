@@ -2,69 +2,30 @@
 
 The sequential definition of an add (`_add_one`: a key's forward-decayed sum, its
 latest bucket or an older one, a landmark move when it falls ``RENORMALIZE_AT``
-half-lives behind, `_renormalize`), used by `Adds.add_columns` for what its
-vectorized path leaves: the bulk move of keys to a newer bucket (`_add_newer`) and
-small batches, where numpy's fixed cost a call outweighs a loop (`_add_small`:
-``SMALL_BATCH`` records or fewer). Equal to `Adds.add_columns` on the same records
-(the property tests of ``tests/test_columnar_ledger.py``). No threads, no I/O.
+half-lives behind, `_renormalize`), used for what `Adds.add_columns`'s vectorized
+path leaves and by the per-record path of small batches
+(`record_adds.RecordAdds`); the bulk move of keys to a newer bucket
+(`_add_newer`); a key made for one record (`_new_key`). Equal to `Adds.add_columns`
+on the same records (the property tests of ``tests/test_columnar_ledger.py``). No
+threads, no I/O.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 
 from tidal_actors.core import sets
-from tidal_actors.core.key_state import RENORMALIZE_AT, KeyCode, KeyState, key_code
+from tidal_actors.core.key_state import RENORMALIZE_AT, KeyCode, KeyState
 
-__all__ = ["SMALL_BATCH", "BucketAdds"]
-
-# batches of at most this many records go one record at a time (`_add_small`): about
-# 30 numpy calls a vectorized batch cost more than a loop over so few
-SMALL_BATCH = 8
+__all__ = ["BucketAdds"]
 
 
 class BucketAdds(KeyState):
-    """Adding one record at a time, bucket moves in bulk, and small batches."""
+    """Adding one record at a time, and bucket moves in bulk."""
 
     __slots__ = ()
-
-    def _add_small(
-        self,
-        ms: int | Sequence[int],
-        rs: Sequence[int],
-        us: Sequence[int],
-        cs: Sequence[str],
-        es: Sequence[int],
-        types: Sequence[int],
-        ws: Sequence[float],
-        tss: Sequence[int],
-    ) -> range:
-        """`Adds.add_columns` of a few records (plain lists), one by one: a new key
-        made as `Adds._new_keys` makes it (its landmark and buckets at its first
-        record), then `_add_one`."""
-        first = self.row_end
-        index = self.index
-        ks: list[int] = []
-        for c, e, t, ts in zip(cs, es, types, tss):
-            code = key_code(self._cohort_id(c), e, t)
-            k = index.get(code)
-            if k is None:
-                k = self._new_key(code, c, e, t, ts)
-            ks.append(k)
-        add = self._add_one
-        for k, ts, w in zip(ks, tss, ws):
-            add(k, ts, w)
-        n = len(ks)
-        self.row_key.extend(ks)
-        self.row_ts.extend(tss)
-        self.row_weight.extend(ws)
-        self.row_user.extend(us)
-        self.row_mshard.extend([ms] * n if isinstance(ms, int) else ms)
-        self.row_rseq.extend(rs)
-        return range(first, first + n)
 
     def _new_key(self, code: KeyCode, cohort: str, entity: int, stype: int, ts: int) -> int:
         """A new key's id (``code`` its `key_code`), its columns set as of its first
@@ -73,16 +34,17 @@ class BucketAdds(KeyState):
         self._nkeys = k + 1
         self.index[code] = k
         self._reserve(k + 1)
-        self.key_cohort[k] = self._cohort_id(cohort)
+        c = self.items  # the columns' ``array`` objects (Python numbers in and out)
+        c["key_cohort"][k] = self._cohort_id(cohort)
         self.cohorts[cohort] = self.cohorts.get(cohort, 0) + 1
-        self.key_entity[k] = entity
-        self.key_type[k] = stype
-        self.key_half_life[k] = self.half_life(stype)
-        self.landmark[k] = ts
-        self.t_max[k] = ts
-        self.latest_t_max[k] = ts
-        self.latest_b[k] = ts // self._width
-        self.live[k] = 1
+        c["key_entity"][k] = entity
+        c["key_type"][k] = stype
+        c["key_half_life"][k] = self.half_life(stype)
+        c["landmark"][k] = ts
+        c["t_max"][k] = ts
+        c["latest_t_max"][k] = ts
+        c["latest_b"][k] = ts // self._width
+        c["live"][k] = 1
         return k
 
     def _add_newer(
@@ -139,50 +101,46 @@ class BucketAdds(KeyState):
         return added
 
     def _add_one(self, k: int, ts: int, w: float) -> None:
-        """Add one contribution to key ``k`` (a newer or older bucket, or a landmark move)."""
-        h = int(self.key_half_life[k])
-        x = (ts - int(self.landmark[k])) / h
+        """Add one contribution to key ``k`` (a newer or older bucket, or a landmark
+        move): ``ts`` an int (ns), ``w`` a float (float32-valued). Plain Python on the
+        columns' ``array`` objects (`KeyState.items`: Python numbers; each sum is the
+        same IEEE addition as on numpy scalars)."""
+        c = self.items
+        h = c["key_half_life"][k]
+        x = (ts - c["landmark"][k]) / h
         if x > RENORMALIZE_AT:
             self._renormalize(k, ts, h)
             x = 0.0
         wf = w * 2.0**x
-        self.fd_sum[k] += wf
-        if ts > self.t_max[k]:
-            self.t_max[k] = ts
+        c["fd_sum"][k] = c["fd_sum"][k] + wf
+        if ts > c["t_max"][k]:
+            c["t_max"][k] = ts
         b = ts // self._width
-        cb = int(self.latest_b[k])
+        cb = c["latest_b"][k]
         if b == cb:
-            self.latest_count[k] += 1
-            self.latest_wsum[k] += w
-            self.latest_fd[k] += wf
-            if ts > self.latest_t_max[k]:
-                self.latest_t_max[k] = ts
+            c["latest_count"][k] = c["latest_count"][k] + 1
+            c["latest_wsum"][k] = c["latest_wsum"][k] + w
+            c["latest_fd"][k] = c["latest_fd"][k] + wf
+            if ts > c["latest_t_max"][k]:
+                c["latest_t_max"][k] = ts
         elif b > cb:  # the latest bucket moves to ``older``; the new one is the latest
-            cn = int(self.latest_count[k])
+            cn = c["latest_count"][k]
             if cn:
-                self.older.put(
+                self.older.push_one(
                     k,
                     cb,
-                    (
-                        cn,
-                        float(self.latest_wsum[k]),
-                        float(self.latest_fd[k]),
-                        int(self.latest_t_max[k]),
-                    ),
+                    cn,
+                    c["latest_wsum"][k],
+                    c["latest_fd"][k],
+                    c["latest_t_max"][k],
                 )
-            self.latest_b[k] = b
-            self.latest_count[k] = 1
-            self.latest_wsum[k] = w
-            self.latest_fd[k] = wf
-            self.latest_t_max[k] = ts
+            c["latest_b"][k] = b
+            c["latest_count"][k] = 1
+            c["latest_wsum"][k] = w
+            c["latest_fd"][k] = wf
+            c["latest_t_max"][k] = ts
         else:
-            bk = self.older.get(k, b)
-            if bk is None:
-                self.older.put(k, b, (1, w, wf, ts))
-            else:
-                self.older.put(
-                    k, b, (bk[0] + 1, bk[1] + w, bk[2] + wf, ts if ts > bk[3] else bk[3])
-                )
+            self.older.add_record(k, b, w, wf, ts)
 
     def _renormalize(self, k: int, new_landmark: int, h: int) -> None:
         """Move key ``k``'s landmark to ``new_landmark`` (ns), rescaling its sums.

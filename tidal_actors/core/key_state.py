@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from tidal_actors.core.key_codes import KeyCode, key_code, key_codes
 from tidal_actors.core.older_buckets import OlderBuckets
 from tidal_actors.core.settled import SettledBuckets
 
@@ -41,48 +42,6 @@ RENORMALIZE_AT = 256.0
 DEAD = 0xFFFFFFFF  # key id of a retracted detail row
 
 Bucket = tuple[int, int, float, float, int]  # (b, count, weight_sum, fd_sum, t_max_b)
-
-# The key index's key for (cohort id, entity, type): a *narrow code*, one int
-# ``cid << 50 | type << 44 | entity``, when cid < 2**14, type < 2**6 and entity < 2**44
-# (numpy computes a batch's codes at once); else the tuple ``(cid, entity, type)``.
-# A dict keyed by ints only is never tracked by the cyclic GC, so a full collection
-# does not walk it (a dict keyed by tuples is tracked again by each new key, and a full
-# collection then visits every entry: 45 ms a million keys).
-KeyCode = int | tuple[int, int, int]
-_CID_BITS, _TYPE_BITS, _ENTITY_BITS = 14, 6, 44
-_TYPE_SHIFT = _ENTITY_BITS
-_CID_SHIFT = _ENTITY_BITS + _TYPE_BITS
-
-
-def key_code(cid: int, entity: int, stype: int) -> KeyCode:
-    """The key index's key for ``(cid, entity, stype)`` (see `KeyCode`)."""
-    if cid < 1 << _CID_BITS and stype < 1 << _TYPE_BITS and entity < 1 << _ENTITY_BITS:
-        return cid << _CID_SHIFT | stype << _TYPE_SHIFT | entity
-    return (cid, entity, stype)
-
-
-def key_codes(
-    cids: npt.NDArray[Any], es: npt.NDArray[Any], types: npt.NDArray[Any]
-) -> list[KeyCode]:
-    """`key_code` of many keys (int64 cohort ids, uint64 entities and types, one
-    length), computed with numpy where every key is narrow."""
-    if not len(cids):
-        return []
-    c = np.asarray(cids, dtype=np.int64)
-    e = np.asarray(es, dtype=np.uint64)
-    t = np.asarray(types, dtype=np.uint64)
-    narrow = (c < 1 << _CID_BITS) & (t < 1 << _TYPE_BITS) & (e < 1 << _ENTITY_BITS)
-    if not narrow.any():  # e.g. 64-bit hashed entity ids: every key a tuple
-        return list(zip(c.tolist(), e.tolist(), t.tolist()))
-    codes = (
-        (c.astype(np.uint64) << np.uint64(_CID_SHIFT)) | (t << np.uint64(_TYPE_SHIFT)) | e
-    ).tolist()
-    if not narrow.all():  # the wide ones' tuples built from lists, not numpy scalars
-        wide = np.flatnonzero(~narrow)
-        tuples = zip(c[wide].tolist(), e[wide].tolist(), t[wide].tolist())
-        for i, code in zip(wide.tolist(), tuples):
-            codes[i] = code
-    return codes  # type: ignore[no-any-return]
 
 
 class Column(NamedTuple):
@@ -171,6 +130,7 @@ class KeyState:
         "cohorts",
         "drop_epoch",
         "index",
+        "items",
         "older",
         "phys_base",
         "row_base",
@@ -181,7 +141,11 @@ class KeyState:
         *DETAIL_COLUMNS,
     )
 
-    # the per-key columns (`KEY_COLUMNS`), set in __init__ and grown by _reserve
+    # the per-key columns (`KEY_COLUMNS`), set in __init__ and grown by _reserve: each
+    # a numpy view of the ``array`` of the same name in ``items``, which the per-record
+    # paths (`core.record_adds`) index instead (an item read gives a Python number at
+    # half the cost of ``ndarray.item``)
+    items: dict[str, array[Any]]
     fd_sum: npt.NDArray[np.float64]
     landmark: npt.NDArray[np.int64]
     t_max: npt.NDArray[np.int64]
@@ -204,9 +168,7 @@ class KeyState:
         self._hl_cache: dict[int, int] = {}
         self._width = window_width_ns
         self._n = window_buckets
-        self._cap = 0
-        for name, col in KEY_COLUMNS.items():
-            setattr(self, name, np.zeros(0, col.dtype))
+        self._grow(0)
         self._cid: dict[str, int] = {}
         self.cohort_names: list[str] = []  # cohort id -> name
         self.cohorts: dict[str, int] = {}  # cohort -> number of live keys
@@ -311,12 +273,39 @@ class KeyState:
         cap = max(1024, self._cap)
         while cap < n:
             cap += cap // 2
+        self._grow(cap)
+
+    def _grow(self, cap: int) -> None:
+        """Give every key column room for ``cap`` keys: a new ``array`` each (in
+        ``items``, zeros past the keys'), the column a numpy view of its bytes."""
+        items: dict[str, array[Any]] = {}
         for name, spec in KEY_COLUMNS.items():
-            old = getattr(self, name)
-            col = np.zeros(cap, spec.dtype)
-            col[: len(old)] = old
+            dt = np.dtype(spec.dtype)
+            buf = array(dt.char, bytes(cap * dt.itemsize))
+            col = np.frombuffer(buf, dtype=dt)
+            old = getattr(self, name, None)
+            if old is not None:
+                col[: len(old)] = old
             setattr(self, name, col)
+            items[name] = buf
+        self.items = items
         self._cap = cap
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The slots, but the key columns: views of ``items``, made again on load
+        (pickled on their own, they would come back as copies, apart from ``items``)."""
+        state = dict(getattr(self, "__dict__", {}))
+        for cls in type(self).__mro__:
+            for name in getattr(cls, "__slots__", ()):
+                if name not in KEY_COLUMNS and hasattr(self, name):
+                    state[name] = getattr(self, name)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        for name, spec in KEY_COLUMNS.items():
+            setattr(self, name, np.frombuffer(self.items[name], dtype=spec.dtype))
 
     def cohort_id(self, cohort: str) -> int | None:
         """The id ``key_cohort`` holds for ``cohort``'s keys, or None if it never had one."""

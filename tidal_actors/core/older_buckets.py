@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tidal_actors.core import sets
-from tidal_actors.core.segments import Segments, room
+from tidal_actors.core.segments import FIRST_CAP, Segments, room
 
 __all__ = ["OLDER_COLUMNS", "OlderBucket", "OlderBuckets"]
 
@@ -118,9 +118,10 @@ class OlderBuckets(Segments):
 
     def _find(self, k: int, b: int) -> tuple[int, bool]:
         """Where bucket ``b`` of key ``k`` is (its row) or would go, and whether it is."""
-        s = int(self.start[k])
-        n = int(self.length[k])
-        bs = self.b[s : s + n].tolist()
+        it = self.items
+        s = it["start"][k]
+        n = it["length"][k]
+        bs = it["b"][s : s + n].tolist()
         i = bisect.bisect_left(bs, b)
         return s + i, i < n and bs[i] == b
 
@@ -166,6 +167,53 @@ class OlderBuckets(Segments):
             self.b[row] = b
             self.length[k] = n + 1
         self.count[row], self.wsum[row], self.fd[row], self.tmax[row] = bucket
+
+    def push_one(self, k: int, b: int, count: int, wsum: float, fd: float, tmax: int) -> None:
+        """`put` of bucket ``b`` of key ``k`` where ``b`` is later than every bucket the
+        key has here (its latest bucket moving aside), in plain Python on the
+        ``array`` objects under the columns (`Segments.items`): a few item reads and
+        writes, a segment move when the key's is full. A ``b`` that is not later
+        goes to `put`."""
+        it = self.items
+        if k >= len(it["length"]):
+            self._keys(k + 1)
+        n = it["length"][k]
+        if n:
+            s = it["start"][k]
+            if it["b"][s + n - 1] >= b:
+                self.put(k, b, (count, wsum, fd, tmax))
+                return
+            if n == it["cap"][k]:
+                self._move(k, room(n + 1))
+                self._compact_if_sparse()
+                s = it["start"][k]
+        else:
+            if not it["cap"][k]:
+                self._move(k, FIRST_CAP)
+            s = it["start"][k]
+        row = s + n
+        it["b"][row] = b
+        it["count"][row] = count
+        it["wsum"][row] = wsum
+        it["fd"][row] = fd
+        it["tmax"][row] = tmax
+        it["length"][k] = n + 1
+
+    def add_record(self, k: int, b: int, w: float, wf: float, ts: int) -> None:
+        """Add one contribution (weight ``w``, forward-decayed ``wf``, at ``ts`` ns) to
+        bucket ``b`` of key ``k``, the bucket made if the key has none there: `put` of
+        ``(count + 1, wsum + w, fd + wf, max(tmax, ts))``, the row found once."""
+        it = self.items
+        if k < len(it["length"]) and it["length"][k]:
+            row, hit = self._find(k, b)
+            if hit:
+                it["count"][row] = it["count"][row] + 1
+                it["wsum"][row] = it["wsum"][row] + w
+                it["fd"][row] = it["fd"][row] + wf
+                if ts > it["tmax"][row]:
+                    it["tmax"][row] = ts
+                return
+        self.put(k, b, (1, w, wf, ts))
 
     def remove(self, k: int, b: int) -> None:
         """Forget bucket ``b`` of key ``k`` (nothing if it has none there)."""

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tidal_actors.core.key_state import (
+from tidal_actors.core.key_codes import (
     _CID_BITS,
     _CID_SHIFT,
     _ENTITY_BITS,

@@ -15,7 +15,7 @@ hold no references). No threads, no I/O.
 from __future__ import annotations
 
 from array import array
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +26,9 @@ __all__ = ["COMPACT_FROM", "FIRST_CAP", "Segments", "room"]
 
 FIRST_CAP = 2  # rows a key's first segment holds
 COMPACT_FROM = 1024  # rows handed out below which free segments are left as they are
+
+
+_PER_KEY = ("start", "length", "cap")
 
 
 def room(n: int) -> int:
@@ -39,21 +42,56 @@ class Segments:
     """Rows of ``COLUMNS`` (name -> numpy dtype) in one segment per key id (see the
     module). Subclasses read and write the rows; this class hands out the room."""
 
-    __slots__ = ("_free", "_free_rows", "_nrows", "_top", "cap", "length", "start")
+    __slots__ = ("_free", "_free_rows", "_nrows", "_top", "cap", "items", "length", "start")
 
     COLUMNS: ClassVar[dict[str, type[np.generic]]] = {}
 
+    start: npt.NDArray[np.int64]
+    length: npt.NDArray[np.int64]
+    cap: npt.NDArray[np.int64]
+    # each column above and in ``COLUMNS`` is a numpy view of the ``array`` of the same
+    # name here (`_new`), which per-record code indexes instead: an item read gives a
+    # Python number at half the cost of ``ndarray.item``
+    items: dict[str, array[Any]]
+
     def __init__(self) -> None:
+        self.items = {}
         for name, dtype in self.COLUMNS.items():
-            setattr(self, name, np.zeros(0, dtype))
+            self._new(name, dtype, 0)
         self._nrows = 0  # rows the columns hold
         # per key id: its segment's first row, rows used and rows of room
-        self.start = np.zeros(0, np.int64)
-        self.length = np.zeros(0, np.int64)
-        self.cap = np.zeros(0, np.int64)
+        for name in _PER_KEY:
+            self._new(name, np.int64, 0)
         self._top = 0  # rows of the columns handed out to segments so far
         self._free: dict[int, array[int]] = {}  # segment size -> starts of free ones
         self._free_rows = 0  # rows in free segments
+
+    def _new(self, name: str, dtype: type[np.generic], size: int) -> npt.NDArray[Any]:
+        """A zeroed ``array`` of ``size`` items in ``items[name]``, and attribute
+        ``name`` a numpy view of it; returns the view."""
+        dt = np.dtype(dtype)
+        buf = array(dt.char, bytes(size * dt.itemsize))
+        self.items[name] = buf
+        col = np.frombuffer(buf, dtype=dt)
+        setattr(self, name, col)
+        return col
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The slots, but the numpy views of ``items`` (made again on load)."""
+        views = {*self.COLUMNS, *_PER_KEY}
+        state = dict(getattr(self, "__dict__", {}))
+        for cls in type(self).__mro__:
+            for name in getattr(cls, "__slots__", ()):
+                if name not in views and hasattr(self, name):
+                    state[name] = getattr(self, name)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        dtypes: dict[str, type[np.generic]] = {**self.COLUMNS, **dict.fromkeys(_PER_KEY, np.int64)}
+        for name, dtype in dtypes.items():
+            setattr(self, name, np.frombuffer(self.items[name], dtype=dtype))
 
     def _keys(self, n: int) -> None:
         """Make the per-key arrays hold key ids below ``n``."""
@@ -61,10 +99,9 @@ class Segments:
         if n <= have:
             return
         size = max(n, have + have // 2, 1024)
-        for name in ("start", "length", "cap"):
-            col = np.zeros(size, np.int64)
-            col[:have] = getattr(self, name)
-            setattr(self, name, col)
+        for name in _PER_KEY:
+            old = getattr(self, name)
+            self._new(name, np.int64, size)[:have] = old
 
     def _rows(self, n: int) -> None:
         """Make the columns hold rows below ``n``."""
@@ -73,9 +110,8 @@ class Segments:
             return
         size = max(n, have + have // 2, 1024)
         for name, dtype in self.COLUMNS.items():
-            col = np.zeros(size, dtype)
-            col[:have] = getattr(self, name)
-            setattr(self, name, col)
+            old = getattr(self, name)
+            self._new(name, dtype, size)[:have] = old
         self._nrows = size
 
     def _compact_if_sparse(self) -> None:
@@ -94,9 +130,8 @@ class Segments:
         dst = np.repeat(starts, lens) + offs
         size = max(1024, held + held // 2)
         for name, dtype in self.COLUMNS.items():
-            col = np.zeros(size, dtype)
-            col[dst] = getattr(self, name)[src]
-            setattr(self, name, col)
+            old = getattr(self, name)
+            self._new(name, dtype, size)[dst] = old[src]
         self._nrows = size
         self.start[ks] = starts
         self._top = held
