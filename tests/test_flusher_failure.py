@@ -64,3 +64,86 @@ def test_a_failed_flusher_fails_the_next_calls_and_close_loses_nothing(tmp_path)
         for entity in (7, 8):
             want = model.read_decay_score("red", entity, 1, T0)
             assert again.read_decay_score("red", entity, 1, T0) == want
+
+
+def test_calls_from_several_threads_when_the_flusher_fails(tmp_path) -> None:
+    """Four threads signal (one at a time and in batches) while the flusher's tick
+    fails and a fifth thread closes: every call either returns (acknowledged) or
+    raises ActorFailure / DatabaseClosed (not acknowledged); after the reopen every
+    acknowledged signal, and no other, is in the window counts (the reference model
+    fed the acknowledged ones)."""
+    import threading
+
+    from tidal_actors import DatabaseClosed, Signal
+
+    path = tmp_path / "s"
+    cfg = Config(ledger_shards=2, membership_shards=2, signal_batch_size=16)
+    db = TidalDb.open(path, config=cfg, clock=ManualClock(T0))
+    core = db._core
+    users = range(1, 9)
+    for u in users:
+        db.assign_cohort(u, "red")
+    send = core._send_all_buffers
+    ticks = [0]
+
+    def offer_breaks(offer: bool = False) -> None:  # the flusher's tick offers
+        if offer:
+            ticks[0] += 1
+            if ticks[0] > 3:
+                raise RuntimeError("offer broke")
+        send(offer)
+
+    core._send_all_buffers = offer_breaks  # type: ignore[method-assign]
+    acked: list[list[tuple[int, int]]] = [[] for _ in range(4)]
+    refused: list[BaseException] = []
+    go = threading.Event()
+
+    def producer(i: int) -> None:
+        go.wait()
+        for n in range(3_000):
+            u, entity = users[(n + i) % len(users)], 10 * i + n % 7
+            try:
+                if n % 5 == 0:
+                    db.signal_batch([Signal(u, entity, 1, 1.0, T0 - SEC)] * 3)
+                    acked[i].extend([(u, entity)] * 3)
+                else:
+                    db.signal_with_context(u, entity, 1, 1.0, T0 - SEC)
+                    acked[i].append((u, entity))
+            except (ActorFailure, DatabaseClosed) as exc:
+                refused.append(exc)
+                return
+
+    threads = [threading.Thread(target=producer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    go.set()
+    assert until(lambda: core._flusher_error is not None or not any(t.is_alive() for t in threads))
+    closing: list[BaseException] = []
+
+    def closer() -> None:
+        try:
+            db.close()
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            closing.append(exc)
+
+    c = threading.Thread(target=closer)
+    c.start()
+    for t in threads:
+        t.join(60.0)
+    c.join(60.0)
+    assert not c.is_alive() and not any(t.is_alive() for t in threads)
+    assert core._flusher_error is not None
+    assert len(closing) == 1 and isinstance(closing[0], ActorFailure)
+    assert all(isinstance(e, (ActorFailure, DatabaseClosed)) for e in refused)
+
+    model = ReferenceModel(cfg, ManualClock(T0))
+    for u in users:
+        model.assign_cohort(u, "red")
+    for got in acked:
+        for u, entity in got:
+            model.signal_with_context(u, entity, 1, 1.0, T0 - SEC)
+    with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as again:
+        for i in range(4):
+            for entity in range(10 * i, 10 * i + 7):
+                want = model.read_window("red", entity, 1, T0)
+                assert again.read_window("red", entity, 1, T0) == want, entity
