@@ -44,7 +44,8 @@ TIMESTAMPS = st.one_of(
 )
 RECORD = st.tuples(
     st.sampled_from(["a", "b", "@community"]),
-    st.integers(0, 1_500),  # entity: up to 4,500 keys, past the columns' first 1,024
+    # entity: many keys, and ids past the narrow key codes (`core.key_codes`)
+    st.one_of(st.integers(0, 1_500), st.sampled_from([2**44 - 1, 2**44, 2**64 - 1])),
     st.sampled_from([1, 2, 3]),
     WEIGHTS,
     TIMESTAMPS,
@@ -52,7 +53,7 @@ RECORD = st.tuples(
 
 
 def _recs(raw: list[tuple[str, int, int, float, int]]) -> list[tuple[Any, ...]]:
-    return [(0, i, 100 + e, c, e, t, w, ts) for i, (c, e, t, w, ts) in enumerate(raw)]
+    return [(0, i, 100 + e % 1_000, c, e, t, w, ts) for i, (c, e, t, w, ts) in enumerate(raw)]
 
 
 def _state(a: Aggregates) -> tuple[Any, ...]:
