@@ -147,3 +147,50 @@ def test_calls_from_several_threads_when_the_flusher_fails(tmp_path) -> None:
             for entity in range(10 * i, 10 * i + 7):
                 want = model.read_window("red", entity, 1, T0)
                 assert again.read_window("red", entity, 1, T0) == want, entity
+
+
+@pytest.mark.trio
+async def test_a_failed_flusher_under_the_async_facade(tmp_path) -> None:
+    """The trio facade over a core whose flusher failed: tasks queueing signals
+    hear ActorFailure naming the cause (nothing queued), leaving the block raises it
+    too, and every signal acknowledged before is in the store (the reference model)."""
+    import trio
+
+    from tidal_actors import open_tidal
+
+    path = tmp_path / "s"
+    got: list[BaseException] = []
+    with pytest.raises(ActorFailure) as close_err:
+        async with open_tidal(str(path), config=CFG, clock=ManualClock(T0)) as db:
+            core = db._core
+            await db.assign_cohort(1, "red")
+            send = core._send_all_buffers
+
+            def offer_breaks(offer: bool = False) -> None:
+                if offer:
+                    raise RuntimeError("offer broke")
+                send(offer)
+
+            core._send_all_buffers = offer_breaks  # type: ignore[method-assign]
+            await db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)  # acknowledged
+            while core._flusher_error is None:
+                await trio.sleep(0.01)
+
+            async def task(entity: int) -> None:
+                try:
+                    await db.signal_with_context(1, entity, 1, 1.0, T0 - SEC)
+                except ActorFailure as exc:
+                    got.append(exc)
+
+            async with trio.open_nursery() as nursery:
+                for entity in range(20, 30):
+                    nursery.start_soon(task, entity)
+    assert len(got) == 10 and all(_names_the_cause(e) for e in got)
+    assert _names_the_cause(close_err.value)
+    model = ReferenceModel(CFG, ManualClock(T0))
+    model.assign_cohort(1, "red")
+    model.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+    with TidalDb.open(path, config=CFG, clock=ManualClock(T0)) as again:
+        for entity in (7, *range(20, 30)):
+            want = model.read_decay_score("red", entity, 1, T0)
+            assert again.read_decay_score("red", entity, 1, T0) == want
