@@ -194,3 +194,41 @@ async def test_a_failed_flusher_under_the_async_facade(tmp_path) -> None:
         for entity in (7, *range(20, 30)):
             want = model.read_decay_score("red", entity, 1, T0)
             assert again.read_decay_score("red", entity, 1, T0) == want
+
+
+def test_a_flusher_failing_with_a_tidal_error_is_loud_too(tmp_path) -> None:
+    """A tick that raises one of the library's own errors while the database is open
+    (a host whose actor is gone raises ActorFailure or DatabaseClosed) ends the
+    flusher as any other error does: the next calls raise ActorFailure naming it,
+    and close() sends and commits what was acknowledged before, then raises it."""
+    path = tmp_path / "s"
+    db = TidalDb.open(path, config=CFG, clock=ManualClock(T0))
+    core = db._core
+    db.assign_cohort(1, "red")
+    assert until(lambda: core._flusher_asleep)
+    send = core._send_all_buffers
+
+    def offer_breaks(offer: bool = False) -> None:
+        if offer:
+            raise ActorFailure("membership[0]'s process died")
+        send(offer)
+
+    core._send_all_buffers = offer_breaks  # type: ignore[method-assign]
+    db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)  # acknowledged; wakes the flusher
+    flusher = core._flusher
+    assert flusher is not None
+    flusher.join(10.0)
+    assert not flusher.is_alive()
+    with pytest.raises(ActorFailure) as signal_err:
+        db.signal_with_context(1, 8, 1, 1.0, T0 - SEC)  # refused: not acknowledged
+    assert "ActorFailure: membership[0]'s process died" in str(signal_err.value)
+    assert isinstance(signal_err.value.__cause__, ActorFailure)
+    with pytest.raises(ActorFailure):
+        db.close()
+    model = ReferenceModel(CFG, ManualClock(T0))
+    model.assign_cohort(1, "red")
+    model.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+    with TidalDb.open(path, config=CFG, clock=ManualClock(T0)) as again:
+        for entity in (7, 8):
+            want = model.read_decay_score("red", entity, 1, T0)
+            assert again.read_decay_score("red", entity, 1, T0) == want
