@@ -232,3 +232,33 @@ def test_a_flusher_failing_with_a_tidal_error_is_loud_too(tmp_path) -> None:
         for entity in (7, 8):
             want = model.read_decay_score("red", entity, 1, T0)
             assert again.read_decay_score("red", entity, 1, T0) == want
+
+
+@pytest.mark.trio
+async def test_leaving_the_async_block_by_an_exception_after_the_flusher_failed() -> None:
+    """`open_tidal`'s block left by an exception while the flusher has failed: the
+    close's ActorFailure propagates, the body's exception its ``__context__`` (as
+    the docstring of `open_tidal` says)."""
+    import trio
+
+    from tidal_actors import open_tidal
+
+    class Body(Exception):
+        pass
+
+    with pytest.raises(ActorFailure) as err:
+        async with open_tidal(None, config=CFG, clock=ManualClock(T0)) as db:
+            core = db._core
+            send = core._send_all_buffers
+
+            def offer_breaks(offer: bool = False) -> None:
+                if offer:
+                    raise RuntimeError("offer broke")
+                send(offer)
+
+            core._send_all_buffers = offer_breaks  # type: ignore[method-assign]
+            await db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
+            while core._flusher_error is None:
+                await trio.sleep(0.01)
+            raise Body()
+    assert _names_the_cause(err.value) and isinstance(err.value.__context__, Body)
