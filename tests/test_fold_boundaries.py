@@ -65,9 +65,10 @@ def _state(a: Aggregates) -> tuple[Any, ...]:
     return cols, ks.tobytes(), {k: v.tobytes() for k, v in older.items()}, rows, a.index
 
 
-def _sizes(n: int, first: int) -> list[int]:
-    """Cut ``n`` records into batches of ``first`` then of the switch sizes in turn."""
-    out, cycle = [], [first, SMALL_BATCH - 1, SMALL_BATCH, SMALL_BATCH + 1, 1]
+def _sizes(n: int, first: int, top: int = SMALL_BATCH + 1) -> list[int]:
+    """Cut ``n`` records into batches of ``first`` then of the switch sizes up to
+    ``top`` in turn."""
+    out, cycle = [], [first, *range(SMALL_BATCH - 1, top + 1), 1]
     i = 0
     while n > 0:
         s = min(n, cycle[i % len(cycle)])
@@ -80,7 +81,7 @@ def _sizes(n: int, first: int) -> list[int]:
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(RECORD, min_size=100, max_size=700),
-    st.sampled_from([SMALL_BATCH - 1, SMALL_BATCH, SMALL_BATCH + 1]),
+    st.sampled_from([SMALL_BATCH - 1, SMALL_BATCH]),
     st.integers(0, 4),
 )
 def test_per_record_batches_equal_one_at_a_time_bit_for_bit(
@@ -96,7 +97,9 @@ def test_per_record_batches_equal_one_at_a_time_bit_for_bit(
     batched = _agg()
     at = 0
     copy: Aggregates | None = None
-    for i, s in enumerate(_sizes(len(recs), first)):
+    # batches up to SMALL_BATCH: the per-record path (129 goes vectorized, equal
+    # only up to rounding: the test below)
+    for i, s in enumerate(_sizes(len(recs), first, SMALL_BATCH)):
         for a in (batched, copy) if copy is not None else (batched,):
             a.add_many(recs[at : at + s])
         at += s
@@ -115,16 +118,22 @@ def test_per_record_batches_equal_one_at_a_time_bit_for_bit(
 def test_vectorized_batches_equal_one_at_a_time(
     raw: list[tuple[str, int, int, float, int]], first: int
 ) -> None:
-    """The vectorized path on the same batches keeps the same keys, buckets, counts
-    and timestamps, and sums equal up to rounding."""
+    """The vectorized path on the same batches, and batches that switch between the
+    two paths (127, 128, 129 records), keep the same keys, buckets, counts and
+    timestamps, and sums equal up to rounding."""
     recs = _recs(raw)
-    one, vec = _agg(), _agg(vectorized=True)
+    one = _agg()
     for r in recs:
         one.add_many([r])
-    at = 0
-    for s in _sizes(len(recs), first):
-        vec.add_many(recs[at : at + s])
-        at += s
+    for vec in (_agg(vectorized=True), _agg()):
+        at = 0
+        for s in _sizes(len(recs), first):
+            vec.add_many(recs[at : at + s])
+            at += s
+        _assert_close(one, vec)
+
+
+def _assert_close(one: Aggregates, vec: Aggregates) -> None:
     n = one.key_total
     assert one.index == vec.index and vec.key_total == n
     for name in ("landmark", "t_max", "latest_b", "latest_count", "latest_t_max", "live"):
