@@ -171,3 +171,44 @@ def test_a_purge_across_a_kill_lists_exactly_the_users_records(
             assert rows.get((cohort, e), 0.0) == pytest.approx(want, abs=1e-12)
         assert [m.purge_id for m in db.list_purge_manifests(2)] == [pid]
         assert _restarted(db, 1)
+
+
+@needs_ray
+def test_both_ledgers_killed_at_once_while_a_flush_waits(ray_session: None, tmp_path: Path) -> None:
+    """Both ledger processes killed together while another thread's flush waits on
+    them (its barrier on its way or in their mailboxes), signals on their way too:
+    the flush returns, and every acknowledged signal is there once (the reference
+    model), in the facade and in the store the database closed with."""
+    import threading
+
+    path = str(tmp_path / "store")
+    clock = ManualClock(T0)
+    ref = ReferenceModel(ray_config(membership_shards=2, ledger_shards=2), ManualClock(T0))
+    with _open(path, clock) as db:
+        _assign(db, ref)
+        _stream(db, ref, 0, 20)
+        flushed: list[BaseException | None] = []
+
+        def flush() -> None:
+            try:
+                db.flush()
+                flushed.append(None)
+            except BaseException as exc:  # noqa: BLE001 - looked at below
+                flushed.append(exc)
+
+        pids = db._core.host.pids()  # both first: a dead actor does not answer
+        t = threading.Thread(target=flush)
+        t.start()
+        for shard in (0, 1):
+            os.kill(pids[(M.LEDGER, shard)], signal.SIGKILL)
+        t.join(60.0)
+        assert flushed == [None]
+        _stream(db, ref, 20, 10)
+        db.flush()
+        assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
+        assert sorted(r.address[1] for r in _restarted(db, 2)) == [0, 1]
+        s = db.stats()
+        assert (s["signals"], s["records"]) == (3000, ref.stats()["records"])
+    with TidalDb.open(path, config=ray_config(membership_shards=2, ledger_shards=2, host="pykka"),
+                      clock=clock) as again:  # fmt: skip
+        assert rows_mismatch(again.aggregate_rows(), ref.aggregate_rows()) is None

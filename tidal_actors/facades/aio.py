@@ -79,7 +79,10 @@ async def open_tidal(
     normally, by an exception, or by cancellation -- lets every operation already
     sent finish, flushes pending writes, stops every actor, closes the store and
     waits for the threads the database started to end; this cleanup is shielded
-    from cancellation. An exception from the body propagates unchanged.
+    from cancellation. An exception from the body propagates unchanged, unless
+    closing raises too (`AsyncTidalDb.close`: signals acknowledged since the last
+    flush not durable, `StorageError`; a failed flusher thread, `ActorFailure`):
+    then that error propagates, the body's its ``__context__``.
 
     Args:
         path: LMDB directory (created if missing), or None for an ephemeral database.

@@ -363,9 +363,10 @@ class Core(Serving):
                     if now >= next_tick:
                         next_tick = now + 0.05
                         self.host.tell(M.COORD_ADDR, M.Tick())
-            except TidalError:
-                return
             except Exception as exc:  # noqa: BLE001 - said by every later call and close()
+                if self.closed and isinstance(exc, TidalError):
+                    return  # closing (or a forked child's copy): nothing more to send
+                # open: whatever it raised (an actor gone too), nothing sends on a tick
                 log.error("tidal_actors: the flusher thread failed", exc_info=exc)
                 self._flusher_error = exc
                 self.refusing = True
