@@ -64,7 +64,7 @@ def _attribute(first_rseq: int, n: int) -> M.Attribute:
 
 @needs_ray
 def test_merged_attributions_carry_their_link_numbers_to_the_store_and_the_sender() -> None:
-    from tidal_actors.runtime.ray_actor import LocalHost
+    from tidal_actors.runtime.ray_local import LocalHost
     from tidal_actors.runtime.ray_restart import DurableEnds, LedgerRestart
 
     cfg = Config(membership_shards=1, ledger_shards=1)

@@ -39,20 +39,25 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
 import ray
 
-from tidal_actors._clock import Clock, SystemClock
+from tidal_actors._clock import SystemClock
 from tidal_actors._config import Config
-from tidal_actors._errors import ActorFailure, StorageError
+from tidal_actors._errors import ActorFailure
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviour import Behaviour, replies_of
+from tidal_actors.actors.behaviour import replies_of
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.links import LinkReceiver
-from tidal_actors.runtime.pykka_host import PykkaHost
 from tidal_actors.runtime.ray_links import RETRY_S, Links, dumps, loads
+from tidal_actors.runtime.ray_local import (
+    DurableFlag,
+    FencingSupervisor,
+    LocalHost,
+    Stamped,
+    writable,
+)
 from tidal_actors.runtime.ray_replies import portable, register_serializers, send_fault
 from tidal_actors.runtime.ray_restart import (
     DurableEnds,
@@ -60,11 +65,8 @@ from tidal_actors.runtime.ray_restart import (
     LedgerRestart,
     announce,
     restore,
-    track,
 )
 from tidal_actors.runtime.ray_stores import Marks, ReaderStore, WriterStore
-from tidal_actors.runtime.supervision import Supervisor
-from tidal_actors.storage.format import link_state_op
 from tidal_actors.storage.stores import NullStore
 
 __all__ = ["TICK_S", "Counters", "ShardActor", "Stamped"]
@@ -74,16 +76,6 @@ log = logging.getLogger("tidal_actors")
 TICK_S = 0.05  # how often the coordinator looks whether a re-materialization is due (seconds)
 
 
-class Stamped:
-    """A clock that reads the latest time a call carried (int ns since the epoch)."""
-
-    def __init__(self, now_ns: int = 0) -> None:
-        self.now = now_ns
-
-    def now_ns(self) -> int:
-        return self.now
-
-
 class Counters:
     """Facade -> persistence, host level: ``reply`` gets its counters."""
 
@@ -91,92 +83,6 @@ class Counters:
 
     def __init__(self, reply: Any) -> None:
         self.reply = reply
-
-
-class _FencingSupervisor(Supervisor):
-    """`Supervisor` whose restart always fails: a failed durable shard is fenced."""
-
-    def _restart(self, old: Behaviour, report: FaultReport) -> Behaviour:
-        raise ActorFailure("the Ray host does not restart a failed shard")
-
-
-class _Durable:
-    def __init__(self, durable: bool) -> None:
-        self.durable = durable
-
-
-class LocalHost(PykkaHost):
-    """The one-actor pykka host inside a `ShardActor`; other addresses go by `Links`.
-    A ledger's history write made while it handles an attribution (or a merged one)
-    carries the highest link number per sender among those it stands for (``ends``:
-    `ray_restart.DurableEnds`)."""
-
-    def __init__(
-        self,
-        config: Config,
-        clock: Clock,
-        durable: bool,
-        links: Links,
-        ends: DurableEnds | None = None,
-        shard: int = 0,
-        epoch: int = 0,
-    ) -> None:
-        super().__init__(config, clock, durable)
-        self.links = links
-        self.ends = ends
-        self.shard = shard
-        self.epoch = epoch
-
-    def start(self, behaviours: list[Behaviour]) -> None:
-        """Start ``behaviours``; with ``ends``, each message they handle is followed
-        (`ray_restart.track`), a merged one by the numbers of its parts
-        (`ray_restart.DurableEnds.merged`, told by the mailbox)."""
-        ends = self.ends
-        if ends is None:
-            super().start(behaviours)
-            return
-        for b in behaviours:
-            track(ends, b)
-        super().start(behaviours)
-        for b in behaviours:
-            self._inbox(b.address).on_merge = ends.merged
-
-    def tell(self, address: M.Address, message: object) -> None:
-        if address in self._refs:
-            if type(message) is M.Compact and self.ctx.durable:
-                message.reply.set_exception(
-                    StorageError(
-                        "compact() is not available under the Ray host: other processes "
-                        "hold the environment open; compact under the pykka host"
-                    )
-                )
-                return
-            super().tell(address, message)
-            return
-        ends = self.ends
-        if ends is not None and ends.current and type(message) is M.Write and message.reply is None:
-            ops = [link_state_op(self.shard, o, self.epoch, seq) for o, seq in ends.current]
-            message = M.Write([*message.ops, *ops], None, message.ahead)
-        self.links.send(address, message)
-
-
-def _writable(msg: object) -> object:
-    """``msg`` with the numpy columns it arrived with made writable (Ray hands out
-    read-only views of its buffers)."""
-    if type(msg) is M.Attribute:
-        return M.Attribute(
-            msg.mshard,
-            np.array(msg.rseqs),
-            np.array(msg.users),
-            msg.cohorts,
-            np.array(msg.entities),
-            np.array(msg.types),
-            np.array(msg.weights),
-            np.array(msg.timestamps),
-            msg.contexts,
-            msg.batches,
-        )
-    return msg
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
@@ -232,7 +138,7 @@ class ShardActor:
         self.host = LocalHost(
             config, self.clock, durable, self.links, self.durable_ends, address[1], self.epoch
         )
-        self.host.supervisor = _FencingSupervisor(config, self.host.ctx, _Durable(durable))
+        self.host.supervisor = FencingSupervisor(config, self.host.ctx, DurableFlag(durable))
         self.host.supervisor.on_fault = self._fault
         self.store: Any = None
         self._path = path
@@ -387,7 +293,7 @@ class ShardActor:
                 )
                 continue
             try:
-                msg = _writable(msg)
+                msg = writable(msg)
                 if ends is not None:
                     ends.taken(origin, seq, msg)
                 self.host.tell(self.address, msg)

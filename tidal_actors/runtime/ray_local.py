@@ -1,0 +1,124 @@
+"""The one-actor pykka host inside a Ray actor (`LocalHost`), for
+`runtime.ray_actor.ShardActor`: the actor's own address is its local pykka actor,
+every other address goes through `ray_links.Links`; a ledger's history writes carry
+the link numbers of the attributions they hold (`ray_restart.DurableEnds`). Also the
+pieces a `ShardActor` builds its behaviour with: the clock a call's time sets
+(`Stamped`), the supervisor that fences a failed durable shard, and the writable
+copy of a message Ray delivered (`writable`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tidal_actors._clock import Clock
+from tidal_actors._config import Config
+from tidal_actors._errors import ActorFailure, StorageError
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.recovery import FaultReport
+from tidal_actors.runtime.pykka_host import PykkaHost
+from tidal_actors.runtime.ray_links import Links
+from tidal_actors.runtime.ray_restart import DurableEnds, track
+from tidal_actors.runtime.supervision import Supervisor
+from tidal_actors.storage.format import link_state_op
+
+__all__ = ["DurableFlag", "FencingSupervisor", "LocalHost", "Stamped", "writable"]
+
+
+class Stamped:
+    """A clock that reads the latest time a call carried (int ns since the epoch)."""
+
+    def __init__(self, now_ns: int = 0) -> None:
+        self.now = now_ns
+
+    def now_ns(self) -> int:
+        return self.now
+
+
+class FencingSupervisor(Supervisor):
+    """`Supervisor` whose restart always fails: a failed durable shard is fenced."""
+
+    def _restart(self, old: Behaviour, report: FaultReport) -> Behaviour:
+        raise ActorFailure("the Ray host does not restart a failed shard")
+
+
+class DurableFlag:
+    """What a `Supervisor` reads of its host: whether the database is durable."""
+
+    def __init__(self, durable: bool) -> None:
+        self.durable = durable
+
+
+class LocalHost(PykkaHost):
+    """The one-actor pykka host inside a `ShardActor`; other addresses go by `Links`.
+    A ledger's history write made while it handles an attribution (or a merged one)
+    carries the highest link number per sender among those it stands for (``ends``:
+    `ray_restart.DurableEnds`)."""
+
+    def __init__(
+        self,
+        config: Config,
+        clock: Clock,
+        durable: bool,
+        links: Links,
+        ends: DurableEnds | None = None,
+        shard: int = 0,
+        epoch: int = 0,
+    ) -> None:
+        super().__init__(config, clock, durable)
+        self.links = links
+        self.ends = ends
+        self.shard = shard
+        self.epoch = epoch
+
+    def start(self, behaviours: list[Behaviour]) -> None:
+        """Start ``behaviours``; with ``ends``, each message they handle is followed
+        (`ray_restart.track`), a merged one by the numbers of its parts
+        (`ray_restart.DurableEnds.merged`, told by the mailbox)."""
+        ends = self.ends
+        if ends is None:
+            super().start(behaviours)
+            return
+        for b in behaviours:
+            track(ends, b)
+        super().start(behaviours)
+        for b in behaviours:
+            self._inbox(b.address).on_merge = ends.merged
+
+    def tell(self, address: M.Address, message: object) -> None:
+        if address in self._refs:
+            if type(message) is M.Compact and self.ctx.durable:
+                message.reply.set_exception(
+                    StorageError(
+                        "compact() is not available under the Ray host: other processes "
+                        "hold the environment open; compact under the pykka host"
+                    )
+                )
+                return
+            super().tell(address, message)
+            return
+        ends = self.ends
+        if ends is not None and ends.current and type(message) is M.Write and message.reply is None:
+            ops = [link_state_op(self.shard, o, self.epoch, seq) for o, seq in ends.current]
+            message = M.Write([*message.ops, *ops], None, message.ahead)
+        self.links.send(address, message)
+
+
+def writable(msg: object) -> object:
+    """``msg`` with the numpy columns it arrived with made writable (Ray hands out
+    read-only views of its buffers)."""
+    if type(msg) is M.Attribute:
+        return M.Attribute(
+            msg.mshard,
+            np.array(msg.rseqs),
+            np.array(msg.users),
+            msg.cohorts,
+            np.array(msg.entities),
+            np.array(msg.types),
+            np.array(msg.weights),
+            np.array(msg.timestamps),
+            msg.contexts,
+            msg.batches,
+        )
+    return msg
