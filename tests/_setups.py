@@ -210,3 +210,17 @@ def every_read(db: Any, users: Iterable[int]) -> tuple[Any, list[tuple[Any, ...]
             for u in users
         ],
     )
+
+
+class RecordingContext:
+    """A host context for a behaviour driven by hand: one membership and one ledger
+    shard, a durable store, and every message told kept in order in ``sent``."""
+
+    def __init__(self) -> None:
+        self.config = Config(ledger_shards=1, membership_shards=1)
+        self.clock = ManualClock(T0)
+        self.durable = True
+        self.sent: list[tuple[Any, object]] = []
+
+    def tell(self, address: Any, message: object) -> None:
+        self.sent.append((address, message))

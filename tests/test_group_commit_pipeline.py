@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tidal_actors import Config, ManualClock, StorageError
+from tidal_actors import StorageError
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.persistence import Persistence
@@ -31,20 +31,12 @@ from tidal_actors.storage.format import cohorts_op
 from tidal_actors.storage.stores import MemoryStore
 from tidal_actors.testing import ReferenceModel
 
+from ._setups import RecordingContext
 from .conftest import T0
 
 
-class _Ctx:
-    """A host context that keeps every message told, in order."""
-
-    def __init__(self) -> None:
-        self.config = Config(ledger_shards=1, membership_shards=1)
-        self.clock = ManualClock(T0)
-        self.durable = True
-        self.sent: list[tuple[M.Address, object]] = []
-
-    def tell(self, address: M.Address, message: object) -> None:
-        self.sent.append((address, message))
+class _Ctx(RecordingContext):
+    """`RecordingContext` whose messages to one address can be taken out."""
 
     def take(self, address: M.Address) -> list[Any]:
         """The messages told to ``address`` so far, removed."""

@@ -8,24 +8,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tidal_actors import Config, ManualClock, TidalDb
+from tidal_actors import ManualClock, TidalDb
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.reply import Reply
 from tidal_actors.storage.stores import MemoryStore
 
+from ._setups import RecordingContext
 from .conftest import T0
-
-
-class _Ctx:
-    def __init__(self) -> None:
-        self.config = Config(ledger_shards=1, membership_shards=1)
-        self.clock = ManualClock(T0)
-        self.durable = True
-        self.sent: list[tuple[M.Address, object]] = []
-
-    def tell(self, address: M.Address, message: object) -> None:
-        self.sent.append((address, message))
 
 
 def _history_write(n: int) -> M.Write:
@@ -34,7 +24,7 @@ def _history_write(n: int) -> M.Write:
 
 def test_history_writes_alone_may_wait_and_anything_awaited_commits_them() -> None:
     store = MemoryStore()
-    p = Persistence(_Ctx(), store)  # type: ignore[arg-type]
+    p = Persistence(RecordingContext(), store)  # type: ignore[arg-type]
     assert p.idle_wait_s() == 0.0  # nothing waits
     p.receive(_history_write(1))
     p.receive(_history_write(2))
@@ -51,7 +41,7 @@ def test_history_writes_alone_may_wait_and_anything_awaited_commits_them() -> No
 
 def test_a_control_write_commits_the_history_waiting_with_it() -> None:
     store = MemoryStore()
-    ctx = _Ctx()
+    ctx = RecordingContext()
     p = Persistence(ctx, store)  # type: ignore[arg-type]
     p.receive(_history_write(1))
     assert p.idle_wait_s() > 0.0
@@ -64,7 +54,7 @@ def test_a_control_write_commits_the_history_waiting_with_it() -> None:
 
 def test_a_stop_commits_the_history_waiting() -> None:
     store = MemoryStore()
-    p = Persistence(_Ctx(), store)  # type: ignore[arg-type]
+    p = Persistence(RecordingContext(), store)  # type: ignore[arg-type]
     p.receive(_history_write(1))
     assert len(p.uncommitted()) == 1
     p.on_stop()
