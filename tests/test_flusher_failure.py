@@ -8,6 +8,8 @@ before, then raises it too. Expected scores come from the reference model.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tidal_actors import ActorFailure, Config, ManualClock, TidalDb
@@ -16,6 +18,22 @@ from tidal_actors.testing import ReferenceModel
 from .conftest import SEC, T0, until
 
 CFG = Config(ledger_shards=1, membership_shards=1)
+
+
+def _break_ticks(core: Any, exc: Exception, after: int = 0) -> None:
+    """Make the flusher's ticks raise ``exc`` (from the ``after + 1``-th on); a
+    close's send (not a tick's offer) goes through."""
+    send = core._send_all_buffers
+    ticks = [0]
+
+    def offer_breaks(offer: bool = False) -> None:  # the flusher's tick offers
+        if offer:
+            ticks[0] += 1
+            if ticks[0] > after:
+                raise exc
+        send(offer)
+
+    core._send_all_buffers = offer_breaks
 
 
 def _names_the_cause(exc: BaseException) -> bool:
@@ -28,14 +46,7 @@ def test_a_failed_flusher_fails_the_next_calls_and_close_loses_nothing(tmp_path)
     core = db._core
     db.assign_cohort(1, "red")
     assert until(lambda: core._flusher_asleep)
-    send = core._send_all_buffers
-
-    def offer_breaks(offer: bool = False) -> None:  # the flusher's tick offers; close sends
-        if offer:
-            raise RuntimeError("offer broke")
-        send(offer)
-
-    core._send_all_buffers = offer_breaks  # type: ignore[method-assign]
+    _break_ticks(core, RuntimeError("offer broke"))
     db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)  # acknowledged; wakes the flusher
     flusher = core._flusher
     assert flusher is not None
@@ -83,17 +94,7 @@ def test_calls_from_several_threads_when_the_flusher_fails(tmp_path) -> None:
     users = range(1, 9)
     for u in users:
         db.assign_cohort(u, "red")
-    send = core._send_all_buffers
-    ticks = [0]
-
-    def offer_breaks(offer: bool = False) -> None:  # the flusher's tick offers
-        if offer:
-            ticks[0] += 1
-            if ticks[0] > 3:
-                raise RuntimeError("offer broke")
-        send(offer)
-
-    core._send_all_buffers = offer_breaks  # type: ignore[method-assign]
+    _break_ticks(core, RuntimeError("offer broke"), after=3)
     acked: list[list[tuple[int, int]]] = [[] for _ in range(4)]
     refused: list[BaseException] = []
     go = threading.Event()
@@ -164,14 +165,7 @@ async def test_a_failed_flusher_under_the_async_facade(tmp_path) -> None:
         async with open_tidal(str(path), config=CFG, clock=ManualClock(T0)) as db:
             core = db._core
             await db.assign_cohort(1, "red")
-            send = core._send_all_buffers
-
-            def offer_breaks(offer: bool = False) -> None:
-                if offer:
-                    raise RuntimeError("offer broke")
-                send(offer)
-
-            core._send_all_buffers = offer_breaks  # type: ignore[method-assign]
+            _break_ticks(core, RuntimeError("offer broke"))
             await db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)  # acknowledged
             while core._flusher_error is None:
                 await trio.sleep(0.01)
@@ -206,14 +200,7 @@ def test_a_flusher_failing_with_a_tidal_error_is_loud_too(tmp_path) -> None:
     core = db._core
     db.assign_cohort(1, "red")
     assert until(lambda: core._flusher_asleep)
-    send = core._send_all_buffers
-
-    def offer_breaks(offer: bool = False) -> None:
-        if offer:
-            raise ActorFailure("membership[0]'s process died")
-        send(offer)
-
-    core._send_all_buffers = offer_breaks  # type: ignore[method-assign]
+    _break_ticks(core, ActorFailure("membership[0]'s process died"))
     db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)  # acknowledged; wakes the flusher
     flusher = core._flusher
     assert flusher is not None
@@ -249,14 +236,7 @@ async def test_leaving_the_async_block_by_an_exception_after_the_flusher_failed(
     with pytest.raises(ActorFailure) as err:
         async with open_tidal(None, config=CFG, clock=ManualClock(T0)) as db:
             core = db._core
-            send = core._send_all_buffers
-
-            def offer_breaks(offer: bool = False) -> None:
-                if offer:
-                    raise RuntimeError("offer broke")
-                send(offer)
-
-            core._send_all_buffers = offer_breaks  # type: ignore[method-assign]
+            _break_ticks(core, RuntimeError("offer broke"))
             await db.signal_with_context(1, 7, 1, 2.0, T0 - SEC)
             while core._flusher_error is None:
                 await trio.sleep(0.01)
