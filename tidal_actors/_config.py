@@ -43,7 +43,7 @@ SECTIONS: dict[str, frozenset[str]] = {
     "storage": frozenset({"map_size_bytes", "max_map_size_bytes"}),
     "purge": frozenset({"rematerialize_after_ms"}),
     "reads": frozenset({"read_consistency"}),
-    "runtime": frozenset({"host", "ray_address"}),
+    "runtime": frozenset({"host", "ray_address", "ray_store_resource"}),
 }
 """The TOML sections of ``config/default.toml`` and the settings each holds."""
 
@@ -114,6 +114,7 @@ class Config:
     read_consistency: str = "read_your_writes"
     host: str = "pykka"
     ray_address: str | None = None
+    ray_store_resource: str | None = None
 
     def __post_init__(self) -> None:
         for name in NS_DURATIONS:
@@ -236,6 +237,17 @@ class Config:
                 'must be None (start a local Ray instance), "auto" (the running cluster), '
                 '"ray://<head>:<port>" (Ray Client) or "<head>:<port>"',
             )
+        if self.ray_store_resource is not None and not (
+            isinstance(self.ray_store_resource, str)
+            and self.ray_store_resource.strip() == self.ray_store_resource != ""
+            and self.ray_store_resource not in ("CPU", "GPU", "memory", "object_store_memory")
+        ):
+            raise InvalidArgument(
+                "ray_store_resource",
+                self.ray_store_resource,
+                "must be None (the facade's node) or the name of a custom Ray resource "
+                "(not CPU, GPU, memory or object_store_memory; no surrounding spaces)",
+            )
         object.__setattr__(
             self,
             "half_life_ns_by_type",
@@ -272,9 +284,12 @@ class Config:
                     flat[key] = {int(k): v for k, v in dict(value).items()}
                 except (TypeError, ValueError) as exc:
                     raise InvalidArgument(key, value, "keys must be integer type ids") from exc
-            elif key in ("rematerialize_after_ms", "inflight_budget_ms", "ray_address") and (
-                value is False
-            ):
+            elif key in (
+                "rematerialize_after_ms",
+                "inflight_budget_ms",
+                "ray_address",
+                "ray_store_resource",
+            ) and (value is False):
                 flat[key] = None  # TOML has no null: false turns the setting off
             elif key in known:
                 flat[key] = value
