@@ -59,6 +59,11 @@ MS_DURATIONS = ("signal_flush_interval_ms", "rematerialize_after_ms", "inflight_
 HOSTS = ("pykka", "ray")
 """The values of ``Config.host``: threads in this process, or Ray actors (`runtime.ray_host`)."""
 
+SIGNAL_BATCH_DEFAULTS = {"pykka": 1024, "ray": 8192}
+"""``Config.signal_batch_size`` when it is None, by host: under the Ray host each batch
+crosses a process (a Ray call, about 2.4-3.8 us a signal in transport), so larger
+batches amortize it (docs/cluster.md#figures)."""
+
 
 def _host_port(address: str) -> bool:
     """Whether ``address`` is ``<host>:<port>``."""
@@ -103,7 +108,7 @@ class Config:
     max_contribution_log_entries: int = 5_000_000
     membership_shards: int = 1
     ledger_shards: int = 2
-    signal_batch_size: int = 1024
+    signal_batch_size: int | None = None
     signal_flush_interval_ms: float = 2.0
     mailbox_capacity: int = 64
     inflight_budget_ms: float | None = 2.0
@@ -163,7 +168,8 @@ class Config:
                 self.max_contribution_log_entries,
                 f"must be >= membership_shards ({self.membership_shards}): the cap is split between them",
             )
-        positive("signal_batch_size", self.signal_batch_size)
+        if self.signal_batch_size is not None:
+            positive("signal_batch_size", self.signal_batch_size)
         if (
             isinstance(self.signal_flush_interval_ms, bool)
             or not isinstance(self.signal_flush_interval_ms, (int, float))
@@ -254,6 +260,13 @@ class Config:
             {int(k): int(v) for k, v in dict(self.half_life_ns_by_type).items()},
         )
 
+    @property
+    def batch_size(self) -> int:
+        """Signals per batch sent to a membership shard: ``signal_batch_size``, or
+        when that is None the host's default (`SIGNAL_BATCH_DEFAULTS`)."""
+        size = self.signal_batch_size
+        return SIGNAL_BATCH_DEFAULTS[self.host] if size is None else size
+
     def half_life_for(self, signal_type: int) -> int:
         """Half-life in ns for ``signal_type`` (the per-type override or the default)."""
         return self.half_life_ns_by_type.get(signal_type, self.half_life_ns)
@@ -289,6 +302,7 @@ class Config:
                 "inflight_budget_ms",
                 "ray_address",
                 "ray_store_resource",
+                "signal_batch_size",
             ) and (value is False):
                 flat[key] = None  # TOML has no null: false turns the setting off
             elif key in known:
