@@ -10,6 +10,7 @@ with the reason, where Ray is not installed.
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -110,11 +111,18 @@ def test_a_lost_node_replaced_by_one_with_the_store_loses_nothing(
             start = 0
             for n, graceful in enumerate((False, True), start=1):
                 _stream(db, ref, start, 20)  # some of it still on its way at the loss
+                lost = time.monotonic()
                 ray_session.remove_store_node(graceful)
                 _stream(db, ref, start + 20, 10)
                 new = ray_session.add_store_node()
+                added = time.monotonic()
                 start += 30
                 db.flush()
+                how = "shut down" if graceful else "killed"
+                print(
+                    f"node {how}: lost -> flush() returned {time.monotonic() - lost:.2f} s, "
+                    f"replacement added -> flush() returned {time.monotonic() - added:.2f} s"
+                )
                 assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
                 assert {db._core.host.nodes()[a] for a in LEDGERS} == {new}
                 assert sorted(r.address[1] for r in _restarted(db, 2 * n)) == [0] * n + [1] * n
