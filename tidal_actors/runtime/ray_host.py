@@ -16,7 +16,8 @@ ledger shard, the purge coordinator and persistence is a named Ray actor
   ``when_room`` keep their contract (``when_room``'s callback runs on the reply
   path's thread).
 * Numpy columns (`messages.Attribute`) cross as pickle-5 buffers (Ray's own
-  serialization); signals travel in batches of ``signal_batch_size``.
+  serialization); signals travel in batches of ``Config.batch_size`` (8,192 signals
+  unless ``signal_batch_size`` says otherwise: each batch is a Ray call).
 * Store: ONE LMDB environment, as under the pykka host, opened by this process,
   written by the persistence actor's process, read by the ledgers' processes
   (`runtime.ray_stores`); so the actors of a durable database run where that
