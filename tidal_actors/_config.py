@@ -232,7 +232,7 @@ class Config:
         if self.ray_address is not None and not (
             isinstance(self.ray_address, str)
             and (
-                self.ray_address == "auto"
+                self.ray_address in ("auto", "local")
                 or (self.ray_address.startswith("ray://") and len(self.ray_address) > 6)
                 or _host_port(self.ray_address)
             )
@@ -240,8 +240,10 @@ class Config:
             raise InvalidArgument(
                 "ray_address",
                 self.ray_address,
-                'must be None (start a local Ray instance), "auto" (the running cluster), '
-                '"ray://<head>:<port>" (Ray Client) or "<head>:<port>"',
+                "must be None (Ray's default: RAY_ADDRESS, else the latest cluster `ray "
+                'start` started on this machine, else a new local instance), "local" (always a '
+                'new local instance), "auto" (the running cluster), "ray://<head>:<port>" '
+                '(Ray Client) or "<head>:<port>"',
             )
         if self.ray_store_resource is not None and not (
             isinstance(self.ray_store_resource, str)
