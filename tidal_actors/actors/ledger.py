@@ -10,7 +10,7 @@ from tidal_actors.actors.behaviour import Context
 from tidal_actors.actors.ledger_durability import LedgerDurability, ended_before
 from tidal_actors.actors.ledger_remat import LedgerRebuilds
 from tidal_actors.actors.ledger_views import LedgerViews
-from tidal_actors.actors.recovery import LedgerRecovery
+from tidal_actors.actors.recovery import LedgerRecovery, SeenRecords
 from tidal_actors.core.contrib_log import EMPTY
 from tidal_actors.core.states import LedgerState
 from tidal_actors.storage.format import batch_op, ledger_shard_of, membership_capacity
@@ -45,6 +45,7 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
             (M.EvictionUpdate, self._on_eviction),
             (M.PurgeMarker, self._on_marker),
             (M.PurgeAbandoned, self._on_abandoned),
+            (SeenRecords, self._on_seen),
         ):
             self.on(kind, fn)
         self._markers: set[M.Marker] = set()
@@ -200,6 +201,9 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
             self._applied = True
             raise step_error
         self._sent_write = False  # handled: nothing of it is in doubt
+
+    def _on_seen(self, msg: SeenRecords) -> None:
+        msg.reply.set_result(self.state.rseq_seen.get(msg.mshard, -1))
 
     def _settle(self) -> None:
         """Drop detail rows no purge can name (`LedgerState.settle`); not while a

@@ -79,7 +79,7 @@ from tidal_actors.actors.messages import Address, PurgeMarker, RematToken, Signa
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import LogRecord
 
-__all__ = ["FaultReport", "LedgerRecovery", "LoadStore", "RecoverLedger"]
+__all__ = ["FaultReport", "LedgerRecovery", "LoadStore", "RecoverLedger", "SeenRecords"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +111,18 @@ class LedgerRecovery:
     ended_upto: dict[int, int] = field(default_factory=dict)
     failed: tuple[str, ...] = ()
     ended_remats: tuple[RematToken, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SeenRecords:
+    """A restarting membership shard -> a ledger shard (through its mailbox, after
+    every message it took before): ``reply`` gets the highest record sequence
+    (``rseq``) it holds from membership shard ``mshard``, durable or not (-1: none).
+    The restarted shard numbers its records above every ledger's answer, so no
+    number held anywhere is handed out twice (`runtime.ray_membership_restart`)."""
+
+    mshard: int
+    reply: Reply
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,8 +24,11 @@ ledger shard, the purge coordinator and persistence is a named Ray actor
 * Restarts: a ledger actor of a durable database whose process died is restarted
   by Ray (``max_restarts``) and restores by handshake; the links into it keep each
   message until it is durable there and re-send the rest after the restart
-  (`runtime.ray_restart`). Any other actor's death fails every call waiting and
-  every call after; a shard whose handler failed is fenced (`runtime.ray_actor`).
+  (`runtime.ray_restart`). A membership shard's actor of a durable database is
+  restarted too and restores from the store; the calls in flight to it fail saying
+  they may have been applied (`runtime.ray_membership_restart`). The coordinator's
+  or persistence's death fails every call waiting and every call after; a shard
+  whose handler failed is fenced (`runtime.ray_actor`).
 
 Ray is started here if it is not running (``Config.ray_address``: None starts a
 local instance, ``"auto"`` or ``"ray://..."`` joins a cluster).
@@ -55,7 +58,7 @@ from tidal_actors.runtime.pykka_host import HostContext
 from tidal_actors.runtime.ray_actor import Counters, ShardActor
 from tidal_actors.runtime.ray_links import RETRY_S, Links, actor_name, dumps, loads
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, forget, register_serializers
-from tidal_actors.runtime.ray_restart import LEDGER_RESTARTS, LedgerRestart
+from tidal_actors.runtime.ray_restart import LEDGER_RESTARTS, LedgerRestart, MembershipRestart
 from tidal_actors.runtime.ray_start import ensure_ray
 from tidal_actors.runtime.ray_stores import adopt_map_size
 from tidal_actors.runtime.supervision import REPORTS_KEPT, Fenced
@@ -101,6 +104,7 @@ class RayHost:
             self.path,
             opened=self.opened,
             restart_safe=lambda a: self._restartable and a[0] == M.LEDGER,
+            followed=lambda a: self._restartable and a[0] == M.MEMBERSHIP,
         )
         self._actors: dict[M.Address, Any] = {}
         self._store: Any = None
@@ -133,7 +137,8 @@ class RayHost:
         self._restartable = store_path is not None
         for b in behaviours:
             self.behaviours[b.address] = b
-            restarts = LEDGER_RESTARTS if self._restartable and b.address[0] == M.LEDGER else 0
+            in_place = b.address[0] in (M.LEDGER, M.MEMBERSHIP)
+            restarts = LEDGER_RESTARTS if self._restartable and in_place else 0
             actor = ShardActor.options(  # type: ignore[attr-defined]
                 name=actor_name(self.db, b.address), max_restarts=restarts, **options
             ).remote(
@@ -246,9 +251,20 @@ class RayHost:
             if address not in self._probes:
                 self._probes[address] = h.ready.remote()
 
-    def _fault(self, report: FaultReport | LedgerRestart) -> None:
+    def _fault(self, report: FaultReport | LedgerRestart | MembershipRestart) -> None:
         if isinstance(report, LedgerRestart):  # restore by handshake (`Links.restarted`)
             self.links.restarted(report)
+            return
+        if isinstance(report, MembershipRestart):  # `ray_membership_restart`
+            kind, index = report.address
+            err = ActorFailure(
+                f"{kind}[{index}]'s process died while this call was in flight to it, and "
+                "it restarted from the store: the call may have been applied (a control "
+                "operation if its commit happened: read the state to know; a flush: the "
+                "signals since the last completed flush may be partly applied)"
+            )
+            for reply in self.links.restarted_membership(report):
+                reply.set_exception(err)
             return
         self.reports.append(report)
         if self.on_fault is not None:

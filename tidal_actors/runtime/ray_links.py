@@ -45,11 +45,13 @@ from typing import Any
 import ray
 from ray import cloudpickle
 
-from tidal_actors._errors import DatabaseClosed
+from tidal_actors._errors import ActorFailure, DatabaseClosed
 from tidal_actors.actors import messages as M
+from tidal_actors.actors.behaviour import replies_of
+from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.links import LinkSender
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, sending
-from tidal_actors.runtime.ray_restart import LedgerRestart
+from tidal_actors.runtime.ray_restart import LedgerRestart, MembershipRestart
 
 __all__ = ["PRUNE_AT", "RETRY_S", "WINDOW", "Links", "actor_name", "dumps", "is_load", "loads"]
 
@@ -114,6 +116,13 @@ class Links:
         opened: the epoch of every receiver's first incarnation (int ns).
         restart_safe: whether the links into an address keep each message until it
             is durable there (a ledger of a durable database).
+        followed: whether the replies of the calls into an address are followed, to
+            be failed if it restarts (`restarted`; the facade's links into the
+            membership shards of a durable database).
+
+    Attributes:
+        unflushed: address -> why the next flush through it fails: it restarted and
+            signals sent to it since the last flush before may be lost.
     """
 
     def __init__(
@@ -124,6 +133,7 @@ class Links:
         origin: str = "facade",
         opened: int = 0,
         restart_safe: Callable[[M.Address], bool] = lambda address: False,
+        followed: Callable[[M.Address], bool] = lambda address: False,
     ) -> None:
         self.db = db
         self.origin = origin
@@ -143,6 +153,14 @@ class Links:
         self._other: dict[M.Address, list[Any]] = {}  # other calls not returned yet
         self.reserved: dict[M.Address, int] = {}
         self.closed = False
+        self._followed = followed
+        self._replies: dict[M.Address, list[Reply]] = {}  # of the calls into `followed`
+        self._signals: set[M.Address] = set()  # signals sent there since the last flush
+        self.unflushed: dict[M.Address, str] = {}
+
+    def epoch(self, address: M.Address) -> int:
+        """The epoch (int ns) of ``address``'s incarnation these links number for."""
+        return self._epochs.get(address, self.opened)
 
     def handle(self, address: M.Address) -> Any:
         h = self._handles.get(address)
@@ -165,7 +183,30 @@ class Links:
             end = self._ends.get(address)
             if end is None:
                 end = self._ends[address] = LinkSender(self._restart_safe(address))
+            if self._followed(address):
+                self._follow(address, msg)
             return self._call(h, address, end.stamp(msg), msg)
+
+    def _follow(self, address: M.Address, msg: object) -> None:
+        """Keep ``msg``'s replies (under ``_seq_lock``) to fail them if ``address``
+        restarts; note a signal batch, and fail a flush at once if signals sent to
+        ``address`` before it restarted may be lost (`unflushed`)."""
+        t = type(msg)
+        if t is M.SignalBatch:
+            self._signals.add(address)
+            return
+        if t is M.Barrier and msg.reports_loss:  # type: ignore[attr-defined]
+            self._signals.discard(address)
+            why = self.unflushed.pop(address, None)
+            if why is not None:
+                msg.reply.set_exception(ActorFailure(why))  # type: ignore[attr-defined]
+        replies = self._replies.setdefault(address, [])
+        replies += replies_of(msg)
+        then = getattr(msg, "then", None)  # a barrier's next step waits for it too
+        if then is not None:
+            replies += replies_of(then[1])
+        if len(replies) >= PRUNE_AT:
+            self._replies[address] = [r for r in replies if not r.done]
 
     def _call(self, h: Any, address: M.Address, seq: int, msg: object) -> Any:
         """One ``deliver`` call (under ``_seq_lock``: numbering and submission are one
@@ -230,12 +271,17 @@ class Links:
             n += len(refs)
         return n
 
-    def restarted(self, notice: LedgerRestart) -> int:
+    def restarted(self, notice: LedgerRestart | MembershipRestart) -> int:
         """Restore by handshake with the restarted receiver ``notice.address``
         (`runtime.links`, rule 6): of what its link keeps, drop what survived there
         (`LedgerRestart.survived`), and send the rest again on its new epoch,
-        numbered afresh from 1 in their order. A notice of an epoch not newer than
+        numbered afresh from 1 in their order. A restarted membership shard gets
+        nothing again (`restarted_membership`). A notice of an epoch not newer than
         the one this link numbers for is ignored. Returns the messages sent again."""
+        if type(notice) is MembershipRestart:
+            self.restarted_membership(notice)
+            return 0
+        assert isinstance(notice, LedgerRestart)
         address = notice.address
         if self.closed:
             return 0
@@ -255,6 +301,33 @@ class Links:
         with self._lock:
             self._other.setdefault(address, []).extend(refs)
         return len(refs)
+
+    def restarted_membership(self, notice: MembershipRestart) -> list[Reply]:
+        """The membership shard ``notice.address`` restarted from the store: from now
+        on calls go to its new epoch, numbered from 1; what the link kept for the
+        failed incarnation is dropped (`ray_membership_restart`). Returns the
+        replies of the calls sent to it and not answered (followed links only: the
+        caller fails them), and notes in `unflushed` that the next flush fails if
+        signals were sent to it since the last flush. A notice of an epoch not newer
+        than the one the link numbers for changes nothing."""
+        address = notice.address
+        with self._seq_lock:
+            if notice.epoch <= self._epochs.get(address, self.opened):
+                return []
+            self._epochs[address] = notice.epoch
+            end = self._ends.get(address)
+            if end is not None:
+                self._ends[address] = LinkSender(end.durable_acks)
+            replies = [r for r in self._replies.pop(address, []) if not r.done]
+            if address in self._signals:
+                self._signals.discard(address)
+                self.unflushed[address] = (
+                    f"{address[0]}[{address[1]}]'s process died and it restarted from the "
+                    "store: the signals sent to it since the last completed flush may be "
+                    "partly applied (those it had fanned out to the ledgers are, the "
+                    "others are lost); flush again for those sent from now on"
+                )
+        return replies
 
     def kept(self, address: M.Address) -> int:
         """Messages sent to ``address`` and not acknowledged yet (finished calls are

@@ -61,6 +61,7 @@ __all__ = [
     "DurableEnds",
     "Fences",
     "LedgerRestart",
+    "MembershipRestart",
     "announce",
     "ask",
     "link_states",
@@ -111,6 +112,23 @@ class LedgerRestart:
         if type(message) is M.PurgeMarker:
             return ended_before(self.ended_upto, message.marker)
         return False
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipRestart:
+    """A restarted membership shard -> every other actor and the facade (host level).
+
+    Nothing kept for the failed incarnation is sent again: its senders drop what
+    they keep for it, and the facade fails the calls in flight to it, saying they
+    may have been applied (`runtime.ray_membership_restart`).
+
+    Attributes:
+        address: the shard's address.
+        epoch: its new incarnation's epoch (int ns).
+    """
+
+    address: M.Address
+    epoch: int
 
 
 def link_states(store: Any, shard: int) -> dict[str, tuple[int, int]]:
@@ -219,6 +237,10 @@ class Fences:
         if epoch > self._floor.get(name, 0):
             self._floor[name] = epoch
 
+    def floor(self, name: str) -> int:
+        """The epoch below which ``name``'s incarnations are fenced (0: none)."""
+        return self._floor.get(name, 0)
+
     def fenced(self, origin: str) -> bool:
         name, epoch = origin_epoch(origin)
         floor = self._floor.get(name)
@@ -273,9 +295,9 @@ def restore(actor: Any) -> tuple[Behaviour, LedgerRestart]:
     return new, notice
 
 
-def announce(actor: Any, notice: LedgerRestart) -> None:
+def announce(actor: Any, notice: LedgerRestart | MembershipRestart) -> None:
     """Tell every other actor of the database and the facade (by its sink, as a
-    fault) that the ledger ``actor`` hosts restarted."""
+    fault) that the shard ``actor`` hosts restarted."""
     cfg = actor._config
     addresses = [(M.MEMBERSHIP, i) for i in range(cfg.membership_shards)]
     addresses += [(M.LEDGER, i) for i in range(cfg.ledger_shards)]

@@ -1,0 +1,166 @@
+"""The Ray host restarts a killed membership shard's process in place, which restores
+from the store and numbers its records above what the ledgers hold
+(`runtime.ray_membership_restart`): SIGKILL of a membership shard's worker after a
+flush, then signals, a leave and purges, each checked against the reference model fed
+exactly the acknowledged operations; and the calls in flight to it fail saying they
+may have been applied. One local Ray instance serves the test session
+(``ray_session``); skipped, with the reason, where Ray is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tidal_actors import ActorFailure, ManualClock, Signal, TidalDb
+from tidal_actors.actors import messages as M
+from tidal_actors.core.sharding import membership_shard_of
+from tidal_actors.testing import ReferenceModel
+
+from ._differential import rows_mismatch
+from ._ray import needs_ray, ray_config
+from .conftest import SEC, T0
+from .test_ray_restart import COHORTS, USERS, _assign, _open, _stream
+
+SHARD = 0  # the membership shard killed
+OURS = [u for u in range(USERS) if membership_shard_of(u, 2) == SHARD]
+
+
+def _kill(db: TidalDb) -> int:
+    """SIGKILL membership shard ``SHARD``'s process; returns the epoch the facade's
+    links numbered for before."""
+    host = db._core.host
+    epoch = host.links.epoch((M.MEMBERSHIP, SHARD))
+    os.kill(host.pids()[(M.MEMBERSHIP, SHARD)], signal.SIGKILL)
+    return int(epoch)
+
+
+def _heard(db: TidalDb, epoch: int, timeout: float = 120.0) -> int:
+    """Wait until the facade has taken the new incarnation's notice (its links number
+    for a newer epoch); returns that epoch."""
+    deadline = time.monotonic() + timeout
+    links = db._core.host.links
+    while links.epoch((M.MEMBERSHIP, SHARD)) <= epoch:
+        assert time.monotonic() < deadline, "no notice of the membership shard's restart"
+        time.sleep(0.05)
+    return int(links.epoch((M.MEMBERSHIP, SHARD)))
+
+
+def _restarted(db: TidalDb) -> list[object]:
+    return [
+        r
+        for r in db._core.fault_reports()
+        if r.action == "restarted" and r.address == (M.MEMBERSHIP, SHARD)
+    ]
+
+
+@needs_ray
+def test_a_restart_epoch_is_above_every_epoch_before_even_after_a_clock_step_back() -> None:
+    from tidal_actors.runtime.ray_membership_restart import epoch_after
+
+    opened = 1_700_000_000_000_000_000
+    # the clock ahead of every epoch before: the clock
+    assert epoch_after(opened + 5_000, opened, [opened + 10]) == opened + 5_000
+    # the clock stepped back below the fenced incarnation's epoch: one above it
+    assert epoch_after(opened - 3_000, opened, [opened + 10, opened + 42]) == opened + 43
+    # nothing seen but the first incarnation, the clock behind it
+    assert epoch_after(opened - 1, opened, []) == opened + 1
+
+
+@needs_ray
+def test_a_membership_shard_killed_after_a_flush_restarts_from_its_store(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """Killed after a flush: its memberships, leave epochs and routes come back from
+    the store (a user who left before stays gated), its records are numbered above
+    the ledgers' (the purges after it list each of a user's records once), and the
+    aggregates equal the reference model's, fed only what was acknowledged."""
+    path = str(tmp_path / "store")
+    clock = ManualClock(T0)
+    cfg = ray_config(membership_shards=2, ledger_shards=2)
+    ref = ReferenceModel(cfg, ManualClock(T0))
+    gone, later = OURS[0], OURS[1]  # one leaves before the kill, one after
+    with _open(path, clock) as db:
+        _assign(db, ref)
+        db.leave_community_layer(gone)
+        ref.leave_community_layer(gone)
+        _stream(db, ref, 0, 20)
+        db.flush()
+        pid = db._core.host.pids()[(M.MEMBERSHIP, SHARD)]
+        epoch = _kill(db)
+        try:  # nothing was sent since the last flush: it completes, or fails in doubt
+            db.flush()
+        except ActorFailure as err:
+            assert "may have been applied" in str(err)
+        new_epoch = _heard(db, epoch)
+        assert new_epoch > epoch
+        assert db._core.host.pids()[(M.MEMBERSHIP, SHARD)] != pid
+        _stream(db, ref, 20, 20)
+        db.flush()
+        assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
+        assert db.community_layer_status(gone) == ref.community_layer_status(gone)
+        assert db.community_leave_history(gone) == ref.community_leave_history(gone)
+        # a leave after the restart gates at once; the signals after it are dropped
+        db.leave_community_layer(later)
+        ref.leave_community_layer(later)
+        _stream(db, ref, 40, 5)
+        db.flush()
+        assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
+        assert db.community_layer_status(later) == ref.community_layer_status(later)
+        # purges after the restart list exactly each user's records (numbers handed
+        # out twice would let one user's purge take another's records)
+        for u in (*OURS[1:5], *[u for u in range(USERS) if u not in OURS][:2]):
+            cohort = COHORTS[u % 4]
+            _, got = db.request_community_purge(u, cohort)
+            _, want = ref.request_community_purge(u, cohort)
+            assert got.entries == want.entries and got.evicted == want.evicted, u
+            assert len(got.entries) > 0
+        assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
+        # it numbers on from the records its failed incarnation numbered: 3 a signal
+        # (two cohorts and @community) of its users but the one who left
+        numbered = 3 * sum(1 for i in range(2000) if i % USERS in OURS and i % USERS != gone)
+        (report,) = _restarted(db)
+        assert f"records numbered from {numbered})" in report.cause  # type: ignore[attr-defined]
+    with TidalDb.open(path, config=cfg.replace(host="pykka"), clock=clock) as again:
+        assert rows_mismatch(again.aggregate_rows(), ref.aggregate_rows()) is None
+        assert again.community_layer_status(later) == ref.community_layer_status(later)
+
+
+@needs_ray
+def test_signals_sent_to_a_killed_membership_shard_fail_the_next_flush(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """Signals sent to the killed shard before the facade heard of its restart may be
+    lost: the flush after them fails saying so; the signals sent after it are
+    applied once each and the next flush completes. The other shard's users lose
+    nothing; a control operation in flight fails saying it may have been applied."""
+    path = str(tmp_path / "store")
+    clock = ManualClock(T0)
+    with _open(path, clock) as db:
+        for u in range(USERS):
+            db.assign_cohort(u, COHORTS[u % 4])
+        db.flush()
+        epoch = _kill(db)
+        doubt = db._core.assign_cohort(OURS[0], "late")  # in flight to the dead process
+        lost = [Signal(u, 1, 0, 1.0, T0 - SEC) for u in OURS for _ in range(5)]
+        db.signal_batch(lost)
+        with pytest.raises(ActorFailure, match=r"partly applied|may have been applied"):
+            db.flush()
+        _heard(db, epoch)
+        assert doubt.replies[0].wait(60.0)
+        with pytest.raises(ActorFailure, match="may have been applied"):
+            doubt.result()
+        # after the notice: every signal applied once, to either shard
+        before = {(c, e): n for c, e, t, s, n, w in db.aggregate_rows() if t == 0}
+        sent = [Signal(u, 2, 0, 1.0, T0 - SEC) for u in range(USERS)]
+        db.signal_batch(sent)
+        db.flush()
+        rows = {(c, e): n for c, e, t, s, n, w in db.aggregate_rows() if t == 0}
+        for cohort in COHORTS:
+            want = sum(1 for u in range(USERS) if COHORTS[u % 4] == cohort)
+            assert rows[(cohort, 2)] - before.get((cohort, 2), 0) == want
+        assert rows[("@community", 2)] - before.get(("@community", 2), 0) == USERS
