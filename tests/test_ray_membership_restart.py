@@ -10,13 +10,14 @@ may have been applied. One local Ray instance serves the test session
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from tidal_actors import ActorFailure, ManualClock, Signal, TidalDb
+from tidal_actors import ActorFailure, ManualClock, Signal, StorageError, TidalDb
 from tidal_actors.actors import messages as M
 from tidal_actors.core.sharding import membership_shard_of
 from tidal_actors.testing import ReferenceModel
@@ -30,12 +31,12 @@ SHARD = 0  # the membership shard killed
 OURS = [u for u in range(USERS) if membership_shard_of(u, 2) == SHARD]
 
 
-def _kill(db: TidalDb) -> int:
-    """SIGKILL membership shard ``SHARD``'s process; returns the epoch the facade's
-    links numbered for before."""
+def _kill(db: TidalDb, pid: int | None = None) -> int:
+    """SIGKILL membership shard ``SHARD``'s process (``pid`` if known); returns the
+    epoch the facade's links numbered for before."""
     host = db._core.host
     epoch = host.links.epoch((M.MEMBERSHIP, SHARD))
-    os.kill(host.pids()[(M.MEMBERSHIP, SHARD)], signal.SIGKILL)
+    os.kill(pid or host.pids()[(M.MEMBERSHIP, SHARD)], signal.SIGKILL)
     return int(epoch)
 
 
@@ -164,3 +165,90 @@ def test_signals_sent_to_a_killed_membership_shard_fail_the_next_flush(
             want = sum(1 for u in range(USERS) if COHORTS[u % 4] == cohort)
             assert rows[(cohort, 2)] - before.get((cohort, 2), 0) == want
         assert rows[("@community", 2)] - before.get(("@community", 2), 0) == USERS
+
+
+@needs_ray
+def test_a_purge_in_flight_when_its_membership_shard_is_killed(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """The shard is killed right after a purge request went to it: the purge commits
+    (its manifest is listed) or its caller hears it may have been applied / was not
+    committed; either way the coordinator is not left waiting for the failed
+    incarnation (RecoverMembership), and a purge of the same pair after the restart
+    lists exactly the records left, as the reference model does."""
+    path = str(tmp_path / "store")
+    clock = ManualClock(T0)
+    cfg = ray_config(membership_shards=2, ledger_shards=2)
+    ref = ReferenceModel(cfg, ManualClock(T0))
+    u = OURS[1]
+    cohort = COHORTS[u % 4]
+    with _open(path, clock) as db:
+        _assign(db, ref)
+        _stream(db, ref, 0, 20)
+        db.flush()
+        pid = db._core.host.pids()[(M.MEMBERSHIP, SHARD)]
+        call = db._core.request_community_purge(u, cohort)
+        epoch = _kill(db, pid)
+        assert call.replies[0].wait(120.0)
+        if call.error is not None:
+            assert re.search(r"may have been applied|nothing of it was committed", str(call.error))
+        _heard(db, epoch)
+        first = db.list_purge_manifests(u)
+        print("the purge in flight:", "committed" if first else repr(call.error))
+        if first:  # it committed before the kill took it: the model takes it too
+            _, want = ref.request_community_purge(u, cohort)
+            assert first[0].entries == want.entries
+        _stream(db, ref, 20, 10)
+        db.flush()
+        _, got = db.request_community_purge(u, cohort)
+        _, want = ref.request_community_purge(u, cohort)
+        assert got.entries == want.entries and len(got.entries) > 0
+        assert [m.purge_id for m in db.list_purge_manifests(u)][-1] == got.purge_id
+        assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
+    with TidalDb.open(path, config=cfg.replace(host="pykka"), clock=clock) as again:
+        assert rows_mismatch(again.aggregate_rows(), ref.aggregate_rows()) is None
+
+
+@needs_ray
+def test_the_coordinator_killed_during_a_purge(ray_session: None, tmp_path: Path) -> None:
+    """The coordinator is not restarted in place (docs/cluster.md says why): its
+    death fails the purge in flight and every call after, saying they may have been
+    applied. Reopened, the store decides: a purge whose manifest, tombstones and
+    watermark committed is complete (listed, its records out of the aggregates once),
+    one that did not commit is not listed and, requested again, lists exactly the
+    user's records; either way the aggregates equal the reference model's."""
+    path = str(tmp_path / "store")
+    clock = ManualClock(T0)
+    cfg = ray_config(membership_shards=2, ledger_shards=2)
+    ref = ReferenceModel(cfg, ManualClock(T0))
+    u = OURS[2]
+    cohort = COHORTS[u % 4]
+    with (
+        pytest.raises(StorageError, match=r"fenced shard \(coordinator\[0\]'s process died"),
+        _open(path, clock) as db,
+    ):
+        _assign(db, ref)
+        _stream(db, ref, 0, 20)
+        db.flush()
+        pid = db._core.host.pids()[M.COORD_ADDR]
+        call = db._core.request_community_purge(u, cohort)
+        os.kill(pid, signal.SIGKILL)
+        assert call.replies[0].wait(120.0)
+        print("the purge in flight:", "answered" if call.error is None else repr(call.error))
+        if call.error is not None:
+            assert "may have been applied" in str(call.error)
+        with pytest.raises(ActorFailure, match="may have been applied"):
+            for _ in range(200):  # calls until the death is seen
+                db.community_layer_status(u)
+                time.sleep(0.05)
+    with TidalDb.open(path, config=cfg, clock=clock) as again:
+        listed = again.list_purge_manifests(u)
+        if listed:  # committed before the kill: complete
+            _, want = ref.request_community_purge(u, cohort)
+            assert [m.entries for m in listed] == [want.entries]
+        else:  # not committed: nothing of it applied; again, it is exact
+            _, got = again.request_community_purge(u, cohort)
+            _, want = ref.request_community_purge(u, cohort)
+            assert got.entries == want.entries
+        assert len(want.entries) > 0
+        assert rows_mismatch(again.aggregate_rows(), ref.aggregate_rows()) is None

@@ -14,7 +14,12 @@ from tidal_actors._types import (
 )
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Context
-from tidal_actors.actors.recovery import LedgerRecovery, RecoverLedger
+from tidal_actors.actors.recovery import (
+    ForgetMarkers,
+    LedgerRecovery,
+    RecoverLedger,
+    RecoverMembership,
+)
 from tidal_actors.actors.rematerializer import Rematerializer
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import Prepared
@@ -79,8 +84,8 @@ class PurgeCoordinator(Rematerializer):
         self._waiting: list[M.Purge] = []
         self._drains: list[Reply] = []
         self._init_remat()
-        # ledger restarts waiting for the purge being committed (`_on_recover`)
-        self._recoveries: list[RecoverLedger] = []
+        # restarts waiting for the purge being committed (`_on_recover`)
+        self._recoveries: list[RecoverLedger | RecoverMembership] = []
         # membership shard -> marker number of its newest purge ended (`LedgerRecovery`)
         self._ended_upto: dict[int, int] = {}
         self.purges = 0
@@ -97,6 +102,7 @@ class PurgeCoordinator(Rematerializer):
             (M.QueryPurge, self._on_query_purge),
             (M.Drain, self._on_drain),
             (RecoverLedger, self._on_recover),
+            (RecoverMembership, self._on_recover_membership),
         ):
             self.on(kind, fn)
 
@@ -270,7 +276,30 @@ class PurgeCoordinator(Rematerializer):
         self._ended_upto[m] = max(self._ended_upto.get(m, -1), n)
         recoveries, self._recoveries = self._recoveries, []
         for msg in recoveries:
-            self._on_recover(msg)
+            if type(msg) is RecoverMembership:
+                self._on_recover_membership(msg)
+            else:
+                self._on_recover(msg)  # type: ignore[arg-type]
+
+    def _on_recover_membership(self, msg: RecoverMembership) -> None:
+        """A membership shard restarts with its memory gone (`RecoverMembership`)."""
+        m, p = msg.mshard, self._pending
+        if p is not None and p.request.mshard == m and p.commit is not None:
+            self._recoveries.append(msg)  # answered once the commit is in (`_ended`)
+            return
+        err = ActorFailure(
+            f"membership[{m}] restarted during this purge; nothing of it was committed: "
+            "request it again"
+        )
+        for q in [q for q in self._waiting if q.mshard == m]:
+            self._waiting.remove(q)
+            self._abandon(q, err)
+        if p is not None and p.request.mshard == m:
+            self._fail_pending(err)
+        self._ended_upto[m] = max(self._ended_upto.get(m, -1), msg.below - 1)
+        for li in range(self.ctx.config.ledger_shards):
+            self.ctx.tell((M.LEDGER, li), ForgetMarkers(m, msg.below))
+        msg.reply.set_result(None)
 
     def _on_recover(self, msg: RecoverLedger) -> None:
         """A ledger shard restarts from the store (`actors.recovery`): end what waits on

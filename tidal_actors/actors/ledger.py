@@ -10,7 +10,7 @@ from tidal_actors.actors.behaviour import Context
 from tidal_actors.actors.ledger_durability import LedgerDurability, ended_before
 from tidal_actors.actors.ledger_remat import LedgerRebuilds
 from tidal_actors.actors.ledger_views import LedgerViews
-from tidal_actors.actors.recovery import LedgerRecovery, SeenRecords
+from tidal_actors.actors.recovery import ForgetMarkers, LedgerRecovery, SeenRecords
 from tidal_actors.core.contrib_log import EMPTY
 from tidal_actors.core.states import LedgerState
 from tidal_actors.storage.format import batch_op, ledger_shard_of, membership_capacity
@@ -46,6 +46,7 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
             (M.PurgeMarker, self._on_marker),
             (M.PurgeAbandoned, self._on_abandoned),
             (SeenRecords, self._on_seen),
+            (ForgetMarkers, self._on_forget),
         ):
             self.on(kind, fn)
         self._markers: set[M.Marker] = set()
@@ -354,6 +355,15 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
         if self._owns(msg.cohort):
             self.state.log.release(msg.user, msg.cohort, msg.bound)
         self._end_purge(msg.mshard, msg.marker)
+
+    def _on_forget(self, msg: ForgetMarkers) -> None:
+        m, below = msg.mshard, msg.below
+        for marker, note in list(self._notes.items()):
+            if marker[0] == m and marker[1] < below:
+                self._on_abandoned(M.PurgeAbandoned(marker, m, note.user, note.cohort, note.bound))
+        for marker in [k for k in self._parked if k[0] == m and k[1] < below]:
+            del self._parked[marker]
+        self._ended_upto[m] = max(self._ended_upto.get(m, -1), below - 1)
 
     def _on_apply(self, msg: M.ApplyPurge) -> None:
         if msg.purge_id not in self._prepared:

@@ -79,7 +79,15 @@ from tidal_actors.actors.messages import Address, PurgeMarker, RematToken, Signa
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import LogRecord
 
-__all__ = ["FaultReport", "LedgerRecovery", "LoadStore", "RecoverLedger", "SeenRecords"]
+__all__ = [
+    "FaultReport",
+    "ForgetMarkers",
+    "LedgerRecovery",
+    "LoadStore",
+    "RecoverLedger",
+    "RecoverMembership",
+    "SeenRecords",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +119,33 @@ class LedgerRecovery:
     ended_upto: dict[int, int] = field(default_factory=dict)
     failed: tuple[str, ...] = ()
     ended_remats: tuple[RematToken, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverMembership:
+    """A restarting membership shard -> coordinator (under the Ray host, whose failed
+    incarnation's memory is gone: `runtime.ray_membership_restart`): the purges of
+    ``mshard`` not committed are abandoned (their callers get ``ActorFailure``
+    saying nothing of them was committed), one whose commit is under way is waited
+    for; then every ledger is told to forget the markers of ``mshard`` numbered
+    below ``below`` (`ForgetMarkers`: a marker the failed incarnation sent to a
+    ledger before it died, whose purge the coordinator never got), and ``reply``
+    gets None."""
+
+    mshard: int
+    below: int
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetMarkers:
+    """Coordinator -> every ledger, after `RecoverMembership`: every purge of
+    membership shard ``mshard`` with a marker numbered below ``below`` has ended;
+    the markers of them still held here (no end will come for them) are dropped as
+    if abandoned, and later copies of such markers are ignored."""
+
+    mshard: int
+    below: int
 
 
 @dataclass(frozen=True, slots=True)

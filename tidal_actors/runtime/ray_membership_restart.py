@@ -9,26 +9,31 @@ new incarnation takes nothing from the failed one's memory (`restore`):
    carries its sender's incarnation, ``membership-<i>@<epoch>``, so the new
    incarnation's links start at 1 beside the old ones and are never taken for their
    duplicates).
-2. **The records the ledgers hold.** Each ledger answers `SeenRecords` through its
+2. **Purges.** The coordinator abandons the shard's purges that did not commit
+   (their callers hear nothing of them was committed) and waits for one committing;
+   then it tells every ledger to drop the markers of the failed incarnation it
+   still holds (`RecoverMembership`, `ForgetMarkers`: one the failed incarnation
+   sent to a ledger before it died, whose purge never reached the coordinator).
+3. **The records the ledgers hold.** Each ledger answers `SeenRecords` through its
    mailbox, after every attribution the failed incarnation got into it: the highest
    record sequence it holds from this shard, durable or not. The new incarnation
    numbers its records above every answer (and above what the store shows), so no
    number is handed out twice (a purge tombstones records by number).
-3. **The store.** Persistence commits what waits (every control write the failed
+4. **The store.** Persistence commits what waits (every control write the failed
    incarnation got to it, which is fenced from then on) and reads the store
    (`LoadStore`); the shard restores from it through the open's restore
    (`supervision.restore_membership`: memberships, leave epochs, cohorts, routes).
    Its write tokens and purge markers start at ``epoch << 40``, above the failed
    incarnation's (epochs grow: `next_epoch`).
-4. **Tell.** `MembershipRestart` to every other actor and the facade: each sender
+5. **Tell.** `MembershipRestart` to every other actor and the facade: each sender
    drops what it keeps for the failed incarnation (not sent again), and the facade
    fails every call in flight to it with `ActorFailure` saying it may have been
    applied, and the next flush if signals were sent to it since the last flush
    (`ray_links.Links.restarted`).
 
 What the failed incarnation had sent and was not yet durable stays where it got to:
-an attribution in a ledger's state (counted by step 2), a control write at
-persistence (committed before the read of step 3), or nowhere (lost with the
+an attribution in a ledger's state (counted by step 3), a control write at
+persistence (committed before the read of step 4), or nowhere (lost with the
 process). None of it was acknowledged to a caller except through a call that now
 fails, so losing part of it loses nothing acknowledged.
 """
@@ -43,7 +48,7 @@ import ray
 
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.membership import MembershipShard
-from tidal_actors.actors.recovery import FaultReport, LoadStore, SeenRecords
+from tidal_actors.actors.recovery import FaultReport, LoadStore, RecoverMembership, SeenRecords
 from tidal_actors.runtime.ray_links import actor_name
 from tidal_actors.runtime.ray_replies import NAMESPACE, send_fault
 from tidal_actors.runtime.ray_restart import MembershipRestart, ask
@@ -95,6 +100,10 @@ def restore(actor: Any) -> tuple[MembershipShard, MembershipRestart]:
     name = f"{M.MEMBERSHIP}-{i}"
     others = [*ledgers, M.COORD_ADDR, M.PERSIST_ADDR]
     ray.get([links.handle(a).fence.remote(name, actor.epoch) for a in others])
+    # its purges not committed end; markers of them the ledgers hold are dropped
+    below = actor.epoch << 40  # its own markers start above (`MembershipShard.restarted`)
+    recover = functools.partial(RecoverMembership, i, below)
+    ask(links.handle(M.COORD_ADDR), recover, "recover-membership")
     seen = [
         ask(links.handle(a), functools.partial(SeenRecords, i), "seen-records") for a in ledgers
     ]

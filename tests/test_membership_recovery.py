@@ -1,0 +1,85 @@
+"""What a membership shard restarted with its memory gone (the Ray host's restart in
+place, `runtime.ray_membership_restart`) asks of the coordinator and the ledgers,
+driven by hand in process: its purges not committed end with an error that says so,
+one committing completes first, and the markers of its failed incarnation that the
+ledgers still hold are dropped (`RecoverMembership`, `ForgetMarkers`)."""
+
+from __future__ import annotations
+
+from tidal_actors.actors import messages as M
+from tidal_actors.actors.coordinator import PurgeCoordinator
+from tidal_actors.actors.ledger import LedgerShard
+from tidal_actors.actors.recovery import ForgetMarkers, RecoverLedger, RecoverMembership
+from tidal_actors.actors.reply import Reply
+from tidal_actors.core.contrib_log import EMPTY
+
+from ._setups import RecordingContext
+from .conftest import T0
+
+BELOW = 7 << 40  # the restarted incarnation's first marker number
+
+
+def _purge(user: int, n: int, reply: Reply) -> M.Purge:
+    return M.Purge(user, "c", 0, 10 + n, T0, reply, (0, n))
+
+
+def test_the_purges_not_committed_fail_and_every_ledger_forgets_their_markers() -> None:
+    ctx = RecordingContext()
+    coord = PurgeCoordinator(ctx)
+    first, second = Reply("p1"), Reply("p2")
+    coord.receive(_purge(1, 1, first))  # prepared at the ledger: in progress
+    coord.receive(_purge(2, 2, second))  # waits for the first
+    assert [type(m) for _, m in ctx.sent] == [M.PreparePurge]
+    ctx.sent.clear()
+    done = Reply("recover")
+    coord.receive(RecoverMembership(0, BELOW, done))
+    assert done.done and done.result() is None
+    for r in (first, second):
+        assert r.done and "nothing of it was committed" in str(r.error)
+    kinds = [(a, type(m).__name__) for a, m in ctx.sent]
+    # both abandoned at the ledger, then the markers forgotten, on the same link
+    assert kinds == [
+        ((M.LEDGER, 0), "PurgeAbandoned"),
+        ((M.LEDGER, 0), "PurgeAbandoned"),
+        ((M.LEDGER, 0), "ForgetMarkers"),
+    ]
+    assert sorted(m.marker for _, m in ctx.sent[:2]) == [(0, 1), (0, 2)]  # type: ignore[attr-defined]
+    assert ctx.sent[2][1] == ForgetMarkers(0, BELOW)
+    # a ledger restarting later hears they ended
+    recovery = Reply("recover-ledger")
+    coord.receive(RecoverLedger(0, recovery))
+    assert recovery.result().ended_upto[0] == BELOW - 1
+
+
+def test_a_purge_committing_completes_before_the_answer() -> None:
+    ctx = RecordingContext()
+    coord = PurgeCoordinator(ctx)
+    reply = Reply("p1")
+    coord.receive(_purge(1, 1, reply))
+    (prepare,) = [m for _, m in ctx.sent if type(m) is M.PreparePurge]
+    coord.receive(M.PurgePrepared(prepare.purge_id, EMPTY))  # its write goes to persistence
+    done = Reply("recover")
+    coord.receive(RecoverMembership(0, BELOW, done))
+    assert not done.done and not reply.done  # waits for the commit
+    coord.receive(M.Committed(prepare.purge_id))
+    assert done.done and reply.done and reply.error is None
+    pid, manifest = reply.result()
+    assert pid == prepare.purge_id and manifest.entries == ()
+    kinds = [type(m).__name__ for a, m in ctx.sent if a[0] == M.LEDGER]
+    assert kinds[-3:] == ["ApplyPurge", "EvictionUpdate", "ForgetMarkers"]
+
+
+def test_a_ledger_drops_the_markers_of_the_failed_incarnation() -> None:
+    ctx = RecordingContext()
+    ledger = LedgerShard(ctx, 0)
+    old = M.PurgeMarker((0, 3), 0, 1, "c", 10)
+    other = M.PurgeMarker((0, BELOW + 1), 0, 1, "c", 12)  # the new incarnation's
+    ledger.receive(old)
+    ledger.receive(other)
+    assert not ledger.durable(("purge", old.marker))  # held until its purge ends
+    ledger.receive(ForgetMarkers(0, BELOW))
+    assert ledger.durable(("purge", old.marker))
+    assert not ledger.durable(("purge", other.marker))
+    ledger.receive(old)  # a late copy is ignored: nothing held for it again
+    assert ledger.durable(("purge", old.marker))
+    assert ledger.handler_errors == 0
