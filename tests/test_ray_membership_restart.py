@@ -51,6 +51,18 @@ def _heard(db: TidalDb, epoch: int, timeout: float = 120.0) -> int:
     return int(links.epoch((M.MEMBERSHIP, SHARD)))
 
 
+def _stream_others(db: TidalDb, ref: ReferenceModel, start: int, batches: int) -> None:
+    """As `_stream`, the signals of the users of the other membership shard only."""
+    others = [u for u in range(USERS) if u not in OURS]
+    for k in range(start, start + batches):
+        batch = [
+            Signal(others[i % len(others)], i % 13, i % 2, 1.0 + i % 5, T0 - (i % 700) * SEC)
+            for i in range(k * 100, (k + 1) * 100)
+        ]
+        db.signal_batch(batch)
+        ref.signal_batch(batch)
+
+
 def _restarted(db: TidalDb) -> list[object]:
     return [
         r
@@ -93,11 +105,14 @@ def test_a_membership_shard_killed_after_a_flush_restarts_from_its_store(
         db.flush()
         pid = db._core.host.pids()[(M.MEMBERSHIP, SHARD)]
         epoch = _kill(db)
-        try:  # nothing was sent since the last flush: it completes, or fails in doubt
+        # the stream goes on through the other shard meanwhile
+        _stream_others(db, ref, 100, 5)
+        try:  # nothing was sent to it since the last flush: completes, or fails in doubt
             db.flush()
         except ActorFailure as err:
             assert "may have been applied" in str(err)
         new_epoch = _heard(db, epoch)
+        db.flush()  # acknowledges the other shard's signals
         assert new_epoch > epoch
         assert db._core.host.pids()[(M.MEMBERSHIP, SHARD)] != pid
         _stream(db, ref, 20, 20)
@@ -252,3 +267,24 @@ def test_the_coordinator_killed_during_a_purge(ray_session: None, tmp_path: Path
             assert got.entries == want.entries
         assert len(want.entries) > 0
         assert rows_mismatch(again.aggregate_rows(), ref.aggregate_rows()) is None
+
+
+@needs_ray
+def test_a_membership_shard_killed_twice_in_a_row(ray_session: None, tmp_path: Path) -> None:
+    """Killed again as soon as its first restart is heard of: each incarnation's epoch
+    is above the one before, and the acknowledged signals are all there once."""
+    path = str(tmp_path / "store")
+    clock = ManualClock(T0)
+    cfg = ray_config(membership_shards=2, ledger_shards=2)
+    ref = ReferenceModel(cfg, ManualClock(T0))
+    with _open(path, clock) as db:
+        _assign(db, ref)
+        _stream(db, ref, 0, 10)
+        db.flush()
+        first = _heard(db, _kill(db))
+        second = _heard(db, _kill(db))
+        assert second > first
+        _stream(db, ref, 10, 10)
+        db.flush()
+        assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
+        assert len(_restarted(db)) == 2
