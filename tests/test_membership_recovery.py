@@ -12,6 +12,7 @@ from tidal_actors.actors.ledger import LedgerShard
 from tidal_actors.actors.recovery import ForgetMarkers, RecoverLedger, RecoverMembership
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import EMPTY
+from tidal_actors.runtime.ray_in_flight import InFlight
 
 from ._setups import RecordingContext
 from .conftest import T0
@@ -83,3 +84,36 @@ def test_a_ledger_drops_the_markers_of_the_failed_incarnation() -> None:
     ledger.receive(old)  # a late copy is ignored: nothing held for it again
     assert ledger.durable(("purge", old.marker))
     assert ledger.handler_errors == 0
+
+
+def test_the_facade_fails_the_calls_in_flight_and_the_next_flush_after_lost_signals() -> None:
+    """`InFlight` (the facade's side of a membership shard's restart): the replies
+    not answered come back to be failed; a flush fails at once only if signals went
+    to the shard after the last flush's barrier before the restart."""
+    shard = (M.MEMBERSHIP, 0)
+    flight = InFlight()
+    answered, waiting = Reply("assign"), Reply("leave")
+    flight.sent(shard, M.Assign(1, "c", answered))
+    flight.sent(shard, M.Leave(2, T0, waiting))
+    answered.set_result(None)
+    flush = M.Barrier((0,), 1, Reply("flush"), durable=True, reports_loss=True)
+    assert flight.sent(shard, flush) is None
+    # nothing sent since that flush: only the replies in flight fail
+    assert flight.restarted(shard) == [waiting, flush.reply]
+    assert (
+        flight.sent(shard, M.Barrier((0,), 1, Reply("f2"), durable=True, reports_loss=True)) is None
+    )
+    # signals after the last flush, then the restart: the next flush fails, once
+    flight.sent(shard, M.SignalBatch([(1, 2, 0, 1.0, T0, None)]))
+    assert flight.restarted(shard)[0].label == "f2"
+    why = flight.sent(shard, M.Barrier((0,), 1, Reply("f3"), durable=True, reports_loss=True))
+    assert why is not None and "partly applied" in why
+    assert (
+        flight.sent(shard, M.Barrier((0,), 1, Reply("f4"), durable=True, reports_loss=True)) is None
+    )
+    # a barrier that reports no loss (a read's) neither fails nor clears the signals
+    flight.sent(shard, M.SignalBatch([(1, 2, 0, 1.0, T0, None)]))
+    read = M.Barrier((0,), 1, Reply("read"))
+    assert flight.sent(shard, read) is None
+    assert read.reply in flight.restarted(shard)
+    assert flight.sent(shard, M.Barrier((0,), 1, Reply("f5"), reports_loss=True)) is not None

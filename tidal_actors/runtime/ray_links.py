@@ -47,9 +47,9 @@ from ray import cloudpickle
 
 from tidal_actors._errors import ActorFailure, DatabaseClosed
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviour import replies_of
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.links import LinkSender
+from tidal_actors.runtime.ray_in_flight import InFlight
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, sending
 from tidal_actors.runtime.ray_restart import LedgerRestart, MembershipRestart
 
@@ -121,8 +121,7 @@ class Links:
             membership shards of a durable database).
 
     Attributes:
-        unflushed: address -> why the next flush through it fails: it restarted and
-            signals sent to it since the last flush before may be lost.
+        in_flight: the calls followed (`ray_in_flight.InFlight`).
     """
 
     def __init__(
@@ -154,9 +153,7 @@ class Links:
         self.reserved: dict[M.Address, int] = {}
         self.closed = False
         self._followed = followed
-        self._replies: dict[M.Address, list[Reply]] = {}  # of the calls into `followed`
-        self._signals: set[M.Address] = set()  # signals sent there since the last flush
-        self.unflushed: dict[M.Address, str] = {}
+        self.in_flight = InFlight()
 
     def epoch(self, address: M.Address) -> int:
         """The epoch (int ns) of ``address``'s incarnation these links number for."""
@@ -179,34 +176,17 @@ class Links:
         if self.closed:
             raise DatabaseClosed(f"actor {address} has stopped")
         h = self.handle(address)
+        why = None
         with self._seq_lock:
             end = self._ends.get(address)
             if end is None:
                 end = self._ends[address] = LinkSender(self._restart_safe(address))
             if self._followed(address):
-                self._follow(address, msg)
-            return self._call(h, address, end.stamp(msg), msg)
-
-    def _follow(self, address: M.Address, msg: object) -> None:
-        """Keep ``msg``'s replies (under ``_seq_lock``) to fail them if ``address``
-        restarts; note a signal batch, and fail a flush at once if signals sent to
-        ``address`` before it restarted may be lost (`unflushed`)."""
-        t = type(msg)
-        if t is M.SignalBatch:
-            self._signals.add(address)
-            return
-        if t is M.Barrier and msg.reports_loss:  # type: ignore[attr-defined]
-            self._signals.discard(address)
-            why = self.unflushed.pop(address, None)
-            if why is not None:
-                msg.reply.set_exception(ActorFailure(why))  # type: ignore[attr-defined]
-        replies = self._replies.setdefault(address, [])
-        replies += replies_of(msg)
-        then = getattr(msg, "then", None)  # a barrier's next step waits for it too
-        if then is not None:
-            replies += replies_of(then[1])
-        if len(replies) >= PRUNE_AT:
-            self._replies[address] = [r for r in replies if not r.done]
+                why = self.in_flight.sent(address, msg)
+            ref = self._call(h, address, end.stamp(msg), msg)
+        if why is not None:  # settled outside the lock: its callbacks may send
+            msg.reply.set_exception(ActorFailure(why))  # type: ignore[attr-defined]
+        return ref
 
     def _call(self, h: Any, address: M.Address, seq: int, msg: object) -> Any:
         """One ``deliver`` call (under ``_seq_lock``: numbering and submission are one
@@ -307,8 +287,8 @@ class Links:
         on calls go to its new epoch, numbered from 1; what the link kept for the
         failed incarnation is dropped (`ray_membership_restart`). Returns the
         replies of the calls sent to it and not answered (followed links only: the
-        caller fails them), and notes in `unflushed` that the next flush fails if
-        signals were sent to it since the last flush. A notice of an epoch not newer
+        caller fails them), and notes that the next flush through it fails if
+        signals were sent to it since the last flush (`InFlight`). A notice of an epoch not newer
         than the one the link numbers for changes nothing."""
         address = notice.address
         with self._seq_lock:
@@ -318,16 +298,7 @@ class Links:
             end = self._ends.get(address)
             if end is not None:
                 self._ends[address] = LinkSender(end.durable_acks)
-            replies = [r for r in self._replies.pop(address, []) if not r.done]
-            if address in self._signals:
-                self._signals.discard(address)
-                self.unflushed[address] = (
-                    f"{address[0]}[{address[1]}]'s process died and it restarted from the "
-                    "store: the signals sent to it since the last completed flush may be "
-                    "partly applied (those it had fanned out to the ledgers are, the "
-                    "others are lost); flush again for those sent from now on"
-                )
-        return replies
+            return self.in_flight.restarted(address)
 
     def kept(self, address: M.Address) -> int:
         """Messages sent to ``address`` and not acknowledged yet (finished calls are
