@@ -288,3 +288,34 @@ def test_a_membership_shard_killed_twice_in_a_row(ray_session: None, tmp_path: P
         db.flush()
         assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
         assert len(_restarted(db)) == 2
+
+
+@needs_ray
+def test_a_membership_shard_killed_after_a_ledger_restarted(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """A ledger restarted first (its epoch is no longer the database's open time):
+    the membership shard's new incarnation numbers its attributions for the ledger's
+    current epoch (learnt from persistence), so they are taken, and the flushes after
+    it complete with the reference model's aggregates."""
+    path = str(tmp_path / "store")
+    clock = ManualClock(T0)
+    cfg = ray_config(membership_shards=2, ledger_shards=2)
+    ref = ReferenceModel(cfg, ManualClock(T0))
+    with _open(path, clock) as db:
+        _assign(db, ref)
+        _stream(db, ref, 0, 10)
+        db.flush()
+        host = db._core.host
+        for li in (0, 1):
+            before = host.links.epoch((M.LEDGER, li))
+            os.kill(host.pids()[(M.LEDGER, li)], signal.SIGKILL)
+            db.flush()
+            deadline = time.monotonic() + 120
+            while host.links.epoch((M.LEDGER, li)) == before:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        _heard(db, _kill(db))
+        _stream(db, ref, 10, 10)
+        db.flush()
+        assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None

@@ -185,6 +185,11 @@ class ShardActor:
         """Discard from now on the calls of ``name``'s incarnations before ``epoch``."""
         self._fences.fence(name, epoch)
 
+    def known_epochs(self) -> dict[M.Address, int]:
+        """The epochs of the actors that restarted, as this actor's links number for
+        them (`ray_membership_restart.restore`)."""
+        return self.links.known_epochs()
+
     def epochs(self, name: str, address: M.Address) -> int:
         """The highest epoch (int ns) of the actor ``address`` (named ``name`` on its
         links) this actor knows of: of the calls it took from it, of its fences, and

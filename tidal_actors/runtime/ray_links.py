@@ -285,20 +285,47 @@ class Links:
     def restarted_membership(self, notice: MembershipRestart) -> list[Reply]:
         """The membership shard ``notice.address`` restarted from the store: from now
         on calls go to its new epoch, numbered from 1; what the link kept for the
-        failed incarnation is dropped (`ray_membership_restart`). Returns the
+        failed incarnation is dropped (`ray_membership_restart`), but a ledger's
+        restart notice, sent again on the new epoch. Returns the
         replies of the calls sent to it and not answered (followed links only: the
         caller fails them), and notes that the next flush through it fails if
         signals were sent to it since the last flush (`InFlight`). A notice of an epoch not newer
         than the one the link numbers for changes nothing."""
         address = notice.address
+        if self.closed:
+            return []
+        h = self.handle(address)
+        refs: list[Any] = []
         with self._seq_lock:
             if notice.epoch <= self._epochs.get(address, self.opened):
                 return []
             self._epochs[address] = notice.epoch
             end = self._ends.get(address)
             if end is not None:
-                self._ends[address] = LinkSender(end.durable_acks)
-            return self.in_flight.restarted(address)
+                # a ledger's restart notice is all it gets again: the new incarnation
+                # must number its attributions for that ledger's epoch
+                notices = [m for _, m in end.kept() if type(m) is LedgerRestart]
+                end = self._ends[address] = LinkSender(end.durable_acks)
+                refs = [self._call(h, address, end.stamp(m), m) for m in notices]
+                self.resent += len(refs)
+            replies = self.in_flight.restarted(address)
+        if refs:
+            with self._lock:
+                self._other.setdefault(address, []).extend(refs)
+        return replies
+
+    def known_epochs(self) -> dict[M.Address, int]:
+        """The epochs of the receivers that restarted, as these links number for them."""
+        with self._seq_lock:
+            return dict(self._epochs)
+
+    def adopt_epochs(self, epochs: dict[M.Address, int]) -> None:
+        """Number for the receivers' incarnations in ``epochs`` (a restarted sender
+        learns them from an actor that heard every restart's notice), where newer."""
+        with self._seq_lock:
+            for address, epoch in epochs.items():
+                if epoch > self._epochs.get(address, self.opened):
+                    self._epochs[address] = epoch
 
     def kept(self, address: M.Address) -> int:
         """Messages sent to ``address`` and not acknowledged yet (finished calls are

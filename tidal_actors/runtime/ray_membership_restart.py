@@ -8,7 +8,10 @@ new incarnation takes nothing from the failed one's memory (`restore`):
    calls of the failed incarnation still on their way (`ShardActor.fence`; each call
    carries its sender's incarnation, ``membership-<i>@<epoch>``, so the new
    incarnation's links start at 1 beside the old ones and are never taken for their
-   duplicates).
+   duplicates). The new incarnation's links take the epochs of the ledgers that
+   restarted before from persistence, which hears every restart's notice; a ledger
+   restarting meanwhile sends its notice again once it hears of this restart
+   (`ray_links.Links.restarted_membership`).
 2. **Purges.** The coordinator abandons the shard's purges that did not commit
    (their callers hear nothing of them was committed) and waits for one committing;
    then it tells every ledger to drop the markers of the failed incarnation it
@@ -100,6 +103,8 @@ def restore(actor: Any) -> tuple[MembershipShard, MembershipRestart]:
     name = f"{M.MEMBERSHIP}-{i}"
     others = [*ledgers, M.COORD_ADDR, M.PERSIST_ADDR]
     ray.get([links.handle(a).fence.remote(name, actor.epoch) for a in others])
+    # the ledgers restarted before: persistence heard every notice
+    links.adopt_epochs(ray.get(links.handle(M.PERSIST_ADDR).known_epochs.remote()))
     # its purges not committed end; markers of them the ledgers hold are dropped
     below = actor.epoch << 40  # its own markers start above (`MembershipShard.restarted`)
     recover = functools.partial(RecoverMembership, i, below)
