@@ -5,10 +5,9 @@ purges these end."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from tidal_actors._errors import ActorFailure
 from tidal_actors.actors import messages as M
+from tidal_actors.actors.coordinator_purges import PendingPurge
 from tidal_actors.actors.recovery import (
     ForgetMarkers,
     LedgerRecovery,
@@ -17,9 +16,6 @@ from tidal_actors.actors.recovery import (
 )
 from tidal_actors.actors.rematerializer import Rematerializer
 from tidal_actors.storage.format import ledger_shard_of
-
-if TYPE_CHECKING:
-    from tidal_actors.actors.coordinator import PendingPurge
 
 __all__ = ["CoordinatorRecovery"]
 
