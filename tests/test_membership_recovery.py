@@ -1,17 +1,25 @@
-"""What a membership shard restarted with its memory gone (the Ray host's restart in
-place, `runtime.ray_membership_restart`) asks of the coordinator and the ledgers,
-driven by hand in process: its purges not committed end with an error that says so,
-one committing completes first, and the markers of its failed incarnation that the
-ledgers still hold are dropped (`RecoverMembership`, `ForgetMarkers`)."""
+"""What a shard or the coordinator restarted with its memory gone (the Ray host's
+restart in place, `runtime.ray_membership_restart`, `runtime.ray_coordinator_restart`)
+asks of the others, driven by hand in process: a membership shard's purges not
+committed end with an error that says so, one committing completes first, and the
+markers of its failed incarnation that the ledgers still hold are dropped
+(`RecoverMembership`, `ForgetMarkers`); the facade fails the calls in flight
+(`InFlight`); a restarted coordinator applies a committed purge from the ledger's
+own preparation, once (`CoordinatorLost`)."""
 
 from __future__ import annotations
 
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.coordinator import PurgeCoordinator
 from tidal_actors.actors.ledger import LedgerShard
-from tidal_actors.actors.recovery import ForgetMarkers, RecoverLedger, RecoverMembership
+from tidal_actors.actors.recovery import (
+    CoordinatorLost,
+    ForgetMarkers,
+    RecoverLedger,
+    RecoverMembership,
+)
 from tidal_actors.actors.reply import Reply
-from tidal_actors.core.contrib_log import EMPTY
+from tidal_actors.core.contrib_log import EMPTY, LogRecord
 from tidal_actors.runtime.ray_in_flight import InFlight
 
 from ._setups import RecordingContext
@@ -117,3 +125,32 @@ def test_the_facade_fails_the_calls_in_flight_and_the_next_flush_after_lost_sign
     assert flight.sent(shard, read) is None
     assert read.reply in flight.restarted(shard)
     assert flight.sent(shard, M.Barrier((0,), 1, Reply("f5"), reports_loss=True)) is not None
+
+
+def test_a_restarted_coordinator_applies_a_committed_purge_from_the_ledgers_copy_once() -> None:
+    """`CoordinatorLost` (a restarted coordinator's question): the ledger answers the
+    purges it prepared and did not apply, with its own preparation; the retraction
+    sent from it applies once, and a copy of it is a no-op; an abandoned purge's
+    preparation is dropped."""
+    ctx = RecordingContext()
+    ledger = LedgerShard(ctx, 0)
+    recs = [LogRecord(0, i, 1 + i % 2, "c", 5, 1, 1.0, T0 + i) for i in range(6)]
+    ledger.receive(M.Attribute.of_records(recs))
+    for n, user in ((1, 1), (2, 2)):
+        ledger.receive(M.PurgeMarker((0, n), 0, user, "c", 6))
+        ledger.receive(M.PreparePurge(100 + n, user, "c", 0, 6, (0, n)))
+    lost = Reply("lost")
+    ledger.receive(CoordinatorLost(lost))
+    open_ = lost.result()
+    assert [(p.purge_id, len(prepared.records)) for p, prepared in open_] == [(101, 3), (102, 3)]
+    (prep, prepared), (other, _) = open_
+    apply = M.ApplyPurge(prep.purge_id, prep.user, prep.cohort, prepared)
+    ledger.receive(apply)
+    assert (ledger.retracted, ledger.purges_applied) == (3, 1)
+    ledger.receive(apply)  # sent again: a no-op
+    assert (ledger.retracted, ledger.purges_applied) == (3, 1)
+    ledger.receive(M.PurgeAbandoned(other.marker, 0, other.user, "c", other.bound))
+    again = Reply("again")
+    ledger.receive(CoordinatorLost(again))
+    assert again.result() == []
+    assert ledger.handler_errors == 0

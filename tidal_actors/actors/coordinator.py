@@ -77,6 +77,16 @@ class PurgeCoordinator(CoordinatorRecovery):
 
     def receive(self, message: object) -> None:
         if type(message) is M.Purge:
+            if message.marker[1] <= self._ended_upto.get(message.mshard, -1):
+                # marked before a restart of this coordinator (or of its membership
+                # shard) ended every purge so marked: the ledgers forgot its marker
+                message.reply.set_exception(
+                    ActorFailure(
+                        "the purge coordinator restarted while this purge was on its way; "
+                        "nothing of it was committed: request it again"
+                    )
+                )
+                return
             self._waiting.append(message)
             self._next_purge()
         else:

@@ -80,10 +80,12 @@ from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import LogRecord
 
 __all__ = [
+    "CoordinatorLost",
     "FaultReport",
     "ForgetMarkers",
     "LedgerRecovery",
     "LoadStore",
+    "MarkerCount",
     "RecoverLedger",
     "RecoverMembership",
     "SeenRecords",
@@ -146,6 +148,25 @@ class ForgetMarkers:
 
     mshard: int
     below: int
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorLost:
+    """A restarting coordinator -> a ledger shard (through its mailbox, after every
+    message the failed incarnation got into it): the rebuilds running here are
+    dropped, and ``reply`` gets ``[(PreparePurge, Prepared), ...]``, the purges
+    prepared here and not applied yet (`runtime.ray_coordinator_restart`)."""
+
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerCount:
+    """A restarting coordinator -> a membership shard (through its mailbox): ``reply``
+    gets the number of its newest purge marker; every purge it marks later goes to
+    the new incarnation (`runtime.ray_coordinator_restart`)."""
+
+    reply: Reply
 
 
 @dataclass(frozen=True, slots=True)

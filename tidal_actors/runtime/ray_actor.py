@@ -21,8 +21,9 @@ What the host adds around the behaviour, none of it known to the behaviour:
 * a membership or ledger shard of a durable database whose handler failed with an
   unexpected error is fenced, not restarted (`supervision.Fenced`): a half-updated
   shard is never served. The `FaultReport` goes to the facade;
-* a membership shard's actor of a durable database whose process died is restarted
-  by Ray in a new process and restores from the store (`ray_membership_restart`);
+* a membership shard's or the coordinator's actor of a durable database whose
+  process died is restarted by Ray in a new process and restores from the store
+  (`ray_membership_restart`, `ray_coordinator_restart`);
 * a ledger actor of a durable database whose process died is restarted by Ray in a
   new process (``max_restarts``) and restores by handshake (`runtime.ray_restart`):
   its calls carry its incarnation's epoch, it reports its messages durable
@@ -51,6 +52,7 @@ from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.links import LinkReceiver
+from tidal_actors.runtime.ray_coordinator_restart import restore as restore_coordinator
 from tidal_actors.runtime.ray_links import RETRY_S, Links, dumps, loads
 from tidal_actors.runtime.ray_local import (
     DurableFlag,
@@ -63,6 +65,7 @@ from tidal_actors.runtime.ray_membership_restart import next_epoch
 from tidal_actors.runtime.ray_membership_restart import restore as restore_membership
 from tidal_actors.runtime.ray_replies import portable, register_serializers, send_fault
 from tidal_actors.runtime.ray_restart import (
+    CoordinatorRestart,
     DurableEnds,
     Fences,
     LedgerRestart,
@@ -125,7 +128,7 @@ class ShardActor:
         self.clock: Any = SystemClock() if system_clock else Stamped()
         # a ledger or membership shard of a durable database restarts in place
         # (`ray_restart`, `ray_membership_restart`)
-        restartable = address[0] in (M.LEDGER, M.MEMBERSHIP) and path is not None
+        restartable = address[0] in (M.LEDGER, M.MEMBERSHIP, M.COORDINATOR) and path is not None
         restarted = restartable and ray.get_runtime_context().was_current_actor_reconstructed
         self.epoch = next_epoch(db, address, opened) if restarted else opened
         origin = f"{address[0]}-{address[1]}"
@@ -149,10 +152,12 @@ class ShardActor:
         self.store: Any = None
         self._path = path
         self._config = config
-        notice: LedgerRestart | MembershipRestart | None = None
+        notice: LedgerRestart | MembershipRestart | CoordinatorRestart | None = None
         behaviour: Behaviour
         if restarted and address[0] == M.MEMBERSHIP:
             behaviour, notice = restore_membership(self)
+        elif restarted and address == M.COORD_ADDR:
+            behaviour, notice = restore_coordinator(self)
         elif restarted:
             behaviour, notice = restore(self)
         else:
@@ -295,11 +300,10 @@ class ShardActor:
         ends = self.durable_ends
         for msg in messages:
             t = type(msg)
-            if ends is not None and (
-                t is Marks or t is Counters or t is LedgerRestart or t is MembershipRestart
-            ):
+            notice = t is LedgerRestart or t is MembershipRestart or t is CoordinatorRestart
+            if ends is not None and (t is Marks or t is Counters or notice):
                 ends.now(origin, seq)  # nothing of it to restore: durable at once
-            if t is LedgerRestart or t is MembershipRestart:
+            if notice:
                 self.links.restarted(msg)  # type: ignore[arg-type]
                 continue
             if t is Marks:

@@ -35,6 +35,7 @@ class InFlight:
     def __init__(self) -> None:
         self._replies: dict[M.Address, list[Reply]] = {}
         self._signals: set[M.Address] = set()
+        self._coordinated: list[Reply] = []  # replies the coordinator settles
         self.unflushed: dict[M.Address, str] = {}
 
     def sent(self, address: M.Address, msg: object) -> str | None:
@@ -50,12 +51,26 @@ class InFlight:
             why = self.unflushed.pop(address, None)
         replies = self._replies.setdefault(address, [])
         replies += replies_of(msg)
+        if t is M.PurgeRequest:  # its purge goes on to the coordinator
+            self._coordinated.append(msg.reply)  # type: ignore[attr-defined]
         then = getattr(msg, "then", None)  # a barrier's next step waits for it too
         if then is not None:
             replies += replies_of(then[1])
+            self._coordinated += replies_of(then[1])
         if len(replies) >= PRUNE_AT:
             self._replies[address] = [r for r in replies if not r.done]
+        if len(self._coordinated) >= PRUNE_AT:
+            self._coordinated = [r for r in self._coordinated if not r.done]
         return why
+
+    def coordinator_restarted(self, address: M.Address) -> list[Reply]:
+        """The coordinator at ``address`` restarted with its memory gone: the replies
+        of the calls sent to it and of those sent through a membership shard on to
+        it (purge requests, a barrier's next step), not answered (to be failed)."""
+        out = [r for r in self._replies.pop(address, []) if not r.done]
+        out += [r for r in self._coordinated if not r.done and r not in out]
+        self._coordinated = []
+        return out
 
     def restarted(self, address: M.Address) -> list[Reply]:
         """``address`` restarted with its memory gone: the replies of the calls sent

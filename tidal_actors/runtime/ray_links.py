@@ -51,7 +51,7 @@ from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.links import LinkSender
 from tidal_actors.runtime.ray_in_flight import InFlight
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, sending
-from tidal_actors.runtime.ray_restart import LedgerRestart, MembershipRestart
+from tidal_actors.runtime.ray_restart import CoordinatorRestart, LedgerRestart, MembershipRestart
 
 __all__ = ["PRUNE_AT", "RETRY_S", "WINDOW", "Links", "actor_name", "dumps", "is_load", "loads"]
 
@@ -251,17 +251,16 @@ class Links:
             n += len(refs)
         return n
 
-    def restarted(self, notice: LedgerRestart | MembershipRestart) -> int:
+    def restarted(self, notice: LedgerRestart | MembershipRestart | CoordinatorRestart) -> int:
         """Restore by handshake with the restarted receiver ``notice.address``
         (`runtime.links`, rule 6): of what its link keeps, drop what survived there
         (`LedgerRestart.survived`), and send the rest again on its new epoch,
         numbered afresh from 1 in their order. A restarted membership shard gets
         nothing again (`restarted_membership`). A notice of an epoch not newer than
         the one this link numbers for is ignored. Returns the messages sent again."""
-        if type(notice) is MembershipRestart:
+        if isinstance(notice, MembershipRestart):
             self.restarted_membership(notice)
             return 0
-        assert isinstance(notice, LedgerRestart)
         address = notice.address
         if self.closed:
             return 0
@@ -313,6 +312,15 @@ class Links:
             with self._lock:
                 self._other.setdefault(address, []).extend(refs)
         return replies
+
+    def restarted_coordinator(self, notice: CoordinatorRestart) -> list[Reply]:
+        """The coordinator restarted (`ray_coordinator_restart`): what its link keeps
+        is sent again on its new epoch (`restarted`); returns the replies of the calls
+        followed into it and of the purge requests followed into the membership
+        shards, not answered (the caller fails them)."""
+        self.restarted(notice)
+        with self._seq_lock:
+            return self.in_flight.coordinator_restarted(notice.address)
 
     def known_epochs(self) -> dict[M.Address, int]:
         """The epochs of the receivers that restarted, as these links number for them."""

@@ -76,6 +76,7 @@ def next_epoch(db: str, address: M.Address, opened: int) -> int:
     handles = [
         ray.get_actor(actor_name(db, a), namespace=NAMESPACE)
         for a in (M.COORD_ADDR, M.PERSIST_ADDR)
+        if a != address  # the coordinator restarting asks persistence only
     ]
     seen: list[int] = ray.get([h.epochs.remote(name, address) for h in handles])
     return epoch_after(time.time_ns(), opened, seen)

@@ -58,6 +58,7 @@ from tidal_actors.storage.format import Keyspace, Tag, decode_key, decode_link_s
 __all__ = [
     "ASK_POLL_S",
     "LEDGER_RESTARTS",
+    "CoordinatorRestart",
     "DurableEnds",
     "Fences",
     "LedgerRestart",
@@ -129,6 +130,19 @@ class MembershipRestart:
 
     address: M.Address
     epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorRestart:
+    """The restarted coordinator -> every other actor and the facade (host level):
+    the links into it send again, on its new ``epoch``, what they keep (what the
+    failed incarnation had not taken)."""
+
+    address: M.Address
+    epoch: int
+
+    def survived(self, sender: str, epoch: int, seq: int, message: object) -> bool:
+        return False  # nothing kept reached it: each is sent again
 
 
 def link_states(store: Any, shard: int) -> dict[str, tuple[int, int]]:
@@ -295,7 +309,7 @@ def restore(actor: Any) -> tuple[Behaviour, LedgerRestart]:
     return new, notice
 
 
-def announce(actor: Any, notice: LedgerRestart | MembershipRestart) -> None:
+def announce(actor: Any, notice: LedgerRestart | MembershipRestart | CoordinatorRestart) -> None:
     """Tell every other actor of the database and the facade (by its sink, as a
     fault) that the shard ``actor`` hosts restarted."""
     cfg = actor._config
