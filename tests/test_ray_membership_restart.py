@@ -325,3 +325,49 @@ def test_a_membership_shard_killed_after_a_ledger_restarted(
         _stream(db, ref, 10, 10)
         db.flush()
         assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
+
+
+@needs_ray
+def test_the_coordinator_killed_right_after_a_purge_committed(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """The kill lands once the purge's manifest is in the store (the test reads it
+    there): the purge is complete after the restart, whether its retraction had left
+    the failed incarnation or the new one applied it from the ledger's preparation
+    (its fault report says how many it applied); its records are retracted once."""
+    from tidal_actors.storage.format import Keyspace, Tag, decode_key
+
+    path = str(tmp_path / "store")
+    clock = ManualClock(T0)
+    cfg = ray_config(membership_shards=2, ledger_shards=2)
+    ref = ReferenceModel(cfg, ManualClock(T0))
+    u = OURS[2]
+    with _open(path, clock) as db:
+        _assign(db, ref)
+        _stream(db, ref, 0, 20)
+        db.flush()
+        host = db._core.host
+        pid, epoch = host.pids()[M.COORD_ADDR], host.links.epoch(M.COORD_ADDR)
+        call = db._core.request_community_purge(u, COHORTS[u % 4])
+        deadline = time.monotonic() + 60
+        while not any(
+            decode_key(k)[:2] == (u, Tag.PURGE_MANIFEST)
+            for k, _ in db._core.store.scan(Keyspace.ITEMS)
+        ):
+            assert time.monotonic() < deadline, "the purge never committed"
+        os.kill(pid, signal.SIGKILL)
+        assert call.replies[0].wait(120.0)
+        if call.error is not None:
+            assert "may have been applied" in str(call.error)
+        while host.links.epoch(M.COORD_ADDR) <= epoch:
+            assert time.monotonic() < deadline + 120, "no notice of the coordinator's restart"
+            time.sleep(0.05)
+        (listed,) = db.list_purge_manifests(u)
+        _, want = ref.request_community_purge(u, COHORTS[u % 4])
+        assert listed.entries == want.entries and len(want.entries) > 0
+        db.flush()
+        assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
+        reports = [r.cause for r in db._core.fault_reports() if r.address == M.COORD_ADDR]
+        print("the coordinator's restart:", reports, "the caller:", call.error)
+    with TidalDb.open(path, config=cfg.replace(host="pykka"), clock=clock) as again:
+        assert rows_mismatch(again.aggregate_rows(), ref.aggregate_rows()) is None
