@@ -277,14 +277,15 @@ def test_a_failed_durable_shard_is_fenced_and_reported(ray_session: None, tmp_pa
 
 
 @needs_ray
-def test_a_killed_shard_process_fails_calls_instead_of_hanging(
+def test_a_killed_persistence_process_fails_calls_instead_of_hanging(
     ray_session: None, tmp_path: Path
 ) -> None:
-    """SIGKILL of a membership shard's process (nothing restarts it under this host;
-    a ledger's restarts, tests/test_ray_restart.py): the calls waiting and the calls
-    after fail with an error saying they may have been applied; close() refuses to
-    write a snapshot from the lost shard; the store keeps everything flushed before
-    the kill."""
+    """SIGKILL of persistence's process (nothing restarts it under this host; the
+    shards and the coordinator restart, tests/test_ray_restart.py and
+    tests/test_ray_membership_restart.py): the calls waiting and the calls after fail
+    with an error saying they may have been applied; close() refuses to write a
+    snapshot from the lost actor; the store keeps everything flushed before the
+    kill."""
     import os
     import signal
 
@@ -294,7 +295,7 @@ def test_a_killed_shard_process_fails_calls_instead_of_hanging(
     path = str(tmp_path / "store")
     with (
         pytest.raises(
-            StorageError, match=r"closed with a fenced shard \(membership\[\d\]'s process died"
+            StorageError, match=r"closed with a fenced shard \(persistence\[0\]'s process died"
         ),
         TidalDb.open(path, config=ray_config(), clock=ManualClock(T0)) as db,
     ):
@@ -302,9 +303,9 @@ def test_a_killed_shard_process_fails_calls_instead_of_hanging(
             db.assign_cohort(u, "a")
             db.signal_with_context(u, 1, 1, 1.0, T0)
         db.flush()
-        os.kill(db._core.host.pids()[(M.MEMBERSHIP, 0)], signal.SIGKILL)
+        os.kill(db._core.host.pids()[M.PERSIST_ADDR], signal.SIGKILL)
         with pytest.raises(ActorFailure, match="may have been applied"):
-            for _ in range(100):  # calls through every membership shard until the death is seen
+            for _ in range(100):  # calls until the death is seen
                 db.community_layer_status(0)
                 db.community_layer_status(1)
     with TidalDb.open(path, config=ray_config(host="pykka"), clock=ManualClock(T0)) as again:

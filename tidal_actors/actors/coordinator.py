@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from tidal_actors._errors import ActorFailure, UnknownPurge
@@ -14,8 +12,9 @@ from tidal_actors._types import (
 )
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Context
-from tidal_actors.actors.recovery import LedgerRecovery, RecoverLedger
-from tidal_actors.actors.rematerializer import Rematerializer
+from tidal_actors.actors.coordinator_purges import PendingPurge, PurgeCommit
+from tidal_actors.actors.coordinator_recovery import CoordinatorRecovery
+from tidal_actors.actors.recovery import RecoverLedger, RecoverMembership
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import Prepared
 from tidal_actors.core.eviction import advance_watermark
@@ -32,32 +31,7 @@ from tidal_actors.storage.format import (
 )
 
 
-@dataclass(slots=True)
-class PurgeCommit:
-    """What a prepared purge commits: its manifest (as an object and as stored), the
-    ledger's preparation, its membership shard's drained rseqs after it (a sorted
-    int64 array) and its status."""
-
-    manifest: PurgeManifest
-    manifest_bytes: bytes
-    prepared: Prepared
-    drained: np.ndarray
-    status: PurgeStatus
-
-
-@dataclass(slots=True)
-class PendingPurge:
-    """The purge in progress: its request, its id, its membership shard's watermark
-    as of its bound (`advance_watermark`), and, once the ledger has prepared it, what
-    it commits (``commit``; None while the preparation is under way)."""
-
-    request: M.Purge
-    purge_id: PurgeId
-    watermark: int
-    commit: PurgeCommit | None = None
-
-
-class PurgeCoordinator(Rematerializer):
+class PurgeCoordinator(CoordinatorRecovery):
     """Serializes purges: prepare at the ledger, commit manifest, apply, reply.
 
     Owns purge ids, manifests, and each membership shard's eviction watermark (the
@@ -79,8 +53,8 @@ class PurgeCoordinator(Rematerializer):
         self._waiting: list[M.Purge] = []
         self._drains: list[Reply] = []
         self._init_remat()
-        # ledger restarts waiting for the purge being committed (`_on_recover`)
-        self._recoveries: list[RecoverLedger] = []
+        # restarts waiting for the purge being committed (`_on_recover`)
+        self._recoveries: list[RecoverLedger | RecoverMembership] = []
         # membership shard -> marker number of its newest purge ended (`LedgerRecovery`)
         self._ended_upto: dict[int, int] = {}
         self.purges = 0
@@ -97,11 +71,22 @@ class PurgeCoordinator(Rematerializer):
             (M.QueryPurge, self._on_query_purge),
             (M.Drain, self._on_drain),
             (RecoverLedger, self._on_recover),
+            (RecoverMembership, self._on_recover_membership),
         ):
             self.on(kind, fn)
 
     def receive(self, message: object) -> None:
         if type(message) is M.Purge:
+            if message.marker[1] <= self._ended_upto.get(message.mshard, -1):
+                # marked before a restart of this coordinator (or of its membership
+                # shard) ended every purge so marked: the ledgers forgot its marker
+                message.reply.set_exception(
+                    ActorFailure(
+                        "the purge coordinator restarted while this purge was on its way; "
+                        "nothing of it was committed: request it again"
+                    )
+                )
+                return
             self._waiting.append(message)
             self._next_purge()
         else:
@@ -262,58 +247,6 @@ class PurgeCoordinator(Rematerializer):
 
     def _purging_cohort(self) -> str | None:
         return self._pending.request.cohort if self._pending is not None else None
-
-    def _ended(self, req: M.Purge) -> None:
-        """``req`` committed or was abandoned: a restarting ledger hears of it, and
-        the ledger restarts waiting for its commit go ahead."""
-        m, n = req.mshard, req.marker[1]
-        self._ended_upto[m] = max(self._ended_upto.get(m, -1), n)
-        recoveries, self._recoveries = self._recoveries, []
-        for msg in recoveries:
-            self._on_recover(msg)
-
-    def _on_recover(self, msg: RecoverLedger) -> None:
-        """A ledger shard restarts from the store (`actors.recovery`): end what waits on
-        the failed incarnation's memory, wait for a commit under way, then answer with
-        the purges in flight."""
-        li = msg.ledger
-        p = self._pending
-        on_li = (
-            p is not None and ledger_shard_of(p.request.cohort, self.ctx.config.ledger_shards) == li
-        )
-        if p is not None and p.commit is not None:
-            self._recoveries.append(msg)  # answered once the commit is in (`_ended`)
-            return
-        failed: list[str] = []  # the replies failed here, for the FaultReport
-        if on_li:  # its preparation may have died with the shard: nothing is committed
-            assert p is not None
-            failed.append(p.request.reply.label or "purge")
-            self._fail_pending(
-                ActorFailure(
-                    f"ledger[{li}] restarted during this purge; nothing of it was "
-                    "committed: request it again"
-                )
-            )
-        r = self._remat  # a rebuild whose job died with the shard (no result yet)
-        nl = self.ctx.config.ledger_shards
-        ended: tuple[M.RematToken, ...] = ()
-        if r is not None and r.updates is None and ledger_shard_of(r.cohort, nl) == li:
-            failed += [w.label or "rematerialize" for w in self._remat_waiters.get(r.cohort, [])]
-            ended = (r.token,)  # its start may still be on its way to the shard
-            self._remat_finished(
-                error=ActorFailure(
-                    f"ledger[{li}] restarted during this re-materialization; nothing of "
-                    "it was applied: start it again"
-                )
-            )
-        purges = [self._pending.request] if self._pending is not None else []
-        in_flight = tuple(
-            M.PurgeMarker(q.marker, q.mshard, q.user, q.cohort, q.bound)
-            for q in purges + self._waiting
-        )
-        msg.reply.set_result(
-            LedgerRecovery(in_flight, dict(self._ended_upto), tuple(failed), ended)
-        )
 
     def on_error(self, message: object, err: BaseException) -> None:
         """A failure while a purge or a re-materialization waits on this message ends

@@ -10,8 +10,13 @@ from tidal_actors.actors.behaviour import Context
 from tidal_actors.actors.ledger_durability import LedgerDurability, ended_before
 from tidal_actors.actors.ledger_remat import LedgerRebuilds
 from tidal_actors.actors.ledger_views import LedgerViews
-from tidal_actors.actors.recovery import LedgerRecovery
-from tidal_actors.core.contrib_log import EMPTY
+from tidal_actors.actors.recovery import (
+    CoordinatorLost,
+    ForgetMarkers,
+    LedgerRecovery,
+    SeenRecords,
+)
+from tidal_actors.core.contrib_log import EMPTY, Prepared
 from tidal_actors.core.states import LedgerState
 from tidal_actors.storage.format import batch_op, ledger_shard_of, membership_capacity
 
@@ -45,6 +50,9 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
             (M.EvictionUpdate, self._on_eviction),
             (M.PurgeMarker, self._on_marker),
             (M.PurgeAbandoned, self._on_abandoned),
+            (SeenRecords, self._on_seen),
+            (ForgetMarkers, self._on_forget),
+            (CoordinatorLost, self._on_coordinator_lost),
         ):
             self.on(kind, fn)
         self._markers: set[M.Marker] = set()
@@ -57,8 +65,9 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
         self._init_views()
         # barrier id -> (barrier, parts received, losses they reported)
         self._barrier_parts: dict[int, tuple[M.Barrier, int, tuple[BaseException, ...]]] = {}
-        # purges prepared by this incarnation, not applied yet (`_on_apply`)
-        self._prepared: set[int] = set()
+        # purges prepared by this incarnation, not applied yet (`_on_apply`), with
+        # their preparation (a restarted coordinator applies a committed one from it)
+        self._prepared: dict[int, tuple[M.PreparePurge, Prepared]] = {}
         # set by `restarted`: markers already registered, and per membership shard
         # the marker number of its newest purge ended before the restart
         self._restored: set[M.Marker] = set()
@@ -201,6 +210,9 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
             raise step_error
         self._sent_write = False  # handled: nothing of it is in doubt
 
+    def _on_seen(self, msg: SeenRecords) -> None:
+        msg.reply.set_result(self.state.rseq_seen.get(msg.mshard, -1))
+
     def _settle(self) -> None:
         """Drop detail rows no purge can name (`LedgerState.settle`); not while a
         re-materialization runs here (it reads the held rows and the history by the
@@ -320,7 +332,7 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
         self._markers.discard(msg.marker)
         try:
             prepared = self.state.log.prepare(msg.user, msg.cohort, msg.watermark, msg.bound)
-            self._prepared.add(msg.purge_id)
+            self._prepared[msg.purge_id] = (msg, prepared)
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, prepared))
         except Exception as exc:
             self.ctx.tell(M.COORD_ADDR, M.PurgePrepared(msg.purge_id, EMPTY, exc))
@@ -344,19 +356,35 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerDurability):
         elif not self._ended_before(marker):
             self._ended_early.add(marker)
 
+    def _on_coordinator_lost(self, msg: CoordinatorLost) -> None:
+        self._jobs.clear()  # nothing of a rebuild is visible before it finishes
+        msg.reply.set_result(list(self._prepared.values()))
+        self._settle()
+
     def _on_abandoned(self, msg: M.PurgeAbandoned) -> None:
+        for pid in [k for k, (p, _) in self._prepared.items() if p.marker == msg.marker]:
+            del self._prepared[pid]
         if self._ended_before(msg.marker):
             return  # a copy re-sent after a restart: nothing of that purge is held here
         if self._owns(msg.cohort):
             self.state.log.release(msg.user, msg.cohort, msg.bound)
         self._end_purge(msg.mshard, msg.marker)
 
+    def _on_forget(self, msg: ForgetMarkers) -> None:
+        m, below = msg.mshard, msg.below
+        for marker, note in list(self._notes.items()):
+            if marker[0] == m and marker[1] < below:
+                self._on_abandoned(M.PurgeAbandoned(marker, m, note.user, note.cohort, note.bound))
+        for marker in [k for k in self._parked if k[0] == m and k[1] < below]:
+            del self._parked[marker]
+        self._ended_upto[m] = max(self._ended_upto.get(m, -1), below - 1)
+
     def _on_apply(self, msg: M.ApplyPurge) -> None:
         if msg.purge_id not in self._prepared:
             # prepared by an incarnation before a restart: its rows are not this
             # state's, and the state restored after the commit leaves them out already
             return
-        self._prepared.discard(msg.purge_id)
+        del self._prepared[msg.purge_id]
         self.note_retraction(msg.prepared.rows)
         self.state.aggregates.retract_rows(msg.prepared.rows)
         self.state.log.apply(msg.user, msg.cohort, msg.prepared)

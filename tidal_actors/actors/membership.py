@@ -17,6 +17,7 @@ from tidal_actors._types import (
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Context
 from tidal_actors.actors.control_writes import ControlWrites
+from tidal_actors.actors.recovery import MarkerCount
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.routes import COMMUNITY_ONLY, GATED, RouteTable
 from tidal_actors.core.states import MembershipState
@@ -66,6 +67,7 @@ class MembershipShard(ControlWrites):
             (M.QueryUser, self._on_query),
             (M.PurgeRequest, self._on_purge),
             (M.Barrier, self._on_barrier),
+            (MarkerCount, lambda m: m.reply.set_result(self._token)),
         ):
             self.on(kind, fn)
 

@@ -79,7 +79,17 @@ from tidal_actors.actors.messages import Address, PurgeMarker, RematToken, Signa
 from tidal_actors.actors.reply import Reply
 from tidal_actors.core.contrib_log import LogRecord
 
-__all__ = ["FaultReport", "LedgerRecovery", "LoadStore", "RecoverLedger"]
+__all__ = [
+    "CoordinatorLost",
+    "FaultReport",
+    "ForgetMarkers",
+    "LedgerRecovery",
+    "LoadStore",
+    "MarkerCount",
+    "RecoverLedger",
+    "RecoverMembership",
+    "SeenRecords",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +121,64 @@ class LedgerRecovery:
     ended_upto: dict[int, int] = field(default_factory=dict)
     failed: tuple[str, ...] = ()
     ended_remats: tuple[RematToken, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverMembership:
+    """A restarting membership shard -> coordinator (under the Ray host, whose failed
+    incarnation's memory is gone: `runtime.ray_membership_restart`): the purges of
+    ``mshard`` not committed are abandoned (their callers get ``ActorFailure``
+    saying nothing of them was committed), one whose commit is under way is waited
+    for; then every ledger is told to forget the markers of ``mshard`` numbered
+    below ``below`` (`ForgetMarkers`: a marker the failed incarnation sent to a
+    ledger before it died, whose purge the coordinator never got), and ``reply``
+    gets None."""
+
+    mshard: int
+    below: int
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetMarkers:
+    """Coordinator -> every ledger, after `RecoverMembership`: every purge of
+    membership shard ``mshard`` with a marker numbered below ``below`` has ended;
+    the markers of them still held here (no end will come for them) are dropped as
+    if abandoned, and later copies of such markers are ignored."""
+
+    mshard: int
+    below: int
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorLost:
+    """A restarting coordinator -> a ledger shard (through its mailbox, after every
+    message the failed incarnation got into it): the rebuilds running here are
+    dropped, and ``reply`` gets ``[(PreparePurge, Prepared), ...]``, the purges
+    prepared here and not applied yet (`runtime.ray_coordinator_restart`)."""
+
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerCount:
+    """A restarting coordinator -> a membership shard (through its mailbox): ``reply``
+    gets the number of its newest purge marker; every purge it marks later goes to
+    the new incarnation (`runtime.ray_coordinator_restart`)."""
+
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class SeenRecords:
+    """A restarting membership shard -> a ledger shard (through its mailbox, after
+    every message it took before): ``reply`` gets the highest record sequence
+    (``rseq``) it holds from membership shard ``mshard``, durable or not (-1: none).
+    The restarted shard numbers its records above every ledger's answer, so no
+    number held anywhere is handed out twice (`runtime.ray_membership_restart`)."""
+
+    mshard: int
+    reply: Reply
 
 
 @dataclass(frozen=True, slots=True)

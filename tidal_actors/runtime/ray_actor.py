@@ -21,6 +21,9 @@ What the host adds around the behaviour, none of it known to the behaviour:
 * a membership or ledger shard of a durable database whose handler failed with an
   unexpected error is fenced, not restarted (`supervision.Fenced`): a half-updated
   shard is never served. The `FaultReport` goes to the facade;
+* a membership shard's or the coordinator's actor of a durable database whose
+  process died is restarted by Ray in a new process and restores from the store
+  (`ray_membership_restart`, `ray_coordinator_restart`);
 * a ledger actor of a durable database whose process died is restarted by Ray in a
   new process (``max_restarts``) and restores by handshake (`runtime.ray_restart`):
   its calls carry its incarnation's epoch, it reports its messages durable
@@ -36,7 +39,6 @@ import itertools
 import logging
 import os
 import threading
-import time
 from typing import Any
 
 import ray
@@ -45,11 +47,12 @@ from tidal_actors._clock import SystemClock
 from tidal_actors._config import Config
 from tidal_actors._errors import ActorFailure
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviour import replies_of
+from tidal_actors.actors.behaviour import Behaviour, replies_of
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.links import LinkReceiver
+from tidal_actors.runtime.ray_coordinator_restart import restore as restore_coordinator
 from tidal_actors.runtime.ray_links import RETRY_S, Links, dumps, loads
 from tidal_actors.runtime.ray_local import (
     DurableFlag,
@@ -58,12 +61,17 @@ from tidal_actors.runtime.ray_local import (
     Stamped,
     writable,
 )
+from tidal_actors.runtime.ray_membership_restart import next_epoch
+from tidal_actors.runtime.ray_membership_restart import restore as restore_membership
 from tidal_actors.runtime.ray_replies import portable, register_serializers, send_fault
 from tidal_actors.runtime.ray_restart import (
+    CoordinatorRestart,
     DurableEnds,
     Fences,
     LedgerRestart,
+    MembershipRestart,
     announce,
+    origin_epoch,
     restore,
 )
 from tidal_actors.runtime.ray_stores import Marks, ReaderStore, WriterStore
@@ -118,10 +126,11 @@ class ShardActor:
         self.address = address
         self.sink = sink
         self.clock: Any = SystemClock() if system_clock else Stamped()
-        # a ledger of a durable database restarts in place (`ray_restart`)
-        restartable = address[0] == M.LEDGER and path is not None
+        # a ledger or membership shard of a durable database restarts in place
+        # (`ray_restart`, `ray_membership_restart`)
+        restartable = address[0] in (M.LEDGER, M.MEMBERSHIP, M.COORDINATOR) and path is not None
         restarted = restartable and ray.get_runtime_context().was_current_actor_reconstructed
-        self.epoch = time.time_ns() if restarted else opened
+        self.epoch = next_epoch(db, address, opened) if restarted else opened
         origin = f"{address[0]}-{address[1]}"
         self.links = Links(
             db,
@@ -134,7 +143,7 @@ class ShardActor:
         self._fences = Fences()
         self._asks: dict[int, Reply] = {}
         self._ask_ids = itertools.count(1)
-        self.durable_ends = DurableEnds() if restartable else None
+        self.durable_ends = DurableEnds() if restartable and address[0] == M.LEDGER else None
         self.host = LocalHost(
             config, self.clock, durable, self.links, self.durable_ends, address[1], self.epoch
         )
@@ -143,8 +152,13 @@ class ShardActor:
         self.store: Any = None
         self._path = path
         self._config = config
-        notice: LedgerRestart | None = None
-        if restarted:
+        notice: LedgerRestart | MembershipRestart | CoordinatorRestart | None = None
+        behaviour: Behaviour
+        if restarted and address[0] == M.MEMBERSHIP:
+            behaviour, notice = restore_membership(self)
+        elif restarted and address == M.COORD_ADDR:
+            behaviour, notice = restore_coordinator(self)
+        elif restarted:
             behaviour, notice = restore(self)
         else:
             behaviour = loads(payload, self._resolve)
@@ -175,6 +189,19 @@ class ShardActor:
     def fence(self, name: str, epoch: int) -> None:
         """Discard from now on the calls of ``name``'s incarnations before ``epoch``."""
         self._fences.fence(name, epoch)
+
+    def known_epochs(self) -> dict[M.Address, int]:
+        """The epochs of the actors that restarted, as this actor's links number for
+        them (`ray_membership_restart.restore`)."""
+        return self.links.known_epochs()
+
+    def epochs(self, name: str, address: M.Address) -> int:
+        """The highest epoch (int ns) of the actor ``address`` (named ``name`` on its
+        links) this actor knows of: of the calls it took from it, of its fences, and
+        of the incarnation its links number for (`ray_membership_restart.next_epoch`)."""
+        known = [self.links.epoch(address), self._fences.floor(name)]
+        known += [e for n, e in map(origin_epoch, self._ends) if n == name]
+        return max(known)
 
     def ask(self, make: Any, label: str) -> int:
         """Put ``make(reply)`` into the mailbox; returns the id `answer` takes."""
@@ -273,9 +300,10 @@ class ShardActor:
         ends = self.durable_ends
         for msg in messages:
             t = type(msg)
-            if ends is not None and (t is Marks or t is Counters or t is LedgerRestart):
+            notice = t is LedgerRestart or t is MembershipRestart or t is CoordinatorRestart
+            if ends is not None and (t is Marks or t is Counters or notice):
                 ends.now(origin, seq)  # nothing of it to restore: durable at once
-            if t is LedgerRestart:
+            if notice:
                 self.links.restarted(msg)  # type: ignore[arg-type]
                 continue
             if t is Marks:

@@ -27,8 +27,12 @@ ledger shard, the purge coordinator and persistence is a named Ray actor
 * Restarts: a ledger actor of a durable database whose process died is restarted
   by Ray (``max_restarts``) and restores by handshake; the links into it keep each
   message until it is durable there and re-send the rest after the restart
-  (`runtime.ray_restart`). Any other actor's death fails every call waiting and
-  every call after; a shard whose handler failed is fenced (`runtime.ray_actor`).
+  (`runtime.ray_restart`). A membership shard's and the coordinator's actor of a
+  durable database are restarted too and restore from the store; the calls in
+  flight to them fail saying they may have been applied
+  (`runtime.ray_membership_restart`, `runtime.ray_coordinator_restart`).
+  Persistence's death fails every call waiting and every call after; a shard
+  whose handler failed is fenced (`runtime.ray_actor`).
 
 Ray is started here if it is not running (``Config.ray_address``: None starts a
 local instance, ``"auto"`` or ``"ray://..."`` joins a cluster).
@@ -59,7 +63,12 @@ from tidal_actors.runtime.ray_actor import Counters, ShardActor
 from tidal_actors.runtime.ray_links import RETRY_S, Links, actor_name, dumps, loads
 from tidal_actors.runtime.ray_placement import check_store_resource, placement
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, forget, register_serializers
-from tidal_actors.runtime.ray_restart import LEDGER_RESTARTS, LedgerRestart
+from tidal_actors.runtime.ray_restart import (
+    LEDGER_RESTARTS,
+    CoordinatorRestart,
+    LedgerRestart,
+    MembershipRestart,
+)
 from tidal_actors.runtime.ray_start import ensure_ray
 from tidal_actors.runtime.ray_stores import adopt_map_size
 from tidal_actors.runtime.supervision import REPORTS_KEPT, Fenced
@@ -107,6 +116,7 @@ class RayHost:
             self.path,
             opened=self.opened,
             restart_safe=lambda a: self._restartable and a[0] == M.LEDGER,
+            followed=lambda a: self._restartable and a[0] in (M.MEMBERSHIP, M.COORDINATOR),
         )
         self._actors: dict[M.Address, Any] = {}
         self._store: Any = None
@@ -130,7 +140,8 @@ class RayHost:
         self._restartable = store_path is not None
         for b in behaviours:
             self.behaviours[b.address] = b
-            restarts = LEDGER_RESTARTS if self._restartable and b.address[0] == M.LEDGER else 0
+            in_place = b.address[0] in (M.LEDGER, M.MEMBERSHIP, M.COORDINATOR)
+            restarts = LEDGER_RESTARTS if self._restartable and in_place else 0
             actor = ShardActor.options(  # type: ignore[attr-defined]
                 name=actor_name(self.db, b.address),
                 max_restarts=restarts,
@@ -246,9 +257,32 @@ class RayHost:
             if address not in self._probes:
                 self._probes[address] = h.ready.remote()
 
-    def _fault(self, report: FaultReport | LedgerRestart) -> None:
+    def _fault(
+        self, report: FaultReport | LedgerRestart | MembershipRestart | CoordinatorRestart
+    ) -> None:
         if isinstance(report, LedgerRestart):  # restore by handshake (`Links.restarted`)
             self.links.restarted(report)
+            return
+        if isinstance(report, CoordinatorRestart):  # `ray_coordinator_restart`
+            err = ActorFailure(
+                "the purge coordinator's process died while this call was in flight to "
+                "it, and it restarted from the store: the call may have been applied (a "
+                "purge if its manifest committed: list_purge_manifests says; nothing of "
+                "an uncommitted one is applied, and it may be requested again)"
+            )
+            for reply in self.links.restarted_coordinator(report):
+                reply.set_exception(err)
+            return
+        if isinstance(report, MembershipRestart):  # `ray_membership_restart`
+            kind, index = report.address
+            err = ActorFailure(
+                f"{kind}[{index}]'s process died while this call was in flight to it, and "
+                "it restarted from the store: the call may have been applied (a control "
+                "operation if its commit happened: read the state to know; a flush: the "
+                "signals since the last completed flush may be partly applied)"
+            )
+            for reply in self.links.restarted_membership(report):
+                reply.set_exception(err)
             return
         self.reports.append(report)
         if self.on_fault is not None:

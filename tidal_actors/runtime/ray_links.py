@@ -45,11 +45,13 @@ from typing import Any
 import ray
 from ray import cloudpickle
 
-from tidal_actors._errors import DatabaseClosed
+from tidal_actors._errors import ActorFailure, DatabaseClosed
 from tidal_actors.actors import messages as M
+from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.links import LinkSender
+from tidal_actors.runtime.ray_in_flight import InFlight
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, sending
-from tidal_actors.runtime.ray_restart import LedgerRestart
+from tidal_actors.runtime.ray_restart import CoordinatorRestart, LedgerRestart, MembershipRestart
 
 __all__ = ["PRUNE_AT", "RETRY_S", "WINDOW", "Links", "actor_name", "dumps", "is_load", "loads"]
 
@@ -114,6 +116,12 @@ class Links:
         opened: the epoch of every receiver's first incarnation (int ns).
         restart_safe: whether the links into an address keep each message until it
             is durable there (a ledger of a durable database).
+        followed: whether the replies of the calls into an address are followed, to
+            be failed if it restarts (`restarted`; the facade's links into the
+            membership shards of a durable database).
+
+    Attributes:
+        in_flight: the calls followed (`ray_in_flight.InFlight`).
     """
 
     def __init__(
@@ -124,6 +132,7 @@ class Links:
         origin: str = "facade",
         opened: int = 0,
         restart_safe: Callable[[M.Address], bool] = lambda address: False,
+        followed: Callable[[M.Address], bool] = lambda address: False,
     ) -> None:
         self.db = db
         self.origin = origin
@@ -143,6 +152,12 @@ class Links:
         self._other: dict[M.Address, list[Any]] = {}  # other calls not returned yet
         self.reserved: dict[M.Address, int] = {}
         self.closed = False
+        self._followed = followed
+        self.in_flight = InFlight()
+
+    def epoch(self, address: M.Address) -> int:
+        """The epoch (int ns) of ``address``'s incarnation these links number for."""
+        return self._epochs.get(address, self.opened)
 
     def handle(self, address: M.Address) -> Any:
         h = self._handles.get(address)
@@ -161,11 +176,17 @@ class Links:
         if self.closed:
             raise DatabaseClosed(f"actor {address} has stopped")
         h = self.handle(address)
+        why = None
         with self._seq_lock:
             end = self._ends.get(address)
             if end is None:
                 end = self._ends[address] = LinkSender(self._restart_safe(address))
-            return self._call(h, address, end.stamp(msg), msg)
+            if self._followed(address):
+                why = self.in_flight.sent(address, msg)
+            ref = self._call(h, address, end.stamp(msg), msg)
+        if why is not None:  # settled outside the lock: its callbacks may send
+            msg.reply.set_exception(ActorFailure(why))  # type: ignore[attr-defined]
+        return ref
 
     def _call(self, h: Any, address: M.Address, seq: int, msg: object) -> Any:
         """One ``deliver`` call (under ``_seq_lock``: numbering and submission are one
@@ -230,12 +251,16 @@ class Links:
             n += len(refs)
         return n
 
-    def restarted(self, notice: LedgerRestart) -> int:
+    def restarted(self, notice: LedgerRestart | MembershipRestart | CoordinatorRestart) -> int:
         """Restore by handshake with the restarted receiver ``notice.address``
         (`runtime.links`, rule 6): of what its link keeps, drop what survived there
         (`LedgerRestart.survived`), and send the rest again on its new epoch,
-        numbered afresh from 1 in their order. A notice of an epoch not newer than
+        numbered afresh from 1 in their order. A restarted membership shard gets
+        nothing again (`restarted_membership`). A notice of an epoch not newer than
         the one this link numbers for is ignored. Returns the messages sent again."""
+        if isinstance(notice, MembershipRestart):
+            self.restarted_membership(notice)
+            return 0
         address = notice.address
         if self.closed:
             return 0
@@ -255,6 +280,60 @@ class Links:
         with self._lock:
             self._other.setdefault(address, []).extend(refs)
         return len(refs)
+
+    def restarted_membership(self, notice: MembershipRestart) -> list[Reply]:
+        """The membership shard ``notice.address`` restarted from the store: from now
+        on calls go to its new epoch, numbered from 1; what the link kept for the
+        failed incarnation is dropped (`ray_membership_restart`), but a ledger's
+        restart notice, sent again on the new epoch. Returns the
+        replies of the calls sent to it and not answered (followed links only: the
+        caller fails them), and notes that the next flush through it fails if
+        signals were sent to it since the last flush (`InFlight`). A notice of an epoch not newer
+        than the one the link numbers for changes nothing."""
+        address = notice.address
+        if self.closed:
+            return []
+        h = self.handle(address)
+        refs: list[Any] = []
+        with self._seq_lock:
+            if notice.epoch <= self._epochs.get(address, self.opened):
+                return []
+            self._epochs[address] = notice.epoch
+            end = self._ends.get(address)
+            if end is not None:
+                # a ledger's restart notice is all it gets again: the new incarnation
+                # must number its attributions for that ledger's epoch
+                notices = [m for _, m in end.kept() if type(m) is LedgerRestart]
+                end = self._ends[address] = LinkSender(end.durable_acks)
+                refs = [self._call(h, address, end.stamp(m), m) for m in notices]
+                self.resent += len(refs)
+            replies = self.in_flight.restarted(address)
+        if refs:
+            with self._lock:
+                self._other.setdefault(address, []).extend(refs)
+        return replies
+
+    def restarted_coordinator(self, notice: CoordinatorRestart) -> list[Reply]:
+        """The coordinator restarted (`ray_coordinator_restart`): what its link keeps
+        is sent again on its new epoch (`restarted`); returns the replies of the calls
+        followed into it and of the purge requests followed into the membership
+        shards, not answered (the caller fails them)."""
+        self.restarted(notice)
+        with self._seq_lock:
+            return self.in_flight.coordinator_restarted(notice.address)
+
+    def known_epochs(self) -> dict[M.Address, int]:
+        """The epochs of the receivers that restarted, as these links number for them."""
+        with self._seq_lock:
+            return dict(self._epochs)
+
+    def adopt_epochs(self, epochs: dict[M.Address, int]) -> None:
+        """Number for the receivers' incarnations in ``epochs`` (a restarted sender
+        learns them from an actor that heard every restart's notice), where newer."""
+        with self._seq_lock:
+            for address, epoch in epochs.items():
+                if epoch > self._epochs.get(address, self.opened):
+                    self._epochs[address] = epoch
 
     def kept(self, address: M.Address) -> int:
         """Messages sent to ``address`` and not acknowledged yet (finished calls are

@@ -58,9 +58,11 @@ from tidal_actors.storage.format import Keyspace, Tag, decode_key, decode_link_s
 __all__ = [
     "ASK_POLL_S",
     "LEDGER_RESTARTS",
+    "CoordinatorRestart",
     "DurableEnds",
     "Fences",
     "LedgerRestart",
+    "MembershipRestart",
     "announce",
     "ask",
     "link_states",
@@ -111,6 +113,36 @@ class LedgerRestart:
         if type(message) is M.PurgeMarker:
             return ended_before(self.ended_upto, message.marker)
         return False
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipRestart:
+    """A restarted membership shard -> every other actor and the facade (host level).
+
+    Nothing kept for the failed incarnation is sent again: its senders drop what
+    they keep for it, and the facade fails the calls in flight to it, saying they
+    may have been applied (`runtime.ray_membership_restart`).
+
+    Attributes:
+        address: the shard's address.
+        epoch: its new incarnation's epoch (int ns).
+    """
+
+    address: M.Address
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorRestart:
+    """The restarted coordinator -> every other actor and the facade (host level):
+    the links into it send again, on its new ``epoch``, what they keep (what the
+    failed incarnation had not taken)."""
+
+    address: M.Address
+    epoch: int
+
+    def survived(self, sender: str, epoch: int, seq: int, message: object) -> bool:
+        return False  # nothing kept reached it: each is sent again
 
 
 def link_states(store: Any, shard: int) -> dict[str, tuple[int, int]]:
@@ -219,6 +251,10 @@ class Fences:
         if epoch > self._floor.get(name, 0):
             self._floor[name] = epoch
 
+    def floor(self, name: str) -> int:
+        """The epoch below which ``name``'s incarnations are fenced (0: none)."""
+        return self._floor.get(name, 0)
+
     def fenced(self, origin: str) -> bool:
         name, epoch = origin_epoch(origin)
         floor = self._floor.get(name)
@@ -273,9 +309,9 @@ def restore(actor: Any) -> tuple[Behaviour, LedgerRestart]:
     return new, notice
 
 
-def announce(actor: Any, notice: LedgerRestart) -> None:
+def announce(actor: Any, notice: LedgerRestart | MembershipRestart | CoordinatorRestart) -> None:
     """Tell every other actor of the database and the facade (by its sink, as a
-    fault) that the ledger ``actor`` hosts restarted."""
+    fault) that the shard ``actor`` hosts restarted."""
     cfg = actor._config
     addresses = [(M.MEMBERSHIP, i) for i in range(cfg.membership_shards)]
     addresses += [(M.LEDGER, i) for i in range(cfg.ledger_shards)]
