@@ -39,6 +39,13 @@ _COLS = {
 Entry = tuple[int, int, float, float, int, int]  # (b, n, w, fd_b, lo, hi)
 
 
+def _column(values: Iterable[Any], dtype: type[np.generic]) -> npt.NDArray[Any]:
+    """``values`` as a numpy column of ``dtype`` (an array as it is, if it has it)."""
+    if isinstance(values, np.ndarray):
+        return values.astype(dtype, copy=False)
+    return np.fromiter(values, dtype=dtype)
+
+
 class SettledBuckets:
     """Settled sums per (key id, bucket); see the module docstring."""
 
@@ -78,14 +85,8 @@ class SettledBuckets:
         existing entries in one vectorized step per column, new ones appended.
         ``h`` is each key's half-life (ns): merging two decayed sums brings both to
         the later latest timestamp first."""
-        kk = np.fromiter(k, dtype=np.int64)
-        bb = np.fromiter(b, dtype=np.int64)
-        nn = np.fromiter(n, dtype=np.int64)
-        ww = np.fromiter(w, dtype=np.float64)
-        ff = np.fromiter(f, dtype=np.float64)
-        ll = np.fromiter(lo, dtype=np.int64)
-        hh = np.fromiter(hi, dtype=np.int64)
-        hl = np.fromiter(h, dtype=np.int64)
+        kk, bb, nn, ll, hh, hl = (_column(x, np.int64) for x in (k, b, n, lo, hi, h))
+        ww, ff = _column(w, np.float64), _column(f, np.float64)
         if not len(kk):
             return
         keys = [(ki << 64) | (bi & _MASK) for ki, bi in zip(kk.tolist(), bb.tolist())]
@@ -139,6 +140,12 @@ class SettledBuckets:
             int(c["lo"][row]),
             int(c["hi"][row]),
         )
+
+    def rows_of_keys(self, ks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The rows of ``cols`` holding an entry of one of the keys ``ks`` (one scan)."""
+        if not len(ks) or not self.index:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(sets.isin(self.cols["k"][: self.size], ks))
 
     def of_keys(self, ks: Iterable[int]) -> dict[int, list[Entry]]:
         """Every entry of the keys ``ks`` (one scan of the columns)."""
