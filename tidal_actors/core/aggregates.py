@@ -61,6 +61,7 @@ from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
+from tidal_actors.core import sets
 from tidal_actors.core.adds import Adds
 from tidal_actors.core.key_state import DETAIL_COLUMNS, KEY_COLUMNS, key_codes
 from tidal_actors.core.older_buckets import OLDER_COLUMNS
@@ -206,24 +207,22 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         """Replace ``cohort``'s key states with ``other``'s (re-materialization).
 
         ``ks`` (int64) gives, for each of ``other``'s live keys of ``cohort`` in
-        `cohort_key_ids` order, the key id this shard's detail rows use for it
-        (`live_key_ids`); the state installed for that key takes that id. A few
-        numpy operations for all the cohort's keys.
+        `cohort_key_ids` order, the id of the same key here, a live one
+        (`live_key_ids`): the state installed for that key takes that id, the one
+        this shard's detail rows use; the cohort's keys not among them (every
+        record of theirs left out) are dropped. A few numpy operations for all the
+        cohort's keys.
         """
-        self._drop_keys(self.cohort_key_ids(cohort))
+        at = np.asarray(ks, dtype=np.int64)
+        mine = np.array(self.cohort_key_ids(cohort), dtype=np.int64)
+        self._drop_keys(mine[~sets.isin(mine, at)])
+        self.older.drop_many(at)
         oks = np.array(other.cohort_key_ids(cohort), dtype=np.int64)
         if not len(oks):
             return
-        at = np.asarray(ks, dtype=np.int64)
         for name in KEY_COLUMNS:  # one vectorized copy per column
             if name != "key_cohort":
                 getattr(self, name)[at] = getattr(other, name)[oks]
-        cid = self._cohort_id(cohort)
-        codes = key_codes(
-            np.full(len(oks), cid, dtype=np.int64), other.key_entity[oks], other.key_type[oks]
-        )
-        self.index.update(zip(codes, at.tolist()))
-        self.cohorts[cohort] = self.cohorts.get(cohort, 0) + len(at)
         self.older.copy_from(at, other.older, oks)
 
     # -- snapshots -------------------------------------------------------------------
