@@ -46,6 +46,17 @@ def _column(values: Iterable[Any], dtype: type[np.generic]) -> npt.NDArray[Any]:
     return np.fromiter(values, dtype=dtype)
 
 
+def _among(ck: npt.NDArray[np.int64], want: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """For each key id of ``ck`` (-1: a hole), whether it is among ``want`` (key ids,
+    not negative): one gather from a mask over the key ids, not a search per entry
+    (the columns hold every settled bucket of a shard, millions at full size)."""
+    top = max(int(want.max()), int(ck.max()) if len(ck) else 0) + 1
+    mask = np.zeros(top + 1, dtype=bool)  # the last slot, False, is a hole's (-1)
+    mask[want] = True
+    out: npt.NDArray[np.bool_] = mask[ck]
+    return out
+
+
 class SettledBuckets:
     """Settled sums per (key id, bucket); see the module docstring."""
 
@@ -170,15 +181,16 @@ class SettledBuckets:
 
     def drop_keys(self, ks: Iterable[int]) -> None:
         """Forget every entry of the keys ``ks`` (their values are zeroed: erasure)."""
-        want = np.fromiter(ks, dtype=np.int64)
+        want = _column(ks, np.int64)
         if not len(want) or not self.index:
             return
         ck = self.cols["k"][: self.size]
-        rows = np.flatnonzero(sets.isin(ck, want))
+        rows = np.flatnonzero(_among(ck, want))
         if not len(rows):
             return
+        index = self.index
         for k, b in zip(ck[rows].tolist(), self.cols["b"][rows].tolist()):
-            del self.index[(k << 64) | (b & _MASK)]
+            del index[(k << 64) | (b & _MASK)]
         for name, col in self.cols.items():
             col[rows] = -1 if name == "k" else 0
         self.holes += len(rows)
