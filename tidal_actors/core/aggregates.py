@@ -83,6 +83,16 @@ _SAME_EXACTLY = (
 )
 
 
+def _pair_codes(agg: Aggregates, ks: np.ndarray) -> np.ndarray | None:
+    """``type << 44 | entity`` (uint64) of keys ``ks`` of one cohort, or None if one
+    does not fit (an entity from 2**44 or a type from 2**20)."""
+    e, t = agg.key_entity[ks], agg.key_type[ks]
+    if len(ks) and (int(e.max()) >> 44 or int(t.max()) >> 20):
+        return None
+    out: np.ndarray = (t << np.uint64(44)) | e
+    return out
+
+
 def _close(x: np.ndarray, y: np.ndarray) -> bool:
     """``math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300)`` of every pair (equal
     values are close, infinities included)."""
@@ -157,6 +167,17 @@ class Aggregates(Reads, Retraction, Settling, Adds):
             return oks, oks.copy()
         if cid is None:
             raise KeyError(f"cohort {cohort!r} has no key here")
+        mine = np.array(self.cohort_key_ids(cohort), dtype=np.int64)
+        pair = _pair_codes(self, mine), _pair_codes(other, oks)
+        if pair[0] is not None and pair[1] is not None and len(mine):
+            # the cohort's live keys here sorted by (type, entity), each of other's
+            # found among them with one search (no dict lookup a key)
+            order = np.argsort(pair[0], kind="stable")
+            sorted_codes = pair[0][order]
+            at = np.minimum(np.searchsorted(sorted_codes, pair[1]), len(mine) - 1)
+            if not np.array_equal(sorted_codes[at], pair[1]):
+                raise KeyError(f"a key of cohort {cohort!r} is not live here")
+            return oks, mine[order[at]]
         codes = key_codes(
             np.full(len(oks), cid, dtype=np.int64), other.key_entity[oks], other.key_type[oks]
         )
