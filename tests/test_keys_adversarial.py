@@ -106,13 +106,11 @@ def _rebuild(agg: Aggregates, fold: Fold, cohort: str, width: int) -> None:
     recs = sorted(r for r in fold.live.values() if r[1] == cohort)
     if recs:
         other.add_many([(0, r, 1, c, e, t, w, ts) for r, c, e, t, w, ts in recs])
-    key_ids = {}
-    for k in other.cohort_key_ids(cohort):
-        _c, e, t = other.key(k)
-        kid = agg.key_id(cohort, e, t)
-        assert kid is not None
-        key_ids[(e, t)] = kid
-    agg.install_cohort(cohort, other, key_ids)
+    oks, ks = agg.live_key_ids(cohort, other)
+    for ok, k in zip(oks.tolist(), ks.tolist()):  # each rebuilt key onto its live id
+        _c, e, t = other.key(ok)
+        assert agg.key(k) == (cohort, e, t)
+    agg.install_cohort(cohort, other, ks)
 
 
 def _run(seed: int, width: int, steps: int, filler: bool, origin: int = 1_000) -> None:

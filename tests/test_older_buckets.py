@@ -1,7 +1,8 @@
 """`OlderBuckets` (each key's earlier buckets as columns, in segments) against a plain
 model, ``{key: {b: (count, wsum, fd, tmax)}}``, under random sequences of every
 operation: segments that fill up and move, free segments reused, buckets inserted in
-the middle and removed, whole keys dropped and replaced, a dump loaded back."""
+the middle and removed, whole keys dropped and replaced (one by one and many at once,
+from another instance), a dump loaded back."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ OPS = st.one_of(
     st.tuples(st.just("push"), st.sets(KEYS, max_size=6), VALUES),
     st.tuples(st.just("push_one"), KEYS, st.integers(-3, 1), VALUES),
     st.tuples(st.just("add_record"), KEYS, BUCKETS, VALUES),
+    st.tuples(st.just("drop_many"), st.sets(KEYS, max_size=6)),
+    st.tuples(st.just("copy"), st.dictionaries(KEYS, st.dictionaries(BUCKETS, VALUES, max_size=6))),
 )
 
 
@@ -57,6 +60,20 @@ def _apply(ob: OlderBuckets, model: dict[int, dict[int, tuple]], op: tuple) -> N
         b = max(model.get(k, {}), default=-10) + offset
         ob.push_one(k, b, *v)
         model.setdefault(k, {})[b] = v
+    elif kind == "drop_many":
+        ob.drop_many(np.array(sorted(op[1]), dtype=np.int64))
+        for k in op[1]:
+            model.pop(k, None)
+    elif kind == "copy":  # keys dropped, then given another instance's keys' buckets
+        _, given = op
+        ks = sorted(given)
+        other = OlderBuckets()  # key k's buckets under id 3 * k + 1 there
+        for k in ks:
+            other.replace(3 * k + 1, given[k])
+        ob.drop_many(np.array(ks, dtype=np.int64))
+        ob.copy_from(np.array(ks, dtype=np.int64), other, np.array([3 * k + 1 for k in ks]))
+        for k in ks:
+            model[k] = dict(given[k])
     elif kind == "add_record":  # one contribution: (w, wf, ts) from the values
         _, k, b, (_, w, wf, ts) = op
         ob.add_record(k, b, w, wf, ts)

@@ -56,20 +56,49 @@ bit for bit.
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
+from tidal_actors.core import sets
 from tidal_actors.core.adds import Adds
-from tidal_actors.core.key_state import DETAIL_COLUMNS, KEY_COLUMNS, key_code, key_codes
+from tidal_actors.core.key_state import DETAIL_COLUMNS, KEY_COLUMNS, key_codes
 from tidal_actors.core.older_buckets import OLDER_COLUMNS
 from tidal_actors.core.reads import Reads
 from tidal_actors.core.retraction import Retraction
 from tidal_actors.core.settling import Settling
 
 __all__ = ["Aggregates", "AggregatesSnapshot"]
+
+# the key columns a rebuilt cohort must hold exactly as the live one (`same_cohort`)
+_SAME_EXACTLY = (
+    "key_entity",
+    "key_type",
+    "landmark",
+    "t_max",
+    "latest_b",
+    "latest_t_max",
+    "latest_count",
+)
+
+
+def _pair_codes(agg: Aggregates, ks: np.ndarray) -> np.ndarray | None:
+    """``type << 44 | entity`` (uint64) of keys ``ks`` of one cohort, or None if one
+    does not fit (an entity from 2**44 or a type from 2**20)."""
+    e, t = agg.key_entity[ks], agg.key_type[ks]
+    if len(ks) and (int(e.max()) >> 44 or int(t.max()) >> 20):
+        return None
+    out: np.ndarray = (t << np.uint64(44)) | e
+    return out
+
+
+def _close(x: np.ndarray, y: np.ndarray) -> bool:
+    """``math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300)`` of every pair (equal
+    values are close, infinities included)."""
+    with np.errstate(invalid="ignore"):
+        tol = np.maximum(1e-9 * np.maximum(np.abs(x), np.abs(y)), 1e-300)
+        return bool(np.all((x == y) | (np.abs(x - y) <= tol)))
 
 
 class AggregatesSnapshot(TypedDict):
@@ -124,61 +153,98 @@ class Aggregates(Reads, Retraction, Settling, Adds):
 
     # -- re-materialization ------------------------------------------------------------
 
+    def live_key_ids(self, cohort: str, other: Aggregates) -> tuple[np.ndarray, np.ndarray]:
+        """``(oks, ks)``: the ids of ``other``'s live keys of ``cohort`` and, one for
+        one, the ids of the same keys here (int64 arrays; a rebuild's keys, every
+        one of them live here).
+
+        Raises:
+            KeyError: a key of ``other`` is not live here.
+        """
+        oks = np.array(other.cohort_key_ids(cohort), dtype=np.int64)
+        cid = self.cohort_id(cohort)
+        if not len(oks):
+            return oks, oks.copy()
+        if cid is None:
+            raise KeyError(f"cohort {cohort!r} has no key here")
+        mine = np.array(self.cohort_key_ids(cohort), dtype=np.int64)
+        pair = _pair_codes(self, mine), _pair_codes(other, oks)
+        if pair[0] is not None and pair[1] is not None and len(mine):
+            # the cohort's live keys here sorted by (type, entity), each of other's
+            # found among them with one search (no dict lookup a key)
+            order = np.argsort(pair[0], kind="stable")
+            sorted_codes = pair[0][order]
+            at = np.minimum(np.searchsorted(sorted_codes, pair[1]), len(mine) - 1)
+            if not np.array_equal(sorted_codes[at], pair[1]):
+                raise KeyError(f"a key of cohort {cohort!r} is not live here")
+            return oks, mine[order[at]]
+        codes = key_codes(
+            np.full(len(oks), cid, dtype=np.int64), other.key_entity[oks], other.key_type[oks]
+        )
+        found = list(map(self.index.get, codes))
+        if None in found:
+            raise KeyError(f"a key of cohort {cohort!r} is not live here")
+        return oks, np.array(found, dtype=np.int64)
+
     def same_cohort(self, cohort: str, other: Aggregates) -> bool:
         """Whether ``other`` holds the same keys of ``cohort`` with the same scores (at
         each key's later latest timestamp) and windows (every bucket's count and
         weight), floats to relative 1e-9, and the same timestamps (landmark, latest
         contribution, latest bucket and each bucket's latest contribution), exactly: a
         timestamp left by a purged record (a retraction does not move them) makes the
-        rebuild be installed, so the record's time is erased too."""
-        mine = {self.key(k)[1:]: k for k in self.cohort_key_ids(cohort)}
-        theirs = {other.key(k)[1:]: k for k in other.cohort_key_ids(cohort)}
-        if mine.keys() != theirs.keys():
-            return False
-        for key, a in mine.items():
-            b = theirs[key]
-            for name in ("landmark", "t_max", "latest_b", "latest_t_max"):
-                if getattr(self, name)[a] != getattr(other, name)[b]:
-                    return False
-            at = max(int(self.t_max[a]), int(other.t_max[b]))
-            if not math.isclose(
-                self._score(a, at), other._score(b, at), rel_tol=1e-9, abs_tol=1e-300
-            ):
-                return False
-            wa = {x[0]: (x[1], x[2], x[4]) for x in self._buckets(a)}
-            wb = {x[0]: (x[1], x[2], x[4]) for x in other._buckets(b)}
-            if wa.keys() != wb.keys():
-                return False
-            for bk, (n, w, tm) in wa.items():
-                n2, w2, tm2 = wb[bk]
-                if n != n2 or tm != tm2 or not math.isclose(w, w2, rel_tol=1e-9, abs_tol=1e-300):
-                    return False
-        return True
+        rebuild be installed, so the record's time is erased too.
 
-    def install_cohort(
-        self, cohort: str, other: Aggregates, key_ids: dict[tuple[int, int], int]
-    ) -> None:
+        On columns, a few numpy operations for all the cohort's keys (a
+        re-materialization compares a cohort of 100,000 keys in one handler)."""
+        a = np.array(self.cohort_key_ids(cohort), dtype=np.int64)
+        b = np.array(other.cohort_key_ids(cohort), dtype=np.int64)
+        if len(a) != len(b):
+            return False
+        a = a[np.lexsort((self.key_type[a], self.key_entity[a]))]
+        b = b[np.lexsort((other.key_type[b], other.key_entity[b]))]
+        for name in _SAME_EXACTLY:
+            if not np.array_equal(getattr(self, name)[a], getattr(other, name)[b]):
+                return False
+        # the score at the (equal) latest timestamp: `Reads._score` after t_max
+        at = self.t_max[a]
+        scores = []
+        for agg, ks in ((self, a), (other, b)):
+            s = agg.fd_sum[ks] * np.exp2(-(at - agg.landmark[ks]) / agg.key_half_life[ks])
+            scores.append(np.maximum(s, 0.0))
+        cn = self.latest_count[a] != 0  # the latest bucket is one of the key's buckets
+        if not (_close(*scores) and _close(self.latest_wsum[a][cn], other.latest_wsum[b][cn])):
+            return False
+        la, ra = self.older.segment_rows(a)
+        lb, rb = other.older.segment_rows(b)
+        if not np.array_equal(la, lb):
+            return False
+        mo, oo = self.older, other.older
+        return all(
+            np.array_equal(getattr(mo, name)[ra], getattr(oo, name)[rb])
+            for name in ("b", "count", "tmax")
+        ) and _close(mo.wsum[ra], oo.wsum[rb])
+
+    def install_cohort(self, cohort: str, other: Aggregates, ks: np.ndarray) -> None:
         """Replace ``cohort``'s key states with ``other``'s (re-materialization).
 
-        ``key_ids`` maps ``(entity, type)`` to the key id this shard's detail rows
-        use for it; the state installed for that key takes that id.
+        ``ks`` (int64) gives, for each of ``other``'s live keys of ``cohort`` in
+        `cohort_key_ids` order, the id of the same key here, a live one
+        (`live_key_ids`): the state installed for that key takes that id, the one
+        this shard's detail rows use; the cohort's keys not among them (every
+        record of theirs left out) are dropped. A few numpy operations for all the
+        cohort's keys.
         """
-        self._drop_keys(self.cohort_key_ids(cohort))
-        oks = other.cohort_key_ids(cohort)
-        if not oks:
+        at = np.asarray(ks, dtype=np.int64)
+        mine = np.array(self.cohort_key_ids(cohort), dtype=np.int64)
+        self._drop_keys(mine[~sets.isin(mine, at)])
+        self.older.drop_many(at)
+        oks = np.array(other.cohort_key_ids(cohort), dtype=np.int64)
+        if not len(oks):
             return
-        pairs = list(zip(other.key_entity[oks].tolist(), other.key_type[oks].tolist()))
-        ks = list(map(key_ids.__getitem__, pairs))
-        at, src = np.array(ks, dtype=np.int64), np.array(oks, dtype=np.int64)
         for name in KEY_COLUMNS:  # one vectorized copy per column
             if name != "key_cohort":
-                getattr(self, name)[at] = getattr(other, name)[src]
-        cid = self._cohort_id(cohort)
-        self.index.update(zip((key_code(cid, e, t) for e, t in pairs), ks))
-        self.cohorts[cohort] = self.cohorts.get(cohort, 0) + len(ks)
-        for ok, k in zip(oks, ks):
-            if ok in other.older:
-                self.older.replace(k, other.older.of(ok))
+                getattr(self, name)[at] = getattr(other, name)[oks]
+        self.older.copy_from(at, other.older, oks)
 
     # -- snapshots -------------------------------------------------------------------
 

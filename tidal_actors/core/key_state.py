@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from tidal_actors.core import sets
 from tidal_actors.core.key_codes import KeyCode, key_code, key_codes
 from tidal_actors.core.older_buckets import OlderBuckets
 from tidal_actors.core.settled import SettledBuckets
@@ -241,10 +242,6 @@ class KeyState:
         cid = self._cid.get(cohort)
         return None if cid is None else self.index.get(key_code(cid, entity, stype))
 
-    def _code_at(self, k: int) -> KeyCode:
-        """The key index's key of key id ``k``."""
-        return key_code(int(self.key_cohort[k]), int(self.key_entity[k]), int(self.key_type[k]))
-
     def cohort_ids_of(self, cs: Sequence[str]) -> list[int]:
         """The cohort id of each name in ``cs``, one given to a cohort without one."""
         cids = list(map(self._cid.get, cs))
@@ -331,33 +328,37 @@ class KeyState:
         self.row_user[i] = 0
         self.row_rseq[i] = -1
 
-    def _drop_keys(self, ks: Sequence[int]) -> None:
+    def _drop_keys(self, ks: Sequence[int] | npt.NDArray[np.int64]) -> None:
         """Forget keys' state (no contribution left); their ids are not reused.
 
         Every column but the cohort id is zeroed (one vectorized assignment per column
         for all of ``ks``): the entity id, the timestamps and the sums of a key whose
-        contributions a purge removed must not outlive it in a snapshot (erasure)."""
-        gone = []
-        if len(ks):
-            self.drop_epoch[0] += 1
-        for k in ks:
-            if not self.live[k]:
-                continue
-            if self.index.pop(self._code_at(k), None) is None:
-                continue
-            cohort = self.cohort_names[self.key_cohort[k]]
-            n = self.cohorts[cohort] - 1
+        contributions a purge removed must not outlive it in a snapshot (erasure).
+        A few numpy operations and one dict removal a key, whatever their number."""
+        if not len(ks):
+            return
+        self.drop_epoch[0] += 1
+        ids = np.asarray(ks, dtype=np.int64)
+        ids = ids[self.live[ids] != 0]
+        pop = self.index.pop
+        codes = key_codes(self.key_cohort[ids], self.key_entity[ids], self.key_type[ids])
+        found = np.fromiter((pop(c, None) is not None for c in codes), dtype=bool, count=len(ids))
+        gone = ids[found]
+        if not len(gone):
+            return
+        cids, per = sets.unique(self.key_cohort[gone], counts=True)
+        names = self.cohort_names
+        for cid, m in zip(cids.tolist(), per.tolist()):
+            cohort = names[cid]
+            n = self.cohorts[cohort] - m
             if n:
                 self.cohorts[cohort] = n
             else:
                 del self.cohorts[cohort]
-            self.older.drop(k)
-            gone.append(k)
-        if gone:
-            at = np.array(gone, dtype=np.int64)
-            for name in KEY_COLUMNS:
-                if name != "key_cohort":
-                    getattr(self, name)[at] = 0
+        self.older.drop_many(gone)
+        for name in KEY_COLUMNS:
+            if name != "key_cohort":
+                getattr(self, name)[gone] = 0
 
     def _buckets(self, k: int) -> list[Bucket]:
         """Every non-empty bucket of key ``k``: ``(b, count, weight_sum, fd_sum, t_max_b)``."""

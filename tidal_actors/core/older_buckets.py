@@ -18,6 +18,7 @@ No threads, no I/O.
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -103,6 +104,20 @@ class OlderBuckets(Segments):
                 self.tmax[s:e].tolist(),
             )
         )
+
+    def segment_rows(
+        self, ks: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """For key ids ``ks``: how many earlier buckets each has, and the rows of
+        them all, key after key, each key's by ``b`` (index the columns with them)."""
+        ks = np.asarray(ks, dtype=np.int64)
+        lens = np.zeros(len(ks), dtype=np.int64)
+        starts = np.zeros(len(ks), dtype=np.int64)
+        inside = ks < len(self.length)
+        lens[inside] = self.length[ks[inside]]
+        starts[inside] = self.start[ks[inside]]
+        offs = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+        return lens, np.repeat(starts, lens) + offs
 
     def of(self, k: int) -> dict[int, OlderBucket]:
         """Key ``k``'s earlier buckets as ``{b: (count, wsum, fd, tmax)}``."""
@@ -241,6 +256,40 @@ class OlderBuckets(Segments):
         """Forget every earlier bucket of key ``k``."""
         if k < len(self.length):
             self._release(k)
+
+    def drop_many(self, ks: npt.NDArray[np.int64]) -> None:
+        """`drop` of keys ``ks`` (distinct), at once."""
+        ks = np.asarray(ks, dtype=np.int64)
+        ks = ks[ks < len(self.length)]
+        old = self.cap[ks]
+        for cap in sets.unique(old[old > 0]).tolist():
+            self._free.setdefault(cap, array("q")).extend(self.start[ks[old == cap]].tolist())
+        self._free_rows += int(old.sum())
+        self.length[ks] = 0
+        self.cap[ks] = 0
+
+    def copy_from(
+        self, ks: npt.NDArray[np.int64], other: OlderBuckets, oks: npt.NDArray[np.int64]
+    ) -> None:
+        """Keys ``ks`` (distinct, with no earlier buckets here) take the earlier
+        buckets of ``other``'s keys ``oks`` (one for one): `replace` of many keys at
+        once, a few numpy operations for all."""
+        ks = np.asarray(ks, dtype=np.int64)
+        lens, src = other.segment_rows(oks)
+        has = lens > 0
+        ks, lens = ks[has], lens[has]
+        if not len(ks):
+            return
+        self._keys(int(ks.max()) + 1)
+        # `room(n)`: the least power of two at least n (frexp(n - 1): n - 1 = m * 2**e)
+        caps = np.maximum(np.left_shift(1, np.frexp((lens - 1).astype(np.float64))[1]), FIRST_CAP)
+        caps = caps.astype(np.int64)
+        starts = self._alloc_many(caps)
+        offs = np.arange(len(src), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+        dst = np.repeat(starts, lens) + offs
+        for name in OLDER_COLUMNS:
+            getattr(self, name)[dst] = getattr(other, name)[src]
+        self.start[ks], self.length[ks], self.cap[ks] = starts, lens, caps
 
     def replace(self, k: int, buckets: Mapping[int, OlderBucket]) -> None:
         """Key ``k``'s earlier buckets become ``buckets`` (``{b: (count, wsum, fd,

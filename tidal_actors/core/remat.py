@@ -9,8 +9,8 @@ the purge was taken).
 `Rebuild` is the plan: a scratch `Aggregates` that folds two disjoint parts handed
 to it, the records the shard has settled (`Aggregates.settle`), read back from the
 durable history by the caller (`fold_settled`, one decoded batch at a time), and
-the held detail rows (`step_held`, ``CHUNK_ROWS`` a step, then the signals that
-arrive while it runs, at `finish`). Signals to the cohort that arrive meanwhile are
+the held detail rows (`step_held`, ``CHUNK_ROWS`` a step, then those of the signals
+that arrive while it runs, the last few at `finish`). Signals to the cohort that arrive meanwhile are
 added live and folded into the rebuilt state before it is swapped in, so none is
 lost or counted twice. A rebuild equal to the live state (relative 1e-9) is not
 swapped in, so a reopen after it still reads bit-for-bit what was read before.
@@ -36,9 +36,21 @@ from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import ContributionLog
 from tidal_actors.core.key_state import DEAD
 
-__all__ = ["CHUNK_ROWS", "BatchColumns", "Rebuild", "RematConfig", "settled_mask"]
+__all__ = [
+    "CATCH_UPS",
+    "CHUNK_ROWS",
+    "FINISH_ROWS",
+    "BatchColumns",
+    "Rebuild",
+    "RematConfig",
+    "settled_mask",
+]
 
-CHUNK_ROWS = 100_000  # held detail rows folded a step
+CHUNK_ROWS = 25_000  # held detail rows folded a step (about 10 ms at full size)
+# the held rows that arrived while a rebuild ran are folded in steps too, in up to
+# CATCH_UPS rounds, until at most FINISH_ROWS are left for its last step (`finish`)
+CATCH_UPS = 2
+FINISH_ROWS = 4_096
 
 
 class RematConfig(Protocol):
@@ -112,6 +124,7 @@ class Rebuild:
         self.read = 0
         self.cut = aggregates.row_end
         self.cursor = aggregates.row_base
+        self._catch_ups = 0
         # settling waits while a rebuild runs (`LedgerShard._settle`): this stays put
         self.settled_upto = dict(aggregates.settled_upto)
 
@@ -225,12 +238,21 @@ class Rebuild:
         )
 
     def step_held(self) -> bool:
-        """Fold the next ``CHUNK_ROWS`` held rows of what existed at the start; True
-        when all are."""
+        """Fold the next ``CHUNK_ROWS`` held rows: those that existed at the start,
+        then, in up to ``CATCH_UPS`` more rounds, those that arrived meanwhile;
+        True once at most ``FINISH_ROWS`` (or a last round's arrivals) are left to
+        `finish`, which the handler that swaps the rebuild in folds."""
         hi = min(self.cursor + CHUNK_ROWS, self.cut)
         self._fold_held(self.cursor, hi)
         self.cursor = hi
-        return self.cursor >= self.cut
+        if self.cursor < self.cut:
+            return False
+        end = self.aggregates.row_end
+        if end - self.cursor <= FINISH_ROWS or self._catch_ups >= CATCH_UPS:
+            return True
+        self.cut = end
+        self._catch_ups += 1
+        return False
 
     def finish(self, log: ContributionLog) -> tuple[int, int, bool, dict[int, int]]:
         """Fold rows that arrived meanwhile, compare, swap in, erase the left-out rows
@@ -239,7 +261,7 @@ class Rebuild:
         Returns ``(records_read, records_excluded, matched_live, excluded_per_user)``.
         """
         agg = self.aggregates
-        self._fold_held(self.cut, agg.row_end)
+        self._fold_held(self.cursor, agg.row_end)
         rows = sorted(set(self.excluded_rows))
         users = set(self.per_user) | set(
             agg.view("row_user")[np.array(rows, dtype=np.int64) - agg.row_base].tolist()
@@ -256,30 +278,35 @@ class Rebuild:
         return self.read, excluded, matched, dict(self.per_user)
 
     def _install(self) -> bool:
-        """Swap the scratch in (unless equal) with its settled sums; True if equal."""
+        """Swap the scratch in (unless equal) with its settled sums; True if equal.
+        On columns: a few numpy operations whatever the cohort's keys (the
+        handler that runs it holds the shard, `actors.ledger_remat`)."""
         agg = self.aggregates
         sc = self.scratch
-        oks = sc.cohort_key_ids(self.cohort)
-        key_ids: dict[tuple[int, int], int] = {}
-        for ok in oks:
-            e, t = int(sc.key_entity[ok]), int(sc.key_type[ok])
-            # every rebuilt record is in the live state, so its key is too
-            kid = agg.key_id(self.cohort, e, t)
-            assert kid is not None
-            key_ids[(e, t)] = kid
+        # every rebuilt record is in the live state, so its key is too
+        oks, ks = agg.live_key_ids(self.cohort, sc)
         matched = agg.same_cohort(self.cohort, sc)
         if not matched:
-            agg.install_cohort(self.cohort, sc, key_ids)
+            agg.install_cohort(self.cohort, sc, ks)
         # the settled sums of the cohort's keys become the rebuild's (without the
         # covered records)
         n = agg.key_total
-        agg.settled.drop_keys(
-            np.flatnonzero(agg.key_cohort[:n] == agg.cohort_id(self.cohort)).tolist()
-        )
-        for ok, entries in sc.settled.of_keys(oks).items():
-            k = key_ids[(int(sc.key_entity[ok]), int(sc.key_type[ok]))]
-            bs, ns, ws, fs, los, his = zip(*entries)
+        agg.settled.drop_keys(np.flatnonzero(agg.key_cohort[:n] == agg.cohort_id(self.cohort)))
+        rows = sc.settled.rows_of_keys(oks)
+        if len(rows):
+            c = sc.settled.cols
+            # scratch key id -> live key id, for the scratch's keys of the cohort
+            live = np.full(sc.key_total, -1, dtype=np.int64)
+            live[oks] = ks
+            k = live[c["k"][rows]]
             agg.settled.add(
-                [k] * len(bs), bs, ns, ws, fs, los, his, [int(agg.key_half_life[k])] * len(bs)
+                k,
+                c["b"][rows],
+                c["n"][rows],
+                c["w"][rows],
+                c["f"][rows],
+                c["lo"][rows],
+                c["hi"][rows],
+                agg.key_half_life[k],
             )
         return matched

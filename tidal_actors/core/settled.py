@@ -39,6 +39,24 @@ _COLS = {
 Entry = tuple[int, int, float, float, int, int]  # (b, n, w, fd_b, lo, hi)
 
 
+def _column(values: Iterable[Any], dtype: type[np.generic]) -> npt.NDArray[Any]:
+    """``values`` as a numpy column of ``dtype`` (an array as it is, if it has it)."""
+    if isinstance(values, np.ndarray):
+        return values.astype(dtype, copy=False)
+    return np.fromiter(values, dtype=dtype)
+
+
+def _among(ck: npt.NDArray[np.int64], want: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """For each key id of ``ck`` (-1: a hole), whether it is among ``want`` (key ids,
+    not negative): one gather from a mask over the key ids, not a search per entry
+    (the columns hold every settled bucket of a shard, millions at full size)."""
+    top = max(int(want.max()), int(ck.max()) if len(ck) else 0) + 1
+    mask = np.zeros(top + 1, dtype=bool)  # the last slot, False, is a hole's (-1)
+    mask[want] = True
+    out: npt.NDArray[np.bool_] = mask[ck]
+    return out
+
+
 class SettledBuckets:
     """Settled sums per (key id, bucket); see the module docstring."""
 
@@ -78,14 +96,8 @@ class SettledBuckets:
         existing entries in one vectorized step per column, new ones appended.
         ``h`` is each key's half-life (ns): merging two decayed sums brings both to
         the later latest timestamp first."""
-        kk = np.fromiter(k, dtype=np.int64)
-        bb = np.fromiter(b, dtype=np.int64)
-        nn = np.fromiter(n, dtype=np.int64)
-        ww = np.fromiter(w, dtype=np.float64)
-        ff = np.fromiter(f, dtype=np.float64)
-        ll = np.fromiter(lo, dtype=np.int64)
-        hh = np.fromiter(hi, dtype=np.int64)
-        hl = np.fromiter(h, dtype=np.int64)
+        kk, bb, nn, ll, hh, hl = (_column(x, np.int64) for x in (k, b, n, lo, hi, h))
+        ww, ff = _column(w, np.float64), _column(f, np.float64)
         if not len(kk):
             return
         keys = [(ki << 64) | (bi & _MASK) for ki, bi in zip(kk.tolist(), bb.tolist())]
@@ -140,6 +152,12 @@ class SettledBuckets:
             int(c["hi"][row]),
         )
 
+    def rows_of_keys(self, ks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The rows of ``cols`` holding an entry of one of the keys ``ks`` (one scan)."""
+        if not len(ks) or not self.index:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(sets.isin(self.cols["k"][: self.size], ks))
+
     def of_keys(self, ks: Iterable[int]) -> dict[int, list[Entry]]:
         """Every entry of the keys ``ks`` (one scan of the columns)."""
         want = np.fromiter(ks, dtype=np.int64)
@@ -163,15 +181,16 @@ class SettledBuckets:
 
     def drop_keys(self, ks: Iterable[int]) -> None:
         """Forget every entry of the keys ``ks`` (their values are zeroed: erasure)."""
-        want = np.fromiter(ks, dtype=np.int64)
+        want = _column(ks, np.int64)
         if not len(want) or not self.index:
             return
         ck = self.cols["k"][: self.size]
-        rows = np.flatnonzero(sets.isin(ck, want))
+        rows = np.flatnonzero(_among(ck, want))
         if not len(rows):
             return
+        index = self.index
         for k, b in zip(ck[rows].tolist(), self.cols["b"][rows].tolist()):
-            del self.index[(k << 64) | (b & _MASK)]
+            del index[(k << 64) | (b & _MASK)]
         for name, col in self.cols.items():
             col[rows] = -1 if name == "k" else 0
         self.holes += len(rows)

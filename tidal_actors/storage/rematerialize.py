@@ -28,7 +28,7 @@ from tidal_actors.storage.history import HistoryReader
 
 __all__ = ["HISTORY_BATCHES", "RematJob"]
 
-HISTORY_BATCHES = 32  # history batches folded a step
+HISTORY_BATCHES = 8  # history batches folded a step (about 10 ms at full size)
 
 
 class RematState(Protocol):
