@@ -220,7 +220,8 @@ class MembershipShard(ControlWrites):
         """`_on_signals` of a few signals (``cols``: users, entities, types, weights,
         timestamps, contexts; ``batches``: the signal batches they came in) laid out
         in plain Python (`RouteTable.expand_few`): the same counters and the same
-        messages, column for column."""
+        records, each column a list of Python numbers (`messages.Column`), so no
+        numpy call on either side of the hand-off."""
         n = len(cols[0])
         rids = list(map(self._rid.get, cols[0], repeat(COMMUNITY_ONLY)))
         pairs = self.routes.pairs
@@ -228,7 +229,8 @@ class MembershipShard(ControlWrites):
         total, parts = self.routes.expand_few(rids, cols, self.ctx.config.ledger_shards)
         r0 = self._number(n, gated, total)
         for li, (pos, us, cs, es, ts_, ws, tss, cxs) in parts:
-            attribute = M.Attribute(self.index, pos + r0, us, cs, es, ts_, ws, tss, cxs, batches)
+            rs = [r0 + p for p in pos]
+            attribute = M.Attribute(self.index, rs, us, cs, es, ts_, ws, tss, cxs, batches)
             self.ctx.tell((M.LEDGER, li), attribute)
             self._fanned += 1
         self._fanned = 0  # handled: nothing of it is in doubt
