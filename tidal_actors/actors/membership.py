@@ -255,7 +255,7 @@ class MembershipShard(ControlWrites):
         new = cur + (msg.cohort,)
         self._write(
             msg.user,
-            self._cohort_ops(msg.user, new),
+            lambda: self._cohort_ops(msg.user, new),
             lambda: self._set_cohorts(msg.user, new),
             msg.reply,
         )
@@ -268,7 +268,7 @@ class MembershipShard(ControlWrites):
         new = tuple(c for c in cur if c != msg.cohort)
         self._write(
             msg.user,
-            self._cohort_ops(msg.user, new),
+            lambda: self._cohort_ops(msg.user, new),
             lambda: self._set_cohorts(msg.user, new),
             msg.reply,
         )
@@ -297,7 +297,7 @@ class MembershipShard(ControlWrites):
 
         self._write(
             user,
-            self._membership_ops(user, MembershipStatus.Left, msg.now_ns, history),
+            lambda: self._membership_ops(user, MembershipStatus.Left, msg.now_ns, history),
             apply,
             msg.reply,
         )
@@ -319,7 +319,7 @@ class MembershipShard(ControlWrites):
 
         self._write(
             user,
-            self._membership_ops(user, MembershipStatus.Active, None, history),
+            lambda: self._membership_ops(user, MembershipStatus.Active, None, history),
             apply,
             msg.reply,
         )
