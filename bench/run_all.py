@@ -24,6 +24,7 @@ BENCHES = [  # (name, script, how it hands over its figures: a --json FILE or JS
     ("scaling", "bench_scaling.py", "file"),  # how ingestion, purge and restore grow
     ("aio", "bench_aio.py", "stdout"),  # the trio facade
     ("memory", "bench_memory.py", "file"),  # memory bounded by the log cap
+    ("record_memory", "bench_record_memory.py", "file"),  # bytes a retained record at 5M
     ("control", "bench_control.py", "file"),  # leave and purge under full ingestion, group commit
     ("pair_index", "bench_pair_index.py", "file"),  # the log's pair index: append, find
     ("small_batches", "bench_small_batches.py", "file"),  # signal_batch of 10 signals a call

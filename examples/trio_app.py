@@ -132,12 +132,20 @@ async def main(path: str | None, producers: int, users: int, signals: int) -> Ta
     return tally
 
 
+def positive(text: str) -> int:
+    """An argument that must be a positive integer (argparse's ``type``)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--path", default=None, help="LMDB directory (default: ephemeral)")
-    ap.add_argument("--producers", type=int, default=4)
-    ap.add_argument("--users", type=int, default=25, help="users per producer")
-    ap.add_argument("--signals", type=int, default=20, help="signals per user")
+    ap.add_argument("--producers", type=positive, default=4)
+    ap.add_argument("--users", type=positive, default=25, help="users per producer")
+    ap.add_argument("--signals", type=positive, default=20, help="signals per user")
     args = ap.parse_args()
     interrupted = False
     try:

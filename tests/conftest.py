@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -49,22 +50,13 @@ def settle_at_once(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def ray_session() -> Iterator[None]:
-    """One local Ray instance for the session (2 CPUs: the actors take none); the
-    tests that take it are skipped where Ray is not installed (``tests/_ray.py``)."""
-    import ray
+def ray_session() -> Iterator[Any]:
+    """One local multi-node Ray cluster for the session (`tests._ray.RaySession`: a
+    head and two worker nodes of one CPU each in this machine, one of them
+    advertising the store resource); the tests that take it are skipped where Ray is
+    not installed (``tests/_ray.py``)."""
+    from ._ray import RaySession
 
-    from tidal_actors.runtime.ray_replies import NAMESPACE
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            namespace=NAMESPACE,
-            configure_logging=False,
-        )
-    yield
-    if started:
-        ray.shutdown()
+    session = RaySession.start()
+    yield session
+    session.stop()

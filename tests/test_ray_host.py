@@ -38,10 +38,11 @@ def test_host_and_ray_address_are_checked_and_read_from_toml(tmp_path: Path) -> 
     assert Config(host="ray", ray_address="auto").ray_address == "auto"
     assert Config(ray_address="ray://head:10001").ray_address == "ray://head:10001"
     assert Config(ray_address="10.0.0.2:6379").ray_address == "10.0.0.2:6379"
+    assert Config(host="ray", ray_address="local").ray_address == "local"
     with pytest.raises(InvalidArgument) as err:
         Config(host="dask")
     assert (err.value.field, err.value.value) == ("host", "dask")
-    for bad in ("ray://", "head", "head:port", 6379):
+    for bad in ("ray://", "head", "head:port", 6379, "LOCAL", " local"):
         with pytest.raises(InvalidArgument) as err:
             Config(ray_address=bad)
         assert (err.value.field, err.value.value) == ("ray_address", bad)
@@ -386,7 +387,7 @@ import asyncio, sys, time
 from tidal_actors import Config, open_tidal
 
 async def main():
-    async with open_tidal(None, config=Config(host="ray")) as db:
+    async with open_tidal(None, config=Config(host="ray", ray_address="local")) as db:
         time.sleep(3)  # the open's worker thread has ended by now
         await db.assign_cohort(1, "red")
         await db.signal_with_context(1, 7, 0, 2.0)
@@ -400,6 +401,7 @@ asyncio.run(main())
 @needs_ray
 def test_an_async_open_that_starts_ray_keeps_it_alive() -> None:
     """An async facade opens in a worker thread; a local Ray instance started there
+    (``ray_address="local"``: its own, whatever else runs on the machine)
     must outlive that thread (Ray's processes die with the thread that started them
     unless it lives on): a call made after the open still gets its answer."""
     import os

@@ -43,7 +43,7 @@ SECTIONS: dict[str, frozenset[str]] = {
     "storage": frozenset({"map_size_bytes", "max_map_size_bytes"}),
     "purge": frozenset({"rematerialize_after_ms"}),
     "reads": frozenset({"read_consistency"}),
-    "runtime": frozenset({"host", "ray_address"}),
+    "runtime": frozenset({"host", "ray_address", "ray_store_resource"}),
 }
 """The TOML sections of ``config/default.toml`` and the settings each holds."""
 
@@ -58,6 +58,11 @@ MS_DURATIONS = ("signal_flush_interval_ms", "rematerialize_after_ms", "inflight_
 
 HOSTS = ("pykka", "ray")
 """The values of ``Config.host``: threads in this process, or Ray actors (`runtime.ray_host`)."""
+
+SIGNAL_BATCH_DEFAULTS = {"pykka": 1024, "ray": 8192}
+"""``Config.signal_batch_size`` when it is None, by host: under the Ray host each batch
+crosses a process (a Ray call, about 2.4-3.8 us a signal in transport), so larger
+batches amortize it (docs/cluster.md#figures)."""
 
 
 def _host_port(address: str) -> bool:
@@ -103,7 +108,7 @@ class Config:
     max_contribution_log_entries: int = 5_000_000
     membership_shards: int = 1
     ledger_shards: int = 2
-    signal_batch_size: int = 1024
+    signal_batch_size: int | None = None
     signal_flush_interval_ms: float = 2.0
     mailbox_capacity: int = 64
     inflight_budget_ms: float | None = 2.0
@@ -114,6 +119,7 @@ class Config:
     read_consistency: str = "read_your_writes"
     host: str = "pykka"
     ray_address: str | None = None
+    ray_store_resource: str | None = None
 
     def __post_init__(self) -> None:
         for name in NS_DURATIONS:
@@ -162,7 +168,8 @@ class Config:
                 self.max_contribution_log_entries,
                 f"must be >= membership_shards ({self.membership_shards}): the cap is split between them",
             )
-        positive("signal_batch_size", self.signal_batch_size)
+        if self.signal_batch_size is not None:
+            positive("signal_batch_size", self.signal_batch_size)
         if (
             isinstance(self.signal_flush_interval_ms, bool)
             or not isinstance(self.signal_flush_interval_ms, (int, float))
@@ -225,7 +232,7 @@ class Config:
         if self.ray_address is not None and not (
             isinstance(self.ray_address, str)
             and (
-                self.ray_address == "auto"
+                self.ray_address in ("auto", "local")
                 or (self.ray_address.startswith("ray://") and len(self.ray_address) > 6)
                 or _host_port(self.ray_address)
             )
@@ -233,14 +240,34 @@ class Config:
             raise InvalidArgument(
                 "ray_address",
                 self.ray_address,
-                'must be None (start a local Ray instance), "auto" (the running cluster), '
-                '"ray://<head>:<port>" (Ray Client) or "<head>:<port>"',
+                "must be None (Ray's default: RAY_ADDRESS, else the latest cluster `ray "
+                'start` started on this machine, else a new local instance), "local" (always a '
+                'new local instance), "auto" (the running cluster), "ray://<head>:<port>" '
+                '(Ray Client) or "<head>:<port>"',
+            )
+        if self.ray_store_resource is not None and not (
+            isinstance(self.ray_store_resource, str)
+            and self.ray_store_resource.strip() == self.ray_store_resource != ""
+            and self.ray_store_resource not in ("CPU", "GPU", "memory", "object_store_memory")
+        ):
+            raise InvalidArgument(
+                "ray_store_resource",
+                self.ray_store_resource,
+                "must be None (the facade's node) or the name of a custom Ray resource "
+                "(not CPU, GPU, memory or object_store_memory; no surrounding spaces)",
             )
         object.__setattr__(
             self,
             "half_life_ns_by_type",
             {int(k): int(v) for k, v in dict(self.half_life_ns_by_type).items()},
         )
+
+    @property
+    def batch_size(self) -> int:
+        """Signals per batch sent to a membership shard: ``signal_batch_size``, or
+        when that is None the host's default (`SIGNAL_BATCH_DEFAULTS`)."""
+        size = self.signal_batch_size
+        return SIGNAL_BATCH_DEFAULTS[self.host] if size is None else size
 
     def half_life_for(self, signal_type: int) -> int:
         """Half-life in ns for ``signal_type`` (the per-type override or the default)."""
@@ -272,9 +299,13 @@ class Config:
                     flat[key] = {int(k): v for k, v in dict(value).items()}
                 except (TypeError, ValueError) as exc:
                     raise InvalidArgument(key, value, "keys must be integer type ids") from exc
-            elif key in ("rematerialize_after_ms", "inflight_budget_ms", "ray_address") and (
-                value is False
-            ):
+            elif key in (
+                "rematerialize_after_ms",
+                "inflight_budget_ms",
+                "ray_address",
+                "ray_store_resource",
+                "signal_batch_size",
+            ) and (value is False):
                 flat[key] = None  # TOML has no null: false turns the setting off
             elif key in known:
                 flat[key] = value

@@ -110,3 +110,21 @@ class WrongThread(TidalError):
     ``trio.from_thread.run(db.method, ...)``, or use the blocking :class:`TidalDb`.
     Nothing was sent.
     """
+
+
+# Shown as ``tidal_actors.InvalidArgument`` in tracebacks and reprs, where users import
+# them from (pickle finds them there too: the package re-exports every one).
+for _cls in (
+    TidalError,
+    InvalidArgument,
+    UnknownCohort,
+    UnknownPurge,
+    StorageError,
+    StorageFull,
+    DatabaseClosed,
+    DatabaseLocked,
+    ActorFailure,
+    WrongThread,
+):
+    _cls.__module__ = "tidal_actors"
+del _cls

@@ -137,7 +137,7 @@ class ControlWrites(Behaviour):
         # messages are not bounded in the mailbox either); a batch the mailbox merged
         # (`runtime.mailbox.coalesce`) counts as the ``signal_batch_size`` batches
         # its signals fill, so merging does not let more in
-        size = self.ctx.config.signal_batch_size
+        size = self.ctx.config.batch_size
         return max(self._stashed_batches, -(-self._stashed_signals // size))
 
     def held_units(self) -> int:

@@ -98,7 +98,9 @@ class AsyncTidalDb(AsyncOperations):
 
         Raises:
             WrongThread: awaited outside the run or loop (and thread) that opened it.
-            StorageError: the store failed to close.
+            StorageError: the store failed to close, or signals acknowledged since
+                the last flush are not durable.
+            ActorFailure: an actor had failed or was lost (as `TidalDb.close`).
         """
         raise NotImplementedError
 

@@ -151,7 +151,14 @@ class TidalDb(BlockingOperations):
 
     def close(self) -> None:
         """Flush, stop every actor (membership shards, ledger shards, coordinator,
-        persistence last) and close the store. A second call is a no-op."""
+        persistence last) and close the store. A second call is a no-op.
+
+        Raises (the database is closed all the same):
+            StorageError: signals acknowledged since the last flush are not durable,
+                or the store failed to close.
+            ActorFailure: an actor had failed or was lost (its state is not written
+                to the snapshot; reopen to restore from what was committed).
+        """
         self._core.close()
 
 

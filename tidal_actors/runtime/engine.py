@@ -102,7 +102,7 @@ class Core(Serving):
         self._inflight_failed = False
         self._nm = config.membership_shards
         self._nl = config.ledger_shards
-        self._batch = config.signal_batch_size if buffered else 1
+        self._batch = config.batch_size if buffered else 1
         # the batch each shard gets: at most ``inflight_budget_ms`` of its work, so that
         # the batch in hand (which nothing overtakes) is short too (`_tune_batches`)
         self._steps = [self._batch] * self._nm

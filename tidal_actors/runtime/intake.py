@@ -5,7 +5,7 @@ extends it (the state it uses is `Core`'s, set in its ``__init__``). It holds no
 domain state, validates every signal before anything is queued, and never waits
 while it holds a buffer's lock.
 
-Signals are buffered per membership shard (``Config.signal_batch_size``, at most
+Signals are buffered per membership shard (``Config.batch_size`` signals, at most
 ``Config.signal_flush_interval_ms``) and sent as one message, under the buffer's
 lock, so the per-shard order of everything a caller submits is kept. A control
 operation or a read first sends what its shard has buffered, so "submitted before"

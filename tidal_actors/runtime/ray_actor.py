@@ -325,3 +325,7 @@ class ShardActor:
     def pid(self) -> int:
         """The actor's process id (tests kill it)."""
         return os.getpid()
+
+    def node(self) -> str:
+        """The id of the Ray node the actor runs on (hex)."""
+        return str(ray.get_runtime_context().get_node_id())

@@ -16,11 +16,14 @@ ledger shard, the purge coordinator and persistence is a named Ray actor
   ``when_room`` keep their contract (``when_room``'s callback runs on the reply
   path's thread).
 * Numpy columns (`messages.Attribute`) cross as pickle-5 buffers (Ray's own
-  serialization); signals travel in batches of ``signal_batch_size``.
+  serialization); signals travel in batches of ``Config.batch_size`` (8,192 signals
+  unless ``signal_batch_size`` says otherwise: each batch is a Ray call).
 * Store: ONE LMDB environment, as under the pykka host, opened by this process,
   written by the persistence actor's process, read by the ledgers' processes
-  (`runtime.ray_stores`); so the actors of a durable database are placed on this
-  process's node. Per-shard stores are not built yet.
+  (`runtime.ray_stores`); so the actors of a durable database run where that
+  directory is: this process's node, or for the ledgers the nodes advertising
+  ``Config.ray_store_resource`` (`runtime.ray_placement`). Per-shard stores are not
+  built yet.
 * Restarts: a ledger actor of a durable database whose process died is restarted
   by Ray (``max_restarts``) and restores by handshake; the links into it keep each
   message until it is durable there and re-send the rest after the restart
@@ -54,6 +57,7 @@ from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.pykka_host import HostContext
 from tidal_actors.runtime.ray_actor import Counters, ShardActor
 from tidal_actors.runtime.ray_links import RETRY_S, Links, actor_name, dumps, loads
+from tidal_actors.runtime.ray_placement import check_store_resource, placement
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, forget, register_serializers
 from tidal_actors.runtime.ray_restart import LEDGER_RESTARTS, LedgerRestart
 from tidal_actors.runtime.ray_start import ensure_ray
@@ -79,6 +83,8 @@ class RayHost:
 
     def __init__(self, config: Config, clock: Clock, durable: bool) -> None:
         ensure_ray(config.ray_address)
+        if durable:
+            check_store_resource(config)
         self.config = config
         self.clock = clock
         self.durable = durable
@@ -120,22 +126,16 @@ class RayHost:
                 self._store = b.store
                 path = getattr(b.store, "path", None)
                 store_path = None if path is None or not b.store.durable else str(path)
-        options: dict[str, Any] = {"namespace": NAMESPACE}
-        if store_path is not None:
-            # every process of a durable database opens the one environment here
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            node = ray.get_runtime_context().get_node_id()
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-        else:  # nothing ties an ephemeral database's actors to a node: over the cluster
-            options["scheduling_strategy"] = "SPREAD"
         named = {"ctx": self.ctx, "store": self._store, "clock": self.clock}
         self._restartable = store_path is not None
         for b in behaviours:
             self.behaviours[b.address] = b
             restarts = LEDGER_RESTARTS if self._restartable and b.address[0] == M.LEDGER else 0
             actor = ShardActor.options(  # type: ignore[attr-defined]
-                name=actor_name(self.db, b.address), max_restarts=restarts, **options
+                name=actor_name(self.db, b.address),
+                max_restarts=restarts,
+                namespace=NAMESPACE,
+                **placement(self.config, b.address, store_path is not None),
             ).remote(
                 self.db,
                 b.address,
@@ -366,4 +366,9 @@ class RayHost:
     def pids(self) -> dict[M.Address, int]:
         """Each actor's process id."""
         refs = {a: h.pid.remote() for a, h in self._actors.items()}
+        return {a: ray.get(r) for a, r in refs.items()}
+
+    def nodes(self) -> dict[M.Address, str]:
+        """The id of the Ray node each actor runs on (hex)."""
+        refs = {a: h.node.remote() for a, h in self._actors.items()}
         return {a: ray.get(r) for a, r in refs.items()}

@@ -146,7 +146,13 @@ class ReplyPath:
         poll: Callable[[], None],
     ) -> None:
         self.name = name
-        self.sink = ReplySink.options(name=name, namespace=NAMESPACE).remote()  # type: ignore[attr-defined]
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # on this process's node: a sink elsewhere would take the replies with its node
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.sink = ReplySink.options(  # type: ignore[attr-defined]
+            name=name, namespace=NAMESPACE, scheduling_strategy=here
+        ).remote()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._waiting: dict[int, Reply] = {}
