@@ -69,6 +69,44 @@ def test_attributions_merge_within_one_membership_shard_up_to_another_kind() -> 
     assert box.empty() and box._units == 0
 
 
+def _as_lists(a: M.Attribute) -> M.Attribute:
+    """``a`` with every numeric column a list of Python numbers (a few signals'
+    layout, `membership._fan_out_few`)."""
+    return M.Attribute(
+        a.mshard,
+        *(
+            c if isinstance(c, list) else c.tolist()
+            for c in (a.rseqs, a.users, a.cohorts, a.entities, a.types, a.weights, a.timestamps)
+        ),
+        a.contexts,
+        a.batches,
+    )
+
+
+def test_attributions_of_lists_merge_as_lists_and_with_arrays_as_arrays() -> None:
+    big = M.Attribute.of_records([LogRecord(0, 9, 2**64 - 1, "c0", 2**63, 3, 0.25, T0)])
+    parts = [_as_lists(_attribute(0, 0, 3)), _as_lists(_attribute(0, 3, 2)), _as_lists(big)]
+    box = Mailbox(capacity=64)
+    for m in parts:
+        box.put(_Env(m))  # type: ignore[arg-type]
+    got = box.get().message
+    assert got.records == [r for m in parts for r in m.records]
+    assert type(got.users) is list and got.users[-1] == 2**64 - 1
+    # a list joined with an array: one array of the column's dtype, values kept
+    # (2**64 - 1 and 2**63 as uint64, which numpy would not infer from the lists)
+    box.put(_Env(_as_lists(_attribute(0, 10, 2))))  # type: ignore[arg-type]
+    box.put(_Env(big))  # type: ignore[arg-type]
+    got = box.get().message
+    assert got.records == _attribute(0, 10, 2).records + big.records
+    assert [got.rseqs.dtype, got.users.dtype, got.entities.dtype, got.timestamps.dtype] == [
+        np.int64,
+        np.uint64,
+        np.uint64,
+        np.int64,
+    ]
+    assert got.weights.dtype == np.float64 and got.users[-1] == 2**64 - 1
+
+
 def test_a_merge_stops_at_the_cap() -> None:
     box = Mailbox(capacity=64)
     half = COALESCE_RECORDS // 2

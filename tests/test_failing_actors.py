@@ -57,7 +57,7 @@ def _actors_alive(db):
 
 def test_membership_handler_failure_reaches_caller_with_cause_and_shard_keeps_serving(db):
     shard = _membership(db)
-    shard._cohort_ops = _once(RuntimeError("boom"), shard._cohort_ops)
+    shard._set_cohorts = _once(RuntimeError("boom"), shard._set_cohorts)  # applying it
     with pytest.raises(ActorFailure) as info:
         db.assign_cohort(1, "c")
     assert isinstance(info.value, TidalError)

@@ -318,6 +318,19 @@ def test_pair_index_equals_a_plain_model(users, cohorts, ops) -> None:  # type: 
             _check(log, model)
 
 
+def test_users_as_lists_alone_or_with_arrays_index_their_exact_ids() -> None:
+    """A small batch's users come as a list of ints (kept pending as it is): lists
+    alone, and lists with a uint64 array, flush to the same entries, 2**64 - 1 and
+    2**63 included."""
+    for second in ([2**63, 7], np.array([2**63, 7], dtype=np.uint64)):
+        log = ContributionLog(_agg())
+        log.append_columns([2**64 - 1, 7], ["a", "a"], [0, 1])
+        log.append_columns(second, ["b", "a"], [2, 3])
+        log.compact_head()  # flushes the pending records into a run
+        want = {(2**64 - 1, "a"): [0, 0], (7, "a"): [0, 1, 3], (2**63, "b"): [0, 2]}
+        assert _entries(log) == want
+
+
 def test_huge_users_switch_to_wide_keys() -> None:
     """A user above 2**44 turns the index's keys wide; entries stay the same."""
     agg = _agg()

@@ -146,18 +146,19 @@ class ControlWrites(Behaviour):
     def _write(
         self,
         user: int,
-        ops: list[tuple[str, bytes, bytes | None]],
+        ops: Callable[[], list[tuple[str, bytes, bytes | None]]],
         apply: Callable[[], Any],
         reply: Reply,
     ) -> None:
-        """Commit ``ops`` (``user``'s records), then run ``apply`` and answer ``reply``
-        with its value (or with the commit's error, nothing applied)."""
+        """Commit the records ``ops()`` encodes (``user``'s), then run ``apply`` and
+        answer ``reply`` with its value (or with the commit's error, nothing applied)."""
         if not self.ctx.durable:
-            # nothing to commit (an ephemeral database): applied and answered now,
-            # without the round trip through persistence (a failure to apply fails
-            # the handler, which answers the caller with it)
+            # nothing to commit (an ephemeral database): nothing encoded, applied and
+            # answered now, without the round trip through persistence (a failure to
+            # apply fails the handler, which answers the caller with it)
             reply.set_result(apply())
             return
+        encoded = ops()  # before anything is noted: a failure here leaves nothing pending
         self._token += 1
         self._pending[self._token] = (apply, reply, user)
         self._writing.add(user)
@@ -165,7 +166,7 @@ class ControlWrites(Behaviour):
         # purge or eviction write depends on, and the signals it changes the fate of
         # are the ones after it (stashed until it is applied): persistence may commit
         # it before the history writes queued there
-        self._outbox.append(M.Write(ops, (self.address, self._token), ahead=True))
+        self._outbox.append(M.Write(encoded, (self.address, self._token), ahead=True))
 
     def _on_committed(self, msg: M.Committed) -> None:
         """Apply and answer each write the commit carried (``token``, then ``more``).

@@ -222,7 +222,8 @@ class MembershipShard(ControlWrites):
         """`_on_signals` of a few signals (``cols``: users, entities, types, weights,
         timestamps, contexts; ``batches``: the signal batches they came in) laid out
         in plain Python (`RouteTable.expand_few`): the same counters and the same
-        messages, column for column."""
+        records, each column a list of Python numbers (`messages.Column`), so no
+        numpy call on either side of the hand-off."""
         n = len(cols[0])
         rids = list(map(self._rid.get, cols[0], repeat(COMMUNITY_ONLY)))
         pairs = self.routes.pairs
@@ -230,7 +231,8 @@ class MembershipShard(ControlWrites):
         total, parts = self.routes.expand_few(rids, cols, self.ctx.config.ledger_shards)
         r0 = self._number(n, gated, total)
         for li, (pos, us, cs, es, ts_, ws, tss, cxs) in parts:
-            attribute = M.Attribute(self.index, pos + r0, us, cs, es, ts_, ws, tss, cxs, batches)
+            rs = [r0 + p for p in pos]
+            attribute = M.Attribute(self.index, rs, us, cs, es, ts_, ws, tss, cxs, batches)
             self.ctx.tell((M.LEDGER, li), attribute)
             self._fanned += 1
         self._fanned = 0  # handled: nothing of it is in doubt
@@ -255,7 +257,7 @@ class MembershipShard(ControlWrites):
         new = cur + (msg.cohort,)
         self._write(
             msg.user,
-            self._cohort_ops(msg.user, new),
+            lambda: self._cohort_ops(msg.user, new),
             lambda: self._set_cohorts(msg.user, new),
             msg.reply,
         )
@@ -268,7 +270,7 @@ class MembershipShard(ControlWrites):
         new = tuple(c for c in cur if c != msg.cohort)
         self._write(
             msg.user,
-            self._cohort_ops(msg.user, new),
+            lambda: self._cohort_ops(msg.user, new),
             lambda: self._set_cohorts(msg.user, new),
             msg.reply,
         )
@@ -297,7 +299,7 @@ class MembershipShard(ControlWrites):
 
         self._write(
             user,
-            self._membership_ops(user, MembershipStatus.Left, msg.now_ns, history),
+            lambda: self._membership_ops(user, MembershipStatus.Left, msg.now_ns, history),
             apply,
             msg.reply,
         )
@@ -319,7 +321,7 @@ class MembershipShard(ControlWrites):
 
         self._write(
             user,
-            self._membership_ops(user, MembershipStatus.Active, None, history),
+            lambda: self._membership_ops(user, MembershipStatus.Active, None, history),
             apply,
             msg.reply,
         )

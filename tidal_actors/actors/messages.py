@@ -57,6 +57,7 @@ __all__ = [
     "Attribute",
     "Barrier",
     "BarrierPart",
+    "Column",
     "Committed",
     "Compact",
     "Drain",
@@ -89,6 +90,7 @@ __all__ = [
     "Tick",
     "Unassign",
     "Write",
+    "column_list",
 ]
 
 Address = tuple[str, int]
@@ -147,14 +149,27 @@ class QueryUser:
     reply: Reply
 
 
+Column = list[Any] | np.ndarray
+"""An `Attribute` column: a numpy array, or a list of Python numbers (a small batch)."""
+
+
+def column_list(col: Column) -> list[Any]:
+    """An `Attribute` column as a list of Python numbers (the list itself if it is one)."""
+    return col if type(col) is list else col.tolist()  # type: ignore[union-attr]
+
+
 @dataclass(frozen=True, slots=True)
 class Attribute:
     """Membership -> ledger: one membership shard's records, in attribution order, as
-    columns (one numpy array per field, so the ledger never transposes per record).
+    columns (so the ledger never transposes per record).
 
     ``rseqs`` (int64) increase; ``users``, ``entities``, ``types`` are uint64;
     ``weights`` float64 holding float32 values; ``timestamps`` int64 ns; ``cohorts``
-    a list of names. ``contexts`` maps a record's index in the batch to its context's
+    a list of names. Each numeric column is a numpy array of that dtype or, for the
+    few records of a small signal batch (`membership.FEW_SIGNALS`), a list of Python
+    ints or floats holding the same values (`Column`; numpy's cost a call outweighs
+    the work there, and the ledger's per-record fold reads Python numbers).
+    ``contexts`` maps a record's index in the batch to its context's
     msgpack bytes (packed at the call, `core.validate.check_context`). ``batches``:
     how many of the facade's signal batches these records come from (the
     `SignalBatch.batches` they were attributed from, summed where a mailbox merged
@@ -162,13 +177,13 @@ class Attribute:
     """
 
     mshard: int
-    rseqs: np.ndarray
-    users: np.ndarray
+    rseqs: Column
+    users: Column
     cohorts: list[str]
-    entities: np.ndarray
-    types: np.ndarray
-    weights: np.ndarray
-    timestamps: np.ndarray
+    entities: Column
+    types: Column
+    weights: Column
+    timestamps: Column
     contexts: dict[int, bytes] | None = None
     batches: int = 1
 
@@ -181,13 +196,13 @@ class Attribute:
         return [
             LogRecord(self.mshard, r, u, c, e, t, w, ts)
             for r, u, c, e, t, w, ts in zip(
-                self.rseqs.tolist(),
-                self.users.tolist(),
+                column_list(self.rseqs),
+                column_list(self.users),
                 self.cohorts,
-                self.entities.tolist(),
-                self.types.tolist(),
-                self.weights.tolist(),
-                self.timestamps.tolist(),
+                column_list(self.entities),
+                column_list(self.types),
+                column_list(self.weights),
+                column_list(self.timestamps),
             )
         ]
 

@@ -27,7 +27,9 @@ Record = tuple[int, int, int, str, int, int, float, int]  # LogRecord-shaped
 
 
 def _plain(x: Sequence[Any] | np.ndarray) -> list[Any]:
-    """A column as a list of Python numbers."""
+    """A column as a list of Python numbers (a list as it is: it is only read)."""
+    if type(x) is list:
+        return x
     return x.tolist() if isinstance(x, np.ndarray) else list(x)
 
 

@@ -12,7 +12,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["KeyCode", "key_code", "key_codes"]
+__all__ = [
+    "ENTITY_LIMIT",
+    "TYPE_LIMIT",
+    "TYPE_SHIFT",
+    "KeyCode",
+    "cohort_prefix",
+    "key_code",
+    "key_codes",
+]
 
 # The key index's key for (cohort id, entity, type): a *narrow code*, one int
 # ``cid << 50 | type << 44 | entity``, when cid < 2**14, type < 2**6 and entity < 2**44
@@ -26,11 +34,24 @@ _TYPE_SHIFT = _ENTITY_BITS
 _CID_SHIFT = _ENTITY_BITS + _TYPE_BITS
 
 
+TYPE_SHIFT = _TYPE_SHIFT
+TYPE_LIMIT = 1 << _TYPE_BITS
+ENTITY_LIMIT = 1 << _ENTITY_BITS
+
+
 def key_code(cid: int, entity: int, stype: int) -> KeyCode:
     """The key index's key for ``(cid, entity, stype)`` (see `KeyCode`)."""
-    if cid < 1 << _CID_BITS and stype < 1 << _TYPE_BITS and entity < 1 << _ENTITY_BITS:
-        return cid << _CID_SHIFT | stype << _TYPE_SHIFT | entity
+    if cid < 1 << _CID_BITS and stype < TYPE_LIMIT and entity < ENTITY_LIMIT:
+        return cid << _CID_SHIFT | stype << TYPE_SHIFT | entity
     return (cid, entity, stype)
+
+
+def cohort_prefix(cid: int) -> int | None:
+    """The bits cohort id ``cid`` puts in a narrow code, or None if its codes are all
+    tuples: for a loop over records of one cohort, a key's narrow code is then
+    ``prefix | stype << TYPE_SHIFT | entity`` when ``stype < TYPE_LIMIT`` and
+    ``entity < ENTITY_LIMIT`` (`key_code`, without a call a record)."""
+    return cid << _CID_SHIFT if cid < 1 << _CID_BITS else None
 
 
 def key_codes(

@@ -132,13 +132,14 @@ class OlderBuckets(Segments):
     __hash__ = None  # type: ignore[assignment]
 
     def _find(self, k: int, b: int) -> tuple[int, bool]:
-        """Where bucket ``b`` of key ``k`` is (its row) or would go, and whether it is."""
+        """Where bucket ``b`` of key ``k`` is (its row) or would go, and whether it is
+        (a binary search of the segment's ``b`` on the ``array`` under it, no copy)."""
         it = self.items
         s = it["start"][k]
-        n = it["length"][k]
-        bs = it["b"][s : s + n].tolist()
-        i = bisect.bisect_left(bs, b)
-        return s + i, i < n and bs[i] == b
+        e = s + it["length"][k]
+        bs = it["b"]
+        row = bisect.bisect_left(bs, b, s, e)
+        return row, row < e and bs[row] == b
 
     def get(self, k: int, b: int) -> OlderBucket | None:
         """Bucket ``b`` of key ``k`` as ``(count, wsum, fd, tmax)``, or None."""
@@ -164,24 +165,27 @@ class OlderBuckets(Segments):
 
     def put(self, k: int, b: int, bucket: OlderBucket) -> None:
         """Set bucket ``b`` of key ``k`` to ``(count, wsum, fd, tmax)``, adding it
-        in ``b`` order if the key has none there."""
+        in ``b`` order if the key has none there. Plain Python on the ``array``
+        objects under the columns (`Segments.items`)."""
         self._keys(k + 1)
-        if k in self:
+        it = self.items
+        n = it["length"][k]
+        if n:
             row, hit = self._find(k, b)
         else:
-            row, hit = int(self.start[k]), False
+            row, hit = it["start"][k], False
         if not hit:
-            n = int(self.length[k])
-            if n == int(self.cap[k]):
-                i = row - int(self.start[k])
-                row = self._move(k, room(n + 1)) + i
-            end = int(self.start[k]) + n
-            for name in OLDER_COLUMNS:
-                col = getattr(self, name)
-                col[row + 1 : end + 1] = col[row:end].copy()
-            self.b[row] = b
-            self.length[k] = n + 1
-        self.count[row], self.wsum[row], self.fd[row], self.tmax[row] = bucket
+            if n == it["cap"][k]:
+                i = row - it["start"][k]
+                row = self._move(k, room(n + 1)) + i  # may grow the columns
+            end = it["start"][k] + n
+            if row < end:  # (an empty slice assigned to an exported array raises)
+                for name in OLDER_COLUMNS:
+                    col = it[name]
+                    col[row + 1 : end + 1] = col[row:end]  # the slice read is a copy
+            it["b"][row] = b
+            it["length"][k] = n + 1
+        it["count"][row], it["wsum"][row], it["fd"][row], it["tmax"][row] = bucket
 
     def push_one(self, k: int, b: int, count: int, wsum: float, fd: float, tmax: int) -> None:
         """`put` of bucket ``b`` of key ``k`` where ``b`` is later than every bucket the

@@ -79,17 +79,20 @@ class PairStore:
         # pairs whose entry stays while it may have no count nor position: held
         # pairs whose positions moved to their held rows (until `_keep_live`)
         self._kept: set[tuple[int, int]] = set()
-        self._pu: list[npt.NDArray[np.uint64]] = []  # pending: users, by append
+        # pending: users, by append (a uint64 copy, or a small batch's list of ints)
+        self._pu: list[npt.NDArray[np.uint64] | list[int]] = []
         self._pc: list[Sequence[str] | npt.NDArray[Any]] = []  # pending: cohorts
         self._pn = 0  # pending records; their positions are _p0 ..
         self._p0 = 0
 
     def _pend(self, users: Any, cohorts: Sequence[str] | npt.NDArray[Any], n: int) -> None:
         """Queue ``n`` records just appended to the column (copies of their users and
-        cohorts, names or cohort ids); sorted into a run at ``FLUSH_AT``."""
+        cohorts, names or cohort ids; a list of user ids, a small batch's, which
+        nobody changes, as it is: converted with the others at the flush); sorted
+        into a run at ``FLUSH_AT``."""
         if not self._pn:
             self._p0 = self.base + len(self.d) - n
-        self._pu.append(np.array(users, dtype=np.uint64))
+        self._pu.append(users if type(users) is list else np.array(users, dtype=np.uint64))
         self._pc.append(np.array(cohorts) if isinstance(cohorts, np.ndarray) else list(cohorts))
         self._pn += n
         if self._pn >= FLUSH_AT:
@@ -114,7 +117,11 @@ class PairStore:
     def _flush(self, merge: bool = False) -> None:
         """Sort the pending records into a run (then merge runs, if ``merge``)."""
         if self._pn:
-            users = np.concatenate(self._pu)
+            pu = self._pu
+            if all(type(u) is list for u in pu):  # one conversion for them all
+                users = np.array(list(chain.from_iterable(pu)), dtype=np.uint64)
+            else:
+                users = np.concatenate([np.asarray(u, dtype=np.uint64) for u in pu])
             strs = [c for c in self._pc if not isinstance(c, np.ndarray)]
             if len(strs) == len(self._pc):  # names only: one pass
                 cids = self._cids(list(chain.from_iterable(strs)))
@@ -234,7 +241,9 @@ class PairStore:
 
     def index_bytes(self) -> int:
         """Bytes held by the index: its runs, its counts and the pending records."""
-        pend = sum(u.nbytes for u in self._pu) + 8 * self._pn + 56 * len(self._pc)
+        # a pending list of ids: a pointer and an int object (28-32 B) each
+        pend = sum(u.nbytes if isinstance(u, np.ndarray) else 40 * len(u) for u in self._pu)
+        pend += 8 * self._pn + 56 * len(self._pc)
         return sum(r.nbytes() + 96 for r in self.runs) + self.counts.nbytes() + pend
 
     def _trim_runs(self) -> None:

@@ -24,6 +24,13 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from tidal_actors.core.bucket_adds import BucketAdds
+from tidal_actors.core.key_codes import (
+    ENTITY_LIMIT,
+    TYPE_LIMIT,
+    TYPE_SHIFT,
+    KeyCode,
+    cohort_prefix,
+)
 from tidal_actors.core.key_state import RENORMALIZE_AT, key_code
 
 __all__ = ["SMALL_BATCH", "RecordAdds"]
@@ -63,12 +70,17 @@ class RecordAdds(BucketAdds):
         new_key = self._new_key
         last: str | None = None
         cid = 0
+        prefix: int | None = None
         for c, e, t, ts in zip(cs, es, types, tss):
             if c != last:  # a batch holds runs of one cohort
                 got = cid_of.get(c)
                 cid = self._cohort_id(c) if got is None else got
+                prefix = cohort_prefix(cid)
                 last = c
-            code = key_code(cid, e, t)
+            if prefix is not None and t < TYPE_LIMIT and e < ENTITY_LIMIT:
+                code: KeyCode = prefix | t << TYPE_SHIFT | e  # `key_code`, inlined
+            else:
+                code = key_code(cid, e, t)
             k = index.get(code)
             if k is None:
                 k = new_key(code, c, e, t, ts)

@@ -11,6 +11,7 @@ instead of a Python loop over its records (DESIGN.md "What things cost here").
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -128,10 +129,9 @@ class RouteTable:
         Returns ``(records, parts)``: the number of records, and for each ledger shard
         that has some, ``(shard, (places, users, cohorts, entities, types, weights,
         timestamps, contexts))``: its records in attribution order, ``places`` each
-        one's place among all the batch's records (int64), ``users``, ``entities``,
-        ``types`` uint64, ``weights`` float64, ``timestamps`` int64, ``cohorts`` the
-        names, ``contexts`` {place in this part: context} or None. The same records,
-        in the same order, as `expand`."""
+        one's place among all the batch's records, each column a list of Python
+        numbers (``cohorts`` the names), ``contexts`` {place in this part: context}
+        or None. The same records, in the same order, as `expand`."""
         out: list[tuple[list[int], list[int], list[str]]] = [([], [], []) for _ in range(shards)]
         pairs = self.pairs
         n = 0
@@ -151,19 +151,18 @@ class RouteTable:
             ctx = None
             if with_cx:
                 ctx = {j: cxs[i] for j, i in enumerate(sig) if cxs[i] is not None} or None
-            parts.append(
-                (
-                    li,
-                    (
-                        np.array(pos, dtype=np.int64),
-                        np.array([us[i] for i in sig], dtype=np.uint64),
-                        names,
-                        np.array([es[i] for i in sig], dtype=np.uint64),
-                        np.array([ts_[i] for i in sig], dtype=np.uint64),
-                        np.array([ws[i] for i in sig], dtype=np.float64),
-                        np.array([tss[i] for i in sig], dtype=np.int64),
-                        ctx,
-                    ),
+            if len(sig) == 1:
+                i = sig[0]
+                taken: tuple[list[Any], ...] = ([us[i]], [es[i]], [ts_[i]], [ws[i]], [tss[i]])
+            else:
+                take = itemgetter(*sig)
+                taken = (
+                    list(take(us)),
+                    list(take(es)),
+                    list(take(ts_)),
+                    list(take(ws)),
+                    list(take(tss)),
                 )
-            )
+            u, e, t, w, ts = taken
+            parts.append((li, (pos, u, names, e, t, w, ts, ctx)))
         return n, parts

@@ -149,23 +149,29 @@ class Segments:
         return at
 
     def _release(self, k: int) -> None:
-        cap = int(self.cap[k])
+        it = self.items
+        cap = it["cap"][k]
         if cap:
-            self._free.setdefault(cap, array("q")).append(int(self.start[k]))
+            self._free.setdefault(cap, array("q")).append(it["start"][k])
             self._free_rows += cap
-        self.length[k] = self.cap[k] = 0
+        it["length"][k] = it["cap"][k] = 0
 
     def _move(self, k: int, cap: int) -> int:
-        """Move key ``k``'s rows to a segment of ``cap`` rows; returns its start."""
-        at = self._alloc(cap)
-        n = int(self.length[k])
+        """Move key ``k``'s rows to a segment of ``cap`` rows; returns its start. Plain
+        Python on the ``array`` objects (`items`): a key's first segment or a move
+        of a few rows costs item reads and slice copies, no numpy call."""
+        at = self._alloc(cap)  # may grow the columns: ``items`` read after it
+        it = self.items
+        n = it["length"][k]
         if n:
-            s = int(self.start[k])
+            s = it["start"][k]
             for name in self.COLUMNS:
-                col = getattr(self, name)
+                col = it[name]
                 col[at : at + n] = col[s : s + n]
         self._release(k)
-        self.start[k], self.length[k], self.cap[k] = at, n, cap
+        it["start"][k] = at
+        it["length"][k] = n
+        it["cap"][k] = cap
         return at
 
     def _alloc_many(self, caps: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:

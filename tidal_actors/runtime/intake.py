@@ -21,13 +21,15 @@ never waits: a full batch is offered and stays buffered if there is no room (the
 facade parks its task until there is, before queueing more: `room_needed`,
 `when_room`). The signals a control operation or a read sends ahead of itself go past
 the capacity (at most a buffer's worth). The flusher thread only offers; it sleeps
-while nothing is buffered, and the first signal buffered (or any batch call) wakes it.
+while nothing is buffered, and the first signal buffered wakes it, or a batch call
+when the batches were last sized more than ``TUNE_EVERY_S`` ago.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -40,7 +42,12 @@ from tidal_actors.core.validate import U64, check_signal, signal_columns
 from tidal_actors.runtime.callers import Callers
 from tidal_actors.runtime.host import Host
 
-__all__ = ["Buffer", "Intake"]
+__all__ = ["TUNE_EVERY_S", "Buffer", "Intake"]
+
+# a batch call wakes the flusher thread to size the batches (`Intake._tune_batches`)
+# only when they were last sized this long ago (seconds): calls of a few signals
+# each would otherwise wake it every other call, for nothing else to do
+TUNE_EVERY_S = 0.05
 
 
 class Buffer:
@@ -69,6 +76,7 @@ class Intake:
     _close_lock: threading.Lock
     _batch_calls: int
     _batch_calls_done: threading.Condition
+    _tuned_at = float("-inf")  # when `_tune_batches` last ran (time.monotonic())
 
     def _shard_of(self, user_id: int) -> int:
         """The membership shard of a (checked) user id."""
@@ -101,6 +109,7 @@ class Intake:
         """Size each shard's batches to ``Config.inflight_budget_ms`` of its measured
         work per signal (at least 64 signals or ``signal_batch_size`` if smaller, at most
         ``signal_batch_size``)."""
+        self._tuned_at = time.monotonic()
         budget = self.config.inflight_budget_ms
         unit_s = getattr(self.host, "unit_s", None)
         if budget is None or unit_s is None:
@@ -224,7 +233,8 @@ class Intake:
         steps = self._steps
         shards = [m for m, items in enumerate(per_shard) if items]
         self._callers.wrote_many(shards)
-        self.wake_flusher()  # it sizes the batches (`_tune_batches`) while signals come
+        if time.monotonic() - self._tuned_at >= TUNE_EVERY_S:
+            self.wake_flusher()  # it sizes the batches (`_tune_batches`) while signals come
         if not self.nonblocking:
             self._send_chunks(shards, per_shard)
             return

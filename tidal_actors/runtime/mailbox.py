@@ -21,6 +21,7 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -74,19 +75,26 @@ def coalesce(msgs: list[Any]) -> Any:
     cohorts: list[str] = []
     for m in msgs:
         cohorts.extend(m.cohorts)
-    cat = np.concatenate
     return M.Attribute(
         msgs[0].mshard,
-        cat([m.rseqs for m in msgs]),
-        cat([m.users for m in msgs]),
+        _cat([m.rseqs for m in msgs], np.int64),
+        _cat([m.users for m in msgs], np.uint64),
         cohorts,
-        cat([m.entities for m in msgs]),
-        cat([m.types for m in msgs]),
-        cat([m.weights for m in msgs]),
-        cat([m.timestamps for m in msgs]),
+        _cat([m.entities for m in msgs], np.uint64),
+        _cat([m.types for m in msgs], np.uint64),
+        _cat([m.weights for m in msgs], np.float64),
+        _cat([m.timestamps for m in msgs], np.int64),
         contexts or None,
         sum(m.batches for m in msgs),
     )
+
+
+def _cat(cols: list[M.Column], dtype: type[np.generic]) -> M.Column:
+    """`Attribute` columns (`messages.Column`) joined: one list if all are lists, else
+    one numpy array of ``dtype`` (the column's)."""
+    if all(type(c) is list for c in cols):
+        return list(chain.from_iterable(cols))
+    return np.concatenate([np.asarray(c, dtype=dtype) for c in cols])
 
 
 class Mailbox(queue.Queue[Envelope[Any]]):

@@ -107,18 +107,22 @@ class LocalHost(PykkaHost):
 
 def writable(msg: object) -> object:
     """``msg`` with the numpy columns it arrived with made writable (Ray hands out
-    read-only views of its buffers)."""
+    read-only views of its buffers; a column that is a list is one already)."""
     if type(msg) is M.Attribute:
         return M.Attribute(
             msg.mshard,
-            np.array(msg.rseqs),
-            np.array(msg.users),
+            _writable(msg.rseqs),
+            _writable(msg.users),
             msg.cohorts,
-            np.array(msg.entities),
-            np.array(msg.types),
-            np.array(msg.weights),
-            np.array(msg.timestamps),
+            _writable(msg.entities),
+            _writable(msg.types),
+            _writable(msg.weights),
+            _writable(msg.timestamps),
             msg.contexts,
             msg.batches,
         )
     return msg
+
+
+def _writable(col: M.Column) -> M.Column:
+    return col if type(col) is list else np.array(col)
