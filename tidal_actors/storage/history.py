@@ -122,6 +122,21 @@ class HistoryReader:
                 keep[sel[sets.isin(b.r[sel], rs)]] = False
         return keep
 
+    @classmethod
+    def past_settled(
+        cls, b: HistoryBatch, settled: np.ndarray, tombs: dict[int, np.ndarray]
+    ) -> bool:
+        """Whether batch ``b`` of a ledger shard lies past every record the shard has
+        settled, so that no later batch of that shard holds one (a shard's batches
+        hold growing rseqs per membership shard, and its settled rows are a prefix of
+        its rows): none of its records is settled (``settled``: the mask of those
+        below their membership shard's bound, ``Aggregates.settled_upto``) and none
+        was retracted live (tombstoned in ``tombs``). A retracted row does not count
+        in the bound, so a batch of the settled prefix whose records were all
+        retracted live has none below it, and the settled records after it would be
+        missed (adversarial review, session 29)."""
+        return not settled.any() and bool(cls.untombstoned(b, tombs).all())
+
     def settled_detail(
         self, key: tuple[str, int, int], t_lo: int, t_hi: int, settled_upto: dict[int, int]
     ) -> list[tuple[int, float]]:
@@ -203,7 +218,7 @@ class HistoryReader:
                 for m, top in settled_upto.items():
                     bound[b.m == m] = top
                 settled = b.r < bound
-                past = past and not settled.any()
+                past = past and self.past_settled(b, settled, tombs)
                 sel = settled & (b.ts >= t_lo) & (b.ts <= t_hi) & self.unseen(b, seen)
                 if sel.any():
                     self._index_into(index, b, sel & self.untombstoned(b, tombs))

@@ -99,8 +99,8 @@ class RematJob:
 
     def _fold_history(self, keys: list[bytes]) -> bool:
         """Fold the settled records of the batches at ``keys``; False once this
-        shard's batches have passed every settled record (rseqs grow batch by batch
-        within a membership shard, so no later batch of this shard holds one). A key
+        shard's batches have passed every settled record
+        (`HistoryReader.past_settled`: no later batch of this shard holds one). A key
         gone since the listing had its records merged into a later key's block by a
         compaction (`storage.history_compact`): the later keys are read then, and
         the keys written since the listing once the listed ones are read."""
@@ -112,7 +112,7 @@ class RematJob:
         self._gone = self._gone or go_on
         for b in batches:
             settled = settled_mask(b, rebuild.settled_upto)
-            if b.shard != history.shard or settled.any():
+            if b.shard != history.shard or not history.past_settled(b, settled, self._tombs):
                 go_on = True
             fresh = history.unseen(b, self._seen)  # not read at a key before a compaction
             if self.cohort in b.cohorts:
