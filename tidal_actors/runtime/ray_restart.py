@@ -284,7 +284,9 @@ def ask(handle: Any, make: Callable[[Any], object], label: str) -> Any:
 def restore(actor: Any) -> tuple[Behaviour, LedgerRestart]:
     """The new incarnation of the ledger hosted by ``actor`` (a `ShardActor` whose
     constructor Ray re-runs): the failed incarnation's sends to the coordinator and
-    persistence fenced, the coordinator asked (`RecoverLedger`), the store read once
+    persistence fenced, its links numbering for the incarnations that restarted
+    before (from persistence: a new incarnation's calls numbered for a failed one's
+    epoch are dropped), the coordinator asked (`RecoverLedger`), the store read once
     persistence committed what waits (`LoadStore`), restored by handshake; and the
     notice for its senders. A `FaultReport` ("restarted", its ``cause`` saying how
     long the restore took) goes to the facade.
@@ -296,6 +298,9 @@ def restore(actor: Any) -> tuple[Behaviour, LedgerRestart]:
     i, cfg, links = actor.address[1], actor._config, actor.links
     others = (M.COORD_ADDR, M.PERSIST_ADDR)
     ray.get([links.handle(a).fence.remote(f"{M.LEDGER}-{i}", actor.epoch) for a in others])
+    # the coordinator and membership shards restarted before (their notices went to
+    # the failed incarnation): persistence heard every notice
+    links.adopt_epochs(ray.get(links.handle(M.PERSIST_ADDR).known_epochs.remote()))
     recovery = ask(links.handle(M.COORD_ADDR), functools.partial(RecoverLedger, i), "recover")
     restored = ask(links.handle(M.PERSIST_ADDR), LoadStore, "load-store")
     store = actor._resolve("store")
