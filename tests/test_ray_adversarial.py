@@ -19,7 +19,7 @@ from tidal_actors.testing import ReferenceModel
 from ._differential import rows_mismatch
 from ._ray import needs_ray, ray_config
 from .conftest import T0
-from .test_ray_membership_restart import OURS, _heard, _kill
+from .test_ray_membership_restart import OURS, _heard, _kill, _kill_ledger
 from .test_ray_restart import COHORTS, USERS, _assign, _open, _stream
 
 
@@ -104,12 +104,7 @@ def test_the_coordinator_then_a_membership_shard_killed(ray_session: None, tmp_p
             _, want = ref.request_community_purge(u, cohort)
             assert got.entries == want.entries and len(got.entries) > 0, u
         assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
-        before = host.links.epoch((M.LEDGER, 0))
-        os.kill(host.pids()[(M.LEDGER, 0)], signal.SIGKILL)
-        deadline = time.monotonic() + 120
-        while host.links.epoch((M.LEDGER, 0)) == before:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        _kill_ledger(db, 0)
         _stream(db, ref, 15, 5)
         flush = db._core.flush()
         # a ledger restarted after the coordinator numbered its sends to the
@@ -181,12 +176,7 @@ def test_a_ledger_killed_after_the_coordinator_restarted(ray_session: None, tmp_
         os.kill(host.pids()[M.COORD_ADDR], signal.SIGKILL)
         _coordinator_heard(db, epoch)
         for li in (0, 1):
-            before = host.links.epoch((M.LEDGER, li))
-            os.kill(host.pids()[(M.LEDGER, li)], signal.SIGKILL)
-            deadline = time.monotonic() + 120
-            while host.links.epoch((M.LEDGER, li)) == before:
-                assert time.monotonic() < deadline, "no notice of the ledger's restart"
-                time.sleep(0.05)
+            _kill_ledger(db, li)
         _stream(db, ref, 10, 5)
         flush = db._core.flush()
         assert flush.replies[0].wait(120.0), "the flush after the ledgers' restart hung"

@@ -51,6 +51,21 @@ def _heard(db: TidalDb, epoch: int, timeout: float = 120.0) -> int:
     return int(links.epoch((M.MEMBERSHIP, SHARD)))
 
 
+def _kill_ledger(db: TidalDb, li: int, *, flush: bool = False, timeout: float = 120.0) -> None:
+    """SIGKILL ledger ``li``'s process (then ``flush()`` if asked, which waits for its
+    restart) and wait until the facade has the restart's notice (its links number for
+    a new epoch)."""
+    host = db._core.host
+    before = host.links.epoch((M.LEDGER, li))
+    os.kill(host.pids()[(M.LEDGER, li)], signal.SIGKILL)
+    if flush:
+        db.flush()
+    deadline = time.monotonic() + timeout
+    while host.links.epoch((M.LEDGER, li)) == before:
+        assert time.monotonic() < deadline, "no notice of the ledger's restart"
+        time.sleep(0.05)
+
+
 def _stream_others(db: TidalDb, ref: ReferenceModel, start: int, batches: int) -> None:
     """As `_stream`, the signals of the users of the other membership shard only."""
     others = [u for u in range(USERS) if u not in OURS]
@@ -312,15 +327,8 @@ def test_a_membership_shard_killed_after_a_ledger_restarted(
         _assign(db, ref)
         _stream(db, ref, 0, 10)
         db.flush()
-        host = db._core.host
         for li in (0, 1):
-            before = host.links.epoch((M.LEDGER, li))
-            os.kill(host.pids()[(M.LEDGER, li)], signal.SIGKILL)
-            db.flush()
-            deadline = time.monotonic() + 120
-            while host.links.epoch((M.LEDGER, li)) == before:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+            _kill_ledger(db, li, flush=True)
         _heard(db, _kill(db))
         _stream(db, ref, 10, 10)
         db.flush()
