@@ -53,7 +53,7 @@ from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.links import LinkReceiver
 from tidal_actors.runtime.ray_coordinator_restart import restore as restore_coordinator
-from tidal_actors.runtime.ray_links import RETRY_S, Links, dumps, loads
+from tidal_actors.runtime.ray_links import RETRY_S, Links
 from tidal_actors.runtime.ray_local import (
     DurableFlag,
     FencingSupervisor,
@@ -74,6 +74,7 @@ from tidal_actors.runtime.ray_restart import (
     origin_epoch,
     restore,
 )
+from tidal_actors.runtime.ray_shipping import dumps, loads
 from tidal_actors.runtime.ray_stores import Marks, ReaderStore, WriterStore
 from tidal_actors.storage.stores import NullStore
 
@@ -100,7 +101,7 @@ class ShardActor:
     Args:
         db: the database's actor name prefix.
         address: the behaviour's address.
-        payload: the behaviour, pickled by `ray_links.dumps` (names ``ctx``,
+        payload: the behaviour, pickled by `ray_shipping.dumps` (names ``ctx``,
             ``store``, ``clock``).
         config: the database's settings.
         durable: whether the database has a durable store.
@@ -335,7 +336,7 @@ class ShardActor:
 
     def stop(self) -> bytes:
         """Drain and stop the behaviour, wait for what it sent, close the store; the
-        behaviour as it ended, pickled by `ray_links.dumps`."""
+        behaviour as it ended, pickled by `ray_shipping.dumps`."""
         self._stop_tick.set()
         self.host.stop([self.address[0]])
         self.links.drain(timeout=60)

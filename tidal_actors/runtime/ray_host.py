@@ -31,8 +31,9 @@ ledger shard, the purge coordinator and persistence is a named Ray actor
   durable database are restarted too and restore from the store; the calls in
   flight to them fail saying they may have been applied
   (`runtime.ray_membership_restart`, `runtime.ray_coordinator_restart`).
-  Persistence's death fails every call waiting and every call after; a shard
-  whose handler failed is fenced (`runtime.ray_actor`).
+  Persistence's death fails every call waiting and every call after
+  (`runtime.ray_faults`: what the host does on a death or a restart's notice); a
+  shard whose handler failed is fenced (`runtime.ray_actor`).
 
 Ray is started here if it is not running (``Config.ray_address``: None starts a
 local instance, ``"auto"`` or ``"ray://..."`` joins a cluster).
@@ -60,27 +61,25 @@ from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.pykka_host import HostContext
 from tidal_actors.runtime.ray_actor import Counters, ShardActor
-from tidal_actors.runtime.ray_links import RETRY_S, Links, actor_name, dumps, loads
+from tidal_actors.runtime.ray_faults import RayFaults
+from tidal_actors.runtime.ray_links import RETRY_S, Links, actor_name
 from tidal_actors.runtime.ray_placement import check_store_resource, placement
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, forget, register_serializers
 from tidal_actors.runtime.ray_restart import (
     LEDGER_RESTARTS,
-    CoordinatorRestart,
-    LedgerRestart,
-    MembershipRestart,
 )
+from tidal_actors.runtime.ray_shipping import dumps, loads
 from tidal_actors.runtime.ray_start import ensure_ray
 from tidal_actors.runtime.ray_stores import adopt_map_size
-from tidal_actors.runtime.supervision import REPORTS_KEPT, Fenced
+from tidal_actors.runtime.supervision import REPORTS_KEPT
 
 __all__ = ["START_WAIT_S", "STOP_WAIT_S", "RayHost", "ensure_ray"]
 
-PROBE_S = 1.0  # how often the reply path looks whether an actor's process died (seconds)
 START_WAIT_S = 300.0  # how long start() waits for the actors to be up (seconds)
 STOP_WAIT_S = 120.0  # how long stop() waits for each kind of actor to stop (seconds)
 
 
-class RayHost:
+class RayHost(RayFaults):
     """Runs each behaviour in a Ray actor (see the module).
 
     Args:
@@ -216,77 +215,6 @@ class RayHost:
         self.behaviours[address] = ended
         if self.on_replace is not None:
             self.on_replace(address, ended)
-
-    def _lost(self, address: M.Address, exc: BaseException) -> None:
-        """``address``'s state is gone with its process: this process's copy of it is
-        stale, so it is fenced here (`Core._replaced`: no snapshot is written from
-        it, close() says so, and the next open restores from the store)."""
-        err = ActorFailure(f"{address[0]}[{address[1]}]'s process died: {exc}")
-        fence = Fenced(self.ctx, address, err)
-        self.behaviours[address] = fence
-        if self.on_replace is not None:
-            self.on_replace(address, fence)
-
-    def _watch(self) -> None:
-        """Every ``PROBE_S``: an actor whose process died fails every call waiting and
-        every call after (the database must be reopened)."""
-        now = time.monotonic()
-        if self._dead is not None or self._stopped or now < self._next_probe:
-            return
-        self._next_probe = now + PROBE_S
-        refs = list(self._probes.values())
-        done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) if refs else set()
-        for address, ref in list(self._probes.items()):
-            if ref not in done:
-                continue
-            del self._probes[address]
-            try:
-                ray.get(ref, timeout=0)
-            except ray.exceptions.ActorUnavailableError:
-                continue  # a ledger restarting in place (`runtime.ray_restart`)
-            except Exception as exc:  # noqa: BLE001 - the actor died (RayActorError)
-                kind, index = address
-                self._dead = ActorFailure(
-                    f"{kind}[{index}]'s process died ({type(exc).__name__}): calls in flight "
-                    "failed, and each may have been applied; close the database and open it "
-                    "again (the store holds what was committed)"
-                )
-                self.path.fail_all(self._dead)
-                return
-        for address, h in list(self._actors.items()):
-            if address not in self._probes:
-                self._probes[address] = h.ready.remote()
-
-    def _fault(
-        self, report: FaultReport | LedgerRestart | MembershipRestart | CoordinatorRestart
-    ) -> None:
-        if isinstance(report, LedgerRestart):  # restore by handshake (`Links.restarted`)
-            self.links.restarted(report)
-            return
-        if isinstance(report, CoordinatorRestart):  # `ray_coordinator_restart`
-            err = ActorFailure(
-                "the purge coordinator's process died while this call was in flight to "
-                "it, and it restarted from the store: the call may have been applied (a "
-                "purge if its manifest committed: list_purge_manifests says; nothing of "
-                "an uncommitted one is applied, and it may be requested again)"
-            )
-            for reply in self.links.restarted_coordinator(report):
-                reply.set_exception(err)
-            return
-        if isinstance(report, MembershipRestart):  # `ray_membership_restart`
-            kind, index = report.address
-            err = ActorFailure(
-                f"{kind}[{index}]'s process died while this call was in flight to it, and "
-                "it restarted from the store: the call may have been applied (a control "
-                "operation if its commit happened: read the state to know; a flush: the "
-                "signals since the last completed flush may be partly applied)"
-            )
-            for reply in self.links.restarted_membership(report):
-                reply.set_exception(err)
-            return
-        self.reports.append(report)
-        if self.on_fault is not None:
-            self.on_fault(report)
 
     def _stamp(self) -> int | None:
         return None if self._system_clock else self.clock.now_ns()

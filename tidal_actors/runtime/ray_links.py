@@ -1,4 +1,4 @@
-"""Links between Ray actors: ordered sends, a credit window, and shipping behaviours.
+"""Links between Ray actors: ordered sends and a credit window.
 
 One Ray method per actor, ``deliver(stamp, messages)`` (`runtime.ray_actor`). A
 synchronous Ray actor runs one caller's calls in submission order, so a `Links`
@@ -28,22 +28,15 @@ lives, Ray neither loses, duplicates nor reorders one caller's calls, so no gap 
 no duplicate arises. When a ledger's process dies, Ray restarts it and it restores by
 handshake (`runtime.ray_restart`): `Links.restarted` drops what survived there and
 re-sends the rest on the new epoch, numbered afresh.
-
-Behaviours cross once, at start (facade -> actor) and at stop (actor -> facade), as
-pickles in which the host's context, the store and the clock are named, not copied
-(`dumps`, `loads`): each process puts its own in their place.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import ray
-from ray import cloudpickle
 
 from tidal_actors._errors import ActorFailure, DatabaseClosed
 from tidal_actors.actors import messages as M
@@ -53,7 +46,7 @@ from tidal_actors.runtime.ray_in_flight import InFlight
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, sending
 from tidal_actors.runtime.ray_restart import CoordinatorRestart, LedgerRestart, MembershipRestart
 
-__all__ = ["PRUNE_AT", "RETRY_S", "WINDOW", "Links", "actor_name", "dumps", "is_load", "loads"]
+__all__ = ["PRUNE_AT", "RETRY_S", "WINDOW", "Links", "actor_name", "is_load"]
 
 WINDOW = 4
 """Load-carrying calls a sender keeps outstanding per receiver."""
@@ -71,37 +64,6 @@ def is_load(msg: object) -> bool:
     """Whether ``msg`` carries load (a bounded mailbox holds it back when full)."""
     t = type(msg)
     return t is M.SignalBatch or t is M.Attribute or (t is M.Write and msg.reply is None)  # type: ignore[attr-defined]
-
-
-class _Pickler(cloudpickle.CloudPickler):
-    def __init__(self, buf: io.BytesIO, names: dict[int, str]) -> None:
-        super().__init__(buf, protocol=5)  # type: ignore[no-untyped-call]
-        self._names = names
-
-    def persistent_id(self, obj: Any) -> str | None:  # noqa: D102
-        return self._names.get(id(obj))
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, buf: io.BytesIO, resolve: Callable[[str], Any]) -> None:
-        super().__init__(buf)
-        self._resolve = resolve
-
-    def persistent_load(self, pid: Any) -> Any:  # noqa: D102
-        return self._resolve(str(pid))
-
-
-def dumps(obj: object, named: dict[str, object]) -> bytes:
-    """``obj`` pickled, each object of ``named`` (name -> object) left as its name."""
-    buf = io.BytesIO()
-    pickler = _Pickler(buf, {id(v): k for k, v in named.items() if v is not None})
-    pickler.dump(obj)  # type: ignore[no-untyped-call]
-    return buf.getvalue()
-
-
-def loads(data: bytes, resolve: Callable[[str], Any]) -> Any:
-    """What `dumps` made, each name replaced by ``resolve(name)``."""
-    return _Unpickler(io.BytesIO(data), resolve).load()
 
 
 class Links:
