@@ -377,6 +377,7 @@ def test_skip_rows(run: Run, tmp_path: Path) -> None:
 
     res = run("replay", log, "--skip-rows", 11)
     assert res.code == 2 and "--skip-rows=11" in res.err and "only 10 rows" in res.err, res
+    assert "replayed" not in res.out, res  # no summary of a replay that did nothing
 
 
 def test_sigint_stops_a_replay_at_a_row_boundary_and_append_goes_on(tmp_path: Path) -> None:

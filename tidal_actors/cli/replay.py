@@ -359,6 +359,11 @@ def replay(
             if data_dir is not None
             else "nothing was kept (no --data-dir): replay the whole log again"
         )
+    if feed.short:  # nothing was replayed: the error below says why, no summary of it
+        fail(
+            f"invalid --skip-rows={skip_rows}: the log has only {feed.skipped:,} rows",
+            EXIT_BAD_INPUT,
+        )
     print_replay_summary(
         click.echo,
         report,
@@ -380,11 +385,6 @@ def replay(
     if error is not None:
         click.echo(f"tidal-actors: error: {error}", err=True)
         sys.exit(EXIT_BAD_INPUT)
-    if feed.short:
-        fail(
-            f"invalid --skip-rows={skip_rows}: the log has only {feed.skipped:,} rows",
-            EXIT_BAD_INPUT,
-        )
     if feed.cut:
         click.echo(
             f"tidal-actors: interrupted after {plural(next_skip, 'row')} of {events}", err=True
