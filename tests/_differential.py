@@ -202,6 +202,18 @@ def assert_matches_and_reopened(
     assert_matches(db, model, users, exact_ids=False, where=f"{where}, after reopen: ")
 
 
+def rematerialize_both(db: Any, ref: ReferenceModel, cohort: str) -> None:
+    """Re-materialize ``cohort`` on the model and on ``db``: both refuse an unknown
+    cohort, and ``db`` excludes at most the records the model does."""
+    try:
+        excluded = ref.rematerialize(cohort)
+    except UnknownCohort:
+        with pytest.raises(UnknownCohort):
+            db.rematerialize(cohort)
+    else:
+        assert db.rematerialize(cohort).records_excluded <= excluded
+
+
 def random_op(
     db: Any,
     ref: ReferenceModel,
@@ -254,14 +266,7 @@ def random_op(
         _, rm = ref.request_community_purge(u, c)
         assert (m.entries, m.evicted) == (rm.entries, rm.evicted)
     elif name == "rematerialize":
-        c = rng.choice(["a", "b", "c", COMMUNITY])
-        try:
-            excluded = ref.rematerialize(c)
-        except UnknownCohort:
-            with pytest.raises(UnknownCohort):
-                db.rematerialize(c)
-        else:
-            assert db.rematerialize(c).records_excluded <= excluded
+        rematerialize_both(db, ref, rng.choice(["a", "b", "c", COMMUNITY]))
     elif name == "advance":
         d = rng.randrange(-3, 10) * SEC
         for clock in clocks:
