@@ -40,7 +40,7 @@ SECTIONS: dict[str, frozenset[str]] = {
     "ingest": frozenset(
         {"signal_batch_size", "signal_flush_interval_ms", "mailbox_capacity", "inflight_budget_ms"}
     ),
-    "storage": frozenset({"map_size_bytes", "max_map_size_bytes"}),
+    "storage": frozenset({"map_size_bytes", "max_map_size_bytes", "store_layout"}),
     "purge": frozenset({"rematerialize_after_ms"}),
     "reads": frozenset({"read_consistency"}),
     "runtime": frozenset({"host", "ray_address", "ray_store_resource"}),
@@ -58,6 +58,9 @@ MS_DURATIONS = ("signal_flush_interval_ms", "rematerialize_after_ms", "inflight_
 
 HOSTS = ("pykka", "ray")
 """The values of ``Config.host``: threads in this process, or Ray actors (`runtime.ray_host`)."""
+
+STORE_LAYOUTS = ("single", "shards")
+"""The values of ``Config.store_layout`` besides None (`storage.layout`)."""
 
 SIGNAL_BATCH_DEFAULTS = {"pykka": 1024, "ray": 8192}
 """``Config.signal_batch_size`` when it is None, by host: under the Ray host each batch
@@ -114,6 +117,7 @@ class Config:
     inflight_budget_ms: float | None = 2.0
     map_size_bytes: int = 64 * 1024 * 1024
     max_map_size_bytes: int = 64 * 1024**3
+    store_layout: str | None = None
     history_retention_ns: int | None = None
     rematerialize_after_ms: float | None = 1000.0
     read_consistency: str = "read_your_writes"
@@ -229,6 +233,13 @@ class Config:
             )
         if not isinstance(self.host, str) or self.host not in HOSTS:
             raise InvalidArgument("host", self.host, f"must be one of {', '.join(HOSTS)}")
+        if self.store_layout is not None and self.store_layout not in STORE_LAYOUTS:
+            raise InvalidArgument(
+                "store_layout",
+                self.store_layout,
+                "must be None (the host's default: 'shards' under the Ray host, else "
+                "'single'), 'single' (one LMDB environment) or 'shards' (one per shard)",
+            )
         if self.ray_address is not None and not (
             isinstance(self.ray_address, str)
             and (
@@ -269,6 +280,15 @@ class Config:
         size = self.signal_batch_size
         return SIGNAL_BATCH_DEFAULTS[self.host] if size is None else size
 
+    @property
+    def layout(self) -> str:
+        """The layout of a store this config creates: ``store_layout``, or when that is
+        None ``shards`` under the Ray host and ``single`` otherwise (`storage.layout`;
+        an existing store keeps its own)."""
+        if self.store_layout is not None:
+            return self.store_layout
+        return "shards" if self.host == "ray" else "single"
+
     def half_life_for(self, signal_type: int) -> int:
         """Half-life in ns for ``signal_type`` (the per-type override or the default)."""
         return self.half_life_ns_by_type.get(signal_type, self.half_life_ns)
@@ -305,6 +325,7 @@ class Config:
                 "ray_address",
                 "ray_store_resource",
                 "signal_batch_size",
+                "store_layout",
             ) and (value is False):
                 flat[key] = None  # TOML has no null: false turns the setting off
             elif key in known:

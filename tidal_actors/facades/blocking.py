@@ -19,10 +19,11 @@ from tidal_actors.facades.readonly import open_snapshot
 from tidal_actors.runtime.engine import Core, check_meta
 from tidal_actors.runtime.host import Host
 from tidal_actors.runtime.hosts import host_factory as runtime_host
-from tidal_actors.storage.lmdb_reader import SnapshotStore
+from tidal_actors.storage.lmdb_reader import ShardedSnapshotStore, SnapshotStore
 from tidal_actors.storage.protocol import Store
 from tidal_actors.storage.settings import settings_ops
-from tidal_actors.storage.stores import LmdbStore, NullStore, snapshot_key
+from tidal_actors.storage.sharded import open_store
+from tidal_actors.storage.stores import NullStore, snapshot_key
 
 __all__ = ["HostFactory", "ReadOnlyTidalDb", "TidalDb", "open_core"]
 
@@ -62,7 +63,7 @@ def open_core(
         return open_snapshot(path, config, clock, host_factory)
     # the host first: a Ray cluster that cannot be reached leaves no store behind
     factory = host_factory or runtime_host(config)
-    store: Store = NullStore() if path is None else LmdbStore(path, config)
+    store: Store = NullStore() if path is None else open_store(path, config)
     try:
         restored = store.load(snapshot_key(config))
         check_meta(store, config, restored)
@@ -167,9 +168,11 @@ class ReadOnlyTidalDb(ReadOnlyRefusals, TidalDb):
     held at the open; every write raises StorageError and changes nothing."""
 
     @property
-    def _snapshot(self) -> SnapshotStore:
+    def _snapshot(self) -> SnapshotStore | ShardedSnapshotStore:
         store = self._core.store
-        assert isinstance(store, SnapshotStore)  # what `open_snapshot` opens
+        assert isinstance(
+            store, (SnapshotStore, ShardedSnapshotStore)
+        )  # what `open_snapshot` opens
         return store
 
     @property

@@ -24,7 +24,7 @@ from tidal_actors._errors import InvalidArgument, StorageError
 from tidal_actors.runtime.engine import Core, check_meta
 from tidal_actors.runtime.host import Host
 from tidal_actors.runtime.pykka_host import PykkaHost
-from tidal_actors.storage.lmdb_reader import SnapshotStore
+from tidal_actors.storage.lmdb_reader import open_snapshot_store
 from tidal_actors.storage.settings import SETTINGS_KEY, with_recorded
 from tidal_actors.storage.stores import Restored, snapshot_key
 
@@ -58,7 +58,7 @@ def open_snapshot(
 
     ``store.recorded_settings`` tells whether the store recorded its settings (if
     not, ``config``'s are used) and ``store.read_at_ns`` when it was read."""
-    store = SnapshotStore(path, config)
+    store = open_snapshot_store(path, config)
     resolved = [config]
 
     def key(out: Restored) -> list[Any]:

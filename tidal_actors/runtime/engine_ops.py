@@ -40,6 +40,7 @@ from tidal_actors.runtime.call import Call, FlushCall, error_of
 from tidal_actors.runtime.callers import Callers
 from tidal_actors.runtime.intake import Intake
 from tidal_actors.storage.protocol import Store
+from tidal_actors.storage.sharded import ShardedStore
 from tidal_actors.storage.stores import LmdbStore
 
 __all__ = ["Operations"]
@@ -261,6 +262,6 @@ class Operations(Intake):
 
     def lmdb_flags(self) -> dict[str, Any]:
         self.check_open()
-        if not isinstance(self.store, LmdbStore):
+        if not isinstance(self.store, (LmdbStore, ShardedStore)):
             raise InvalidArgument("path", None, "an ephemeral database has no LMDB environment")
         return self.store.flags()

@@ -42,6 +42,7 @@ from tidal_actors.storage.stores import (
 
 __all__ = [
     "FORMAT_VERSION",
+    "SHARDS_FORMAT",
     "build_states",
     "check_meta",
     "snapshot_delete_ops",
@@ -49,6 +50,9 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+"""The format record's ``format`` in a store of the ``single`` layout."""
+SHARDS_FORMAT = 2
+"""The format record's ``format`` in a store of the ``shards`` layout (`storage.layout`)."""
 
 
 def build_states(
@@ -304,6 +308,12 @@ def check_meta(store: Store, config: Config, restored: Restored) -> None:
             "its data file was emptied or replaced"
         )
     if meta:
+        if not isinstance(meta.get("format", 1), int) or meta.get("format", 1) > SHARDS_FORMAT:
+            raise StorageError(
+                f"{getattr(store, 'path', 'the store')} was written in format "
+                f"{meta.get('format')!r}, by a later version of tidal_actors (this one reads "
+                f"formats up to {SHARDS_FORMAT}): open it with that version"
+            )
         stored = meta.get("membership_shards")
         if stored is not None and stored != config.membership_shards:
             raise InvalidArgument(
@@ -314,17 +324,14 @@ def check_meta(store: Store, config: Config, restored: Restored) -> None:
         return
     if getattr(store, "read_only", False):
         return  # nothing to check against, and nothing may be written
-    store.commit(
-        [
-            (
-                Keyspace.META.value,
-                encode_key(0, Tag.STORE_META),
-                msgpack.packb(
-                    {"format": FORMAT_VERSION, "membership_shards": config.membership_shards}
-                ),
-            )
-        ]
-    )
+    record: dict[str, Any] = {
+        "format": FORMAT_VERSION,
+        "membership_shards": config.membership_shards,
+    }
+    layout = getattr(store, "layout_record", None)
+    if layout is not None:  # the shards layout: older versions must not read it as one store
+        record.update(layout(), format=SHARDS_FORMAT)
+    store.commit([(Keyspace.META.value, encode_key(0, Tag.STORE_META), msgpack.packb(record))])
     path = getattr(store, "path", None)
     if path is not None:
         (path / STORE_MARKER).touch()

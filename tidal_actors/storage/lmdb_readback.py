@@ -9,7 +9,8 @@ LMDB failure is a `StorageError` naming the keyspace (and the key when one was r
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,8 +46,21 @@ class LmdbReadBack:
         """
         from tidal_actors.storage.restore import parse_store
 
+        with self.reading() as keyspaces:
+            return parse_store(keyspaces, snapshot_ledgers)
+
+    @contextmanager
+    def reading(self) -> Iterator[dict[str, Iterable[tuple[bytes, bytes]]]]:
+        """Every keyspace's ``(key, value)`` pairs, in key order, read in one read
+        transaction (and under ``_env_lock``) held until the block ends: what
+        `load` decodes, and what a sharded store (`storage.sharded`) merges.
+
+        Raises:
+            DatabaseClosed: the store is closed. StorageError: LMDB failed to read
+                (iterating: naming the keyspace and the last key read).
+        """
         with self._env_lock, self._begin() as txn:
-            return parse_store({k.value: self._read(txn, k) for k in Keyspace}, snapshot_ledgers)
+            yield {k.value: self._read(txn, k) for k in Keyspace}
 
     def _begin(self) -> lmdb.Transaction[bytes]:
         """A read transaction (call with ``_env_lock`` held)."""

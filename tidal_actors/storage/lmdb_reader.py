@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import lmdb
 
@@ -24,13 +26,20 @@ from tidal_actors._errors import DatabaseClosed, StorageError
 from tidal_actors.storage.format import Keyspace
 from tidal_actors.storage.lmdb_env import LmdbStore
 from tidal_actors.storage.restore import Restored, SnapshotKey, parse_store
+from tidal_actors.storage.sharded import ShardedStore, layout_of
 
-__all__ = ["SnapshotStore"]
+__all__ = ["ShardedSnapshotStore", "SnapshotStore", "latest_event", "open_snapshot_store"]
 
 # users and items are small; the history is kept so that the ledgers, which settle
 # the detail of records out of the log, read them back as of the same read
 # (`storage.history.HistoryReader`); meta (snapshot chunks) is not kept
 _KEPT = (Keyspace.USERS, Keyspace.ITEMS, Keyspace.HISTORY)
+
+
+def latest_event(restored: Restored) -> int | None:
+    """The latest contribution's time (int ns) in ``restored``'s history, if any."""
+    stamps = [int(b.ts.max()) for b in restored.batches if len(b.ts)]
+    return max(stamps) if stamps else None
 
 
 class SnapshotStore(LmdbStore):
@@ -51,7 +60,17 @@ class SnapshotStore(LmdbStore):
         self.latest_event_ns: int | None = None  # the latest contribution's time, if replayed
 
     def load(self, snapshot_ledgers: SnapshotKey = None) -> Restored:
-        """Read everything in one read transaction (see `LmdbStore.load`), then detach.
+        """Read everything in one read transaction (see `LmdbStore.load`), then detach."""
+        with self.reading() as keyspaces:
+            restored = parse_store(keyspaces, snapshot_ledgers)
+        self.latest_event_ns = latest_event(restored)
+        return restored
+
+    @contextmanager
+    def reading(self) -> Iterator[dict[str, Iterable[tuple[bytes, bytes]]]]:
+        """Every keyspace in one read transaction (see `LmdbStore.reading`); the users,
+        items and history keyspaces are read whole and kept (for `raw_get`, `scan`,
+        the ledgers' reads of the history), and the store detaches when the block ends.
 
         A writer that grew the map since this open makes LMDB refuse the transaction
         (``MDB_MAP_RESIZED``): the new size is adopted and the read begins again."""
@@ -71,23 +90,18 @@ class SnapshotStore(LmdbStore):
                 self.read_at_ns = time.time_ns()
                 kept: dict[str, dict[bytes, bytes]] = {k.value: {} for k in _KEPT}
                 with txn:
-                    restored = parse_store(
-                        # kept keyspaces are read whole (a valid snapshot skips the history)
-                        {
-                            k.value: (
-                                list(self._keep(txn, k, kept[k.value]))
-                                if k in _KEPT
-                                else self._read(txn, k)
-                            )
-                            for k in Keyspace
-                        },
-                        snapshot_ledgers,
-                    )
+                    # kept keyspaces are read whole (a valid snapshot skips the history)
+                    yield {
+                        k.value: (
+                            list(self._keep(txn, k, kept[k.value]))
+                            if k in _KEPT
+                            else self._read(txn, k)
+                        )
+                        for k in Keyspace
+                    }
                 self._kept = kept
                 self._detach()
-                stamps = [int(b.ts.max()) for b in restored.batches if len(b.ts)]
-                self.latest_event_ns = max(stamps) if stamps else None
-                return restored
+                return
         raise AssertionError("unreachable")
 
     def _keep(
@@ -143,3 +157,43 @@ class SnapshotStore(LmdbStore):
 
     def history_items(self) -> Iterator[tuple[bytes, bytes]]:
         return iter(self.scan(Keyspace.HISTORY))
+
+
+class ShardedSnapshotStore(ShardedStore):
+    """`SnapshotStore` for a store of the ``shards`` layout: each environment read
+    once (one read transaction each: the ledgers' first, `ShardedStore.reading`),
+    kept, and detached.
+
+    Raises (at construction): as `SnapshotStore`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], config: Config) -> None:
+        super().__init__(
+            path, config, read_only=True, open_env=lambda p, ro: SnapshotStore(p, config)
+        )
+        self.read_at_ns: int | None = None
+        self.recorded_settings = False
+        self.latest_event_ns: int | None = None
+
+    def load(self, snapshot_ledgers: SnapshotKey = None) -> Restored:
+        """Read every environment (see `ShardedStore.load`), then detach them all."""
+        try:
+            restored = super().load(snapshot_ledgers)
+        finally:
+            if self._dirlock is not None:  # as a SnapshotStore's: this process may open it again
+                self._dirlock.release()
+                self._dirlock = None
+        self.read_at_ns = min(
+            t for e in self.envs.values() if (t := getattr(e, "read_at_ns", None)) is not None
+        )
+        self.latest_event_ns = latest_event(restored)
+        return restored
+
+
+def open_snapshot_store(
+    path: str | os.PathLike[str], config: Config
+) -> SnapshotStore | ShardedSnapshotStore:
+    """The read-only view of the store at ``path``, in its layout (`sharded.layout_of`)."""
+    if layout_of(Path(path), config) == "shards":
+        return ShardedSnapshotStore(path, config)
+    return SnapshotStore(path, config)

@@ -19,6 +19,7 @@ from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.runtime.call import Call
 from tidal_actors.runtime.engine import Core, check_meta
+from tidal_actors.storage.sharded import ShardedStore, open_store
 from tidal_actors.storage.stores import LmdbStore, MemoryStore, NullStore
 from tidal_actors.testing._generated_harness import HarnessOperations
 from tidal_actors.testing.link_faults import LinkFaultCalls, LinkFaults
@@ -46,7 +47,7 @@ def _open_store(store: Any, config: Config) -> tuple[Any, str | None]:
     if isinstance(store, str):
         if store.startswith("lmdb:"):
             path = store[len("lmdb:") :]
-            return LmdbStore(path, config), path
+            return open_store(path, config), path
         if store == "memory":
             return MemoryStore(), None
         if store == "null":
@@ -54,7 +55,7 @@ def _open_store(store: Any, config: Config) -> tuple[Any, str | None]:
         raise InvalidArgument("store", store, 'must be a store, "memory", "null" or "lmdb:<path>"')
     if not callable(getattr(store, "commit", None)) or not callable(getattr(store, "load", None)):
         raise InvalidArgument("store", store, "must be a store (MemoryStore, LmdbStore, NullStore)")
-    if isinstance(store, LmdbStore):
+    if isinstance(store, (LmdbStore, ShardedStore)):
         return store, str(store.path)
     return store, None
 
@@ -354,6 +355,6 @@ class Harness(LinkFaultCalls, HarnessOperations):
         """
         self.close()
         if self._lmdb_path is not None:
-            self.store = LmdbStore(self._lmdb_path, self.config)
+            self.store = open_store(self._lmdb_path, self.config)
         self._open()
         self.schedule.event("reopened from storage")

@@ -1,0 +1,83 @@
+"""Which LMDB environment of a store holds each key: the store's *layout*.
+
+Two layouts (docs/storage-format.md, "Layouts"), with the same keys and values:
+
+* ``single``: one environment, in the store's directory (``data.mdb``): every
+  store written before layouts existed, and the default under the pykka host.
+* ``shards``: one environment per shard, under ``<store>/shards/``, each owned by
+  the shard whose state it holds (issue 18, DESIGN.md "Persistence"):
+
+  ================  ==============================================================
+  environment       holds
+  ================  ==============================================================
+  ``coordinator``   the items keyspace (manifests, tombstones, purge statuses), the
+                    eviction states (a purge's watermark commits with its manifest
+                    and tombstones, in one transaction), and the store-wide records
+                    (format, settings, snapshot mark)
+  ``membership-i``  the users keyspace of the users of membership shard ``i``
+                    (membership, leave history, cohorts: `membership_shard_of`)
+  ``ledger-j``      ledger shard ``j``'s history batches, snapshot chunks and link
+                    states
+  ================  ==============================================================
+
+:func:`owner_of` is the one rule of which environment a key belongs to; the
+sharded store (`storage.sharded`) routes every write and read by it. Must not do I/O.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tidal_actors.storage.format import Keyspace, Tag, membership_shard_of
+
+__all__ = [
+    "COORDINATOR",
+    "SHARDS_DIR",
+    "env_path",
+    "ledger_env",
+    "membership_env",
+    "owner_of",
+]
+
+SHARDS_DIR = "shards"
+"""The directory, inside a store of the ``shards`` layout, of its environments."""
+
+COORDINATOR = "coordinator"
+"""The environment of the coordinator's keys and the store-wide records."""
+
+_USERS = Keyspace.USERS.value
+_HISTORY = Keyspace.HISTORY.value
+_META = Keyspace.META.value
+_PER_LEDGER = (int(Tag.SNAPSHOT_CHUNK), int(Tag.LINK_STATE))
+
+
+def membership_env(shard: int) -> str:
+    """The name of membership shard ``shard``'s environment: ``membership-<shard>``."""
+    return f"membership-{shard}"
+
+
+def ledger_env(shard: int) -> str:
+    """The name of ledger shard ``shard``'s environment: ``ledger-<shard>``."""
+    return f"ledger-{shard}"
+
+
+def env_path(store: Path, name: str) -> Path:
+    """The directory of environment ``name`` in the store at ``store``."""
+    return store / SHARDS_DIR / name
+
+
+def owner_of(keyspace: str, key: bytes, membership_shards: int) -> str:
+    """The environment that holds ``key`` of ``keyspace`` (a `Keyspace` value) in the
+    ``shards`` layout, for a store of ``membership_shards`` membership shards.
+
+    A key's first 8 bytes are its entity (`encode_key`): a user in the users keyspace
+    (its membership shard's environment), a ledger shard in the history keyspace and
+    in the meta keyspace's snapshot chunks and link states (that ledger's); every
+    other key is the coordinator's."""
+    if keyspace == _USERS:
+        return membership_env(
+            membership_shard_of(int.from_bytes(key[:8], "big"), membership_shards)
+        )
+    if keyspace == _HISTORY or (keyspace == _META and len(key) >= 10 and key[9] in _PER_LEDGER):
+        return ledger_env(int.from_bytes(key[:8], "big"))
+    return COORDINATOR
