@@ -119,9 +119,12 @@ def loaded(db: TidalDb, users: int, ops: int, seconds: float, with_control: bool
     return out
 
 
-def measure(path: str | None, users: int, ops: int, seconds: float) -> dict[str, float]:
+def measure(
+    path: str | None, users: int, ops: int, seconds: float, layout: str | None = None
+) -> dict[str, float]:
+    """The figures of one database (``layout``: `Config.store_layout`)."""
     res: dict[str, float] = {}
-    config = Config(rematerialize_after_ms=None)
+    config = Config(rematerialize_after_ms=None, store_layout=layout)
     with TidalDb.open(path, config=config) as db:
         res["assigns_per_s_16_callers"] = assign_all(db, users, 16)
         leaves, purges = control_round(db, users, ops, 1)

@@ -16,7 +16,10 @@ Figures:
   signals a call, ``Config(ledger_shards=2)`` with each host's default batch
   (``signal_batch_size`` None: 1,024 signals under the pykka host, 8,192 under the Ray
   host, `Config.batch_size`), and ``ray_b1024``: the Ray host with
-  ``signal_batch_size=1024`` (its default before, eight times the calls); from the first call until
+  ``signal_batch_size=1024`` (its default before, eight times the calls), and (persistent
+  only) ``ray_single``: the Ray host on a store of the ``single`` layout, whose history
+  batches all go to the persistence actor (``persistent_ray_shards_per_single``: the
+  default ``shards`` layout, each ledger committing its own, against it); from the first call until
   ``flush()`` returns; the cohorts are assigned before the timing. Shapes
   ``ephemeral`` and ``persistent`` (a fresh directory). Each contender runs once per
   round, in turn; a figure is the median of the rounds, ``<shape>_<ray>_per_pykka``
@@ -50,6 +53,9 @@ CONTENDERS: dict[str, dict[str, Any]] = {  # the pykka host; the Ray host, two b
     "pykka": {"host": "pykka"},
     "ray": {"host": "ray"},  # its default batch (`Config.batch_size`: 8,192)
     "ray_b1024": {"host": "ray", "signal_batch_size": 1024},  # the pykka host's default
+    # persistent only: the Ray host on a store of one environment (persistence writes
+    # every history batch) against its default, one per shard (each ledger its own)
+    "ray_single": {"host": "ray", "store_layout": "single"},
 }
 
 
@@ -152,12 +158,19 @@ def main() -> None:
             rates: dict[str, list[float]] = {c: [] for c in CONTENDERS}
             for r in range(rounds):
                 for name, settings in CONTENDERS.items():
+                    if name == "ray_single" and shape == "ephemeral":
+                        continue  # no store: the layouts do not differ
                     path = (
                         os.path.join(tmp, f"{shape}-{name}-{r}") if shape == "persistent" else None
                     )
                     rates[name].append(ingest(path, settings, signals, cohorts))
             for name in CONTENDERS:
-                out[f"{shape}_{name}_signals_per_s"] = statistics.median(rates[name])
+                if rates[name]:
+                    out[f"{shape}_{name}_signals_per_s"] = statistics.median(rates[name])
+            if shape == "persistent":
+                out["persistent_ray_shards_per_single"] = statistics.median(
+                    [a / b for a, b in zip(rates["ray"], rates["ray_single"])]
+                )
             for name in ("ray", "ray_b1024"):
                 out[f"{shape}_{name}_per_pykka"] = statistics.median(
                     [a / b for a, b in zip(rates[name], rates["pykka"])]

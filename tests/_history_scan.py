@@ -6,6 +6,7 @@ purge or a retention pass left on disk.
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import Any
 
@@ -109,17 +110,38 @@ def decode(payload: bytes) -> tuple[list[Rec], dict[str, Any]]:
     return [(mp["c"][c], u, e, t, s) for c, u, e, t, s in zip(ci, us, es, tt, ts)], {}
 
 
+def env_dirs(path: str) -> list[str]:
+    """The LMDB environments of the store at ``path``: itself (the single layout), or
+    each directory under its ``shards/`` (the shards layout, docs/storage-format.md)."""
+    shards = os.path.join(path, "shards")
+    if not os.path.isdir(shards):
+        return [path]
+    return [os.path.join(shards, n) for n in sorted(os.listdir(shards))]
+
+
+def data_bytes(path: str) -> bytes:
+    """Every byte of the store's data files (``data.mdb`` of each environment)."""
+    out = b""
+    for d in env_dirs(path):
+        with open(os.path.join(d, "data.mdb"), "rb") as f:
+            out += f.read()
+    return out
+
+
 def history(path: str) -> dict[bytes, tuple[list[Rec], dict[str, Any]]]:
-    """Every history batch of the store at ``path``: key -> (records, index)."""
-    env = lmdb.open(path, readonly=True, lock=False, max_dbs=8, subdir=True)
-    try:
-        db = env.open_db(b"history", create=False)
-        with env.begin() as txn:
-            out = {}
-            for k, v in txn.cursor(db):
-                v = bytes(v)
-                assert v[0] == 0xC1, v[:1]
-                out[bytes(k)] = decode(v[6:])
-            return out
-    finally:
-        env.close()
+    """Every history batch of the store at ``path`` (either layout): key -> (records,
+    index)."""
+    out = {}
+    for d in env_dirs(path):
+        env = lmdb.open(d, readonly=True, lock=False, max_dbs=8, subdir=True)
+        try:
+            db = env.open_db(b"history", create=False)
+            with env.begin() as txn:
+                for k, v in txn.cursor(db):
+                    v = bytes(v)
+                    assert v[0] == 0xC1, v[:1]
+                    assert bytes(k) not in out, k  # a batch in one environment only
+                    out[bytes(k)] = decode(v[6:])
+        finally:
+            env.close()
+    return out

@@ -385,11 +385,15 @@ def _assert_t_max_bounds(
     one: Aggregates, many: Aggregates, recs: list[Any], rows: list[int], gone: set[int]
 ) -> None:
     """Each live key's ``t_max``, in both, lies between its latest remaining
-    contribution and its latest added one (computed here from the records)."""
+    contribution and its latest added one, and so does its ``latest_t_max`` among
+    those of its latest bucket (computed here from the records): both are bounds
+    after retractions, exact once the key was refolded."""
     left: dict[tuple[str, int, int], int] = {}
     added: dict[tuple[str, int, int], int] = {}
+    by_bucket: dict[tuple[str, int, int, int], list[tuple[int, bool]]] = {}
     for row, (_, _, _, c, e, t, _, ts) in zip(rows, recs):
         added[(c, e, t)] = max(added.get((c, e, t), ts), ts)
+        by_bucket.setdefault((c, e, t, ts // WIDTH), []).append((ts, row not in gone))
         if row not in gone:
             left[(c, e, t)] = max(left.get((c, e, t), ts), ts)
     for kk, key in enumerate(one.keys):
@@ -397,6 +401,11 @@ def _assert_t_max_bounds(
             continue
         for a in (one, many):
             assert left[key] <= int(a.t_max[kk]) <= added[key], (key, int(a.t_max[kk]))
+            in_latest = by_bucket.get((*key, int(a.latest_b[kk])), [])
+            kept = [ts for ts, k in in_latest if k]
+            if kept:  # an emptied latest bucket's (count 0) is not read
+                hi = max(ts for ts, _ in in_latest)
+                assert max(kept) <= int(a.latest_t_max[kk]) <= hi, (key, int(a.latest_t_max[kk]))
 
 
 def test_retract_rows_and_one_by_one_may_leave_different_t_max_bounds() -> None:
@@ -451,9 +460,8 @@ def test_retract_rows_equals_retracting_one_by_one(raw, at, data) -> None:  # ty
         "latest_count",
         "latest_wsum",
         "latest_fd",
-        "latest_t_max",
         "live",
-    ):
+    ):  # latest_t_max, like t_max, is a bound (`_assert_t_max_bounds`)
         assert getattr(one, name)[:n].tobytes() == getattr(many, name)[:n].tobytes(), name
     assert one.older == many.older and one.index == many.index and one.cohorts == many.cohorts
     many.add_many(recs)  # the arrays can still grow (no numpy view left behind)

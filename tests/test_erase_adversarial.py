@@ -14,7 +14,7 @@ import pytest
 
 from tidal_actors import Config, ManualClock, TidalDb
 
-from ._history_scan import history
+from ._history_scan import data_bytes, history
 
 TOP = 2**64 - 1
 T0 = 10**18
@@ -73,11 +73,15 @@ def _users(n: int) -> list[int]:
 @pytest.mark.parametrize("n", [1, 2, 16, 17, 40])
 @pytest.mark.parametrize("purged", [0, TOP])
 @pytest.mark.parametrize("merged", [True, False])
-def test_no_purged_record_is_left_in_the_history_on_disk(tmp_path, n, purged, merged) -> None:
+@pytest.mark.parametrize("layout", ["single", "shards"])
+def test_no_purged_record_is_left_in_the_history_on_disk(
+    tmp_path, n, purged, merged, layout
+) -> None:
     """``merged``: compact() first merges the writes into one block of every user;
-    else each write stays its own batch (the purged user's alone in theirs)."""
+    else each write stays its own batch (the purged user's alone in theirs).
+    ``layout``: `Config.store_layout` (the history in one environment or a ledger's)."""
     path = str(tmp_path / "s")
-    cfg = Config(rematerialize_after_ms=None, ledger_shards=1)
+    cfg = Config(rematerialize_after_ms=None, ledger_shards=1, store_layout=layout)
     clock = ManualClock(T0 + 10**12)
     users = _users(n)
     if purged not in users:
@@ -103,7 +107,7 @@ def test_no_purged_record_is_left_in_the_history_on_disk(tmp_path, n, purged, me
     with TidalDb.open(path, config=cfg, clock=clock) as db:
         db.compact()
     assert _on_disk(path) == sorted(expected)
-    data = (tmp_path / "s" / "data.mdb").read_bytes()
+    data = data_bytes(path)
     # the columns are little-endian; the purge's manifest lists the entity (msgpack,
     # big-endian), as the caller got it
     assert SECRET.to_bytes(8, "little") not in data

@@ -119,3 +119,60 @@ def test_merged_attributions_carry_their_link_numbers_to_the_store_and_the_sende
         assert not notice.survived("membership-0", EPOCH, 4, _attribute(9, 1))
     finally:
         host.stop([M.LEDGER])
+
+
+@needs_ray
+def test_a_ledger_owning_its_environment_commits_its_batches_and_a_flush_reports_a_failure() -> (
+    None
+):
+    """The shards layout under Ray: the ledger's history writes (the batch and its
+    link state, one transaction) go to its own environment, not to persistence; one
+    that fails is carried, as a loss, by the next part of a barrier that reports
+    losses (a flush), and only by that one."""
+    from tidal_actors import StorageError
+    from tidal_actors.actors.reply import Reply
+    from tidal_actors.runtime.ray_local import LocalHost
+    from tidal_actors.runtime.ray_restart import DurableEnds
+
+    cfg = Config(membership_shards=1, ledger_shards=1)
+    links = _Links()
+    ends = DurableEnds()
+    host = LocalHost(cfg, ManualClock(T0), True, links, ends, 0, EPOCH)  # type: ignore[arg-type]
+    committed: list[list[Any]] = []
+
+    def commit(ops: list[Any]) -> None:
+        if len(committed) == 1:
+            raise StorageError("the disk refused it (test)")
+        committed.append(ops)
+
+    host.commit_history = commit
+    ledger = LedgerShard(host.ctx, 0)
+    ledger.state.wire_history(_History())
+    host.start([ledger])
+    try:
+        for seq, part in enumerate([_attribute(0, 3), _attribute(3, 2)], start=1):
+            ends.taken("membership-0", seq, part)
+            host.tell(ledger.address, part)
+            deadline = time.monotonic() + 10
+            while ledger.history_batches < seq and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert ledger.history_batches == 2
+        # the first batch committed here, with its link state; nothing went to persistence
+        (ops,) = committed
+        tags = [decode_key(key)[1] for _, key, _ in ops]
+        assert tags == [Tag.CONTRIBUTION_BATCH, Tag.LINK_STATE]
+        assert [a for a, m in links.sent if type(m) is M.Write] == []
+        sync = M.BarrierPart(M.Barrier((0,), 1, Reply("sync")))  # reports no loss
+        host.tell(M.PERSIST_ADDR, sync)
+        flush = M.BarrierPart(M.Barrier((0,), 1, Reply("flush"), reports_loss=True))
+        host.tell(M.PERSIST_ADDR, flush)
+        host.tell(M.PERSIST_ADDR, flush)
+        parts = [m for a, m in links.sent if type(m) is M.BarrierPart]
+        assert parts[0] is sync  # unchanged: the failure waits for a flush
+        (loss,) = parts[1].lost
+        assert isinstance(loss, StorageError)
+        assert "1 history write(s) of ledger 0 failed in its process" in str(loss)
+        assert "the disk refused it (test)" in str(loss)
+        assert parts[2].lost == ()  # reported once
+    finally:
+        host.stop([M.LEDGER])

@@ -35,7 +35,8 @@ SETTINGS = Config(
 WRITER = f"""
 import sys
 from tidal_actors import Config, ManualClock, TidalDb
-cfg = Config(half_life_ns="1h", window_width_ns="10m", window_buckets=3, rematerialize_after_ms=None)
+cfg = Config(half_life_ns="1h", window_width_ns="10m", window_buckets=3, rematerialize_after_ms=None,
+             store_layout=sys.argv[2])
 db = TidalDb.open(sys.argv[1], config=cfg, clock=ManualClock({T0}))
 for line in sys.stdin:
     cmd = line.split()
@@ -61,11 +62,11 @@ for line in sys.stdin:
 class Writer:
     """A process holding the store open: send it a command, wait for its answer."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, layout: str = "single") -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(path)],
+            [sys.executable, "-c", WRITER, str(path), layout],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -84,10 +85,11 @@ class Writer:
         self.proc.wait(60)
 
 
-@pytest.fixture
-def writer(tmp_path: Path) -> Iterator[tuple[Writer, Path]]:
+@pytest.fixture(params=["single", "shards"])
+def writer(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Writer, Path]]:
+    """A writer process holding a store open, in each layout (docs/storage-format.md)."""
     path = tmp_path / "store"
-    w = Writer(path)
+    w = Writer(path, request.param)
     try:
         assert w("assign", 1, "readers") == "ok"
         assert w("signal", 1, 7, 2.0, 3) == "ok"  # 3 signals of weight 2.0 at T0, durable
@@ -97,11 +99,12 @@ def writer(tmp_path: Path) -> Iterator[tuple[Writer, Path]]:
 
 
 def _files(path: Path) -> dict[str, tuple[str, int]]:
-    """Each file's content hash and modification time (ns)."""
+    """Each file's content hash and modification time (ns), in the store's directory
+    and (the shards layout) in each of its environments' directories."""
     return {
-        f.name: (hashlib.sha256(f.read_bytes()).hexdigest(), f.stat().st_mtime_ns)
-        for f in sorted(path.iterdir())
-        if f.name != "lock.mdb"
+        str(f.relative_to(path)): (hashlib.sha256(f.read_bytes()).hexdigest(), f.stat().st_mtime_ns)
+        for f in sorted(path.rglob("*"))
+        if f.is_file() and f.name != "lock.mdb"
     }
 
 
@@ -121,9 +124,9 @@ def test_a_read_only_open_reads_a_store_another_process_is_writing(writer) -> No
             db.assign_cohort(2, "x")
         with pytest.raises(StorageError, match="read-only: compact refused"):
             db.compact()
-    assert {k: v for k, v in _files(path).items() if k != "data.mdb"} == {
-        k: v for k, v in before.items() if k != "data.mdb"
-    }  # tidal.lock untouched
+    assert {k: v for k, v in _files(path).items() if not k.endswith("data.mdb")} == {
+        k: v for k, v in before.items() if not k.endswith("data.mdb")
+    }  # tidal.lock untouched (the writer writes the data files)
     with TidalDb.open(path, read_only=True, clock=ManualClock(T0)) as db:  # a new read sees them
         assert db.read_window("readers", 7, 1).count == 7
         assert db.read_decay_score("readers", 7, 1) == 10.0

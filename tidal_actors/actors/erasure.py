@@ -84,6 +84,9 @@ class Erasure(Behaviour):
 
     def _on_erase(self, msg: M.EraseHistory) -> None:
         self.commit()  # history batches queued before are in the store first
+        take_over = getattr(self.store, "take_over_writes", None)
+        if take_over is not None:  # a ledger writing its own history may have died in a commit
+            take_over()
         run_aside = getattr(self.ctx, "run_aside", None)
         slices = getattr(self.store, "history_slices", None)
         if run_aside is None or slices is None:

@@ -225,8 +225,13 @@ class Persistence(Erasure):
 
     def _on_load(self, msg: LoadStore) -> None:
         """Read the store for a shard restarting (`actors.recovery`), after committing
-        what waits (so the restored state holds every write sent before)."""
+        what waits (so the restored state holds every write sent before), and after
+        taking over the writes of a writer in another process that died inside a
+        commit (`take_over_writes`: else this read would not see that commit)."""
         self.commit()
+        take_over = getattr(self.store, "take_over_writes", None)
+        if take_over is not None:
+            take_over()
         msg.reply.set_result(self.store.load())
 
     def _on_compact(self, msg: M.Compact) -> None:

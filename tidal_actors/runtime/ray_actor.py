@@ -75,7 +75,7 @@ from tidal_actors.runtime.ray_restart import (
     restore,
 )
 from tidal_actors.runtime.ray_shipping import dumps, loads
-from tidal_actors.runtime.ray_stores import Marks, ReaderStore, WriterStore
+from tidal_actors.runtime.ray_stores import Marks, actor_store, owns_history, take_marks
 from tidal_actors.storage.stores import NullStore
 
 __all__ = ["TICK_S", "Counters", "ShardActor", "Stamped"]
@@ -148,6 +148,9 @@ class ShardActor:
         self.host = LocalHost(
             config, self.clock, durable, self.links, self.durable_ends, address[1], self.epoch
         )
+        if address[0] == M.LEDGER and path is not None and owns_history(path, config):
+            # the shards layout: this ledger commits its history in its own environment
+            self.host.commit_history = lambda ops: self._resolve("store").commit(ops)
         self.host.supervisor = FencingSupervisor(config, self.host.ctx, DurableFlag(durable))
         self.host.supervisor.on_fault = self._fault
         self.store: Any = None
@@ -230,10 +233,9 @@ class ShardActor:
             if self.store is None:
                 if self._path is None:
                     self.store = NullStore()
-                elif self.address == M.PERSIST_ADDR:
-                    self.store = WriterStore(self._path, self._config)
                 else:
-                    self.store = ReaderStore(self._path, self._config)
+                    writer = self.address == M.PERSIST_ADDR or self.host.commit_history is not None
+                    self.store = actor_store(self._path, self._config, writer=writer)
             return self.store
         raise KeyError(name)
 
@@ -308,8 +310,8 @@ class ShardActor:
                 self.links.restarted(msg)  # type: ignore[arg-type]
                 continue
             if t is Marks:
-                if isinstance(self.store, ReaderStore):
-                    self.store.take_marks(msg, self.address[1])  # type: ignore[arg-type]
+                if self.store is not None and self.address != M.PERSIST_ADDR:
+                    take_marks(self.store, msg, self.address[1])  # type: ignore[arg-type]
                 continue
             if t is Counters:
                 b = self.host.behaviours[self.address]

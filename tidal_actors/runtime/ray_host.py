@@ -18,12 +18,14 @@ ledger shard, the purge coordinator and persistence is a named Ray actor
 * Numpy columns (`messages.Attribute`) cross as pickle-5 buffers (Ray's own
   serialization); signals travel in batches of ``Config.batch_size`` (8,192 signals
   unless ``signal_batch_size`` says otherwise: each batch is a Ray call).
-* Store: ONE LMDB environment, as under the pykka host, opened by this process,
-  written by the persistence actor's process, read by the ledgers' processes
-  (`runtime.ray_stores`); so the actors of a durable database run where that
-  directory is: this process's node, or for the ledgers the nodes advertising
-  ``Config.ray_store_resource`` (`runtime.ray_placement`). Per-shard stores are not
-  built yet.
+* Store: opened by this process; in the ``shards`` layout (the default for a store
+  made under this host, `storage.layout`) each ledger's process commits its own
+  environment (its history batches) and the persistence actor's process the
+  membership shards' and the coordinator's; in the ``single`` layout persistence
+  writes the one environment. The ledgers' processes read the history back from
+  the store (`runtime.ray_stores`); so the actors of a durable database run where
+  that directory is: this process's node, or for the ledgers the nodes advertising
+  ``Config.ray_store_resource`` (`runtime.ray_placement`).
 * Restarts: a ledger actor of a durable database whose process died is restarted
   by Ray (``max_restarts``) and restores by handshake; the links into it keep each
   message until it is durable there and re-send the rest after the restart
@@ -70,7 +72,6 @@ from tidal_actors.runtime.ray_restart import (
 )
 from tidal_actors.runtime.ray_shipping import dumps, loads
 from tidal_actors.runtime.ray_start import ensure_ray
-from tidal_actors.runtime.ray_stores import adopt_map_size
 from tidal_actors.runtime.supervision import REPORTS_KEPT
 
 __all__ = ["START_WAIT_S", "STOP_WAIT_S", "RayHost", "ensure_ray"]
@@ -200,9 +201,10 @@ class RayHost(RayFaults):
         self.path.close()
         forget(self.path)
         self._call_waiters(everyone=True)
-        if self._store is not None and self._store.durable and hasattr(self._store, "env"):
+        adopt = getattr(self._store, "adopt_map_size", None)
+        if adopt is not None:
             with contextlib.suppress(Exception):  # the snapshot write says so if it matters
-                adopt_map_size(self._store)  # persistence may have grown the map
+                adopt()  # the actors' processes may have grown the maps
 
     def _adopt(self, address: M.Address, ended: Behaviour) -> None:
         local = self.behaviours.get(address)

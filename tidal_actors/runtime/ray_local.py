@@ -9,6 +9,8 @@ copy of a message Ray delivered (`writable`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from tidal_actors._clock import Clock
@@ -21,7 +23,7 @@ from tidal_actors.runtime.pykka_host import PykkaHost
 from tidal_actors.runtime.ray_links import Links
 from tidal_actors.runtime.ray_restart import DurableEnds, track
 from tidal_actors.runtime.supervision import Supervisor
-from tidal_actors.storage.format import link_state_op
+from tidal_actors.storage.format import Op, link_state_op
 
 __all__ = ["DurableFlag", "FencingSupervisor", "LocalHost", "Stamped", "writable"]
 
@@ -71,6 +73,10 @@ class LocalHost(PykkaHost):
         self.ends = ends
         self.shard = shard
         self.epoch = epoch
+        # a ledger that owns its environment (the shards layout) commits its history
+        # writes with this, in its own thread, instead of sending them to persistence
+        self.commit_history: Callable[[list[Op]], None] | None = None
+        self._history_failures: list[BaseException] = []
 
     def start(self, behaviours: list[Behaviour]) -> None:
         """Start ``behaviours``; with ``ends``, each message they handle is followed
@@ -99,10 +105,45 @@ class LocalHost(PykkaHost):
             super().tell(address, message)
             return
         ends = self.ends
-        if ends is not None and ends.current and type(message) is M.Write and message.reply is None:
+        if (
+            ends is not None
+            and ends.current
+            and isinstance(message, M.Write)
+            and message.reply is None
+        ):
             ops = [link_state_op(self.shard, o, self.epoch, seq) for o, seq in ends.current]
             message = M.Write([*message.ops, *ops], None, message.ahead)
+        if self.commit_history is not None and address == M.PERSIST_ADDR:
+            if isinstance(message, M.Write) and message.reply is None:  # a history batch: ours
+                self._commit_history(message.ops)
+                return
+            if isinstance(message, M.BarrierPart):
+                message = self._with_failures(message)
         self.links.send(address, message)
+
+    def _commit_history(self, ops: list[Op]) -> None:
+        """Commit a history write in this ledger's environment, now (one transaction:
+        the batch and its link states); a failure is reported by the next flush, as
+        persistence reports its failed history writes."""
+        assert self.commit_history is not None
+        try:
+            self.commit_history(ops)
+        except Exception as exc:  # noqa: BLE001 - reported by the next flush, never dropped
+            self._history_failures.append(exc)
+
+    def _with_failures(self, part: M.BarrierPart) -> M.BarrierPart:
+        """``part`` carrying the history writes that failed here since the last flush
+        (to a barrier that reports losses: a flush or a close)."""
+        failed = self._history_failures
+        if not failed or not part.barrier.reports_loss:
+            return part
+        self._history_failures = []
+        error = StorageError(
+            f"{len(failed)} history write(s) of ledger {self.shard} failed in its process; "
+            f"last: {failed[-1]}"
+        )
+        error.__cause__ = failed[-1]
+        return M.BarrierPart(part.barrier, (*part.lost, error))
 
 
 def writable(msg: object) -> object:

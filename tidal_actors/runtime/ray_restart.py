@@ -302,6 +302,10 @@ def restore(actor: Any) -> tuple[Behaviour, LedgerRestart]:
     # the failed incarnation): persistence heard every notice
     links.adopt_epochs(ray.get(links.handle(M.PERSIST_ADDR).known_epochs.remote()))
     recovery = ask(links.handle(M.COORD_ADDR), functools.partial(RecoverLedger, i), "recover")
+    # in the shards layout the failed incarnation wrote its own environment and may
+    # have died inside a commit: persistence takes over its writes before it reads
+    # (`Persistence._on_load`), else the restore would miss that batch and number its
+    # next one as it, overwriting it, while the link state read below says it is held
     restored = ask(links.handle(M.PERSIST_ADDR), LoadStore, "load-store")
     store = actor._resolve("store")
     new = restore_ledger(cfg, actor.host.ctx, restored, store, i, recovery, None, (), True)

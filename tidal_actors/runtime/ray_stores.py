@@ -1,8 +1,10 @@
 """The LMDB environment as the Ray host's actor processes see it (`runtime.ray_host`).
 
-The store stays ONE environment, opened by the facade's process (which holds the
-directory lock, restores from it and writes the snapshot at close). LMDB serves
-several processes on one environment (its own lock file orders the writers), so:
+The store is opened by the facade's process (which holds the directory lock,
+restores from it and writes the snapshot at close); in the ``shards`` layout each of
+its environments (`storage.sharded`) is opened so in the actors' processes
+(`actor_store`). LMDB serves several processes on one environment (its own lock file
+orders the writers), so:
 
 * the persistence actor's process opens it for writing (`WriterStore`: the lock of
   ours is the facade's, held for it), and is its only writer while the actors run;
@@ -29,8 +31,9 @@ from tidal_actors._config import Config
 from tidal_actors._errors import StorageError
 from tidal_actors.storage.lmdb_env import STORE_MARKER, LmdbStore
 from tidal_actors.storage.protocol import HistoryMarks
+from tidal_actors.storage.sharded import ShardedStore, layout_of
 
-__all__ = ["Marks", "ReaderStore", "WriterStore", "adopt_map_size"]
+__all__ = ["Marks", "ReaderStore", "WriterStore", "actor_store", "owns_history", "take_marks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,27 +93,35 @@ class ReaderStore(LmdbStore):
     def __init__(self, path: str, config: Config) -> None:  # noqa: D107
         _open(self, path, config, read_only=True)
 
-    def _begin(self) -> lmdb.Transaction[bytes]:
-        try:
-            return self._live().begin(buffers=False)
-        except lmdb.MapResizedError:
-            adopt_map_size(self)
-            return super()._begin()
-        except lmdb.Error as exc:
-            raise StorageError(f"cannot read {self.path}: {exc}") from exc
 
-    def take_marks(self, marks: Marks, shard: int) -> None:
-        """What persistence committed of ledger ``shard``'s history (`Marks`)."""
-        hm = self.history_marks
-        if marks.top > hm.top.get(shard, 0):
-            hm.top[shard] = marks.top
-        hm.rewrites = max(hm.rewrites, marks.rewrites)
+def take_marks(store: Any, marks: Marks, shard: int) -> None:
+    """Tell a ledger process's store (a `ReaderStore`, or a `ShardedStore` of them)
+    what persistence committed of ledger ``shard``'s history (`Marks`)."""
+    hm: HistoryMarks = store.history_marks
+    if marks.top > hm.top.get(shard, 0):
+        hm.top[shard] = marks.top
+    hm.rewrites = max(hm.rewrites, marks.rewrites)
 
 
-def adopt_map_size(store: Any) -> None:
-    """Take the map size another process grew the environment to (no transaction of
-    this process may be open)."""
-    with store._env_lock:
-        env = store._live()
-        env.set_mapsize(0)
-        store.map_size = env.info()["map_size"]
+def owns_history(path: str, config: Config) -> bool:
+    """Whether a ledger actor of the store at ``path`` commits its own history batches
+    in its own process (the ``shards`` layout: its environment is its own) rather
+    than sending them to the persistence actor."""
+    return layout_of(Path(path), config) == "shards"
+
+
+def actor_store(path: str, config: Config, writer: bool) -> LmdbStore | ShardedStore:
+    """The store as an actor's process opens it, in its layout (`sharded.layout_of`):
+    for writing (``writer``: the persistence actor's, and a ledger's that
+    `owns_history`) or read-only (another ledger's); in the ``shards`` layout, each
+    environment so."""
+    if layout_of(Path(path), config) == "shards":
+        kind = WriterStore if writer else ReaderStore
+        return ShardedStore(
+            path,
+            config,
+            read_only=not writer,
+            open_env=lambda p, ro: kind(str(p), config),
+            lock=False,
+        )
+    return WriterStore(path, config) if writer else ReaderStore(path, config)

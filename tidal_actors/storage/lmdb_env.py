@@ -266,8 +266,41 @@ class LmdbStore(Compaction, LmdbReadBack, HistorySlices, HistoryStore):
                     return
                 except lmdb.MapFullError:
                     self._grow()
+                except lmdb.MapResizedError:  # another process grew it: take its size, retry
+                    self.adopt_map_size()
                 except lmdb.Error as exc:
                     raise StorageError(f"LMDB commit failed: {exc}") from exc
+
+    def take_over_writes(self) -> None:
+        """Begin and abort a write transaction. A writer whose process died inside a
+        commit leaves LMDB's shared record of the last transaction behind the data
+        file's (so other processes' readers go on reading the transaction before
+        it) until the next writer takes the write lock and repairs it: a process
+        taking over another's writes calls this before anyone reads what that one
+        wrote (`runtime.ray_restart.restore`).
+
+        Raises:
+            DatabaseClosed: the store is closed. StorageError: LMDB refused.
+        """
+        if self.read_only:
+            return
+        with self._env_lock:
+            try:
+                self._live().begin(write=True).abort()
+            except lmdb.Error as exc:
+                raise StorageError(f"cannot take over the writes of {self.path}: {exc}") from exc
+
+    def adopt_map_size(self) -> None:
+        """Take the map size another process grew the environment to (no transaction
+        of this process may be open).
+
+        Raises:
+            DatabaseClosed: the store is closed.
+        """
+        with self._env_lock:
+            env = self._live()
+            env.set_mapsize(0)  # LMDB takes the size the meta page names
+            self.map_size = env.info()["map_size"]
 
     def _grow(self) -> None:
         """Double the map (with no transaction of ours open), up to the maximum."""

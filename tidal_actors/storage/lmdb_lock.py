@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from tidal_actors._errors import DatabaseLocked
+from tidal_actors.storage.layout import COORDINATOR, env_path
 
 __all__ = [
     "DirectoryLock",
@@ -293,7 +294,12 @@ def attached_process(path: Path) -> int | None:
     """The pid of a process that has the LMDB environment in ``path`` open (a writer,
     or another reader), or None; takes and writes nothing. Call it before this process
     opens the environment: closing the descriptor it uses would drop this process's
-    own LMDB lock (see `LockProbe`)."""
+    own LMDB lock (see `LockProbe`). ``path``: a store's directory in either layout
+    (in the ``shards`` layout, its coordinator's environment is probed: a writer has
+    every environment open)."""
+    coordinator = env_path(path, COORDINATOR)
+    if coordinator.is_dir():
+        path = coordinator
     try:
         fd = os.open(path / "lock.mdb", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:

@@ -62,10 +62,18 @@ class LmdbReadBack:
         with self._env_lock, self._begin() as txn:
             yield {k.value: self._read(txn, k) for k in Keyspace}
 
+    def adopt_map_size(self) -> None:
+        raise NotImplementedError
+
     def _begin(self) -> lmdb.Transaction[bytes]:
-        """A read transaction (call with ``_env_lock`` held)."""
+        """A read transaction (call with ``_env_lock`` held); a map another process
+        grew since (``MDB_MAP_RESIZED``) is adopted first."""
         try:
-            return self._live().begin(buffers=False)
+            try:
+                return self._live().begin(buffers=False)
+            except lmdb.MapResizedError:
+                self.adopt_map_size()
+                return self._live().begin(buffers=False)
         except lmdb.Error as exc:
             raise StorageError(f"cannot read {self.path}: {exc}") from exc
 

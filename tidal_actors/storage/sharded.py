@@ -113,7 +113,7 @@ class ShardedStore(HistoryStore):
             if not read_only:
                 (self.path / SHARDS_DIR).mkdir(parents=True, exist_ok=True)
             self.existed = (self.path / STORE_MARKER).exists()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             raise StorageError(f"cannot create the directory {self.path}: {exc}") from exc
         self._dirlock: DirectoryLock | None = None
         if lock:
@@ -334,6 +334,17 @@ class ShardedStore(HistoryStore):
             for k, v in env.compact().items():
                 total[k] = total.get(k, 0) + v
         return total
+
+    def take_over_writes(self, name: str | None = None) -> None:
+        """`LmdbStore.take_over_writes` of environment ``name`` (``ledger-3``), or of
+        every one (None)."""
+        for env in [self._env(name)] if name is not None else list(self.envs.values()):
+            env.take_over_writes()
+
+    def adopt_map_size(self) -> None:
+        """`LmdbStore.adopt_map_size` of each environment."""
+        for env in self.envs.values():
+            env.adopt_map_size()
 
     @property
     def stale_readers(self) -> int:

@@ -88,7 +88,7 @@ class Tag(enum.IntEnum):
 
 
 class Keyspace(str, enum.Enum):
-    """Named LMDB databases in the one environment."""
+    """Named LMDB databases, in each environment of a store (`storage.layout`)."""
 
     USERS = "users"
     ITEMS = "items"
