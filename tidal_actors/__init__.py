@@ -4,41 +4,104 @@ Users opt in; their engagement signals fan out to cohort aggregates (time-decaye
 scores, bucketed windows). Leaving stops forwarding at once and durably; a purge
 retracts a user's contributions exactly, with an audited manifest. This module is
 the whole public surface.
+
+Every name of ``__all__`` is imported from its module when it is first read
+(PEP 562 ``__getattr__``), so that ``import tidal_actors`` (and the command line's
+``--help``, which imports it first) does not load numpy, LMDB, pykka and the
+runtime; ``from tidal_actors import TidalDb`` works as before.
 """
 
-from tidal_actors._clock import Clock, ManualClock, SystemClock
-from tidal_actors._config import Config
-from tidal_actors._errors import (
-    ActorFailure,
-    DatabaseClosed,
-    DatabaseLocked,
-    InvalidArgument,
-    StorageError,
-    StorageFull,
-    TidalError,
-    UnknownCohort,
-    UnknownPurge,
-    WrongThread,
-)
-from tidal_actors._types import (
-    COMMUNITY,
-    CommunityMembership,
-    ContributionRecord,
-    LeaveEpoch,
-    MembershipStatus,
-    PurgeId,
-    PurgeManifest,
-    PurgeStatus,
-    RematerializationReport,
-    Signal,
-    WindowCount,
-)
-from tidal_actors.eventlog.log import EventLogError
-from tidal_actors.facades.aio import AsyncTidalDb, open_tidal
-from tidal_actors.facades.blocking import TidalDb
-from tidal_actors.storage.format import Tag, encode_key
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, eagerly
+    from tidal_actors._clock import Clock, ManualClock, SystemClock
+    from tidal_actors._config import Config
+    from tidal_actors._errors import (
+        ActorFailure,
+        DatabaseClosed,
+        DatabaseLocked,
+        InvalidArgument,
+        StorageError,
+        StorageFull,
+        TidalError,
+        UnknownCohort,
+        UnknownPurge,
+        WrongThread,
+    )
+    from tidal_actors._types import (
+        COMMUNITY,
+        CommunityMembership,
+        ContributionRecord,
+        LeaveEpoch,
+        MembershipStatus,
+        PurgeId,
+        PurgeManifest,
+        PurgeStatus,
+        RematerializationReport,
+        Signal,
+        WindowCount,
+    )
+    from tidal_actors.eventlog.log import EventLogError
+    from tidal_actors.facades.aio import AsyncTidalDb, open_tidal
+    from tidal_actors.facades.blocking import TidalDb
+    from tidal_actors.storage.format import Tag, encode_key
 
 __version__ = "0.1.0"
+
+_HOME = {
+    "tidal_actors._clock": ("Clock", "ManualClock", "SystemClock"),
+    "tidal_actors._config": ("Config",),
+    "tidal_actors._errors": (
+        "ActorFailure",
+        "DatabaseClosed",
+        "DatabaseLocked",
+        "InvalidArgument",
+        "StorageError",
+        "StorageFull",
+        "TidalError",
+        "UnknownCohort",
+        "UnknownPurge",
+        "WrongThread",
+    ),
+    "tidal_actors._types": (
+        "COMMUNITY",
+        "CommunityMembership",
+        "ContributionRecord",
+        "LeaveEpoch",
+        "MembershipStatus",
+        "PurgeId",
+        "PurgeManifest",
+        "PurgeStatus",
+        "RematerializationReport",
+        "Signal",
+        "WindowCount",
+    ),
+    "tidal_actors.eventlog.log": ("EventLogError",),
+    "tidal_actors.facades.aio": ("AsyncTidalDb", "open_tidal"),
+    "tidal_actors.facades.blocking": ("TidalDb",),
+    "tidal_actors.storage.format": ("Tag", "encode_key"),
+}
+_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
+
+
+if not TYPE_CHECKING:  # hidden from type checkers, so that a misspelt name stays an error
+
+    def __getattr__(name: str) -> Any:
+        """A public name, imported from its module on first use (then cached here)."""
+        module = _MODULE_OF.get(name)
+        if module is None:
+            raise AttributeError(f"module 'tidal_actors' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF))
+
 
 __all__ = [
     "COMMUNITY",

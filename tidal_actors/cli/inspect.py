@@ -32,7 +32,6 @@ from tidal_actors.cli import store
 from tidal_actors.cli.group import EXIT_BAD_INPUT, data_dir_of, fail
 from tidal_actors.cli.inspect_store import inspected, known_cohorts, note, user_ids
 from tidal_actors.cli.timepoints import FORMS, stamp
-from tidal_actors.core.validate import check_cohort
 
 __all__ = ["inspect"]
 
@@ -201,6 +200,8 @@ def inspect_top(
 
     A cohort the store does not know (no member, no contribution) is an error
     (exit 2) naming the closest known names; `inspect cohorts` lists them."""
+    from tidal_actors.core.validate import check_cohort
+
     try:
         check_cohort(cohort, allow_community=True)
     except InvalidArgument as exc:

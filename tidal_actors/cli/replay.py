@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -40,8 +41,10 @@ from tidal_actors.cli.safety import (
 )
 from tidal_actors.cli.summary import print_replay_summary
 from tidal_actors.cli.timepoints import FORMS, parse_time
-from tidal_actors.eventlog.log import ApplyCounts, EventLogError, EventLogReader, apply_events
 from tidal_actors.loadsim.interrupt import EXIT_INTERRUPTED, STOP_NOTICE, StopOnSigint
+
+if TYPE_CHECKING:
+    from tidal_actors.eventlog.log import EventLogError
 
 __all__ = ["SCORES_HEADER", "duration_option", "replay", "time_point_option", "write_scores"]
 
@@ -220,6 +223,9 @@ def replay(
     flushed and closed, and prints how to go on (--skip-rows N --append).
     Durations: 90d, 12h, 30m, 15s, 250ms or integer nanoseconds.
     """
+    # the runtime is imported here, when the command runs, not for `--help`
+    from tidal_actors.eventlog.log import ApplyCounts, EventLogError, EventLogReader, apply_events
+
     data_dir = data_dir_of(ctx, data_dir)
     store.check_outputs({"--scores-out": scores_out, "--report-out": report_out})
     check_replay_target(data_dir, append)
