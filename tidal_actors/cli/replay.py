@@ -240,10 +240,16 @@ def replay(
             f"{data_dir / store.STATE_FILE if data_dir else store.STATE_FILE}: {exc}",
             EXIT_BAD_INPUT,
         )
+    reader = EventLogReader(events, skip_invalid=skip_invalid)
+    try:  # a bad header is refused before anything is opened or made: no summary of 0 rows
+        reader.check_header()
+    except EventLogError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    except OSError as exc:
+        fail(f"cannot read {events}: {exc.strerror or exc}", EXIT_BAD_INPUT)
     if data_dir is not None:
         store.make_data_dir(data_dir)
     clock = ManualClock(0)
-    reader = EventLogReader(events, skip_invalid=skip_invalid)
     counts = ApplyCounts()
     error: EventLogError | None = None
     scores_written: int | None = None
