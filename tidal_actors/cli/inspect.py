@@ -29,13 +29,13 @@ from tidal_actors._errors import InvalidArgument, UnknownPurge
 from tidal_actors._text import plural
 from tidal_actors._types import COMMUNITY, MembershipStatus
 from tidal_actors.cli import store
-from tidal_actors.cli.group import EXIT_BAD_INPUT, data_dir_of, fail
+from tidal_actors.cli.group import EXIT_BAD_INPUT, Integer, data_dir_of, fail
 from tidal_actors.cli.inspect_store import inspected, known_cohorts, note, user_ids
 from tidal_actors.cli.timepoints import FORMS, stamp
 
 __all__ = ["inspect"]
 
-ID = click.IntRange(0, 2**64 - 1)
+ID = Integer(0, 2**64 - 1)
 _DATA_DIR_HELP = (
     "A store's directory: one replay or simulate wrote, or any the library wrote "
     "(required; after the "
@@ -179,7 +179,7 @@ def inspect_cohorts(ctx: click.Context, at_text: str | None, data_dir: Path | No
 @click.option(
     "-k",
     "k",
-    type=click.IntRange(1, 2**31 - 1),
+    type=Integer(1, 2**31 - 1),
     default=10,
     show_default=True,
     metavar="K",

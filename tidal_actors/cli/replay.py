@@ -27,6 +27,7 @@ from tidal_actors.cli import store
 from tidal_actors.cli.group import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
+    Integer,
     data_dir_of,
     fail,
     write_json,
@@ -131,7 +132,7 @@ def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
 )
 @click.option(
     "--skip-rows",
-    type=click.IntRange(min=0),
+    type=Integer(min=0),
     default=0,
     show_default=True,
     metavar="N",
@@ -157,9 +158,7 @@ def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
     callback=duration_option,
     help="Window bucket width, e.g. 1h.",
 )
-@click.option(
-    "--window-buckets", type=click.IntRange(min=1), metavar="N", help="Buckets per window read."
-)
+@click.option("--window-buckets", type=Integer(min=1), metavar="N", help="Buckets per window read.")
 @click.option(
     "--at",
     "at_text",
@@ -181,7 +180,7 @@ def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
 @click.option("--skip-invalid", is_flag=True, help="Skip and count bad rows instead of stopping.")
 @click.option(
     "--batch-size",
-    type=click.IntRange(min=1),
+    type=Integer(min=1),
     default=1024,
     show_default=True,
     metavar="N",
