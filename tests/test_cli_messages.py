@@ -1,7 +1,9 @@
 """What the command line says to a newcomer's slips (found following README.md and
 docs/cli.md from a clean shell): a word where a number goes is called not an
-integer (click's own type said "not a valid integer range"). Expected texts are
-written out by hand."""
+integer (click's own type said "not a valid integer range"); ``inspect top --type
+N`` of a type the cohort has no contribution of says so and names the types it has
+(it printed "top 0" and a note blaming the read time). Expected texts are written
+out by hand."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ from click.testing import CliRunner
 
 from tidal_actors.cli import commands as cli_module
 
-from .test_cli import HAND_LOG
+from . import test_cli
+from .test_cli import HAND_FLAGS, HAND_LOG, Run
+
+run = test_cli.run  # the fixture: the command line in a subprocess, and on the reference model
 
 
 def _invoke(*args: object) -> tuple[int, str, str]:
@@ -56,3 +61,25 @@ def test_a_number_out_of_range_still_names_the_range(tmp_path: Path) -> None:
     code, _, err = _invoke("inspect", "top", "a", "-k", "0", "--data-dir", tmp_path)
     assert code == 2
     assert err.endswith("Error: Invalid value for '-k': 0 is not in the range 1<=x<=2147483647.\n")
+
+
+def test_top_of_a_signal_type_the_cohort_lacks_names_the_ones_it_has(
+    run: Run, tmp_path: Path
+) -> None:
+    """Cohort a of the hand log holds types 1 (entity 10) and 2 (entity 20) at T+3H."""
+    log, data = tmp_path / "log.csv", tmp_path / "data"
+    log.write_text(HAND_LOG)
+    assert run("replay", log, *HAND_FLAGS, "--data-dir", data, "--quiet").code == 0
+    res = run("inspect", "top", "a", "--type", "5", "--data-dir", data)
+    assert (res.code, res.err) == (0, ""), res
+    assert res.out == (
+        "cohort a at 46800000000000 (1970-01-01 13:00:00.000 UTC)\n"
+        "  signal type 5: no contribution in this cohort (its signal types: 1, 2)\n"
+    )
+    res = run("inspect", "top", "a", "--type", "2", "--data-dir", data)
+    assert (res.code, res.err) == (0, ""), res
+    assert res.out == (
+        "cohort a at 46800000000000 (1970-01-01 13:00:00.000 UTC)\n"
+        "  signal type 2: top 1\n"
+        f"       1  entity 20                    score {0.5 * 2**-1!r}\n"
+    )

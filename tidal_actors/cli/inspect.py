@@ -214,9 +214,14 @@ def inspect_top(
             keys, members = known_cohorts(db, at)
             if cohort not in keys and cohort not in members:
                 unknown = sorted(set(keys) | set(members) | {COMMUNITY})
-        types = [signal_type] if signal_type is not None else present
+        # a type asked for that the cohort has no contribution of, while it has others:
+        # said so with the types it has (the read time is not what is wrong)
+        lacking = signal_type is not None and bool(present) and signal_type not in present
+        types = [signal_type] if signal_type is not None and not lacking else present
         tops = (
-            [] if unknown is not None else [(t, db.top_entities(cohort, t, k, at)) for t in types]
+            []
+            if unknown is not None or lacking
+            else [(t, db.top_entities(cohort, t, k, at)) for t in types]
         )
     if unknown is not None:
         close = difflib.get_close_matches(cohort, unknown, n=3)
@@ -232,6 +237,12 @@ def inspect_top(
         )
     out = click.echo
     out(f"cohort {cohort} at {stamp(at)}")
+    if lacking:
+        out(
+            f"  signal type {signal_type}: no contribution in this cohort "
+            f"(its signal types: {', '.join(map(str, present))})"
+        )
+        return
     if not types:
         out("  no contributions")
     for t, top in tops:
