@@ -164,8 +164,8 @@ def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
     "at_text",
     metavar="TIME",
     callback=time_point_option,
-    help=f"Read --scores-out at this time: {FORMS}. Default: the log's last ts_ns "
-    "(an offset is from it).",
+    help=f"Read --scores-out at this time: {FORMS}. Default: the log's last ts_ns; "
+    "the store's last event time when no row is replayed (an offset is from it).",
 )
 @click.option(
     "--scores-out",
@@ -280,24 +280,24 @@ def replay(
                     except EventLogError as exc:
                         error = exc
                 complete = error is None and not feed.cut and not feed.short
+                # the last event time: this run's, else (no row replayed) the store's
+                last = state.get("last_event_ns")
+                end = (
+                    counts.max_ts_ns
+                    if counts.max_ts_ns is not None
+                    else last
+                    if isinstance(last, int)
+                    else clock.now_ns()
+                )
                 with phase("flush, and the rebuilds still due", None, ""):
                     db.flush()
                     if complete:
                         # the rebuilds still due run now, each at its due event time: the
                         # scores written and the store left do not depend on the replay's speed
-                        last = state.get("last_event_ns")
-                        end = (
-                            counts.max_ts_ns
-                            if counts.max_ts_ns is not None
-                            else last
-                            if isinstance(last, int)
-                            else clock.now_ns()
-                        )
                         rebuilds.finish(db, clock, end)
                 elapsed = time.perf_counter() - started
                 after = dict(db.stats())
-                last_ts = counts.max_ts_ns or 0
-                at = last_ts if at_text is None else parse_time(at_text, "--at", last_ts)
+                at = end if at_text is None else parse_time(at_text, "--at", end)
                 if scores_out is not None and complete:
                     with phase("write the scores", None, ""):
                         scores_written = write_scores(scores_out, db.aggregate_rows(at))
