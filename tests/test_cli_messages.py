@@ -2,8 +2,9 @@
 docs/cli.md from a clean shell): a word where a number goes is called not an
 integer (click's own type said "not a valid integer range"); ``inspect top --type
 N`` of a type the cohort has no contribution of says so and names the types it has
-(it printed "top 0" and a note blaming the read time). Expected texts are written
-out by hand."""
+(it printed "top 0" and a note blaming the read time), and ``inspect top`` of a
+cohort with no contribution left says only that (no note on the read time, which
+is not the reason). Expected texts are written out by hand."""
 
 from __future__ import annotations
 
@@ -82,4 +83,25 @@ def test_top_of_a_signal_type_the_cohort_lacks_names_the_ones_it_has(
         "cohort a at 46800000000000 (1970-01-01 13:00:00.000 UTC)\n"
         "  signal type 2: top 1\n"
         f"       1  entity 20                    score {0.5 * 2**-1!r}\n"
+    )
+
+
+def test_top_of_a_cohort_with_nothing_left_has_no_note_on_the_read_time(
+    run: Run, tmp_path: Path
+) -> None:
+    """Cohort b of the hand log: user 2 is a member, their only signal to it purged."""
+    log, data = tmp_path / "log.csv", tmp_path / "data"
+    log.write_text(HAND_LOG)
+    assert run("replay", log, *HAND_FLAGS, "--data-dir", data, "--quiet").code == 0
+    res = run("inspect", "top", "b", "--data-dir", data)
+    assert (res.code, res.err) == (0, ""), res
+    assert (
+        res.out == "cohort b at 46800000000000 (1970-01-01 13:00:00.000 UTC)\n  no contributions\n"
+    )
+    # before its contributions, a cohort that has some still gets the note
+    res = run("inspect", "top", "a", "--type", "2", "--at", "1970-01-01", "--data-dir", data)
+    assert res.code == 0, res
+    assert res.out == "cohort a at 0 (1970-01-01 00:00:00.000 UTC)\n  signal type 2: top 0\n"
+    assert res.err.startswith(
+        "tidal-actors: note: no score above 0 at 0 (1970-01-01 00:00:00.000 UTC)"
     )

@@ -249,8 +249,9 @@ def inspect_top(
         out(f"  signal type {t}: top {len(top)}")
         for rank, (entity_id, score) in enumerate(top, 1):
             out(f"    {rank:>4}  entity {entity_id:<20}  score {score!r}")
-    if all(score == 0.0 for _, top in tops for _, score in top):
-        # nothing above 0 (or nothing at all): most often a read time far from the data
+    if tops and all(score == 0.0 for _, top in tops for _, score in top):
+        # nothing above 0 of a type the cohort has: most often a read time far from the
+        # data (a cohort with no contribution at all, `types` empty, is not about time)
         note(
             f"no score above 0 at {stamp(at)}: scores decay with the read time, and "
             "contributions stamped after it do not count; --at TIME reads at another "
