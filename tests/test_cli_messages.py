@@ -4,16 +4,20 @@ integer (click's own type said "not a valid integer range"); ``inspect top --typ
 N`` of a type the cohort has no contribution of says so and names the types it has
 (it printed "top 0" and a note blaming the read time), and ``inspect top`` of a
 cohort with no contribution left says only that (no note on the read time, which
-is not the reason). Expected texts are written out by hand."""
+is not the reason); a misspelt setting or scenario key is named with the closest
+ones. Expected texts are written out by hand."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from tidal_actors._errors import InvalidArgument
 from tidal_actors.cli import commands as cli_module
+from tidal_actors.loadsim.scenario import FILE_KEYS, Scenario
 
 from . import test_cli
 from .test_cli import HAND_FLAGS, HAND_LOG, Run
@@ -105,3 +109,65 @@ def test_top_of_a_cohort_with_nothing_left_has_no_note_on_the_read_time(
     assert res.err.startswith(
         "tidal-actors: note: no score above 0 at 0 (1970-01-01 00:00:00.000 UTC)"
     )
+
+
+def test_a_misspelt_setting_names_the_closest(tmp_path: Path) -> None:
+    log, cfg = tmp_path / "log.csv", tmp_path / "c.toml"
+    log.write_text(HAND_LOG)
+    for text, said in [
+        (
+            'half_life = "7d"\n',
+            "invalid config='half_life': unknown setting; did you mean half_life_ns, "
+            "half_life_ns_by_type?",
+        ),
+        (
+            '[decay]\nhalf_life = "7d"\n',
+            "invalid config [decay]='half_life': not a setting of this section; did you mean "
+            "half_life_ns, half_life_ns_by_type?",
+        ),
+        (
+            "[decay]\nwindow_buckets = 4\n",
+            "invalid config [decay]='window_buckets': not a setting of this section; it "
+            "belongs in [window]",
+        ),
+        ("[decay]\nqqqq = 4\n", "invalid config [decay]='qqqq': not a setting of this section"),
+    ]:
+        cfg.write_text(text)
+        code, out, err = _invoke("replay", log, "--config", cfg)
+        assert (code, out) == (2, "")
+        assert err == f"tidal-actors: error: {said} (in {cfg})\n"
+
+
+def test_a_misspelt_scenario_key_names_the_closest(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('users = 10\nhalflife = "1h"\n')
+    code, out, err = _invoke("simulate", "--scenario", scenario)
+    assert (code, out) == (2, "")
+    assert err == (
+        "tidal-actors: error: invalid scenario.halflife='1h': unknown key; did you mean "
+        f"half_life? (in {scenario})\n"
+    )
+    scenario.write_text("qqqq = 1\n")  # nothing close: no suggestion
+    assert _invoke("simulate", "--scenario", scenario)[2] == (
+        f"tidal-actors: error: invalid scenario.qqqq=1: unknown key (in {scenario})\n"
+    )
+
+
+def test_the_suggested_scenario_keys_are_the_documented_ones() -> None:
+    """FILE_KEYS (what an unknown key's error suggests) is the table in docs/cli.md,
+    and each is a key the scenario reader takes (a bad value is refused as bad, not
+    as unknown)."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    table = doc.split("| key | type | meaning |", 1)[1].split("\n\n", 1)[0]
+    documented = {
+        name.strip("[]")
+        for row in table.splitlines()[2:]
+        if row.startswith("|")
+        for name in re.findall(r"`([^`]+)`", row.split("|")[1])
+    }
+    assert documented == set(FILE_KEYS)
+    for key in FILE_KEYS:
+        with pytest.raises(InvalidArgument) as info:
+            Scenario.from_mapping({key: object()})
+        assert info.value.field.startswith(f"scenario.{key}")
+        assert "unknown key" not in info.value.reason
