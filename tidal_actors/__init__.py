@@ -8,7 +8,10 @@ the whole public surface.
 Every name of ``__all__`` is imported from its module when it is first read
 (PEP 562 ``__getattr__``), so that ``import tidal_actors`` (and the command line's
 ``--help``, which imports it first) does not load numpy, LMDB, pykka and the
-runtime; ``from tidal_actors import TidalDb`` works as before.
+runtime; ``from tidal_actors import TidalDb`` works as before. A public name is
+listed three times: imported under ``TYPE_CHECKING`` (what type checkers read), in
+``_HOME`` (where the loader imports it from) and in ``__all__``;
+``tests/test_cli_startup.py`` checks that the three agree.
 """
 
 from __future__ import annotations
