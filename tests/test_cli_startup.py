@@ -1,8 +1,10 @@
 """The command line's start-up: ``--help`` (of the group, of each command, of each
 ``inspect`` subcommand) and ``--version`` load neither the runtime nor its heavy
 dependencies (numpy, LMDB, pykka, msgpack, tqdm); a command imports them when it
-runs. And the package's lazy public surface: every name of ``tidal_actors.__all__``
-is importable and is the object of the module it lives in.
+runs. So does ``import tidal_actors``, and the pytest plugin (loaded by every pytest
+run where tidal_actors is installed). And the lazy public surfaces of
+``tidal_actors`` and ``tidal_actors.testing``: every name of ``__all__`` is
+importable and is the object of the module it lives in.
 
 Each check runs in a fresh interpreter (a subprocess), where ``sys.modules`` holds
 only what that command imported.
@@ -127,11 +129,14 @@ def test_a_command_that_runs_loads_the_runtime(tmp_path: Path) -> None:
         assert module in loaded
 
 
-def test_import_tidal_actors_loads_no_runtime() -> None:
+@pytest.mark.parametrize(
+    "module", ["tidal_actors", "tidal_actors.testing", "tidal_actors.testing.plugin"]
+)
+def test_import_loads_no_runtime(module: str) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     code = (
-        "import json, sys, tidal_actors; "
+        f"import json, sys, {module}; "
         f"heavy = {HEAVY!r}; "
         "print(json.dumps(sorted(m for m in sys.modules "
         "if any(m == h or m.startswith(h + '.') for h in heavy))))"
@@ -143,12 +148,15 @@ def test_import_tidal_actors_loads_no_runtime() -> None:
     assert json.loads(proc.stdout) == []
 
 
-def test_every_public_name_is_its_module_object() -> None:
-    """``from tidal_actors import X`` for each name of ``__all__`` gives the object of
-    the module that defines it; the modules the lazy loader takes the names from are
+@pytest.mark.parametrize("package", ["tidal_actors", "tidal_actors.testing"])
+def test_every_public_name_is_its_module_object(package: str) -> None:
+    """``from PACKAGE import X`` for each name of ``__all__`` gives the object of the
+    module that defines it; the modules the lazy loader takes the names from are
     those of the ``TYPE_CHECKING`` imports type checkers read (the two lists, read
     from the source, agree, so a name added to one and not the other fails here)."""
-    source = Path(tidal_actors.__file__).read_text(encoding="utf-8")
+    pkg = importlib.import_module(package)
+    assert pkg.__file__ is not None
+    source = Path(pkg.__file__).read_text(encoding="utf-8")
     guarded = next(
         node
         for node in ast.parse(source).body
@@ -160,15 +168,25 @@ def test_every_public_name_is_its_module_object() -> None:
         if isinstance(node, ast.ImportFrom)
         for alias in node.names
     }
-    assert sorted(typed) == sorted(tidal_actors.__all__)
+    assert sorted(typed) == sorted(pkg.__all__)
     for name, module in typed.items():
         namespace: dict[str, object] = {}
-        exec(f"from tidal_actors import {name}", namespace)
+        exec(f"from {package} import {name}", namespace)
         assert namespace[name] is getattr(importlib.import_module(str(module)), name), name
-        assert name in dir(tidal_actors)
+        assert name in dir(pkg)
+    with pytest.raises(AttributeError, match=f"module '{package}' has no attribute 'Nope'"):
+        _ = pkg.Nope
+    with pytest.raises(ImportError):
+        exec(f"from {package} import NoSuchName", {})
+
+
+def test_the_lazy_names_are_the_real_ones() -> None:
+    """A few by hand: the value and the defining module of names of both packages."""
+    from tidal_actors.testing import Harness, ReferenceModel
+
     assert tidal_actors.COMMUNITY == "@community"
     assert tidal_actors.TidalDb.__module__ == "tidal_actors.facades.blocking"
+    assert Harness.__module__ == "tidal_actors.testing.harness"
+    assert ReferenceModel.__module__ == "tidal_actors.testing.reference"
     with pytest.raises(AttributeError, match="no attribute 'TidalDB'"):
         _ = tidal_actors.TidalDB  # type: ignore[attr-defined]
-    with pytest.raises(ImportError):
-        exec("from tidal_actors import NoSuchName", {})

@@ -16,8 +16,9 @@ listed three times: imported under ``TYPE_CHECKING`` (what type checkers read), 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tidal_actors._lazy import lazy_names as _lazy_names
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, eagerly
     from tidal_actors._clock import Clock, ManualClock, SystemClock
@@ -87,24 +88,8 @@ _HOME = {
     "tidal_actors.facades.blocking": ("TidalDb",),
     "tidal_actors.storage.format": ("Tag", "encode_key"),
 }
-_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
-
-
 if not TYPE_CHECKING:  # hidden from type checkers, so that a misspelt name stays an error
-
-    def __getattr__(name: str) -> Any:
-        """A public name, imported from its module on first use (then cached here)."""
-        module = _MODULE_OF.get(name)
-        if module is None:
-            raise AttributeError(f"module 'tidal_actors' has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value
-        return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MODULE_OF))
-
+    __getattr__, __dir__ = _lazy_names(__name__, _HOME, globals())
 
 __all__ = [
     "COMMUNITY",
