@@ -331,7 +331,9 @@ class Config:
             elif key in known:
                 flat[key] = value
             else:
-                raise InvalidArgument(where, key, "unknown setting")
+                close = difflib.get_close_matches(key, sorted(known), n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise InvalidArgument(where, key, f"unknown setting{hint}")
 
         for key, value in data.items():
             if key in SECTIONS:
@@ -339,8 +341,17 @@ class Config:
                     raise InvalidArgument("config", key, "must be a table")
                 for k2, v2 in value.items():
                     if k2 not in SECTIONS[key]:
+                        home = [name for name, keys in SECTIONS.items() if k2 in keys]
+                        close = difflib.get_close_matches(k2, sorted(SECTIONS[key]), n=3)
+                        hint = (
+                            f"; it belongs in [{home[0]}]"
+                            if home
+                            else f"; did you mean {', '.join(close)}?"
+                            if close
+                            else ""
+                        )
                         raise InvalidArgument(
-                            f"config [{key}]", k2, "not a setting of this section"
+                            f"config [{key}]", k2, f"not a setting of this section{hint}"
                         )
                     take(k2, v2, f"config [{key}]")
             else:

@@ -27,6 +27,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
     "Group",
+    "Integer",
     "closed_pipe",
     "data_dir_of",
     "fail",
@@ -46,6 +47,15 @@ TOP_DATA_DIR_HELP = (
     "The subcommand's data directory (replay, inspect, simulate): the "
     "same as --data-dir after the subcommand."
 )
+
+
+class Integer(click.IntRange):
+    """An integer option or argument within ``min``..``max`` (inclusive). A word where
+    the number goes is "not a valid integer" (click's own range type calls it "not a
+    valid integer range", which reads as if a range were asked for); a number out of
+    the range is said to be, with the range."""
+
+    name = "integer"
 
 
 def fail(message: str, code: int) -> NoReturn:

@@ -29,14 +29,13 @@ from tidal_actors._errors import InvalidArgument, UnknownPurge
 from tidal_actors._text import plural
 from tidal_actors._types import COMMUNITY, MembershipStatus
 from tidal_actors.cli import store
-from tidal_actors.cli.group import EXIT_BAD_INPUT, data_dir_of, fail
+from tidal_actors.cli.group import EXIT_BAD_INPUT, Integer, data_dir_of, fail
 from tidal_actors.cli.inspect_store import inspected, known_cohorts, note, user_ids
 from tidal_actors.cli.timepoints import FORMS, stamp
-from tidal_actors.core.validate import check_cohort
 
 __all__ = ["inspect"]
 
-ID = click.IntRange(0, 2**64 - 1)
+ID = Integer(0, 2**64 - 1)
 _DATA_DIR_HELP = (
     "A store's directory: one replay or simulate wrote, or any the library wrote "
     "(required; after the "
@@ -180,7 +179,7 @@ def inspect_cohorts(ctx: click.Context, at_text: str | None, data_dir: Path | No
 @click.option(
     "-k",
     "k",
-    type=click.IntRange(1, 2**31 - 1),
+    type=Integer(1, 2**31 - 1),
     default=10,
     show_default=True,
     metavar="K",
@@ -201,6 +200,8 @@ def inspect_top(
 
     A cohort the store does not know (no member, no contribution) is an error
     (exit 2) naming the closest known names; `inspect cohorts` lists them."""
+    from tidal_actors.core.validate import check_cohort
+
     try:
         check_cohort(cohort, allow_community=True)
     except InvalidArgument as exc:
@@ -213,9 +214,14 @@ def inspect_top(
             keys, members = known_cohorts(db, at)
             if cohort not in keys and cohort not in members:
                 unknown = sorted(set(keys) | set(members) | {COMMUNITY})
-        types = [signal_type] if signal_type is not None else present
+        # a type asked for that the cohort has no contribution of, while it has others:
+        # said so with the types it has (the read time is not what is wrong)
+        lacking = signal_type is not None and bool(present) and signal_type not in present
+        types = [signal_type] if signal_type is not None and not lacking else present
         tops = (
-            [] if unknown is not None else [(t, db.top_entities(cohort, t, k, at)) for t in types]
+            []
+            if unknown is not None or lacking
+            else [(t, db.top_entities(cohort, t, k, at)) for t in types]
         )
     if unknown is not None:
         close = difflib.get_close_matches(cohort, unknown, n=3)
@@ -231,14 +237,21 @@ def inspect_top(
         )
     out = click.echo
     out(f"cohort {cohort} at {stamp(at)}")
+    if lacking:
+        out(
+            f"  signal type {signal_type}: no contribution in this cohort "
+            f"(its signal types: {', '.join(map(str, present))})"
+        )
+        return
     if not types:
         out("  no contributions")
     for t, top in tops:
         out(f"  signal type {t}: top {len(top)}")
         for rank, (entity_id, score) in enumerate(top, 1):
             out(f"    {rank:>4}  entity {entity_id:<20}  score {score!r}")
-    if all(score == 0.0 for _, top in tops for _, score in top):
-        # nothing above 0 (or nothing at all): most often a read time far from the data
+    if tops and all(score == 0.0 for _, top in tops for _, score in top):
+        # nothing above 0 of a type the cohort has: most often a read time far from the
+        # data (a cohort with no contribution at all, `types` empty, is not about time)
         note(
             f"no score above 0 at {stamp(at)}: scores decay with the read time, and "
             "contributions stamped after it do not count; --at TIME reads at another "

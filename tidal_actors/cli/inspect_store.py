@@ -25,9 +25,6 @@ from tidal_actors._errors import InvalidArgument, TidalError, UnknownCohort, Unk
 from tidal_actors.cli import store
 from tidal_actors.cli.group import EXIT_BAD_INPUT, EXIT_FAILED, fail
 from tidal_actors.cli.timepoints import iso, parse_time
-from tidal_actors.storage.format import Keyspace, Tag, decode_key
-from tidal_actors.storage.lmdb_lock import attached_process
-from tidal_actors.storage.settings import describe
 
 __all__ = ["inspected", "known_cohorts", "note", "user_ids"]
 
@@ -62,6 +59,8 @@ def inspected(data_dir: Path | None, at: str | None = None) -> Iterator[tuple[An
             fail(str(exc), EXIT_BAD_INPUT)
     # scores decay: read at the last replayed event by default, not at the wall clock
     clock = ManualClock(last if isinstance(last, int) else time.time_ns())
+    from tidal_actors.storage.lmdb_lock import attached_process  # here: `--help` loads no store
+
     writer = attached_process(data_dir)
     try:
         with store.open_db(data_dir, from_file or Config(), clock, read_only=True) as db:
@@ -94,6 +93,8 @@ def _notes(data_dir: Path, db: Any, writer: int | None, from_file: bool) -> None
             "are not shown"
         )
     if not getattr(db, "recorded_settings", True):
+        from tidal_actors.storage.settings import describe
+
         source = f"those of {data_dir / store.STATE_FILE}" if from_file else "the default settings"
         note(
             f"{data_dir} records no settings (written before stores recorded them): "
@@ -112,6 +113,8 @@ def user_ids(db: Any) -> list[int]:
     listed. Reads the store's keys (no value decoded beyond what the open did)."""
     store = getattr(getattr(db, "_core", None), "store", None)
     if store is not None and hasattr(store, "raw_keys"):
+        from tidal_actors.storage.format import Keyspace, Tag, decode_key
+
         ids = {decode_key(k)[0] for k in store.raw_keys(Keyspace.USERS)}
         ids.update(
             user

@@ -14,12 +14,14 @@ import contextlib
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tqdm import tqdm
-
-from tidal_actors.eventlog.log import EventRow
 from tidal_actors.loadsim.phases import PhaseFn, Tick
+
+if TYPE_CHECKING:  # tqdm is imported by the first bar: `tidal-actors --help` draws none
+    from tqdm import tqdm
+
+    from tidal_actors.eventlog.log import EventRow
 
 __all__ = ["bar", "phase_bars", "read_bar", "with_progress"]
 
@@ -31,6 +33,8 @@ def bar(total: int | None, unit: str, quiet: bool, desc: str) -> tqdm[Any]:
     # a phase that cannot be counted shows the time it has taken; counts below 100k
     # read best as they are (tqdm's unit scale writes 3 as 3.00)
     fmt = "{desc}: {elapsed}" if total is None else None
+    from tqdm import tqdm
+
     return tqdm(
         total=total,
         unit=unit,
@@ -80,6 +84,8 @@ def phase_bars(quiet: bool, prefix: str = "") -> PhaseFn:
 def read_bar(total: int, unit: str, quiet: bool, desc: str) -> tqdm[Any]:
     """A bar of ``total`` units (a file's bytes) on standard error, scaled (kB, MB),
     left off when ``quiet`` or not on a terminal."""
+    from tqdm import tqdm
+
     return tqdm(
         total=total,
         unit=unit,

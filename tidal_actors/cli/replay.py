@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -26,6 +27,7 @@ from tidal_actors.cli import store
 from tidal_actors.cli.group import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
+    Integer,
     data_dir_of,
     fail,
     write_json,
@@ -40,8 +42,10 @@ from tidal_actors.cli.safety import (
 )
 from tidal_actors.cli.summary import print_replay_summary
 from tidal_actors.cli.timepoints import FORMS, parse_time
-from tidal_actors.eventlog.log import ApplyCounts, EventLogError, EventLogReader, apply_events
 from tidal_actors.loadsim.interrupt import EXIT_INTERRUPTED, STOP_NOTICE, StopOnSigint
+
+if TYPE_CHECKING:
+    from tidal_actors.eventlog.log import EventLogError
 
 __all__ = ["SCORES_HEADER", "duration_option", "replay", "time_point_option", "write_scores"]
 
@@ -128,7 +132,7 @@ def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
 )
 @click.option(
     "--skip-rows",
-    type=click.IntRange(min=0),
+    type=Integer(min=0),
     default=0,
     show_default=True,
     metavar="N",
@@ -154,16 +158,14 @@ def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
     callback=duration_option,
     help="Window bucket width, e.g. 1h.",
 )
-@click.option(
-    "--window-buckets", type=click.IntRange(min=1), metavar="N", help="Buckets per window read."
-)
+@click.option("--window-buckets", type=Integer(min=1), metavar="N", help="Buckets per window read.")
 @click.option(
     "--at",
     "at_text",
     metavar="TIME",
     callback=time_point_option,
-    help=f"Read --scores-out at this time: {FORMS}. Default: the log's last ts_ns "
-    "(an offset is from it).",
+    help=f"Read --scores-out at this time: {FORMS}. Default: the log's last ts_ns; "
+    "the store's last event time when no row is replayed (an offset is from it).",
 )
 @click.option(
     "--scores-out",
@@ -178,7 +180,7 @@ def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
 @click.option("--skip-invalid", is_flag=True, help="Skip and count bad rows instead of stopping.")
 @click.option(
     "--batch-size",
-    type=click.IntRange(min=1),
+    type=Integer(min=1),
     default=1024,
     show_default=True,
     metavar="N",
@@ -220,6 +222,9 @@ def replay(
     flushed and closed, and prints how to go on (--skip-rows N --append).
     Durations: 90d, 12h, 30m, 15s, 250ms or integer nanoseconds.
     """
+    # the runtime is imported here, when the command runs, not for `--help`
+    from tidal_actors.eventlog.log import ApplyCounts, EventLogError, EventLogReader, apply_events
+
     data_dir = data_dir_of(ctx, data_dir)
     store.check_outputs({"--scores-out": scores_out, "--report-out": report_out})
     check_replay_target(data_dir, append)
@@ -234,10 +239,16 @@ def replay(
             f"{data_dir / store.STATE_FILE if data_dir else store.STATE_FILE}: {exc}",
             EXIT_BAD_INPUT,
         )
+    reader = EventLogReader(events, skip_invalid=skip_invalid)
+    try:  # a bad header is refused before anything is opened or made: no summary of 0 rows
+        reader.check_header()
+    except EventLogError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    except OSError as exc:
+        fail(f"cannot read {events}: {exc.strerror or exc}", EXIT_BAD_INPUT)
     if data_dir is not None:
         store.make_data_dir(data_dir)
     clock = ManualClock(0)
-    reader = EventLogReader(events, skip_invalid=skip_invalid)
     counts = ApplyCounts()
     error: EventLogError | None = None
     scores_written: int | None = None
@@ -269,24 +280,24 @@ def replay(
                     except EventLogError as exc:
                         error = exc
                 complete = error is None and not feed.cut and not feed.short
+                # the last event time: this run's, else (no row replayed) the store's
+                last = state.get("last_event_ns")
+                end = (
+                    counts.max_ts_ns
+                    if counts.max_ts_ns is not None
+                    else last
+                    if isinstance(last, int)
+                    else clock.now_ns()
+                )
                 with phase("flush, and the rebuilds still due", None, ""):
                     db.flush()
                     if complete:
                         # the rebuilds still due run now, each at its due event time: the
                         # scores written and the store left do not depend on the replay's speed
-                        last = state.get("last_event_ns")
-                        end = (
-                            counts.max_ts_ns
-                            if counts.max_ts_ns is not None
-                            else last
-                            if isinstance(last, int)
-                            else clock.now_ns()
-                        )
                         rebuilds.finish(db, clock, end)
                 elapsed = time.perf_counter() - started
                 after = dict(db.stats())
-                last_ts = counts.max_ts_ns or 0
-                at = last_ts if at_text is None else parse_time(at_text, "--at", last_ts)
+                at = end if at_text is None else parse_time(at_text, "--at", end)
                 if scores_out is not None and complete:
                     with phase("write the scores", None, ""):
                         scores_written = write_scores(scores_out, db.aggregate_rows(at))

@@ -16,15 +16,17 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from tidal_actors._errors import InvalidArgument
 from tidal_actors._text import plural
 from tidal_actors.cli.store import STATE_FILE
-from tidal_actors.eventlog.log import EventRow
 from tidal_actors.eventlog.rebuilds import EventTimeRebuilds, delay_ns_of
+
+if TYPE_CHECKING:
+    from tidal_actors.eventlog.log import EventRow
 
 __all__ = [
     "PENDING_KEY",

@@ -44,6 +44,20 @@ def _has_surrogate(text: str) -> bool:
     return any("\udc80" <= ch <= "\udcff" for ch in text)
 
 
+def _header_diff(names: list[str]) -> str:
+    """What a header's column ``names`` lack or have too much of, against
+    :data:`HEADER` (``" (missing: ts_ns; unknown: ts)"``; empty if nothing to say)."""
+    missing = [name for name in HEADER if name not in names]
+    unknown = [name for name in names if name not in HEADER]
+    twice = [name for name in HEADER if names.count(name) > 1]
+    parts = [
+        f"{what}: {', '.join(map(repr, which))}"
+        for what, which in (("missing", missing), ("unknown", unknown), ("twice", twice))
+        if which
+    ]
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 class _Lines:
     """Decodes a binary file line by line for :mod:`csv`, remembering what went wrong.
 
@@ -108,6 +122,20 @@ class EventLogReader:
         self._lines: _Lines | None = None
         self.size = 0
 
+    def check_header(self) -> None:
+        """Read and check the file's header line only (what iterating checks first),
+        so that a caller can refuse a log with a bad header before doing any work.
+
+        Raises:
+            EventLogError: line 1, field ``header``: an empty file, a header that is
+                not valid UTF-8, or one that does not name the columns of
+                :data:`~tidal_actors.eventlog.rows.HEADER` (each once, in any order).
+            OSError: the file cannot be read.
+        """
+        with open(self.path, "rb") as fh:
+            lines = _Lines(fh)
+            self._read_header(csv.reader(lines, strict=True), lines)
+
     @property
     def bytes_read(self) -> int:
         return self._lines.bytes_read if self._lines is not None else 0
@@ -120,7 +148,7 @@ class EventLogReader:
                 self.size = 0
             self._lines = lines = _Lines(fh)
             reader = csv.reader(lines, strict=True)
-            order = self._read_header(reader)
+            order = self._read_header(reader, lines)
             end = lines.line_no
             while True:
                 start = end + 1
@@ -152,7 +180,7 @@ class EventLogReader:
         if len(self.skip_errors) < self.keep_errors:
             self.skip_errors.append(err)
 
-    def _read_header(self, reader: Any) -> tuple[int, ...] | None:
+    def _read_header(self, reader: Any, lines: _Lines) -> tuple[int, ...] | None:
         """The column order: indices of :data:`HEADER`'s names, None if canonical."""
         try:
             first = next(reader)
@@ -162,6 +190,11 @@ class EventLogReader:
             ) from None
         except csv.Error as exc:
             raise EventLogError(self.path, 1, "header", "", f"malformed CSV: {exc}") from None
+        if 1 in lines.bad_utf8:
+            raw = ",".join(first).encode("utf-8", "surrogateescape")
+            raise EventLogError(
+                self.path, 1, "header", raw, "not valid UTF-8 (an event log is UTF-8 CSV)"
+            )
         names = [name.strip() for name in first]
         if sorted(names) == sorted(HEADER):
             order = tuple(names.index(name) for name in HEADER)
@@ -169,7 +202,7 @@ class EventLogReader:
         if first and first[0].strip().isdigit():
             reason = "missing header: the first line must be " + ",".join(HEADER)
         else:
-            reason = "the header must name the columns " + ",".join(HEADER)
+            reason = "the header must name the columns " + ",".join(HEADER) + _header_diff(names)
         raise EventLogError(self.path, 1, "header", ",".join(first), reason)
 
     def _parse(

@@ -10,6 +10,7 @@ it (batch size, a restart in the middle, a store, the runtime's settings).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import tomllib
 from collections.abc import Callable, Mapping
@@ -22,7 +23,7 @@ from tidal_actors._config import Config
 from tidal_actors._durations import parse_duration
 from tidal_actors._errors import InvalidArgument
 
-__all__ = ["Scenario", "SignalTypeSpec", "builtin_scenarios", "load_scenario"]
+__all__ = ["FILE_KEYS", "Scenario", "SignalTypeSpec", "builtin_scenarios", "load_scenario"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +201,19 @@ class Scenario:
         return cls.from_mapping(data, str(path))
 
 
+# fmt: off
+FILE_KEYS = (
+    "name", "seed", "users", "cohorts", "entities", "cohorts_per_user", "zipf_exponent",
+    "user_zipf_exponent", "signals", "batch_size", "start_ns", "duration", "half_life",
+    "assign_rate", "leave_rate", "rejoin_rate", "purge_rate", "purge_targets",
+    "storm_fraction", "restart_at", "persistent", "assign_upfront", "check_users",
+    "signal_types", "config",
+)
+# fmt: on
+"""The keys a scenario file takes (docs/cli.md lists them), for the closest names an
+unknown key's error suggests."""
+
+
 def _scenario_from_mapping(data: Mapping[str, Any], source: str) -> Scenario:
     def bad(key: str, value: object, reason: str) -> InvalidArgument:
         return InvalidArgument(f"scenario.{key}", value, f"{reason} (in {source})")
@@ -289,7 +303,9 @@ def _scenario_from_mapping(data: Mapping[str, Any], source: str) -> Scenario:
                 raise bad(key, value, "must be a table")
             kw[key] = dict(value)
         else:
-            raise bad(key, value, "unknown key")
+            close = difflib.get_close_matches(key, FILE_KEYS, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise bad(key, value, f"unknown key{hint}")
     scenario = Scenario(**kw)
     if scenario.cohorts_per_user[1] > scenario.cohorts:
         raise bad(

@@ -25,15 +25,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tidal_actors._clock import ManualClock
 from tidal_actors._config import Config
 from tidal_actors._errors import InvalidArgument
-from tidal_actors.facades.aio import AsyncTidalDb, open_tidal
-from tidal_actors.facades.blocking import TidalDb
+
+if TYPE_CHECKING:  # the runtime is imported by the fixtures that open it, not at start-up
+    from tidal_actors.facades.aio import AsyncTidalDb
+    from tidal_actors.facades.blocking import TidalDb
 
 START_NS = 10**18
 
@@ -124,6 +126,8 @@ def tidal_db(
 ) -> Iterator[TidalDb]:
     """A persistent TidalDb in a temporary directory with ``tidal_config`` (and the
     test's ``tidal_config`` markers), closed after the test."""
+    from tidal_actors.facades.blocking import TidalDb
+
     config = _marked_config(request, tidal_config)
     db = TidalDb.open(str(tmp_path) + "/tidal", config=config, clock=tidal_clock)
     try:
@@ -139,6 +143,8 @@ async def async_tidal_db(
     """A persistent AsyncTidalDb in a temporary directory (trio tests only) with
     ``tidal_config`` (and the test's ``tidal_config`` markers), closed after the test;
     its clock is ``tidal_clock``."""
+    from tidal_actors.facades.aio import open_tidal
+
     config = _marked_config(request, tidal_config)
     async with open_tidal(str(tmp_path) + "/tidal-async", config=config, clock=tidal_clock) as db:
         yield db
@@ -162,6 +168,8 @@ if _asyncio_fixture is not None:
         """A persistent AsyncTidalDb in a temporary directory (asyncio tests, with
         pytest-asyncio) with ``tidal_config`` (and the test's ``tidal_config``
         markers), closed after the test; its clock is ``tidal_clock``."""
+        from tidal_actors.facades.aio import open_tidal
+
         config = _marked_config(request, tidal_config)
         async with open_tidal(
             str(tmp_path) + "/tidal-asyncio", config=config, clock=tidal_clock
