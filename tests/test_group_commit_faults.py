@@ -104,17 +104,22 @@ def _thread_ops(rnd: random.Random, u: int, n: int) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("layout", ["single", "shards"])
 def test_threads_of_same_user_writes_with_failing_commits_persist_what_returned(
-    tmp_path: Path, seed: int
+    tmp_path: Path, seed: int, layout: str
 ) -> None:
     """Eight threads, one user each, 40 operations each through a durable database
     whose control commits fail at random (a group fails, then its writes are
     retried one by one, each failing at random again). Each thread's operations
     that returned, replayed in its order by the reference model (the others
     skipped: a refused control operation changes nothing), give what the database
-    answers, and what it answers after a reopen."""
+    answers, and what it answers after a reopen. In the ``shards`` layout the
+    failures are each environment's (a group's part in one environment fails while
+    the others commit: `ShardedWrites.commit_group`)."""
     rnd = random.Random(seed)
-    cfg = Config(rematerialize_after_ms=None, membership_shards=2, ledger_shards=2)
+    cfg = Config(
+        rematerialize_after_ms=None, membership_shards=2, ledger_shards=2, store_layout=layout
+    )
     path = tmp_path / "s"
     plans = {u: _thread_ops(random.Random(seed * 100 + u), u, 40) for u in range(1, 9)}
     done: dict[int, list[tuple[Any, ...]]] = {u: [] for u in plans}
@@ -128,7 +133,10 @@ def test_threads_of_same_user_writes_with_failing_commits_persist_what_returned(
                 raise StorageError("injected: this commit fails")
 
     with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
-        db._core.store.fault = fault
+        store = db._core.store
+        targets = [store] if layout == "single" else list(store.envs.values())
+        for target in targets:
+            target.fault = fault
 
         def work(u: int) -> None:
             for op in plans[u]:
@@ -143,7 +151,8 @@ def test_threads_of_same_user_writes_with_failing_commits_persist_what_returned(
             t.start()
         for t in threads:
             t.join()
-        db._core.store.fault = None
+        for target in targets:
+            target.fault = None
         db.flush()
         model = ReferenceModel(cfg, ManualClock(T0))
         for u in plans:

@@ -249,3 +249,41 @@ def test_more_ledger_shards_at_a_reopen_and_back(tmp_path: Path) -> None:
         ]
     with TidalDb.open(path, config=cfg2, clock=clock) as db:
         assert_matches(db, ref, range(6), ats=(None,), exact_ids=False)
+
+
+def test_a_group_commit_commits_every_environment_and_names_the_failed_part(
+    tmp_path: Path,
+) -> None:
+    """`commit_group` (the persistence actor's group commit): every environment's
+    part at the same time; a failed part is the error, naming the parts that
+    committed, and those stay committed."""
+    from tidal_actors import StorageFull
+
+    cfg = _config(2, 2)
+    store = ShardedStore(tmp_path / "s", cfg)
+    try:
+        users = [encode_key(u, Tag.COHORT_ASSIGNMENT) for u in range(1, 9)]
+        chunks = [encode_key(j, Tag.SNAPSHOT_CHUNK, b"\0\0\0\1") for j in range(2)]
+        status = encode_key(3, Tag.PURGE_STATUS, bytes(16))
+        ops = [(Keyspace.USERS.value, k, b"u") for k in users]
+        ops += [(Keyspace.META.value, k, b"c") for k in chunks]
+        ops.append((Keyspace.ITEMS.value, status, b"s"))
+        store.commit_group(ops)
+        for ks, key, value in ops:
+            assert store.raw_get(Keyspace(ks), key) == value
+        where = {u: _mshard(u, 2) for u in range(1, 9)}  # both membership shards are used
+        assert set(where.values()) == {0, 1}
+
+        def full(ops: list[object]) -> None:
+            raise StorageFull("no room (test)")
+
+        store.envs["ledger-1"].fault = full
+        again = [(ks, key, None) for ks, key, _ in ops]  # delete them all
+        with pytest.raises(StorageFull, match=r"no room \(test\) \(in shards/ledger-1; the parts "):
+            store.commit_group(again)
+        assert store.raw_get(Keyspace.META, chunks[1]) == b"c"  # the failed part: not deleted
+        assert store.raw_get(Keyspace.META, chunks[0]) is None  # the others: deleted
+        assert store.raw_get(Keyspace.ITEMS, status) is None
+        assert all(store.raw_get(Keyspace.USERS, k) is None for k in users)
+    finally:
+        store.close()

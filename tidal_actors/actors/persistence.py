@@ -171,8 +171,11 @@ class Persistence(Erasure):
             return
         ahead = sum(w.ahead for w in writes)
         started = time.perf_counter()
+        # writes that each belong to one environment: a store of several commits
+        # theirs at the same time (`ShardedWrites.commit_group`)
+        commit = getattr(self.store, "commit_group", self.store.commit)
         try:
-            self.store.commit([op for w in writes for op in w.ops])
+            commit([op for w in writes for op in w.ops])
             self.commits += 1
             errors: list[BaseException | None] = [None] * len(writes)
             if ahead:

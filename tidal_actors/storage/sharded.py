@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 import os
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from operator import itemgetter
 from pathlib import Path
@@ -53,6 +54,7 @@ from tidal_actors.storage.lmdb_env import STORE_MARKER, LmdbStore
 from tidal_actors.storage.lmdb_lock import DirectoryLock, access_denied
 from tidal_actors.storage.protocol import HistoryMarks, HistoryStore
 from tidal_actors.storage.restore import Restored, SnapshotKey, parse_store
+from tidal_actors.storage.sharded_writes import ShardedWrites
 
 __all__ = ["EnvOpener", "ShardedStore", "layout_of", "open_store"]
 
@@ -63,7 +65,7 @@ _META_KEY = encode_key(0, Tag.STORE_META)
 _KEY = itemgetter(0)
 
 
-class ShardedStore(HistoryStore):
+class ShardedStore(ShardedWrites, HistoryStore):
     """A durable store of one LMDB environment per shard (`storage.layout`).
 
     Args:
@@ -101,6 +103,7 @@ class ShardedStore(HistoryStore):
         self.reads_history = True
         self.fault: Callable[[list[Op]], object] | None = None  # test hook, as LmdbStore's
         self.envs: dict[str, LmdbStore] = {}
+        self._pool: ThreadPoolExecutor | None = None  # `commit_group`'s threads
         self._closed = False
         self._open_env: EnvOpener = open_env or (lambda p, ro: LmdbStore(p, config, read_only=ro))
         if self.path.exists() and not self.path.is_dir():
@@ -217,38 +220,6 @@ class ShardedStore(HistoryStore):
 
     # -- the Store contract -----------------------------------------------------
 
-    def commit(self, ops: Iterable[Op]) -> None:
-        """Apply ``ops``: one transaction per environment they touch, in the order of
-        each environment's first op (see the module doc).
-
-        Raises:
-            StorageFull: an environment cannot grow to hold its part; that part and
-                the ones after it are not written (the message names the parts that were).
-            StorageError: any other failure, the same way; or a read-only store.
-        """
-        ops = list(ops)
-        if self.read_only:
-            if ops:
-                raise StorageError(f"{self.path} is open read-only: {len(ops)} write(s) refused")
-            return
-        if self.fault is not None:
-            self.fault(ops)
-        parts: dict[str, list[Op]] = {}
-        for op in ops:
-            parts.setdefault(self._owner(op[0], op[1]), []).append(op)
-        done: list[str] = []
-        for name, part in parts.items():
-            try:
-                self._env(name).commit(part)
-            except StorageError as exc:
-                if done:
-                    exc.args = (
-                        f"{exc.args[0] if exc.args else exc} (in {SHARDS_DIR}/{name}; the parts "
-                        f"for {', '.join(done)} committed before it)",
-                    )
-                raise
-            done.append(name)
-
     @contextmanager
     def reading(self) -> Iterator[dict[str, Iterable[tuple[bytes, bytes]]]]:
         """Every keyspace's pairs in key order, merged from one read transaction per
@@ -317,35 +288,6 @@ class ShardedStore(HistoryStore):
         """The coordinator environment's flags (every environment opens with the same)."""
         return self._env(COORDINATOR).flags()
 
-    def check_compact(self) -> None:
-        """Refuse a compaction before anything is rewritten (`Compaction.check_compact`
-        of each environment)."""
-        for env in self.envs.values():
-            env.check_compact()
-
-    def compact(self) -> dict[str, int]:
-        """Compact each environment (`Compaction.compact`): the sums of their sizes.
-
-        Raises:
-            StorageError: refused or failed in one; those before it stay compacted.
-        """
-        total = {"bytes_before": 0, "bytes_after": 0}
-        for env in self.envs.values():
-            for k, v in env.compact().items():
-                total[k] = total.get(k, 0) + v
-        return total
-
-    def take_over_writes(self, name: str | None = None) -> None:
-        """`LmdbStore.take_over_writes` of environment ``name`` (``ledger-3``), or of
-        every one (None)."""
-        for env in [self._env(name)] if name is not None else list(self.envs.values()):
-            env.take_over_writes()
-
-    def adopt_map_size(self) -> None:
-        """`LmdbStore.adopt_map_size` of each environment."""
-        for env in self.envs.values():
-            env.adopt_map_size()
-
     @property
     def stale_readers(self) -> int:
         """Reader slots freed at open, over every environment."""
@@ -353,6 +295,7 @@ class ShardedStore(HistoryStore):
 
     def disown(self) -> None:
         """In a forked child: `LmdbStore.disown` of each environment, and the store's lock."""
+        self._pool = None  # its threads are the parent's
         for env in self.envs.values():
             env.disown()
         if self._dirlock is not None:
@@ -365,6 +308,9 @@ class ShardedStore(HistoryStore):
             return
         self._closed = True
         try:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
             for env in self.envs.values():
                 env.close()
         finally:
