@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from tidal_actors import Config, ManualClock
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.ledger import LedgerShard
@@ -122,13 +124,15 @@ def test_merged_attributions_carry_their_link_numbers_to_the_store_and_the_sende
 
 
 @needs_ray
-def test_a_ledger_owning_its_environment_commits_its_batches_and_a_flush_reports_a_failure() -> (
-    None
-):
-    """The shards layout under Ray: the ledger's history writes (the batch and its
-    link state, one transaction) go to its own environment, not to persistence; one
-    that fails is carried, as a loss, by the next part of a barrier that reports
-    losses (a flush), and only by that one."""
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_ledger_owning_its_environment_group_commits_and_a_flush_reports_a_failure(
+    fails: bool,
+) -> None:
+    """The shards layout under Ray: the ledger's history writes (a batch and its link
+    state each) are committed by its own group commit (`ray_history`), not sent to
+    persistence; a barrier's part waits for them. A failed commit fails the writes
+    it carried and every later one, unwritten (no later link state may pass over
+    it); the next part of a barrier that reports losses (a flush) carries them, once."""
     from tidal_actors import StorageError
     from tidal_actors.actors.reply import Reply
     from tidal_actors.runtime.ray_local import LocalHost
@@ -138,41 +142,57 @@ def test_a_ledger_owning_its_environment_commits_its_batches_and_a_flush_reports
     links = _Links()
     ends = DurableEnds()
     host = LocalHost(cfg, ManualClock(T0), True, links, ends, 0, EPOCH)  # type: ignore[arg-type]
-    committed: list[list[Any]] = []
+    calls: list[list[Any]] = []
 
     def commit(ops: list[Any]) -> None:
-        if len(committed) == 1:
+        calls.append(ops)
+        if fails:
             raise StorageError("the disk refused it (test)")
-        committed.append(ops)
 
     host.commit_history = commit
     ledger = LedgerShard(host.ctx, 0)
     ledger.state.wire_history(_History())
     host.start([ledger])
+
+    def sync() -> M.BarrierPart:
+        part = M.BarrierPart(M.Barrier((0,), 1, Reply("sync")))  # reports no loss
+        host.tell(M.PERSIST_ADDR, part)
+        return part
+
+    def attribute(seq: int, msg: M.Attribute) -> None:
+        ends.taken("membership-0", seq, msg)
+        host.tell(ledger.address, msg)
+        deadline = time.monotonic() + 10
+        while ledger.history_batches < seq and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     try:
-        for seq, part in enumerate([_attribute(0, 3), _attribute(3, 2)], start=1):
-            ends.taken("membership-0", seq, part)
-            host.tell(ledger.address, part)
-            deadline = time.monotonic() + 10
-            while ledger.history_batches < seq and time.monotonic() < deadline:
-                time.sleep(0.01)
+        attribute(1, _attribute(0, 3))
+        first = sync()  # waits for the commit of the batch handed over before it
+        attribute(2, _attribute(3, 2))
+        second = sync()
         assert ledger.history_batches == 2
-        # the first batch committed here, with its link state; nothing went to persistence
-        (ops,) = committed
-        tags = [decode_key(key)[1] for _, key, _ in ops]
-        assert tags == [Tag.CONTRIBUTION_BATCH, Tag.LINK_STATE]
-        assert [a for a, m in links.sent if type(m) is M.Write] == []
-        sync = M.BarrierPart(M.Barrier((0,), 1, Reply("sync")))  # reports no loss
-        host.tell(M.PERSIST_ADDR, sync)
+        assert [a for a, m in links.sent if type(m) is M.Write] == []  # none to persistence
+        parts = [m for a, m in links.sent if type(m) is M.BarrierPart]
+        assert parts == [first, second]  # unchanged: no loss reported to a sync
         flush = M.BarrierPart(M.Barrier((0,), 1, Reply("flush"), reports_loss=True))
         host.tell(M.PERSIST_ADDR, flush)
         host.tell(M.PERSIST_ADDR, flush)
-        parts = [m for a, m in links.sent if type(m) is M.BarrierPart]
-        assert parts[0] is sync  # unchanged: the failure waits for a flush
-        (loss,) = parts[1].lost
+        flushed = [m for a, m in links.sent if type(m) is M.BarrierPart][2:]
+        if not fails:
+            assert len(calls) == 2  # one transaction each: the sync came between them
+            for ops in calls:
+                assert [decode_key(key)[1] for _, key, _ in ops] == [
+                    Tag.CONTRIBUTION_BATCH,
+                    Tag.LINK_STATE,
+                ]
+            assert [p.lost for p in flushed] == [(), ()]
+            return
+        assert len(calls) == 1  # after the failure, the second batch was not written
+        (loss,) = flushed[0].lost
         assert isinstance(loss, StorageError)
-        assert "1 history write(s) of ledger 0 failed in its process" in str(loss)
+        assert "2 history write(s) of ledger 0 failed in its process" in str(loss)
         assert "the disk refused it (test)" in str(loss)
-        assert parts[2].lost == ()  # reported once
+        assert flushed[1].lost == ()  # reported once
     finally:
         host.stop([M.LEDGER])

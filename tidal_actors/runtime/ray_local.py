@@ -20,6 +20,7 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.runtime.pykka_host import PykkaHost
+from tidal_actors.runtime.ray_history import HistoryCommits
 from tidal_actors.runtime.ray_links import Links
 from tidal_actors.runtime.ray_restart import DurableEnds, track
 from tidal_actors.runtime.supervision import Supervisor
@@ -74,8 +75,10 @@ class LocalHost(PykkaHost):
         self.shard = shard
         self.epoch = epoch
         # a ledger that owns its environment (the shards layout) commits its history
-        # writes with this, in its own thread, instead of sending them to persistence
+        # writes with this, group-committed on a thread of its own (`ray_history`),
+        # instead of sending them to persistence
         self.commit_history: Callable[[list[Op]], None] | None = None
+        self._history: HistoryCommits | None = None
         self._history_failures: list[BaseException] = []
 
     def start(self, behaviours: list[Behaviour]) -> None:
@@ -91,6 +94,13 @@ class LocalHost(PykkaHost):
         super().start(behaviours)
         for b in behaviours:
             self._inbox(b.address).on_merge = ends.merged
+
+    def stop(self, order: list[str]) -> None:
+        """Stop the behaviour (`PykkaHost.stop`), then commit the history writes it
+        handed over and end their thread."""
+        super().stop(order)
+        if self._history is not None:
+            self._history_failures += self._history.close()
 
     def tell(self, address: M.Address, message: object) -> None:
         if address in self._refs:
@@ -122,25 +132,28 @@ class LocalHost(PykkaHost):
         self.links.send(address, message)
 
     def _commit_history(self, ops: list[Op]) -> None:
-        """Commit a history write in this ledger's environment, now (one transaction:
-        the batch and its link states); a failure is reported by the next flush, as
-        persistence reports its failed history writes."""
-        assert self.commit_history is not None
-        try:
-            self.commit_history(ops)
-        except Exception as exc:  # noqa: BLE001 - reported by the next flush, never dropped
-            self._history_failures.append(exc)
+        """Hand a history write (the batch and its link states) to this ledger's
+        group commit (`ray_history.HistoryCommits`); a failure is reported by the next
+        flush, as persistence reports its failed history writes."""
+        if self._history is None:
+            assert self.commit_history is not None
+            self._history = HistoryCommits(self.commit_history, self.shard)
+        self._history.put(ops)
 
     def _with_failures(self, part: M.BarrierPart) -> M.BarrierPart:
-        """``part`` carrying the history writes that failed here since the last flush
-        (to a barrier that reports losses: a flush or a close)."""
+        """``part`` once every history write handed over before it has committed,
+        carrying those that failed here since the last flush (to a barrier that
+        reports losses: a flush or a close)."""
+        if self._history is not None:
+            self._history_failures += self._history.drain()
         failed = self._history_failures
         if not failed or not part.barrier.reports_loss:
             return part
         self._history_failures = []
         error = StorageError(
-            f"{len(failed)} history write(s) of ledger {self.shard} failed in its process; "
-            f"last: {failed[-1]}"
+            f"{len(failed)} history write(s) of ledger {self.shard} failed in its process "
+            "(it commits no later one until its process restarts, and its signals since "
+            f"are sent again then); last: {failed[-1]}"
         )
         error.__cause__ = failed[-1]
         return M.BarrierPart(part.barrier, (*part.lost, error))

@@ -1,0 +1,100 @@
+"""A ledger's own history commits, in its Ray actor's process (the ``shards`` store
+layout: `runtime.ray_local.LocalHost`), with group commit.
+
+The ledger hands each history write (a batch and its link states, `Tag.LINK_STATE`)
+over and goes on; a thread of the process commits every write waiting in one
+transaction as soon as the commit before has ended, so a commit (its fsync) carries
+the batches that came while the one before ran, as the persistence actor's group
+commit does (`actors.persistence`). A batch is durable once its transaction
+committed: the store's `HistoryMarks` say so, and the links acknowledge its
+attributions then (`ledger_durability`). A barrier's part to persistence (a flush,
+a close, a sync before a rebuild) waits here until every write handed over before
+it has committed (`drain`).
+
+A failed commit fails every write it carried, and every later write fails unwritten
+(`broken`): a later batch's link state would say that the failed batch's
+attributions are held, and a restart would not send them again. The failures go to
+the caller of the next flush (`LocalHost._with_failures`); until the ledger's process
+restarts, its history stays where it stopped (its attributions are kept by their
+senders, unacknowledged, and sent again to the restarted incarnation).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from tidal_actors.storage.format import Op
+
+__all__ = ["HistoryCommits"]
+
+
+class HistoryCommits:
+    """Group commit of one ledger's history writes on a thread of its process.
+
+    Args:
+        commit: commits ops in one transaction (the ledger's store's ``commit``).
+        shard: the ledger shard (for the thread's name).
+    """
+
+    def __init__(self, commit: Callable[[list[Op]], None], shard: int) -> None:
+        self._commit = commit
+        self._cond = threading.Condition()
+        self._queue: list[list[Op]] = []
+        self._busy = False
+        self._stopping = False
+        self._failures: list[BaseException] = []
+        self.broken: BaseException | None = None  # the first failure: nothing commits after it
+        self.commits = 0
+        self._thread = threading.Thread(
+            target=self._run, name=f"tidal-history-{shard}", daemon=True
+        )
+        self._thread.start()
+
+    def put(self, ops: list[Op]) -> None:
+        """Hand a history write over (committed with the others waiting)."""
+        with self._cond:
+            self._queue.append(ops)
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                writes, self._queue = self._queue, []
+                self._busy = True
+            error = self.broken
+            if error is None:
+                try:
+                    self._commit([op for ops in writes for op in ops])
+                    self.commits += 1
+                except Exception as exc:  # noqa: BLE001 - every failure goes to the next flush
+                    error = exc
+            with self._cond:
+                if error is not None:
+                    if self.broken is None:
+                        self.broken = error
+                    self._failures += [error] * len(writes)
+                self._busy = False
+                self._cond.notify_all()
+
+    def drain(self) -> list[BaseException]:
+        """Wait until every write handed over before has committed or failed; the
+        failures since the last drain (one per failed write)."""
+        with self._cond:
+            while self._queue or self._busy:
+                self._cond.wait()
+            failures, self._failures = self._failures, []
+            return failures
+
+    def close(self) -> list[BaseException]:
+        """`drain`, then end the thread; the failures not reported yet."""
+        failures = self.drain()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+        return failures
