@@ -22,7 +22,6 @@ threads, no I/O.
 from __future__ import annotations
 
 import struct
-from array import array
 from collections.abc import Sequence
 from itertools import chain
 from typing import Any
@@ -32,6 +31,7 @@ import numpy.typing as npt
 
 from tidal_actors.core import pair_runs as pr
 from tidal_actors.core.aggregates import Aggregates
+from tidal_actors.core.log_rows import LogRows
 from tidal_actors.core.pair_runs import GONE, Counts, Run
 
 __all__ = [
@@ -68,7 +68,7 @@ class PairStore:
     """The entries of a `ContributionLog`'s pair index (see the module docstring)."""
 
     # set by ContributionLog: the detail-row column and the position of its item 0
-    d: array[int]
+    d: LogRows
     base: int
 
     def __init__(self, aggregates: Aggregates) -> None:
