@@ -83,15 +83,14 @@ class Adds(RecordAdds):
                 _plain(tss),
             )
         cids = self.cohort_ids_of(cs)
-        codes = key_codes(
-            np.array(cids, dtype=np.int64),
-            np.asarray(es, dtype=np.uint64),
-            np.asarray(types, dtype=np.uint64),
-        )
-        kids: list[int | None] = list(map(self.index.get, codes))
-        if None in kids:
-            self._new_keys(kids, codes, cids, es, types, tss)
-        k = np.array(kids, dtype=np.int64)
+        c = np.array(cids, dtype=np.int64)
+        e = np.asarray(es, dtype=np.uint64)
+        t = np.asarray(types, dtype=np.uint64)
+        k = self.index.find_keys(c, e, t)
+        if (k < 0).any():
+            kids: list[int | None] = [None if x < 0 else x for x in k.tolist()]
+            self._new_keys(kids, key_codes(c, e, t), cids, es, types, tss)
+            k = np.array(kids, dtype=np.int64)
         ts = np.asarray(tss, dtype=np.int64)
         w = np.asarray(ws, dtype=np.float64)
         b = ts // self._width
@@ -191,7 +190,7 @@ class Adds(RecordAdds):
         for c in uc[np.argsort(ufirst)].tolist():  # ids in order of first key, as adds give
             lut[c] = self._cohort_id(names[c])
             self.cohorts[names[c]] = self.cohorts.get(names[c], 0) + int(per_cohort[c])
-        self.index.update(zip(key_codes(lut[kc], ke, kt), range(g)))
+        self.index.update_keys(lut[kc], ke, kt, np.arange(g, dtype=np.int64))
         self._nkeys = g
         self._reserve(g)
         hl_of_type = np.array([self.half_life(t) for t in ut.tolist()], dtype=np.int64)

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from tidal_actors.core import sets
 from tidal_actors.core.key_codes import KeyCode, key_code, key_codes
+from tidal_actors.core.key_index import KeyIndex
 from tidal_actors.core.older_buckets import OlderBuckets
 from tidal_actors.core.settled import SettledBuckets
 
@@ -173,7 +174,7 @@ class KeyState:
         self._cid: dict[str, int] = {}
         self.cohort_names: list[str] = []  # cohort id -> name
         self.cohorts: dict[str, int] = {}  # cohort -> number of live keys
-        self.index: dict[KeyCode, int] = {}  # live key (`key_code`) -> key id
+        self.index = KeyIndex()  # live key (`key_code`) -> key id
         # incremented before any key leaves ``index`` (`_drop_keys`): a published view
         # sharing ``index`` tells a miss it cannot trust by it (`core.published`)
         self.drop_epoch = np.zeros(1, dtype=np.int64)
@@ -334,7 +335,7 @@ class KeyState:
         Every column but the cohort id is zeroed (one vectorized assignment per column
         for all of ``ks``): the entity id, the timestamps and the sums of a key whose
         contributions a purge removed must not outlive it in a snapshot (erasure).
-        A few numpy operations and one dict removal a key, whatever their number."""
+        A few numpy operations and one index removal a key, whatever their number."""
         if not len(ks):
             return
         self.drop_epoch[0] += 1
