@@ -135,7 +135,7 @@ class Aggregates(Reads, Retraction, Settling, Adds):
             getattr(self, name).buffer_info()[1] * getattr(self, name).itemsize
             for name in DETAIL_COLUMNS
         )
-        columns = sum(getattr(self, name).nbytes for name in KEY_COLUMNS)
+        columns = self.key_column_bytes()
         index = self.index.nbytes()
         older = self.older.nbytes()
         settled = self.settled.nbytes()
