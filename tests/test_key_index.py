@@ -31,6 +31,7 @@ _OPS = st.lists(
         st.tuples(st.just("set"), _KEYS),
         st.tuples(st.just("pop"), _KEYS),
         st.tuples(st.just("batch"), st.lists(_KEYS, max_size=40, unique=True)),
+        st.tuples(st.just("new"), st.lists(_KEYS, max_size=90, unique=True)),
     ),
     max_size=80,
 )
@@ -63,6 +64,11 @@ def test_key_index_reads_as_a_dict(ops: list[tuple[str, object]], probe: list) -
         elif kind == "pop":
             code = key_code(*arg)  # type: ignore[misc]
             assert index.pop(code) == model.pop(code, None)
+        elif kind == "new":  # keys not live (`update_ids`, as `Adds._new_keys` files them)
+            codes = [key_code(*k) for k in arg if key_code(*k) not in model]  # type: ignore[attr-defined, misc]
+            index.update_ids(codes, next_id)
+            model.update(zip(codes, range(next_id, next_id + len(codes))))
+            next_id += len(codes)
         else:
             keys = list(arg)  # type: ignore[call-overload]
             ids = np.arange(next_id, next_id + len(keys), dtype=np.int64)
@@ -74,7 +80,7 @@ def test_key_index_reads_as_a_dict(ops: list[tuple[str, object]], probe: list) -
                 ids,
             )
             model.update(zip((key_code(*k) for k in keys), ids.tolist()))
-        _check(index, model, probe + [op[1] for op in ops if op[0] != "batch"])  # type: ignore[misc]
+        _check(index, model, probe + [op[1] for op in ops if op[0] in ("set", "pop")])  # type: ignore[misc]
 
 
 def test_growth_and_dropped_slots_keep_every_key() -> None:
@@ -157,3 +163,12 @@ def test_a_numpy_integer_code_is_the_int_it_equals() -> None:
     assert index.pop(np.int64(5)) == 1 and index.get(5) is None  # type: ignore[arg-type]
     index.update([(np.uint64(9), 2), ((1, 2**50, 3), 3)])  # type: ignore[list-item]
     assert index == {9: 2, (1, 2**50, 3): 3}
+
+
+def test_update_ids_files_codes_under_consecutive_ids() -> None:
+    """Narrow codes only go in with numpy, a batch with a tuple code by code: both
+    give ``first, first + 1, ...`` in order."""
+    index = KeyIndex()
+    index.update_ids([7, 2**64 - 1, 3], 10)
+    index.update_ids([4, (1, 2**50, 3), 5], 13)
+    assert index == {7: 10, 2**64 - 1: 11, 3: 12, 4: 13, (1, 2**50, 3): 14, 5: 15}

@@ -261,7 +261,7 @@ class Adds(RecordAdds):
         `key_code`), columns set in bulk."""
         index = self.index
         first = self._nkeys
-        # all at C speed: the missing keys and their positions, each new key once (in
+        # all at C speed (or numpy): the missing keys and their positions, each new key once (in
         # order of first appearance) with the position of its first contribution
         missing = list(map(is_, kids, repeat(None)))
         where = list(compress(range(len(kids)), missing))
@@ -270,9 +270,10 @@ class Adds(RecordAdds):
         earliest = dict(zip(reversed(absent), reversed(where)))
         at = list(map(earliest.__getitem__, new))  # position of each new key's first contribution
         last = first + len(new)
-        index.update(zip(new, range(first, last)))
+        index.update_ids(new, first)
         self._nkeys = last
-        for i, kid in zip(where, map(index.__getitem__, absent)):
+        new_id = dict(zip(new, range(first, last)))
+        for i, kid in zip(where, map(new_id.__getitem__, absent)):
             kids[i] = kid
         self._reserve(last)
         new_cids = list(map(cids.__getitem__, at))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import operator
 import sys
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,7 @@ _GOLD = 0x9E3779B97F4A7C15  # 2**64 / phi, odd
 _M64 = (1 << 64) - 1
 _MIN_BITS = 10
 _LOAD = 0.7  # most used slots (live or deleted) a slot
+_TAIL = 64  # codes left on their probe runs that a loop in Python takes over from numpy
 
 
 class _Table:
@@ -76,7 +77,7 @@ class _Table:
         h = self.home(codes)
         todo = np.arange(len(codes), dtype=np.int64)
         ids, cs, mask = self.np_ids(), self.np_codes(), self.mask
-        while len(todo):
+        while len(todo) > _TAIL:
             hh = h[todo]
             v = ids[hh]
             hit = (v != EMPTY) & (cs[hh] == codes[todo])
@@ -84,6 +85,17 @@ class _Table:
             go = (v != EMPTY) & ~hit
             todo = todo[go]
             h[todo] = (hh[go] + 1) & mask
+        # the few on long probe runs: one at a time (a numpy round costs ~10 us)
+        ida, csa = self.ids, self.codes
+        for i, c, j in zip(todo.tolist(), codes[todo].tolist(), h[todo].tolist()):
+            while True:
+                v = ida[j]
+                if v == EMPTY:
+                    break
+                if csa[j] == c:
+                    out[i] = j
+                    break
+                j = (j + 1) & mask
         return out
 
 
@@ -242,6 +254,17 @@ class KeyIndex:
             )
             self.wide.update(zip(tuples, ks[wide].tolist()))
 
+    def update_ids(self, codes: Sequence[KeyCode], first: int) -> None:
+        """File distinct ``codes``, none of them live here (new keys), under ids
+        ``first, first + 1, ...``: with numpy when every code is narrow (an int), else
+        code by code (`update`)."""
+        try:
+            arr = np.fromiter(codes, dtype=np.uint64, count=len(codes))
+        except (TypeError, ValueError, OverflowError):  # a tuple among them
+            self.update(zip(codes, range(first, first + len(codes))))
+            return
+        self.update_narrow(arr, np.arange(first, first + len(codes), dtype=np.int64), True)
+
     def update(self, pairs: Iterable[tuple[KeyCode, int]]) -> None:
         """File each ``(code, id)`` (codes distinct)."""
         narrow_c: list[int] = []
@@ -257,14 +280,22 @@ class KeyIndex:
                 np.array(narrow_c, dtype=np.uint64), np.array(narrow_k, dtype=np.int64)
             )
 
-    def update_narrow(self, codes: npt.NDArray[np.uint64], ks: npt.NDArray[np.int64]) -> None:
-        """File narrow ``codes`` (uint64, distinct) under ids ``ks`` with numpy."""
+    def update_narrow(
+        self, codes: npt.NDArray[np.uint64], ks: npt.NDArray[np.int64], absent: bool = False
+    ) -> None:
+        """File narrow ``codes`` (uint64, distinct) under ids ``ks`` with numpy;
+        ``absent``: the caller knows none of them is live here (new keys), so with no
+        dropped slot to reuse they are not looked up first."""
         if not len(codes):
             return
         if int(ks.min()) < 0 or int(ks.max()) >= DELETED:
             raise ValueError(f"key ids out of range 0..{DELETED - 1}")
         self._room(len(codes))
         t = self._t
+        if absent and not self._deleted:
+            self._live += len(codes)
+            self._fill(t, codes, ks)
+            return
         ids = t.np_ids()
         slots = t.slots_of(codes)
         old = slots >= 0  # filed already (live or dropped): the slot takes the new id
@@ -297,21 +328,28 @@ class KeyIndex:
     @staticmethod
     def _fill(t: _Table, codes: npt.NDArray[np.uint64], ks: npt.NDArray[np.int64]) -> None:
         """File distinct codes absent from ``t``, with room for them, with numpy: each
-        round, of the codes whose slot is free the first for each slot takes it, the
-        others move on one slot. All the codes are written before the ids (a reader
-        sees a slot whole or empty)."""
+        round, of the codes whose slot is free one for each slot takes it, the others
+        move on one slot. A slot's code is written before its id (a reader sees a slot
+        whole or empty)."""
         ids, cs = t.np_ids(), t.np_codes()
         todo = np.arange(len(codes), dtype=np.int64)
         h = t.home(codes)
-        while len(todo):
-            free = ids[h] == EMPTY
-            _, first = np.unique(h[free], return_index=True)
-            take = np.flatnonzero(free)[first]
-            cs[h[take]] = codes[todo[take]]
-            ids[h[take]] = ks[todo[take]]
+        while len(todo) > _TAIL:
+            free = np.flatnonzero(ids[h] == EMPTY)
+            hf, cf = h[free], codes[todo[free]]
+            cs[hf] = cf  # of codes sharing a free slot, the last written takes it
+            won = cs[hf] == cf  # (codes are distinct)
+            take = free[won]
+            ids[hf[won]] = ks[todo[take]]
             rest = np.ones(len(todo), dtype=bool)
             rest[take] = False
             todo, h = todo[rest], (h[rest] + 1) & t.mask
+        ida, csa, mask = t.ids, t.codes, t.mask  # the last few one at a time
+        for c, k, j in zip(codes[todo].tolist(), ks[todo].tolist(), h.tolist()):
+            while ida[j] != EMPTY:
+                j = (j + 1) & mask
+            csa[j] = c
+            ida[j] = k
 
     # -- the whole -----------------------------------------------------------------------
 
