@@ -218,10 +218,11 @@ def test_a_pickled_copy_adds_and_reads_as_the_original(
     then: list[tuple[str, int, int, float, int]],
     at: int,
 ) -> None:
-    """The key columns and the earlier buckets' columns are numpy views of the
-    ``array`` objects the per-record path writes through (`KeyState.items`,
-    `Segments.items`): a copy made by pickling keeps them one, so records added to it
-    afterwards, by either path, read as on the original."""
+    """The key columns are numpy views of the memory maps the per-record path
+    writes through (`KeyState.items`: memoryviews of them), the earlier buckets'
+    columns of the ``array`` objects it writes through (`Segments.items`): a copy
+    made by pickling keeps them one, so records added to it afterwards, by either
+    path, read as on the original."""
     import pickle
 
     for make in (_agg, _vectorized):
@@ -233,7 +234,7 @@ def test_a_pickled_copy_adds_and_reads_as_the_original(
             agg.add_many(_recs(then)[:1])
         assert _reads(a, at) == _reads(b, at)
         for name in ("fd_sum", "latest_count", "latest_b", "landmark"):
-            assert getattr(b, name).base.obj is b.items[name]  # a memoryview of it
+            assert getattr(b, name).base.obj is b.items[name].obj  # one memory map
         for name in ("b", "count", "fd", "start", "length"):  # the earlier buckets' too
             assert getattr(b.older, name).base.obj is b.older.items[name]
 

@@ -407,3 +407,37 @@ def test_the_largest_narrow_code_is_found() -> None:
     counts = pr.Counts()
     counts.add((k, u), np.array([0, 0, 3], np.int64))
     assert counts.get(2**44 - 1, 2**20 - 1) == 3
+
+
+def test_a_run_holds_each_pairs_key_once() -> None:
+    """A run's keys are held once per pair (group starts beside them): `keys` gives
+    them per entry again, `span` finds a pair's entries, `keep` drops a pair left
+    with no entry, `widen` keeps the groups; the bytes are 8 a key and 4 a start
+    beside the 4-byte offsets."""
+    from tidal_actors.core import pair_runs as pr
+
+    users = np.array([1, 1, 2, 5, 5, 5], np.uint64)
+    cids = np.array([3, 3, 0, 1, 1, 1])
+    key = pr.encode(users, cids, False)
+    r = Run(key, np.array([10, 12, 11, 13, 14, 20], dtype=np.int64), 10, 21, 0)
+    assert len(r.k) == 3 and r.starts.tolist() == [0, 2, 3, 6]
+    assert r.keys()[0].tolist() == key[0].tolist() and r.keys()[1] is None
+    assert r.nbytes() == 3 * 8 + 4 * 4 + 6 * 4
+    assert [r.span(1, 3), r.span(2, 0), r.span(5, 1), r.span(5, 2), r.span(4, 0)] == [
+        (0, 2),
+        (2, 3),
+        (3, 6),
+        (0, 0),
+        (0, 0),
+    ]
+    r.kill(2, 3, np.array([True]))
+    r.keep(r.live())  # user 2's only entry goes, and its group
+    assert len(r.k) == 2 and r.starts.tolist() == [0, 2, 5]
+    assert r.span(2, 0) == (0, 0) and r.positions(*r.span(5, 1)).tolist() == [13, 14, 20]
+    r.widen()
+    assert r.u is not None and r.u.tolist() == [1, 5] and r.k.tolist() == [3, 1]
+    k, u = r.keys()
+    assert k.tolist() == [3, 3, 1, 1, 1] and u is not None and u.tolist() == [1, 1, 5, 5, 5]
+    assert r.positions(*r.span(1, 3)).tolist() == [10, 12]
+    r.keep(np.zeros(5, dtype=bool))
+    assert len(r) == 0 and len(r.k) == 0 and r.starts.tolist() == [0]

@@ -83,15 +83,14 @@ class Adds(RecordAdds):
                 _plain(tss),
             )
         cids = self.cohort_ids_of(cs)
-        codes = key_codes(
-            np.array(cids, dtype=np.int64),
-            np.asarray(es, dtype=np.uint64),
-            np.asarray(types, dtype=np.uint64),
-        )
-        kids: list[int | None] = list(map(self.index.get, codes))
-        if None in kids:
-            self._new_keys(kids, codes, cids, es, types, tss)
-        k = np.array(kids, dtype=np.int64)
+        c = np.array(cids, dtype=np.int64)
+        e = np.asarray(es, dtype=np.uint64)
+        t = np.asarray(types, dtype=np.uint64)
+        k = self.index.find_keys(c, e, t)
+        if (k < 0).any():
+            kids: list[int | None] = [None if x < 0 else x for x in k.tolist()]
+            self._new_keys(kids, key_codes(c, e, t), cids, es, types, tss)
+            k = np.array(kids, dtype=np.int64)
         ts = np.asarray(tss, dtype=np.int64)
         w = np.asarray(ws, dtype=np.float64)
         b = ts // self._width
@@ -191,7 +190,7 @@ class Adds(RecordAdds):
         for c in uc[np.argsort(ufirst)].tolist():  # ids in order of first key, as adds give
             lut[c] = self._cohort_id(names[c])
             self.cohorts[names[c]] = self.cohorts.get(names[c], 0) + int(per_cohort[c])
-        self.index.update(zip(key_codes(lut[kc], ke, kt), range(g)))
+        self.index.update_keys(lut[kc], ke, kt, np.arange(g, dtype=np.int64))
         self._nkeys = g
         self._reserve(g)
         hl_of_type = np.array([self.half_life(t) for t in ut.tolist()], dtype=np.int64)
@@ -262,7 +261,7 @@ class Adds(RecordAdds):
         `key_code`), columns set in bulk."""
         index = self.index
         first = self._nkeys
-        # all at C speed: the missing keys and their positions, each new key once (in
+        # all at C speed (or numpy): the missing keys and their positions, each new key once (in
         # order of first appearance) with the position of its first contribution
         missing = list(map(is_, kids, repeat(None)))
         where = list(compress(range(len(kids)), missing))
@@ -271,9 +270,10 @@ class Adds(RecordAdds):
         earliest = dict(zip(reversed(absent), reversed(where)))
         at = list(map(earliest.__getitem__, new))  # position of each new key's first contribution
         last = first + len(new)
-        index.update(zip(new, range(first, last)))
+        index.update_ids(new, first)
         self._nkeys = last
-        for i, kid in zip(where, map(index.__getitem__, absent)):
+        new_id = dict(zip(new, range(first, last)))
+        for i, kid in zip(where, map(new_id.__getitem__, absent)):
             kids[i] = kid
         self._reserve(last)
         new_cids = list(map(cids.__getitem__, at))

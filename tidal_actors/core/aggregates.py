@@ -30,10 +30,10 @@ operations. The parts: `key_state` (columns, detail rows, key ids), `adds`,
   Every bucket that holds a contribution is kept, so a window read at any time is
   exact and ``fd_sum`` is always the sum of the buckets' ``fd`` (re-derived
   with ``math.fsum`` after a retraction to drop rounding residue).
-* Adding a batch: keys are looked up at C speed (``map(index.get, codes)``, the
-  codes computed with numpy: `key_state.KeyCode`, which keeps the index out of the
-  cyclic GC's walks), new
-  keys are given ids together, then every contribution that falls in its key's
+* Adding a batch: keys are looked up with numpy (`key_index.KeyIndex.find_keys`:
+  the codes computed and probed in the index's hash table column-wise; no Python
+  object a key, so the cyclic GC has nothing to walk), new keys are given ids
+  together, then every contribution that falls in its key's
   latest bucket (the common case) is added with ``np.add.at``; the others (a newer
   bucket, a late contribution, a landmark move) go one by one, after, which gives the
   same state as adding all in order.
@@ -56,13 +56,13 @@ bit for bit.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
 from tidal_actors.core import sets
 from tidal_actors.core.adds import Adds
+from tidal_actors.core.key_index import KeyIndex
 from tidal_actors.core.key_state import DETAIL_COLUMNS, KEY_COLUMNS, key_codes
 from tidal_actors.core.older_buckets import OLDER_COLUMNS
 from tidal_actors.core.reads import Reads
@@ -129,18 +129,14 @@ class Aggregates(Reads, Retraction, Settling, Adds):
     def memory(self) -> dict[str, int]:
         """Bytes held, by part: ``detail_rows`` (per held contribution),
         ``settled_buckets`` (per key and bucket with settled contributions),
-        ``key_columns``, ``key_index`` (the dict, the key table, each key's tuple and
-        ints) and ``older_buckets`` (per key with earlier buckets)."""
+        ``key_columns``, ``key_index`` (`KeyIndex.nbytes`: its columns, and the
+        wide codes' dict) and ``older_buckets`` (per key with earlier buckets)."""
         detail = sum(
             getattr(self, name).buffer_info()[1] * getattr(self, name).itemsize
             for name in DETAIL_COLUMNS
         )
-        columns = sum(getattr(self, name).nbytes for name in KEY_COLUMNS)
-        size = sys.getsizeof
-        index = size(self.index)
-        for code in self.index:  # an int, or a tuple of three ints (`KeyCode`)
-            index += size(code) if isinstance(code, int) else size(code) + sum(map(size, code))
-        index += sum(size(k) for k in self.index.values() if k > 256)  # small ints are shared
+        columns = self.key_column_bytes()
+        index = self.index.nbytes()
         older = self.older.nbytes()
         settled = self.settled.nbytes()
         return {
@@ -293,11 +289,9 @@ class Aggregates(Reads, Retraction, Settling, Adds):
         names = self.cohort_names
         self._nkeys = n
         live = np.flatnonzero(self.live[:n])
-        self.index = dict(
-            zip(
-                key_codes(self.key_cohort[live], self.key_entity[live], self.key_type[live]),
-                live.tolist(),
-            )
+        self.index = KeyIndex()
+        self.index.update_keys(
+            self.key_cohort[live], self.key_entity[live], self.key_type[live], live
         )
         counts = np.bincount(self.key_cohort[:n][self.live[:n] != 0], minlength=len(names)).tolist()
         self.cohorts = {names[c]: m for c, m in enumerate(counts) if m}

@@ -4,7 +4,8 @@ Owns the in-memory record of which contributions can still be retracted
 (retroactive-purge FR-1), its eviction bookkeeping and its (user, cohort) index. No
 threads, no I/O.
 
-Layout: one ``array('q')`` column of *detail rows* (8 bytes a record): the record's
+Layout: a column of *detail rows* (`log_rows.LogRows`: segments of consecutive
+rows, 16 bytes a segment, one segment while records arrive without gaps): the record's
 fields (user, cohort, entity, type, weight, timestamp, membership shard, ``rseq``)
 live once, in the shard's `Aggregates` detail columns. Positions are absolute
 (append count); the column holds positions ``base ..``. The (user, cohort) index
@@ -19,7 +20,6 @@ trims its head lazily once records are surely evicted (below a floor) or drained
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from typing import NamedTuple
@@ -30,6 +30,7 @@ from tidal_actors._types import ContributionRecord
 from tidal_actors.core import pair_runs as pr
 from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.key_state import DEAD
+from tidal_actors.core.log_rows import LogRows
 from tidal_actors.core.pair_index import PairIndex
 from tidal_actors.core.pair_runs import GONE
 
@@ -78,7 +79,7 @@ class ContributionLog(PairIndex):
         super().__init__(aggregates)
         self.base = 0
         self.head = 0
-        self.d = array("q")
+        self.d = LogRows()
         self.floor: dict[int, int] = {}
 
     def __len__(self) -> int:
@@ -96,10 +97,7 @@ class ContributionLog(PairIndex):
         batches, sorted with numpy)."""
         d = self.d
         n0 = len(d)
-        if isinstance(rows, range) and rows.step == 1:
-            d.frombytes(np.arange(rows.start, rows.stop, dtype=np.int64).tobytes())
-        else:
-            d.extend(rows)
+        d.extend(rows)
         n = len(d) - n0
         if n:
             self._pend(users, cohorts, n)
@@ -142,7 +140,7 @@ class ContributionLog(PairIndex):
         users = np.asarray(users, dtype=np.uint64)
         live = np.asarray(live, dtype=bool)
         rseqs = np.asarray(rseqs, dtype=np.int64)
-        self.d.frombytes(np.ascontiguousarray(rows[live], dtype=np.int64).tobytes())
+        self.d.extend(np.asarray(rows, dtype=np.int64)[live])
         lut = np.array([self.agg.cohort_id_for(c) for c in names], dtype=np.int64)
         acids = lut[np.asarray(cids, dtype=np.int64)]
         # each record's reported bound (-1: none), matched by pair key
@@ -181,8 +179,17 @@ class ContributionLog(PairIndex):
         d = self.d
         off = self.base
         i, n = self.head, off + len(d)
-        while i < n and self._gone(d[i - off]):
-            i += 1
+        gone = self._gone
+        step = 1  # the head's row first, then blocks of rows read at once, growing
+        while i < n:
+            m = min(step, n - i)
+            rows = [d[i - off]] if m == 1 else d.take(np.arange(i - off, i - off + m)).tolist()
+            for row in rows:
+                if not gone(row):
+                    n = i  # the first record still live ends the loop
+                    break
+                i += 1
+            step = min(step * 16, 4096)
         self.head = i
         dead = i - off
         if dead and ((dead >= _COMPACT_MIN and dead * 2 >= len(d)) or dead == len(d)):
@@ -192,7 +199,7 @@ class ContributionLog(PairIndex):
         self._flush()
         if self.holds:
             self._keep_held_rows(head)
-        del self.d[:head]
+        self.d.drop_head(head)
         self.base += head
         self._trim_runs()  # trimmed positions become counts: item 0
 
@@ -215,7 +222,7 @@ class ContributionLog(PairIndex):
         evicted += int(np.count_nonzero(gone))
         pos = pos[~gone]
         agg = self.agg
-        rows = np.frombuffer(self.d, dtype=np.int64)[pos - base]
+        rows = self.d.take(pos - base)
         if held is not None:  # trimmed since the marker: older than the rest, no position
             pos = np.concatenate([np.full(len(held), -1, dtype=np.int64), pos])
             rows = np.concatenate([held, rows])
@@ -296,7 +303,7 @@ class ContributionLog(PairIndex):
         self._kept.discard((user, cid))
         agg, base = self.agg, self.base
         valid = raw >= base  # tombstones are below any base
-        rows = np.frombuffer(self.d, dtype=np.int64)[raw[valid] - base] - agg.row_base
+        rows = self.d.take(raw[valid] - base) - agg.row_base
         keep = np.zeros(len(raw), dtype=bool)
         keep[valid] = (agg.view("row_key")[rows] != DEAD) & (
             agg.view("row_rseq")[rows] >= watermark
@@ -316,7 +323,7 @@ class ContributionLog(PairIndex):
         """Records in the column whose row is not retracted (evicted ones included until trimmed)."""
         if not len(self.d):
             return 0
-        rows = np.frombuffer(self.d, dtype=np.int64)[self.head - self.base :] - self.agg.row_base
+        rows = self.d.tail(self.head - self.base) - self.agg.row_base
         return int(np.count_nonzero(self.agg.view("row_key")[rows] != DEAD))
 
     def first_row(self) -> int | None:
@@ -339,10 +346,10 @@ class ContributionLog(PairIndex):
         """Bytes held, by part: ``log_column`` and ``pair_index`` (its runs, counts
         and pending records, `PairIndex.index_bytes`)."""
         return {
-            "log_column": self.d.buffer_info()[1] * self.d.itemsize,
+            "log_column": self.d.nbytes(),
             "pair_index": self.index_bytes(),
         }
 
     def nbytes(self) -> int:
         """Approximate bytes held by the column and the index."""
-        return self.d.buffer_info()[1] * 8 + self.index_bytes()
+        return self.d.nbytes() + self.index_bytes()

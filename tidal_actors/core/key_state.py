@@ -10,6 +10,7 @@ theory of operation is in `aggregates`. No threads, no I/O.
 
 from __future__ import annotations
 
+import mmap
 from array import array
 from collections.abc import Callable, Sequence
 from itertools import compress, repeat
@@ -21,6 +22,7 @@ import numpy.typing as npt
 
 from tidal_actors.core import sets
 from tidal_actors.core.key_codes import KeyCode, key_code, key_codes
+from tidal_actors.core.key_index import KeyIndex
 from tidal_actors.core.older_buckets import OlderBuckets
 from tidal_actors.core.settled import SettledBuckets
 
@@ -143,10 +145,11 @@ class KeyState:
     )
 
     # the per-key columns (`KEY_COLUMNS`), set in __init__ and grown by _reserve: each
-    # a numpy view of the ``array`` of the same name in ``items``, which the per-record
-    # paths (`core.record_adds`) index instead (an item read gives a Python number at
-    # half the cost of ``ndarray.item``)
-    items: dict[str, array[Any]]
+    # a numpy view of an anonymous memory map, of which ``items`` holds a
+    # ``memoryview`` of the same name that the per-record paths (`core.record_adds`)
+    # index instead (an item read gives a Python number at half the cost of
+    # ``ndarray.item``)
+    items: dict[str, Any]  # memoryviews cast to the column's item format
     fd_sum: npt.NDArray[np.float64]
     landmark: npt.NDArray[np.int64]
     t_max: npt.NDArray[np.int64]
@@ -169,18 +172,18 @@ class KeyState:
         self._hl_cache: dict[int, int] = {}
         self._width = window_width_ns
         self._n = window_buckets
+        self._nkeys = 0
         self._grow(0)
         self._cid: dict[str, int] = {}
         self.cohort_names: list[str] = []  # cohort id -> name
         self.cohorts: dict[str, int] = {}  # cohort -> number of live keys
-        self.index: dict[KeyCode, int] = {}  # live key (`key_code`) -> key id
+        self.index = KeyIndex()  # live key (`key_code`) -> key id
         # incremented before any key leaves ``index`` (`_drop_keys`): a published view
         # sharing ``index`` tells a miss it cannot trust by it (`core.published`)
         self.drop_epoch = np.zeros(1, dtype=np.int64)
         # key ids allotted so far; a key id's (cohort, entity, type) is in the key_cohort,
         # key_entity and key_type columns (`key`), not in a list of tuples: a list the cyclic GC would
-        # walk item by item in every full collection
-        self._nkeys = 0
+        # walk item by item in every full collection (set before the columns, above)
         # each key's earlier buckets, as columns
         self.older = OlderBuckets()
         # the detail rows (`DETAIL_COLUMNS`)
@@ -273,36 +276,54 @@ class KeyState:
         self._grow(cap)
 
     def _grow(self, cap: int) -> None:
-        """Give every key column room for ``cap`` keys: a new ``array`` each (in
-        ``items``, zeros past the keys'), the column a numpy view of its bytes."""
-        items: dict[str, array[Any]] = {}
+        """Give every key column room for ``cap`` keys: a new anonymous memory map
+        each, the column a numpy view of it and ``items[name]`` a ``memoryview`` of
+        it (item by item, Python numbers, as an ``array`` gives them); the allotted
+        keys' items are copied. A map's pages read as zeros and take memory only once
+        written, so the capacity past the keys costs address space, not memory."""
+        items: dict[str, Any] = {}
+        n = self._nkeys
         for name, spec in KEY_COLUMNS.items():
             dt = np.dtype(spec.dtype)
-            buf = array(dt.char, bytes(cap * dt.itemsize))
-            col = np.frombuffer(buf, dtype=dt)
+            buf = mmap.mmap(-1, max(cap, 1) * dt.itemsize)
+            col = np.frombuffer(buf, dtype=dt, count=cap)
             old = getattr(self, name, None)
             if old is not None:
-                col[: len(old)] = old
+                m = min(len(old), n)
+                col[:m] = old[:m]
             setattr(self, name, col)
-            items[name] = buf
+            view: Any = memoryview(buf)
+            items[name] = view.cast(dt.char)
         self.items = items
         self._cap = cap
 
     def __getstate__(self) -> dict[str, Any]:
-        """The slots, but the key columns: views of ``items``, made again on load
-        (pickled on their own, they would come back as copies, apart from ``items``)."""
+        """The slots, but the key columns (memory maps, which do not pickle): their
+        allotted keys' items as bytes, made into columns again on load."""
         state = dict(getattr(self, "__dict__", {}))
         for cls in type(self).__mro__:
             for name in getattr(cls, "__slots__", ()):
-                if name not in KEY_COLUMNS and hasattr(self, name):
+                if name not in KEY_COLUMNS and name != "items" and hasattr(self, name):
                     state[name] = getattr(self, name)
+        n = self._nkeys
+        state["items"] = {name: getattr(self, name)[:n].tobytes() for name in KEY_COLUMNS}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        raw: dict[str, bytes] = state.pop("items")
         for name, value in state.items():
             setattr(self, name, value)
+        n = self._nkeys
+        self._nkeys = 0  # nothing to copy: the columns are new
+        self._grow(max(self._cap, n))
+        self._nkeys = n
         for name, spec in KEY_COLUMNS.items():
-            setattr(self, name, np.frombuffer(self.items[name], dtype=spec.dtype))
+            getattr(self, name)[:n] = np.frombuffer(raw[name], dtype=spec.dtype)
+
+    def key_column_bytes(self) -> int:
+        """Bytes the key columns take: the allotted keys' items (the capacity past
+        them is never written, so it takes no memory, `_grow`)."""
+        return self._nkeys * sum(np.dtype(spec.dtype).itemsize for spec in KEY_COLUMNS.values())
 
     def cohort_id(self, cohort: str) -> int | None:
         """The id ``key_cohort`` holds for ``cohort``'s keys, or None if it never had one."""
@@ -334,7 +355,7 @@ class KeyState:
         Every column but the cohort id is zeroed (one vectorized assignment per column
         for all of ``ks``): the entity id, the timestamps and the sums of a key whose
         contributions a purge removed must not outlive it in a snapshot (erasure).
-        A few numpy operations and one dict removal a key, whatever their number."""
+        A few numpy operations and one index removal a key, whatever their number."""
         if not len(ks):
             return
         self.drop_epoch[0] += 1

@@ -118,7 +118,6 @@ class PairIndex(PairStore):
     def _keep_held_rows(self, head: int) -> None:
         """Before the column's first ``head`` records are dropped: move the held
         pairs' positions among them to their held rows."""
-        d = np.frombuffer(self.d, dtype=np.int64)
         upto = self.base + head
         for pair in self.holds:
             cid = self.agg.cohort_id(pair[1])
@@ -129,12 +128,11 @@ class PairIndex(PairStore):
             cut = (raw != GONE) & (raw < upto)
             if not cut.any():
                 continue
-            rows = d[raw[cut] - self.base]
+            rows = self.d.take(raw[cut] - self.base)
             old = self.held_rows.get(pair)
             self.held_rows[pair] = rows if old is None else np.concatenate([old, rows])
             self._remove(slices, cut)
             self._kept.add((pair[0], cid))
-        del d  # no view may outlive this: the column is resized next
 
     def load_index(
         self,

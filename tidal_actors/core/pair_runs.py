@@ -167,23 +167,50 @@ class Run:
     position is stored as its offset from ``p0``, a uint32 (4 bytes) when the run
     spans fewer than ``2**32 - 1`` positions, else an int64; a tombstone's offset
     is the dtype's largest value. ``level`` counts the merges the run took
-    (`PairStore` merges runs of one level together; `LOADED`: none)."""
+    (`PairStore` merges runs of one level together; `LOADED`: none).
 
-    __slots__ = ("dead", "k", "level", "off", "p0", "p1", "u")
+    The keys are held once per pair (a *group*: the pair's key in ``k`` and ``u``,
+    where its entries start in ``starts``), not once per entry: a pair has several
+    records in a run (about 4 a pair at 5M records on ``bench_ingest``'s shapes,
+    so 12 bytes a group instead of 8 an entry). `keys` gives them per entry."""
+
+    __slots__ = ("dead", "k", "level", "off", "p0", "p1", "starts", "u")
 
     off: npt.NDArray[Any]  # uint32 or int64
+    starts: npt.NDArray[Any]  # uint32 or int64: group g's entries are starts[g] .. starts[g + 1]
 
     def __init__(self, key: Key, pos: I64, p0: int, p1: int, level: int) -> None:
-        """``pos``: the entries' positions (int64, ``p0 <= pos < p1``, none `GONE`)."""
-        self.k, self.u = key
+        """``key``: the entries' keys, sorted; ``pos``: their positions (int64,
+        ``p0 <= pos < p1``, none `GONE`)."""
+        first = group(*key)
+        self.k, self.u = take(key, first)
+        self.starts = self._starts(first, len(pos))
         dtype = np.uint32 if p1 - p0 < 0xFFFFFFFF else np.int64
         self.off = (pos - p0).astype(dtype)
         self.p0, self.p1 = p0, p1
         self.level = level
         self.dead = 0
 
+    @staticmethod
+    def _starts(first: npt.NDArray[Any], n: int) -> npt.NDArray[Any]:
+        """Group starts ``first`` and the end ``n``, as the narrowest dtype that holds ``n``."""
+        return np.append(first, n).astype(np.uint32 if n < 0xFFFFFFFF else np.int64)
+
     def __len__(self) -> int:
         return len(self.off)
+
+    def keys(self) -> Key:
+        """Each entry's key (sorted)."""
+        st = self.starts.astype(np.int64)
+        n = st[1:] - st[:-1]
+        return self.k.repeat(n), None if self.u is None else self.u.repeat(n)
+
+    def span(self, user: int, cid: int) -> tuple[int, int]:
+        """``(a, b)``: the entries of the pair (user, cid) (`span` of its group)."""
+        g0, g1 = span(self.k, self.u, user, cid)
+        if g0 == g1:
+            return 0, 0
+        return int(self.starts[g0]), int(self.starts[g1])
 
     def _gone(self) -> int:
         return int(np.iinfo(self.off.dtype).max)
@@ -206,9 +233,15 @@ class Run:
         self.dead += int(np.count_nonzero(mask))
 
     def keep(self, mask: npt.NDArray[np.bool_]) -> None:
-        """Keep only the entries where ``mask`` is true."""
-        self.k, self.u = take((self.k, self.u), mask)
+        """Keep only the entries where ``mask`` is true (a group left with none goes)."""
+        if len(self.k):
+            per = np.add.reduceat(mask.astype(np.int64), self.starts[:-1].astype(np.int64))
+        else:
+            per = np.zeros(0, dtype=np.int64)
+        some = per != 0
+        self.k, self.u = take((self.k, self.u), some)
         self.off = self.off[mask]
+        self.starts = self._starts(np.cumsum(per[some]) - per[some], len(self.off))
         self.dead = int(np.count_nonzero(self.off == self._gone()))
 
     def rebase(self, p0: int) -> None:
@@ -220,7 +253,8 @@ class Run:
         self.k, self.u = widen(self.k)
 
     def nbytes(self) -> int:
-        return self.k.nbytes + self.off.nbytes + (0 if self.u is None else self.u.nbytes)
+        keys = self.k.nbytes + (0 if self.u is None else self.u.nbytes)
+        return keys + self.starts.nbytes + self.off.nbytes
 
 
 class Counts:

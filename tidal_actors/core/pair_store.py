@@ -22,7 +22,6 @@ threads, no I/O.
 from __future__ import annotations
 
 import struct
-from array import array
 from collections.abc import Sequence
 from itertools import chain
 from typing import Any
@@ -32,6 +31,7 @@ import numpy.typing as npt
 
 from tidal_actors.core import pair_runs as pr
 from tidal_actors.core.aggregates import Aggregates
+from tidal_actors.core.log_rows import LogRows
 from tidal_actors.core.pair_runs import GONE, Counts, Run
 
 __all__ = [
@@ -68,7 +68,7 @@ class PairStore:
     """The entries of a `ContributionLog`'s pair index (see the module docstring)."""
 
     # set by ContributionLog: the detail-row column and the position of its item 0
-    d: array[int]
+    d: LogRows
     base: int
 
     def __init__(self, aggregates: Aggregates) -> None:
@@ -145,7 +145,7 @@ class PairStore:
             if any(r.level != level for r in group) or sum(map(len, group)) > TOP_SIZE:
                 return
             del runs[-FANOUT:]
-            key = pr.concat([(r.k, r.u) for r in group])
+            key = pr.concat([r.keys() for r in group])
             pos = np.concatenate([r.positions() for r in group])
             if any(r.dead for r in group):
                 live = pos != GONE
@@ -158,7 +158,7 @@ class PairStore:
         self._flush()
         out = []
         for r in self.runs:
-            a, b = pr.span(r.k, r.u, user, cid)
+            a, b = r.span(user, cid)
             if a < b:
                 out.append((r, a, b))
         return out
@@ -200,7 +200,7 @@ class PairStore:
         """Every entry: ``((user, cohort), item 0, positions)``, by user, then cohort id."""
         self._flush()
         self.counts.fold()
-        key = pr.concat([(r.k, r.u) for r in self.runs])
+        key = pr.concat([r.keys() for r in self.runs])
         pos = np.concatenate([r.positions() for r in self.runs]) if self.runs else _EMPTY
         live = pos != GONE
         key, pos = pr.take(key, live), pos[live]
@@ -257,7 +257,7 @@ class PairStore:
             p = r.positions()
             cut = (p != GONE) & (p < base)
             if cut.any():
-                key = pr.take((r.k, r.u), cut)
+                key = pr.take(r.keys(), cut)
                 starts = pr.group(*key)
                 keys.append(pr.take(key, starts))
                 ns.append(np.diff(np.r_[starts, len(key[0])]).astype(np.int64))

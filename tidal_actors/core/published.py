@@ -37,8 +37,6 @@ any read of a key the index no longer holds after a drop (``drop_epoch``).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import numpy.typing as npt
 
@@ -50,6 +48,7 @@ from tidal_actors.core.key_codes import (
     _TYPE_SHIFT,
     key_code,
 )
+from tidal_actors.core.key_index import KeyIndex
 from tidal_actors.core.published_top import (
     TINY_SCORE,
     Groups,
@@ -118,7 +117,7 @@ class PublishedView(TopReads):
         published_ns: int,
         keys: int,
         cols: ViewColumns,
-        index: dict[Any, int],
+        index: KeyIndex,
         cohort_ids: dict[str, int],
         groups: Groups,
         epoch: npt.NDArray[np.int64],
