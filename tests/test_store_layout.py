@@ -180,6 +180,14 @@ def test_a_missing_environment_is_refused_and_nothing_is_made(tmp_path: Path) ->
     with pytest.raises(StorageError, match="no shards/membership-1 environment"):
         TidalDb.open(path, config=cfg)
     assert not (path / "shards" / "membership-1").exists()
+    coordinator = tmp_path / "no-coordinator"
+    shutil.copytree(copy, coordinator)
+    shutil.rmtree(coordinator / "shards" / "coordinator")  # the format record's: the same
+    with pytest.raises(StorageError, match="no shards/coordinator environment"):
+        TidalDb.open(coordinator, config=cfg)
+    assert not (coordinator / "shards" / "coordinator").exists()
+    with pytest.raises(StorageError, match="no shards/coordinator environment"):
+        TidalDb.open(coordinator, config=cfg, read_only=True)
     shutil.rmtree(copy / "shards" / "ledger-0")  # a ledger's the record names: the same
     (copy / "shards" / "ledger-0").mkdir()
     with pytest.raises(StorageError, match="no shards/ledger-0 environment"):
@@ -287,3 +295,16 @@ def test_a_group_commit_commits_every_environment_and_names_the_failed_part(
         assert all(store.raw_get(Keyspace.USERS, k) is None for k in users)
     finally:
         store.close()
+
+
+def test_the_database_says_which_layout_its_store_has(tmp_path: Path) -> None:
+    with TidalDb.open(tmp_path / "a", config=Config(store_layout="shards")) as db:
+        assert db.store_layout == "shards"
+    with TidalDb.open(tmp_path / "a", config=Config(store_layout="single")) as db:
+        assert db.store_layout == "shards"  # the store's own, not the config's
+    with TidalDb.open(tmp_path / "a", read_only=True) as db:
+        assert db.store_layout == "shards"
+    with TidalDb.open(tmp_path / "b") as db:  # the pykka host's default
+        assert db.store_layout == "single"
+    with TidalDb.open(None) as db:
+        assert db.store_layout is None

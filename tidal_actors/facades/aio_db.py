@@ -84,6 +84,12 @@ class AsyncTidalDb(AsyncOperations):
         return self._core.clock
 
     @property
+    def store_layout(self) -> str | None:
+        """The layout of the store open: ``"single"`` or ``"shards"`` (whatever
+        ``config.store_layout`` asked for); None for an ephemeral database."""
+        return self._core.store_layout
+
+    @property
     def closed(self) -> bool:
         """True once closing has begun."""
         return self._closed or self._core.closed

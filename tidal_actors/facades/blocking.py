@@ -147,6 +147,13 @@ class TidalDb(BlockingOperations):
         return self._core.clock
 
     @property
+    def store_layout(self) -> str | None:
+        """The layout of the store open (docs/storage-format.md, "Layouts"):
+        ``"single"`` or ``"shards"``, whatever ``config.store_layout`` asked for; None
+        for an ephemeral database."""
+        return self._core.store_layout
+
+    @property
     def closed(self) -> bool:
         return self._core.closed
 

@@ -136,7 +136,10 @@ class ShardedStore(ShardedWrites, HistoryStore):
     def _open_all(self) -> None:
         """Open every environment: a writer those the format record names (and the
         config's, made if new), a reader those on disk (`load` checks them against
-        the record it reads)."""
+        the record it reads). A store made before must still hold the coordinator's
+        environment (its format record): nothing is made in a damaged one."""
+        if self.existed and not self.read_only:
+            self._check_complete(0, 0)
         coordinator = self._env(COORDINATOR)
         on_disk = sorted(
             (p.name for p in (self.path / SHARDS_DIR).glob("*-*") if _number(p.name) is not None),
@@ -172,8 +175,9 @@ class ShardedStore(ShardedWrites, HistoryStore):
             )
 
     def _check_complete(self, memberships: int, ledgers: int) -> None:
-        """Refuse a store missing an environment its format record names."""
-        names = [membership_env(i) for i in range(memberships)]
+        """Refuse a store missing the coordinator's environment, or one its format
+        record names (``memberships`` membership shards, ``ledgers`` ledgers)."""
+        names = [COORDINATOR, *(membership_env(i) for i in range(memberships))]
         names += [ledger_env(j) for j in range(ledgers)]
         for name in names:
             if not (env_path(self.path, name) / "data.mdb").is_file():
