@@ -115,7 +115,7 @@ def test_threads_of_same_user_writes_with_failing_commits_persist_what_returned(
     skipped: a refused control operation changes nothing), give what the database
     answers, and what it answers after a reopen. In the ``shards`` layout the
     failures are each environment's (a group's part in one environment fails while
-    the others commit: `ShardedWrites.commit_group`)."""
+    the others commit: `ShardedWrites.commit_writes`)."""
     rnd = random.Random(seed)
     cfg = Config(
         rematerialize_after_ms=None, membership_shards=2, ledger_shards=2, store_layout=layout

@@ -259,40 +259,60 @@ def test_more_ledger_shards_at_a_reopen_and_back(tmp_path: Path) -> None:
         assert_matches(db, ref, range(6), ats=(None,), exact_ids=False)
 
 
-def test_a_group_commit_commits_every_environment_and_names_the_failed_part(
+def test_a_group_commit_commits_each_environment_and_retries_only_a_failed_ones_writes(
     tmp_path: Path,
 ) -> None:
-    """`commit_group` (the persistence actor's group commit): every environment's
-    part at the same time; a failed part is the error, naming the parts that
-    committed, and those stay committed."""
+    """`commit_writes` (the persistence actor's group commit): each environment's
+    writes in one transaction, all at the same time; when one environment's
+    transaction fails, only its writes are tried again one by one (each gets its own
+    outcome), and a write whose environment committed is done: it is never retried
+    nor reported failed (its writer would be told nothing changed while the store
+    holds it)."""
     from tidal_actors import StorageFull
 
     cfg = _config(2, 2)
     store = ShardedStore(tmp_path / "s", cfg)
     try:
         users = [encode_key(u, Tag.COHORT_ASSIGNMENT) for u in range(1, 9)]
+        assert {_mshard(u, 2) for u in range(1, 9)} == {0, 1}  # both membership shards
         chunks = [encode_key(j, Tag.SNAPSHOT_CHUNK, b"\0\0\0\1") for j in range(2)]
         status = encode_key(3, Tag.PURGE_STATUS, bytes(16))
-        ops = [(Keyspace.USERS.value, k, b"u") for k in users]
-        ops += [(Keyspace.META.value, k, b"c") for k in chunks]
-        ops.append((Keyspace.ITEMS.value, status, b"s"))
-        store.commit_group(ops)
-        for ks, key, value in ops:
+        writes = [[(Keyspace.USERS.value, k, b"u")] for k in users]
+        writes += [[(Keyspace.META.value, k, b"c")] for k in chunks]
+        writes.append([(Keyspace.ITEMS.value, status, b"s")])
+        assert store.commit_writes(writes) == [None] * len(writes)
+        for ((ks, key, value),) in writes:
             assert store.raw_get(Keyspace(ks), key) == value
-        where = {u: _mshard(u, 2) for u in range(1, 9)}  # both membership shards are used
-        assert set(where.values()) == {0, 1}
+        calls: list[int] = []
 
-        def full(ops: list[object]) -> None:
+        def full_once(ops: list[object]) -> None:
+            calls.append(len(ops))
+            if len(calls) == 1:  # the group's transaction here; its retries pass
+                raise StorageFull("no room (test)")
+
+        store.envs["ledger-1"].fault = full_once
+        retried: list[int] = []
+
+        def count(ops: list[object]) -> None:
+            retried.append(len(ops))
+
+        store.envs["membership-0"].fault = count
+        deletes = [[(ks, key, None) for ks, key, _ in w] for w in writes]
+        assert store.commit_writes(deletes) == [None] * len(deletes)
+        assert calls == [1, 1]  # ledger-1: its one write failed in the group, then passed
+        assert len(retried) == 1  # membership-0's group committed once, nothing retried
+        assert all(store.raw_get(Keyspace(ks), key) is None for ((ks, key, _),) in writes)
+
+        def always(ops: list[object]) -> None:
             raise StorageFull("no room (test)")
 
-        store.envs["ledger-1"].fault = full
-        again = [(ks, key, None) for ks, key, _ in ops]  # delete them all
-        with pytest.raises(StorageFull, match=r"no room \(test\) \(in shards/ledger-1; the parts "):
-            store.commit_group(again)
-        assert store.raw_get(Keyspace.META, chunks[1]) == b"c"  # the failed part: not deleted
-        assert store.raw_get(Keyspace.META, chunks[0]) is None  # the others: deleted
-        assert store.raw_get(Keyspace.ITEMS, status) is None
-        assert all(store.raw_get(Keyspace.USERS, k) is None for k in users)
+        store.envs["ledger-1"].fault = always
+        out = store.commit_writes(writes)
+        failed = [i for i, e in enumerate(out) if e is not None]
+        assert failed == [9] and isinstance(out[9], StorageFull)  # ledger-1's chunk alone
+        assert store.raw_get(Keyspace.META, chunks[1]) is None
+        assert store.raw_get(Keyspace.META, chunks[0]) == b"c"
+        assert all(store.raw_get(Keyspace.USERS, k) == b"u" for k in users)
     finally:
         store.close()
 

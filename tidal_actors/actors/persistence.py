@@ -171,24 +171,35 @@ class Persistence(Erasure):
             return
         ahead = sum(w.ahead for w in writes)
         started = time.perf_counter()
-        # writes that each belong to one environment: a store of several commits
-        # theirs at the same time (`ShardedWrites.commit_group`)
-        commit = getattr(self.store, "commit_group", self.store.commit)
-        try:
-            commit([op for w in writes for op in w.ops])
+        errors: list[BaseException | None]
+        # a store of several environments group-commits each one's writes, all at the
+        # same time, and retries one by one only those of an environment that failed
+        # (`ShardedWrites.commit_writes`): a write whose environment committed is done
+        commit_writes = getattr(self.store, "commit_writes", None)
+        if commit_writes is not None:
+            errors = [
+                None if e is None else write_error(e)
+                for e in commit_writes([w.ops for w in writes])
+            ]
             self.commits += 1
-            errors: list[BaseException | None] = [None] * len(writes)
-            if ahead:
+            if ahead and not any(errors):
                 self._expect, self._commit_s = ahead, time.perf_counter() - started
-        except Exception:  # noqa: BLE001 - retried one by one: each writer gets its own answer
-            errors = []
-            for w in writes:
-                try:
-                    self.store.commit(w.ops)
-                    self.commits += 1
-                    errors.append(None)
-                except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
-                    errors.append(write_error(exc))
+        else:
+            try:
+                self.store.commit([op for w in writes for op in w.ops])
+                self.commits += 1
+                errors = [None] * len(writes)
+                if ahead:
+                    self._expect, self._commit_s = ahead, time.perf_counter() - started
+            except Exception:  # noqa: BLE001 - retried one by one: each writer gets its own answer
+                errors = []
+                for w in writes:
+                    try:
+                        self.store.commit(w.ops)
+                        self.commits += 1
+                        errors.append(None)
+                    except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
+                        errors.append(write_error(exc))
         self._gather_until = None
         run: list[Any] = []  # a run of control writes to one shard with one outcome
         for w, err in zip(writes, errors):

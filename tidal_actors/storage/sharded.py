@@ -103,7 +103,7 @@ class ShardedStore(ShardedWrites, HistoryStore):
         self.reads_history = True
         self.fault: Callable[[list[Op]], object] | None = None  # test hook, as LmdbStore's
         self.envs: dict[str, LmdbStore] = {}
-        self._pool: ThreadPoolExecutor | None = None  # `commit_group`'s threads
+        self._pool: ThreadPoolExecutor | None = None  # `commit_writes`'s threads
         self._closed = False
         self._open_env: EnvOpener = open_env or (lambda p, ro: LmdbStore(p, config, read_only=ro))
         if self.path.exists() and not self.path.is_dir():
