@@ -156,10 +156,23 @@ def parse_store(
     if mark is not None and mark.get("format") != SNAPSHOT_FORMAT:
         out.snapshot_mark = mark = {}  # another build's snapshot: replay the history instead
     if mark and snapshot_ledgers is not None and mark.get("key") == snapshot_ledgers:
-        return out
+        if _chunks_whole(out, snapshot_ledgers):
+            return out
+        # the mark without its chunks: a read of a ``shards`` store that began the
+        # ledgers' read transactions before a writer's close committed the chunks and
+        # the coordinator's after it committed the mark (`storage.sharded`)
+        out.snapshot_mark = mark = {}
     _decode_each(keyspaces, Keyspace.HISTORY, history)
     out.batches.extend(decode_batches(pending))
     return out
+
+
+def _chunks_whole(out: Restored, key: list[Any]) -> bool:
+    """Whether ``out`` holds the snapshot chunks of every ledger shard that snapshot
+    ``key`` (`snapshot_key`: the ledger shard count at index 1) names: two each
+    (`format.snapshot.encode_ledger`)."""
+    shards = key[1] if len(key) > 1 and isinstance(key[1], int) else 0
+    return all(len(out.snapshot_chunks.get(i, ())) >= 2 for i in range(shards))
 
 
 def _decode_each(

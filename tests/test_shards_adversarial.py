@@ -1,0 +1,85 @@
+"""Adversarial checks of the ``shards`` store layout (`storage.sharded`): reads
+beside a writer in another process, damage, and refusals that must change nothing.
+
+Each test states the value it expects and where it comes from (by hand, or the
+reference model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tidal_actors import Config, ManualClock, TidalDb
+from tidal_actors.storage.lmdb_reader import SnapshotStore
+
+from . import _crash_worker as W
+from .conftest import T0
+
+
+def _cfg(**kw: Any) -> Config:
+    base: dict[str, Any] = {"membership_shards": 2, "ledger_shards": 2, "store_layout": "shards"}
+    return Config(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def mp() -> Any:
+    return W.forkserver()
+
+
+def close_on_cue(path: str, ready: Any, go: Any, closed: Any, scale: float = 1.0) -> None:
+    """Open ``path`` (shards), write users 0..7 (cohort c<u>, one signal of weight
+    (u + 1) * scale at T0), flush, then close when told to (its snapshot at close)."""
+    db = TidalDb.open(path, config=_cfg(), clock=ManualClock(T0))
+    for u in range(8):
+        db.assign_cohort(u, f"c{u}")
+        db.signal_with_context(u, 3, 1, float(u + 1) * scale, T0)
+    db.flush()
+    ready.set()
+    go.wait(60)
+    db.close()
+    closed.set()
+    closed.wait()  # the parent reads; the process ends when killed
+
+
+def _straddled_read(
+    mp: Any, path: str, scale: float, monkeypatch: pytest.MonkeyPatch
+) -> list[float]:
+    """Each c<u>'s decayed score at T0 as a read-only open reads it while a writer
+    (`close_on_cue`, adding weight (u + 1) * scale) closes between the open's read of
+    the ledgers' environments and its read of the coordinator's."""
+    ready, go, closed = mp.Event(), mp.Event(), mp.Event()
+    p = mp.Process(target=close_on_cue, args=(path, ready, go, closed, scale))
+    p.start()
+    try:
+        assert ready.wait(60)
+        original = SnapshotStore.reading
+
+        def reading(self: SnapshotStore) -> Any:
+            if self.path.name == "coordinator" and not go.is_set():
+                go.set()  # the ledgers' read transactions are begun: the writer closes now
+                assert closed.wait(60)
+            return original(self)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(SnapshotStore, "reading", reading)
+            with TidalDb.open(path, config=_cfg(), clock=ManualClock(T0), read_only=True) as ro:
+                got = [ro.read_decay_score(f"c{u}", 3, 1, T0) for u in range(8)]
+        assert go.is_set()
+        return got
+    finally:
+        p.kill()
+        p.join(30)
+
+
+def test_a_read_only_open_straddling_the_writers_close_reads_a_whole_store(
+    mp: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only open begins its read of the ledgers' environments, then (before it
+    begins the coordinator's) the writer in another process closes: its snapshot's
+    chunks land in the ledgers' environments, then its mark in the coordinator's.
+    The reader must still read a whole store (it used to fail: the mark without its
+    chunks): each cohort c<u> holds user u's one signal, weight u + 1 (by hand)."""
+    got = _straddled_read(mp, str(tmp_path / "s"), 1.0, monkeypatch)
+    assert got == [float(u + 1) for u in range(8)]
