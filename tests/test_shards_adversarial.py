@@ -43,6 +43,28 @@ def close_on_cue(path: str, ready: Any, go: Any, closed: Any, scale: float = 1.0
     closed.wait()  # the parent reads; the process ends when killed
 
 
+def die_deleting_the_snapshot(path: str) -> None:
+    """Open ``path``, and die inside the open's deletion of the snapshot it loads:
+    after the mark's part (the coordinator's environment) committed, before the
+    chunks' parts (the ledgers')."""
+    import os
+    import signal
+
+    from tidal_actors.storage.format import Tag
+    from tidal_actors.storage.lmdb_env import LmdbStore
+
+    original = LmdbStore.commit
+
+    def commit(self: LmdbStore, ops: Any) -> None:
+        ops = list(ops)
+        if any(len(k) >= 10 and k[9] == Tag.SNAPSHOT_CHUNK and v is None for _, k, v in ops):
+            os.kill(os.getpid(), signal.SIGKILL)
+        original(self, ops)
+
+    LmdbStore.commit = commit  # type: ignore[method-assign]
+    TidalDb.open(path, config=_cfg(), clock=ManualClock(T0))
+
+
 def _straddled_read(
     mp: Any, path: str, scale: float, monkeypatch: pytest.MonkeyPatch
 ) -> list[float]:
@@ -83,3 +105,29 @@ def test_a_read_only_open_straddling_the_writers_close_reads_a_whole_store(
     chunks): each cohort c<u> holds user u's one signal, weight u + 1 (by hand)."""
     got = _straddled_read(mp, str(tmp_path / "s"), 1.0, monkeypatch)
     assert got == [float(u + 1) for u in range(8)]
+
+
+def test_a_crash_inside_the_snapshots_deletion_leaves_no_chunks_a_later_mark_adopts(
+    mp: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Session 1 writes weight u + 1 to each c<u> and closes (a snapshot); session 2
+    dies inside its open's deletion of that snapshot, after the mark's part, so the
+    chunks stay (no mark); session 3 adds weight 2 * (u + 1) and closes while a
+    read-only open straddles its close (as above). The reader must read session 3's
+    store, 3 * (u + 1) in c<u> (by hand: all at T0, no decay), not session 1's
+    chunks under session 3's mark."""
+    path = str(tmp_path / "s")
+    events = (mp.Event(), mp.Event(), mp.Event())  # kept here until the child has them
+    events[1].set()  # closes at once
+    first = mp.Process(target=close_on_cue, args=(path, *events))
+    first.start()
+    first.join(60)
+    assert first.exitcode == 0, first.exitcode
+    p = mp.Process(target=die_deleting_the_snapshot, args=(path,))
+    p.start()
+    p.join(60)
+    assert p.exitcode == -9, p.exitcode
+    got = _straddled_read(mp, path, 2.0, monkeypatch)
+    assert got == [3.0 * (u + 1) for u in range(8)]
+    with TidalDb.open(path, config=_cfg(), clock=ManualClock(T0)) as db:
+        assert [db.read_decay_score(f"c{u}", 3, 1, T0) for u in range(8)] == got
