@@ -6,13 +6,18 @@ reference model)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
+import lmdb
+import msgpack
 import pytest
 
-from tidal_actors import Config, ManualClock, TidalDb
+from tidal_actors import Config, InvalidArgument, ManualClock, StorageError, TidalDb
+from tidal_actors.storage.format import Keyspace, Tag, encode_key
 from tidal_actors.storage.lmdb_reader import SnapshotStore
+from tidal_actors.storage.sharded import ShardedStore
 
 from . import _crash_worker as W
 from .conftest import T0
@@ -131,3 +136,66 @@ def test_a_crash_inside_the_snapshots_deletion_leaves_no_chunks_a_later_mark_ado
     assert got == [3.0 * (u + 1) for u in range(8)]
     with TidalDb.open(path, config=_cfg(), clock=ManualClock(T0)) as db:
         assert [db.read_decay_score(f"c{u}", 3, 1, T0) for u in range(8)] == got
+
+
+def _seeded(path: Path) -> None:
+    """A store of 2 membership and 2 ledger shards: users 0..7, cohort c<u>, weight 1."""
+    with TidalDb.open(path, config=_cfg(), clock=ManualClock(T0)) as db:
+        for u in range(8):
+            db.assign_cohort(u, f"c{u}")
+            db.signal_with_context(u, 3, 1, 1.0, T0)
+
+
+def _record(path: Path) -> dict[str, Any]:
+    """The format record, read with plain py-lmdb from the coordinator's environment."""
+    env = lmdb.open(str(path / "shards" / "coordinator"), readonly=True, max_dbs=8, lock=False)
+    try:
+        with env.begin(db=env.open_db(b"meta", create=False)) as txn:
+            return msgpack.unpackb(txn.get(encode_key(0, Tag.STORE_META)))  # type: ignore[no-any-return]
+    finally:
+        env.close()
+
+
+def test_a_refused_open_makes_no_environment_and_keeps_the_record(tmp_path: Path) -> None:
+    """Opens that the store refuses (other membership_shards; a later format) with
+    more ledger shards asked for: nothing changes (they used to make ledger-2 and
+    ledger-3 and rewrite the format record before the refusal)."""
+    path = tmp_path / "s"
+    _seeded(path)
+    before = sorted(p.name for p in (path / "shards").iterdir())
+    assert before == ["coordinator", "ledger-0", "ledger-1", "membership-0", "membership-1"]
+    want = {"format": 2, "membership_shards": 2, "layout": "shards", "ledger_envs": 2}
+    assert _record(path) == want
+    with pytest.raises(InvalidArgument, match="membership_shards=2"):
+        TidalDb.open(path, config=_cfg(membership_shards=3, ledger_shards=4))
+    assert sorted(p.name for p in (path / "shards").iterdir()) == before
+    assert _record(path) == want
+    store = ShardedStore(path, _cfg())  # a later version's record, written by hand
+    store.commit(
+        [(Keyspace.META.value, encode_key(0, Tag.STORE_META), msgpack.packb({**want, "format": 3}))]
+    )
+    store.close()
+    with pytest.raises(StorageError, match="format 3, by a later version"):
+        TidalDb.open(path, config=_cfg(ledger_shards=4))
+    assert sorted(p.name for p in (path / "shards").iterdir()) == before
+    assert _record(path) == {**want, "format": 3}
+
+
+def test_a_missing_environment_is_refused_without_the_stores_marker(tmp_path: Path) -> None:
+    """The format record names membership-1: an open refuses the store without it even
+    when ``tidal.store`` went too (it used to make membership-1 anew, empty: users 1,
+    4 and 5, whose membership shard is 1, lost their cohorts); and a store whose
+    coordinator's environment is gone is refused before an empty one is made."""
+    path = tmp_path / "s"
+    _seeded(path)
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    (path / "tidal.store").unlink()
+    shutil.rmtree(path / "shards" / "membership-1")
+    with pytest.raises(StorageError, match="no shards/membership-1 environment"):
+        TidalDb.open(path, config=_cfg())
+    assert not (path / "shards" / "membership-1").exists()
+    shutil.rmtree(copy / "shards" / "coordinator")
+    with pytest.raises(StorageError, match="no shards/coordinator environment"):
+        TidalDb.open(copy, config=_cfg())
+    assert not (copy / "shards" / "coordinator").exists()

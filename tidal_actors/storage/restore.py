@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidal_actors._config import Config
-from tidal_actors._errors import StorageError
+from tidal_actors._errors import InvalidArgument, StorageError
 from tidal_actors._types import MembershipStatus, PurgeStatus
 from tidal_actors.storage.format import (
     HistoryBatch,
@@ -34,7 +34,21 @@ from tidal_actors.storage.format import (
 
 DECODE_CHUNK = 256  # history batches decoded together at restore
 
-__all__ = ["SNAPSHOT_FORMAT", "Restored", "SnapshotKey", "parse_store", "snapshot_key"]
+__all__ = [
+    "FORMAT_VERSION",
+    "SHARDS_FORMAT",
+    "SNAPSHOT_FORMAT",
+    "Restored",
+    "SnapshotKey",
+    "check_record",
+    "parse_store",
+    "snapshot_key",
+]
+
+FORMAT_VERSION = 1
+"""The format record's ``format`` in a store of the ``single`` layout."""
+SHARDS_FORMAT = 2
+"""The format record's ``format`` in a store of the ``shards`` layout (`storage.layout`)."""
 
 SNAPSHOT_FORMAT = 4
 
@@ -79,6 +93,31 @@ def snapshot_key(config: Config) -> list[Any]:
 
 
 SnapshotKey = list[Any] | Callable[[Restored], list[Any]] | None
+
+
+def check_record(meta: dict[str, Any], config: Config, where: object) -> None:
+    """Refuse a store's format record ``meta`` (non-empty) that ``config`` cannot
+    write: a later format, or other ``membership_shards``. ``where`` names the store.
+    Called by an open before it writes anything (`runtime.restore.check_meta`, and a
+    sharded store before it makes an environment, `storage.sharded`).
+
+    Raises:
+        StorageError: a format later than `SHARDS_FORMAT` (or not an int).
+        InvalidArgument: ``membership_shards`` differs from the recorded count.
+    """
+    if not isinstance(meta.get("format", 1), int) or meta.get("format", 1) > SHARDS_FORMAT:
+        raise StorageError(
+            f"{where} was written in format {meta.get('format')!r}, by a later version of "
+            f"tidal_actors (this one reads formats up to {SHARDS_FORMAT}): open it with that "
+            "version"
+        )
+    stored = meta.get("membership_shards")
+    if stored is not None and stored != config.membership_shards:
+        raise InvalidArgument(
+            "membership_shards",
+            config.membership_shards,
+            f"this store was written with membership_shards={stored}; record numbering depends on it",
+        )
 
 
 def parse_store(

@@ -52,7 +52,7 @@ from tidal_actors.storage.layout import (
 from tidal_actors.storage.lmdb_env import STORE_MARKER, LmdbStore
 from tidal_actors.storage.lmdb_lock import DirectoryLock, access_denied
 from tidal_actors.storage.protocol import HistoryMarks, HistoryStore
-from tidal_actors.storage.restore import Restored, SnapshotKey, parse_store
+from tidal_actors.storage.restore import Restored, SnapshotKey, check_record, parse_store
 
 __all__ = ["EnvOpener", "ShardedStore", "layout_of", "open_store"]
 
@@ -134,6 +134,8 @@ class ShardedStore(HistoryStore):
         """Open every environment: a writer those the format record names (and the
         config's, made if new), a reader those on disk (`load` checks them against
         the record it reads)."""
+        if self.existed and not self.read_only:
+            self._check_complete(0, 0)  # the coordinator's, before an empty one is made
         coordinator = self._env(COORDINATOR)
         on_disk = sorted(
             (p.name for p in (self.path / SHARDS_DIR).glob("*-*") if _number(p.name) is not None),
@@ -146,12 +148,14 @@ class ShardedStore(HistoryStore):
         raw = coordinator.get_many(Keyspace.META, [_META_KEY])[0][1]
         meta = decode_map(raw) if raw is not None else {}
         self._check_record(meta)
+        if meta:  # refused before an environment is made or the record rewritten
+            check_record(meta, self.config, self.path)
         memberships = int(meta.get("membership_shards", self.config.membership_shards))
         recorded = int(meta.get("ledger_envs", 0))
         names = [membership_env(i) for i in range(memberships)]
         names += [ledger_env(j) for j in range(max(recorded, self.config.ledger_shards))]
         names += [n for n in on_disk if n.startswith("ledger-") and n not in names]
-        if self.existed:
+        if self.existed or meta:  # a record names them even if tidal.store went missing
             self._check_complete(memberships, recorded)
         for name in names:
             self._env(name)
@@ -169,8 +173,9 @@ class ShardedStore(HistoryStore):
             )
 
     def _check_complete(self, memberships: int, ledgers: int) -> None:
-        """Refuse a store missing an environment its format record names."""
-        names = [membership_env(i) for i in range(memberships)]
+        """Refuse a store missing its coordinator's environment or one its format
+        record names."""
+        names = [COORDINATOR, *(membership_env(i) for i in range(memberships))]
         names += [ledger_env(j) for j in range(ledgers)]
         for name in names:
             if not (env_path(self.path, name) / "data.mdb").is_file():
