@@ -199,3 +199,53 @@ def test_a_missing_environment_is_refused_without_the_stores_marker(tmp_path: Pa
     with pytest.raises(StorageError, match="no shards/coordinator environment"):
         TidalDb.open(copy, config=_cfg())
     assert not (copy / "shards" / "coordinator").exists()
+
+
+def die_in_close(path: str, after: int) -> None:
+    """Write users 0..7 (cohort c<u>, weight u + 1 at T0), flush, then close and die
+    right after the ``after``-th environment commit of the close (0: before any)."""
+    import os
+    import signal
+
+    from tidal_actors.storage.lmdb_env import LmdbStore
+
+    db = TidalDb.open(path, config=_cfg(), clock=ManualClock(T0))
+    for u in range(8):
+        db.assign_cohort(u, f"c{u}")
+        db.signal_with_context(u, 3, 1, float(u + 1), T0)
+    db.flush()
+    original = LmdbStore.commit
+    done = [0]
+
+    def commit(self: LmdbStore, ops: Any) -> None:
+        if done[0] == after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        original(self, ops)
+        done[0] += 1
+
+    LmdbStore.commit = commit  # type: ignore[method-assign]
+    db.close()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("after", range(4))  # the close commits 3 times (2 ledgers, mark)
+def test_a_kill_inside_the_close_loses_nothing_flushed(mp: Any, tmp_path: Path, after: int) -> None:
+    """Killed between (or before) the environment commits of a close (its snapshot's
+    chunks per ledger, then its mark): each reopen reads every flushed signal, c<u>
+    = u + 1 (by hand), and a second session's signal adds to it exactly once."""
+    path = str(tmp_path / "s")
+    p = mp.Process(target=die_in_close, args=(path, after))
+    p.start()
+    p.join(60)
+    assert p.exitcode == -9, p.exitcode
+    for _ in range(2):
+        with TidalDb.open(path, config=_cfg(), clock=ManualClock(T0)) as db:
+            assert [db.read_decay_score(f"c{u}", 3, 1, T0) for u in range(8)] == [
+                float(u + 1) for u in range(8)
+            ]
+    with TidalDb.open(path, config=_cfg(), clock=ManualClock(T0)) as db:
+        db.signal_with_context(0, 3, 1, 10.0, T0)
+    with TidalDb.open(path, config=_cfg(), clock=ManualClock(T0), read_only=True) as ro:
+        assert [ro.read_decay_score(f"c{u}", 3, 1, T0) for u in range(8)] == [
+            11.0 if u == 0 else float(u + 1) for u in range(8)
+        ]
