@@ -14,7 +14,7 @@ import lmdb
 import msgpack
 import pytest
 
-from tidal_actors import Config, InvalidArgument, ManualClock, StorageError, TidalDb
+from tidal_actors import COMMUNITY, Config, InvalidArgument, ManualClock, StorageError, TidalDb
 from tidal_actors.storage.format import Keyspace, Tag, encode_key
 from tidal_actors.storage.lmdb_reader import SnapshotStore
 from tidal_actors.storage.sharded import ShardedStore
@@ -249,3 +249,56 @@ def test_a_kill_inside_the_close_loses_nothing_flushed(mp: Any, tmp_path: Path, 
         assert [ro.read_decay_score(f"c{u}", 3, 1, T0) for u in range(8)] == [
             11.0 if u == 0 else float(u + 1) for u in range(8)
         ]
+
+
+def purge_on_cue(path: str, ready: Any, go: Any, done: Any) -> None:
+    """Users 1 (weight 1) and 2 (weight 2) in cohort c at T0, flushed; when told to,
+    purge user 1 from c and flush; then wait to be killed."""
+    db = TidalDb.open(path, config=_cfg(rematerialize_after_ms=None), clock=ManualClock(T0))
+    for u in (1, 2):
+        db.assign_cohort(u, "c")
+        db.signal_with_context(u, 3, 1, float(u), T0)
+    db.flush()
+    ready.set()
+    go.wait(60)
+    db.request_community_purge(1, "c")
+    db.flush()
+    done.set()
+    done.wait()
+    import time
+
+    time.sleep(60)
+
+
+def test_a_read_only_open_straddling_a_purge_reads_it_whole(
+    mp: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader has begun the ledgers' read transactions (user 1's record still in
+    the history) when the writer purges user 1 from c (manifest, tombstone and
+    watermark in the coordinator's environment, then the history's erasure): the
+    reader, seeing the manifest, must not count user 1 in c: c = 2.0 and
+    @community = 3.0 (by hand, all at T0), with one manifest of one entry."""
+    path = str(tmp_path / "s")
+    ready, go, done = mp.Event(), mp.Event(), mp.Event()
+    p = mp.Process(target=purge_on_cue, args=(path, ready, go, done))
+    p.start()
+    try:
+        assert ready.wait(60)
+        original = SnapshotStore.reading
+
+        def reading(self: SnapshotStore) -> Any:
+            if self.path.name == "coordinator" and not go.is_set():
+                go.set()
+                assert done.wait(60)
+            return original(self)
+
+        monkeypatch.setattr(SnapshotStore, "reading", reading)
+        cfg = _cfg(rematerialize_after_ms=None)
+        with TidalDb.open(path, config=cfg, clock=ManualClock(T0), read_only=True) as ro:
+            assert go.is_set()
+            assert [len(m.entries) for m in ro.list_purge_manifests(1)] == [1]
+            assert ro.read_decay_score("c", 3, 1, T0) == 2.0
+            assert ro.read_decay_score(COMMUNITY, 3, 1, T0) == 3.0
+    finally:
+        p.kill()
+        p.join(30)
