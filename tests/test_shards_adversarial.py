@@ -302,3 +302,18 @@ def test_a_read_only_open_straddling_a_purge_reads_it_whole(
     finally:
         p.kill()
         p.join(30)
+
+
+def test_the_shards_directory_is_not_opened_as_a_store(tmp_path: Path) -> None:
+    """Opening ``<store>/shards`` (a slip of the path) used to make a second, empty
+    store among the environments; it is refused, for writing and reading, and
+    nothing is made there."""
+    path = tmp_path / "s"
+    _seeded(path)
+    before = sorted(p.name for p in (path / "shards").iterdir())
+    for read_only in (False, True):
+        with pytest.raises(StorageError, match="holds the environments of the store at"):
+            TidalDb.open(path / "shards", config=Config(), read_only=read_only)
+    assert sorted(p.name for p in (path / "shards").iterdir()) == before
+    with TidalDb.open(path, config=_cfg(), clock=ManualClock(T0)) as db:
+        assert [db.read_decay_score(f"c{u}", 3, 1, T0) for u in range(8)] == [1.0] * 8

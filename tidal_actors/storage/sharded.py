@@ -380,9 +380,19 @@ class ShardedStore(HistoryStore):
 def layout_of(path: Path, config: Config) -> str:
     """The layout of the store at ``path``: ``shards`` where it holds ``shards/``,
     ``single`` where it holds ``data.mdb`` or ``tidal.store``, else (a new store)
-    ``config.layout``."""
+    ``config.layout``.
+
+    Raises:
+        StorageError: ``path`` is the ``shards/`` directory of a store (it holds
+            that store's environments: a store is not made among them).
+    """
     if (path / SHARDS_DIR).is_dir():
         return "shards"
+    if path.name == SHARDS_DIR and (path / COORDINATOR).is_dir():
+        raise StorageError(
+            f"{path} holds the environments of the store at {path.parent}: open that "
+            "directory; nothing was written"
+        )
     if (path / "data.mdb").exists() or (path / STORE_MARKER).exists():
         return "single"
     return config.layout
