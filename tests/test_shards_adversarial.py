@@ -317,3 +317,21 @@ def test_the_shards_directory_is_not_opened_as_a_store(tmp_path: Path) -> None:
     assert sorted(p.name for p in (path / "shards").iterdir()) == before
     with TidalDb.open(path, config=_cfg(), clock=ManualClock(T0)) as db:
         assert [db.read_decay_score(f"c{u}", 3, 1, T0) for u in range(8)] == [1.0] * 8
+
+
+def test_the_coordinators_environment_alone_is_not_opened_as_a_store(tmp_path: Path) -> None:
+    """A copy of ``shards/coordinator`` (what a tool opening one environment sees)
+    holds the format record, the manifests and no users or history: it used to open
+    as a whole ``single`` store (cohorts empty, scores 0, manifests there). Its record
+    says ``layout: shards``: refused, read-only or not, and its data file unchanged."""
+    path = tmp_path / "s"
+    _seeded(path)
+    copy = tmp_path / "coordinator"
+    shutil.copytree(path / "shards" / "coordinator", copy)
+    data = (copy / "data.mdb").read_bytes()
+    for read_only in (True, False):
+        with pytest.raises(
+            StorageError, match="says layout 'shards' but it is opened as a 'single'"
+        ):
+            TidalDb.open(copy, config=_cfg(store_layout="single"), read_only=read_only)
+    assert (copy / "data.mdb").read_bytes() == data

@@ -304,7 +304,8 @@ def check_meta(store: Store, config: Config, restored: Restored) -> None:
             "its data file was emptied or replaced"
         )
     if meta:
-        check_record(meta, config, getattr(store, "path", "the store"))
+        where = getattr(store, "path", "the store")
+        check_record(meta, config, where, getattr(store, "layout", "single"))
         return
     if getattr(store, "read_only", False):
         return  # nothing to check against, and nothing may be written

@@ -40,6 +40,7 @@ __all__ = [
     "SNAPSHOT_FORMAT",
     "Restored",
     "SnapshotKey",
+    "check_layout",
     "check_record",
     "parse_store",
     "snapshot_key",
@@ -95,16 +96,37 @@ def snapshot_key(config: Config) -> list[Any]:
 SnapshotKey = list[Any] | Callable[[Restored], list[Any]] | None
 
 
-def check_record(meta: dict[str, Any], config: Config, where: object) -> None:
-    """Refuse a store's format record ``meta`` (non-empty) that ``config`` cannot
-    write: a later format, or other ``membership_shards``. ``where`` names the store.
-    Called by an open before it writes anything (`runtime.restore.check_meta`, and a
-    sharded store before it makes an environment, `storage.sharded`).
+def check_layout(meta: dict[str, Any], layout: str, where: object) -> None:
+    """Refuse a format record ``meta`` of another layout than the store ``where`` is
+    opened in (``single``: its directory holds ``data.mdb``; ``shards``: it holds
+    ``shards/``, `storage.layout`); a record without ``layout`` is ``single``'s.
 
     Raises:
-        StorageError: a format later than `SHARDS_FORMAT` (or not an int).
+        StorageError: the layouts differ (one environment of a ``shards`` store
+            opened as a store, or damage).
+    """
+    recorded = meta.get("layout", "single")
+    if recorded != layout:
+        raise StorageError(
+            f"{where}: its format record says layout {recorded!r} but it is opened as a "
+            f"{layout!r} store: it is damaged, or one environment of a 'shards' store "
+            "(open the store's own directory); nothing was written"
+        )
+
+
+def check_record(meta: dict[str, Any], config: Config, where: object, layout: str) -> None:
+    """Refuse a store's format record ``meta`` (non-empty) that ``config`` cannot
+    write: another layout than ``layout`` (`check_layout`), a later format, or other
+    ``membership_shards``. ``where`` names the store. Called by an open before it
+    writes anything (`runtime.restore.check_meta`, and a sharded store before it
+    makes an environment, `storage.sharded`).
+
+    Raises:
+        StorageError: another layout; a format later than `SHARDS_FORMAT` (or not
+            an int).
         InvalidArgument: ``membership_shards`` differs from the recorded count.
     """
+    check_layout(meta, layout, where)
     if not isinstance(meta.get("format", 1), int) or meta.get("format", 1) > SHARDS_FORMAT:
         raise StorageError(
             f"{where} was written in format {meta.get('format')!r}, by a later version of "

@@ -52,7 +52,13 @@ from tidal_actors.storage.layout import (
 from tidal_actors.storage.lmdb_env import STORE_MARKER, LmdbStore
 from tidal_actors.storage.lmdb_lock import DirectoryLock, access_denied
 from tidal_actors.storage.protocol import HistoryMarks, HistoryStore
-from tidal_actors.storage.restore import Restored, SnapshotKey, check_record, parse_store
+from tidal_actors.storage.restore import (
+    Restored,
+    SnapshotKey,
+    check_layout,
+    check_record,
+    parse_store,
+)
 
 __all__ = ["EnvOpener", "ShardedStore", "layout_of", "open_store"]
 
@@ -147,9 +153,8 @@ class ShardedStore(HistoryStore):
             return
         raw = coordinator.get_many(Keyspace.META, [_META_KEY])[0][1]
         meta = decode_map(raw) if raw is not None else {}
-        self._check_record(meta)
         if meta:  # refused before an environment is made or the record rewritten
-            check_record(meta, self.config, self.path)
+            check_record(meta, self.config, self.path, self.layout)
         memberships = int(meta.get("membership_shards", self.config.membership_shards))
         recorded = int(meta.get("ledger_envs", 0))
         names = [membership_env(i) for i in range(memberships)]
@@ -162,14 +167,6 @@ class ShardedStore(HistoryStore):
         if meta and len(self._holders(Keyspace.HISTORY)) > recorded:
             self.commit(
                 [(Keyspace.META.value, _META_KEY, _packed({**meta, **self.layout_record()}))]
-            )
-
-    def _check_record(self, meta: dict[str, Any]) -> None:
-        """Refuse a format record of another layout."""
-        if meta.get("layout", "shards") != "shards":
-            raise StorageError(
-                f"{self.path}: its format record says layout {meta.get('layout')!r}, "
-                f"but it holds {SHARDS_DIR}/: it is damaged"
             )
 
     def _check_complete(self, memberships: int, ledgers: int) -> None:
@@ -275,7 +272,7 @@ class ShardedStore(HistoryStore):
         with self.reading() as keyspaces:
             restored = parse_store(keyspaces, snapshot_ledgers)
         if restored.meta:
-            self._check_record(restored.meta)
+            check_layout(restored.meta, self.layout, self.path)
             self._check_complete(
                 int(restored.meta.get("membership_shards", 0)),
                 int(restored.meta.get("ledger_envs", 0)),
