@@ -335,3 +335,68 @@ def test_the_coordinators_environment_alone_is_not_opened_as_a_store(tmp_path: P
         ):
             TidalDb.open(copy, config=_cfg(store_layout="single"), read_only=read_only)
     assert (copy / "data.mdb").read_bytes() == data
+
+
+def die_in_purge(path: str, after: int) -> None:
+    """Users 1 (weight 1) and 2 (weight 2) in cohort c at T0, flushed; then purge
+    user 1 from c, re-materialize c and flush, dying right after the ``after``-th
+    environment commit from the purge on (0: before any)."""
+    import os
+    import signal
+
+    from tidal_actors.storage.lmdb_env import LmdbStore
+
+    db = TidalDb.open(path, config=_cfg(rematerialize_after_ms=None), clock=ManualClock(T0))
+    for u in (1, 2):
+        db.assign_cohort(u, "c")
+        db.signal_with_context(u, 3, 1, float(u), T0)
+    db.flush()
+    original = LmdbStore.commit
+    done = [0]
+
+    def commit(self: LmdbStore, ops: Any) -> None:
+        if done[0] == after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        original(self, ops)
+        done[0] += 1
+
+    LmdbStore.commit = commit  # type: ignore[method-assign]
+    db.request_community_purge(1, "c")
+    db.rematerialize("c")
+    db.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("after", range(4))  # 3 commits: manifest, erasure, status
+def test_a_kill_inside_a_purge_and_its_rebuild_retracts_exactly_once(
+    mp: Any, tmp_path: Path, after: int
+) -> None:
+    """Killed between any two environment commits of a purge and its rebuild (the
+    manifest's, the history's erasure per ledger, the statuses): reopened twice, c is
+    3.0 with no manifest or 2.0 with one of one entry (by hand: 1 + 2, then 2 alone,
+    all at T0), @community 3.0; a purge of user 1 again lists exactly the entries not
+    yet listed; in the end c = 2.0 and 1 entry over all manifests."""
+    path = str(tmp_path / "s")
+    p = mp.Process(target=die_in_purge, args=(path, after))
+    p.start()
+    p.join(60)
+    assert p.exitcode == -9, p.exitcode
+    cfg = _cfg(rematerialize_after_ms=None)
+    states = []
+    for _ in range(2):
+        with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
+            listed = [len(m.entries) for m in db.list_purge_manifests(1)]
+            c = db.read_decay_score("c", 3, 1, T0)
+            assert (listed, c) in (([], 3.0), ([1], 2.0)), (listed, c)
+            assert db.read_decay_score(COMMUNITY, 3, 1, T0) == 3.0
+            db.rematerialize("c")
+            assert db.read_decay_score("c", 3, 1, T0) == c
+            states.append((listed, c))
+    assert states[0] == states[1]
+    with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
+        _, manifest = db.request_community_purge(1, "c")
+        assert len(manifest.entries) == (1 if states[0][0] == [] else 0)
+        db.rematerialize("c")
+    with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
+        assert db.read_decay_score("c", 3, 1, T0) == 2.0
+        assert sum(len(m.entries) for m in db.list_purge_manifests(1)) == 1
