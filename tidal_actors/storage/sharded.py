@@ -23,7 +23,8 @@ What changes against one environment (docs/storage-format.md, "Layouts"):
 * A read of the whole store (`load`) opens one read transaction per environment,
   the ledgers' first, then the membership shards', then the coordinator's: beside a
   writer in another process, what a restore filters the history by (tombstones,
-  watermarks) is at least as new as the history it reads.
+  watermarks) is at least as new as the history it reads; a snapshot's mark seen
+  without its chunks counts as none (`restore.parse_store`).
 * ``map_size_bytes`` and ``max_map_size_bytes`` apply to each environment.
 """
 
