@@ -16,6 +16,7 @@ import pytest
 
 from tidal_actors import COMMUNITY, Config, InvalidArgument, ManualClock, StorageError, TidalDb
 from tidal_actors.storage.format import Keyspace, Tag, encode_key
+from tidal_actors.storage.lmdb_env import LmdbStore
 from tidal_actors.storage.lmdb_reader import SnapshotStore
 from tidal_actors.storage.sharded import ShardedStore
 
@@ -400,3 +401,37 @@ def test_a_kill_inside_a_purge_and_its_rebuild_retracts_exactly_once(
     with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
         assert db.read_decay_score("c", 3, 1, T0) == 2.0
         assert sum(len(m.entries) for m in db.list_purge_manifests(1)) == 1
+
+
+def test_a_stray_empty_directory_among_the_environments_is_not_one(tmp_path: Path) -> None:
+    """An empty ``shards/ledger-7`` (a mkdir, a partial copy) used to be opened as an
+    environment by a writer: it was made (data.mdb, tidal.store), the record then said
+    ``ledger_envs: 3`` (the count of ledger environments, not the highest number + 1)
+    and every open after refused the store for a missing ledger-2, for good. Now it
+    is ignored, read-only or not, and left empty; the record stays (2 ledgers)."""
+    path = tmp_path / "s"
+    _seeded(path)
+    (path / "shards" / "ledger-7").mkdir()
+    (path / "shards" / "membership-5").mkdir()
+    for read_only in (True, False, False):
+        with TidalDb.open(path, config=_cfg(), clock=ManualClock(T0), read_only=read_only) as db:
+            assert [db.read_decay_score(f"c{u}", 3, 1, T0) for u in range(8)] == [1.0] * 8
+    assert list((path / "shards" / "ledger-7").iterdir()) == []
+    assert list((path / "shards" / "membership-5").iterdir()) == []
+    assert _record(path)["ledger_envs"] == 2
+
+
+def test_a_ledger_environment_past_a_gap_is_refused_before_anything_is_made(
+    tmp_path: Path,
+) -> None:
+    """A ledger-7 environment (with its data file) beside ledger-0 and ledger-1 only:
+    ledger environments are made in number order, so 2..6 are missing (damage); the
+    open refuses it (naming ledger-2) and makes none of them, the record unchanged."""
+    path = tmp_path / "s"
+    _seeded(path)
+    LmdbStore(path / "shards" / "ledger-7", _cfg()).close()
+    before = sorted(p.name for p in (path / "shards").iterdir())
+    with pytest.raises(StorageError, match="no shards/ledger-2 environment"):
+        TidalDb.open(path, config=_cfg())
+    assert sorted(p.name for p in (path / "shards").iterdir()) == before
+    assert _record(path)["ledger_envs"] == 2

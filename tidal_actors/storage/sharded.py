@@ -144,8 +144,12 @@ class ShardedStore(HistoryStore):
         if self.existed and not self.read_only:
             self._check_complete(0, 0)  # the coordinator's, before an empty one is made
         coordinator = self._env(COORDINATOR)
-        on_disk = sorted(
-            (p.name for p in (self.path / SHARDS_DIR).glob("*-*") if _number(p.name) is not None),
+        on_disk = sorted(  # environments only: a stray empty directory is none
+            (
+                p.name
+                for p in (self.path / SHARDS_DIR).glob("*-*")
+                if _number(p.name) is not None and (p / "data.mdb").is_file()
+            ),
             key=lambda n: (n.startswith("ledger-"), _number(n) or 0),
         )
         if self.read_only:
@@ -158,14 +162,16 @@ class ShardedStore(HistoryStore):
             check_record(meta, self.config, self.path, self.layout)
         memberships = int(meta.get("membership_shards", self.config.membership_shards))
         recorded = int(meta.get("ledger_envs", 0))
-        names = [membership_env(i) for i in range(memberships)]
-        names += [ledger_env(j) for j in range(max(recorded, self.config.ledger_shards))]
-        names += [n for n in on_disk if n.startswith("ledger-") and n not in names]
+        # ledger environments are made in number order: one on disk past the record
+        # (a growth the record missed) needs every one below it
+        held = max(((_number(n) or 0) + 1 for n in on_disk if n.startswith("ledger-")), default=0)
         if self.existed or meta:  # a record names them even if tidal.store went missing
-            self._check_complete(memberships, recorded)
+            self._check_complete(memberships, max(recorded, held))
+        names = [membership_env(i) for i in range(memberships)]
+        names += [ledger_env(j) for j in range(max(recorded, held, self.config.ledger_shards))]
         for name in names:
             self._env(name)
-        if meta and len(self._holders(Keyspace.HISTORY)) > recorded:
+        if meta and self.layout_record()["ledger_envs"] > recorded:
             self.commit(
                 [(Keyspace.META.value, _META_KEY, _packed({**meta, **self.layout_record()}))]
             )
@@ -202,8 +208,8 @@ class ShardedStore(HistoryStore):
 
     def layout_record(self) -> dict[str, Any]:
         """The fields of the format record that describe this layout."""
-        ledgers = sum(1 for n in self.envs if n.startswith("ledger-"))
-        return {"layout": "shards", "ledger_envs": ledgers}
+        numbers = [_number(n) or 0 for n in self.envs if n.startswith("ledger-")]
+        return {"layout": "shards", "ledger_envs": max(numbers) + 1 if numbers else 0}
 
     def _holders(self, keyspace: Keyspace) -> list[str]:
         """The environments that may hold keys of ``keyspace``: shards in number order."""
