@@ -126,8 +126,10 @@ class Core(Serving):
             path = getattr(store, "path", "the store")
             raise StorageError(f"cannot restore from {path}: {type(exc).__name__}: {exc}") from exc
         self._read_only = bool(getattr(store, "read_only", False))
-        if restored.snapshot_mark is not None and not self._read_only:
-            # a snapshot is valid until the first write after the open that reads it
+        if (restored.snapshot_mark is not None or restored.snapshot_chunks) and not self._read_only:
+            # a snapshot is valid until the first write after the open that reads it;
+            # chunks without a mark (a crash between the parts of this deletion in a
+            # ``shards`` store) go too: a later close's mark must never find them
             store.commit(snapshot_delete_ops(restored))
         ctx = host.ctx
         self.persistence = Persistence(ctx, store)

@@ -18,7 +18,7 @@ import msgpack
 import numpy as np
 
 from tidal_actors._config import Config
-from tidal_actors._errors import InvalidArgument, StorageError
+from tidal_actors._errors import StorageError
 from tidal_actors.core import sets
 from tidal_actors.core.states import CoordinatorState, LedgerState, MembershipState
 from tidal_actors.storage.format import (
@@ -32,6 +32,7 @@ from tidal_actors.storage.format import (
 )
 from tidal_actors.storage.history import HistoryReader
 from tidal_actors.storage.protocol import HistoryStore, Store
+from tidal_actors.storage.restore import FORMAT_VERSION, SHARDS_FORMAT, check_record
 from tidal_actors.storage.stores import (
     SNAPSHOT_FORMAT,
     STORE_MARKER,
@@ -48,11 +49,6 @@ __all__ = [
     "snapshot_delete_ops",
     "snapshot_write_ops",
 ]
-
-FORMAT_VERSION = 1
-"""The format record's ``format`` in a store of the ``single`` layout."""
-SHARDS_FORMAT = 2
-"""The format record's ``format`` in a store of the ``shards`` layout (`storage.layout`)."""
 
 
 def build_states(
@@ -308,19 +304,8 @@ def check_meta(store: Store, config: Config, restored: Restored) -> None:
             "its data file was emptied or replaced"
         )
     if meta:
-        if not isinstance(meta.get("format", 1), int) or meta.get("format", 1) > SHARDS_FORMAT:
-            raise StorageError(
-                f"{getattr(store, 'path', 'the store')} was written in format "
-                f"{meta.get('format')!r}, by a later version of tidal_actors (this one reads "
-                f"formats up to {SHARDS_FORMAT}): open it with that version"
-            )
-        stored = meta.get("membership_shards")
-        if stored is not None and stored != config.membership_shards:
-            raise InvalidArgument(
-                "membership_shards",
-                config.membership_shards,
-                f"this store was written with membership_shards={stored}; record numbering depends on it",
-            )
+        where = getattr(store, "path", "the store")
+        check_record(meta, config, where, getattr(store, "layout", "single"))
         return
     if getattr(store, "read_only", False):
         return  # nothing to check against, and nothing may be written

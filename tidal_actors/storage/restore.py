@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidal_actors._config import Config
-from tidal_actors._errors import StorageError
+from tidal_actors._errors import InvalidArgument, StorageError
 from tidal_actors._types import MembershipStatus, PurgeStatus
 from tidal_actors.storage.format import (
     HistoryBatch,
@@ -34,7 +34,22 @@ from tidal_actors.storage.format import (
 
 DECODE_CHUNK = 256  # history batches decoded together at restore
 
-__all__ = ["SNAPSHOT_FORMAT", "Restored", "SnapshotKey", "parse_store", "snapshot_key"]
+__all__ = [
+    "FORMAT_VERSION",
+    "SHARDS_FORMAT",
+    "SNAPSHOT_FORMAT",
+    "Restored",
+    "SnapshotKey",
+    "check_layout",
+    "check_record",
+    "parse_store",
+    "snapshot_key",
+]
+
+FORMAT_VERSION = 1
+"""The format record's ``format`` in a store of the ``single`` layout."""
+SHARDS_FORMAT = 2
+"""The format record's ``format`` in a store of the ``shards`` layout (`storage.layout`)."""
 
 SNAPSHOT_FORMAT = 4
 
@@ -79,6 +94,52 @@ def snapshot_key(config: Config) -> list[Any]:
 
 
 SnapshotKey = list[Any] | Callable[[Restored], list[Any]] | None
+
+
+def check_layout(meta: dict[str, Any], layout: str, where: object) -> None:
+    """Refuse a format record ``meta`` of another layout than the store ``where`` is
+    opened in (``single``: its directory holds ``data.mdb``; ``shards``: it holds
+    ``shards/``, `storage.layout`); a record without ``layout`` is ``single``'s.
+
+    Raises:
+        StorageError: the layouts differ (one environment of a ``shards`` store
+            opened as a store, or damage).
+    """
+    recorded = meta.get("layout", "single")
+    if recorded != layout:
+        raise StorageError(
+            f"{where}: its format record says layout {recorded!r} but it is opened as a "
+            f"{layout!r} store: it is damaged, or one environment of a 'shards' store "
+            "(open the store's own directory); nothing was written"
+        )
+
+
+def check_record(meta: dict[str, Any], config: Config, where: object, layout: str) -> None:
+    """Refuse a store's format record ``meta`` (non-empty) that ``config`` cannot
+    write: another layout than ``layout`` (`check_layout`), a later format, or other
+    ``membership_shards``. ``where`` names the store. Called by an open before it
+    writes anything (`runtime.restore.check_meta`, and a sharded store before it
+    makes an environment, `storage.sharded`).
+
+    Raises:
+        StorageError: another layout; a format later than `SHARDS_FORMAT` (or not
+            an int).
+        InvalidArgument: ``membership_shards`` differs from the recorded count.
+    """
+    check_layout(meta, layout, where)
+    if not isinstance(meta.get("format", 1), int) or meta.get("format", 1) > SHARDS_FORMAT:
+        raise StorageError(
+            f"{where} was written in format {meta.get('format')!r}, by a later version of "
+            f"tidal_actors (this one reads formats up to {SHARDS_FORMAT}): open it with that "
+            "version"
+        )
+    stored = meta.get("membership_shards")
+    if stored is not None and stored != config.membership_shards:
+        raise InvalidArgument(
+            "membership_shards",
+            config.membership_shards,
+            f"this store was written with membership_shards={stored}; record numbering depends on it",
+        )
 
 
 def parse_store(
@@ -156,10 +217,23 @@ def parse_store(
     if mark is not None and mark.get("format") != SNAPSHOT_FORMAT:
         out.snapshot_mark = mark = {}  # another build's snapshot: replay the history instead
     if mark and snapshot_ledgers is not None and mark.get("key") == snapshot_ledgers:
-        return out
+        if _chunks_whole(out, snapshot_ledgers):
+            return out
+        # the mark without its chunks: a read of a ``shards`` store that began the
+        # ledgers' read transactions before a writer's close committed the chunks and
+        # the coordinator's after it committed the mark (`storage.sharded`)
+        out.snapshot_mark = mark = {}
     _decode_each(keyspaces, Keyspace.HISTORY, history)
     out.batches.extend(decode_batches(pending))
     return out
+
+
+def _chunks_whole(out: Restored, key: list[Any]) -> bool:
+    """Whether ``out`` holds the snapshot chunks of every ledger shard that snapshot
+    ``key`` (`snapshot_key`: the ledger shard count at index 1) names: two each
+    (`format.snapshot.encode_ledger`)."""
+    shards = key[1] if len(key) > 1 and isinstance(key[1], int) else 0
+    return all(len(out.snapshot_chunks.get(i, ())) >= 2 for i in range(shards))
 
 
 def _decode_each(

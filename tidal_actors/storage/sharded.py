@@ -23,7 +23,8 @@ What changes against one environment (docs/storage-format.md, "Layouts"):
 * A read of the whole store (`load`) opens one read transaction per environment,
   the ledgers' first, then the membership shards', then the coordinator's: beside a
   writer in another process, what a restore filters the history by (tombstones,
-  watermarks) is at least as new as the history it reads.
+  watermarks) is at least as new as the history it reads; a snapshot's mark seen
+  without its chunks counts as none (`restore.parse_store`).
 * ``map_size_bytes`` and ``max_map_size_bytes`` apply to each environment.
 """
 
@@ -53,7 +54,13 @@ from tidal_actors.storage.layout import (
 from tidal_actors.storage.lmdb_env import STORE_MARKER, LmdbStore
 from tidal_actors.storage.lmdb_lock import DirectoryLock, access_denied
 from tidal_actors.storage.protocol import HistoryMarks, HistoryStore
-from tidal_actors.storage.restore import Restored, SnapshotKey, parse_store
+from tidal_actors.storage.restore import (
+    Restored,
+    SnapshotKey,
+    check_layout,
+    check_record,
+    parse_store,
+)
 from tidal_actors.storage.sharded_writes import ShardedWrites
 
 __all__ = ["EnvOpener", "ShardedStore", "layout_of", "open_store"]
@@ -141,8 +148,12 @@ class ShardedStore(ShardedWrites, HistoryStore):
         if self.existed and not self.read_only:
             self._check_complete(0, 0)
         coordinator = self._env(COORDINATOR)
-        on_disk = sorted(
-            (p.name for p in (self.path / SHARDS_DIR).glob("*-*") if _number(p.name) is not None),
+        on_disk = sorted(  # environments only: a stray empty directory is none
+            (
+                p.name
+                for p in (self.path / SHARDS_DIR).glob("*-*")
+                if _number(p.name) is not None and (p / "data.mdb").is_file()
+            ),
             key=lambda n: (n.startswith("ledger-"), _number(n) or 0),
         )
         if self.read_only:
@@ -151,27 +162,22 @@ class ShardedStore(ShardedWrites, HistoryStore):
             return
         raw = coordinator.get_many(Keyspace.META, [_META_KEY])[0][1]
         meta = decode_map(raw) if raw is not None else {}
-        self._check_record(meta)
+        if meta:  # refused before an environment is made or the record rewritten
+            check_record(meta, self.config, self.path, self.layout)
         memberships = int(meta.get("membership_shards", self.config.membership_shards))
         recorded = int(meta.get("ledger_envs", 0))
+        # ledger environments are made in number order: one on disk past the record
+        # (a growth the record missed) needs every one below it
+        held = max(((_number(n) or 0) + 1 for n in on_disk if n.startswith("ledger-")), default=0)
+        if self.existed or meta:  # a record names them even if tidal.store went missing
+            self._check_complete(memberships, max(recorded, held))
         names = [membership_env(i) for i in range(memberships)]
-        names += [ledger_env(j) for j in range(max(recorded, self.config.ledger_shards))]
-        names += [n for n in on_disk if n.startswith("ledger-") and n not in names]
-        if self.existed:
-            self._check_complete(memberships, recorded)
+        names += [ledger_env(j) for j in range(max(recorded, held, self.config.ledger_shards))]
         for name in names:
             self._env(name)
-        if meta and len(self._holders(Keyspace.HISTORY)) > recorded:
+        if meta and self.layout_record()["ledger_envs"] > recorded:
             self.commit(
                 [(Keyspace.META.value, _META_KEY, _packed({**meta, **self.layout_record()}))]
-            )
-
-    def _check_record(self, meta: dict[str, Any]) -> None:
-        """Refuse a format record of another layout."""
-        if meta.get("layout", "shards") != "shards":
-            raise StorageError(
-                f"{self.path}: its format record says layout {meta.get('layout')!r}, "
-                f"but it holds {SHARDS_DIR}/: it is damaged"
             )
 
     def _check_complete(self, memberships: int, ledgers: int) -> None:
@@ -206,8 +212,8 @@ class ShardedStore(ShardedWrites, HistoryStore):
 
     def layout_record(self) -> dict[str, Any]:
         """The fields of the format record that describe this layout."""
-        ledgers = sum(1 for n in self.envs if n.startswith("ledger-"))
-        return {"layout": "shards", "ledger_envs": ledgers}
+        numbers = [_number(n) or 0 for n in self.envs if n.startswith("ledger-")]
+        return {"layout": "shards", "ledger_envs": max(numbers) + 1 if numbers else 0}
 
     def _holders(self, keyspace: Keyspace) -> list[str]:
         """The environments that may hold keys of ``keyspace``: shards in number order."""
@@ -245,7 +251,7 @@ class ShardedStore(ShardedWrites, HistoryStore):
         with self.reading() as keyspaces:
             restored = parse_store(keyspaces, snapshot_ledgers)
         if restored.meta:
-            self._check_record(restored.meta)
+            check_layout(restored.meta, self.layout, self.path)
             self._check_complete(
                 int(restored.meta.get("membership_shards", 0)),
                 int(restored.meta.get("ledger_envs", 0)),
@@ -325,9 +331,19 @@ class ShardedStore(ShardedWrites, HistoryStore):
 def layout_of(path: Path, config: Config) -> str:
     """The layout of the store at ``path``: ``shards`` where it holds ``shards/``,
     ``single`` where it holds ``data.mdb`` or ``tidal.store``, else (a new store)
-    ``config.layout``."""
+    ``config.layout``.
+
+    Raises:
+        StorageError: ``path`` is the ``shards/`` directory of a store (it holds
+            that store's environments: a store is not made among them).
+    """
     if (path / SHARDS_DIR).is_dir():
         return "shards"
+    if path.name == SHARDS_DIR and (path / COORDINATOR).is_dir():
+        raise StorageError(
+            f"{path} holds the environments of the store at {path.parent}: open that "
+            "directory; nothing was written"
+        )
     if (path / "data.mdb").exists() or (path / STORE_MARKER).exists():
         return "single"
     return config.layout
