@@ -27,18 +27,7 @@ from tidal_actors.testing import ReferenceModel
 
 from ._differential import assert_matches, random_op, rows_mismatch
 from .conftest import SEC, T0
-
-MIX = (
-    (0.6, "signal"),
-    (0.7, "assign"),
-    (0.75, "unassign"),
-    (0.8, "leave"),
-    (0.85, "rejoin"),
-    (0.93, "purge"),
-    (0.945, "rematerialize"),
-    (0.97, "advance"),
-    (1.0, "reopen"),
-)
+from .test_differential import MIX  # the differential suite's mix of operations, reopens too
 
 
 def _config(m: int, lshards: int, cap: int = 40) -> Config:
