@@ -297,3 +297,14 @@ def test_inspect_at_takes_dates_and_offsets(tmp_path: Path) -> None:
     assert by_date.out == by_ns.out
     bad = _subprocess_run("inspect", "top", COMMUNITY, "--data-dir", path, "--at", "soon")
     assert bad.code == 2 and "invalid --at='soon'" in bad.err
+
+
+def test_a_second_writer_is_refused_naming_the_process_that_has_the_store(writer) -> None:
+    w, path = writer
+    from tidal_actors import DatabaseLocked
+
+    with pytest.raises(
+        DatabaseLocked, match=rf"is open in another process \(process {w.proc.pid}\)"
+    ):
+        TidalDb.open(path, config=SETTINGS)
+    assert w("signal", 1, 7, 1.0, 1) == "ok"  # the writer goes on

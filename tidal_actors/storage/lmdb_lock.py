@@ -138,7 +138,9 @@ class DirectoryLock:
                 try:
                     fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:
-                    raise DatabaseLocked(f"{path} is open in another process") from None
+                    holder = attached_process(path)  # LMDB's lock names it; ours does not
+                    who = f" (process {holder})" if holder is not None else ""
+                    raise DatabaseLocked(f"{path} is open in another process{who}") from None
             except BaseException:
                 self.release()
                 raise
