@@ -87,7 +87,7 @@ class AsyncTidalDb(AsyncOperations):
     def store_layout(self) -> str | None:
         """The layout of the store open: ``"single"`` or ``"shards"`` (whatever
         ``config.store_layout`` asked for); None for an ephemeral database."""
-        return self._core.store_layout
+        return self._core.store.layout
 
     @property
     def closed(self) -> bool:

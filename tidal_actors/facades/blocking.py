@@ -151,7 +151,7 @@ class TidalDb(BlockingOperations):
         """The layout of the store open (docs/storage-format.md, "Layouts"):
         ``"single"`` or ``"shards"``, whatever ``config.store_layout`` asked for; None
         for an ephemeral database."""
-        return self._core.store_layout
+        return self._core.store.layout
 
     @property
     def closed(self) -> bool:

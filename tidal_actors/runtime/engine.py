@@ -84,10 +84,6 @@ class Core(Serving):
         # directly, without its method's Python frame (what `SystemClock.now_ns` returns)
         self._clock_now = time.time_ns if type(clock) is SystemClock else clock.now_ns
         self.store = store
-        # the open store's layout (`storage.layout`): ShardedStore says "shards"
-        self.store_layout: str | None = (
-            getattr(store, "layout", "single") if store.durable else None
-        )
         self.host = host
         self.closed = False
         self.refusing = False  # closed, or the flusher failed: the fast paths' one check

@@ -76,6 +76,7 @@ class LmdbStore(Compaction, LmdbReadBack, HistorySlices, HistoryStore):
     """
 
     durable = True
+    layout: str | None = "single"
 
     def __init__(
         self, path: str | os.PathLike[str], config: Config, *, read_only: bool = False

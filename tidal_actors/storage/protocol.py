@@ -56,6 +56,9 @@ class Store(Protocol):
 
     durable: bool
     """True when commits are kept (LMDB, memory); False for the ephemeral store."""
+    layout: str | None
+    """The layout (`storage.layout`): ``"single"`` or ``"shards"`` (the memory store
+    holds one environment's keys: ``"single"``); None for the ephemeral store."""
 
     def commit(self, ops: Iterable[Op]) -> None:
         """Apply ``ops`` (``(keyspace, key, value)``; value None deletes) in one

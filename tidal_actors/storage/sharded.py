@@ -92,7 +92,7 @@ class ShardedStore(ShardedWrites, HistoryStore):
     """
 
     durable = True
-    layout = "shards"
+    layout: str | None = "shards"
 
     def __init__(
         self,
@@ -163,7 +163,7 @@ class ShardedStore(ShardedWrites, HistoryStore):
         raw = coordinator.get_many(Keyspace.META, [_META_KEY])[0][1]
         meta = decode_map(raw) if raw is not None else {}
         if meta:  # refused before an environment is made or the record rewritten
-            check_record(meta, self.config, self.path, self.layout)
+            check_record(meta, self.config, self.path, "shards")
         memberships = int(meta.get("membership_shards", self.config.membership_shards))
         recorded = int(meta.get("ledger_envs", 0))
         # ledger environments are made in number order: one on disk past the record
@@ -251,7 +251,7 @@ class ShardedStore(ShardedWrites, HistoryStore):
         with self.reading() as keyspaces:
             restored = parse_store(keyspaces, snapshot_ledgers)
         if restored.meta:
-            check_layout(restored.meta, self.layout, self.path)
+            check_layout(restored.meta, "shards", self.path)
             self._check_complete(
                 int(restored.meta.get("membership_shards", 0)),
                 int(restored.meta.get("ledger_envs", 0)),

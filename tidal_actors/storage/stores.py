@@ -54,6 +54,7 @@ class MemoryStore(HistoryStore):
     """
 
     durable = True
+    layout = "single"  # the keys and values of one LMDB environment
 
     def __init__(self) -> None:
         self.data: dict[str, dict[bytes, bytes]] = {k.value: {} for k in Keyspace}
@@ -99,6 +100,7 @@ class NullStore(Store):
     """The ephemeral store: commits succeed and nothing is written anywhere."""
 
     durable = False
+    layout = None
 
     def commit(self, ops: Iterable[Op]) -> None:
         for _ in ops:
