@@ -156,6 +156,8 @@ def test_a_membership_shard_killed_after_a_flush_restarts_from_its_store(
         numbered = 3 * sum(1 for i in range(2000) if i % USERS in OURS and i % USERS != gone)
         (report,) = _restarted(db)
         assert f"records numbered from {numbered})" in report.cause  # type: ignore[attr-defined]
+        # the shards layout (the Ray host's default): no other shard's store is read
+        assert "from its own environment and the coordinator's records" in report.cause  # type: ignore[attr-defined]
     with TidalDb.open(path, config=cfg.replace(host="pykka"), clock=clock) as again:
         assert rows_mismatch(again.aggregate_rows(), ref.aggregate_rows()) is None
         assert again.community_layer_status(later) == ref.community_layer_status(later)

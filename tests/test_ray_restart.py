@@ -86,6 +86,8 @@ def test_a_ledger_killed_mid_stream_restarts_and_loses_no_acknowledged_signal(
         assert db._core.host.pids()[(M.LEDGER, 0)] != old
         reports = _restarted(db, 1)
         assert [r.address for r in reports] == [(M.LEDGER, 0)]
+        # the shards layout (the Ray host's default): no other shard's store is read
+        assert "from its own environment and the coordinator's records" in reports[0].cause
         s = db.stats()
         assert (s["signals"], s["records"]) == (6000, ref.stats()["records"])
     # what it closed with is what its store holds, under either host

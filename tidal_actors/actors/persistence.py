@@ -12,6 +12,7 @@ from tidal_actors.actors.behaviour import Context
 from tidal_actors.actors.erasure import Erasure, write_error
 from tidal_actors.actors.recovery import LoadStore
 from tidal_actors.actors.reply import Reply
+from tidal_actors.storage.shard_part import read_part
 
 T = TypeVar("T")
 
@@ -241,8 +242,12 @@ class Persistence(Erasure):
         """Read the store for a shard restarting (`actors.recovery`), after committing
         what waits (so the restored state holds every write sent before), and after
         taking over the writes of a writer in another process that died inside a
-        commit (`take_over_writes`: else this read would not see that commit)."""
+        commit (`take_over_writes`: else this read would not see that commit). With
+        ``msg.part``, only that shard's part is read (`storage.shard_part`)."""
         self.commit()
+        if msg.part is not None:
+            msg.reply.set_result(read_part(self.store, msg.part))
+            return
         take_over = getattr(self.store, "take_over_writes", None)
         if take_over is not None:
             take_over()

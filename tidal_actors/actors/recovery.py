@@ -183,9 +183,13 @@ class SeenRecords:
 
 @dataclass(frozen=True, slots=True)
 class LoadStore:
-    """Supervisor -> persistence: commit what waits, then ``reply`` gets ``store.load()``."""
+    """Supervisor -> persistence: commit what waits, then ``reply`` gets what the
+    store holds: with ``part`` None, all of it (``store.load()``); else a shard's
+    part of a ``shards`` store (`storage.shard_part.read_part`: ``"coordinator"``,
+    or ``"membership-<i>"``; None for a store of another layout)."""
 
     reply: Reply
+    part: str | None = None
 
 
 @dataclass

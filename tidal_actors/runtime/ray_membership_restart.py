@@ -56,6 +56,7 @@ from tidal_actors.runtime.ray_links import actor_name
 from tidal_actors.runtime.ray_replies import NAMESPACE, send_fault
 from tidal_actors.runtime.ray_restart import MembershipRestart, ask
 from tidal_actors.runtime.supervision import restore_membership
+from tidal_actors.storage.layout import membership_env
 
 __all__ = ["epoch_after", "next_epoch", "restore"]
 
@@ -113,10 +114,20 @@ def restore(actor: Any) -> tuple[MembershipShard, MembershipRestart]:
     seen = [
         ask(links.handle(a), functools.partial(SeenRecords, i), "seen-records") for a in ledgers
     ]
-    restored = ask(links.handle(M.PERSIST_ADDR), LoadStore, "load-store")
+    # its own environment and the coordinator's (`storage.shard_part`), or in the
+    # single layout the whole store
+    load = functools.partial(LoadStore, part=membership_env(i))
+    restored = ask(links.handle(M.PERSIST_ADDR), load, "load-part")
+    source = "its own environment and the coordinator's records"
+    if restored is None:
+        source = "the whole store"
+        restored = ask(links.handle(M.PERSIST_ADDR), LoadStore, "load-store")
     numbered = max([-1, *seen]) + 1
     new = restore_membership(cfg, actor.host.ctx, restored, None, i, actor.epoch, numbered=numbered)
     took = time.monotonic() - started
-    cause = f"its process died (restored in {took:.3f} s; records numbered from {numbered})"
+    cause = (
+        f"its process died (restored from {source} in {took:.3f} s; records numbered "
+        f"from {numbered})"
+    )
     send_fault(actor.sink, FaultReport(actor.address, "restarted", cause))
     return new, MembershipRestart(actor.address, actor.epoch)

@@ -54,6 +54,8 @@ from tidal_actors.actors.recovery import FaultReport, LoadStore, RecoverLedger
 from tidal_actors.runtime.ray_replies import send_fault
 from tidal_actors.runtime.supervision import restore_ledger
 from tidal_actors.storage.format import Keyspace, Tag, decode_key, decode_link_state
+from tidal_actors.storage.layout import COORDINATOR, ledger_env
+from tidal_actors.storage.shard_part import ledger_part
 
 __all__ = [
     "ASK_POLL_S",
@@ -152,7 +154,9 @@ def link_states(store: Any, shard: int) -> dict[str, tuple[int, int]]:
         StorageError: the store cannot be read.
     """
     out: dict[str, tuple[int, int]] = {}
-    for key, value in store.scan(Keyspace.META):
+    envs = getattr(store, "envs", None)  # the shards layout: the ledger's own environment
+    own = envs[ledger_env(shard)] if envs is not None else store
+    for key, value in own.scan(Keyspace.META):
         ident, tag, suffix = decode_key(key)
         if tag == Tag.LINK_STATE and ident == shard:
             out[suffix.decode("utf-8")] = decode_link_state(value)
@@ -302,20 +306,42 @@ def restore(actor: Any) -> tuple[Behaviour, LedgerRestart]:
     # the failed incarnation): persistence heard every notice
     links.adopt_epochs(ray.get(links.handle(M.PERSIST_ADDR).known_epochs.remote()))
     recovery = ask(links.handle(M.COORD_ADDR), functools.partial(RecoverLedger, i), "recover")
-    # in the shards layout the failed incarnation wrote its own environment and may
-    # have died inside a commit: persistence takes over its writes before it reads
-    # (`Persistence._on_load`), else the restore would miss that batch and number its
-    # next one as it, overwriting it, while the link state read below says it is held
-    restored = ask(links.handle(M.PERSIST_ADDR), LoadStore, "load-store")
     store = actor._resolve("store")
+    restored = _own_part(actor, store) if actor.host.commit_history is not None else None
+    source = "its own environment and the coordinator's records"
+    if restored is None:
+        source = "the whole store"
+        # in the shards layout the failed incarnation wrote its own environment and
+        # may have died inside a commit: persistence takes over its writes before it
+        # reads (`Persistence._on_load`), else the restore would miss that batch and
+        # number its next one as it, overwriting it, while the link state read below
+        # says it is held
+        restored = ask(links.handle(M.PERSIST_ADDR), LoadStore, "load-store")
     new = restore_ledger(cfg, actor.host.ctx, restored, store, i, recovery, None, (), True)
     notice = LedgerRestart(actor.address, actor.epoch, link_states(store, i), recovery.ended_upto)
     took = time.monotonic() - started
-    cause = f"its process died (restored in {took:.3f} s)"
+    cause = f"its process died (restored from {source} in {took:.3f} s)"
     send_fault(
         actor.sink, FaultReport(actor.address, "restarted", cause, failed=[*recovery.failed])
     )
     return new, notice
+
+
+def _own_part(actor: Any, store: Any) -> Any:
+    """The restarting ledger's part of a ``shards`` store: its own environment (its
+    writes taken over first: the failed incarnation may have died inside a commit,
+    and the restore must not miss that batch and number its next one as it) merged
+    with the coordinator's environment as persistence reads it once it committed
+    what waits (`storage.shard_part`); None when the store's history is not
+    self-contained (the whole store is read instead)."""
+    part = ask(
+        actor.links.handle(M.PERSIST_ADDR),
+        functools.partial(LoadStore, part=COORDINATOR),
+        "load-coordinator",
+    )
+    if part is None:
+        return None
+    return ledger_part(store, actor.address[1], part, actor._config.ledger_shards)
 
 
 def announce(actor: Any, notice: LedgerRestart | MembershipRestart | CoordinatorRestart) -> None:

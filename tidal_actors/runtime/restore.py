@@ -11,7 +11,7 @@ shard's eviction watermark to the aggregates only).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, cast
 
 import msgpack
@@ -56,6 +56,7 @@ def build_states(
     restored: Restored,
     store: Store | None = None,
     in_flight: Mapping[int, Mapping[Any, int]] | None = None,
+    ledgers: Collection[int] | None = None,
 ) -> tuple[list[MembershipState], list[LedgerState], CoordinatorState]:
     """Rebuild every behaviour's state from what the store holds (restore on open).
 
@@ -72,12 +73,18 @@ def build_states(
     when a ledger shard restarts beside them (`runtime.supervision.restore_ledger`;
     none at an open): trimming stops at their bounds, as the ledger holds it while
     they run, since their drains free room in the log that no ledger can count yet.
+
+    ``ledgers`` (ledger shard numbers; None: all) are the ones built: the others
+    stay empty (a ledger restoring from its own part of the store,
+    `storage.shard_part`, where the others' snapshot chunks are not read).
     """
-    mstates, lstates, coord = _build_states(config, restored)
+    mstates, lstates, coord = _build_states(config, restored, ledgers)
     if store is not None and store.durable and getattr(store, "reads_history", False):
         nm = config.membership_shards
         caps = [membership_capacity(config.max_contribution_log_entries, m, nm) for m in range(nm)]
         for i, ls in enumerate(lstates):
+            if ledgers is not None and i not in ledgers:
+                continue
             ls.wire_history(HistoryReader(cast(HistoryStore, store), i))
             ls.raise_floors(caps, {m: dict(held) for m, held in (in_flight or {}).items()})
             ls.settle(True, force=True)
@@ -85,7 +92,7 @@ def build_states(
 
 
 def _build_states(
-    config: Config, restored: Restored
+    config: Config, restored: Restored, ledgers: Collection[int] | None = None
 ) -> tuple[list[MembershipState], list[LedgerState], CoordinatorState]:
     nm, nl = config.membership_shards, config.ledger_shards
     mstates = [MembershipState() for _ in range(nm)]
@@ -118,14 +125,19 @@ def _build_states(
             mstates[m].next_rseq = max(mstates[m].next_rseq, r + 1)
     mark = restored.snapshot_mark
     if mark and mark.get("key") == snapshot_key(config):
-        lstates = [_decode_snapshot(restored, i, config) for i in range(nl)]
+        lstates = [
+            _decode_snapshot(restored, i, config)
+            if ledgers is None or i in ledgers
+            else LedgerState(config)
+            for i in range(nl)
+        ]
         for ls in lstates:
             for m, seen in ls.rseq_seen.items():
                 if m < nm:
                     mstates[m].next_rseq = max(mstates[m].next_rseq, seen + 1)
         return mstates, lstates, coord
     lstates = [LedgerState(config) for _ in range(nl)]
-    _replay_history(restored, mstates, lstates, coord)
+    _replay_history(restored, mstates, lstates, coord, ledgers)
     for ls in lstates:
         for m in range(nm):
             ls.watermarks[m] = (coord.watermarks[m], len(coord.drained[m]))
@@ -155,8 +167,10 @@ def _replay_history(
     mstates: list[MembershipState],
     lstates: list[LedgerState],
     coord: CoordinatorState,
+    ledgers: Collection[int] | None = None,
 ) -> None:
-    """Rebuild the ledgers from the durable history (restore without a snapshot).
+    """Rebuild the ledgers from the durable history (restore without a snapshot);
+    ``ledgers`` (None: all) are the ones loaded, the others only number records.
 
     The history batches are joined into columns once; records tombstoned by a
     committed purge are dropped, the rest are routed to their cohort's ledger shard
@@ -229,12 +243,19 @@ def _replay_history(
             # each membership shard's records back in rseq order (a pair's log order)
             sel = sel[np.lexsort((rcol[sel], ms))]
         ms, rs = mcol[sel], rcol[sel]
+        if ledgers is not None and li not in ledgers:
+            _numbered(ls, mstates, ms, rs)  # not built: only what numbering needs
+            continue
+        # the shard's own cohorts only, in the order the history names them (as a
+        # restore from its own part of the store sees them, `storage.shard_part`)
+        own, cids = sets.unique(ccol[sel], inverse=True)
+        own_names = [names[c] for c in own.tolist()]
         ls.aggregates.load_columns(
             ms,
             rs,
             ucol[sel],
-            ccol[sel],
-            names,
+            cids,
+            own_names,
             ecol[sel],
             tcol[sel],
             wcol[sel],
@@ -243,20 +264,29 @@ def _replay_history(
         live = rs >= watermarks[ms]
         ls.log.load_columns(
             ucol[sel],
-            ccol[sel],
-            names,
+            cids,
+            own_names,
             np.arange(len(sel), dtype=np.int64),
             live,
             rs,
             reported,
         )
-        seen = ls.rseq_seen
-        for m in sets.unique(ms).tolist():
-            last = int(rs[ms == m].max())
-            if last >= mstates[m].next_rseq:
-                mstates[m].next_rseq = last + 1
-            if last > seen.get(m, -1):
-                seen[m] = last
+        _numbered(ls, mstates, ms, rs)
+
+
+def _numbered(
+    ls: LedgerState, mstates: list[MembershipState], ms: np.ndarray, rs: np.ndarray
+) -> None:
+    """Records ``ms``/``rs`` (membership shard, rseq) of ledger ``ls``'s history:
+    each membership shard numbers its next record above them, and ``ls`` has seen
+    them (``rseq_seen``)."""
+    seen = ls.rseq_seen
+    for m in sets.unique(ms).tolist():
+        last = int(rs[ms == m].max())
+        if last >= mstates[m].next_rseq:
+            mstates[m].next_rseq = last + 1
+        if last > seen.get(m, -1):
+            seen[m] = last
 
 
 def snapshot_delete_ops(restored: Restored) -> list[tuple[str, bytes, bytes | None]]:

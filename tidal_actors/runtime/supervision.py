@@ -118,7 +118,7 @@ def restore_ledger(
     held: dict[int, dict[M.Marker, int]] = {}
     for note in (*recovery.in_flight, *inherited):
         held.setdefault(note.mshard, {})[note.marker] = note.bound
-    _, lstates, _ = build_states(config, restored, store, held)
+    _, lstates, _ = build_states(config, restored, store, held, ledgers=(index,))
     return LedgerShard.restarted(
         ctx, index, lstates[index], recovery, counters, inherited, handshake
     )
@@ -137,7 +137,7 @@ def restore_membership(
 ) -> MembershipShard:
     """Membership shard ``index`` rebuilt from ``restored`` (`MembershipShard.restarted`;
     ``numbered``: the failed incarnation's ``next_rseq``)."""
-    mstates, _, _ = build_states(config, restored, store)
+    mstates, _, _ = build_states(config, restored, store, ledgers=())
     return MembershipShard.restarted(
         ctx, index, mstates[index], incarnation, in_doubt, counters, numbered
     )

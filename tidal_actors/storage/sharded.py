@@ -175,9 +175,9 @@ class ShardedStore(ShardedWrites, HistoryStore):
         names += [ledger_env(j) for j in range(max(recorded, held, self.config.ledger_shards))]
         for name in names:
             self._env(name)
-        if meta and self.layout_record()["ledger_envs"] > recorded:
+        if meta and {**meta, **self.layout_record(meta)} != meta:
             self.commit(
-                [(Keyspace.META.value, _META_KEY, _packed({**meta, **self.layout_record()}))]
+                [(Keyspace.META.value, _META_KEY, _packed({**meta, **self.layout_record(meta)}))]
             )
 
     def _check_complete(self, memberships: int, ledgers: int) -> None:
@@ -210,10 +210,21 @@ class ShardedStore(ShardedWrites, HistoryStore):
         self.envs[name] = env
         return env
 
-    def layout_record(self) -> dict[str, Any]:
-        """The fields of the format record that describe this layout."""
+    def layout_record(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The fields of the format record that describe this layout, for a store
+        whose record is ``meta`` (None or empty: a new store): ``ledger_envs`` (how
+        many ledger environments it has) and ``history_ledgers`` (the ledger shard
+        count every history batch was written under; 0 once the store opened under
+        another count, or a record made before the field: then records of a
+        cohort may lie in another ledger's environment, `storage.shard_part`)."""
         numbers = [_number(n) or 0 for n in self.envs if n.startswith("ledger-")]
-        return {"layout": "shards", "ledger_envs": max(numbers) + 1 if numbers else 0}
+        count = self.config.ledger_shards
+        held = meta.get("history_ledgers", 0) if meta else count
+        return {
+            "layout": "shards",
+            "ledger_envs": max(numbers) + 1 if numbers else 0,
+            "history_ledgers": count if held == count else 0,
+        }
 
     def _holders(self, keyspace: Keyspace) -> list[str]:
         """The environments that may hold keys of ``keyspace``: shards in number order."""
