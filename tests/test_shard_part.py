@@ -145,14 +145,18 @@ def test_the_coordinator_part_of_a_single_store_is_none(tmp_path: Path) -> None:
         db.close()
 
 
-def test_a_membership_shards_part_restores_what_the_whole_store_restores(tmp_path: Path) -> None:
+def test_a_membership_shards_and_the_coordinators_parts_restore_what_the_whole_store_restores(
+    tmp_path: Path,
+) -> None:
     """A membership shard's part (its environment and the coordinator's records)
     restores its users' memberships, leave epochs and cohorts as the whole store
     does, without another shard's environment; it numbers records above the
     eviction state and the tombstones, and the ledgers' answers (what they hold,
-    here the history's highest rseq of the shard) raise it to the whole store's."""
+    here the history's highest rseq of the shard) raise it to the whole store's.
+    The coordinator's own environment restores its whole state (watermarks, drained
+    records, purge statuses, manifests, the last purge id)."""
     from tidal_actors.storage.layout import membership_env
-    from tidal_actors.storage.shard_part import membership_part, read_part
+    from tidal_actors.storage.shard_part import own_part
 
     cfg = _cfg()
     db = TidalDb.open(str(tmp_path / "db"), config=cfg, clock=ManualClock(T0))
@@ -160,24 +164,34 @@ def test_a_membership_shards_part_restores_what_the_whole_store_restores(tmp_pat
         _workload(db, 4)
         store = db._core.store
         whole_restored = store.load()
+        coord = coordinator_part(store)
+        assert coord is not None
         for i in range(cfg.membership_shards):
             whole = build_states(cfg, store.load(), None, ledgers=())[0][i]
-            others = {
-                n: e for n, e in store.envs.items() if n not in (membership_env(i), COORDINATOR)
-            }
+            keep = (membership_env(i),)
+            others = {n: e for n, e in store.envs.items() if n not in keep}
             store.envs.update({n: _Poison() for n in others})
             try:
-                part = read_part(store, membership_env(i))
+                part = own_part(store, membership_env(i), coord)
             finally:
                 store.envs.update(others)
-            assert part is not None and not part.batches
+            assert not part.batches
             got = build_states(cfg, part, None, ledgers=())[0][i]
             assert got.status == whole.status and len(got.status) > 0
             assert got.history == whole.history and got.cohorts == whole.cohorts
             held = max(int(r) for b in whole_restored.batches for m, r in zip(b.m, b.r) if m == i)
             assert got.next_rseq <= whole.next_rseq == max(got.next_rseq, held + 1)
-        with pytest.raises(ValueError, match="ledger-0"):
-            read_part(store, "ledger-0")
-        assert membership_part(store, 0) is not None
+        want = build_states(cfg, store.load(), None, ledgers=())[2]
+        others = {n: e for n, e in store.envs.items() if n != COORDINATOR}
+        store.envs.update({n: _Poison() for n in others})
+        try:
+            part = own_part(store, COORDINATOR)
+        finally:
+            store.envs.update(others)
+        got_c = build_states(cfg, part, None, ledgers=())[2]
+        assert got_c.manifests == want.manifests and len(got_c.manifests) > 0
+        assert got_c.statuses == want.statuses and got_c.last_purge_id == want.last_purge_id > 0
+        assert got_c.watermarks == want.watermarks and any(got_c.watermarks)
+        assert [d.tolist() for d in got_c.drained] == [d.tolist() for d in want.drained]
     finally:
         db.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from tidal_actors._errors import StorageError, TidalError
 from tidal_actors.actors import messages as M
@@ -12,7 +12,6 @@ from tidal_actors.actors.behaviour import Context
 from tidal_actors.actors.erasure import Erasure, write_error
 from tidal_actors.actors.recovery import LoadStore
 from tidal_actors.actors.reply import Reply
-from tidal_actors.storage.shard_part import read_part
 
 T = TypeVar("T")
 
@@ -202,22 +201,15 @@ class Persistence(Erasure):
                     except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
                         errors.append(write_error(exc))
         self._gather_until = None
-        run: list[Any] = []  # a run of control writes to one shard with one outcome
-        for w, err in zip(writes, errors):
-            r = w.reply
-            if w.ahead and type(r) is tuple:
-                if run and (run[0] != r[0] or run[1] is not err):
-                    self._ack_run(run)
-                    run = []
-                if run:
-                    run.append(r[1])
-                else:
-                    run = [r[0], err, r[1]]
+        for target, outcome in acknowledgements(writes, errors):
+            if isinstance(target, M.Write):
+                self._ack_safely(target, cast("BaseException | None", outcome))
                 continue
-            self._ack_run(run)
-            run = []
-            self._ack_safely(w, err)
-        self._ack_run(run)
+            try:
+                self.ctx.tell(target, outcome)
+            except TidalError as exc:  # a shard that stopped (closing): answer the others
+                self.handler_errors += 1
+                self.last_error = exc
 
     def _ack_safely(self, w: M.Write, error: BaseException | None) -> None:
         try:
@@ -226,27 +218,14 @@ class Persistence(Erasure):
             self.handler_errors += 1
             self.last_error = exc
 
-    def _ack_run(self, run: list[Any]) -> None:
-        """Answer a run of control writes (``[address, error, token, ...]``: one shard's,
-        consecutive, one outcome) with one `Committed` carrying every token."""
-        if not run:
-            return
-        address, error, token, *more = run
-        try:
-            self.ctx.tell(address, M.Committed(token, error, tuple(more)))
-        except TidalError as exc:  # a shard that stopped (closing): answer the others
-            self.handler_errors += 1
-            self.last_error = exc
-
     def _on_load(self, msg: LoadStore) -> None:
         """Read the store for a shard restarting (`actors.recovery`), after committing
         what waits (so the restored state holds every write sent before), and after
         taking over the writes of a writer in another process that died inside a
-        commit (`take_over_writes`: else this read would not see that commit). With
-        ``msg.part``, only that shard's part is read (`storage.shard_part`)."""
+        commit (`take_over_writes`: else this read would not see that commit)."""
         self.commit()
-        if msg.part is not None:
-            msg.reply.set_result(read_part(self.store, msg.part))
+        if not msg.read:
+            msg.reply.set_result(None)
             return
         take_over = getattr(self.store, "take_over_writes", None)
         if take_over is not None:
@@ -348,3 +327,36 @@ class Persistence(Erasure):
             b.reply.set_result(None)
         if b.then is not None:
             self.ctx.tell(*b.then)
+
+
+def acknowledgements(
+    writes: list[M.Write], errors: list[BaseException | None]
+) -> list[tuple[M.Write | M.Address, object]]:
+    """How the writes of one commit are answered, in order: a run of control writes
+    (``Write.ahead`` with an ``(address, token)`` reply: one shard's, consecutive,
+    one outcome) as ``(address, Committed)`` carrying every token (one hand-off per
+    run), any other write as ``(write, its error or None)``. ``errors[i]`` is
+    ``writes[i]``'s outcome."""
+    out: list[tuple[M.Write | M.Address, object]] = []
+    run: list[Any] = []  # [address, error, token, ...]
+
+    def close_run() -> None:
+        if run:
+            address, error, token, *more = run
+            out.append((address, M.Committed(token, error, tuple(more))))
+            run.clear()
+
+    for w, err in zip(writes, errors):
+        r = w.reply
+        if w.ahead and type(r) is tuple:
+            if run and (run[0] != r[0] or run[1] is not err):
+                close_run()
+            if run:
+                run.append(r[1])
+            else:
+                run.extend((r[0], err, r[1]))
+            continue
+        close_run()
+        out.append((w, err))
+    close_run()
+    return out

@@ -183,13 +183,12 @@ class SeenRecords:
 
 @dataclass(frozen=True, slots=True)
 class LoadStore:
-    """Supervisor -> persistence: commit what waits, then ``reply`` gets what the
-    store holds: with ``part`` None, all of it (``store.load()``); else a shard's
-    part of a ``shards`` store (`storage.shard_part.read_part`: ``"coordinator"``,
-    or ``"membership-<i>"``; None for a store of another layout)."""
+    """Supervisor -> persistence: commit what waits, then ``reply`` gets ``store.load()``
+    (with ``read`` false: None; a shard that reads its own part of a ``shards``
+    store, `storage.shard_part`, after the writes persistence held for it)."""
 
     reply: Reply
-    part: str | None = None
+    read: bool = True
 
 
 @dataclass

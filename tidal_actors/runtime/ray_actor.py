@@ -76,6 +76,7 @@ from tidal_actors.runtime.ray_restart import (
 )
 from tidal_actors.runtime.ray_shipping import dumps, loads
 from tidal_actors.runtime.ray_stores import Marks, actor_store, owns_history, take_marks
+from tidal_actors.storage.shard_part import Part, coordinator_part
 from tidal_actors.storage.stores import NullStore
 
 __all__ = ["TICK_S", "Counters", "ShardActor", "Stamped"]
@@ -151,6 +152,9 @@ class ShardActor:
         if address[0] == M.LEDGER and path is not None and owns_history(path, config):
             # the shards layout: this ledger commits its history in its own environment
             self.host.commit_history = lambda ops: self._resolve("store").commit(ops)
+        elif address[0] in (M.MEMBERSHIP, M.COORDINATOR) and path and owns_history(path, config):
+            # the shards layout: its control writes go to its own environment
+            self.host.commit_control = lambda w: self._resolve("store").commit_writes(w)
         self.host.supervisor = FencingSupervisor(config, self.host.ctx, DurableFlag(durable))
         self.host.supervisor.on_fault = self._fault
         self.store: Any = None
@@ -194,6 +198,15 @@ class ShardActor:
         """Discard from now on the calls of ``name``'s incarnations before ``epoch``."""
         self._fences.fence(name, epoch)
 
+    def coordinator_part(self) -> Part | None:
+        """(The coordinator's actor, in the ``shards`` layout.) Its environment's
+        records a restarting shard restores with (`storage.shard_part`), read once
+        its control writes handed over before are committed; None in another layout."""
+        if self.host.commit_control is None:
+            return None
+        self.host.drain_control()
+        return coordinator_part(self._resolve("store"))
+
     def known_epochs(self) -> dict[M.Address, int]:
         """The epochs of the actors that restarted, as this actor's links number for
         them (`ray_membership_restart.restore`)."""
@@ -234,7 +247,10 @@ class ShardActor:
                 if self._path is None:
                     self.store = NullStore()
                 else:
-                    writer = self.address == M.PERSIST_ADDR or self.host.commit_history is not None
+                    host = self.host
+                    writer = self.address == M.PERSIST_ADDR or (
+                        host.commit_history is not None or host.commit_control is not None
+                    )
                     self.store = actor_store(self._path, self._config, writer=writer)
             return self.store
         raise KeyError(name)

@@ -7,9 +7,14 @@ one's memory (`restore`):
 1. **Fence.** Every shard and persistence discard from now on the calls of the
    failed incarnation still on their way (its links carry
    ``coordinator-0@<epoch>``).
-2. **The store.** Persistence commits what waits (a purge's manifest, tombstones and
-   watermark the failed incarnation sent are committed now, or were never sent)
-   and reads the store; the coordinator's state (watermarks, drained records, purge
+2. **The store.** In the ``shards`` layout the failed incarnation committed its
+   purges (a purge's manifest, tombstones and watermark) in its own environment
+   (`runtime.ray_control`): each committed, or died with it unacknowledged. The new
+   incarnation has persistence commit what it holds (a rebuild's erasure writes
+   purge statuses), takes over its environment's writes and reads it alone
+   (`storage.shard_part.own_part`). In the ``single`` layout persistence commits what
+   waits (the purges the failed incarnation sent are committed now, or were never
+   sent) and reads the store. The coordinator's state (watermarks, drained records, purge
    statuses, manifests, the last purge id) comes back through the open's restore
    (`runtime.restore.build_states`); its rebuilds' tokens start at ``epoch << 40``,
    above the failed incarnation's.
@@ -33,6 +38,7 @@ one's memory (`restore`):
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -50,6 +56,8 @@ from tidal_actors.actors.recovery import (
 from tidal_actors.runtime.ray_replies import send_fault
 from tidal_actors.runtime.ray_restart import CoordinatorRestart, ask
 from tidal_actors.runtime.restore import build_states
+from tidal_actors.storage.layout import COORDINATOR
+from tidal_actors.storage.shard_part import own_part
 
 __all__ = ["restore"]
 
@@ -73,10 +81,18 @@ def restore(actor: Any) -> tuple[PurgeCoordinator, CoordinatorRestart]:
         ]
     )
     links.adopt_epochs(ray.get(links.handle(M.PERSIST_ADDR).known_epochs.remote()))
-    restored = ask(links.handle(M.PERSIST_ADDR), LoadStore, "load-store")
+    if actor.host.commit_control is not None:
+        # the shards layout: its own environment (`storage.shard_part`), once
+        # persistence committed what it held (a rebuild's erasure writes statuses here)
+        ask(links.handle(M.PERSIST_ADDR), functools.partial(LoadStore, read=False), "commit")
+        restored = own_part(actor._resolve("store"), COORDINATOR)
+        source = "its own environment"
+    else:
+        restored = ask(links.handle(M.PERSIST_ADDR), LoadStore, "load-store")
+        source = "the whole store"
     marked = [ask(links.handle(a), MarkerCount, "marker-count") for a in shards]
     open_ = [ask(links.handle(a), CoordinatorLost, "coordinator-lost") for a in ledgers]
-    state = build_states(cfg, restored, None)[2]
+    state = build_states(cfg, restored, None, ledgers=())[2]
     new = PurgeCoordinator(actor.host.ctx, state)
     # its rebuilds' tokens above the failed incarnation's: a result of one of those
     # sent again is never taken for one of its own
@@ -102,7 +118,7 @@ def restore(actor: Any) -> tuple[PurgeCoordinator, CoordinatorRestart]:
             links.send(address, ForgetMarkers(m, int(top) + 1))
     took = time.monotonic() - started
     cause = (
-        f"its process died (restored in {took:.3f} s; {applied} committed purge(s) "
+        f"its process died (restored from {source} in {took:.3f} s; {applied} committed purge(s) "
         f"applied, {abandoned} abandoned)"
     )
     send_fault(actor.sink, FaultReport(actor.address, "restarted", cause))

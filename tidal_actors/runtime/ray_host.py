@@ -19,10 +19,11 @@ ledger shard, the purge coordinator and persistence is a named Ray actor
   serialization); signals travel in batches of ``Config.batch_size`` (8,192 signals
   unless ``signal_batch_size`` says otherwise: each batch is a Ray call).
 * Store: opened by this process; in the ``shards`` layout (the default for a store
-  made under this host, `storage.layout`) each ledger's process commits its own
-  environment (its history batches) and the persistence actor's process the
-  membership shards' and the coordinator's; in the ``single`` layout persistence
-  writes the one environment. The ledgers' processes read the history back from
+  made under this host, `storage.layout`) each shard's process commits its own
+  environment (a ledger's history, `runtime.ray_history`; a membership shard's
+  control writes and the coordinator's purges, `runtime.ray_control`) and the
+  persistence actor's process a rebuild's history erasure; in the ``single`` layout
+  persistence writes the one environment. The ledgers' processes read the history back from
   the store (`runtime.ray_stores`); so the actors of a durable database run where
   that directory is: this process's node, or for the ledgers the nodes advertising
   ``Config.ray_store_resource`` (`runtime.ray_placement`).
@@ -30,7 +31,8 @@ ledger shard, the purge coordinator and persistence is a named Ray actor
   by Ray (``max_restarts``) and restores by handshake; the links into it keep each
   message until it is durable there and re-send the rest after the restart
   (`runtime.ray_restart`). A membership shard's and the coordinator's actor of a
-  durable database are restarted too and restore from the store; the calls in
+  durable database are restarted too and restore from their own environments and
+  the coordinator's records (`storage.shard_part`); the calls in
   flight to them fail saying they may have been applied
   (`runtime.ray_membership_restart`, `runtime.ray_coordinator_restart`).
   Persistence's death fails every call waiting and every call after

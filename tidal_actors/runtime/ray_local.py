@@ -20,6 +20,7 @@ from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.runtime.pykka_host import PykkaHost
+from tidal_actors.runtime.ray_control import ControlCommits
 from tidal_actors.runtime.ray_history import HistoryCommits
 from tidal_actors.runtime.ray_links import Links
 from tidal_actors.runtime.ray_restart import DurableEnds, track
@@ -79,6 +80,10 @@ class LocalHost(PykkaHost):
         # instead of sending them to persistence
         self.commit_history: Callable[[list[Op]], None] | None = None
         self._history: HistoryCommits | None = None
+        # a membership shard or the coordinator that owns its environment commits its
+        # control writes with this, group-committed on a thread (`ray_control`)
+        self.commit_control: Callable[[list[list[Op]]], list[Exception | None]] | None = None
+        self._control: ControlCommits | None = None
         self._history_failures: list[BaseException] = []
 
     def start(self, behaviours: list[Behaviour]) -> None:
@@ -101,6 +106,8 @@ class LocalHost(PykkaHost):
         super().stop(order)
         if self._history is not None:
             self._history_failures += self._history.close()
+        if self._control is not None:
+            self._control.close()
 
     def tell(self, address: M.Address, message: object) -> None:
         if address in self._refs:
@@ -123,6 +130,15 @@ class LocalHost(PykkaHost):
         ):
             ops = [link_state_op(self.shard, o, self.epoch, seq) for o, seq in ends.current]
             message = M.Write([*message.ops, *ops], None, message.ahead)
+        if (
+            self.commit_control is not None
+            and address == M.PERSIST_ADDR
+            and type(message) is M.Write
+            and type(message.reply) is tuple
+            and message.reply[0] in self._refs
+        ):
+            self._commit_control(message)
+            return
         if self.commit_history is not None and address == M.PERSIST_ADDR:
             if isinstance(message, M.Write) and message.reply is None:  # a history batch: ours
                 self._commit_history(message.ops)
@@ -139,6 +155,19 @@ class LocalHost(PykkaHost):
             assert self.commit_history is not None
             self._history = HistoryCommits(self.commit_history, self.shard)
         self._history.put(ops)
+
+    def _commit_control(self, write: M.Write) -> None:
+        """Hand a control write (answered by a `Committed` to its writer here) to this
+        actor's group commit (`ray_control.ControlCommits`)."""
+        if self._control is None:
+            assert self.commit_control is not None
+            self._control = ControlCommits(self.commit_control, self.tell, str(self.shard))
+        self._control.put(write)
+
+    def drain_control(self) -> None:
+        """Wait until every control write handed over has committed or failed."""
+        if self._control is not None:
+            self._control.drain()
 
     def _with_failures(self, part: M.BarrierPart) -> M.BarrierPart:
         """``part`` once every history write handed over before it has committed,

@@ -22,9 +22,13 @@ new incarnation takes nothing from the failed one's memory (`restore`):
    record sequence it holds from this shard, durable or not. The new incarnation
    numbers its records above every answer (and above what the store shows), so no
    number is handed out twice (a purge tombstones records by number).
-4. **The store.** Persistence commits what waits (every control write the failed
-   incarnation got to it, which is fenced from then on) and reads the store
-   (`LoadStore`); the shard restores from it through the open's restore
+4. **The store.** In the ``shards`` layout the failed incarnation committed its
+   control writes in its own environment (`runtime.ray_control`): the new one takes
+   over that environment's writes and reads it, with the coordinator's records
+   (`ShardActor.coordinator_part`; `storage.shard_part`); in the ``single`` layout
+   persistence commits what waits (every control write the failed incarnation got
+   to it, which is fenced from then on) and reads the store (`LoadStore`). The
+   shard restores from it through the open's restore
    (`supervision.restore_membership`: memberships, leave epochs, cohorts, routes).
    Its write tokens and purge markers start at ``epoch << 40``, above the failed
    incarnation's (epochs grow: `next_epoch`).
@@ -57,6 +61,7 @@ from tidal_actors.runtime.ray_replies import NAMESPACE, send_fault
 from tidal_actors.runtime.ray_restart import MembershipRestart, ask
 from tidal_actors.runtime.supervision import restore_membership
 from tidal_actors.storage.layout import membership_env
+from tidal_actors.storage.shard_part import own_part
 
 __all__ = ["epoch_after", "next_epoch", "restore"]
 
@@ -114,11 +119,14 @@ def restore(actor: Any) -> tuple[MembershipShard, MembershipRestart]:
     seen = [
         ask(links.handle(a), functools.partial(SeenRecords, i), "seen-records") for a in ledgers
     ]
-    # its own environment and the coordinator's (`storage.shard_part`), or in the
-    # single layout the whole store
-    load = functools.partial(LoadStore, part=membership_env(i))
-    restored = ask(links.handle(M.PERSIST_ADDR), load, "load-part")
+    # its own environment and the coordinator's records (`storage.shard_part`), or,
+    # in the single layout, the whole store as persistence reads it
+    restored = None
     source = "its own environment and the coordinator's records"
+    if actor.host.commit_control is not None:
+        part = ray.get(links.handle(M.COORD_ADDR).coordinator_part.remote())
+        if part is not None:
+            restored = own_part(actor._resolve("store"), membership_env(i), part)
     if restored is None:
         source = "the whole store"
         restored = ask(links.handle(M.PERSIST_ADDR), LoadStore, "load-store")

@@ -26,8 +26,10 @@ survive, as the deterministic test host restores a crashed ledger
   (`DurableEnds.merged`).
 * **The restart** (`restore`): the new incarnation fences the failed one's sends
   still on their way to the coordinator and persistence (`Fences`), asks the
-  coordinator (`RecoverLedger`), has persistence commit what waits and read the
-  store (`LoadStore`), restores (`supervision.restore_ledger` with ``handshake``),
+  coordinator (`RecoverLedger`), reads its own environment and the coordinator's
+  records (`storage.shard_part`; in the ``single`` layout, or a store whose
+  history is not its own, persistence commits what waits and reads the whole store:
+  `LoadStore`), restores (`supervision.restore_ledger` with ``handshake``),
   reads its links' states, and tells every other actor and the facade
   (`LedgerRestart`). Each sender then drops what survived (`LedgerRestart.survived`:
   an attribution whose batch is in the store; a purge's marker whose purge ended,
@@ -54,7 +56,7 @@ from tidal_actors.actors.recovery import FaultReport, LoadStore, RecoverLedger
 from tidal_actors.runtime.ray_replies import send_fault
 from tidal_actors.runtime.supervision import restore_ledger
 from tidal_actors.storage.format import Keyspace, Tag, decode_key, decode_link_state
-from tidal_actors.storage.layout import COORDINATOR, ledger_env
+from tidal_actors.storage.layout import ledger_env
 from tidal_actors.storage.shard_part import ledger_part
 
 __all__ = [
@@ -331,14 +333,9 @@ def _own_part(actor: Any, store: Any) -> Any:
     """The restarting ledger's part of a ``shards`` store: its own environment (its
     writes taken over first: the failed incarnation may have died inside a commit,
     and the restore must not miss that batch and number its next one as it) merged
-    with the coordinator's environment as persistence reads it once it committed
-    what waits (`storage.shard_part`); None when the store's history is not
-    self-contained (the whole store is read instead)."""
-    part = ask(
-        actor.links.handle(M.PERSIST_ADDR),
-        functools.partial(LoadStore, part=COORDINATOR),
-        "load-coordinator",
-    )
+    with the coordinator's records (`storage.shard_part`); None when the store's
+    history is not self-contained (the whole store is read instead)."""
+    part = ray.get(actor.links.handle(M.COORD_ADDR).coordinator_part.remote())
     if part is None:
         return None
     return ledger_part(store, actor.address[1], part, actor._config.ledger_shards)
