@@ -316,3 +316,60 @@ def test_a_history_write_after_close_is_reported_not_left_waiting() -> None:
     (failure,) = _within(h.drain)
     assert isinstance(failure, StorageError)
     assert calls == [[("h", b"1", b"a")]]
+
+
+# -- what a flush raises when a ledger's own environment is full (docs/guarantees.md,
+# "A full disk": a history write that does not fit is reported as StorageFull) ----
+
+
+def test_a_ledgers_full_environment_is_reported_to_the_flush_as_storage_full() -> None:
+    """Persistence answers a flush whose only loss is a ledger's report of its own
+    failed history commits (the Ray host, shards layout): a full map there reaches
+    the caller as `StorageFull`, as a history write persistence failed to fit does
+    (the last failure's class kept), not as a plain StorageError."""
+    from tidal_actors import StorageFull
+    from tidal_actors.actors import messages as M
+    from tidal_actors.actors.persistence import Persistence
+    from tidal_actors.actors.reply import Reply
+    from tidal_actors.storage.stores import MemoryStore
+
+    from ._setups import RecordingContext
+
+    p = Persistence(RecordingContext(), MemoryStore())  # type: ignore[arg-type]
+    full = StorageFull("LMDB map is full at 65536 bytes (test)")
+    reply = Reply("flush")
+    barrier = M.Barrier((0,), 1, reply, reports_loss=True)
+    p.receive(M.BarrierPart(barrier, (full,)))
+    with pytest.raises(StorageFull, match="map is full") as raised:
+        reply.result()
+    assert raised.value.__cause__ is full
+
+
+def test_a_ledgers_history_commit_failing_full_keeps_the_class_in_its_report() -> None:
+    """The ledger's part of a flush (`LocalHost._with_failures`) after its own
+    history commit failed with `StorageFull`: the loss it carries is a StorageFull
+    (naming the ledger and how many writes failed), so the flush can raise one."""
+    pytest.importorskip("ray")
+    from tidal_actors import ManualClock, StorageFull
+    from tidal_actors.actors import messages as M
+    from tidal_actors.actors.reply import Reply
+    from tidal_actors.runtime.ray_local import LocalHost
+
+    from .conftest import T0
+    from .test_ray_durable_ends import _Links
+
+    host = LocalHost(Config(), ManualClock(T0), True, _Links(), None, 3, 0)  # type: ignore[arg-type]
+
+    def commit(ops: list[Any]) -> None:
+        raise StorageFull("LMDB map is full at 65536 bytes (test)")
+
+    host.commit_history = commit
+    host.tell(M.PERSIST_ADDR, M.Write([("history", b"k", b"v")]))
+    part = M.BarrierPart(M.Barrier((3,), 1, Reply("flush"), reports_loss=True))
+    host.tell(M.PERSIST_ADDR, part)
+    sent = [m for _, m in host.links.sent if type(m) is M.BarrierPart]  # type: ignore[attr-defined]
+    (loss,) = sent[-1].lost
+    assert isinstance(loss, StorageFull)
+    assert "1 history write(s) of ledger 3 failed" in str(loss)
+    assert "map is full" in str(loss)
+    host._history.close()  # type: ignore[union-attr]

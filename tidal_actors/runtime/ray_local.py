@@ -179,12 +179,13 @@ class LocalHost(PykkaHost):
         if not failed or not part.barrier.reports_loss:
             return part
         self._history_failures = []
-        error = StorageError(
+        last = failed[-1]  # its class kept (StorageFull stays StorageFull), as persistence does
+        error = (type(last) if isinstance(last, StorageError) else StorageError)(
             f"{len(failed)} history write(s) of ledger {self.shard} failed in its process "
             "(it commits no later one until its process restarts, and its signals since "
-            f"are sent again then); last: {failed[-1]}"
+            f"are sent again then); last: {last}"
         )
-        error.__cause__ = failed[-1]
+        error.__cause__ = last
         return M.BarrierPart(part.barrier, (*part.lost, error))
 
 
