@@ -10,6 +10,7 @@ hand from that rule."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from typing import Any
@@ -373,3 +374,190 @@ def test_a_ledgers_history_commit_failing_full_keeps_the_class_in_its_report() -
     assert "1 history write(s) of ledger 3 failed" in str(loss)
     assert "map is full" in str(loss)
     host._history.close()  # type: ignore[union-attr]
+
+
+def _signals(first: int, n: int) -> list[Any]:
+    from tidal_actors import Signal
+
+    from .conftest import SEC, T0
+
+    return [
+        Signal(i % 24, i % 13, i % 2, 1.0 + i % 5, T0 - (i % 700) * SEC)
+        for i in range(first, first + n)
+    ]
+
+
+def _model(cfg: Config, signals: list[Any]) -> Any:
+    from tidal_actors import ManualClock
+    from tidal_actors.testing import ReferenceModel
+
+    from .conftest import T0
+
+    ref = ReferenceModel(cfg, ManualClock(T0))
+    for u in range(24):
+        ref.assign_cohort(u, ("red", "green", "blue")[u % 3])
+    ref.signal_batch(signals)
+    return ref
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("ray") is None, reason="Ray is not installed"
+)
+def test_a_ray_ledger_whose_environment_fills_stops_at_a_prefix_and_says_so(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """The Ray host, shards layout, one membership and one ledger shard, each
+    environment's map at most 256 KiB: signals streamed 100 at a time, each followed
+    by a flush, until the ledger's environment is full. That flush raises
+    StorageFull; a flush after more signals raises again (nothing of that ledger
+    commits after a failed commit); the close ends. Reopened (pykka host, room to
+    grow), the store holds exactly a prefix of the signals sent (the reference
+    model of the first n of them, for one n), at least every signal a flush
+    confirmed, and the store opens whole."""
+    import time
+
+    from tidal_actors import ManualClock, StorageFull, TidalDb
+
+    from ._differential import rows_mismatch
+    from ._ray import ray_config
+    from .conftest import T0
+
+    path = str(tmp_path / "store")
+    cfg = ray_config(
+        membership_shards=1,
+        ledger_shards=1,
+        map_size_bytes=64 * 1024,
+        max_map_size_bytes=256 * 1024,
+        store_layout="shards",
+    )
+    sent: list[Any] = []
+    confirmed = 0
+    db = TidalDb.open(path, config=cfg, clock=ManualClock(T0))
+    try:
+        for u in range(24):
+            db.assign_cohort(u, ("red", "green", "blue")[u % 3])
+        full: StorageFull | None = None
+        for k in range(2000):
+            batch = _signals(k * 100, 100)
+            db.signal_batch(batch)
+            sent += batch
+            try:
+                db.flush()
+            except StorageFull as exc:
+                full = exc
+                break
+            confirmed = len(sent)
+        assert full is not None and confirmed > 0, "the ledger's environment never filled"
+        assert "ledger 0" in str(full)
+        batch = _signals(len(sent), 100)
+        db.signal_batch(batch)
+        sent += batch
+        with pytest.raises(StorageFull, match="ledger 0"):
+            db.flush()
+    finally:
+        started = time.monotonic()
+        with contextlib.suppress(StorageFull):  # the close's flush may report it again
+            db.close()
+        closed_s = time.monotonic() - started
+    assert closed_s < 60, f"the close took {closed_s:.1f} s"
+    again_cfg = cfg.replace(host="pykka", max_map_size_bytes=64 * 1024**2)
+    with TidalDb.open(path, config=again_cfg, clock=ManualClock(T0)) as again:
+        rows = again.aggregate_rows()
+    ref = _model(cfg.replace(host="pykka"), sent[:confirmed])
+    prefix = []  # each n whose first n signals the store holds, exactly
+    for n in range(confirmed, len(sent) + 1):
+        if rows_mismatch(rows, ref.aggregate_rows()) is None:
+            prefix.append(n)
+        if n < len(sent):
+            ref.signal_batch(sent[n : n + 1])
+    assert prefix, (
+        f"the store holds no prefix of the {len(sent)} signals sent "
+        f"({confirmed} confirmed by a flush)"
+    )
+
+
+# -- refused but stored: the snapshot at close -----------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["single", "shards"])
+def test_a_signal_whose_history_write_failed_is_not_in_the_store_after_a_reopen(
+    tmp_path: Path, layout: str
+) -> None:
+    """A signal's history write fails (the flush says it is not durable), the
+    store then works again and the database closes. Reopened, the store holds only
+    the signal whose write committed (docs/guarantees.md, "A full disk": such
+    signals stay in the live aggregates until the database is reopened), not the
+    failed one brought back by the snapshot written at close from the live state."""
+    from tidal_actors import ManualClock, Signal, TidalDb
+
+    from ._differential import rows_mismatch
+    from .conftest import T0
+
+    cfg = Config(
+        membership_shards=1, ledger_shards=1, store_layout=layout, rematerialize_after_ms=None
+    )
+    path = tmp_path / "s"
+    kept, failed = Signal(1, 5, 1, 1.0, T0), Signal(1, 5, 1, 10.0, T0)
+    with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as db:
+        db.assign_cohort(1, "red")
+        db.signal_batch([kept])
+        db.flush()
+        store = db._core.store
+        targets = [store] if layout == "single" else list(store.envs.values())
+
+        def fault(ops: list[Any]) -> None:
+            if any(op[0] == Keyspace.HISTORY.value for op in ops):
+                raise StorageError("the disk refused it (test)")
+
+        for t in targets:
+            t.fault = fault
+        db.signal_batch([failed])
+        with pytest.raises(StorageError, match="history write"):
+            db.flush()
+        for t in targets:
+            t.fault = None
+    ref = _model_of(cfg, [kept])
+    with TidalDb.open(path, config=cfg, clock=ManualClock(T0)) as again:
+        assert rows_mismatch(again.aggregate_rows(), ref.aggregate_rows()) is None
+
+
+def _model_of(cfg: Config, signals: list[Any]) -> Any:
+    from tidal_actors import ManualClock
+    from tidal_actors.testing import ReferenceModel
+
+    from .conftest import T0
+
+    ref = ReferenceModel(cfg, ManualClock(T0))
+    ref.assign_cohort(1, "red")
+    ref.signal_batch(signals)
+    return ref
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_ray_ledger_whose_history_commit_failed_is_marked_for_no_snapshot(fails: bool) -> None:
+    """The Ray host's ledger that commits its own history (shards layout): stopped
+    after one of its commits failed, its behaviour (which the facade reads back for
+    the snapshot at close) says so (`LedgerShard.history_failed`); after commits
+    that all passed, it does not."""
+    pytest.importorskip("ray")
+    from tidal_actors import ManualClock
+    from tidal_actors.actors import messages as M
+    from tidal_actors.actors.ledger import LedgerShard
+    from tidal_actors.runtime.ray_local import LocalHost
+
+    from .conftest import T0
+    from .test_ray_durable_ends import _History, _Links
+
+    host = LocalHost(Config(), ManualClock(T0), True, _Links(), None, 0, 0)  # type: ignore[arg-type]
+
+    def commit(ops: list[Any]) -> None:
+        if fails:
+            raise StorageError("the disk refused it (test)")
+
+    host.commit_history = commit
+    ledger = LedgerShard(host.ctx, 0)
+    ledger.state.wire_history(_History())  # type: ignore[arg-type]
+    host.start([ledger])
+    host.tell(M.PERSIST_ADDR, M.Write([("history", b"k", b"v")]))
+    host.stop([M.LEDGER])
+    assert ledger.history_failed is fails

@@ -102,10 +102,14 @@ class LocalHost(PykkaHost):
 
     def stop(self, order: list[str]) -> None:
         """Stop the behaviour (`PykkaHost.stop`), then commit the history writes it
-        handed over and end their thread."""
+        handed over and end their thread; after a failed one, mark the behaviour
+        (`LedgerShard.history_failed`)."""
         super().stop(order)
         if self._history is not None:
             self._history_failures += self._history.close()
+            if self._history.broken is not None:  # no snapshot of a state the store lacks
+                for b in self.behaviours.values():
+                    b.history_failed = True  # type: ignore[attr-defined]
         if self._control is not None:
             self._control.close()
 
