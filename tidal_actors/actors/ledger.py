@@ -27,6 +27,11 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerPurges):
     and the view of them it publishes (`LedgerViews`); its purge handlers are in
     `LedgerPurges`, its rebuilds in `LedgerRebuilds`."""
 
+    history_failed = False
+    """A history write this shard committed itself failed (the Ray host's ``shards``
+    layout; set by its host, `LocalHost.stop`): its state holds signals the store
+    does not, so no snapshot is written of it at close."""
+
     def __init__(self, ctx: Context, index: int, state: LedgerState | None = None) -> None:
         super().__init__(ctx)
         self.index = index

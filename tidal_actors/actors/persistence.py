@@ -300,8 +300,10 @@ class Persistence(Erasure):
         parts = [str(x) for x in lost]
         if err is not None:
             parts.insert(0, f"{self.failed_writes} history write(s) failed since open; last: {err}")
-        # the class of the last write failure (StorageFull stays StorageFull), cause attached
-        kind = type(err) if isinstance(err, StorageError) else StorageError
+        # the class of the last write failure (StorageFull stays StorageFull): here, or
+        # else as reported (a ledger that commits its own history), cause attached
+        last = err if err is not None else lost[-1]
+        kind = type(last) if isinstance(last, StorageError) else StorageError
         e = kind("; ".join(parts))
         e.__cause__ = err if err is not None else lost[0]
         reply.set_exception(e)

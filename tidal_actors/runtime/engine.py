@@ -239,12 +239,14 @@ class Core(Serving):
             if self.store.durable and not self._read_only:
                 # every actor has stopped: the closing thread owns the store now. A
                 # snapshot that cannot be written (full map) is only a speed-up lost:
-                # the next open replays the history instead.
-                # A purge committed but not applied (which the fence above rules out)
-                # would be missing from a snapshot: then none is written, and the next
-                # open replays the history, which honours every tombstone.
+                # the next open replays the history instead. None is written after a
+                # purge committed but not applied (ruled out by the fence above) or a
+                # failed history write (the state holds signals reported not durable).
+                failed = self.persistence.failed_writes or any(
+                    b.history_failed for b in self.ledgers
+                )
                 applied = sum(b.purges_applied for b in self.ledgers)
-                if applied == self.coordinator.purges and not self.fenced:
+                if applied == self.coordinator.purges and not (self.fenced or failed):
                     with contextlib.suppress(StorageError):
                         self.store.commit(
                             snapshot_write_ops(self.config, [b.state for b in self.ledgers])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from tidal_actors._errors import StorageError
 from tidal_actors.storage.format import Op
 
 __all__ = ["HistoryCommits"]
@@ -52,8 +53,12 @@ class HistoryCommits:
         self._thread.start()
 
     def put(self, ops: list[Op]) -> None:
-        """Hand a history write over (committed with the others waiting)."""
+        """Hand a history write over (committed with the others waiting); after
+        `close`, it fails unwritten (reported by the next `drain`)."""
         with self._cond:
+            if self._stopping:
+                self._failures.append(StorageError("the ledger's history commits are closed"))
+                return
             self._queue.append(ops)
             self._cond.notify_all()
 
@@ -71,8 +76,9 @@ class HistoryCommits:
                 try:
                     self._commit([op for ops in writes for op in ops])
                     self.commits += 1
-                except Exception as exc:  # noqa: BLE001 - every failure goes to the next flush
-                    error = exc
+                except BaseException as exc:  # noqa: BLE001 - every failure goes to the next flush
+                    error = exc  # (not only an Exception's: the thread must live on, or a
+                    # drain would wait forever for the write it held)
             with self._cond:
                 if error is not None:
                     if self.broken is None:

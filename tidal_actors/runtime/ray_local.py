@@ -102,10 +102,14 @@ class LocalHost(PykkaHost):
 
     def stop(self, order: list[str]) -> None:
         """Stop the behaviour (`PykkaHost.stop`), then commit the history writes it
-        handed over and end their thread."""
+        handed over and end their thread; after a failed one, mark the behaviour
+        (`LedgerShard.history_failed`)."""
         super().stop(order)
         if self._history is not None:
             self._history_failures += self._history.close()
+            if self._history.broken is not None:  # no snapshot of a state the store lacks
+                for b in self.behaviours.values():
+                    b.history_failed = True  # type: ignore[attr-defined]
         if self._control is not None:
             self._control.close()
 
@@ -179,12 +183,13 @@ class LocalHost(PykkaHost):
         if not failed or not part.barrier.reports_loss:
             return part
         self._history_failures = []
-        error = StorageError(
+        last = failed[-1]  # its class kept (StorageFull stays StorageFull), as persistence does
+        error = (type(last) if isinstance(last, StorageError) else StorageError)(
             f"{len(failed)} history write(s) of ledger {self.shard} failed in its process "
             "(it commits no later one until its process restarts, and its signals since "
-            f"are sent again then); last: {failed[-1]}"
+            f"are sent again then); last: {last}"
         )
-        error.__cause__ = failed[-1]
+        error.__cause__ = last
         return M.BarrierPart(part.barrier, (*part.lost, error))
 
 

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tidal_actors._config import Config
-from tidal_actors._errors import StorageError
+from tidal_actors._errors import DatabaseClosed, StorageError
 from tidal_actors.storage.format import Op
 from tidal_actors.storage.layout import SHARDS_DIR
 from tidal_actors.storage.lmdb_env import LmdbStore
@@ -39,6 +39,7 @@ class ShardedWrites:
     envs: dict[str, LmdbStore]
     fault: Callable[[list[Op]], object] | None
     _pool: ThreadPoolExecutor | None
+    _closed: bool
 
     def _env(self, name: str) -> LmdbStore:
         raise NotImplementedError
@@ -86,13 +87,21 @@ class ShardedWrites:
         time (see the module doc); an environment whose transaction failed has its
         writes committed one by one, so each write gets its own outcome, and a write
         whose environment's transaction committed is done (never retried, never told
-        it failed). A write whose ops span environments commits alone (`commit`).
+        it failed). A write whose ops span environments commits alone (`commit`),
+        after every write before it and before every write after it, so that of two
+        writes to one key the later one stays, as in one transaction of them all.
 
-        Returns: per write, None or the error that refused it (nothing of it written).
+        Returns: per write, None or the error that refused it: nothing of it written,
+        but for a write spanning environments, whose error names the parts that
+        committed (`commit`). Never raises: every writer must be answered.
         """
         errors: list[Exception | None] = [None] * len(writes)
-        if self.read_only:
-            refused = StorageError(f"{self.path} is open read-only: writes refused")
+        if self.read_only or self._closed:
+            refused: Exception = (
+                StorageError(f"{self.path} is open read-only: writes refused")
+                if self.read_only
+                else DatabaseClosed(f"the store at {self.path} is closed")
+            )
             return [refused if w else None for w in writes]
         grouped = True
         if self.fault is not None:  # the test hook sees the group, then each retried write
@@ -101,16 +110,41 @@ class ShardedWrites:
             except Exception:  # noqa: BLE001 - the group failed: each write on its own
                 grouped = False
         by_env: dict[str, list[int]] = {}
-        spanning: list[int] = []
         for i, ops in enumerate(writes):
-            owners = {self._owner(ks, key) for ks, key, _ in ops}
+            try:
+                owners = {self._owner(ks, key) for ks, key, _ in ops}
+            except Exception as exc:  # noqa: BLE001 - its writer gets its own answer
+                errors[i] = StorageError(f"no environment holds a key of write {i}: {exc}")
+                continue
             if len(owners) == 1:
                 by_env.setdefault(owners.pop(), []).append(i)
-            elif owners:
-                spanning.append(i)
+            elif owners:  # the writes before it commit first, those after it after
+                self._commit_group(writes, by_env, errors, grouped)
+                by_env = {}
+                try:
+                    self.commit(writes[i])  # its test hook: in `_parts`
+                except Exception as exc:  # noqa: BLE001 - its writer gets its own answer
+                    errors[i] = exc
+        self._commit_group(writes, by_env, errors, grouped)
+        return errors
+
+    def _commit_group(
+        self,
+        writes: list[list[Op]],
+        by_env: dict[str, list[int]],
+        errors: list[Exception | None],
+        grouped: bool,
+    ) -> None:
+        """Commit the writes ``by_env`` numbers (each environment's, in order), the
+        environments' at the same time; each failure into ``errors``."""
 
         def run(name: str, idx: list[int]) -> None:
-            env = self._env(name)
+            try:
+                env = self._env(name)
+            except Exception as exc:  # noqa: BLE001 - its writers get their own answers
+                for i in idx:
+                    errors[i] = exc
+                return
             if grouped:
                 try:
                     env.commit([op for i in idx for op in writes[i]])
@@ -125,19 +159,21 @@ class ShardedWrites:
                 except Exception as exc:  # noqa: BLE001 - its writer gets its own answer
                     errors[i] = exc
 
-        if len(by_env) == 1:
-            run(*next(iter(by_env.items())))
-        elif by_env:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(8, thread_name_prefix="tidal-commit")
-            for f in [self._pool.submit(run, n, idx) for n, idx in by_env.items()]:
-                f.result()
-        for i in spanning:
+        if len(by_env) <= 1:
+            for name, idx in by_env.items():
+                run(name, idx)
+            return
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = ThreadPoolExecutor(8, thread_name_prefix="tidal-commit")
+        futures = []
+        for name, idx in by_env.items():
             try:
-                self.commit(writes[i])  # its test hook: in `_parts`
-            except Exception as exc:  # noqa: BLE001 - its writer gets its own answer
-                errors[i] = exc
-        return errors
+                futures.append(pool.submit(run, name, idx))
+            except RuntimeError:  # the store closed meanwhile: its environments refuse here
+                run(name, idx)
+        for f in futures:
+            f.result()
 
     def check_compact(self) -> None:
         """Refuse a compaction before anything is rewritten (`Compaction.check_compact`
