@@ -254,3 +254,76 @@ def test_the_coordinator_and_a_ledger_killed_at_once(ray_session: None, tmp_path
             for h in list(db._core.host._actors.values()):
                 ray.kill(h)
         db.close()
+
+
+@needs_ray
+def test_the_coordinator_killed_while_purges_stream(ray_session: None, tmp_path: Path) -> None:
+    """The coordinator's process is SIGKILLed while one thread requests purges back
+    to back, so the kill finds a purge anywhere between its handing over to the
+    coordinator's own commit thread and its answer. The purges answered before are
+    exact; the one the kill interrupted either committed (listed once, exact, its
+    records retracted once) or left nothing; purges after the restart are exact; the
+    aggregates equal the reference model's, live and reopened."""
+    path = str(tmp_path / "store")
+    clock = ManualClock(T0)
+    cfg = ray_config(membership_shards=2, ledger_shards=2, signal_batch_size=50)
+    ref = ReferenceModel(cfg, ManualClock(T0))
+    plan = [(k % USERS, RC[(k % USERS + k // USERS) % 4]) for k in range(2 * USERS)]
+    done: list[int] = []
+    interrupted: list[tuple[int, str]] = []
+    with _open(path, clock) as db:
+        _assign(db, ref)
+        _stream(db, ref, 0, 30)
+        db.flush()
+        host = db._core.host
+        epoch = host.links.epoch(M.COORD_ADDR)
+
+        def purges() -> None:
+            for k, (u, c) in enumerate(plan):
+                try:
+                    _, got = db.request_community_purge(u, c)
+                except ActorFailure as err:
+                    assert "may have been applied" in str(err) or "not committed" in str(err)
+                    interrupted.append((k, str(err)))
+                    return
+                _, want = ref.request_community_purge(u, c)
+                assert got.entries == want.entries, (u, c)
+                done.append(k)
+
+        t = threading.Thread(target=purges, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 120
+        while len(done) < 5:
+            assert time.monotonic() < deadline and t.is_alive()
+            time.sleep(0.001)
+        os.kill(host.pids()[M.COORD_ADDR], signal.SIGKILL)
+        t.join(timeout=300)
+        assert not t.is_alive()
+        deadline = time.monotonic() + 120
+        while host.links.epoch(M.COORD_ADDR) <= epoch:
+            assert time.monotonic() < deadline, "no notice of the coordinator's restart"
+            time.sleep(0.05)
+        rest = len(done)
+        if interrupted:
+            k, why = interrupted[0]
+            u, c = plan[k]
+            ours = [m for m in db.list_purge_manifests(u) if m.cohort == c]
+            before = sum(1 for j in done if plan[j] == (u, c))
+            print(f"purge {k} interrupted ({why[:60]}...): committed={len(ours) > before}")
+            if len(ours) > before:  # committed: complete, listed once
+                assert len(ours) == before + 1
+                _, want = ref.request_community_purge(u, c)
+                assert ours[-1].entries == want.entries
+                rest = k + 1
+            else:
+                rest = k
+        else:
+            print("no purge was interrupted: the kill came after the last")
+        for u, c in plan[rest:]:
+            _, got = db.request_community_purge(u, c)
+            _, want = ref.request_community_purge(u, c)
+            assert got.entries == want.entries, (u, c)
+        db.flush()
+        assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
+    with TidalDb.open(path, config=cfg.replace(host="pykka"), clock=clock) as again:
+        assert rows_mismatch(again.aggregate_rows(), ref.aggregate_rows()) is None
