@@ -297,3 +297,32 @@ def test_a_commit_on_a_closed_store_fails_its_writers(tmp_path: Path) -> None:
     finally:
         commits.close()
     assert told.got.keys() == {1} and told.got[1] is not None
+
+
+def test_an_own_commit_that_does_not_fit_fails_only_its_writer(tmp_path: Path) -> None:
+    """A membership shard's environment at its largest map: a write too large for it
+    is refused with `StorageFull` (nothing of it written) while the small writes
+    committed with it in one group are each committed and answered; the shard's
+    commits go on after."""
+    from tidal_actors import StorageFull
+
+    cfg = _cfg(1, 1, map_size_bytes=64 * 1024, max_map_size_bytes=256 * 1024)
+    store = ShardedStore(tmp_path / "db", cfg)
+    told = _Told()
+    commits = ControlCommits(store.commit_writes, told, "m0")
+    address = (M.MEMBERSHIP, 0)
+    big = random.Random(1).randbytes(400 * 1024)  # incompressible, past the largest map
+    try:
+        commits.put(M.Write([_user_op(1, b"a")], (address, 1), ahead=True))
+        commits.put(M.Write([_user_op(2, big)], (address, 2), ahead=True))
+        commits.put(M.Write([_user_op(3, b"c")], (address, 3), ahead=True))
+        commits.drain()
+        assert told.got[1] is None and told.got[3] is None
+        assert isinstance(told.got[2], StorageFull), told.got[2]
+        commits.put(M.Write([_user_op(4, b"d")], (address, 4), ahead=True))
+    finally:
+        commits.close()
+    assert told.got[4] is None
+    got = dict(store.envs[membership_env(0)].scan(Keyspace.USERS))
+    assert sorted(got.values()) == [b"a", b"c", b"d"]
+    store.close()
