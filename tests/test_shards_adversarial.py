@@ -165,7 +165,13 @@ def test_a_refused_open_makes_no_environment_and_keeps_the_record(tmp_path: Path
     _seeded(path)
     before = sorted(p.name for p in (path / "shards").iterdir())
     assert before == ["coordinator", "ledger-0", "ledger-1", "membership-0", "membership-1"]
-    want = {"format": 2, "membership_shards": 2, "layout": "shards", "ledger_envs": 2}
+    want = {
+        "format": 2,
+        "membership_shards": 2,
+        "layout": "shards",
+        "ledger_envs": 2,
+        "history_ledgers": 2,  # made under 2 ledgers, never opened under another count
+    }
     assert _record(path) == want
     with pytest.raises(InvalidArgument, match="membership_shards=2"):
         TidalDb.open(path, config=_cfg(membership_shards=3, ledger_shards=4))

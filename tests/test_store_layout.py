@@ -137,7 +137,13 @@ def test_each_key_lives_in_the_environment_of_its_shard(tmp_path: Path) -> None:
     with env.begin(db=env.open_db(b"meta", create=False)) as txn:
         record = msgpack.unpackb(txn.get(encode_key(0, Tag.STORE_META)))
     env.close()
-    assert record == {"format": 2, "membership_shards": 3, "layout": "shards", "ledger_envs": 2}
+    assert record == {
+        "format": 2,
+        "membership_shards": m,
+        "layout": "shards",
+        "ledger_envs": nl,
+        "history_ledgers": nl,  # every history batch written under nl ledgers
+    }
 
 
 def test_a_snapshot_at_close_lands_in_the_ledgers_environments_with_its_mark_last(

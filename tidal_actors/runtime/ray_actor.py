@@ -158,6 +158,7 @@ class ShardActor:
         self.host.supervisor = FencingSupervisor(config, self.host.ctx, DurableFlag(durable))
         self.host.supervisor.on_fault = self._fault
         self.store: Any = None
+        self._opening = threading.Lock()  # `_resolve`'s open of the store
         self._path = path
         self._config = config
         notice: LedgerRestart | MembershipRestart | CoordinatorRestart | None = None
@@ -243,15 +244,20 @@ class ShardActor:
         if name == "clock":
             return self.clock
         if name == "store":
-            if self.store is None:
-                if self._path is None:
-                    self.store = NullStore()
-                else:
-                    host = self.host
-                    writer = self.address == M.PERSIST_ADDR or (
-                        host.commit_history is not None or host.commit_control is not None
-                    )
-                    self.store = actor_store(self._path, self._config, writer=writer)
+            # opened on first use, which may come from two threads at once (a commit
+            # thread, `ray_history` or `ray_control`, and a Ray call such as
+            # `coordinator_part`): opened once, since two opens of one LMDB
+            # environment in one process break its locks
+            with self._opening:
+                if self.store is None:
+                    if self._path is None:
+                        self.store = NullStore()
+                    else:
+                        host = self.host
+                        writer = self.address == M.PERSIST_ADDR or (
+                            host.commit_history is not None or host.commit_control is not None
+                        )
+                        self.store = actor_store(self._path, self._config, writer=writer)
             return self.store
         raise KeyError(name)
 
