@@ -18,9 +18,11 @@ and reports:
 
 Medians over ``--rounds`` (default 3; ``--quick``: one). Run:
 ``python bench/bench_main_job.py`` (``--json FILE``). ``--breakdown`` also times,
-in the runtime's measured run, each actor's handler by message kind, the ledger's
-fold (``Adds.add_columns``) and log append (``ContributionLog.append_columns``),
-and the caller's facade calls by operation (thread CPU, microseconds a signal and
+in the runtime's measured run, each actor's handler by message kind, the shards'
+idle work (``on_idle``), the mailboxes' ``get`` and ``put`` by the thread's kind
+(the CPU of their locks and wake-ups), the ledger's fold (``Adds.add_columns``) and
+log append (``ContributionLog.append_columns``), and the caller's facade calls by
+operation (thread CPU, microseconds a signal and
 a call; the timers add about a microsecond a call, so the parts run a little high).
 """
 
@@ -72,9 +74,12 @@ def _time_parts() -> Parts:
     """Wrap the handlers, the fold, the log append and the facade's calls with
     thread-CPU timers; returns (seconds, calls) by label, filled as they run."""
     from tidal_actors.actors.behaviour import Behaviour
+    from tidal_actors.actors.ledger import LedgerShard
+    from tidal_actors.actors.membership import MembershipShard
     from tidal_actors.core.adds import Adds
     from tidal_actors.core.contrib_log import ContributionLog
     from tidal_actors.facades import _generated_blocking as gen
+    from tidal_actors.runtime.mailbox import Mailbox
 
     secs: Counter[str] = Counter()
     calls: Counter[str] = Counter()
@@ -88,13 +93,23 @@ def _time_parts() -> Parts:
             try:
                 return fn(self, *a, **k)
             finally:
-                key = label or f"{type(self).__name__}.{type(a[0]).__name__}"
+                if label is None:
+                    key = f"{type(self).__name__}.{type(a[0]).__name__}"
+                elif label.endswith(", by"):  # the thread's kind: tidal-ledger-1 -> ledger
+                    parts = threading.current_thread().name.split("-")
+                    key = f"{label} {parts[1] if len(parts) > 1 else 'caller'}"
+                else:
+                    key = label
                 secs[key] += clock() - t
                 calls[key] += 1
 
         setattr(cls, name, timed)
 
     wrap(Behaviour, "receive", None)
+    for cls in (LedgerShard, MembershipShard):
+        wrap(cls, "on_idle", f"{cls.__name__}.on_idle")
+    for name in ("get", "put", "put_reserved"):  # CPU in the queue's locks and wake-ups
+        wrap(Mailbox, name, f"mailbox {name}, by")
     wrap(Adds, "add_columns", "ledger fold (add_columns)")
     wrap(ContributionLog, "append_columns", "ledger log append (append_columns)")
     ops = ("signal_batch", "assign_cohort", "leave_community_layer", "rejoin_community_layer")

@@ -31,6 +31,8 @@ BENCHES = [  # (name, script, how it hands over its figures: a --json FILE or JS
     ("small_batches", "bench_small_batches.py", "file"),  # signal_batch of 10 signals a call
     ("main_job", "bench_main_job.py", "file"),  # the default simulate against its model
     ("fold_paths", "bench_fold_paths.py", "file"),  # the fold's two paths on the main job's batches
+    ("ledger_replay", "bench_ledger_replay.py", "file"),  # the job's ledgers in one thread
+    ("hop", "bench_hop.py", "file"),  # a hand-off between threads: the Mailbox's, C's
     ("reads", "bench_reads.py", "file"),  # serving reads from the published views
     ("gc_pauses", "bench_gc_pauses.py", "file"),  # full collections while ingesting
     ("store", "bench_store.py", "file"),  # bytes a record on disk, history codec, restore
