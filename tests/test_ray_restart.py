@@ -214,3 +214,28 @@ def test_both_ledgers_killed_at_once_while_a_flush_waits(ray_session: None, tmp_
     with TidalDb.open(path, config=ray_config(membership_shards=2, ledger_shards=2, host="pykka"),
                       clock=clock) as again:  # fmt: skip
         assert rows_mismatch(again.aggregate_rows(), ref.aggregate_rows()) is None
+
+
+@needs_ray
+def test_a_ledger_of_a_reopened_store_restarts(ray_session: None, tmp_path: Path) -> None:
+    """A ledger's state restored at open is shipped to its actor (hundreds of KiB
+    here). Ray keeps a large constructor argument only until the creation ends, so a
+    restart long after the open used to fail and fence the shard (found by the
+    fresh-install review: ray-project/ray#53727); the argument is now a boxed
+    reference the restart does not need (`ray_shipping.box`)."""
+    path = str(tmp_path / "store")
+    clock = ManualClock(T0)
+    ref = ReferenceModel(ray_config(membership_shards=2, ledger_shards=2), ManualClock(T0))
+    with _open(path, clock) as db:
+        _assign(db, ref)
+        _stream(db, ref, 0, 200)  # 20,000 signals
+        db.flush()
+    with _open(path, clock) as db:
+        time.sleep(10)  # the open's creation tasks long over
+        _kill(db, 1)
+        _stream(db, ref, 200, 5)
+        db.flush()
+        assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
+        (report,) = _restarted(db, 1)
+        assert report.address == (M.LEDGER, 1)  # type: ignore[attr-defined]
+        assert db.stats()["signals"] == 500  # since this open

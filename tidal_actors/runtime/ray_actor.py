@@ -74,7 +74,7 @@ from tidal_actors.runtime.ray_restart import (
     origin_epoch,
     restore,
 )
-from tidal_actors.runtime.ray_shipping import dumps, loads
+from tidal_actors.runtime.ray_shipping import dumps, loads, unbox
 from tidal_actors.runtime.ray_stores import Marks, actor_store, owns_history, take_marks
 from tidal_actors.storage.shard_part import Part, coordinator_part
 from tidal_actors.storage.stores import NullStore
@@ -103,7 +103,8 @@ class ShardActor:
         db: the database's actor name prefix.
         address: the behaviour's address.
         payload: the behaviour, pickled by `ray_shipping.dumps` (names ``ctx``,
-            ``store``, ``clock``).
+            ``store``, ``clock``), boxed (`ray_shipping.box`: read only by the
+            first incarnation; a restart restores from the store).
         config: the database's settings.
         durable: whether the database has a durable store.
         path: the LMDB directory (None: ephemeral).
@@ -116,7 +117,7 @@ class ShardActor:
         self,
         db: str,
         address: M.Address,
-        payload: bytes,
+        payload: list[Any],
         config: Config,
         durable: bool,
         path: str | None,
@@ -170,7 +171,7 @@ class ShardActor:
         elif restarted:
             behaviour, notice = restore(self)
         else:
-            behaviour = loads(payload, self._resolve)
+            behaviour = loads(unbox(payload), self._resolve)
         self._marks: dict[int, int] = {}
         self._rewrites = 0
         if isinstance(behaviour, Persistence):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from tidal_actors._errors import StorageError
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.erasure import write_error
 from tidal_actors.actors.persistence import acknowledgements
@@ -65,10 +66,15 @@ class ControlCommits:
         self._thread.start()
 
     def put(self, write: M.Write) -> None:
-        """Hand a write over (its reply an ``(address, token)`` of this process)."""
+        """Hand a write over (its reply an ``(address, token)`` of this process);
+        after `close`, its writer is answered at once that nothing was written."""
         with self._cond:
-            self._queue.append(write)
-            self._cond.notify_all()
+            closed = self._stopping
+            if not closed:
+                self._queue.append(write)
+                self._cond.notify_all()
+        if closed:
+            self._answer([write], [StorageError("the shard's own commits are closed")])
 
     def _run(self) -> None:
         while True:
@@ -87,12 +93,19 @@ class ControlCommits:
                     self._cond.notify_all()
 
     def _commit(self, writes: list[M.Write]) -> None:
+        raw: list[BaseException | None]
         try:
-            raw = self._commit_writes([w.ops for w in writes])
-        except Exception as exc:  # noqa: BLE001 - never leave a writer waiting
-            raw = [exc] * len(writes)
+            raw = list(self._commit_writes([w.ops for w in writes]))
+        except BaseException as exc:  # noqa: BLE001 - never leave a writer waiting (not
+            raw = [exc] * len(writes)  # only an Exception: the thread must live on)
         self.commits += 1
-        errors: list[BaseException | None] = [None if e is None else write_error(e) for e in raw]
+        self._answer(writes, raw)
+
+    def _answer(self, writes: list[M.Write], raw: list[BaseException | None]) -> None:
+        """Answer each of ``writes`` with its outcome in ``raw`` (None: committed)."""
+        errors: list[BaseException | None] = [
+            None if e is None else write_error(e) if isinstance(e, Exception) else e for e in raw
+        ]
         for target, outcome in acknowledgements(writes, errors):
             if isinstance(target, M.Write):
                 address, token = target.reply

@@ -72,7 +72,7 @@ from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, forget, regis
 from tidal_actors.runtime.ray_restart import (
     LEDGER_RESTARTS,
 )
-from tidal_actors.runtime.ray_shipping import dumps, loads
+from tidal_actors.runtime.ray_shipping import box, dumps, loads
 from tidal_actors.runtime.ray_start import ensure_ray
 from tidal_actors.runtime.supervision import REPORTS_KEPT
 
@@ -139,11 +139,15 @@ class RayHost(RayFaults):
                 path = getattr(b.store, "path", None)
                 store_path = None if path is None or not b.store.durable else str(path)
         named = {"ctx": self.ctx, "store": self._store, "clock": self.clock}
+        boxes: list[
+            list[Any]
+        ] = []  # the behaviours' pickles, kept until every actor has read its own
         self._restartable = store_path is not None
         for b in behaviours:
             self.behaviours[b.address] = b
             in_place = b.address[0] in (M.LEDGER, M.MEMBERSHIP, M.COORDINATOR)
             restarts = LEDGER_RESTARTS if self._restartable and in_place else 0
+            boxes.append(box(dumps(b, named)))
             actor = ShardActor.options(  # type: ignore[attr-defined]
                 name=actor_name(self.db, b.address),
                 max_restarts=restarts,
@@ -152,7 +156,7 @@ class RayHost(RayFaults):
             ).remote(
                 self.db,
                 b.address,
-                dumps(b, named),
+                boxes[-1],
                 self.config,
                 self.durable,
                 store_path,
@@ -164,6 +168,7 @@ class RayHost(RayFaults):
             self.links.add(b.address, actor)
         try:
             ray.get([a.ready.remote() for a in self._actors.values()], timeout=START_WAIT_S)
+            del boxes
         except Exception as exc:  # noqa: BLE001 - an actor could not start: none is left running
             self._stopped = True
             self.links.closed = True

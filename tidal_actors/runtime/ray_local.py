@@ -165,7 +165,8 @@ class LocalHost(PykkaHost):
         actor's group commit (`ray_control.ControlCommits`)."""
         if self._control is None:
             assert self.commit_control is not None
-            self._control = ControlCommits(self.commit_control, self.tell, str(self.shard))
+            name = "-".join(str(p) for p in next(iter(self._refs), ("shard", self.shard)))
+            self._control = ControlCommits(self.commit_control, self.tell, name)
         self._control.put(write)
 
     def drain_control(self) -> None:

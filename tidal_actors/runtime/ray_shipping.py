@@ -15,7 +15,7 @@ from typing import Any
 
 from ray import cloudpickle
 
-__all__ = ["dumps", "loads"]
+__all__ = ["box", "dumps", "loads", "unbox"]
 
 
 class _Pickler(cloudpickle.CloudPickler):
@@ -42,6 +42,27 @@ def dumps(obj: object, named: dict[str, object]) -> bytes:
     pickler = _Pickler(buf, {id(v): k for k, v in named.items() if v is not None})
     pickler.dump(obj)  # type: ignore[no-untyped-call]
     return buf.getvalue()
+
+
+def box(data: bytes) -> list[Any]:
+    """``data`` as an actor's constructor argument: a one-item list holding a
+    reference to it in Ray's object store (``ray.put``). Ray keeps a large
+    constructor argument itself in the object store only until the actor's creation
+    ends, and then cannot re-run the constructor when the actor's process dies
+    (ray-project/ray#53727: the restart fails); a reference inside a list is a small
+    argument sent inline, which a restart, that does not read it, gets again. The
+    caller keeps the list until the actor has started (`unbox` read it)."""
+    import ray
+
+    return [ray.put(data)]
+
+
+def unbox(boxed: list[Any]) -> bytes:
+    """The bytes `box` shipped (read in the actor's first incarnation)."""
+    import ray
+
+    data: bytes = ray.get(boxed[0])
+    return data
 
 
 def loads(data: bytes, resolve: Callable[[str], Any]) -> Any:
