@@ -44,7 +44,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_core import cohorts_for, report  # noqa: E402
-from bench_ray_restart import BATCH, batches  # noqa: E402
+from bench_ray_restart import BATCH, batches, restore_seconds  # noqa: E402
 
 from tidal_actors import Config, TidalDb  # noqa: E402
 from tidal_actors.actors import messages as M  # noqa: E402
@@ -106,7 +106,7 @@ def main() -> None:
                 break
             time.sleep(0.1)
         assert len(restarts) == args.kills, restarts
-        restore = [float(r.cause.split("restored in ")[1].split(" s")[0]) for r in restarts]
+        restore = restore_seconds(restarts, args.kills)
         held = db.stats()["log_records"]
         assert held == want, (held, want)
         db.close()

@@ -56,6 +56,15 @@ def batches(n: int, users: int, seed: int) -> list[list[Signal]]:
     return [sig[i : i + BATCH] for i in range(0, n, BATCH)]
 
 
+def restore_seconds(restarts: list[Any], n: int) -> list[float]:
+    """Each "restarted" fault report's restore time, from its cause ("restored in
+    1.234 s", or "restored from <what it read> in 1.234 s"); there must be ``n``."""
+    took = [re.search(r"restored (?:from .*? )?in ([0-9.]+) s", r.cause) for r in restarts]
+    out = [float(m.group(1)) for m in took if m is not None]
+    assert len(out) == n, [r.cause for r in restarts]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--signals", type=int, default=100_000)
@@ -110,10 +119,7 @@ def main() -> None:
                 break
             time.sleep(0.1)
         assert len(restarts) == args.kills, restarts
-        # "restored in 1.234 s", or "restored from <what it read> in 1.234 s"
-        took = [re.search(r"restored (?:from .*? )?in ([0-9.]+) s", r.cause) for r in restarts]
-        restore = [float(m.group(1)) for m in took if m is not None]
-        assert len(restore) == args.kills, [r.cause for r in restarts]
+        restore = restore_seconds(restarts, args.kills)
         stats = db.stats()
         held, emitted = stats["log_records"], stats["records"]
         assert held == emitted == want, (held, emitted, want)
