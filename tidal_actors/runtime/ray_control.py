@@ -26,19 +26,19 @@ environment, which the restarted incarnation reads after taking over its writes
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 from tidal_actors._errors import StorageError
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.erasure import write_error
 from tidal_actors.actors.persistence import acknowledgements
+from tidal_actors.runtime.group_thread import GroupThread
 from tidal_actors.storage.format import Op
 
 __all__ = ["ControlCommits"]
 
 
-class ControlCommits:
+class ControlCommits(GroupThread[M.Write]):
     """Group commit of one actor's control writes on a thread of its process.
 
     Args:
@@ -56,43 +56,19 @@ class ControlCommits:
     ) -> None:
         self._commit_writes = commit_writes
         self._tell = tell
-        self._cond = threading.Condition()
-        self._queue: list[M.Write] = []
-        self._busy = False
-        self._stopping = False
         self.commits = 0
         self.undelivered = 0  # answers a stopped writer could not take
-        self._thread = threading.Thread(target=self._run, name=f"tidal-commit-{name}", daemon=True)
-        self._thread.start()
+        super().__init__(f"tidal-commit-{name}")
 
     def put(self, write: M.Write) -> None:
         """Hand a write over (its reply an ``(address, token)`` of this process);
         after `close`, its writer is answered at once that nothing was written."""
-        with self._cond:
-            closed = self._stopping
-            if not closed:
-                self._queue.append(write)
-                self._cond.notify_all()
-        if closed:
+        if not self.offer(write):
             self._answer([write], [StorageError("the shard's own commits are closed")])
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._stopping:
-                    self._cond.wait()
-                if not self._queue:
-                    return
-                writes, self._queue = self._queue, []
-                self._busy = True
-            try:
-                self._commit(writes)
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
-
-    def _commit(self, writes: list[M.Write]) -> None:
+    def handle(self, items: list[M.Write]) -> None:
+        """Commit one group and answer each of its writers (on the thread)."""
+        writes = items
         raw: list[BaseException | None]
         try:
             raw = list(self._commit_writes([w.ops for w in writes]))
@@ -120,14 +96,9 @@ class ControlCommits:
     def drain(self) -> None:
         """Wait until every write handed over before has committed or failed (and
         its writer was answered)."""
-        with self._cond:
-            while self._queue or self._busy:
-                self._cond.wait()
+        self.wait_idle()
 
     def close(self) -> None:
         """`drain`, then end the thread."""
         self.drain()
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        self._thread.join(timeout=30)
+        self.stop()

@@ -21,16 +21,16 @@ senders, unacknowledged, and sent again to the restarted incarnation).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 from tidal_actors._errors import StorageError
+from tidal_actors.runtime.group_thread import GroupThread
 from tidal_actors.storage.format import Op
 
 __all__ = ["HistoryCommits"]
 
 
-class HistoryCommits:
+class HistoryCommits(GroupThread[list[Op]]):
     """Group commit of one ledger's history writes on a thread of its process.
 
     Args:
@@ -40,67 +40,43 @@ class HistoryCommits:
 
     def __init__(self, commit: Callable[[list[Op]], None], shard: int) -> None:
         self._commit = commit
-        self._cond = threading.Condition()
-        self._queue: list[list[Op]] = []
-        self._busy = False
-        self._stopping = False
         self._failures: list[BaseException] = []
         self.broken: BaseException | None = None  # the first failure: nothing commits after it
         self.commits = 0
-        self._thread = threading.Thread(
-            target=self._run, name=f"tidal-history-{shard}", daemon=True
-        )
-        self._thread.start()
+        super().__init__(f"tidal-history-{shard}")
 
     def put(self, ops: list[Op]) -> None:
         """Hand a history write over (committed with the others waiting); after
         `close`, it fails unwritten (reported by the next `drain`)."""
-        with self._cond:
-            if self._stopping:
+        if not self.offer(ops):
+            with self._cond:
                 self._failures.append(StorageError("the ledger's history commits are closed"))
-                return
-            self._queue.append(ops)
-            self._cond.notify_all()
 
-    def _run(self) -> None:
-        while True:
+    def handle(self, items: list[list[Op]]) -> None:
+        error = self.broken
+        if error is None:
+            try:
+                self._commit([op for ops in items for op in ops])
+                self.commits += 1
+            except BaseException as exc:  # noqa: BLE001 - every failure goes to the next flush
+                error = exc  # (not only an Exception's: the thread must live on, or a
+                # drain would wait forever for the write it held)
+        if error is not None:
             with self._cond:
-                while not self._queue and not self._stopping:
-                    self._cond.wait()
-                if not self._queue:
-                    return
-                writes, self._queue = self._queue, []
-                self._busy = True
-            error = self.broken
-            if error is None:
-                try:
-                    self._commit([op for ops in writes for op in ops])
-                    self.commits += 1
-                except BaseException as exc:  # noqa: BLE001 - every failure goes to the next flush
-                    error = exc  # (not only an Exception's: the thread must live on, or a
-                    # drain would wait forever for the write it held)
-            with self._cond:
-                if error is not None:
-                    if self.broken is None:
-                        self.broken = error
-                    self._failures += [error] * len(writes)
-                self._busy = False
-                self._cond.notify_all()
+                if self.broken is None:
+                    self.broken = error
+                self._failures += [error] * len(items)
 
     def drain(self) -> list[BaseException]:
         """Wait until every write handed over before has committed or failed; the
         failures since the last drain (one per failed write)."""
         with self._cond:
-            while self._queue or self._busy:
-                self._cond.wait()
+            self.wait_idle()
             failures, self._failures = self._failures, []
             return failures
 
     def close(self) -> list[BaseException]:
         """`drain`, then end the thread; the failures not reported yet."""
         failures = self.drain()
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        self._thread.join(timeout=30)
+        self.stop()
         return failures
