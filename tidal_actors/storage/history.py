@@ -25,6 +25,8 @@ then it is gone from a rebuild, as from a restore after a crash).
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from tidal_actors.core import sets
@@ -48,14 +50,27 @@ _TOMB_TAG = int(Tag.PURGE_TOMBSTONE)
 class HistoryReader:
     """Reads ledger shard ``shard``'s view of a durable store's history.
 
+    Where the shard's own environment holds its whole history (a ``shards`` store
+    whose history was all written under the running ledger count:
+    `ShardedStore.own_history`), the batches are listed and read there alone; else
+    (the ``single`` layout, a store reopened under another ledger count, the memory
+    and snapshot stores) every history key of the store is listed, since records of
+    the shard's cohorts may lie under another shard's keys. Both give the same
+    results where both apply (tests/test_history_own_env.py).
+
     Args:
-        store: a durable store (``LmdbStore``, ``MemoryStore``, ``SnapshotStore``).
+        store: a durable store (``LmdbStore``, ``ShardedStore``, ``MemoryStore``,
+            ``SnapshotStore``).
         shard: the ledger shard's index.
+        whole: list every history key of the store even where the shard's own
+            environment holds its whole history (the reference path of the
+            differential tests and of bench/bench_history_read.py).
     """
 
-    def __init__(self, store: HistoryStore, shard: int) -> None:
+    def __init__(self, store: HistoryStore, shard: int, *, whole: bool = False) -> None:
         self.store = store
         self.shard = shard
+        self.whole = whole
         self._mark: tuple[int, tuple[tuple[int, int], ...]] | None = None
         self._ranges: dict[
             tuple[int, int], dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]
@@ -65,9 +80,22 @@ class HistoryReader:
         """One past the highest batch sequence of this shard committed since the open."""
         return self.store.history_marks.top.get(self.shard, 0)
 
+    def _source(self) -> HistoryStore:
+        """The shard's own environment where it holds its whole history (not
+        ``whole``), else the store."""
+        own = None if self.whole else getattr(self.store, "own_history", None)
+        env = own(self.shard) if own is not None else None
+        return self.store if env is None else cast(HistoryStore, env)
+
     def batch_keys(self) -> list[bytes]:
-        """Every history batch key, in key order."""
-        return list(self.store.raw_keys(Keyspace.HISTORY))
+        """The history batch keys that may hold records of the shard's cohorts, in
+        key order: its own environment's, where that holds its whole history, else
+        every one of the store.
+
+        Raises:
+            DatabaseClosed: the store is closed. StorageError: it cannot be read.
+        """
+        return list(self._source().raw_keys(Keyspace.HISTORY))
 
     key_shard_seq = staticmethod(batch_key_shard_seq)
 
@@ -79,7 +107,7 @@ class HistoryReader:
             StorageError: a batch does not decode (naming its key).
         """
         items = []
-        for key, raw in self.store.get_many(Keyspace.HISTORY, keys):
+        for key, raw in self._source().get_many(Keyspace.HISTORY, keys):
             if raw is not None:
                 shard, seq = self.key_shard_seq(key)
                 items.append((shard, seq, raw, key))
