@@ -27,6 +27,7 @@ BENCHES = [  # (name, script, how it hands over its figures: a --json FILE or JS
     ("record_memory", "bench_record_memory.py", "file"),  # bytes a retained record at 5M
     ("control", "bench_control.py", "file"),  # leave and purge under full ingestion, group commit
     ("layouts", "bench_layouts.py", "file"),  # the shards store layout against single
+    ("history_read", "bench_history_read.py", "file"),  # a ledger's own history against all
     ("pair_index", "bench_pair_index.py", "file"),  # the log's pair index: append, find
     ("small_batches", "bench_small_batches.py", "file"),  # signal_batch of 10 signals a call
     ("main_job", "bench_main_job.py", "file"),  # the default simulate against its model

@@ -124,6 +124,8 @@ class LedgerPurges(LedgerDurability):
             # state's, and the state restored after the commit leaves them out already
             return
         del self._prepared[msg.purge_id]
+        if self.state.history is not None:  # left out of what is read back from now on
+            self.state.history.retracted(msg.prepared.mshards, msg.prepared.rseqs)
         self.note_retraction(msg.prepared.rows)
         self.state.aggregates.retract_rows(msg.prepared.rows)
         self.state.log.apply(msg.user, msg.cohort, msg.prepared)

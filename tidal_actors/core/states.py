@@ -41,6 +41,10 @@ class HistorySource(Protocol):
         """``(ts, w)`` of the settled records of ``key`` with ``t_lo <= ts <= t_hi``."""
         ...
 
+    def retracted(self, mshards: list[int], rseqs: list[int]) -> None:
+        """The records ``(mshards[i], rseqs[i])`` a committed purge retracted live here."""
+        ...
+
 
 class MembershipState:
     """Restorable state of one membership shard."""

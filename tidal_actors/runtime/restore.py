@@ -85,7 +85,9 @@ def build_states(
         for i, ls in enumerate(lstates):
             if ledgers is not None and i not in ledgers:
                 continue
-            ls.wire_history(HistoryReader(cast(HistoryStore, store), i))
+            reader = HistoryReader(cast(HistoryStore, store), i)
+            reader.hold_tombstones(restored.tombstones)  # the store's items not read again
+            ls.wire_history(reader)
             ls.raise_floors(caps, {m: dict(held) for m, held in (in_flight or {}).items()})
             ls.settle(True, force=True)
     return mstates, lstates, coord

@@ -11,9 +11,11 @@ cohort exactly (`storage.rematerialize.RematJob`) and answer a read inside an ol
   a retention pass). The persistence thread writes them; a
   ledger thread reads them (plain ints and a dict: one-word reads under the GIL).
 * `HistoryReader` (one per ledger shard of a durable store) lists and decodes
-  history batches and the purges' tombstones. The history it reads is what a
-  restore after a crash would replay: every batch, less the records a committed
-  purge tombstoned (those it retracted live).
+  history batches (from the shard's own environment alone where that holds its
+  whole history) and keeps the purges' tombstones (given at the restore, each
+  purge's added as the ledger retracts it: the store's items keyspace is not read
+  again). The history it reads is what a restore after a crash would replay: every
+  batch, less the records a committed purge tombstoned (those it retracted live).
 
 Which records a ledger still holds in memory and which it must read here is the
 ledger's rule (`core.states.LedgerState.settle`): a record's detail row is
@@ -24,6 +26,9 @@ then it is gone from a rebuild, as from a restore after a crash).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -48,14 +53,31 @@ _TOMB_TAG = int(Tag.PURGE_TOMBSTONE)
 class HistoryReader:
     """Reads ledger shard ``shard``'s view of a durable store's history.
 
+    Where the shard's own environment holds its whole history (a ``shards`` store
+    whose history was all written under the running ledger count:
+    `ShardedStore.own_history`), the batches are listed and read there alone; else
+    (the ``single`` layout, a store reopened under another ledger count, the memory
+    and snapshot stores) every history key of the store is listed, since records of
+    the shard's cohorts may lie under another shard's keys. Both give the same
+    results where both apply (tests/test_history_own_env.py).
+
     Args:
-        store: a durable store (``LmdbStore``, ``MemoryStore``, ``SnapshotStore``).
+        store: a durable store (``LmdbStore``, ``ShardedStore``, ``MemoryStore``,
+            ``SnapshotStore``).
         shard: the ledger shard's index.
+        whole: list every history key of the store even where the shard's own
+            environment holds its whole history (the reference path of the
+            differential tests and of bench/bench_history_read.py).
     """
 
-    def __init__(self, store: HistoryStore, shard: int) -> None:
+    def __init__(self, store: HistoryStore, shard: int, *, whole: bool = False) -> None:
         self.store = store
         self.shard = shard
+        self.whole = whole
+        # membership shard -> sorted rseqs, once `hold_tombstones` ran; what
+        # `retracted` adds since, merged at the next `tombstones`
+        self._held: dict[int, np.ndarray] | None = None
+        self._new: list[tuple[Sequence[int], Sequence[int]]] = []
         self._mark: tuple[int, tuple[tuple[int, int], ...]] | None = None
         self._ranges: dict[
             tuple[int, int], dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]
@@ -65,9 +87,22 @@ class HistoryReader:
         """One past the highest batch sequence of this shard committed since the open."""
         return self.store.history_marks.top.get(self.shard, 0)
 
+    def _source(self) -> HistoryStore:
+        """The shard's own environment where it holds its whole history (not
+        ``whole``), else the store."""
+        own = None if self.whole else getattr(self.store, "own_history", None)
+        env = own(self.shard) if own is not None else None
+        return self.store if env is None else cast(HistoryStore, env)
+
     def batch_keys(self) -> list[bytes]:
-        """Every history batch key, in key order."""
-        return list(self.store.raw_keys(Keyspace.HISTORY))
+        """The history batch keys that may hold records of the shard's cohorts, in
+        key order: its own environment's, where that holds its whole history, else
+        every one of the store.
+
+        Raises:
+            DatabaseClosed: the store is closed. StorageError: it cannot be read.
+        """
+        return list(self._source().raw_keys(Keyspace.HISTORY))
 
     key_shard_seq = staticmethod(batch_key_shard_seq)
 
@@ -79,14 +114,49 @@ class HistoryReader:
             StorageError: a batch does not decode (naming its key).
         """
         items = []
-        for key, raw in self.store.get_many(Keyspace.HISTORY, keys):
+        for key, raw in self._source().get_many(Keyspace.HISTORY, keys):
             if raw is not None:
                 shard, seq = self.key_shard_seq(key)
                 items.append((shard, seq, raw, key))
         return decode_batches(items)
 
+    def hold_tombstones(self, pairs: Iterable[tuple[int, int]]) -> None:
+        """Keep the tombstones from now on instead of reading them from the store:
+        ``pairs`` (``(membership shard, rseq)``) are those of every purge committed
+        before the restore (`Restored.tombstones`: the facade's read of the store, or
+        the coordinator's part at a restart in place), and `retracted` adds each
+        purge's the ledger applies after. The records a ledger must leave out of
+        what it reads back are the ones it retracted live: a purge is prepared and
+        retracted only by its cohort's ledger, and its tombstones are its prepared
+        records (`tombstone_op`), one rseq per record; a purge committed and not yet
+        applied holds its records in the log, so none of them is settled."""
+        by_m: dict[int, list[int]] = {}
+        for m, r in pairs:
+            by_m.setdefault(m, []).append(r)
+        self._held = {m: sets.unique(np.array(rs, dtype=np.int64)) for m, rs in by_m.items()}
+        self._new = []
+
+    def retracted(self, mshards: Sequence[int], rseqs: Sequence[int]) -> None:
+        """The records (``mshards[i]``, ``rseqs[i]``) a committed purge retracted live
+        here (`ApplyPurge`): tombstoned from now on (where `hold_tombstones` ran;
+        else the store's tombstones are read, which hold them already)."""
+        if self._held is not None and len(rseqs):
+            self._new.append((list(mshards), list(rseqs)))
+
     def tombstones(self) -> dict[int, np.ndarray]:
-        """membership shard -> sorted rseqs that committed purges retracted live."""
+        """membership shard -> sorted rseqs that committed purges retracted live: the
+        ones held (`hold_tombstones`), else read from the store's items keyspace.
+        A dict returned is not changed by later retractions."""
+        if self._held is not None:
+            if self._new:
+                held = dict(self._held)
+                for mshards, rseqs in self._new:
+                    ms, rs = np.asarray(mshards, dtype=np.int64), np.asarray(rseqs, dtype=np.int64)
+                    for m in sets.unique(ms).tolist():
+                        old = held.get(m, np.zeros(0, dtype=np.int64))
+                        held[m] = sets.unique(np.concatenate([old, rs[ms == m]]))
+                self._held, self._new = held, []
+            return self._held
         by_m: dict[int, list[int]] = {}
         for key, value in self.store.scan(Keyspace.ITEMS):
             if len(key) > 9 and key[9] == _TOMB_TAG:

@@ -111,6 +111,7 @@ class ShardedStore(ShardedWrites, HistoryStore):
         self.fault: Callable[[list[Op]], object] | None = None  # test hook, as LmdbStore's
         self.envs: dict[str, LmdbStore] = {}
         self._pool: ThreadPoolExecutor | None = None  # `commit_writes`'s threads
+        self._history_ledgers: int | None = None  # `own_history`'s, once read
         self._closed = False
         self._open_env: EnvOpener = open_env or (lambda p, ro: LmdbStore(p, config, read_only=ro))
         if self.path.exists() and not self.path.is_dir():
@@ -179,6 +180,8 @@ class ShardedStore(ShardedWrites, HistoryStore):
             self.commit(
                 [(Keyspace.META.value, _META_KEY, _packed({**meta, **self.layout_record(meta)}))]
             )
+        if meta:
+            self._history_ledgers = int(self.layout_record(meta)["history_ledgers"])
 
     def _check_complete(self, memberships: int, ledgers: int) -> None:
         """Refuse a store missing the coordinator's environment, or one its format
@@ -226,6 +229,25 @@ class ShardedStore(ShardedWrites, HistoryStore):
             "history_ledgers": count if held == count else 0,
         }
 
+    def own_history(self, shard: int) -> LmdbStore | None:
+        """Ledger ``shard``'s environment where it holds that ledger's whole history
+        (the format record's ``history_ledgers`` is the config's ledger count:
+        `layout_record`, `storage.shard_part`), else None (written under another
+        count, or no format record yet). The record is read once (at a writer's
+        open, at `load`, or at the first call): the count changes only at an open.
+
+        Raises:
+            StorageError: the coordinator's environment cannot be read.
+        """
+        if self._history_ledgers is None:
+            raw = self._env(COORDINATOR).get_many(Keyspace.META, [_META_KEY])[0][1]
+            if raw is None:
+                return None
+            self._history_ledgers = int(decode_map(raw).get("history_ledgers", 0))
+        if self._history_ledgers != self.config.ledger_shards:
+            return None
+        return self.envs.get(ledger_env(shard))
+
     def _holders(self, keyspace: Keyspace) -> list[str]:
         """The environments that may hold keys of ``keyspace``: shards in number order."""
         if keyspace is Keyspace.ITEMS:
@@ -263,6 +285,7 @@ class ShardedStore(ShardedWrites, HistoryStore):
             restored = parse_store(keyspaces, snapshot_ledgers)
         if restored.meta:
             check_layout(restored.meta, "shards", self.path)
+            self._history_ledgers = int(restored.meta.get("history_ledgers", 0))
             self._check_complete(
                 int(restored.meta.get("membership_shards", 0)),
                 int(restored.meta.get("ledger_envs", 0)),
