@@ -231,7 +231,7 @@ class Attribute:
 
 @dataclass(frozen=True, slots=True)
 class Read:
-    """kind: "score" | "window" | "top" | "rows" | "stats"; args per kind."""
+    """kind: "score" | "window" | "top" | "rows" | "key_counts" | "stats"; args per kind."""
 
     kind: str
     args: tuple[Any, ...]
