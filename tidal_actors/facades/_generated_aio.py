@@ -19,6 +19,7 @@ from tidal_actors._types import (
     PurgeStatus,
     WindowCount,
 )
+from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.facades._generated_aio_writes import AsyncWrites
 from tidal_actors.runtime.call import Call
 
@@ -214,5 +215,24 @@ class AsyncOperations(AsyncWrites):
         core = self._check()
         await self._checkpoint_before()
         result = core.lmdb_flags()
+        await self._checkpoint_after()
+        return result
+
+    async def fault_reports(self) -> list[FaultReport]:
+        """The shard failures the host dealt with since open, oldest first (the last 100),
+        each a :class:`FaultReport`: the actor (``address``), what was done (``action``:
+        ``"restarted"`` from the store, ``"resumed"``, ``"fenced"``), the ``cause`` and what
+        was lost or is in doubt (docs/guarantees.md, "A handler failure"). Empty when none failed,
+        and under a host without a supervisor. A report may appear a moment after the
+        caller's ``ActorFailure``.
+
+        Cancellation: a read; checked before reading (cancelled, or the reports).
+
+        Raises:
+            DatabaseClosed: it is closed.
+        """
+        core = self._check()
+        await self._checkpoint_before()
+        result = core.fault_reports()
         await self._checkpoint_after()
         return result

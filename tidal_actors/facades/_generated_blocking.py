@@ -23,6 +23,7 @@ from tidal_actors._types import (
     Signal,
     WindowCount,
 )
+from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.facades.blocking_base import BlockingBase
 from tidal_actors.runtime.call import Call
 
@@ -324,6 +325,19 @@ class BlockingOperations(BlockingBase):
             DatabaseClosed: it is closed.
         """
         return self._core.lmdb_flags()
+
+    def fault_reports(self) -> list[FaultReport]:
+        """The shard failures the host dealt with since open, oldest first (the last 100),
+        each a :class:`FaultReport`: the actor (``address``), what was done (``action``:
+        ``"restarted"`` from the store, ``"resumed"``, ``"fenced"``), the ``cause`` and what
+        was lost or is in doubt (docs/guarantees.md, "A handler failure"). Empty when none failed,
+        and under a host without a supervisor. A report may appear a moment after the
+        caller's ``ActorFailure``.
+
+        Raises:
+            DatabaseClosed: it is closed.
+        """
+        return self._core.fault_reports()
 
 
 class ReadOnlyRefusals:

@@ -173,7 +173,12 @@ class Core(Serving):
     def fault_reports(self) -> list[FaultReport]:
         """The handler failures the host's supervisor dealt with, oldest first (the
         last ``REPORTS_KEPT``; `runtime.supervision`, or the deterministic host's
-        `testing.faults`); empty under a host without one."""
+        `testing.faults`); empty under a host without one.
+
+        Raises:
+            DatabaseClosed: the database is closed.
+        """
+        self.check_open()
         supervisor = getattr(self.host, "supervisor", None)
         reports = getattr(self.host if supervisor is None else supervisor, "reports", None)
         return [] if reports is None else list(reports)
