@@ -68,7 +68,9 @@ def test_config_upper_bounds(kw, field):
 def test_config_toml_keys_stay_in_their_sections(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[window]\nhalf_life_ns = 7\n")
-    with pytest.raises(InvalidArgument, match="not a setting of this section"):
+    with pytest.raises(
+        InvalidArgument, match=r"not a setting of section \[window\]; it belongs in \[decay\]"
+    ):
         Config.from_toml(bad)
     binary = tmp_path / "bin.toml"
     binary.write_bytes(b"\xff\xfe\x00garbage")

@@ -635,6 +635,7 @@ async def test_every_method_raises_database_closed_after_exit() -> None:
         "rematerialize": ("a",),
         "purge_status": (1,),
         "compact": (),
+        "fault_reports": (),
     }
     twins = {n for n, _ in inspect.getmembers(TidalDb, inspect.isfunction) if not n.startswith("_")}
     assert set(calls) == twins - {"close"}

@@ -537,7 +537,7 @@ def test_generation_is_deterministic_from_the_seed() -> None:
         ({"signal_types": []}, "scenario.signal_types"),
         ({"signal_types": [{"id": 1}, {"id": 1}]}, "scenario.signal_types"),
         ({"duration": "soon"}, "scenario.duration"),
-        ({"config": {"bogus": 1}}, "config"),
+        ({"config": {"bogus": 1}}, "config.bogus"),
         ({"colour": "blue"}, "scenario.colour"),
     ],
 )

@@ -199,7 +199,7 @@ def test_known_settings_still_construct() -> None:
     [
         ("[purge]\nrematerialize_after_ms = 1e12\n", "rematerialize_after_ms"),
         ("[ingest]\ninflight_budget_ms = 60001\n", "inflight_budget_ms"),
-        ("[purge]\nfoo = 1\n", "config [purge]"),
+        ("[purge]\nfoo = 1\n", "config.purge.foo"),
     ],
 )
 def test_a_bad_setting_in_a_config_file_names_the_file(

@@ -117,20 +117,24 @@ def test_a_misspelt_setting_names_the_closest(tmp_path: Path) -> None:
     for text, said in [
         (
             'half_life = "7d"\n',
-            "invalid config='half_life': unknown setting; did you mean half_life_ns, "
+            "invalid config.half_life='7d': unknown setting; did you mean half_life_ns, "
             "half_life_ns_by_type?",
         ),
         (
             '[decay]\nhalf_life = "7d"\n',
-            "invalid config [decay]='half_life': not a setting of this section; did you mean "
-            "half_life_ns, half_life_ns_by_type?",
+            "invalid config.decay.half_life='7d': not a setting of section [decay]; did you "
+            "mean half_life_ns, half_life_ns_by_type?",
         ),
         (
             "[decay]\nwindow_buckets = 4\n",
-            "invalid config [decay]='window_buckets': not a setting of this section; it "
+            "invalid config.decay.window_buckets=4: not a setting of section [decay]; it "
             "belongs in [window]",
         ),
-        ("[decay]\nqqqq = 4\n", "invalid config [decay]='qqqq': not a setting of this section"),
+        (
+            "[decay]\nqqqq = 4\n",
+            "invalid config.decay.qqqq=4: not a setting of section [decay]; the settings of "
+            "[decay]: half_life_ns, half_life_ns_by_type",
+        ),
     ]:
         cfg.write_text(text)
         code, out, err = _invoke("replay", log, "--config", cfg)

@@ -2,7 +2,8 @@
 imports itself back through others.
 
 Layers, lowest first (``tidal_actors/<layer>/``; the top-level private modules
-``_errors``, ``_types``, ``_clock``, ``_config``, ``_durations``, ``_text`` are the
+``_errors``, ``_types``, ``_clock``, ``_config``, ``_config_names``, ``_durations``,
+``_text`` are the
 vocabulary every layer shares)::
 
     vocabulary < core < storage < actors < runtime < facades < eventlog < loadsim < cli

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tidal_actors import COMMUNITY, Config
 from tidal_actors._clock import ManualClock
 from tidal_actors._types import MembershipStatus
-from tidal_actors.actors import membership
+from tidal_actors.actors import membership_fanout
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.core.contrib_log import LogRecord
@@ -115,12 +115,12 @@ def test_fan_out_equals_the_per_record_loop(
     ctx = _Ctx(Config(ledger_shards=shards, membership_shards=3))
     shard = MembershipShard(ctx, 2, state)  # routes derived from the restored state
     expected = _naive(state, left, 2, shards, signals)
-    was = membership.FEW_SIGNALS
-    membership.FEW_SIGNALS = few
+    was = membership_fanout.FEW_SIGNALS
+    membership_fanout.FEW_SIGNALS = few
     try:
         shard.receive(M.SignalBatch(list(signals)))
     finally:
-        membership.FEW_SIGNALS = was
+        membership_fanout.FEW_SIGNALS = was
     assert shard.handler_errors == 0
     got = {}
     for (kind, li), msg in ctx.sent:

@@ -259,7 +259,7 @@ def test_a_failed_own_commit_tells_each_writer_and_the_shard_goes_on(tmp_path: P
             raise StorageError("injected")
 
     store.fault = fault
-    commits = ControlCommits(store.commit_writes, told, "m0")
+    commits = ControlCommits(store.commit_writes, told, "m0", "membership[0]")
     address = (M.MEMBERSHIP, 0)
     try:
         for token, user in enumerate([1, 2, 7, 3]):
@@ -290,7 +290,7 @@ def test_a_commit_on_a_closed_store_fails_its_writers(tmp_path: Path) -> None:
     store = ShardedStore(tmp_path / "db", cfg)
     store.close()
     told = _Told()
-    commits = ControlCommits(store.commit_writes, told, "m0")
+    commits = ControlCommits(store.commit_writes, told, "m0", "membership[0]")
     try:
         commits.put(M.Write([_user_op(1, b"x")], ((M.MEMBERSHIP, 0), 1), ahead=True))
         commits.drain()
@@ -309,7 +309,7 @@ def test_an_own_commit_that_does_not_fit_fails_only_its_writer(tmp_path: Path) -
     cfg = _cfg(1, 1, map_size_bytes=64 * 1024, max_map_size_bytes=256 * 1024)
     store = ShardedStore(tmp_path / "db", cfg)
     told = _Told()
-    commits = ControlCommits(store.commit_writes, told, "m0")
+    commits = ControlCommits(store.commit_writes, told, "m0", "membership[0]")
     address = (M.MEMBERSHIP, 0)
     big = random.Random(1).randbytes(400 * 1024)  # incompressible, past the largest map
     try:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, eagerly
         Signal,
         WindowCount,
     )
+    from tidal_actors.actors.recovery import FaultReport
     from tidal_actors.eventlog.log import EventLogError
     from tidal_actors.facades.aio import AsyncTidalDb, open_tidal
     from tidal_actors.facades.blocking import TidalDb
@@ -83,6 +84,7 @@ _HOME = {
         "Signal",
         "WindowCount",
     ),
+    "tidal_actors.actors.recovery": ("FaultReport",),
     "tidal_actors.eventlog.log": ("EventLogError",),
     "tidal_actors.facades.aio": ("AsyncTidalDb", "open_tidal"),
     "tidal_actors.facades.blocking": ("TidalDb",),
@@ -102,6 +104,7 @@ __all__ = [
     "DatabaseClosed",
     "DatabaseLocked",
     "EventLogError",
+    "FaultReport",
     "InvalidArgument",
     "LeaveEpoch",
     "ManualClock",

@@ -1,7 +1,8 @@
 """Configuration: one immutable `Config`, loadable from TOML (`config/default.toml`).
 
-Owns setting names, defaults and their validation. Every duration setting is named
-with its unit (``_ns``: int nanoseconds, ``_ms``: float milliseconds); a bare number
+Owns the settings, their defaults and the validation of their values; how they are
+given by name (keywords, TOML sections, unknown names refused) is `_config_names`'s.
+Every duration setting is named with its unit (``_ns``: int nanoseconds, ``_ms``: float milliseconds); a bare number
 is in that unit, and a string such as ``"7d"`` or ``"250ms"`` (the command line's
 syntax, :func:`._durations.parse_duration`) is accepted too. Sizes are int bytes.
 Every field is documented in `config/default.toml`.
@@ -10,14 +11,12 @@ Every field is documented in `config/default.toml`.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tidal_actors._config_names import checked_init, from_mapping, from_toml
 from tidal_actors._durations import parse_duration
 from tidal_actors._errors import InvalidArgument
 
@@ -31,21 +30,6 @@ MAX_MAP_SIZE_BYTES = 2**47
 """The smallest LMDB map a store opens in (4 KiB pages: LMDB's two meta pages, its
 named databases and the format record; 32 KiB fails, 64 KiB works)."""
 
-
-SECTIONS: dict[str, frozenset[str]] = {
-    "decay": frozenset({"half_life_ns", "half_life_ns_by_type"}),
-    "window": frozenset({"window_width_ns", "window_buckets"}),
-    "contribution_log": frozenset({"max_contribution_log_entries", "history_retention_ns"}),
-    "shards": frozenset({"membership_shards", "ledger_shards"}),
-    "ingest": frozenset(
-        {"signal_batch_size", "signal_flush_interval_ms", "mailbox_capacity", "inflight_budget_ms"}
-    ),
-    "storage": frozenset({"map_size_bytes", "max_map_size_bytes", "store_layout"}),
-    "purge": frozenset({"rematerialize_after_ms"}),
-    "reads": frozenset({"read_consistency"}),
-    "runtime": frozenset({"host", "ray_address", "ray_store_resource"}),
-}
-"""The TOML sections of ``config/default.toml`` and the settings each holds."""
 
 READ_CONSISTENCIES = ("read_your_writes", "latest")
 """The read consistency levels (docs/semantics.md, "Read consistency")."""
@@ -299,107 +283,32 @@ class Config:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Config:
-        """Build from a mapping shaped like ``config/default.toml``.
+        """Build from a mapping shaped like ``config/default.toml`` (`_config_names`).
 
-        Settings sit in their sections (``SECTIONS``: ``[decay]``, ``[window]``,
+        Settings sit in their sections (``[decay]``, ``[window]``,
         ``[contribution_log]``, ``[shards]``, ``[ingest]``, ``[storage]``,
         ``[purge]``, ``[reads]``, ``[runtime]``) or at the top level;
-        ``[decay.half_life_ns_by_type]`` maps type ids (as strings) to half-lives. Durations are numbers in the setting's unit
-        or strings such as ``"7d"`` (see :class:`Config`). An unknown key, a key in
-        another section, one set twice, or a bad value raises InvalidArgument.
+        ``[decay.half_life_ns_by_type]`` maps type ids (as strings) to half-lives.
+        Durations are numbers in the setting's unit or strings such as ``"7d"`` (see
+        :class:`Config`).
+
+        Raises:
+            InvalidArgument: an unknown section or setting (with the closest known
+                names), a setting in another section, one set twice, or a bad value;
+                the message names the key's dotted path (``config.decay.half_life``)
+                and its value.
         """
-        known = {f.name for f in dataclasses.fields(cls)}
-        flat: dict[str, Any] = {}
-
-        def take(key: str, value: Any, where: str) -> None:
-            if key in flat:
-                raise InvalidArgument(where, key, "set twice")
-            if key == "half_life_ns_by_type":
-                try:
-                    flat[key] = {int(k): v for k, v in dict(value).items()}
-                except (TypeError, ValueError) as exc:
-                    raise InvalidArgument(key, value, "keys must be integer type ids") from exc
-            elif key in (
-                "rematerialize_after_ms",
-                "inflight_budget_ms",
-                "ray_address",
-                "ray_store_resource",
-                "signal_batch_size",
-                "store_layout",
-            ) and (value is False):
-                flat[key] = None  # TOML has no null: false turns the setting off
-            elif key in known:
-                flat[key] = value
-            else:
-                close = difflib.get_close_matches(key, sorted(known), n=3)
-                hint = f"; did you mean {', '.join(close)}?" if close else ""
-                raise InvalidArgument(where, key, f"unknown setting{hint}")
-
-        for key, value in data.items():
-            if key in SECTIONS:
-                if not isinstance(value, Mapping):
-                    raise InvalidArgument("config", key, "must be a table")
-                for k2, v2 in value.items():
-                    if k2 not in SECTIONS[key]:
-                        home = [name for name, keys in SECTIONS.items() if k2 in keys]
-                        close = difflib.get_close_matches(k2, sorted(SECTIONS[key]), n=3)
-                        hint = (
-                            f"; it belongs in [{home[0]}]"
-                            if home
-                            else f"; did you mean {', '.join(close)}?"
-                            if close
-                            else ""
-                        )
-                        raise InvalidArgument(
-                            f"config [{key}]", k2, f"not a setting of this section{hint}"
-                        )
-                    take(k2, v2, f"config [{key}]")
-            else:
-                take(key, value, "config")
-        return cls(**flat)
+        return from_mapping(cls, data)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> Config:
         """Load a TOML file (see ``config/default.toml``).
 
         Raises:
-            InvalidArgument: unreadable or malformed file, or a bad setting (the
-                message names the file).
+            InvalidArgument: unreadable or malformed file, or a refused setting
+                (`from_mapping`; the message names the file).
         """
-        try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidArgument("config", str(path), f"cannot load: {exc}") from exc
-        try:
-            return cls.from_mapping(data)
-        except InvalidArgument as exc:
-            raise InvalidArgument(exc.field, exc.value, f"{exc.reason} (in {path})") from None
+        return from_toml(cls, path)
 
 
-def _checked_init(init: Any) -> Any:
-    """Wrap the dataclass ``__init__`` so that an unknown setting, or more positional
-    arguments than there are settings, raises `InvalidArgument` naming it (and the
-    closest setting names) instead of a bare ``TypeError``. The signature stays the
-    dataclass's (``inspect.signature`` follows ``__wrapped__``)."""
-    names = [f.name for f in dataclasses.fields(Config)]
-
-    @functools.wraps(init)
-    def __init__(self: Config, *args: Any, **kwargs: Any) -> None:
-        for key, value in kwargs.items():
-            if key not in names:
-                close = difflib.get_close_matches(key, names, n=3)
-                hint = f"; did you mean {', '.join(close)}?" if close else ""
-                raise InvalidArgument(key, value, f"not a setting of Config{hint}")
-        if len(args) > len(names):
-            raise InvalidArgument(
-                "Config",
-                args,
-                f"takes at most {len(names)} positional settings ({', '.join(names)})",
-            )
-        init(self, *args, **kwargs)
-
-    return __init__
-
-
-setattr(Config, "__init__", _checked_init(Config.__init__))  # noqa: B010 - mypy refuses a plain assignment
+setattr(Config, "__init__", checked_init(Config))  # noqa: B010 - mypy refuses a plain assignment

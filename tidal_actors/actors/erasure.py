@@ -44,11 +44,13 @@ class _Erased:
     job: Aside
 
 
-def write_error(exc: Exception) -> TidalError:
-    """What a writer is told when its commit failed: a TidalError, the cause attached."""
+def write_error(exc: Exception, committer: str = "persistence") -> TidalError:
+    """What a writer is told when its commit failed: a TidalError, the cause attached;
+    an error of another kind is an `ActorFailure` naming ``committer``, the actor whose
+    commit failed (persistence, or a shard committing its own environment)."""
     if isinstance(exc, TidalError):
         return exc
-    err = ActorFailure(f"persistence failed to commit: {exc!r}")
+    err = ActorFailure(f"{committer} failed to commit: {exc!r}")
     err.__cause__ = exc
     return err
 

@@ -285,6 +285,8 @@ class LedgerShard(LedgerViews, LedgerRebuilds, LedgerPurges):
                 value = agg.top(*r.args)
             elif r.kind == "rows":
                 value = list(agg.rows(*r.args))
+            elif r.kind == "key_counts":
+                value = agg.key_counts(*r.args)
             elif r.kind == "stats":
                 value = {
                     "records_in": self.records_in,

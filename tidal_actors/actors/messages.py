@@ -166,7 +166,7 @@ class Attribute:
     ``rseqs`` (int64) increase; ``users``, ``entities``, ``types`` are uint64;
     ``weights`` float64 holding float32 values; ``timestamps`` int64 ns; ``cohorts``
     a list of names. Each numeric column is a numpy array of that dtype or, for the
-    few records of a small signal batch (`membership.FEW_SIGNALS`), a list of Python
+    few records of a small signal batch (`membership_fanout.FEW_SIGNALS`), a list of Python
     ints or floats holding the same values (`Column`; numpy's cost a call outweighs
     the work there, and the ledger's per-record fold reads Python numbers).
     ``contexts`` maps a record's index in the batch to its context's
@@ -231,7 +231,7 @@ class Attribute:
 
 @dataclass(frozen=True, slots=True)
 class Read:
-    """kind: "score" | "window" | "top" | "rows" | "stats"; args per kind."""
+    """kind: "score" | "window" | "top" | "rows" | "key_counts" | "stats"; args per kind."""
 
     kind: str
     args: tuple[Any, ...]

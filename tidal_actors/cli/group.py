@@ -100,6 +100,10 @@ def data_dir_of(ctx: click.Context, given: Path | None) -> Path | None:
     """The data directory a subcommand runs on: ``given`` (its own ``--data-dir``) or
     the one given before it, to the group or to ``inspect``.
 
+    A directory inside a store of the ``shards`` layout (its ``shards/`` directory or
+    one environment in it, `storage.layout.inside_a_store`) ends the command with exit
+    status 2, naming the store's directory to give instead.
+
     Raises:
         click.UsageError: (exit status 2) two different directories were given.
     """
@@ -115,4 +119,11 @@ def data_dir_of(ctx: click.Context, given: Path | None) -> Path | None:
             "--data-dir given twice, with different directories: "
             + ", ".join(map(str, reversed(found)))
         )
-    return found[0] if found else None
+    if not found:
+        return None
+    from tidal_actors.storage.layout import inside_a_store  # here: `--help` loads no store
+
+    inside = inside_a_store(found[0])
+    if inside is not None:
+        fail(f"--data-dir {inside}", EXIT_BAD_INPUT)
+    return found[0]

@@ -130,9 +130,13 @@ def user_ids(db: Any) -> list[int]:
 
 
 def known_cohorts(db: Any, at: int) -> tuple[Counter[str], Counter[str]]:
-    """Per cohort: the aggregate keys with a contribution at ``at``, and the members
-    (users assigned to it now). ``@community`` is among the keys' cohorts only."""
-    keys = Counter(r[0] for r in db.aggregate_rows(at))
+    """Per cohort: the aggregate keys with a contribution stamped at or before ``at``
+    (as of ``at``, a key whose contributions all come later does not exist yet), and
+    the members (users assigned to it now). ``@community`` is among the keys' cohorts
+    only."""
+    core = getattr(db, "_core", None)
+    # the engine's count (not a facade operation), or the reference model's (the tests')
+    keys = Counter(db._run(core.key_counts(at)) if core is not None else db.key_counts(at))
     members: Counter[str] = Counter()
     for user in user_ids(db):
         members.update(db.cohorts_of(user))

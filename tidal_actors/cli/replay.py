@@ -1,18 +1,16 @@
 """``tidal-actors replay``: apply an event log, each row at its own ``ts_ns``.
 
 Owns the command's options and its run: the rows read (`eventlog.log`), applied in
-batches, purged cohorts rebuilt in event time (`eventlog.rebuilds`), the
-``--scores-out`` CSV and the ``--report-out`` JSON. The rules that keep a store
+batches, purged cohorts rebuilt in event time (`eventlog.rebuilds`); what it writes
+out (the ``--scores-out`` CSV, the ``--report-out`` JSON) is `replay_outputs`'. The rules that keep a store
 safe across runs (``--append``, ``--skip-rows``) are in `safety`, the data
 directory and its settings file in `store`, the printed summary in `summary`.
 """
 
 from __future__ import annotations
 
-import csv
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,6 +31,7 @@ from tidal_actors.cli.group import (
     write_json,
 )
 from tidal_actors.cli.progress import phase_bars, read_bar, with_progress
+from tidal_actors.cli.replay_outputs import replay_report, write_scores
 from tidal_actors.cli.safety import (
     PENDING_KEY,
     RowFeed,
@@ -47,17 +46,7 @@ from tidal_actors.loadsim.interrupt import EXIT_INTERRUPTED, STOP_NOTICE, StopOn
 if TYPE_CHECKING:
     from tidal_actors.eventlog.log import EventLogError
 
-__all__ = ["SCORES_HEADER", "duration_option", "replay", "time_point_option", "write_scores"]
-
-SCORES_HEADER = (
-    "cohort",
-    "entity_id",
-    "signal_type",
-    "decay_score",
-    "window_count",
-    "window_weight",
-)
-"""The header of ``--scores-out``: one aggregate row per line, scores as ``repr``."""
+__all__ = ["duration_option", "replay", "time_point_option"]
 
 
 def duration_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -81,31 +70,6 @@ def time_point_option(ctx: click.Context, param: click.Parameter, value: str | N
         except InvalidArgument as exc:
             raise click.BadParameter(f"{value!r}: {exc.reason}", ctx, param) from None
     return value
-
-
-def write_scores(path: Path, rows: Iterable[tuple[str, int, int, float, int, float]]) -> int:
-    """Write ``rows`` (``aggregate_rows``) as the ``--scores-out`` CSV; returns how
-    many. A file that cannot be written ends the command with exit status 2."""
-    n = 0
-    try:
-        with open(path, "w", encoding="utf-8", newline="") as fh:
-            writer = csv.writer(fh, lineterminator="\n")
-            writer.writerow(SCORES_HEADER)
-            for cohort, entity_id, signal_type, score, count, weight in rows:
-                writer.writerow(
-                    (
-                        cohort,
-                        entity_id,
-                        signal_type,
-                        repr(float(score)),
-                        int(count),
-                        repr(float(weight)),
-                    )
-                )
-                n += 1
-    except OSError as exc:
-        fail(f"cannot write {path}: {exc}", EXIT_BAD_INPUT)
-    return n
 
 
 def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
@@ -325,34 +289,21 @@ def replay(
         except TidalError as exc:
             fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
 
-    report = {
-        "events": str(events),
-        "data_dir": None if data_dir is None else str(data_dir),
-        "host": run_config.host,
-        "rows": counts.rows,
-        "skipped_first_rows": feed.skipped,
-        "signals": counts.signals,
-        "forwarded": _delta(after, before, "forwarded"),
-        "gated": _delta(after, before, "gated"),
-        "contribution_records": _delta(after, before, "records"),
-        "purges": counts.purges,
-        "retracted_records": _delta(after, before, "retracted"),
-        "manifests": counts.manifests,
-        "leaves": counts.leaves,
-        "rejoins": counts.rejoins,
-        "assigns": counts.assigns,
-        "skipped_rows": reader.skipped,
-        "first_ts_ns": counts.first_ts_ns,
-        "last_ts_ns": counts.max_ts_ns,
-        "rows_back_in_time": counts.back_in_time,
-        "at_ns": at,
-        "elapsed_s": elapsed,
-        "signals_per_s": counts.signals / elapsed if elapsed > 0 else 0.0,
-        "error": None if error is None else str(error),
-        "interrupted": feed.cut,
-        "next_skip_rows": None if complete else next_skip,
-        "rematerializations": [[c, t] for c, t in rebuilds.done],
-    }
+    report = replay_report(
+        events=events,
+        data_dir=data_dir,
+        host=run_config.host,
+        counts=counts,
+        skipped_first_rows=feed.skipped,
+        delta=lambda name: _delta(after, before, name),
+        skipped_rows=reader.skipped,
+        at=at,
+        elapsed=elapsed,
+        error=error,
+        interrupted=feed.cut,
+        next_skip_rows=None if complete else next_skip,
+        rematerializations=rebuilds.done,
+    )
     if report_out is not None:
         write_json(report_out, report)
 

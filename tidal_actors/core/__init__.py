@@ -10,7 +10,7 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
 1. Gate: who may contribute.
    A user whose membership status is ``Left`` contributes nothing: their route is
    the empty route ``GATED`` (`core.routes.RouteTable`; the status picks it in
-   `actors.membership.MembershipShard._update_route`). A user not known, or
+   `actors.membership_fanout.SignalFanOut._update_route`). A user not known, or
    ``Active``, contributes. Leave and rejoin change the status once committed
    (`MembershipShard._on_leave`, `MembershipShard._on_rejoin`); each leave opens a
    leave epoch ``[left_at, rejoined_at | None]`` in the user's leave history, which
@@ -23,8 +23,8 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
    (`core.routes.RouteTable.route_of`; a user in no cohort has ``COMMUNITY_ONLY``).
    A batch fans out signal by signal, each signal's route in order
    (`RouteTable.expand`), and its records take consecutive rseqs of the membership
-   shard in that order (`actors.membership.MembershipShard._number`, for both
-   fan-out paths of `MembershipShard._on_signals`).
+   shard in that order (`actors.membership_fanout.SignalFanOut._number`, for both
+   fan-out paths of `SignalFanOut._on_signals`).
    Assignment appends a cohort, unassignment removes it
    (`MembershipShard._on_assign`, `MembershipShard._on_unassign`).
 
@@ -34,7 +34,7 @@ leave-stop-forward (``spec/leave-stop-forward.md``), retroactive-purge
    sums against a landmark (Cormode, Shkapenyuk, Srivastava, Xu, "Forward Decay: A
    Practical Time Decay Model for Streaming Systems", ICDE 2009), so that add and
    retract are exact, order-independent inverses. The formula and the layout:
-   `core.aggregates` (theory of operation) and `core.key_state.KEY_COLUMNS`; adding
+   `core.aggregates` (theory of operation) and `core.key_columns.KEY_COLUMNS`; adding
    and moving the landmark: `core.adds.Adds` (vectorized),
    `core.bucket_adds.BucketAdds._add_one` (one record: the definition) and
    `core.record_adds.RecordAdds` (small batches, record by record); retracting, with its exactness bound

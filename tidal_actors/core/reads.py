@@ -171,3 +171,37 @@ class Reads(KeyState):
             else:
                 c, w = counts[i], weights[i]
             yield names[c_id], entity, stype, scores[i], c, w
+
+    def key_counts(self, at: int) -> dict[str, int]:
+        """Per cohort name: how many keys hold an unretracted contribution stamped at
+        or before ``at`` (those with none left out). A key whose latest contribution is
+        at or before ``at`` counts at once; another counts when it has a bucket before
+        ``at``'s, or a contribution of ``at``'s bucket stamped at or before ``at``,
+        found as `_score` finds it (`_past_terms`: held rows, settled sums, the durable
+        history of a settled bucket the read time falls inside)."""
+        n = self._nkeys
+        ks = np.flatnonzero(self.live[:n])
+        cids = self.key_cohort[ks]
+        past = self.t_max[ks] <= at
+        counted = cids[past].tolist()
+        counted += [
+            c
+            for k, c in zip(ks[~past].tolist(), cids[~past].tolist())
+            if self._holds_at_or_before(k, at)
+        ]
+        names = self.cohort_names
+        out: dict[str, int] = {}
+        for c in counted:
+            out[names[c]] = out.get(names[c], 0) + 1
+        return out
+
+    def _holds_at_or_before(self, k: int, at: int) -> bool:
+        """Whether key ``k`` holds a contribution stamped at or before ``at``."""
+        bat = at // self._width
+        in_bat = False
+        for b, count, _w, _fd, tm in self._buckets(k):
+            if count and (b < bat or (b == bat and tm <= at)):
+                return True
+            in_bat = in_bat or (b == bat and count > 0)
+        h = int(self.key_half_life[k])
+        return in_bat and bool(self._past_terms(k, bat * self._width, at, h))

@@ -41,7 +41,7 @@ class RouteTable:
 
     Route ``GATED`` (0) is empty; route ``COMMUNITY_ONLY`` (1) is ``(@community,)``.
     Routes are not removed one by one; the membership shard builds a fresh table
-    when most of them are no longer any user's (`MembershipShard._update_route`).
+    when most of them are no longer any user's (`SignalFanOut._update_route`).
     """
 
     def __init__(self, ledger_of: Callable[[str], int]) -> None:

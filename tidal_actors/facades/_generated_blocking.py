@@ -23,6 +23,7 @@ from tidal_actors._types import (
     Signal,
     WindowCount,
 )
+from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.facades.blocking_base import BlockingBase
 from tidal_actors.runtime.call import Call
 
@@ -249,8 +250,11 @@ class BlockingOperations(BlockingBase):
         ``detail_rows`` (contribution records whose detail is held in memory: the
         log's and those not yet settled), ``settled_buckets`` ((key, bucket) sums of
         the records whose detail was dropped), ``handler_errors``, ``commits`` (the
-        group commits persistence ran; an ephemeral database counts them alike, with
-        nothing written), ``failed_writes``. ``detail_rows`` counts the span of held rows,
+        group commits run: persistence's, and under the Ray host with the ``shards``
+        layout those each shard runs in its own environment; an ephemeral database
+        counts them alike, with nothing written), ``failed_writes`` (history writes
+        that failed, each reported by a later flush; a failed control write or purge
+        goes to its caller). ``detail_rows`` counts the span of held rows,
         so a purged row inside it still counts until it is settled (a reopened store's span
         starts at its first live row).
 
@@ -324,6 +328,19 @@ class BlockingOperations(BlockingBase):
             DatabaseClosed: it is closed.
         """
         return self._core.lmdb_flags()
+
+    def fault_reports(self) -> list[FaultReport]:
+        """The shard failures the host dealt with since open, oldest first (the last 100),
+        each a :class:`FaultReport`: the actor (``address``), what was done (``action``:
+        ``"restarted"`` from the store, ``"resumed"``, ``"fenced"``), the ``cause`` and what
+        was lost or is in doubt (docs/guarantees.md, "A handler failure"). Empty when none failed,
+        and under a host without a supervisor. A report may appear a moment after the
+        caller's ``ActorFailure``.
+
+        Raises:
+            DatabaseClosed: it is closed.
+        """
+        return self._core.fault_reports()
 
 
 class ReadOnlyRefusals:

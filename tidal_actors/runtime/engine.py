@@ -8,8 +8,9 @@ never waits for a reply (the facades decide how to wait: block, await, or step a
 harness).
 
 The operations are `runtime.engine_ops.Operations` (validation and message building),
-the serving reads `runtime.serving.Serving` and signal intake (buffering, batching,
-backpressure) `runtime.intake.Intake`, which `Core` extends.
+the serving reads `runtime.serving.Serving`, signal intake (buffering, batching,
+backpressure) `runtime.intake.Intake` and the flusher thread `runtime.flusher.Flusher`,
+which `Core` extends.
 """
 
 from __future__ import annotations
@@ -23,12 +24,11 @@ from typing import Any, cast
 
 from tidal_actors._clock import Clock, SystemClock
 from tidal_actors._config import Config
-from tidal_actors._errors import ActorFailure, DatabaseClosed, StorageError, TidalError
+from tidal_actors._errors import DatabaseClosed, StorageError, TidalError
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.coordinator import PurgeCoordinator
 from tidal_actors.actors.ledger import LedgerShard
-from tidal_actors.actors.ledger_views import WANTED_S
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
@@ -36,6 +36,7 @@ from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime import open_cores
 from tidal_actors.runtime.call import Call, combined, error_of
 from tidal_actors.runtime.callers import Callers
+from tidal_actors.runtime.flusher import Flusher
 from tidal_actors.runtime.host import Host
 from tidal_actors.runtime.intake import Buffer
 from tidal_actors.runtime.restore import (
@@ -44,7 +45,6 @@ from tidal_actors.runtime.restore import (
     snapshot_delete_ops,
     snapshot_write_ops,
 )
-from tidal_actors.runtime.serving import Serving
 from tidal_actors.storage.protocol import Store
 from tidal_actors.storage.stores import Restored
 
@@ -56,7 +56,7 @@ STOP_ORDER = [M.MEMBERSHIP, M.LEDGER, M.COORDINATOR, M.PERSISTENCE]
 CLOSE_WAIT_S = 60.0  # how long close() waits for each of its steps (seconds)
 
 
-class Core(Serving):
+class Core(Flusher):
     """Validation, buffering and message building on top of a host.
 
     Args:
@@ -88,6 +88,9 @@ class Core(Serving):
         self.closed = False
         self.refusing = False  # closed, or the flusher failed: the fast paths' one check
         self._flusher_error: Exception | None = None  # why the flusher ended (`_flush_loop`)
+        self._flusher_stop = threading.Event()
+        self._flusher_wake = threading.Event()
+        self._flusher_asleep = False  # waiting on ``_flusher_wake`` (`_flush_loop`)
         self.fenced = False  # a shard was fenced (`_replaced`)
         self._fence_causes: list[str] = []  # why, one line per fenced shard
         self.pid = os.getpid()  # the process that opened it: the only one that may use it
@@ -143,17 +146,11 @@ class Core(Serving):
         ):
             # a crash interrupted a purge's re-materialization: finish it now
             host.tell(M.COORD_ADDR, M.ResumeRematerialization())
-        self._flusher_stop = threading.Event()
-        self._flusher_wake = threading.Event()
-        self._flusher_asleep = False  # waiting on ``_flusher_wake`` (`_flush_loop`)
         self._flusher: threading.Thread | None = None
         open_cores.add(self)
         if buffered:
             cast(Any, host.ctx).wake_ticker = self.wake_flusher  # a `HostContext`
-            self._flusher = threading.Thread(
-                target=self._flush_loop, name="tidal-flusher", daemon=True
-            )
-            self._flusher.start()
+            self.start_flusher()
 
     def _replaced(self, address: M.Address, behaviour: Behaviour) -> None:
         """The host restarted the actor at ``address`` (`runtime.supervision`): keep
@@ -173,7 +170,12 @@ class Core(Serving):
     def fault_reports(self) -> list[FaultReport]:
         """The handler failures the host's supervisor dealt with, oldest first (the
         last ``REPORTS_KEPT``; `runtime.supervision`, or the deterministic host's
-        `testing.faults`); empty under a host without one."""
+        `testing.faults`); empty under a host without one.
+
+        Raises:
+            DatabaseClosed: the database is closed.
+        """
+        self.check_open()
         supervisor = getattr(self.host, "supervisor", None)
         reports = getattr(self.host if supervisor is None else supervisor, "reports", None)
         return [] if reports is None else list(reports)
@@ -302,18 +304,6 @@ class Core(Serving):
         if self._flusher_error is not None:
             raise self._flusher_failure()
 
-    def _flusher_failure(self) -> ActorFailure:
-        """The error every call raises once the flusher thread failed (its cause the
-        flusher's exception)."""
-        cause = self._flusher_error
-        err = ActorFailure(
-            f"the flusher thread failed ({type(cause).__name__}: {cause}): buffered "
-            "signals are no longer sent on a tick, so every call is refused; close() "
-            "sends and commits the signals acknowledged before, then raises this"
-        )
-        err.__cause__ = cause
-        return err
-
     def disown(self) -> None:
         """In a forked child: mark this database closed without touching the store, the
         actors or the lock (they are the parent's). See `open_cores.forget_in_child`."""
@@ -336,68 +326,3 @@ class Core(Serving):
 
     def untrack(self, reply: Reply) -> None:
         self._inflight.discard(reply)
-
-    # -- plumbing -------------------------------------------------------------------
-
-    def _flush_loop(self) -> None:
-        """Every ``signal_flush_interval_ms`` while there is work: send what is buffered,
-        size the batches, have ledger shards publish (or drop unread views) and the
-        coordinator tick. A tick that finds nothing to do puts the thread to sleep until
-        `wake_flusher` (the first signal buffered, a shard that needs a `Publish`, a
-        re-materialization scheduled) or a quarter of ``WANTED_S`` (unread views)."""
-        interval = self.config.signal_flush_interval_ms / 1000.0
-        next_tick = next_unread = 0.0
-        stop, wake = self._flusher_stop, self._flusher_wake
-        while not stop.wait(interval):
-            try:
-                busy = any(buf.items for buf in self._buffers)
-                self._send_all_buffers(offer=True)
-                self._tune_batches()
-                now = time.monotonic()
-                unread = now >= next_unread
-                if unread:  # a shard idle since its views were last read drops them
-                    next_unread = now + WANTED_S / 4
-                for i, ledger in enumerate(self.ledgers):
-                    # changes wait for the next publication, or nobody reads the view
-                    if ledger.unpublished or (unread and ledger.unread(now)):
-                        busy = True
-                        self.host.tell((M.LEDGER, i), M.Publish())
-                if self.coordinator.remat_due:
-                    busy = True
-                    if now >= next_tick:
-                        next_tick = now + 0.05
-                        self.host.tell(M.COORD_ADDR, M.Tick())
-            except Exception as exc:  # noqa: BLE001 - said by every later call and close()
-                if self.closed and isinstance(exc, TidalError):
-                    return  # closing (or a forked child's copy): nothing more to send
-                # open: whatever it raised (an actor gone too), nothing sends on a tick
-                log.error("tidal_actors: the flusher thread failed", exc_info=exc)
-                self._flusher_error = exc
-                self.refusing = True
-                return
-            if busy:
-                continue
-            # nothing to do: sleep until woken (`wake_flusher`: set ``asleep`` first,
-            # then look again, so a wake-up between the look and the wait is not lost;
-            # close() sets ``stop`` before ``wake``, so a stop the clear hid is seen)
-            wake.clear()
-            self._flusher_asleep = True
-            if not stop.is_set() and not self._flusher_work():
-                wake.wait(WANTED_S / 4)
-            self._flusher_asleep = False
-
-    def _flusher_work(self) -> bool:
-        """Whether a flusher tick has work now (signals buffered, a ledger shard's
-        changes waiting, a re-materialization due)."""
-        return (
-            any(buf.items for buf in self._buffers)
-            or any(ledger.unpublished for ledger in self.ledgers)
-            or self.coordinator.remat_due
-        )
-
-    def wake_flusher(self) -> None:
-        """Wake the flusher thread if it sleeps (called after the work was made: a
-        signal buffered, ``unpublished`` set, a re-materialization scheduled)."""
-        if self._flusher_asleep:
-            self._flusher_asleep = False
-            self._flusher_wake.set()

@@ -193,6 +193,28 @@ class Operations(Intake):
 
         return Call("aggregate_rows", replies, finish)
 
+    def key_counts(self, at_ns: int | None = None) -> Call[dict[str, int]]:
+        """Per cohort (``@community`` included): how many keys hold an unretracted
+        contribution stamped at or before ``at_ns`` (None: now), cohorts with none
+        left out (`core.reads.Reads.key_counts`). Not a facade operation: ``inspect
+        cohorts`` reads it through the database's engine.
+
+        Raises:
+            InvalidArgument: bad ``at_ns``.
+        """
+        self.check_open()
+        at = self.now() if at_ns is None else check_timestamp("at_ns", at_ns)
+        replies = [self._read_reply(li, "key_counts", (at,)) for li in range(self._nl)]
+
+        def finish(values: list[Any]) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for v in values:
+                for cohort, n in v.items():
+                    out[cohort] = out.get(cohort, 0) + n
+            return out
+
+        return Call("key_counts", replies, finish)
+
     def stats(self) -> Call[dict[str, int]]:
         self.check_open()
         replies = []

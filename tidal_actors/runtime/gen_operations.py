@@ -34,6 +34,10 @@ from __future__ import annotations
 '''
 
 
+_OTHER_TYPES = {"FaultReport": "tidal_actors.actors.recovery"}
+"""Result types named by the table that are not `_types`' value types, and their homes."""
+
+
 def _signature(op: Operation, prefix: str = "def") -> str:
     params = ["self"]
     for p in op.params:
@@ -119,6 +123,9 @@ def _module(title: str, imports: list[str], names: list[str], code: list[str]) -
     used = sorted(name for name in _types.__all__ if re.search(rf"\b{name}\b", signatures))
     if used:
         ours.append(f"from tidal_actors._types import {', '.join(used)}")
+    for name, home in _OTHER_TYPES.items():
+        if re.search(rf"\b{name}\b", signatures):
+            ours.append(f"from {home} import {name}")
     if re.search(r"\bCall[\[)]", text):
         ours.append("from tidal_actors.runtime.call import Call")
     listed = ", ".join(f'"{name}"' for name in names)

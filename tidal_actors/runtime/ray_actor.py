@@ -343,6 +343,7 @@ class ShardActor:
                         "handler_errors": b.handler_errors,
                         "commits": getattr(b, "commits", 0),
                         "failed_writes": getattr(b, "failed_writes", 0),
+                        **self.host.own_counts(),
                     }
                 )
                 continue

@@ -46,6 +46,12 @@ class ControlCommits(GroupThread[M.Write]):
             store's ``commit_writes``).
         tell: delivers a `Committed` to an address of this process (the writer).
         name: the actor's name (for the thread's).
+        committer: the actor as an error names it (``membership[0]``): a commit that
+            fails with an error not of tidal_actors is an `ActorFailure` saying this
+            actor failed to commit (`erasure.write_error`).
+
+    ``commits`` counts the group commits run (`stats()["commits"]`, as persistence
+    counts them: one per group, whatever each write's outcome).
     """
 
     def __init__(
@@ -53,9 +59,11 @@ class ControlCommits(GroupThread[M.Write]):
         commit_writes: Callable[[list[list[Op]]], list[Exception | None]],
         tell: Callable[[M.Address, object], None],
         name: str,
+        committer: str,
     ) -> None:
         self._commit_writes = commit_writes
         self._tell = tell
+        self._committer = committer
         self.commits = 0
         self.undelivered = 0  # answers a stopped writer could not take
         super().__init__(f"tidal-commit-{name}")
@@ -80,7 +88,12 @@ class ControlCommits(GroupThread[M.Write]):
     def _answer(self, writes: list[M.Write], raw: list[BaseException | None]) -> None:
         """Answer each of ``writes`` with its outcome in ``raw`` (None: committed)."""
         errors: list[BaseException | None] = [
-            None if e is None else write_error(e) if isinstance(e, Exception) else e for e in raw
+            None
+            if e is None
+            else write_error(e, self._committer)
+            if isinstance(e, Exception)
+            else e
+            for e in raw
         ]
         for target, outcome in acknowledgements(writes, errors):
             if isinstance(target, M.Write):

@@ -36,6 +36,9 @@ class HistoryCommits(GroupThread[list[Op]]):
     Args:
         commit: commits ops in one transaction (the ledger's store's ``commit``).
         shard: the ledger shard (for the thread's name).
+
+    ``commits`` counts the transactions that committed and ``failed_writes`` the
+    writes that failed (`stats()`, as persistence counts its history writes).
     """
 
     def __init__(self, commit: Callable[[list[Op]], None], shard: int) -> None:
@@ -43,6 +46,7 @@ class HistoryCommits(GroupThread[list[Op]]):
         self._failures: list[BaseException] = []
         self.broken: BaseException | None = None  # the first failure: nothing commits after it
         self.commits = 0
+        self.failed_writes = 0
         super().__init__(f"tidal-history-{shard}")
 
     def put(self, ops: list[Op]) -> None:
@@ -51,6 +55,7 @@ class HistoryCommits(GroupThread[list[Op]]):
         if not self.offer(ops):
             with self._cond:
                 self._failures.append(StorageError("the ledger's history commits are closed"))
+                self.failed_writes += 1
 
     def handle(self, items: list[list[Op]]) -> None:
         error = self.broken
@@ -66,6 +71,7 @@ class HistoryCommits(GroupThread[list[Op]]):
                 if self.broken is None:
                     self.broken = error
                 self._failures += [error] * len(items)
+                self.failed_writes += len(items)
 
     def drain(self) -> list[BaseException]:
         """Wait until every write handed over before has committed or failed; the

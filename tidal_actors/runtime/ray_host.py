@@ -241,27 +241,42 @@ class RayHost(RayFaults):
 
     def _stats(self, message: M.QueryManifests) -> None:
         """The coordinator's stats, with persistence's counters brought into this
-        process's copy first (`Operations.stats` reads them there)."""
-        coord, counts = Reply("coordinator-stats"), Reply("persistence-counters")
+        process's copy first (`Operations.stats` reads them there); its ``commits``
+        and ``failed_writes`` count too those each actor's process ran in its own
+        environment (the ``shards`` layout: `LocalHost.own_counts`), which
+        persistence does not see."""
         self._check(M.COORD_ADDR)
+        coord = Reply("coordinator-stats")
+        counts = {a: Reply(f"counters-{a[0]}-{a[1]}") for a in self._actors}
         self.links.send(M.COORD_ADDR, M.QueryManifests(-1, coord))
-        self.links.send(M.PERSIST_ADDR, Counters(counts))
+        for address, reply in counts.items():
+            self.links.send(address, Counters(reply))
         target = message.reply
+        pending = [1 + len(counts)]
+        lock = threading.Lock()
 
         def done(_: Reply) -> None:
-            if not (coord.done and counts.done):
-                return
-            if counts.error is None:
+            with lock:
+                pending[0] -= 1
+                if pending[0]:
+                    return
+            mine = counts.get(M.PERSIST_ADDR)
+            if mine is not None and mine.error is None:
                 persistence = self.behaviours.get(M.PERSIST_ADDR)
-                for k, v in counts.result().items():
-                    setattr(persistence, k, v)
+                own = [r.result() for r in counts.values() if r.error is None]
+                for k, v in mine.result().items():
+                    if not k.startswith("own_"):
+                        setattr(persistence, k, v)
+                persistence.commits += sum(c["own_commits"] for c in own)  # type: ignore[union-attr]
+                persistence.failed_writes += sum(c["own_failed_writes"] for c in own)  # type: ignore[union-attr]
             if coord.error is not None:
                 target.set_exception(coord.error)
             else:
                 target.set_result(coord.result())
 
         coord.add_done_callback(done)
-        counts.add_done_callback(done)
+        for reply in counts.values():
+            reply.add_done_callback(done)
 
     def _check(self, address: M.Address) -> None:
         if self._dead is not None:

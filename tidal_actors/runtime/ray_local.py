@@ -165,9 +165,22 @@ class LocalHost(PykkaHost):
         actor's group commit (`ray_control.ControlCommits`)."""
         if self._control is None:
             assert self.commit_control is not None
-            name = "-".join(str(p) for p in next(iter(self._refs), ("shard", self.shard)))
-            self._control = ControlCommits(self.commit_control, self.tell, name)
+            kind, index = next(iter(self._refs), ("shard", self.shard))
+            self._control = ControlCommits(
+                self.commit_control, self.tell, f"{kind}-{index}", f"{kind}[{index}]"
+            )
         self._control.put(write)
+
+    def own_counts(self) -> dict[str, int]:
+        """The commits this process ran in the actor's own environment and the history
+        writes that failed there (`stats()`'s ``commits`` and ``failed_writes`` add
+        them to persistence's: `RayHost._stats`)."""
+        commits = failed = 0
+        if self._history is not None:
+            commits, failed = self._history.commits, self._history.failed_writes
+        if self._control is not None:
+            commits += self._control.commits
+        return {"own_commits": commits, "own_failed_writes": failed}
 
     def drain_control(self) -> None:
         """Wait until every control write handed over has committed or failed."""

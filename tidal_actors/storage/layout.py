@@ -21,11 +21,14 @@ Two layouts (docs/storage-format.md, "Layouts"), with the same keys and values:
   ================  ==============================================================
 
 :func:`owner_of` is the one rule of which environment a key belongs to; the
-sharded store (`storage.sharded`) routes every write and read by it. Must not do I/O.
+sharded store (`storage.sharded`) routes every write and read by it; it does no I/O.
+:func:`inside_a_store` is the one rule of which directories inside a ``shards``
+store are not stores to open (every open and the command line ask it).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tidal_actors.storage.format import Keyspace, Tag, membership_shard_of
@@ -34,6 +37,7 @@ __all__ = [
     "COORDINATOR",
     "SHARDS_DIR",
     "env_path",
+    "inside_a_store",
     "ledger_env",
     "membership_env",
     "owner_of",
@@ -81,3 +85,35 @@ def owner_of(keyspace: str, key: bytes, membership_shards: int) -> str:
     if keyspace == _HISTORY or (keyspace == _META and len(key) >= 10 and key[9] in _PER_LEDGER):
         return ledger_env(int.from_bytes(key[:8], "big"))
     return COORDINATOR
+
+
+def inside_a_store(path: Path) -> str | None:
+    """Why the directory ``path`` is not a store to open, when it lies inside a store
+    of the ``shards`` layout: it is that store's ``shards/`` directory, or one of the
+    environments in it (``coordinator``, ``membership-<i>``, ``ledger-<j>``: each
+    an LMDB environment with its own marker, which alone is no store). The reason
+    names the store's directory, the one to open; None for any other path.
+
+    Reads only whether directories exist (no environment is opened); a relative
+    ``path`` names the store relative to the working directory (``..`` from inside
+    ``shards/``)."""
+    full = Path(os.path.abspath(path))
+    if full.name == SHARDS_DIR and (full / COORDINATOR).is_dir():
+        store = _shown(full.parent, path)
+        return f"{path} holds the environments of the store at {store}: open that directory"
+    parent = full.parent
+    if parent.name == SHARDS_DIR and _is_env_name(full.name) and (parent / COORDINATOR).is_dir():
+        store = _shown(parent.parent, path)
+        return f"{path} is one environment ({full.name}) of the store at {store}, not a store: open {store}"
+    return None
+
+
+def _shown(store: Path, given: Path) -> str:
+    """``store`` (absolute) as the user would type it: absolute if ``given`` was."""
+    return str(store) if given.is_absolute() else os.path.relpath(store)
+
+
+def _is_env_name(name: str) -> bool:
+    """Whether ``name`` is an environment's name in the ``shards`` layout."""
+    kind, _, number = name.rpartition("-")
+    return name == COORDINATOR or (kind in ("membership", "ledger") and number.isdigit())

@@ -47,6 +47,7 @@ from tidal_actors.storage.layout import (
     COORDINATOR,
     SHARDS_DIR,
     env_path,
+    inside_a_store,
     ledger_env,
     membership_env,
     owner_of,
@@ -368,16 +369,15 @@ def layout_of(path: Path, config: Config) -> str:
     ``config.layout``.
 
     Raises:
-        StorageError: ``path`` is the ``shards/`` directory of a store (it holds
-            that store's environments: a store is not made among them).
+        StorageError: ``path`` is the ``shards/`` directory of a store or one
+            environment in it (`layout.inside_a_store`: the message names the
+            store's directory; a store is not made among its environments).
     """
     if (path / SHARDS_DIR).is_dir():
         return "shards"
-    if path.name == SHARDS_DIR and (path / COORDINATOR).is_dir():
-        raise StorageError(
-            f"{path} holds the environments of the store at {path.parent}: open that "
-            "directory; nothing was written"
-        )
+    inside = inside_a_store(path)
+    if inside is not None:
+        raise StorageError(f"{inside}; nothing was written")
     if (path / "data.mdb").exists() or (path / STORE_MARKER).exists():
         return "single"
     return config.layout

@@ -307,8 +307,11 @@ class HarnessOperations(HarnessCalls):
         ``detail_rows`` (contribution records whose detail is held in memory: the
         log's and those not yet settled), ``settled_buckets`` ((key, bucket) sums of
         the records whose detail was dropped), ``handler_errors``, ``commits`` (the
-        group commits persistence ran; an ephemeral database counts them alike, with
-        nothing written), ``failed_writes``. ``detail_rows`` counts the span of held rows,
+        group commits run: persistence's, and under the Ray host with the ``shards``
+        layout those each shard runs in its own environment; an ephemeral database
+        counts them alike, with nothing written), ``failed_writes`` (history writes
+        that failed, each reported by a later flush; a failed control write or purge
+        goes to its caller). ``detail_rows`` counts the span of held rows,
         so a purged row inside it still counts until it is settled (a reopened store's span
         starts at its first live row).
 

@@ -31,6 +31,7 @@ import pytest
 
 from tidal_actors._clock import ManualClock
 from tidal_actors._config import Config
+from tidal_actors._config_names import unknown_hint
 from tidal_actors._errors import InvalidArgument
 
 if TYPE_CHECKING:  # the runtime is imported by the fixtures that open it, not at start-up
@@ -71,7 +72,9 @@ def _marked_config(request: pytest.FixtureRequest, base: Config) -> Config:
             config = mark.args[0]
         for key in mark.kwargs:
             if key not in known:
-                raise InvalidArgument("tidal_config marker", key, "unknown setting")
+                raise InvalidArgument(
+                    "tidal_config marker", key, f"unknown setting{unknown_hint(key, known)}"
+                )
         if mark.kwargs:
             config = config.replace(**mark.kwargs)
     return config

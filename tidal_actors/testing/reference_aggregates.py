@@ -260,3 +260,18 @@ class ReferenceAggregates:
                 rows.append((cohort, entity_id, signal_type, score, count, weight))
         rows.sort(key=lambda r: (r[0], r[1], r[2]))
         return rows
+
+    def key_counts(self, at_ns: int | None = None) -> dict[str, int]:
+        """Per cohort (``@community`` included): how many keys hold an unretracted
+        contribution stamped at or before ``at_ns`` (None = now); cohorts with none
+        are left out. What ``tidal-actors inspect cohorts --at`` counts.
+
+        Raises:
+            InvalidArgument: bad ``at_ns``.
+        """
+        at = self._at(at_ns)
+        counts = {
+            cohort: sum(1 for entries in state.values() if any(t <= at for t, _ in entries))
+            for cohort, state in self._agg.items()
+        }
+        return {cohort: n for cohort, n in counts.items() if n}
