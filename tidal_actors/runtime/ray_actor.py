@@ -23,7 +23,10 @@ What the host adds around the behaviour, none of it known to the behaviour:
   shard is never served. The `FaultReport` goes to the facade;
 * a membership shard's or the coordinator's actor of a durable database whose
   process died is restarted by Ray in a new process and restores from the store
-  (`ray_membership_restart`, `ray_coordinator_restart`);
+  (`ray_membership_restart`, `ray_coordinator_restart`), on a thread started by the
+  constructor: meanwhile the actor answers the calls other restores make, and holds
+  what it is sent until its behaviour is up (`ray_restoring`: several actors can
+  restart at once);
 * a ledger actor of a durable database whose process died is restarted by Ray in a
   new process (``max_restarts``) and restores by handshake (`runtime.ray_restart`):
   its calls carry its incarnation's epoch, it reports its messages durable
@@ -35,6 +38,7 @@ What the host adds around the behaviour, none of it known to the behaviour:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -52,7 +56,6 @@ from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.links import LinkReceiver
-from tidal_actors.runtime.ray_coordinator_restart import restore as restore_coordinator
 from tidal_actors.runtime.ray_links import RETRY_S, Links
 from tidal_actors.runtime.ray_local import (
     DurableFlag,
@@ -62,7 +65,6 @@ from tidal_actors.runtime.ray_local import (
     writable,
 )
 from tidal_actors.runtime.ray_membership_restart import next_epoch
-from tidal_actors.runtime.ray_membership_restart import restore as restore_membership
 from tidal_actors.runtime.ray_replies import portable, register_serializers, send_fault
 from tidal_actors.runtime.ray_restart import (
     CoordinatorRestart,
@@ -72,8 +74,8 @@ from tidal_actors.runtime.ray_restart import (
     MembershipRestart,
     announce,
     origin_epoch,
-    restore,
 )
+from tidal_actors.runtime.ray_restoring import Held, early_answer, fail, run
 from tidal_actors.runtime.ray_shipping import dumps, loads, unbox
 from tidal_actors.runtime.ray_stores import Marks, actor_store, owns_history, take_marks
 from tidal_actors.storage.shard_part import Part, coordinator_part
@@ -133,7 +135,10 @@ class ShardActor:
         # (`ray_restart`, `ray_membership_restart`)
         restartable = address[0] in (M.LEDGER, M.MEMBERSHIP, M.COORDINATOR) and path is not None
         restarted = restartable and ray.get_runtime_context().was_current_actor_reconstructed
-        self.epoch = next_epoch(db, address, opened) if restarted else opened
+        try:
+            self.epoch = next_epoch(db, address, opened) if restarted else opened
+        except Exception as exc:  # noqa: BLE001 - Ray restarts it again
+            fail(address, sink, exc)
         origin = f"{address[0]}-{address[1]}"
         self.links = Links(
             db,
@@ -162,18 +167,26 @@ class ShardActor:
         self._opening = threading.Lock()  # `_resolve`'s open of the store
         self._path = path
         self._config = config
-        notice: LedgerRestart | MembershipRestart | CoordinatorRestart | None = None
-        behaviour: Behaviour
-        if restarted and address[0] == M.MEMBERSHIP:
-            behaviour, notice = restore_membership(self)
-        elif restarted and address == M.COORD_ADDR:
-            behaviour, notice = restore_coordinator(self)
-        elif restarted:
-            behaviour, notice = restore(self)
-        else:
-            behaviour = loads(unbox(payload), self._resolve)
         self._marks: dict[int, int] = {}
         self._rewrites = 0
+        self._stop_tick = threading.Event()
+        # what it takes before its behaviour is up (a restart restores after the
+        # constructor returns: `ray_restoring`)
+        self._held = Held(holding=restarted)
+        threading.Thread(target=self._retry, name="tidal-retry", daemon=True).start()
+        if restarted:
+            threading.Thread(target=run, args=(self,), name="tidal-restore", daemon=True).start()
+        else:
+            self.begin(loads(unbox(payload), self._resolve), None)
+
+    def begin(
+        self,
+        behaviour: Behaviour,
+        notice: LedgerRestart | MembershipRestart | CoordinatorRestart | None,
+    ) -> None:
+        """Start ``behaviour`` (the first incarnation's, or a restart's restored one),
+        then let what was held meanwhile into its mailbox, in order, and tell the
+        other actors of a restart (``notice``)."""
         if isinstance(behaviour, Persistence):
             idle = behaviour.on_idle
 
@@ -183,10 +196,11 @@ class ShardActor:
 
             behaviour.on_idle = on_idle  # type: ignore[method-assign]
         self.host.start([behaviour])
-        self._stop_tick = threading.Event()
-        if address == M.COORD_ADDR:
+        held = self._held.release()
+        if held:
+            log.info("%s[%s] took %d held call(s)", *self.address, held)
+        if self.address == M.COORD_ADDR:
             threading.Thread(target=self._tick, name="tidal-tick", daemon=True).start()
-        threading.Thread(target=self._retry, name="tidal-retry", daemon=True).start()
         if notice is not None:
             announce(self, notice)
 
@@ -223,10 +237,13 @@ class ShardActor:
         return max(known)
 
     def ask(self, make: Any, label: str) -> int:
-        """Put ``make(reply)`` into the mailbox; returns the id `answer` takes."""
+        """Put ``make(reply)`` into the mailbox (held until the behaviour is up, unless
+        `ray_restoring.early_answer` answers it); returns the id `answer` takes."""
         rid = next(self._ask_ids)
         reply = self._asks[rid] = Reply(label)
-        self.host.tell(self.address, make(reply))
+        msg = make(reply)
+        if not (self._held.holding and early_answer(self.address, self.epoch, msg)):
+            self._held.take(functools.partial(self.host.tell, self.address, msg))
         return rid
 
     def answer(self, rid: int) -> tuple[bool, Any, Any]:
@@ -316,8 +333,8 @@ class ShardActor:
         if end is None:
             end = self._ends[origin] = LinkReceiver()
         first = end.applied + 1
-        for k, batch in enumerate(end.accept(seq, messages)):
-            self._take(origin, first + k, batch)
+        for k, batch in enumerate(end.accept(seq, messages)):  # held while restoring
+            self._held.take(functools.partial(self._take, origin, first + k, batch))
         ends = self.durable_ends
         durable = [] if ends is None else ends.report(origin, self._durable)
         return (self.epoch, end.applied, durable)
@@ -361,7 +378,13 @@ class ShardActor:
 
     def stop(self) -> bytes:
         """Drain and stop the behaviour, wait for what it sent, close the store; the
-        behaviour as it ended, pickled by `ray_shipping.dumps`."""
+        behaviour as it ended, pickled by `ray_shipping.dumps`.
+
+        Raises:
+            ActorFailure: a restart's restore has not brought the behaviour up within
+                60 s."""
+        if not self._held.up.wait(60):
+            raise ActorFailure(f"{self.address[0]}[{self.address[1]}] is still restoring")
         self._stop_tick.set()
         self.host.stop([self.address[0]])
         self.links.drain(timeout=60)

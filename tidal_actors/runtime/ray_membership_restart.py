@@ -113,7 +113,7 @@ def restore(actor: Any) -> tuple[MembershipShard, MembershipRestart]:
     # the ledgers restarted before: persistence heard every notice
     links.adopt_epochs(ray.get(links.handle(M.PERSIST_ADDR).known_epochs.remote()))
     # its purges not committed end; markers of them the ledgers hold are dropped
-    below = actor.epoch << 40  # its own markers start above (`MembershipShard.restarted`)
+    below = MembershipShard.first_token(actor.epoch)  # its own markers start above
     recover = functools.partial(RecoverMembership, i, below)
     ask(links.handle(M.COORD_ADDR), recover, "recover-membership")
     seen = [
