@@ -21,17 +21,11 @@ What the host adds around the behaviour, none of it known to the behaviour:
 * a membership or ledger shard of a durable database whose handler failed with an
   unexpected error is fenced, not restarted (`supervision.Fenced`): a half-updated
   shard is never served. The `FaultReport` goes to the facade;
-* a membership shard's or the coordinator's actor of a durable database whose
-  process died is restarted by Ray in a new process and restores from the store
-  (`ray_membership_restart`, `ray_coordinator_restart`), on a thread started by the
-  constructor: meanwhile the actor answers the calls other restores make, and holds
-  what it is sent until its behaviour is up (`ray_restoring`: several actors can
-  restart at once);
-* a ledger actor of a durable database whose process died is restarted by Ray in a
-  new process (``max_restarts``) and restores by handshake (`runtime.ray_restart`):
-  its calls carry its incarnation's epoch, it reports its messages durable
-  (`ray_restart.DurableEnds`) and writes each attribution's link number with its
-  history batch (`Tag.LINK_STATE`);
+* a ledger's, a membership shard's or the coordinator's actor of a durable
+  database whose process died is restarted by Ray (``max_restarts``) and restores
+  (`ray_restart`: by handshake, its messages reported durable, `DurableEnds`;
+  `ray_membership_restart`; `ray_coordinator_restart`) on a thread the constructor
+  starts, holding meanwhile what it is sent (`ray_restoring`);
 * a clock other than `SystemClock` is the facade's time as last carried by a call
   (`Stamped`): every call carries its sender's time.
 """
@@ -75,7 +69,7 @@ from tidal_actors.runtime.ray_restart import (
     announce,
     origin_epoch,
 )
-from tidal_actors.runtime.ray_restoring import Held, early_answer, fail, run
+from tidal_actors.runtime.ray_restoring import Held, early_answer, fail, run, take_notices
 from tidal_actors.runtime.ray_shipping import dumps, loads, unbox
 from tidal_actors.runtime.ray_stores import Marks, actor_store, owns_history, take_marks
 from tidal_actors.storage.shard_part import Part, coordinator_part
@@ -149,7 +143,7 @@ class ShardActor:
         )
         self._ends: dict[str, LinkReceiver[list[object]]] = {}
         self._fences = Fences()
-        self._asks: dict[int, Reply] = {}
+        self._asks: dict[tuple[int, int], Reply] = {}
         self._ask_ids = itertools.count(1)
         self.durable_ends = DurableEnds() if restartable and address[0] == M.LEDGER else None
         self.host = LocalHost(
@@ -170,8 +164,6 @@ class ShardActor:
         self._marks: dict[int, int] = {}
         self._rewrites = 0
         self._stop_tick = threading.Event()
-        # what it takes before its behaviour is up (a restart restores after the
-        # constructor returns: `ray_restoring`)
         self._held = Held(holding=restarted)
         threading.Thread(target=self._retry, name="tidal-retry", daemon=True).start()
         if restarted:
@@ -196,9 +188,7 @@ class ShardActor:
 
             behaviour.on_idle = on_idle  # type: ignore[method-assign]
         self.host.start([behaviour])
-        held = self._held.release()
-        if held:
-            log.info("%s[%s] took %d held call(s)", *self.address, held)
+        self._held.release()
         if self.address == M.COORD_ADDR:
             threading.Thread(target=self._tick, name="tidal-tick", daemon=True).start()
         if notice is not None:
@@ -236,19 +226,23 @@ class ShardActor:
         known += [e for n, e in map(origin_epoch, self._ends) if n == name]
         return max(known)
 
-    def ask(self, make: Any, label: str) -> int:
+    def ask(self, make: Any, label: str) -> tuple[int, int]:
         """Put ``make(reply)`` into the mailbox (held until the behaviour is up, unless
-        `ray_restoring.early_answer` answers it); returns the id `answer` takes."""
-        rid = next(self._ask_ids)
+        `ray_restoring.early_answer` answers it); returns the id `answer` takes (its
+        incarnation's epoch and a number)."""
+        rid = (self.epoch, next(self._ask_ids))
         reply = self._asks[rid] = Reply(label)
         msg = make(reply)
         if not (self._held.holding and early_answer(self.address, self.epoch, msg)):
             self._held.take(functools.partial(self.host.tell, self.address, msg))
         return rid
 
-    def answer(self, rid: int) -> tuple[bool, Any, Any]:
-        """``(done, value, error)`` of the reply of `ask` ``rid``."""
-        reply = self._asks[rid]
+    def answer(self, rid: tuple[int, int]) -> tuple[bool, Any, Any] | None:
+        """``(done, value, error)`` of the reply of `ask` ``rid``; None if this
+        incarnation was not asked it (the asker asks again)."""
+        reply = self._asks.get(rid)
+        if reply is None:
+            return None
         if not reply.done:
             return (False, None, None)
         del self._asks[rid]
@@ -328,6 +322,7 @@ class ShardActor:
         if stamp is not None and isinstance(self.clock, Stamped) and stamp > self.clock.now:
             self.clock.now = stamp
         if epoch != self.epoch or self._fences.fenced(origin):
+            take_notices(self.links, messages)
             return None
         end = self._ends.get(origin)
         if end is None:

@@ -50,6 +50,7 @@ from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.recovery import CoordinatorLost, FaultReport, MarkerCount
 from tidal_actors.runtime.ray_coordinator_restart import restore as restore_coordinator
+from tidal_actors.runtime.ray_links import NOTICES, Links
 from tidal_actors.runtime.ray_membership_restart import restore as restore_membership
 from tidal_actors.runtime.ray_replies import send_fault
 from tidal_actors.runtime.ray_restart import (
@@ -59,7 +60,7 @@ from tidal_actors.runtime.ray_restart import (
 )
 from tidal_actors.runtime.ray_restart import restore as restore_ledger
 
-__all__ = ["Held", "early_answer", "fail", "run"]
+__all__ = ["Held", "early_answer", "fail", "run", "take_notices"]
 
 log = logging.getLogger("tidal_actors")
 
@@ -115,6 +116,17 @@ def early_answer(address: M.Address, epoch: int, message: object) -> bool:
         message.reply.set_result(MembershipShard.first_token(epoch))  # type: ignore[attr-defined]
         return True
     return False
+
+
+def take_notices(links: Links, messages: list[object]) -> None:
+    """(An actor's ``deliver``.) A call discarded, numbered for another incarnation
+    of the actor (or from a fenced one), still tells of the restarts in it: its
+    sender numbered for an earlier incarnation because it restarted meanwhile too,
+    and this actor's calls to it would be discarded there the same way, each
+    waiting for the other's notice (`Links.restarted` ignores one it has taken)."""
+    for msg in messages:
+        if type(msg) in NOTICES:
+            links.restarted(msg)  # type: ignore[arg-type]
 
 
 def run(actor: Any) -> None:
