@@ -121,3 +121,35 @@ def test_the_coordinator_a_membership_shard_and_a_ledger_killed_at_once(
 ) -> None:
     """Every restartable kind at once, as a node hosting them would be lost."""
     _restart_at_once([M.COORD_ADDR, (M.MEMBERSHIP, SHARD), (M.LEDGER, 0)], tmp_path)
+
+
+@needs_ray
+def test_what_a_restoring_actor_takes_is_held_in_order_and_two_questions_answered_at_once() -> None:
+    """`Held` runs nothing before `release`, then the kept steps in the order taken and
+    every later step at once; `early_answer` answers `CoordinatorLost` at a ledger
+    ([]) and `MarkerCount` at a membership shard (``epoch << 40``, the number its
+    restored incarnation starts from) and nothing else."""
+    from tidal_actors.actors.recovery import CoordinatorLost, MarkerCount, SeenRecords
+    from tidal_actors.actors.reply import Reply
+    from tidal_actors.runtime.ray_restoring import Held, early_answer
+
+    ran: list[int] = []
+    held = Held(holding=True)
+    for k in range(3):
+        held.take(lambda k=k: ran.append(k))
+    assert ran == [] and held.holding and not held.up.is_set()
+    assert held.release() == 3
+    held.take(lambda: ran.append(3))
+    assert ran == [0, 1, 2, 3] and not held.holding and held.up.is_set()
+    epoch = 1_700_000_000_000_000_000
+    lost, count, seen = (
+        CoordinatorLost(Reply("a")),
+        MarkerCount(Reply("b")),
+        SeenRecords(0, Reply("c")),
+    )
+    assert early_answer((M.LEDGER, 1), epoch, lost) and lost.reply.result() == []
+    assert early_answer((M.MEMBERSHIP, 0), epoch, count)
+    assert count.reply.result() == epoch * 2**40
+    assert not early_answer((M.LEDGER, 0), epoch, seen) and not seen.reply.done
+    other = MarkerCount(Reply("d"))  # asked of a ledger: not its question
+    assert not early_answer((M.LEDGER, 0), epoch, other) and not other.reply.done

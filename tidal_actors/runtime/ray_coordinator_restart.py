@@ -63,7 +63,7 @@ __all__ = ["restore"]
 
 def restore(actor: Any) -> tuple[PurgeCoordinator, CoordinatorRestart]:
     """The new incarnation of the coordinator hosted by ``actor`` (a `ShardActor`
-    whose constructor Ray re-runs), restored as the module says, and the notice.
+    whose constructor Ray re-runs; run on its restore thread, `ray_restoring`), restored as the module says, and the notice.
 
     Raises:
         ActorFailure, StorageError: the restart failed (Ray restarts it again).

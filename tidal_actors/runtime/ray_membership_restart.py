@@ -98,7 +98,8 @@ def epoch_after(now_ns: int, opened: int, seen: list[int]) -> int:
 
 def restore(actor: Any) -> tuple[MembershipShard, MembershipRestart]:
     """The new incarnation of the membership shard hosted by ``actor`` (a
-    `ShardActor` whose constructor Ray re-runs), restored as the module says, and
+    `ShardActor` whose constructor Ray re-runs; run on its restore thread,
+    `ray_restoring`), restored as the module says, and
     the notice for the other actors and the facade. A `FaultReport` ("restarted",
     its ``cause`` saying how long the restore took) goes to the facade.
 

@@ -263,7 +263,7 @@ class Fences:
 
 def restore(actor: Any) -> tuple[Behaviour, LedgerRestart]:
     """The new incarnation of the ledger hosted by ``actor`` (a `ShardActor` whose
-    constructor Ray re-runs): the failed incarnation's sends to the coordinator and
+    constructor Ray re-runs; run on its restore thread, `ray_restoring`): the failed incarnation's sends to the coordinator and
     persistence fenced, its links numbering for the incarnations that restarted
     before (from persistence: a new incarnation's calls numbered for a failed one's
     epoch are dropped), the coordinator asked (`RecoverLedger`), the store read once
