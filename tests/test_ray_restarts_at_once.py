@@ -141,6 +141,12 @@ def test_what_a_restoring_actor_takes_is_held_in_order_and_two_questions_answere
     assert held.release() == 3
     held.take(lambda: ran.append(3))
     assert ran == [0, 1, 2, 3] and not held.holding and held.up.is_set()
+    held.ask(lambda: ran.append(4), lambda: ran.append(-1) is None)  # up: no early answer
+    assert ran == [0, 1, 2, 3, 4]
+    waiting = Held(holding=True)
+    waiting.ask(lambda: ran.append(5), lambda: True)  # answered early: never run
+    waiting.ask(lambda: ran.append(6), lambda: False)  # held
+    assert waiting.release() == 1 and ran == [0, 1, 2, 3, 4, 6]
     epoch = 1_700_000_000_000_000_000
     lost, count, seen = (
         CoordinatorLost(Reply("a")),

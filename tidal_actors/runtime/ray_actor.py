@@ -233,8 +233,8 @@ class ShardActor:
         rid = (self.epoch, next(self._ask_ids))
         reply = self._asks[rid] = Reply(label)
         msg = make(reply)
-        if not (self._held.holding and early_answer(self.address, self.epoch, msg)):
-            self._held.take(functools.partial(self.host.tell, self.address, msg))
+        early = functools.partial(early_answer, self.address, self.epoch, msg)
+        self._held.ask(functools.partial(self.host.tell, self.address, msg), early)
         return rid
 
     def answer(self, rid: tuple[int, int]) -> tuple[bool, Any, Any] | None:

@@ -94,6 +94,15 @@ class Held:
             else:
                 self._kept.append(step)
 
+    def ask(self, step: Callable[[], None], early: Callable[[], bool]) -> None:
+        """As `take`, but while holding, ``early()`` may answer instead (`early_answer`:
+        checked under the lock, so never once the behaviour is up)."""
+        with self.lock:
+            if self._kept is None:
+                step()
+            elif not early():
+                self._kept.append(step)
+
     def release(self) -> int:
         """Run the kept steps in order; returns how many there were."""
         with self.lock:
