@@ -2,8 +2,9 @@
 and two worker nodes in this machine): an ephemeral database's actors spread over
 the nodes; a durable database's ledger shards placed on the node advertising the
 store resource (``Config.ray_store_resource``, `runtime.ray_placement`) restart on
-a replacement node when theirs is lost mid-stream, and on the same node after many
-kills of their processes; each run checked against the reference model. Skipped,
+a replacement node when theirs is lost mid-stream (with the coordinator, placed
+there by the test, restarting beside them), and on the same node after many kills
+of their processes; each run checked against the reference model. Skipped,
 with the reason, where Ray is not installed.
 """
 
@@ -23,7 +24,7 @@ from ._differential import assert_matches, random_op, rows_mismatch
 from ._ray import STORE_RESOURCE, RaySession, needs_ray, ray_config
 from .conftest import T0
 from .test_ray_host import RAY_MIX
-from .test_ray_restart import _assign, _kill, _restarted, _stream
+from .test_ray_restart import COHORTS, _assign, _kill, _restarted, _stream
 
 LEDGERS = [(M.LEDGER, 0), (M.LEDGER, 1)]
 
@@ -128,6 +129,74 @@ def test_a_lost_node_replaced_by_one_with_the_store_loses_nothing(
                 assert sorted(r.address[1] for r in _restarted(db, 2 * n)) == [0] * n + [1] * n
                 s = db.stats()
                 assert (s["signals"], s["records"]) == (100 * start, ref.stats()["records"])
+    finally:
+        if ray_session.store is None:  # the next tests need a store node
+            ray_session.add_store_node()
+    with TidalDb.open(path, config=cfg.replace(host="pykka"), clock=clock) as again:  # type: ignore[attr-defined]
+        assert rows_mismatch(again.aggregate_rows(), ref.aggregate_rows()) is None
+
+
+@needs_ray
+def test_a_lost_node_hosting_the_coordinator_and_the_ledgers_loses_nothing(
+    ray_session: RaySession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The coordinator placed with the ledgers on the store node (by the test: the
+    product keeps it on the facade's node, `runtime.ray_placement`), and that node
+    killed mid-stream after purges, more signals sent while it is gone, then a
+    replacement added: the three actors restart there together (`runtime.ray_restoring`),
+    ``flush()`` returns, and the records, then purges of users of both membership
+    shards, equal the reference model's (nothing acknowledged lost, every purge
+    exact), live and reopened."""
+    import tidal_actors.runtime.ray_host as ray_host
+
+    placed = ray_host.placement
+    monkeypatch.setattr(
+        ray_host,
+        "placement",
+        lambda cfg, a, durable: placed(cfg, LEDGERS[0] if a == M.COORD_ADDR else a, durable),
+    )
+    path = str(tmp_path / "store")
+    cfg = _store_config()
+    clock = ManualClock(T0)
+    ref = ReferenceModel(cfg, ManualClock(T0))  # type: ignore[arg-type]
+    ids = ray_session.node_ids()
+    lost = [*LEDGERS, M.COORD_ADDR]
+    try:
+        with TidalDb.open(path, config=cfg, clock=clock) as db:  # type: ignore[arg-type]
+            host = db._core.host
+            nodes = host.nodes()
+            assert {nodes[a] for a in lost} == {ids["store"]}
+            _assign(db, ref)
+            _stream(db, ref, 0, 20)
+            db.flush()
+            for u, c in ((0, "red"), (1, "green")):  # purges before: their statuses restored
+                _, got = db.request_community_purge(u, c)
+                assert got.entries == ref.request_community_purge(u, c)[1].entries
+            _stream(db, ref, 20, 20)  # some of it still on its way at the loss
+            before = {a: host.links.epoch(a) for a in lost}
+            gone = time.monotonic()
+            ray_session.remove_store_node(False)
+            _stream(db, ref, 40, 10)
+            new = ray_session.add_store_node()
+            db.flush()
+            print(f"node hosting {lost} killed -> flush() returned {time.monotonic() - gone:.2f} s")
+            deadline = time.monotonic() + 120
+            while any(host.links.epoch(a) == e for a, e in before.items()):
+                assert time.monotonic() < deadline, "not every restart was heard"
+                time.sleep(0.05)
+            assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
+            assert {host.nodes()[a] for a in lost} == {new}
+            assert sorted(r.address for r in _restarted(db, 3)) == sorted(lost)
+            for u in range(2, 8):  # both membership shards' users, cohorts of both ledgers
+                for c in (COHORTS[u % 4], COHORTS[(u + 1) % 4]):
+                    _, got = db.request_community_purge(u, c)
+                    _, want = ref.request_community_purge(u, c)
+                    assert got.entries == want.entries and got.evicted == want.evicted, (u, c)
+            _stream(db, ref, 50, 5)
+            db.flush()
+            assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
+            s = db.stats()
+            assert (s["signals"], s["records"]) == (5500, ref.stats()["records"])
     finally:
         if ray_session.store is None:  # the next tests need a store node
             ray_session.add_store_node()

@@ -203,17 +203,6 @@ def test_the_store_opens_once_when_two_threads_first_need_it(
 
 
 @needs_ray
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a restart's first steps are Ray calls into the other actor (the ledger fences "
-        "its calls at the coordinator, then asks it RecoverLedger and coordinator_part; "
-        "the coordinator fences its calls at every ledger), made from the restarting "
-        "actor's constructor, and a Ray actor takes no call before its constructor "
-        "returns: each waits for the other, without a timeout (2026-12-02 18:43 UTC: "
-        "neither restarted within 240 s)"
-    ),
-)
 def test_the_coordinator_and_a_ledger_killed_at_once(ray_session: None, tmp_path: Path) -> None:
     """Both processes SIGKILLed together (two workers of the facade's node lost at
     once): the restarting ledger fences its calls at the coordinator and reads the

@@ -101,7 +101,7 @@ class MembershipShard(SignalFanOut):
         """
         state.next_rseq = max(state.next_rseq, numbered)
         new = cls(ctx, index, state)
-        new._token = incarnation << 40
+        new._token = cls.first_token(incarnation)
         for token, reply in (in_doubt or {}).items():
             new._pending[token] = (_nothing, reply, None)
             new._unknown += 1
@@ -109,6 +109,13 @@ class MembershipShard(SignalFanOut):
             if counters is not None and name in counters:
                 setattr(new, name, counters[name])
         return new
+
+    @staticmethod
+    def first_token(incarnation: int) -> int:
+        """The write token and purge marker number incarnation ``incarnation`` (>= 1)
+        starts from: its `MarkerCount` answer until it marks a purge; every earlier
+        incarnation's are below it."""
+        return incarnation << 40
 
     def counters(self) -> dict[str, int]:
         """The ``stats()`` counters of this incarnation (`COUNTERS`)."""

@@ -21,20 +21,18 @@ What the host adds around the behaviour, none of it known to the behaviour:
 * a membership or ledger shard of a durable database whose handler failed with an
   unexpected error is fenced, not restarted (`supervision.Fenced`): a half-updated
   shard is never served. The `FaultReport` goes to the facade;
-* a membership shard's or the coordinator's actor of a durable database whose
-  process died is restarted by Ray in a new process and restores from the store
-  (`ray_membership_restart`, `ray_coordinator_restart`);
-* a ledger actor of a durable database whose process died is restarted by Ray in a
-  new process (``max_restarts``) and restores by handshake (`runtime.ray_restart`):
-  its calls carry its incarnation's epoch, it reports its messages durable
-  (`ray_restart.DurableEnds`) and writes each attribution's link number with its
-  history batch (`Tag.LINK_STATE`);
+* a ledger's, a membership shard's or the coordinator's actor of a durable
+  database whose process died is restarted by Ray (``max_restarts``) and restores
+  (`ray_restart`: by handshake, its messages reported durable, `DurableEnds`;
+  `ray_membership_restart`; `ray_coordinator_restart`) on a thread the constructor
+  starts, holding meanwhile what it is sent (`ray_restoring`);
 * a clock other than `SystemClock` is the facade's time as last carried by a call
   (`Stamped`): every call carries its sender's time.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -52,7 +50,6 @@ from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.links import LinkReceiver
-from tidal_actors.runtime.ray_coordinator_restart import restore as restore_coordinator
 from tidal_actors.runtime.ray_links import RETRY_S, Links
 from tidal_actors.runtime.ray_local import (
     DurableFlag,
@@ -62,7 +59,6 @@ from tidal_actors.runtime.ray_local import (
     writable,
 )
 from tidal_actors.runtime.ray_membership_restart import next_epoch
-from tidal_actors.runtime.ray_membership_restart import restore as restore_membership
 from tidal_actors.runtime.ray_replies import portable, register_serializers, send_fault
 from tidal_actors.runtime.ray_restart import (
     CoordinatorRestart,
@@ -72,8 +68,8 @@ from tidal_actors.runtime.ray_restart import (
     MembershipRestart,
     announce,
     origin_epoch,
-    restore,
 )
+from tidal_actors.runtime.ray_restoring import Held, early_answer, fail, run, take_notices
 from tidal_actors.runtime.ray_shipping import dumps, loads, unbox
 from tidal_actors.runtime.ray_stores import Marks, actor_store, owns_history, take_marks
 from tidal_actors.storage.shard_part import Part, coordinator_part
@@ -133,7 +129,10 @@ class ShardActor:
         # (`ray_restart`, `ray_membership_restart`)
         restartable = address[0] in (M.LEDGER, M.MEMBERSHIP, M.COORDINATOR) and path is not None
         restarted = restartable and ray.get_runtime_context().was_current_actor_reconstructed
-        self.epoch = next_epoch(db, address, opened) if restarted else opened
+        try:
+            self.epoch = next_epoch(db, address, opened) if restarted else opened
+        except Exception as exc:  # noqa: BLE001 - Ray restarts it again
+            fail(address, sink, exc)
         origin = f"{address[0]}-{address[1]}"
         self.links = Links(
             db,
@@ -144,7 +143,7 @@ class ShardActor:
         )
         self._ends: dict[str, LinkReceiver[list[object]]] = {}
         self._fences = Fences()
-        self._asks: dict[int, Reply] = {}
+        self._asks: dict[tuple[int, int], Reply] = {}
         self._ask_ids = itertools.count(1)
         self.durable_ends = DurableEnds() if restartable and address[0] == M.LEDGER else None
         self.host = LocalHost(
@@ -162,18 +161,24 @@ class ShardActor:
         self._opening = threading.Lock()  # `_resolve`'s open of the store
         self._path = path
         self._config = config
-        notice: LedgerRestart | MembershipRestart | CoordinatorRestart | None = None
-        behaviour: Behaviour
-        if restarted and address[0] == M.MEMBERSHIP:
-            behaviour, notice = restore_membership(self)
-        elif restarted and address == M.COORD_ADDR:
-            behaviour, notice = restore_coordinator(self)
-        elif restarted:
-            behaviour, notice = restore(self)
-        else:
-            behaviour = loads(unbox(payload), self._resolve)
         self._marks: dict[int, int] = {}
         self._rewrites = 0
+        self._stop_tick = threading.Event()
+        self._held = Held(holding=restarted)
+        threading.Thread(target=self._retry, name="tidal-retry", daemon=True).start()
+        if restarted:
+            threading.Thread(target=run, args=(self,), name="tidal-restore", daemon=True).start()
+        else:
+            self.begin(loads(unbox(payload), self._resolve), None)
+
+    def begin(
+        self,
+        behaviour: Behaviour,
+        notice: LedgerRestart | MembershipRestart | CoordinatorRestart | None,
+    ) -> None:
+        """Start ``behaviour`` (the first incarnation's, or a restart's restored one),
+        then let what was held meanwhile into its mailbox, in order, and tell the
+        other actors of a restart (``notice``)."""
         if isinstance(behaviour, Persistence):
             idle = behaviour.on_idle
 
@@ -183,10 +188,9 @@ class ShardActor:
 
             behaviour.on_idle = on_idle  # type: ignore[method-assign]
         self.host.start([behaviour])
-        self._stop_tick = threading.Event()
-        if address == M.COORD_ADDR:
+        self._held.release()
+        if self.address == M.COORD_ADDR:
             threading.Thread(target=self._tick, name="tidal-tick", daemon=True).start()
-        threading.Thread(target=self._retry, name="tidal-retry", daemon=True).start()
         if notice is not None:
             announce(self, notice)
 
@@ -222,16 +226,23 @@ class ShardActor:
         known += [e for n, e in map(origin_epoch, self._ends) if n == name]
         return max(known)
 
-    def ask(self, make: Any, label: str) -> int:
-        """Put ``make(reply)`` into the mailbox; returns the id `answer` takes."""
-        rid = next(self._ask_ids)
+    def ask(self, make: Any, label: str) -> tuple[int, int]:
+        """Put ``make(reply)`` into the mailbox (held until the behaviour is up, unless
+        `ray_restoring.early_answer` answers it); returns the id `answer` takes (its
+        incarnation's epoch and a number)."""
+        rid = (self.epoch, next(self._ask_ids))
         reply = self._asks[rid] = Reply(label)
-        self.host.tell(self.address, make(reply))
+        msg = make(reply)
+        early = functools.partial(early_answer, self.address, self.epoch, msg)
+        self._held.ask(functools.partial(self.host.tell, self.address, msg), early)
         return rid
 
-    def answer(self, rid: int) -> tuple[bool, Any, Any]:
-        """``(done, value, error)`` of the reply of `ask` ``rid``."""
-        reply = self._asks[rid]
+    def answer(self, rid: tuple[int, int]) -> tuple[bool, Any, Any] | None:
+        """``(done, value, error)`` of the reply of `ask` ``rid``; None if this
+        incarnation was not asked it (the asker asks again)."""
+        reply = self._asks.get(rid)
+        if reply is None:
+            return None
         if not reply.done:
             return (False, None, None)
         del self._asks[rid]
@@ -311,13 +322,14 @@ class ShardActor:
         if stamp is not None and isinstance(self.clock, Stamped) and stamp > self.clock.now:
             self.clock.now = stamp
         if epoch != self.epoch or self._fences.fenced(origin):
+            take_notices(self.links, messages)
             return None
         end = self._ends.get(origin)
         if end is None:
             end = self._ends[origin] = LinkReceiver()
         first = end.applied + 1
-        for k, batch in enumerate(end.accept(seq, messages)):
-            self._take(origin, first + k, batch)
+        for k, batch in enumerate(end.accept(seq, messages)):  # held while restoring
+            self._held.take(functools.partial(self._take, origin, first + k, batch))
         ends = self.durable_ends
         durable = [] if ends is None else ends.report(origin, self._durable)
         return (self.epoch, end.applied, durable)
@@ -362,7 +374,13 @@ class ShardActor:
 
     def stop(self) -> bytes:
         """Drain and stop the behaviour, wait for what it sent, close the store; the
-        behaviour as it ended, pickled by `ray_shipping.dumps`."""
+        behaviour as it ended, pickled by `ray_shipping.dumps`.
+
+        Raises:
+            ActorFailure: a restart's restore has not brought the behaviour up within
+                60 s."""
+        if not self._held.up.wait(60):
+            raise ActorFailure(f"{self.address[0]}[{self.address[1]}] is still restoring")
         self._stop_tick.set()
         self.host.stop([self.address[0]])
         self.links.drain(timeout=60)

@@ -42,8 +42,6 @@ import functools
 import time
 from typing import Any
 
-import ray
-
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.coordinator import PurgeCoordinator
 from tidal_actors.actors.recovery import (
@@ -53,8 +51,9 @@ from tidal_actors.actors.recovery import (
     LoadStore,
     MarkerCount,
 )
+from tidal_actors.runtime.ray_asks import ask, call, fence
 from tidal_actors.runtime.ray_replies import send_fault
-from tidal_actors.runtime.ray_restart import CoordinatorRestart, ask
+from tidal_actors.runtime.ray_restart import CoordinatorRestart
 from tidal_actors.runtime.restore import build_states
 from tidal_actors.storage.layout import COORDINATOR
 from tidal_actors.storage.shard_part import own_part
@@ -64,7 +63,7 @@ __all__ = ["restore"]
 
 def restore(actor: Any) -> tuple[PurgeCoordinator, CoordinatorRestart]:
     """The new incarnation of the coordinator hosted by ``actor`` (a `ShardActor`
-    whose constructor Ray re-runs), restored as the module says, and the notice.
+    whose constructor Ray re-runs; run on its restore thread, `ray_restoring`), restored as the module says, and the notice.
 
     Raises:
         ActorFailure, StorageError: the restart failed (Ray restarts it again).
@@ -74,13 +73,8 @@ def restore(actor: Any) -> tuple[PurgeCoordinator, CoordinatorRestart]:
     ledgers = [(M.LEDGER, li) for li in range(cfg.ledger_shards)]
     shards = [(M.MEMBERSHIP, m) for m in range(cfg.membership_shards)]
     name = f"{M.COORDINATOR}-0"
-    ray.get(
-        [
-            links.handle(a).fence.remote(name, actor.epoch)
-            for a in [*ledgers, *shards, M.PERSIST_ADDR]
-        ]
-    )
-    links.adopt_epochs(ray.get(links.handle(M.PERSIST_ADDR).known_epochs.remote()))
+    fence(actor, [*ledgers, *shards, M.PERSIST_ADDR], name)
+    links.adopt_epochs(call(links.handle(M.PERSIST_ADDR).known_epochs.remote))
     if actor.host.commit_control is not None:
         # the shards layout: its own environment (`storage.shard_part`), once
         # persistence committed what it held (a rebuild's erasure writes statuses here)

@@ -46,7 +46,10 @@ from tidal_actors.runtime.ray_in_flight import InFlight
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, sending
 from tidal_actors.runtime.ray_restart import CoordinatorRestart, LedgerRestart, MembershipRestart
 
-__all__ = ["PRUNE_AT", "RETRY_S", "WINDOW", "Links", "actor_name", "is_load"]
+__all__ = ["NOTICES", "PRUNE_AT", "RETRY_S", "WINDOW", "Links", "actor_name", "is_load"]
+
+NOTICES = (LedgerRestart, MembershipRestart, CoordinatorRestart)
+"""The restart notices (host level: `Links.restarted` takes them)."""
 
 WINDOW = 4
 """Load-carrying calls a sender keeps outstanding per receiver."""
@@ -246,8 +249,9 @@ class Links:
     def restarted_membership(self, notice: MembershipRestart) -> list[Reply]:
         """The membership shard ``notice.address`` restarted from the store: from now
         on calls go to its new epoch, numbered from 1; what the link kept for the
-        failed incarnation is dropped (`ray_membership_restart`), but a ledger's
-        restart notice, sent again on the new epoch. Returns the
+        failed incarnation is dropped (`ray_membership_restart`), but the restart
+        notices (of a ledger, the coordinator, another membership shard restarted
+        meanwhile), sent again on the new epoch. Returns the
         replies of the calls sent to it and not answered (followed links only: the
         caller fails them), and notes that the next flush through it fails if
         signals were sent to it since the last flush (`InFlight`). A notice of an epoch not newer
@@ -263,9 +267,10 @@ class Links:
             self._epochs[address] = notice.epoch
             end = self._ends.get(address)
             if end is not None:
-                # a ledger's restart notice is all it gets again: the new incarnation
-                # must number its attributions for that ledger's epoch
-                notices = [m for _, m in end.kept() if type(m) is LedgerRestart]
+                # restart notices are all it gets again: the new incarnation must
+                # number its calls for the current incarnations of the actors that
+                # restarted with it (`ray_restoring`)
+                notices = [m for _, m in end.kept() if type(m) in NOTICES]
                 end = self._ends[address] = LinkSender(end.durable_acks)
                 refs = [self._call(h, address, end.stamp(m), m) for m in notices]
                 self.resent += len(refs)

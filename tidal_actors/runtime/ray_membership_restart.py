@@ -56,9 +56,10 @@ import ray
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.actors.recovery import FaultReport, LoadStore, RecoverMembership, SeenRecords
+from tidal_actors.runtime.ray_asks import ask, call, fence
 from tidal_actors.runtime.ray_links import actor_name
 from tidal_actors.runtime.ray_replies import NAMESPACE, send_fault
-from tidal_actors.runtime.ray_restart import MembershipRestart, ask
+from tidal_actors.runtime.ray_restart import MembershipRestart
 from tidal_actors.runtime.supervision import restore_membership
 from tidal_actors.storage.layout import membership_env
 from tidal_actors.storage.shard_part import own_part
@@ -79,12 +80,12 @@ def next_epoch(db: str, address: M.Address, opened: int) -> int:
             restart fails; Ray tries again).
     """
     name = f"{address[0]}-{address[1]}"
-    handles = [
+    handles: list[Any] = [
         ray.get_actor(actor_name(db, a), namespace=NAMESPACE)
         for a in (M.COORD_ADDR, M.PERSIST_ADDR)
         if a != address  # the coordinator restarting asks persistence only
     ]
-    seen: list[int] = ray.get([h.epochs.remote(name, address) for h in handles])
+    seen: list[int] = [call(functools.partial(h.epochs.remote, name, address)) for h in handles]
     return epoch_after(time.time_ns(), opened, seen)
 
 
@@ -97,7 +98,8 @@ def epoch_after(now_ns: int, opened: int, seen: list[int]) -> int:
 
 def restore(actor: Any) -> tuple[MembershipShard, MembershipRestart]:
     """The new incarnation of the membership shard hosted by ``actor`` (a
-    `ShardActor` whose constructor Ray re-runs), restored as the module says, and
+    `ShardActor` whose constructor Ray re-runs; run on its restore thread,
+    `ray_restoring`), restored as the module says, and
     the notice for the other actors and the facade. A `FaultReport` ("restarted",
     its ``cause`` saying how long the restore took) goes to the facade.
 
@@ -108,12 +110,11 @@ def restore(actor: Any) -> tuple[MembershipShard, MembershipRestart]:
     i, cfg, links = actor.address[1], actor._config, actor.links
     ledgers = [(M.LEDGER, li) for li in range(cfg.ledger_shards)]
     name = f"{M.MEMBERSHIP}-{i}"
-    others = [*ledgers, M.COORD_ADDR, M.PERSIST_ADDR]
-    ray.get([links.handle(a).fence.remote(name, actor.epoch) for a in others])
+    fence(actor, [*ledgers, M.COORD_ADDR, M.PERSIST_ADDR], name)
     # the ledgers restarted before: persistence heard every notice
-    links.adopt_epochs(ray.get(links.handle(M.PERSIST_ADDR).known_epochs.remote()))
+    links.adopt_epochs(call(links.handle(M.PERSIST_ADDR).known_epochs.remote))
     # its purges not committed end; markers of them the ledgers hold are dropped
-    below = actor.epoch << 40  # its own markers start above (`MembershipShard.restarted`)
+    below = MembershipShard.first_token(actor.epoch)  # its own markers start above
     recover = functools.partial(RecoverMembership, i, below)
     ask(links.handle(M.COORD_ADDR), recover, "recover-membership")
     seen = [
@@ -124,7 +125,7 @@ def restore(actor: Any) -> tuple[MembershipShard, MembershipRestart]:
     restored = None
     source = "its own environment and the coordinator's records"
     if actor.host.commit_control is not None:
-        part = ray.get(links.handle(M.COORD_ADDR).coordinator_part.remote())
+        part = call(links.handle(M.COORD_ADDR).coordinator_part.remote)
         if part is not None:
             restored = own_part(actor._resolve("store"), membership_env(i), part)
     if restored is None:

@@ -107,9 +107,10 @@ def _sink(name: str) -> Any:
     return handle
 
 
-def send_fault(sink: str, report: Any) -> None:
-    """Tell the facade behind ``sink`` of a handler failure (a `FaultReport`)."""
-    _sink(sink).settle.remote([("fault", 0, report, None)])
+def send_fault(sink: str, report: Any) -> Any:
+    """Tell the facade behind ``sink`` of a handler failure (a `FaultReport`); the
+    call's Ray reference (a caller about to end its process waits for it)."""
+    return _sink(sink).settle.remote([("fault", 0, report, None)])
 
 
 class RemoteReply(Reply):

@@ -46,13 +46,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
-
-from tidal_actors._errors import ActorFailure
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.ledger_durability import Token, ended_before
 from tidal_actors.actors.recovery import FaultReport, LoadStore, RecoverLedger
+from tidal_actors.runtime.ray_asks import ask, call, fence
 from tidal_actors.runtime.ray_replies import send_fault
 from tidal_actors.runtime.supervision import restore_ledger
 from tidal_actors.storage.format import Keyspace, Tag, decode_key, decode_link_state
@@ -60,7 +58,6 @@ from tidal_actors.storage.layout import ledger_env
 from tidal_actors.storage.shard_part import ledger_part
 
 __all__ = [
-    "ASK_POLL_S",
     "LEDGER_RESTARTS",
     "CoordinatorRestart",
     "DurableEnds",
@@ -68,7 +65,6 @@ __all__ = [
     "LedgerRestart",
     "MembershipRestart",
     "announce",
-    "ask",
     "link_states",
     "origin_epoch",
     "restore",
@@ -77,8 +73,6 @@ __all__ = [
 
 LEDGER_RESTARTS = 1000
 """How many times Ray restarts a ledger actor of a durable database."""
-ASK_POLL_S = 0.01  # how often a restarting ledger looks for an answer (seconds)
-ASK_WAIT_S = 120.0  # how long it waits for one (seconds)
 
 
 def origin_epoch(origin: str) -> tuple[str, int]:
@@ -267,29 +261,9 @@ class Fences:
         return floor is not None and epoch < floor
 
 
-def ask(handle: Any, make: Callable[[Any], object], label: str) -> Any:
-    """Put ``make(reply)`` into the mailbox of the actor behind ``handle`` (a
-    `ShardActor`) and poll for the reply's value (no Ray call waits there, so the
-    actor keeps taking the calls its answer depends on).
-
-    Raises:
-        ActorFailure: no answer within ``ASK_WAIT_S``; the reply's error as it is.
-    """
-    rid = ray.get(handle.ask.remote(make, label))
-    deadline = time.monotonic() + ASK_WAIT_S
-    while time.monotonic() < deadline:
-        done, value, error = ray.get(handle.answer.remote(rid))
-        if done:
-            if error is not None:
-                raise error
-            return value
-        time.sleep(ASK_POLL_S)
-    raise ActorFailure(f"no answer to {label} within {ASK_WAIT_S} s")
-
-
 def restore(actor: Any) -> tuple[Behaviour, LedgerRestart]:
     """The new incarnation of the ledger hosted by ``actor`` (a `ShardActor` whose
-    constructor Ray re-runs): the failed incarnation's sends to the coordinator and
+    constructor Ray re-runs; run on its restore thread, `ray_restoring`): the failed incarnation's sends to the coordinator and
     persistence fenced, its links numbering for the incarnations that restarted
     before (from persistence: a new incarnation's calls numbered for a failed one's
     epoch are dropped), the coordinator asked (`RecoverLedger`), the store read once
@@ -302,11 +276,10 @@ def restore(actor: Any) -> tuple[Behaviour, LedgerRestart]:
     """
     started = time.monotonic()
     i, cfg, links = actor.address[1], actor._config, actor.links
-    others = (M.COORD_ADDR, M.PERSIST_ADDR)
-    ray.get([links.handle(a).fence.remote(f"{M.LEDGER}-{i}", actor.epoch) for a in others])
+    fence(actor, [M.COORD_ADDR, M.PERSIST_ADDR], f"{M.LEDGER}-{i}")
     # the coordinator and membership shards restarted before (their notices went to
     # the failed incarnation): persistence heard every notice
-    links.adopt_epochs(ray.get(links.handle(M.PERSIST_ADDR).known_epochs.remote()))
+    links.adopt_epochs(call(links.handle(M.PERSIST_ADDR).known_epochs.remote))
     recovery = ask(links.handle(M.COORD_ADDR), functools.partial(RecoverLedger, i), "recover")
     store = actor._resolve("store")
     restored = _own_part(actor, store) if actor.host.commit_history is not None else None
@@ -335,7 +308,7 @@ def _own_part(actor: Any, store: Any) -> Any:
     and the restore must not miss that batch and number its next one as it) merged
     with the coordinator's records (`storage.shard_part`); None when the store's
     history is not self-contained (the whole store is read instead)."""
-    part = ray.get(actor.links.handle(M.COORD_ADDR).coordinator_part.remote())
+    part = call(actor.links.handle(M.COORD_ADDR).coordinator_part.remote)
     if part is None:
         return None
     return ledger_part(store, actor.address[1], part, actor._config.ledger_shards)
