@@ -106,9 +106,9 @@ class RematJob:
 
     def _fold_history(self, keys: list[bytes]) -> set[int]:
         """Fold the settled records of the batches at ``keys``; returns the key
-        shards whose batches have passed every settled record (`HistoryReader.past_rule`:
-        no later batch under that shard holds one; where the history is
-        self-contained, only this shard's own keys are read that way). A key gone
+        shards whose batches here have all passed every settled record
+        (`HistoryReader.past_rule`: no later batch under that shard holds one; where
+        the history is self-contained, only this shard's own keys end that way). A key gone
         since the listing had its records merged into a later key's block by a
         compaction (`storage.history_compact`): then none ends here, the later keys
         are read, and the keys written since the listing once the listed ones are."""
@@ -118,17 +118,20 @@ class RematJob:
         batches = history.batches(keys)
         gone = len(batches) < len(keys)
         self._gone = self._gone or gone
-        ended: set[int] = set()
+        ended: set[int] = set()  # key shards whose batches here were all past
+        going: set[int] = set()  # and the others
         for b in batches:
             settled = settled_mask(b, rebuild.settled_upto)
             if (b.shard == history.shard or not self._contained) and self._past(b, settled):
                 ended.add(b.shard)
+            else:
+                going.add(b.shard)
             fresh = history.unseen(b, self._seen)  # not read at a key before a compaction
             if self.cohort in b.cohorts:
                 # records a purge retracted live (tombstoned) are gone already
                 kept = history.untombstoned(b, self._tombs)
                 rebuild.fold_settled(b, settled & fresh, kept)
-        return set() if gone else ended
+        return set() if gone else ended - going
 
     def _shard(self, key: bytes) -> int:
         """The ledger shard named by history key ``key``."""
