@@ -27,7 +27,7 @@ then it is gone from a rebuild, as from a restore after a crash).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
 import numpy as np
@@ -207,6 +207,49 @@ class HistoryReader:
         missed (adversarial review, session 29)."""
         return not settled.any() and bool(cls.untombstoned(b, tombs).all())
 
+    def contained(self) -> bool:
+        """Whether each of the store's history keys that names this shard holds this
+        shard's cohorts' records alone, in the order its rows arrived: a ``shards``
+        store whose history was all written under the running ledger count
+        (`ShardedStore.own_history`). Not known of the ``single`` layout and the
+        memory and snapshot stores (their format record does not say whether the
+        store was opened under another ledger count); not so once it was."""
+        own = getattr(self.store, "own_history", None)
+        return own is not None and own(self.shard) is not None
+
+    @staticmethod
+    def passed_bounds(
+        b: HistoryBatch, settled_upto: dict[int, int], passed: dict[int, set[int]]
+    ) -> bool:
+        """Whether no batch after ``b`` under ``b``'s key shard holds a record below
+        its membership shard's bound (``settled_upto``), by the rseqs alone: the
+        batches under one key shard hold growing rseqs per membership shard,
+        whichever cohorts and ledger count wrote them, so once a record of each
+        membership shard with settled records was read at or above its bound none
+        after is below it. ``passed`` (key shard -> those membership shards read so
+        far) is updated. The rule for a history that is not self-contained
+        (`contained`), where `past_settled`'s does not hold: there a key's batches
+        hold other ledgers' cohorts, which settle nothing here (adversarial review,
+        session 32)."""
+        done = passed.setdefault(b.shard, set())
+        for m in sets.unique(b.m).tolist():
+            top = settled_upto.get(m, 0)
+            if top > 0 and m not in done and int(b.r[b.m == m].max()) >= top:
+                done.add(m)
+        return all(m in done for m, top in settled_upto.items() if top > 0)
+
+    def past_rule(
+        self, settled_upto: dict[int, int], tombs: dict[int, np.ndarray]
+    ) -> Callable[[HistoryBatch, np.ndarray], bool]:
+        """``past(b, settled)``: whether no batch after ``b`` under its key shard
+        holds a settled record (``settled``: ``b``'s mask of records below their
+        bound), for one pass over the history: `past_settled` where the history is
+        self-contained (`contained`), else `passed_bounds`."""
+        if self.contained():
+            return lambda b, settled: self.past_settled(b, settled, tombs)
+        passed: dict[int, set[int]] = {}
+        return lambda b, settled: self.passed_bounds(b, settled_upto, passed)
+
     def settled_detail(
         self, key: tuple[str, int, int], t_lo: int, t_hi: int, settled_upto: dict[int, int]
     ) -> list[tuple[int, float]]:
@@ -247,9 +290,10 @@ class HistoryReader:
         for k in self.batch_keys():  # in key order: by shard, then by sequence
             by_shard.setdefault(self.key_shard_seq(k)[0], []).append(k)
         seen: dict[tuple[int, int], int] = {}
+        past = self.past_rule(settled_upto, tombs)
         for shard, keys in by_shard.items():
             while keys:
-                gone = self._index_keys(keys, t_lo, t_hi, settled_upto, tombs, seen, index)
+                gone = self._index_keys(keys, t_lo, t_hi, settled_upto, tombs, seen, index, past)
                 # keys gone since the listing and the pass not ended: a compaction
                 # merged their records into a block, maybe under a key written since
                 keys = self.keys_after(shard, keys[-1]) if gone else []
@@ -271,11 +315,12 @@ class HistoryReader:
         tombs: dict[int, np.ndarray],
         seen: dict[tuple[int, int], int],
         index: dict[tuple[str, int, int], list[tuple[np.ndarray, np.ndarray]]],
+        past_of: Callable[[HistoryBatch, np.ndarray], bool],
     ) -> bool:
         """Index the settled records in ``[t_lo, t_hi]`` of one ledger shard's batches
-        at ``keys``, 64 at a time, up to the first chunk past every settled record;
-        True when the pass read them all and some key was gone (the caller lists
-        the keys after)."""
+        at ``keys``, 64 at a time, up to the first chunk past every settled record
+        (``past_of``: `past_rule`); True when the pass read them all and some key was
+        gone (the caller lists the keys after)."""
         gone = False
         for i in range(0, len(keys), 64):
             chunk = self.batches(keys[i : i + 64])
@@ -288,7 +333,7 @@ class HistoryReader:
                 for m, top in settled_upto.items():
                     bound[b.m == m] = top
                 settled = b.r < bound
-                past = past and self.past_settled(b, settled, tombs)
+                past = past_of(b, settled) and past
                 sel = settled & (b.ts >= t_lo) & (b.ts <= t_hi) & self.unseen(b, seen)
                 if sel.any():
                     self._index_into(index, b, sel & self.untombstoned(b, tombs))

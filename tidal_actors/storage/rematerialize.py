@@ -16,6 +16,7 @@ No threads; the reads go through the store the reader wraps.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol, cast
 
 import numpy as np
@@ -24,6 +25,7 @@ from tidal_actors.core.aggregates import Aggregates
 from tidal_actors.core.contrib_log import ContributionLog
 from tidal_actors.core.remat import Rebuild, RematConfig, settled_mask
 from tidal_actors.core.states import HistorySource
+from tidal_actors.storage.format import HistoryBatch
 from tidal_actors.storage.history import HistoryReader
 
 __all__ = ["HISTORY_BATCHES", "RematJob"]
@@ -68,9 +70,13 @@ class RematJob:
         self._tombs: dict[int, np.ndarray] = {}
         self._seen: dict[tuple[int, int], int] = {}  # `HistoryReader.unseen`
         self._gone = False  # a key listed was gone when read (`_fold_history`)
+        self._contained = True  # `HistoryReader.contained`, with the rule `_past`
+        self._past: Callable[[HistoryBatch, np.ndarray], bool] = lambda b, settled: False
         if self.history is not None and self.rebuild.settled_upto:
             self._keys = self.history.batch_keys()
             self._tombs = self.history.tombstones()
+            self._contained = self.history.contained()
+            self._past = self.history.past_rule(self.rebuild.settled_upto, self._tombs)
         self.t0 = time.perf_counter()
 
     @property
@@ -86,8 +92,9 @@ class RematJob:
         """
         if self._keys:
             chunk, self._keys = self._keys[:HISTORY_BATCHES], self._keys[HISTORY_BATCHES:]
-            if not self._fold_history(chunk):
-                self._keys = [k for k in self._keys if self._other_shard(k)]
+            ended = self._fold_history(chunk)
+            if ended:
+                self._keys = [k for k in self._keys if self._shard(k) not in ended]
             if not self._keys and self._gone:
                 # keys gone since the listing: a compaction merged their records into
                 # a block, maybe under a key written since; read the keys after
@@ -97,33 +104,39 @@ class RematJob:
             return False
         return self.rebuild.step_held()
 
-    def _fold_history(self, keys: list[bytes]) -> bool:
-        """Fold the settled records of the batches at ``keys``; False once this
-        shard's batches have passed every settled record
-        (`HistoryReader.past_settled`: no later batch of this shard holds one). A key
-        gone since the listing had its records merged into a later key's block by a
-        compaction (`storage.history_compact`): the later keys are read then, and
-        the keys written since the listing once the listed ones are read."""
+    def _fold_history(self, keys: list[bytes]) -> set[int]:
+        """Fold the settled records of the batches at ``keys``; returns the key
+        shards whose batches here have all passed every settled record
+        (`HistoryReader.past_rule`: no later batch under that shard holds one; where
+        the history is self-contained, only this shard's own keys end that way). A key gone
+        since the listing had its records merged into a later key's block by a
+        compaction (`storage.history_compact`): then none ends here, the later keys
+        are read, and the keys written since the listing once the listed ones are."""
         history = self.history
         assert history is not None
         rebuild = self.rebuild
         batches = history.batches(keys)
-        go_on = len(batches) < len(keys)
-        self._gone = self._gone or go_on
+        gone = len(batches) < len(keys)
+        self._gone = self._gone or gone
+        ended: set[int] = set()  # key shards whose batches here were all past
+        going: set[int] = set()  # and the others
         for b in batches:
             settled = settled_mask(b, rebuild.settled_upto)
-            if b.shard != history.shard or not history.past_settled(b, settled, self._tombs):
-                go_on = True
+            if (b.shard == history.shard or not self._contained) and self._past(b, settled):
+                ended.add(b.shard)
+            else:
+                going.add(b.shard)
             fresh = history.unseen(b, self._seen)  # not read at a key before a compaction
             if self.cohort in b.cohorts:
                 # records a purge retracted live (tombstoned) are gone already
                 kept = history.untombstoned(b, self._tombs)
                 rebuild.fold_settled(b, settled & fresh, kept)
-        return go_on
+        return set() if gone else ended - going
 
-    def _other_shard(self, key: bytes) -> bool:
+    def _shard(self, key: bytes) -> int:
+        """The ledger shard named by history key ``key``."""
         assert self.history is not None
-        return self.history.key_shard_seq(key)[0] != self.history.shard
+        return self.history.key_shard_seq(key)[0]
 
     def finish(self) -> tuple[int, int, bool, dict[int, int]]:
         """Fold rows that arrived meanwhile, compare, swap in, erase the left-out rows.
