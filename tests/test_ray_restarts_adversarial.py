@@ -1,7 +1,8 @@
 """Overlapping Ray restarts under load (`runtime.ray_restoring`, `runtime.ray_asks`):
 purges requested back to back and signals streaming from two threads while two
-actors are SIGKILLed together, staggered (the second while the first restores), or
-one twice (the second kill during its own restore). Every purge either commits (its
+actors are SIGKILLed together, staggered (the second while the first restores),
+one twice (the second kill during its own restore), or two while an environment
+cannot be opened (a restore fails, Ray restarts it). Every purge either commits (its
 manifest listed once, exact) or fails to its caller saying it may be requested again
 / may have been applied; one that did not commit is requested again. Then the
 manifests and the aggregates equal the reference model's, fed only the acknowledged
@@ -40,7 +41,7 @@ MEMBERSHIP = (M.MEMBERSHIP, SHARD)
 WAIT_S = 120.0  # how long the facade may wait for each restart's notice (seconds)
 RETRY = re.compile(r"may have been applied|not committed|nothing of it was committed")
 
-Kill = Callable[[TidalDb], None]
+Kill = Callable[[TidalDb, Path], None]  # (the database, its store directory)
 
 
 def _pid(db: TidalDb, address: M.Address) -> int:
@@ -57,21 +58,21 @@ def _pid(db: TidalDb, address: M.Address) -> int:
 
 
 def _kill(address: M.Address) -> Kill:
-    def step(db: TidalDb) -> None:
+    def step(db: TidalDb, path: Path) -> None:
         os.kill(_pid(db, address), signal.SIGKILL)
 
     return step
 
 
 def _pause(seconds: float) -> Kill:
-    return lambda db: time.sleep(seconds)
+    return lambda db, path: time.sleep(seconds)
 
 
 def _kill_during_restore(address: M.Address) -> Kill:
     """Kill ``address``, wait for its next process (its constructor returned, so its
     restore runs) and kill that one too before the facade hears of the restart."""
 
-    def step(db: TidalDb) -> None:
+    def step(db: TidalDb, path: Path) -> None:
         host = db._core.host
         epoch = host.links.epoch(address)
         old = _pid(db, address)
@@ -175,7 +176,7 @@ def _through_kills(tmp_path: Path, steps: list[Kill], victims: list[M.Address]) 
             assert time.monotonic() < deadline and threads[0].is_alive()
             time.sleep(0.001)
         for step in steps:
-            step(db)
+            step(db, Path(path))
         threads[0].join(timeout=3 * WAIT_S)
         assert not threads[0].is_alive(), "a purge never answered"
         assert not errors, errors
@@ -218,6 +219,37 @@ def _through_kills(tmp_path: Path, steps: list[Kill], victims: list[M.Address]) 
             assert listed == sorted(c for v, c in plan if v == u), u
 
 
+def _kill_unopenable(a: M.Address, b: M.Address, env: str) -> Kill:
+    """Make environment ``env`` unopenable (its ``lock.mdb`` a directory), SIGKILL
+    ``a`` and ``b`` together, wait for the facade's "down" report of a failed restore
+    (every actor's process opens every environment, so the first to open the store
+    fails; the other's restore may be waiting for it), then put it back."""
+
+    def step(db: TidalDb, path: Path) -> None:
+        lock = path / "shards" / env / "lock.mdb"
+        away = lock.with_name("lock.mdb.away")
+        lock.rename(away)
+        lock.mkdir()
+        try:
+            pids = [_pid(db, a), _pid(db, b)]
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + WAIT_S
+            while True:
+                down = [r for r in db._core.fault_reports() if r.action == "down"]
+                if down:
+                    break
+                assert time.monotonic() < deadline, "no report of a failed restore"
+                time.sleep(0.02)
+        finally:
+            lock.rmdir()
+            away.rename(lock)
+        assert "restore failed" in down[0].cause, down[0].cause
+        print(f"{env} unopenable: {down[0].address}'s restore failed")
+
+    return step
+
+
 C, L, S = M.COORD_ADDR, LEDGER, MEMBERSHIP
 CASES = [  # id, the kills in order (pauses between), the actors restarted
     ("coord+ledger", [_kill(C), _kill(L)], [C, L]),
@@ -229,6 +261,16 @@ CASES = [  # id, the kills in order (pauses between), the actors restarted
         "coord-ledger-membership-ledger-again",
         [_kill(C), _pause(0.05), _kill(L), _pause(0.1), _kill(S), _kill_during_restore(L)],
         [C, L, S],
+    ),
+    (  # the store unopenable while both restart: a restore fails, the next completes
+        "coord+ledger-coord-env-unopenable",
+        [_kill_unopenable(C, L, "coordinator")],
+        [C, L],
+    ),
+    (
+        "coord+membership-membership-env-unopenable",
+        [_kill_unopenable(C, S, f"membership-{SHARD}")],
+        [C, S],
     ),
 ]
 
