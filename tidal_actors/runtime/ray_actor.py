@@ -71,7 +71,13 @@ from tidal_actors.runtime.ray_restart import (
 )
 from tidal_actors.runtime.ray_restoring import Held, early_answer, fail, run, take_notices
 from tidal_actors.runtime.ray_shipping import dumps, loads, unbox
-from tidal_actors.runtime.ray_stores import Marks, actor_store, owns_history, take_marks
+from tidal_actors.runtime.ray_stores import (
+    MarkRelay,
+    Marks,
+    actor_store,
+    owns_history,
+    take_marks,
+)
 from tidal_actors.storage.shard_part import Part, coordinator_part
 from tidal_actors.storage.stores import NullStore
 
@@ -161,8 +167,7 @@ class ShardActor:
         self._opening = threading.Lock()  # `_resolve`'s open of the store
         self._path = path
         self._config = config
-        self._marks: dict[int, int] = {}
-        self._rewrites = 0
+        self._relay = MarkRelay()
         self._stop_tick = threading.Event()
         self._held = Held(holding=restarted)
         threading.Thread(target=self._retry, name="tidal-retry", daemon=True).start()
@@ -184,7 +189,7 @@ class ShardActor:
 
             def on_idle() -> None:
                 idle()
-                self._relay_marks()
+                self._relay.relay(self.store, self.links)
 
             behaviour.on_idle = on_idle  # type: ignore[method-assign]
         self.host.start([behaviour])
@@ -278,17 +283,6 @@ class ShardActor:
 
     def _fault(self, report: FaultReport) -> None:
         send_fault(self.sink, report)
-
-    def _relay_marks(self) -> None:
-        marks = getattr(self.store, "history_marks", None)
-        if marks is None:
-            return
-        rewrites = marks.rewrites
-        for shard, top in list(marks.top.items()):
-            if self._marks.get(shard) != top or rewrites != self._rewrites:
-                self._marks[shard] = top
-                self.links.send((M.LEDGER, shard), Marks(top, rewrites))
-        self._rewrites = rewrites
 
     def _tick(self) -> None:
         while not self._stop_tick.wait(TICK_S):

@@ -29,11 +29,20 @@ import lmdb
 
 from tidal_actors._config import Config
 from tidal_actors._errors import StorageError
+from tidal_actors.actors.messages import LEDGER
 from tidal_actors.storage.lmdb_env import STORE_MARKER, LmdbStore
 from tidal_actors.storage.protocol import HistoryMarks
 from tidal_actors.storage.sharded import ShardedStore, layout_of
 
-__all__ = ["Marks", "ReaderStore", "WriterStore", "actor_store", "owns_history", "take_marks"]
+__all__ = [
+    "MarkRelay",
+    "Marks",
+    "ReaderStore",
+    "WriterStore",
+    "actor_store",
+    "owns_history",
+    "take_marks",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +101,32 @@ class ReaderStore(LmdbStore):
 
     def __init__(self, path: str, config: Config) -> None:  # noqa: D107
         _open(self, path, config, read_only=True)
+
+
+class MarkRelay:
+    """(Persistence's process.) Sends each ledger its `Marks` after a commit, only
+    when they changed since the last sent (``sent``: per ledger shard, the top sent;
+    ``rewrites``: the count sent)."""
+
+    __slots__ = ("rewrites", "sent")
+
+    def __init__(self) -> None:
+        self.sent: dict[int, int] = {}
+        self.rewrites = 0
+
+    def relay(self, store: Any, links: Any) -> None:
+        """Send ``store``'s history marks (`HistoryMarks`) that changed on ``links``
+        (`ray_links.Links`), one `Marks` per ledger shard; nothing for a store
+        without history marks."""
+        marks = getattr(store, "history_marks", None)
+        if marks is None:
+            return
+        rewrites = marks.rewrites
+        for shard, top in list(marks.top.items()):
+            if self.sent.get(shard) != top or rewrites != self.rewrites:
+                self.sent[shard] = top
+                links.send((LEDGER, shard), Marks(top, rewrites))
+        self.rewrites = rewrites
 
 
 def take_marks(store: Any, marks: Marks, shard: int) -> None:
