@@ -265,23 +265,16 @@ def replay(
                 if scores_out is not None and complete:
                     with phase("write the scores", None, ""):
                         scores_written = write_scores(scores_out, db.aggregate_rows(at))
-            next_skip = skip_rows + counts.rows
+            # a bad row met while skipping is where the rows applied end
+            next_skip = (feed.skipped if error else skip_rows) + counts.rows
             if data_dir is not None:
-                stopped = (
-                    None
-                    if complete
-                    else {
-                        "after_rows": next_skip,
-                        "why": "bad row" if error else "interrupted" if feed.cut else "short log",
-                    }
-                )
-                store.write_state(
-                    data_dir,
-                    config,
-                    counts.max_ts_ns,
-                    source,
-                    **{PENDING_KEY: rebuilds.pending(), "stopped": stopped},
-                )
+                extra: dict[str, object] = {PENDING_KEY: rebuilds.pending()}
+                if complete:
+                    extra["stopped"] = None
+                elif counts.rows:  # a run that applied nothing leaves the position as it was
+                    why = "bad row" if error else "interrupted" if feed.cut else "short log"
+                    extra["stopped"] = {"after_rows": next_skip, "why": why}
+                store.write_state(data_dir, config, counts.max_ts_ns, source, **extra)
         except OSError as exc:
             fail(str(exc), EXIT_BAD_INPUT)
         except InvalidArgument as exc:
@@ -307,6 +300,16 @@ def replay(
     if report_out is not None:
         write_json(report_out, report)
 
+    outputs = {"--scores-out": scores_out, "--report-out": report_out}
+    if error is not None and feed.skipped < skip_rows and data_dir is not None:
+        fail(  # the user meant to step over this row by count: say how to
+            f"{error}. --skip-rows counts valid rows and does not step over an invalid "
+            f"one, so nothing was applied. Fix {error.path}:{error.line}, then: "
+            + go_on_command(events, data_dir, next_skip, False, outputs)
+            + "; or skip invalid rows: "
+            + go_on_command(events, data_dir, next_skip, True, outputs),
+            EXIT_BAD_INPUT,
+        )
     go_on: str | None = None
     if not complete and not feed.short:
         go_on = (
@@ -316,7 +319,7 @@ def replay(
                 data_dir,
                 next_skip,
                 skip_invalid,
-                {"--scores-out": scores_out, "--report-out": report_out},
+                outputs,
             )
             if data_dir is not None
             else "nothing was kept (no --data-dir): replay the whole log again"
