@@ -47,3 +47,39 @@ def test_a_bad_row_inside_the_skipped_rows_is_the_error(tmp_path: Path) -> None:
     res = run("inspect", "top", "c1", "--data-dir", data)
     entities = [line.split()[2] for line in res.out.splitlines() if "  entity " in line]
     assert res.code == 0 and sorted(entities) == ["5", "6"], res
+
+
+GOOD_LOG = (
+    "ts_ns,op,user_id,cohort,entity_id,signal_type,weight\n"
+    "1000,assign,1,c1,,,\n"
+    "2000,signal,1,,5,1,1.0\n"
+)
+
+
+def _config(data: Path) -> dict[str, object]:
+    config = json.loads((data / "tidal-actors-cli.json").read_text())["config"]
+    assert isinstance(config, dict)
+    return config
+
+
+def test_append_refuses_an_override_that_changes_the_stores_settings(tmp_path: Path) -> None:
+    log, data = tmp_path / "log.csv", tmp_path / "D"
+    log.write_text(GOOD_LOG)
+    assert run("replay", log, "--data-dir", data, "--half-life", "7d", "-q").code == 0
+    before = (data / "tidal-actors-cli.json").read_text()
+    res = run("replay", log, "--data-dir", data, "--append", "--skip-rows", 2, "--half-life", "3d")
+    assert res.code == 2 and res.out == "", res
+    assert res.err.strip() == (
+        f"tidal-actors: error: --append keeps the settings of the store in {data}: "
+        "its half_life_ns is 7d, --half-life gives 3d. Leave the option out, or "
+        "replay into a new directory to use other settings"
+    ), res
+    assert (data / "tidal-actors-cli.json").read_text() == before
+    toml = tmp_path / "w.toml"
+    toml.write_text("[window]\nwindow_buckets = 12\n")
+    res = run("replay", log, "--data-dir", data, "--append", "--skip-rows", 2, "--config", toml)
+    assert res.code == 2 and "its window_buckets is 24, --config gives 12" in res.err, res
+    # the same value, or none, is no change: accepted
+    res = run("replay", log, "--data-dir", data, "--append", "--skip-rows", 2, "--half-life", "7d")
+    assert res.code == 0, res
+    assert _config(data)["half_life_ns"] == 7 * 86_400 * 10**9

@@ -90,7 +90,8 @@ def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
 @click.option(
     "--append",
     is_flag=True,
-    help="Add the log to the store already in --data-dir (its settings are kept). "
+    help="Add the log to the store already in --data-dir. Its settings are kept: "
+    "--config or a flag giving a setting the store records another value is refused. "
     "Without it such a directory is refused: replaying a log into a store "
     "that holds it applies every row again.",
 )
@@ -192,7 +193,9 @@ def replay(
     data_dir = data_dir_of(ctx, data_dir)
     store.check_outputs({"--scores-out": scores_out, "--report-out": report_out})
     check_replay_target(data_dir, append)
-    config = store.build_config(data_dir, config_file, half_life, window_width, window_buckets)
+    config = store.build_config(
+        data_dir, config_file, half_life, window_width, window_buckets, append
+    )
     state = store.read_state(data_dir) if data_dir is not None and data_dir.is_dir() else {}
     try:
         # purged cohorts are rebuilt in event time (see eventlog.rebuilds), not by the
