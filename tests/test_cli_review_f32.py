@@ -10,6 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from tidal_actors import Config, InvalidArgument
+
 from .test_cli import _subprocess_run as run
 
 # row 3 (line 4) is bad; rows 1 and 2 are good, row 4 good
@@ -83,3 +87,56 @@ def test_append_refuses_an_override_that_changes_the_stores_settings(tmp_path: P
     res = run("replay", log, "--data-dir", data, "--append", "--skip-rows", 2, "--half-life", "7d")
     assert res.code == 0, res
     assert _config(data)["half_life_ns"] == 7 * 86_400 * 10**9
+
+
+def test_a_bad_value_in_toml_is_named_by_its_dotted_path_in_tomls_words(tmp_path: Path) -> None:
+    toml = tmp_path / "f.toml"
+    toml.write_text("[window]\nwindow_buckets = 1000.0\n")
+    with pytest.raises(InvalidArgument) as info:
+        Config.from_toml(toml)
+    assert str(info.value) == (
+        f"invalid config.window.window_buckets=1000.0: must be a positive int (in {toml})"
+    )
+    # TOML has no null: off is `false` (rematerialize_after_ms has a default: not "omit")
+    toml.write_text("[purge]\nrematerialize_after_ms = true\n")
+    with pytest.raises(InvalidArgument) as info:
+        Config.from_toml(toml)
+    assert str(info.value) == (
+        "invalid config.purge.rematerialize_after_ms=True: must be false or in "
+        f"[0, 86400000] (in {toml})"
+    )
+    # store_layout's default is None: false, or leaving it out
+    toml.write_text('[storage]\nstore_layout = "one"\n')
+    with pytest.raises(InvalidArgument) as info:
+        Config.from_toml(toml)
+    assert str(info.value).startswith(
+        "invalid config.storage.store_layout='one': must be false or left out (the host's"
+    ), info.value
+    # from Python, None is Python's word
+    with pytest.raises(InvalidArgument, match=r"must be None or in \[0, 86400000\]$"):
+        Config(rematerialize_after_ms=True)
+
+
+def test_a_per_type_half_life_key_must_be_an_int(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        Config(half_life_ns_by_type={"3": "1d"})  # type: ignore[dict-item]
+    assert str(info.value) == (
+        "invalid half_life_ns_by_type['3']='1d': keys must be int signal type ids in "
+        "[0, 2**64), not str"
+    )
+    with pytest.raises(InvalidArgument) as info:
+        Config(half_life_ns_by_type={-1: 5})
+    assert str(info.value) == (
+        "invalid half_life_ns_by_type[-1]=5: keys must be int signal type ids in [0, 2**64)"
+    )
+    assert Config(half_life_ns_by_type={3: "1d"}).half_life_ns_by_type == {3: 86_400 * 10**9}
+
+
+def test_inspect_cohorts_says_the_members_are_todays(tmp_path: Path) -> None:
+    log, data = tmp_path / "log.csv", tmp_path / "D"
+    log.write_text(GOOD_LOG + "3000,leave,1,,,,\n")
+    assert run("replay", log, "--data-dir", data, "-q").code == 0
+    res = run("inspect", "cohorts", "--data-dir", data, "--at", 1500)
+    assert res.code == 0, res
+    header = res.out.splitlines()[1].split()
+    assert header == ["cohort", "members", "(now)", "keys"], res.out

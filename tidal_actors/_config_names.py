@@ -129,7 +129,13 @@ def from_mapping(cls: type[C], data: Mapping[str, Any]) -> C:
             )
         else:
             raise InvalidArgument(path, value, f"unknown setting{unknown_hint(key, known)}")
-    return cls(**flat)
+    try:
+        return cls(**flat)
+    except InvalidArgument as exc:  # a bad value: named by its dotted path, as a bad key
+        name, bracket, rest = exc.field.partition("[")
+        if name not in where:
+            raise
+        raise InvalidArgument(where[name] + bracket + rest, exc.value, exc.reason) from None
 
 
 def from_toml(cls: type[C], path: str | Path) -> C:
@@ -147,7 +153,20 @@ def from_toml(cls: type[C], path: str | Path) -> C:
     try:
         return from_mapping(cls, data)
     except InvalidArgument as exc:
-        raise InvalidArgument(exc.field, exc.value, f"{exc.reason} (in {path})") from None
+        reason = _in_toml_words(cls, exc.field, exc.reason)
+        raise InvalidArgument(exc.field, exc.value, f"{reason} (in {path})") from None
+
+
+def _in_toml_words(cls: type[Any], field: str, reason: str) -> str:
+    """``reason`` for a TOML file: TOML has no null, so a setting's ``None`` is
+    ``false`` there (`_OFF_WITH_FALSE`), or the setting left out where None is its
+    default."""
+    name = field.rpartition(".")[2]
+    if name not in _OFF_WITH_FALSE or not reason.startswith("must be None"):
+        return reason
+    default = {f.name: f.default for f in dataclasses.fields(cls)}.get(name)
+    words = "false or left out" if default is None else "false"
+    return f"must be {words}{reason[len('must be None') :]}"
 
 
 def checked_init(cls: type[Any]) -> Callable[..., None]:
