@@ -140,3 +140,32 @@ def test_inspect_cohorts_says_the_members_are_todays(tmp_path: Path) -> None:
     assert res.code == 0, res
     header = res.out.splitlines()[1].split()
     assert header == ["cohort", "members", "(now)", "keys"], res.out
+
+
+def test_ray_address_without_the_ray_host_is_refused_naming_both(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        Config(host="pykka", ray_address="local")
+    assert str(info.value) == (
+        "invalid ray_address='local': means something only with host='ray' (host is "
+        "'pykka'): set host='ray', or leave ray_address out"
+    )
+    with pytest.raises(InvalidArgument, match=r"^invalid ray_address='10.0.0.2:6379': "):
+        Config(ray_address="10.0.0.2:6379")  # host's default is pykka
+    assert Config(host="ray", ray_address="local").ray_address == "local"
+
+
+def test_replays_host_takes_the_place_of_the_files(tmp_path: Path) -> None:
+    """``replay --host ray --config f.toml`` where the file names only the cluster
+    (docs/cluster.md), and ``--host pykka`` on a file made for Ray: the run's host is
+    the flag's, and a cluster address goes with the Ray host only."""
+    from tidal_actors.cli.store import build_config
+
+    toml = tmp_path / "f.toml"
+    toml.write_text('[runtime]\nray_address = "10.0.0.2:6379"\n')
+    config = build_config(None, toml, None, None, None, host="ray")
+    assert (config.host, config.ray_address) == ("ray", "10.0.0.2:6379")
+    toml.write_text('[runtime]\nhost = "ray"\nray_address = "auto"\n')
+    config = build_config(None, toml, None, None, None, host="pykka")
+    assert (config.host, config.ray_address) == ("pykka", None)
+    config = build_config(None, toml, None, None, None)
+    assert (config.host, config.ray_address) == ("ray", "auto")

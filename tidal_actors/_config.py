@@ -239,6 +239,13 @@ class Config:
                 'new local instance), "auto" (the running cluster), "ray://<head>:<port>" '
                 '(Ray Client) or "<head>:<port>"',
             )
+        if self.ray_address is not None and self.host != "ray":
+            raise InvalidArgument(
+                "ray_address",
+                self.ray_address,
+                f"means something only with host='ray' (host is {self.host!r}): set "
+                "host='ray', or leave ray_address out",
+            )
         if self.ray_store_resource is not None and not (
             isinstance(self.ray_store_resource, str)
             and self.ray_store_resource.strip() == self.ray_store_resource != ""
@@ -300,14 +307,16 @@ class Config:
         return from_mapping(cls, data)
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> Config:
-        """Load a TOML file (see ``config/default.toml``).
+    def from_toml(cls, path: str | Path, **overrides: Any) -> Config:
+        """Load a TOML file (see ``config/default.toml``); ``overrides`` (settings
+        by name) take the place of the file's before the settings are checked
+        (the command line's ``--host``).
 
         Raises:
             InvalidArgument: unreadable or malformed file, or a refused setting
                 (`from_mapping`; the message names the file).
         """
-        return from_toml(cls, path)
+        return from_toml(cls, path, overrides)
 
 
 def _type_id(key: Any, value: Any) -> int:

@@ -194,7 +194,7 @@ def replay(
     store.check_outputs({"--scores-out": scores_out, "--report-out": report_out})
     check_replay_target(data_dir, append)
     config = store.build_config(
-        data_dir, config_file, half_life, window_width, window_buckets, append
+        data_dir, config_file, half_life, window_width, window_buckets, append, host
     )
     state = store.read_state(data_dir) if data_dir is not None and data_dir.is_dir() else {}
     try:
@@ -225,9 +225,8 @@ def replay(
         try:
             size = events.stat().st_size
             phase = phase_bars(quiet, f"replay {events.name}: ")
+            # where this run's actors run (--host, in `config`) is not kept with the store
             run_config = config.replace(rematerialize_after_ms=None)
-            if host is not None:  # where this run's actors run: not kept with the store
-                run_config = run_config.replace(host=host)
             with store.opened(data_dir, run_config, clock, phase) as db:
                 if data_dir is not None:  # before the first row: it survives a kill
                     store.write_state(data_dir, config, None, source)

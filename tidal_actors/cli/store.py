@@ -189,15 +189,24 @@ def build_config(
     window_width: int | None,
     window_buckets: int | None,
     append: bool = False,
+    host: str | None = None,
 ) -> Config:
     """Settings: ``--config`` file, else the data directory's, else defaults; then the
     flags (int ns, or None for unset). A bad setting ends the command with exit
     status 2; so does, with ``append`` (``--append``), a setting the store records
     (`storage.settings.RECORDED`) that the file or a flag gives another value than
-    the data directory's settings file: an appended store keeps its settings."""
+    the data directory's settings file: an appended store keeps its settings.
+    ``host`` (``--host``) takes the place of the file's, with its ``ray_address``
+    only under the Ray host (the settings file records neither)."""
     try:
         stored = stored_config(data_dir)
-        config = Config.from_toml(config_file) if config_file is not None else stored or Config()
+        runs: dict[str, Any] = {} if host is None else {"host": host}
+        if host is not None and host != "ray":
+            runs["ray_address"] = None
+        if config_file is not None:
+            config = Config.from_toml(config_file, **runs)
+        else:
+            config = (stored or Config()).replace(**runs)
         flags = {"half_life_ns": half_life, "window_width_ns": window_width}
         flags["window_buckets"] = window_buckets
         changes = {name: value for name, value in flags.items() if value is not None}
