@@ -100,7 +100,10 @@ def inside_a_store(path: Path) -> str | None:
     Reads only whether directories exist (no environment is opened); a relative
     ``path`` names the store relative to the working directory (``..`` from inside
     ``shards/``)."""
-    full = Path(os.path.realpath(path))
+    try:
+        full = Path(os.path.realpath(path))
+    except (ValueError, OSError):  # a NUL in the path, a link loop: the open says so
+        return None
     if full.name == SHARDS_DIR and (full / COORDINATOR).is_dir():
         store = _shown(full.parent, path)
         return f"{path} holds the environments of the store at {store}: open that directory"
