@@ -197,8 +197,8 @@ def test_known_settings_still_construct() -> None:
 @pytest.mark.parametrize(
     "toml,field",
     [
-        ("[purge]\nrematerialize_after_ms = 1e12\n", "rematerialize_after_ms"),
-        ("[ingest]\ninflight_budget_ms = 60001\n", "inflight_budget_ms"),
+        ("[purge]\nrematerialize_after_ms = 1e12\n", "config.purge.rematerialize_after_ms"),
+        ("[ingest]\ninflight_budget_ms = 60001\n", "config.ingest.inflight_budget_ms"),
         ("[purge]\nfoo = 1\n", "config.purge.foo"),
     ],
 )

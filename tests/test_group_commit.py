@@ -151,3 +151,24 @@ def test_an_ephemeral_control_write_is_answered_by_its_shard_alone(seed: int) ->
         assert h.run(h.community_layer_status(u)) == model.community_layer_status(u)
         assert h.run(h.community_leave_history(u)) == model.community_leave_history(u)
     assert h.run(h.cohorts_of(4)) == model.cohorts_of(4) == frozenset({"a"})
+
+
+def test_an_ephemeral_database_counts_only_its_purges_commits() -> None:
+    """``stats()["commits"]`` with no store: control writes and the signals' history
+    skip persistence (nothing to commit), so they count none; each purge's records
+    (manifest, tombstones, status) go through it, one commit for a purge awaited
+    alone. The counts are those of the operations run here."""
+    with TidalDb.open(None, config=Config(), clock=ManualClock(T0)) as db:
+        for u in range(4):
+            db.assign_cohort(u, "c")
+            db.signal_with_context(u, 3, 10 + u, 1.0, T0)
+        db.leave_community_layer(1)
+        db.rejoin_community_layer(1)
+        db.unassign_cohort(2, "c")
+        db.flush()
+        db.rematerialize("c")
+        assert db.stats()["commits"] == 0
+        for n, u in enumerate((0, 3), start=1):
+            db.request_community_purge(u, "c")
+            db.flush()
+            assert db.stats()["commits"] == n

@@ -36,8 +36,8 @@ SCENARIOS = Path(__file__).resolve().parent.parent / "tidal_actors" / "scenarios
 def test_host_and_ray_address_are_checked_and_read_from_toml(tmp_path: Path) -> None:
     assert Config().host == "pykka" and Config().ray_address is None
     assert Config(host="ray", ray_address="auto").ray_address == "auto"
-    assert Config(ray_address="ray://head:10001").ray_address == "ray://head:10001"
-    assert Config(ray_address="10.0.0.2:6379").ray_address == "10.0.0.2:6379"
+    assert Config(host="ray", ray_address="ray://head:10001").ray_address == "ray://head:10001"
+    assert Config(host="ray", ray_address="10.0.0.2:6379").ray_address == "10.0.0.2:6379"
     assert Config(host="ray", ray_address="local").ray_address == "local"
     with pytest.raises(InvalidArgument) as err:
         Config(host="dask")

@@ -131,3 +131,48 @@ def test_the_command_line_refuses_an_environment_with_exit_2(tmp_path: Path, env
     res = _subprocess_run("inspect", "users", "--data-dir", path)
     assert res.code == 0, res
     assert res.out.startswith("8 users: 8 active, 0 left"), res.out
+
+
+def test_a_link_to_an_environment_names_the_store(tmp_path: Path) -> None:
+    """A symbolic link to ``<store>/shards/ledger-1`` is that environment: refused
+    the same way (exit 2 on the command line), naming the store the link leads to."""
+    path = tmp_path / "s"
+    _seeded(path)
+    before = _files(path)
+    link = tmp_path / "l1link"
+    link.symlink_to(path / "shards" / "ledger-1")
+    real = os.path.realpath(path)
+    with pytest.raises(StorageError) as info:
+        TidalDb.open(link, config=_cfg(), clock=ManualClock(T0), read_only=True)
+    assert str(info.value) == (
+        f"{link} is one environment (ledger-1) of the store at {real}, not a store: "
+        f"open {real}; nothing was written"
+    )
+    res = _subprocess_run("inspect", "users", "--data-dir", link)
+    assert res.code == 2 and res.out == "", res
+    assert res.err.strip() == (
+        f"tidal-actors: error: --data-dir {link} is one environment (ledger-1) of the "
+        f"store at {real}, not a store: open {real}"
+    ), res
+    assert _files(path) == before
+
+
+@pytest.mark.parametrize("under", [["new"], ["ledger-1", "sub"], ["new", "deeper"]])
+def test_no_store_is_made_inside_a_stores_shards(tmp_path: Path, under: list[str]) -> None:
+    """A new store in ``<store>/shards/...`` (any depth) would sit among the store's
+    environments: refused, naming the store, and nothing is made."""
+    path = tmp_path / "s"
+    _seeded(path)
+    before = _files(path)
+    where = path.joinpath("shards", *under)
+    want = (
+        f"{where} is inside the shards directory of the store at {path}, not a store: "
+        f"open {path}, or make a new store outside it"
+    )
+    with pytest.raises(StorageError) as info:
+        TidalDb.open(where, config=_cfg(), clock=ManualClock(T0))
+    assert str(info.value) == f"{want}; nothing was written"
+    res = _subprocess_run("simulate", "--data-dir", where)
+    assert res.code == 2 and res.err.strip() == f"tidal-actors: error: --data-dir {want}", res
+    assert not where.exists()
+    assert _files(path) == before

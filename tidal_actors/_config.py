@@ -119,7 +119,7 @@ class Config:
                 self,
                 "half_life_ns_by_type",
                 {
-                    k: _duration_ns(f"half_life_ns_by_type[{k}]", v)
+                    _type_id(k, v): _duration_ns(f"half_life_ns_by_type[{k}]", v)
                     for k, v in self.half_life_ns_by_type.items()
                 },
             )
@@ -135,8 +135,7 @@ class Config:
         positive("half_life_ns", self.half_life_ns)
         at_most("half_life_ns", self.half_life_ns, 2**62)
         for k, v in dict(self.half_life_ns_by_type).items():
-            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < 2**64:
-                raise InvalidArgument("half_life_ns_by_type", k, "keys must be signal type ids")
+            _type_id(k, v)
             positive(f"half_life_ns_by_type[{k}]", v)
             at_most(f"half_life_ns_by_type[{k}]", v, 2**62)
         positive("window_width_ns", self.window_width_ns)
@@ -240,6 +239,13 @@ class Config:
                 'new local instance), "auto" (the running cluster), "ray://<head>:<port>" '
                 '(Ray Client) or "<head>:<port>"',
             )
+        if self.ray_address is not None and self.host != "ray":
+            raise InvalidArgument(
+                "ray_address",
+                self.ray_address,
+                f"means something only with host='ray' (host is {self.host!r}): set "
+                "host='ray', or leave ray_address out",
+            )
         if self.ray_store_resource is not None and not (
             isinstance(self.ray_store_resource, str)
             and self.ray_store_resource.strip() == self.ray_store_resource != ""
@@ -301,14 +307,36 @@ class Config:
         return from_mapping(cls, data)
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> Config:
-        """Load a TOML file (see ``config/default.toml``).
+    def from_toml(cls, path: str | Path, **overrides: Any) -> Config:
+        """Load a TOML file (see ``config/default.toml``); ``overrides`` (settings
+        by name) take the place of the file's before the settings are checked
+        (the command line's ``--host``).
 
         Raises:
             InvalidArgument: unreadable or malformed file, or a refused setting
                 (`from_mapping`; the message names the file).
         """
-        return from_toml(cls, path)
+        return from_toml(cls, path, overrides)
+
+
+def _type_id(key: Any, value: Any) -> int:
+    """``key`` of ``half_life_ns_by_type`` (its half-life ``value``, for the message),
+    which must be an int signal type id in [0, 2**64).
+
+    Raises:
+        InvalidArgument: it is not (the key and its value named)."""
+    if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key < 2**64:
+        kind = (
+            ""
+            if isinstance(key, int) and not isinstance(key, bool)
+            else f", not {type(key).__name__}"
+        )
+        raise InvalidArgument(
+            f"half_life_ns_by_type[{key!r}]",
+            value,
+            f"keys must be int signal type ids in [0, 2**64){kind}",
+        )
+    return key
 
 
 setattr(Config, "__init__", checked_init(Config))  # noqa: B010 - mypy refuses a plain assignment

@@ -73,7 +73,9 @@ def _section(name: str) -> str:
     return f"[{name}]"
 
 
-def from_mapping(cls: type[C], data: Mapping[str, Any]) -> C:
+def from_mapping(
+    cls: type[C], data: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+) -> C:
     """``cls`` (`Config`) built from ``data``, a mapping shaped like
     ``config/default.toml`` (`Config.from_mapping` documents the shape).
 
@@ -82,6 +84,7 @@ def from_mapping(cls: type[C], data: Mapping[str, Any]) -> C:
             a section nor a setting), an unknown setting, a setting in another
             section, one set twice, a section that is not a table, or a bad value;
             the message names the key's dotted path and its value.
+        ``overrides`` (settings by name) take the place of ``data``'s.
     """
     known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     flat: dict[str, Any] = {}
@@ -129,10 +132,17 @@ def from_mapping(cls: type[C], data: Mapping[str, Any]) -> C:
             )
         else:
             raise InvalidArgument(path, value, f"unknown setting{unknown_hint(key, known)}")
-    return cls(**flat)
+    flat.update(overrides or {})
+    try:
+        return cls(**flat)
+    except InvalidArgument as exc:  # a bad value: named by its dotted path, as a bad key
+        name, bracket, rest = exc.field.partition("[")
+        if name not in where:
+            raise
+        raise InvalidArgument(where[name] + bracket + rest, exc.value, exc.reason) from None
 
 
-def from_toml(cls: type[C], path: str | Path) -> C:
+def from_toml(cls: type[C], path: str | Path, overrides: Mapping[str, Any] | None = None) -> C:
     """``cls`` (`Config`) loaded from the TOML file at ``path``.
 
     Raises:
@@ -145,9 +155,22 @@ def from_toml(cls: type[C], path: str | Path) -> C:
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InvalidArgument("config", str(path), f"cannot load: {exc}") from exc
     try:
-        return from_mapping(cls, data)
+        return from_mapping(cls, data, overrides)
     except InvalidArgument as exc:
-        raise InvalidArgument(exc.field, exc.value, f"{exc.reason} (in {path})") from None
+        reason = _in_toml_words(cls, exc.field, exc.reason)
+        raise InvalidArgument(exc.field, exc.value, f"{reason} (in {path})") from None
+
+
+def _in_toml_words(cls: type[Any], field: str, reason: str) -> str:
+    """``reason`` for a TOML file: TOML has no null, so a setting's ``None`` is
+    ``false`` there (`_OFF_WITH_FALSE`), or the setting left out where None is its
+    default."""
+    name = field.rpartition(".")[2]
+    if name not in _OFF_WITH_FALSE or not reason.startswith("must be None"):
+        return reason
+    default = {f.name: f.default for f in dataclasses.fields(cls)}.get(name)
+    words = "false or left out" if default is None else "false"
+    return f"must be {words}{reason[len('must be None') :]}"
 
 
 def checked_init(cls: type[Any]) -> Callable[..., None]:

@@ -100,8 +100,9 @@ def data_dir_of(ctx: click.Context, given: Path | None) -> Path | None:
     """The data directory a subcommand runs on: ``given`` (its own ``--data-dir``) or
     the one given before it, to the group or to ``inspect``.
 
-    A directory inside a store of the ``shards`` layout (its ``shards/`` directory or
-    one environment in it, `storage.layout.inside_a_store`) ends the command with exit
+    A directory inside a store of the ``shards`` layout (its ``shards/`` directory, one
+    environment in it or any path below it, links followed:
+    `storage.layout.inside_a_store`) ends the command with exit
     status 2, naming the store's directory to give instead.
 
     Raises:

@@ -152,8 +152,8 @@ def inspect_user(ctx: click.Context, user_id: int, data_dir: Path | None) -> Non
 @_data_dir_option
 @click.pass_context
 def inspect_cohorts(ctx: click.Context, at_text: str | None, data_dir: Path | None) -> None:
-    """Every cohort (and @community) with its members and its keys at the read time
-    (those with a contribution stamped at or before it)."""
+    """Every cohort (and @community) with its members now and its keys at the read
+    time (those with a contribution stamped at or before it)."""
     with inspected(data_dir_of(ctx, data_dir), at_text) as (db, at):
         keys, members = known_cohorts(db, at)
     names = sorted(set(keys) | set(members) | {COMMUNITY})
@@ -162,10 +162,10 @@ def inspect_cohorts(ctx: click.Context, at_text: str | None, data_dir: Path | No
         f"{plural(len(names) - 1, 'cohort')} and {COMMUNITY} at {stamp(at)} "
         "(keys: (entity, signal type) pairs with a contribution at or before it)"
     )
-    out(f"  {'cohort':<32}{'members':>10}{'keys':>10}")
+    out(f"  {'cohort':<32}{'members (now)':>14}{'keys':>10}")
     for name in names:
         shown = "-" if name == COMMUNITY else f"{members[name]:,}"
-        out(f"  {name:<32}{shown:>10}{keys[name]:>10,}")
+        out(f"  {name:<32}{shown:>14}{keys[name]:>10,}")
 
 
 @inspect.command("top")

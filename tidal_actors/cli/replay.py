@@ -90,7 +90,8 @@ def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
 @click.option(
     "--append",
     is_flag=True,
-    help="Add the log to the store already in --data-dir (its settings are kept). "
+    help="Add the log to the store already in --data-dir. Its settings are kept: "
+    "--config or a flag giving a setting the store records another value is refused. "
     "Without it such a directory is refused: replaying a log into a store "
     "that holds it applies every row again.",
 )
@@ -192,7 +193,9 @@ def replay(
     data_dir = data_dir_of(ctx, data_dir)
     store.check_outputs({"--scores-out": scores_out, "--report-out": report_out})
     check_replay_target(data_dir, append)
-    config = store.build_config(data_dir, config_file, half_life, window_width, window_buckets)
+    config = store.build_config(
+        data_dir, config_file, half_life, window_width, window_buckets, append, host
+    )
     state = store.read_state(data_dir) if data_dir is not None and data_dir.is_dir() else {}
     try:
         # purged cohorts are rebuilt in event time (see eventlog.rebuilds), not by the
@@ -222,9 +225,8 @@ def replay(
         try:
             size = events.stat().st_size
             phase = phase_bars(quiet, f"replay {events.name}: ")
+            # where this run's actors run (--host, in `config`) is not kept with the store
             run_config = config.replace(rematerialize_after_ms=None)
-            if host is not None:  # where this run's actors run: not kept with the store
-                run_config = run_config.replace(host=host)
             with store.opened(data_dir, run_config, clock, phase) as db:
                 if data_dir is not None:  # before the first row: it survives a kill
                     store.write_state(data_dir, config, None, source)
@@ -265,23 +267,16 @@ def replay(
                 if scores_out is not None and complete:
                     with phase("write the scores", None, ""):
                         scores_written = write_scores(scores_out, db.aggregate_rows(at))
-            next_skip = skip_rows + counts.rows
+            # a bad row met while skipping is where the rows applied end
+            next_skip = (feed.skipped if error else skip_rows) + counts.rows
             if data_dir is not None:
-                stopped = (
-                    None
-                    if complete
-                    else {
-                        "after_rows": next_skip,
-                        "why": "bad row" if error else "interrupted" if feed.cut else "short log",
-                    }
-                )
-                store.write_state(
-                    data_dir,
-                    config,
-                    counts.max_ts_ns,
-                    source,
-                    **{PENDING_KEY: rebuilds.pending(), "stopped": stopped},
-                )
+                extra: dict[str, object] = {PENDING_KEY: rebuilds.pending()}
+                if complete:
+                    extra["stopped"] = None
+                elif counts.rows:  # a run that applied nothing leaves the position as it was
+                    why = "bad row" if error else "interrupted" if feed.cut else "short log"
+                    extra["stopped"] = {"after_rows": next_skip, "why": why}
+                store.write_state(data_dir, config, counts.max_ts_ns, source, **extra)
         except OSError as exc:
             fail(str(exc), EXIT_BAD_INPUT)
         except InvalidArgument as exc:
@@ -307,6 +302,16 @@ def replay(
     if report_out is not None:
         write_json(report_out, report)
 
+    outputs = {"--scores-out": scores_out, "--report-out": report_out}
+    if error is not None and feed.skipped < skip_rows and data_dir is not None:
+        fail(  # the user meant to step over this row by count: say how to
+            f"{error}. --skip-rows counts valid rows and does not step over an invalid "
+            f"one, so nothing was applied. Fix {error.path}:{error.line}, then: "
+            + go_on_command(events, data_dir, next_skip, False, outputs)
+            + "; or skip invalid rows: "
+            + go_on_command(events, data_dir, next_skip, True, outputs),
+            EXIT_BAD_INPUT,
+        )
     go_on: str | None = None
     if not complete and not feed.short:
         go_on = (
@@ -316,7 +321,7 @@ def replay(
                 data_dir,
                 next_skip,
                 skip_invalid,
-                {"--scores-out": scores_out, "--report-out": report_out},
+                outputs,
             )
             if data_dir is not None
             else "nothing was kept (no --data-dir): replay the whole log again"

@@ -109,6 +109,7 @@ class RowFeed:
         skip: how many rows to skip (int >= 0; valid rows, as a replay counts them).
         skipped: how many have been skipped so far.
         cut: whether ``stop()`` ended the feed before the rows ran out.
+        ended: whether the rows ran out (not cut, and no error raised reading them).
     """
 
     def __init__(self, rows: Iterable[EventRow], skip: int, stop: Callable[[], bool]) -> None:
@@ -117,6 +118,7 @@ class RowFeed:
         self._stop = stop
         self.skipped = 0
         self.cut = False
+        self.ended = False
 
     def __iter__(self) -> Iterator[EventRow]:
         it = iter(self._rows)
@@ -127,6 +129,7 @@ class RowFeed:
             try:
                 row = next(it)
             except StopIteration:
+                self.ended = True
                 return
             if self.skipped < self.skip:
                 self.skipped += 1
@@ -135,8 +138,9 @@ class RowFeed:
 
     @property
     def short(self) -> bool:
-        """Whether the rows ran out before ``skip`` of them were skipped."""
-        return not self.cut and self.skipped < self.skip
+        """Whether the rows ran out before ``skip`` of them were skipped (a bad row
+        met while skipping is not this: it is the error)."""
+        return self.ended and self.skipped < self.skip
 
 
 def go_on_command(

@@ -188,22 +188,59 @@ def build_config(
     half_life: int | None,
     window_width: int | None,
     window_buckets: int | None,
+    append: bool = False,
+    host: str | None = None,
 ) -> Config:
     """Settings: ``--config`` file, else the data directory's, else defaults; then the
     flags (int ns, or None for unset). A bad setting ends the command with exit
-    status 2."""
+    status 2; so does, with ``append`` (``--append``), a setting the store records
+    (`storage.settings.RECORDED`) that the file or a flag gives another value than
+    the data directory's settings file: an appended store keeps its settings.
+    ``host`` (``--host``) takes the place of the file's, with its ``ray_address``
+    only under the Ray host (the settings file records neither)."""
     try:
+        stored = stored_config(data_dir)
+        runs: dict[str, Any] = {} if host is None else {"host": host}
+        if host is not None and host != "ray":
+            runs["ray_address"] = None
         if config_file is not None:
-            config = Config.from_toml(config_file)
+            config = Config.from_toml(config_file, **runs)
         else:
-            config = stored_config(data_dir) or Config()
-        changes: dict[str, Any] = {}
-        if half_life is not None:
-            changes["half_life_ns"] = half_life
-        if window_width is not None:
-            changes["window_width_ns"] = window_width
-        if window_buckets is not None:
-            changes["window_buckets"] = window_buckets
-        return config.replace(**changes) if changes else config
+            config = (stored or Config()).replace(**runs)
+        flags = {"half_life_ns": half_life, "window_width_ns": window_width}
+        flags["window_buckets"] = window_buckets
+        changes = {name: value for name, value in flags.items() if value is not None}
+        config = config.replace(**changes) if changes else config
     except InvalidArgument as exc:
         fail(str(exc), EXIT_BAD_INPUT)
+    if append and stored is not None:
+        _check_kept(data_dir, stored, config, set(changes))
+    return config
+
+
+def _check_kept(data_dir: Path | None, stored: Config, config: Config, flagged: set[str]) -> None:
+    """End the command (exit 2) when ``config`` changes a recorded setting of
+    ``stored``, naming the first such setting, both values and what gave it."""
+    from tidal_actors._durations import format_duration
+    from tidal_actors.storage.settings import RECORDED
+
+    for name in RECORDED:
+        held, given = getattr(stored, name), getattr(config, name)
+        if held == given:
+            continue
+        if name.endswith("_ns"):
+            held, given = format_duration(held), format_duration(given)
+        by = _FLAGS[name] if name in flagged else "--config"
+        fail(
+            f"--append keeps the settings of the store in {data_dir}: its {name} is "
+            f"{held}, {by} gives {given}. Leave the option out, or replay into a new "
+            "directory to use other settings",
+            EXIT_BAD_INPUT,
+        )
+
+
+_FLAGS = {
+    "half_life_ns": "--half-life",
+    "window_width_ns": "--window-width",
+    "window_buckets": "--window-buckets",
+}

@@ -252,7 +252,7 @@ class BlockingOperations(BlockingBase):
         the records whose detail was dropped), ``handler_errors``, ``commits`` (the
         group commits run: persistence's, and under the Ray host with the ``shards``
         layout those each shard runs in its own environment; an ephemeral database
-        counts them alike, with nothing written), ``failed_writes`` (history writes
+        counts only its purges', in memory: 0 with none), ``failed_writes`` (history writes
         that failed, each reported by a later flush; a failed control write or purge
         goes to its caller). ``detail_rows`` counts the span of held rows,
         so a purged row inside it still counts until it is settled (a reopened store's span

@@ -23,7 +23,7 @@ Two layouts (docs/storage-format.md, "Layouts"), with the same keys and values:
 :func:`owner_of` is the one rule of which environment a key belongs to; the
 sharded store (`storage.sharded`) routes every write and read by it; it does no I/O.
 :func:`inside_a_store` is the one rule of which directories inside a ``shards``
-store are not stores to open (every open and the command line ask it).
+store are not stores to open or make (every open and the command line ask it).
 """
 
 from __future__ import annotations
@@ -88,16 +88,22 @@ def owner_of(keyspace: str, key: bytes, membership_shards: int) -> str:
 
 
 def inside_a_store(path: Path) -> str | None:
-    """Why the directory ``path`` is not a store to open, when it lies inside a store
-    of the ``shards`` layout: it is that store's ``shards/`` directory, or one of the
-    environments in it (``coordinator``, ``membership-<i>``, ``ledger-<j>``: each
-    an LMDB environment with its own marker, which alone is no store). The reason
-    names the store's directory, the one to open; None for any other path.
+    """Why the directory ``path`` is not a store to open or make, when it lies inside
+    a store of the ``shards`` layout: it is that store's ``shards/`` directory, one of
+    the environments in it (``coordinator``, ``membership-<i>``, ``ledger-<j>``: each
+    an LMDB environment with its own marker, which alone is no store), or any path
+    below that ``shards/`` directory (a new store there would sit among the store's
+    environments). Symbolic links are followed first (a link to an environment is
+    that environment). The reason names the store's directory, the one to open; None
+    for any other path.
 
     Reads only whether directories exist (no environment is opened); a relative
     ``path`` names the store relative to the working directory (``..`` from inside
     ``shards/``)."""
-    full = Path(os.path.abspath(path))
+    try:
+        full = Path(os.path.realpath(path))
+    except (ValueError, OSError):  # a NUL in the path, a link loop: the open says so
+        return None
     if full.name == SHARDS_DIR and (full / COORDINATOR).is_dir():
         store = _shown(full.parent, path)
         return f"{path} holds the environments of the store at {store}: open that directory"
@@ -105,6 +111,13 @@ def inside_a_store(path: Path) -> str | None:
     if parent.name == SHARDS_DIR and _is_env_name(full.name) and (parent / COORDINATOR).is_dir():
         store = _shown(parent.parent, path)
         return f"{path} is one environment ({full.name}) of the store at {store}, not a store: open {store}"
+    for above in full.parents:
+        if above.name == SHARDS_DIR and (above / COORDINATOR).is_dir():
+            store = _shown(above.parent, path)
+            return (
+                f"{path} is inside the shards directory of the store at {store}, not a "
+                f"store: open {store}, or make a new store outside it"
+            )
     return None
 
 

@@ -369,8 +369,8 @@ def layout_of(path: Path, config: Config) -> str:
     ``config.layout``.
 
     Raises:
-        StorageError: ``path`` is the ``shards/`` directory of a store or one
-            environment in it (`layout.inside_a_store`: the message names the
+        StorageError: ``path`` is the ``shards/`` directory of a store, one
+            environment in it or below it (`layout.inside_a_store`: names the
             store's directory; a store is not made among its environments).
     """
     if (path / SHARDS_DIR).is_dir():
