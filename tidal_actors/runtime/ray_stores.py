@@ -146,7 +146,7 @@ def owns_history(path: str, config: Config) -> bool:
 
 
 def actor_store(path: str, config: Config, writer: bool) -> LmdbStore | ShardedStore:
-    """The store as an actor's process opens it, in its layout (`sharded.layout_of`):
+    """The store as an actor's process opens it, in its layout (`layout.layout_of`):
     for writing (``writer``: the persistence actor's, and a ledger's that
     `owns_history`) or read-only (another ledger's); in the ``shards`` layout, each
     environment so."""

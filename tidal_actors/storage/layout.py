@@ -30,18 +30,27 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from tidal_actors._errors import StorageError
 from tidal_actors.storage.format import Keyspace, Tag, membership_shard_of
+
+if TYPE_CHECKING:
+    from tidal_actors._config import Config
 
 __all__ = [
     "COORDINATOR",
     "SHARDS_DIR",
+    "STORE_MARKER",
     "env_path",
     "inside_a_store",
+    "layout_of",
     "ledger_env",
     "membership_env",
     "owner_of",
 ]
+
+STORE_MARKER = "tidal.store"  # written once a store's format record is committed
 
 SHARDS_DIR = "shards"
 """The directory, inside a store of the ``shards`` layout, of its environments."""
@@ -130,3 +139,23 @@ def _is_env_name(name: str) -> bool:
     """Whether ``name`` is an environment's name in the ``shards`` layout."""
     kind, _, number = name.rpartition("-")
     return name == COORDINATOR or (kind in ("membership", "ledger") and number.isdigit())
+
+
+def layout_of(path: Path, config: Config) -> str:
+    """The layout of the store at ``path``: ``shards`` where it holds ``shards/``,
+    ``single`` where it holds ``data.mdb`` or ``tidal.store``, else (a new store)
+    ``config.layout``.
+
+    Raises:
+        StorageError: ``path`` is the ``shards/`` directory of a store, one
+            environment in it or below it (`layout.inside_a_store`: names the
+            store's directory; a store is not made among its environments).
+    """
+    if (path / SHARDS_DIR).is_dir():
+        return "shards"
+    inside = inside_a_store(path)
+    if inside is not None:
+        raise StorageError(f"{inside}; nothing was written")
+    if (path / "data.mdb").exists() or (path / STORE_MARKER).exists():
+        return "single"
+    return config.layout

@@ -37,6 +37,7 @@ from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed, StorageError, StorageFull
 from tidal_actors.storage.format import Keyspace
 from tidal_actors.storage.history_slices import HistorySlices
+from tidal_actors.storage.layout import STORE_MARKER
 from tidal_actors.storage.lmdb_compact import Compaction
 from tidal_actors.storage.lmdb_lock import (
     DirectoryLock,
@@ -52,8 +53,6 @@ if TYPE_CHECKING:
     from tidal_actors.storage.format import Op
 
 __all__ = ["STORE_MARKER", "LmdbStore"]
-
-STORE_MARKER = "tidal.store"  # written once a store's format record is committed
 
 
 class LmdbStore(Compaction, LmdbReadBack, HistorySlices, HistoryStore):

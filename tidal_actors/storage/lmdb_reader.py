@@ -193,7 +193,7 @@ class ShardedSnapshotStore(ShardedStore):
 def open_snapshot_store(
     path: str | os.PathLike[str], config: Config
 ) -> SnapshotStore | ShardedSnapshotStore:
-    """The read-only view of the store at ``path``, in its layout (`sharded.layout_of`)."""
+    """The read-only view of the store at ``path``, in its layout (`layout.layout_of`)."""
     if layout_of(Path(path), config) == "shards":
         return ShardedSnapshotStore(path, config)
     return SnapshotStore(path, config)

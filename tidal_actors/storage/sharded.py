@@ -47,7 +47,7 @@ from tidal_actors.storage.layout import (
     COORDINATOR,
     SHARDS_DIR,
     env_path,
-    inside_a_store,
+    layout_of,
     ledger_env,
     membership_env,
     owner_of,
@@ -361,26 +361,6 @@ class ShardedStore(ShardedWrites, HistoryStore):
         finally:
             if self._dirlock is not None:
                 self._dirlock.release()
-
-
-def layout_of(path: Path, config: Config) -> str:
-    """The layout of the store at ``path``: ``shards`` where it holds ``shards/``,
-    ``single`` where it holds ``data.mdb`` or ``tidal.store``, else (a new store)
-    ``config.layout``.
-
-    Raises:
-        StorageError: ``path`` is the ``shards/`` directory of a store, one
-            environment in it or below it (`layout.inside_a_store`: names the
-            store's directory; a store is not made among its environments).
-    """
-    if (path / SHARDS_DIR).is_dir():
-        return "shards"
-    inside = inside_a_store(path)
-    if inside is not None:
-        raise StorageError(f"{inside}; nothing was written")
-    if (path / "data.mdb").exists() or (path / STORE_MARKER).exists():
-        return "single"
-    return config.layout
 
 
 def open_store(
