@@ -31,6 +31,8 @@ BENCHES = [  # (name, script, how it hands over its figures: a --json FILE or JS
     ("pair_index", "bench_pair_index.py", "file"),  # the log's pair index: append, find
     ("small_batches", "bench_small_batches.py", "file"),  # signal_batch of 10 signals a call
     ("main_job", "bench_main_job.py", "file"),  # the default simulate against its model
+    # every built-in scenario at a fifth of its size against its model (issue 16, item 5)
+    ("scenarios", "bench_main_job.py --scenario all --scale 0.2", "file"),
     ("fold_paths", "bench_fold_paths.py", "file"),  # the fold's two paths on the main job's batches
     ("ledger_replay", "bench_ledger_replay.py", "file"),  # the job's ledgers in one thread
     ("hop", "bench_hop.py", "file"),  # a hand-off between threads: the Mailbox's, C's
@@ -69,11 +71,13 @@ def main() -> None:
         for name, script, hand_over in BENCHES:
             if args.only and name not in args.only:
                 continue
+            script, *options = script.split()  # a script and the options it runs with
             path = os.path.join(HERE, script)
             if not os.path.exists(path):
                 continue
             out = os.path.join(tmp, f"{name}.json")
-            cmd = [sys.executable, path] + (["--json", out] if hand_over == "file" else ["--json"])
+            cmd = [sys.executable, path, *options]
+            cmd += ["--json", out] if hand_over == "file" else ["--json"]
             cmd += ["--quick"] if args.quick else []
             print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
             t = time.perf_counter()
