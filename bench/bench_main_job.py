@@ -19,7 +19,7 @@ and reports:
 Medians over ``--rounds`` (default 3; ``--quick``: one). Run:
 ``python bench/bench_main_job.py`` (``--json FILE``). ``--breakdown`` also times,
 in the runtime's measured run, each actor's handler by message kind, the shards'
-idle work (``on_idle``), the mailboxes' ``get`` and ``put`` by the thread's kind
+idle work (``on_idle``; persistence's holds its commits), the mailboxes' ``get`` and ``put`` by the thread's kind
 (the CPU of their locks and wake-ups), the ledger's fold (``Adds.add_columns``) and
 log append (``ContributionLog.append_columns``), and the caller's facade calls by
 operation (thread CPU, microseconds a signal and
@@ -90,6 +90,7 @@ def _time_parts() -> Parts:
     from tidal_actors.actors.behaviour import Behaviour
     from tidal_actors.actors.ledger import LedgerShard
     from tidal_actors.actors.membership import MembershipShard
+    from tidal_actors.actors.persistence import Persistence
     from tidal_actors.core.adds import Adds
     from tidal_actors.core.contrib_log import ContributionLog
     from tidal_actors.facades import _generated_blocking as gen
@@ -120,7 +121,7 @@ def _time_parts() -> Parts:
         setattr(cls, name, timed)
 
     wrap(Behaviour, "receive", None)
-    for cls in (LedgerShard, MembershipShard):
+    for cls in (LedgerShard, MembershipShard, Persistence):  # Persistence: its commits
         wrap(cls, "on_idle", f"{cls.__name__}.on_idle")
     for name in ("get", "put", "put_reserved"):  # CPU in the queue's locks and wake-ups
         wrap(Mailbox, name, f"mailbox {name}, by")
