@@ -19,8 +19,8 @@ and reports:
 Medians over ``--rounds`` (default 3; ``--quick``: one). Run:
 ``python bench/bench_main_job.py`` (``--json FILE``). ``--breakdown`` also times,
 in the runtime's measured run, each actor's handler by message kind, the shards'
-idle work (``on_idle``; persistence's holds its commits), the mailboxes' ``get`` and ``put`` by the thread's kind
-(the CPU of their locks and wake-ups), the ledger's fold (``Adds.add_columns``) and
+idle work (``on_idle``; persistence's holds its commits), the mailboxes' ``get``
+and ``put`` by the thread's kind (the CPU of their locks and wake-ups), the ledger's fold (``Adds.add_columns``) and
 log append (``ContributionLog.append_columns``), and the caller's facade calls by
 operation (thread CPU, microseconds a signal and
 a call; the timers add about a microsecond a call, so the parts run a little high).
@@ -219,8 +219,8 @@ def main() -> None:
 def scenario_figures(name: str, args: argparse.Namespace, parts: Parts | None) -> dict[str, Any]:
     """The medians over the rounds of one scenario's runs (see the module)."""
     scenario = load_scenario(name)
-    if scenario.signals > LARGE:
-        scenario = scenario.scaled(args.scale)
+    scale = args.scale if scenario.signals > LARGE else 1.0
+    scenario = scenario.scaled(scale) if scale != 1.0 else scenario
     events = generate_events(scenario)
     rounds = [one_round(scenario, events, parts) for _ in range(1 if args.quick else args.rounds)]
     n = rounds[0]["signals"]
@@ -229,7 +229,7 @@ def scenario_figures(name: str, args: argparse.Namespace, parts: Parts | None) -
         return float(statistics.median(fn(r) for r in rounds))
 
     out: dict[str, Any] = {
-        "scale": args.scale,
+        "scale": scale,  # the one applied
         "signals": n,
         "rounds": len(rounds),
         "runtime_signals_per_s": med(lambda r: r["runtime_signals_per_s"]),

@@ -31,7 +31,7 @@ BENCHES = [  # (name, script, how it hands over its figures: a --json FILE or JS
     ("pair_index", "bench_pair_index.py", "file"),  # the log's pair index: append, find
     ("small_batches", "bench_small_batches.py", "file"),  # signal_batch of 10 signals a call
     ("main_job", "bench_main_job.py", "file"),  # the default simulate against its model
-    # every built-in scenario at a fifth of its size against its model (issue 16, item 5)
+    # every built-in scenario against its model, the large ones at a fifth (issue 16, item 5)
     ("scenarios", "bench_main_job.py --scenario all --scale 0.2", "file"),
     ("fold_paths", "bench_fold_paths.py", "file"),  # the fold's two paths on the main job's batches
     ("ledger_replay", "bench_ledger_replay.py", "file"),  # the job's ledgers in one thread
