@@ -20,16 +20,17 @@ Medians over ``--rounds`` (default 3; ``--quick``: one). Run:
 ``python bench/bench_main_job.py`` (``--json FILE``). ``--breakdown`` also times,
 in the runtime's measured run, each actor's handler by message kind, the shards'
 idle work (``on_idle``; persistence's holds its commits), the mailboxes' ``get``
-and ``put`` by the thread's kind (the CPU of their locks and wake-ups), the ledger's fold (``Adds.add_columns``) and
-log append (``ContributionLog.append_columns``), and the caller's facade calls by
-operation (thread CPU, microseconds a signal and
-a call; the timers add about a microsecond a call, so the parts run a little high).
+and ``put`` by the thread's kind (the CPU of their locks and wake-ups), the
+ledger's fold (``Adds.add_columns``) and log append
+(``ContributionLog.append_columns``), and the caller's facade calls by operation
+(thread CPU, microseconds a signal and a call; the timers add about a microsecond
+a call, so the parts run a little high).
 
 ``--scenario NAME`` runs another built-in scenario instead (``--scenario all``: every
 one, each figure prefixed with its name, then the lowest runtime / model ratios), and
 ``--scale F`` scales it as ``tidal-actors simulate --scale`` does if it has more than
-``LARGE`` signals (the others run at full size): issue 16's "the
-runtime must beat its reference model on every built-in scenario" is
+``LARGE`` signals (the others run at full size): issue 16's "the runtime must beat
+its reference model on every built-in scenario" is
 ``python bench/bench_main_job.py --scenario all --scale 0.2``. A scenario that keeps
 a store (``persistent``, ``restart_at``) runs on one in a temporary directory, as the
 command does.
