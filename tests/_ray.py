@@ -15,6 +15,7 @@ is noticed within about 5 s (Ray's default is about 30 s).
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,11 @@ HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(
     not HAS_RAY, reason="Ray is not installed: pip install -e '.[ray]' (the ray extra)"
 )
+
+MAY_RETRY = re.compile(r"may have been applied|nothing of it was committed")
+"""What a call interrupted by an actor's restart fails with: either it may have been
+applied (`runtime.ray_faults`), or nothing of it was committed and it can be requested
+again (`actors.coordinator`, `actors.coordinator_recovery`)."""
 
 STORE_RESOURCE = "tidal_store"
 """The custom resource of the session's node(s) that hold durable ledgers."""

@@ -14,7 +14,6 @@ Skipped, with the reason, where Ray is not installed.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import threading
 import time
@@ -29,7 +28,7 @@ from tidal_actors.core.sharding import ledger_shard_of, membership_shard_of
 from tidal_actors.testing import ReferenceModel
 
 from ._differential import rows_mismatch
-from ._ray import needs_ray, ray_config
+from ._ray import MAY_RETRY, needs_ray, ray_config
 from .conftest import SEC, T0
 from .test_ray_restart import COHORTS, USERS, _assign, _open, _stream
 
@@ -39,7 +38,6 @@ OTHERS = [u for u in range(USERS) if membership_shard_of(u, 2) != SHARD]
 LEDGER = (M.LEDGER, ledger_shard_of(COHORTS[0], 2))  # the ledger of COHORTS[0]
 MEMBERSHIP = (M.MEMBERSHIP, SHARD)
 WAIT_S = 120.0  # how long the facade may wait for each restart's notice (seconds)
-RETRY = re.compile(r"may have been applied|not committed|nothing of it was committed")
 
 Kill = Callable[[TidalDb, Path], None]  # (the database, its store directory)
 
@@ -102,7 +100,7 @@ def _again(db: TidalDb, u: int, c: str) -> object:
         try:
             _, got = db.request_community_purge(u, c)
         except ActorFailure as err:
-            assert RETRY.search(str(err)), str(err)
+            assert MAY_RETRY.search(str(err)), str(err)
             print(f"requested again, failed again: {err}")
             continue
         return got.entries
@@ -132,7 +130,7 @@ def _through_kills(tmp_path: Path, steps: list[Kill], victims: list[M.Address]) 
                 try:
                     _, got = db.request_community_purge(*pair)
                 except ActorFailure as err:
-                    assert RETRY.search(str(err)), str(err)
+                    assert MAY_RETRY.search(str(err)), str(err)
                     interrupted.append((pair, str(err)))
                     continue
                 with model:
@@ -203,7 +201,7 @@ def _through_kills(tmp_path: Path, steps: list[Kill], victims: list[M.Address]) 
         try:
             db.flush()
         except ActorFailure as err:  # a flush in flight at a membership shard's kill
-            assert RETRY.search(str(err)), str(err)
+            assert MAY_RETRY.search(str(err)), str(err)
             db.flush()
         print(f"{streamed[0]} signals streamed through the kills")
         assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
