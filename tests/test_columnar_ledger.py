@@ -103,6 +103,13 @@ def test_batches_equal_one_at_a_time(
     # the detail rows are the same, in the same order
     for name in DETAIL_COLUMNS:
         assert getattr(one, name) == getattr(batched, name)
+    # so are the keys made (numpy makes a batch's new ones at once, `_new_narrow_keys`):
+    # their ids, index, cohorts' key counts and the columns set at a key's first record
+    n = one.key_total
+    assert batched.key_total == n and one.keys == batched.keys
+    assert one.index == batched.index and one.cohorts == batched.cohorts
+    for name in ("key_half_life", "landmark", "live"):
+        assert (getattr(one, name)[:n] == getattr(batched, name)[:n]).all(), name
 
 
 class _OneByOne(_Vectorized):

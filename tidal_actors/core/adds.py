@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from tidal_actors.core import sets
+from tidal_actors.core.key_codes import narrow_codes
 from tidal_actors.core.key_state import RENORMALIZE_AT, KeyCode, key_codes
 from tidal_actors.core.record_adds import RecordAdds
 
@@ -86,12 +87,19 @@ class Adds(RecordAdds):
         c = np.array(cids, dtype=np.int64)
         e = np.asarray(es, dtype=np.uint64)
         t = np.asarray(types, dtype=np.uint64)
-        k = self.index.find_keys(c, e, t)
-        if (k < 0).any():
-            kids: list[int | None] = [None if x < 0 else x for x in k.tolist()]
-            self._new_keys(kids, key_codes(c, e, t), cids, es, types, tss)
-            k = np.array(kids, dtype=np.int64)
         ts = np.asarray(tss, dtype=np.int64)
+        codes, narrow = narrow_codes(c, e, t)
+        if narrow.all():  # the usual case: every code an int, looked up and filed by numpy
+            k = self.index.find(codes)
+            miss = k < 0
+            if miss.any():
+                self._new_narrow_keys(k, miss, codes, c, e, t, ts)
+        else:
+            k = self.index.find_keys(c, e, t)
+            if (k < 0).any():
+                kids: list[int | None] = [None if x < 0 else x for x in k.tolist()]
+                self._new_keys(kids, key_codes(c, e, t), cids, es, types, tss)
+                k = np.array(kids, dtype=np.int64)
         w = np.asarray(ws, dtype=np.float64)
         b = ts // self._width
         x = (ts - self.landmark[k]) / self.key_half_life[k]
@@ -247,6 +255,53 @@ class Adds(RecordAdds):
         self.row_user.frombytes(np.asarray(us, dtype=np.uint64).tobytes())
         self.row_mshard.frombytes(np.asarray(ms, dtype=np.uint8).tobytes())
         self.row_rseq.frombytes(np.asarray(rs, dtype=np.int64).tobytes())
+
+    def _new_narrow_keys(
+        self,
+        k: np.ndarray,
+        miss: np.ndarray,
+        codes: np.ndarray,
+        c: np.ndarray,
+        e: np.ndarray,
+        t: np.ndarray,
+        ts: np.ndarray,
+    ) -> None:
+        """`_new_keys` of a batch whose codes are all narrow, with numpy: ``k`` (int64
+        key ids, -1 where ``miss``) gets the new ids in place. The ids, the columns and
+        the cohorts' key counts are those `_new_keys` gives (ids in order of first
+        appearance; a key's columns from its first contribution)."""
+        where = np.flatnonzero(miss)
+        distinct, first_pos, inv = sets.unique(codes[where], index=True, inverse=True)
+        by_first = np.argsort(first_pos, kind="stable")
+        g = len(distinct)
+        rank = np.empty(g, dtype=np.int64)
+        rank[by_first] = np.arange(g, dtype=np.int64)
+        first = self._nkeys
+        last = first + g
+        k[where] = first + rank[inv]
+        at = where[first_pos[by_first]]  # each new key's first contribution, in id order
+        self.index.update_narrow(distinct[by_first], np.arange(first, last, dtype=np.int64), True)
+        self._nkeys = last
+        self._reserve(last)
+        new_c = c[at]
+        per_cid, cid_first, per = sets.unique(new_c, index=True, counts=True)
+        names = self.cohort_names
+        for i in np.argsort(cid_first, kind="stable").tolist():  # in order of first key
+            name = names[int(per_cid[i])]
+            self.cohorts[name] = self.cohorts.get(name, 0) + int(per[i])
+        new_t = t[at]
+        ut, tinv = sets.unique(new_t, inverse=True)
+        hl = np.array([self.half_life(x) for x in ut.tolist()], dtype=np.int64)
+        nt = ts[at]
+        self.key_cohort[first:last] = new_c
+        self.key_entity[first:last] = e[at]
+        self.key_type[first:last] = new_t
+        self.key_half_life[first:last] = hl[tinv]
+        self.landmark[first:last] = nt
+        self.t_max[first:last] = nt
+        self.latest_t_max[first:last] = nt
+        self.latest_b[first:last] = nt // self._width
+        self.live[first:last] = 1
 
     def _new_keys(
         self,
