@@ -86,7 +86,7 @@ class LoopFacade:
 
     def __init__(self, core: Core, started_threads: list[threading.Thread] | None) -> None:
         self._core = core
-        core.nonblocking = True
+        core.set_nonblocking()
         self._thread_id = threading.get_ident()
         self._closed = False
         self._unsettled: set[Reply] = set()

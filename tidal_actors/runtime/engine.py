@@ -289,6 +289,14 @@ class Core(Flusher):
                 DatabaseClosed("the database was closed before this call completed")
             )
 
+    def set_nonblocking(self) -> None:
+        """Make this an async facade's core: no call waits for room (`nonblocking`),
+        and no caller thread runs an actor's handler itself (`runtime.inline`), so the
+        loop's thread never blocks on an actor's work."""
+        self.nonblocking = True
+        if hasattr(self.host, "callers_run_inline"):
+            self.host.callers_run_inline = False
+
     def check_open(self) -> None:
         if self.closed:
             if self.pid != os.getpid():

@@ -13,6 +13,13 @@ of another kind as one message, up to ``COALESCE_RECORDS`` units (`coalesce`). I
 queued when it asks: it never waits for more. A host that follows each message it
 put (the Ray host's durable acknowledgements, `runtime.ray_restart.DurableEnds`)
 hears which messages a merged one stands for (``on_merge``).
+
+A sender may run a message itself instead of queueing it (`runtime.inline`): it
+`claim` s the actor (possible only while its mailbox is empty and nothing is being
+handled) and `unclaim` s it after. The actor's thread never takes a message while a
+sender holds the claim, and a sender never claims while the thread holds a message
+it took (from `get` until it comes back for the next), so one message at a time is
+handled, in mailbox order.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable
 from itertools import chain
 from typing import Any
@@ -38,6 +46,9 @@ _BOUNDED = (M.SignalBatch, M.Attribute)
 # or one membership shard's attributions queued before any other kind of message, as
 # one message, up to this many signals or records (`Mailbox._get`)
 COALESCE_RECORDS = 4096
+
+_THREAD = "thread"  # `Mailbox._busy`: the actor's thread handles a message
+_SENDER = "sender"  # a sender handles one itself (`Mailbox.claim`)
 
 
 def units(msg: object) -> int:
@@ -115,6 +126,9 @@ class Mailbox(queue.Queue[Envelope[Any]]):
         self._room_waiters: list[Callable[[], None]] = []
         # told ``(parts, merged)`` when the actor takes ``merged`` for ``parts``
         self.on_merge: Callable[[list[Any], Any], None] | None = None
+        # who handles a message now: None (nobody), _THREAD (the actor's thread, from
+        # `get` until its next `get`) or _SENDER (a sender that `claim` ed the actor)
+        self._busy: str | None = None
 
     def _full(self) -> bool:  # under self.mutex
         if self._qsize() + self.held() + self._reserved >= self._cap:
@@ -197,10 +211,49 @@ class Mailbox(queue.Queue[Envelope[Any]]):
                 fn()
 
     def get(self, block: bool = True, timeout: float | None = None) -> Envelope[Any]:
-        item = super().get(block, timeout)
+        """The next message (the actor's thread, the one getter, calls it): waits
+        while the mailbox is empty or a sender holds the claim; the thread then holds
+        the actor until its next call. ``block``/``timeout`` as `queue.Queue.get`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.not_empty:
+            if self._busy is _THREAD:  # back for the next one: done with the last
+                self._busy = None
+            while not self._qsize() or self._busy is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if not block or (left is not None and left <= 0.0):
+                    raise queue.Empty
+                self.not_empty.wait(left)
+            item = self._get()
+            self._busy = _THREAD
+            self.not_full.notify()
         if self._room_waiters:
             self._call_room_waiters()
         return item
+
+    def claim(self) -> bool:
+        """Hold the actor for a sender to handle one message itself: only if nothing
+        is queued, nothing is being handled, there is room and the actor runs; False
+        (nothing held) otherwise. `unclaim` gives it back."""
+        stopped = self.stopped
+        with self.mutex:
+            if (
+                self._busy is not None
+                or self._qsize()
+                or self._full()
+                or (stopped is not None and stopped.is_set())
+            ):
+                return False
+            self._busy = _SENDER
+            return True
+
+    def unclaim(self) -> None:
+        """Give back what `claim` held; the actor's thread takes what came meanwhile."""
+        with self.mutex:
+            self._busy = None
+            if self._qsize():
+                self.not_empty.notify()
+        if self._room_waiters:
+            self._call_room_waiters()
 
     def wait_for_message(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until the mailbox holds a message, without

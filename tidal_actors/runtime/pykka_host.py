@@ -28,6 +28,7 @@ room again.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.ledger_views import PUBLISH_EVERY_S
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.reply import Reply
+from tidal_actors.runtime.inline import level_of, may_run, set_level
 from tidal_actors.runtime.mailbox import Mailbox, units
 from tidal_actors.runtime.supervision import Supervisor
 
@@ -60,8 +62,11 @@ class _Hosted(Protocol):
 
     behaviour: Behaviour
     thread: threading.Thread | None
+    mailbox: Mailbox
 
     def host(self, behaviour: Behaviour) -> None: ...
+
+    def run_inline(self, message: object) -> None: ...
 
 
 def _actor_class(
@@ -98,9 +103,25 @@ def _actor_class(
             # pykka does not keep its thread; we do, to join it at stop
             kind, index = self.behaviour.address
             self.thread = threading.Thread(
-                target=self._actor_loop, name=f"tidal-{kind}-{index}", daemon=True
+                target=self._run_loop,
+                args=(level_of(kind),),
+                name=f"tidal-{kind}-{index}",
+                daemon=True,
             )
             self.thread.start()
+
+        def _run_loop(self, level: int) -> None:
+            set_level(level)  # which actors this thread may run messages of (`inline`)
+            self._actor_loop()
+
+        def run_inline(self, message: object) -> None:
+            """Handle ``message`` in the calling thread, as this actor's thread would
+            (the caller holds the mailbox's claim, `runtime.inline`); a failure that
+            escapes the handler stops the actor, as in pykka's loop."""
+            try:
+                self.on_receive(message)
+            except Exception:  # noqa: BLE001 - as pykka's actor loop: logged, the actor stops
+                self._handle_failure(*sys.exc_info())
 
         @staticmethod
         def _create_actor_inbox() -> Mailbox:
@@ -209,6 +230,11 @@ class PykkaHost:
         self._refs: dict[M.Address, pykka.ActorRef[pykka.ThreadingActor]] = {}
         self.behaviours: dict[M.Address, Behaviour] = {}
         self._actors: list[_Hosted] = []
+        self._hosted: dict[M.Address, _Hosted] = {}
+        # whether threads that are not actors' (the blocking facade's callers) may run
+        # messages themselves (`runtime.inline`); an async facade's database sets it
+        # False, so that its loop's thread never runs a handler
+        self.callers_run_inline = True
         budget = config.inflight_budget_ms
         self._actor_cls = _actor_class(
             config.mailbox_capacity,
@@ -228,6 +254,7 @@ class PykkaHost:
             if isinstance(b, Persistence) and self.supervisor is None:
                 self.supervisor = Supervisor(self.config, self.ctx, b.store)
             self._refs[b.address] = self._actor_cls.start(b)
+            self._hosted[b.address] = self._actors[-1]  # appended by its constructor
 
     def _supervise(self, actor: _Hosted) -> None:
         """``actor``'s behaviour failed: restart or resume it (`Supervisor.failed`)."""
@@ -247,11 +274,31 @@ class PykkaHost:
                 # not after the next message has been handled by a half-updated shard
                 self._supervise(actor)
 
+    def _run_here(self, address: M.Address, message: object) -> bool:
+        """Handle ``message`` in this thread if the rule of `runtime.inline` allows it
+        and the actor at ``address`` is idle; whether it was."""
+        level = may_run(address[0], self.callers_run_inline)
+        if level is None:
+            return False
+        actor = self._hosted.get(address)
+        if actor is None or not actor.mailbox.claim():
+            return False
+        was = set_level(level)
+        try:
+            actor.run_inline(message)
+        finally:
+            set_level(was)
+            actor.mailbox.unclaim()
+        return True
+
     def tell(self, address: M.Address, message: object) -> None:
-        """Send ``message`` to ``address``. Raises DatabaseClosed once the actor is gone."""
+        """Send ``message`` to ``address`` (handled in this thread if the actor is idle
+        and `runtime.inline` allows it). Raises DatabaseClosed once the actor is gone."""
         ref = self._refs.get(address)
         if ref is None:
             raise DatabaseClosed(f"no actor at {address}")
+        if self._run_here(address, message):
+            return
         try:
             ref.tell(message)
         except pykka.ActorDeadError:
@@ -268,8 +315,11 @@ class PykkaHost:
         return self._inbox(address).offer(Envelope(message))
 
     def force(self, address: M.Address, message: object) -> None:
-        """Send ``message`` past the mailbox's capacity, without waiting."""
-        self._inbox(address).force(Envelope(message))
+        """Send ``message`` past the mailbox's capacity, without waiting for room (or
+        handle it here, as `tell`)."""
+        inbox = self._inbox(address)
+        if not self._run_here(address, message):
+            inbox.force(Envelope(message))
 
     def has_room(self, address: M.Address) -> bool:
         return self._inbox(address).has_room()
@@ -284,8 +334,13 @@ class PykkaHost:
             _mailbox(ref).release()
 
     def put_reserved(self, address: M.Address, message: object) -> None:
-        """Send ``message`` into the room reserved for it."""
-        self._inbox(address).put_reserved(Envelope(message))
+        """Send ``message`` into the room reserved for it (or handle it here, as
+        `tell`, and give the room back)."""
+        inbox = self._inbox(address)
+        if self._run_here(address, message):
+            inbox.release()
+        else:
+            inbox.put_reserved(Envelope(message))
 
     def unit_s(self, address: M.Address) -> float:
         """The actor's measured seconds per unit of load (0.0 until measured)."""

@@ -1,0 +1,85 @@
+"""Running a message in the sender's thread (the pykka host's hand-off rule).
+
+Under the pykka host every actor has a thread; a message is normally put in its
+mailbox and its thread wakes to handle it. A hand-off costs a thread switch on each
+side (tens of microseconds of CPU, `bench/bench_main_job.py --breakdown`: the
+mailboxes' ``get``), which a call of a few signals pays at each hop. So a sender may
+handle the message itself, in its own thread, when the receiver is idle: its mailbox
+empty, no message being handled, room to spare and the actor running
+(`Mailbox.claim`). The receiver's handler, its load timing, its supervision and its
+idle work (`on_idle`) run exactly as its thread would run them (`_Actor.on_receive`
+in `pykka_host`), while the claim keeps its thread from taking anything else. The
+pattern is a *calling-thread dispatch* taken only when the mailbox is empty (Akka's
+``CallingThreadDispatcher`` always runs in the caller; here the receiver's own
+thread stays the fallback).
+
+**Why order is kept.** A message run by its sender is handled when the receiver has
+nothing queued and nothing in hand, which is where its own thread would have taken
+it next: each receiver still handles one message at a time, in the order its
+messages were sent, and a message sent (causally) earlier to a receiver is handled
+earlier. The ordering argument of DESIGN.md ("one mailbox per receiver") needs no
+more.
+
+**Who may run what** (`may_run`): each thread has a *level*, and runs only actors
+of a higher one: caller threads are `CALLER` (0), a membership shard's `MEMBERSHIP`
+(1), a ledger shard's `LEDGER` (2); while a thread runs a message of a membership
+shard it is at that shard's level, so it can run ledger shards' messages but no
+other membership shard's. Messages only go down the pipeline this way (facade ->
+membership -> ledger, the path load takes), so no thread ever waits on a claim, and
+a thread never runs an actor whose claim it holds. Persistence and the coordinator
+are never run by a sender: persistence's commits must not hold up the callers whose
+writes they group, and the coordinator's steps are few.
+
+Threads that must not block never run a handler: an async facade's loop thread
+(`set_callers_run_inline` False for its database, `Core.nonblocking`) and every
+thread of an actor that is neither membership nor ledger (`NEVER`).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from tidal_actors.actors import messages as M
+
+__all__ = ["CALLER", "LEDGER", "MEMBERSHIP", "NEVER", "level_of", "may_run", "set_level"]
+
+CALLER = 0
+MEMBERSHIP = 1
+LEDGER = 2
+NEVER = 3
+
+RUN_BY_SENDER = {M.MEMBERSHIP: MEMBERSHIP, M.LEDGER: LEDGER}
+"""The actor kinds a sender may run a message of, with their level."""
+
+_local = threading.local()
+
+
+def level_of(kind: str) -> int:
+    """The level of an actor thread of ``kind`` (`NEVER` but for membership and ledger)."""
+    return RUN_BY_SENDER.get(kind, NEVER)
+
+
+def current_level() -> int:
+    """This thread's level (`CALLER` unless it is an actor's thread or runs one)."""
+    level: int = getattr(_local, "level", CALLER)
+    return level
+
+
+def set_level(level: int) -> int:
+    """Set this thread's level; returns the one it had."""
+    was = current_level()
+    _local.level = level
+    return was
+
+
+def may_run(kind: str, callers: bool) -> int | None:
+    """The level at which this thread may run a message for an actor of ``kind``, or
+    None if it may not (see the module). ``callers``: whether the database's caller
+    threads may run messages (False for an async facade's)."""
+    target = RUN_BY_SENDER.get(kind)
+    if target is None:
+        return None
+    level = current_level()
+    if level >= target or (level == CALLER and not callers):
+        return None
+    return target
