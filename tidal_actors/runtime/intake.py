@@ -41,6 +41,7 @@ from tidal_actors.core.sharding import membership_shard_of, shard_split
 from tidal_actors.core.validate import U64, check_signal, signal_columns
 from tidal_actors.runtime.callers import Callers
 from tidal_actors.runtime.host import Host
+from tidal_actors.runtime.mailbox import COALESCE_RECORDS
 
 __all__ = ["TUNE_EVERY_S", "Buffer", "Intake"]
 
@@ -259,10 +260,28 @@ class Intake:
         with self._close_lock:
             self.check_open()
             self._batch_calls += 1
+        run_here = getattr(self.host, "run_here", None)  # the pykka host's (`inline`)
         try:
             for m in shards:
                 buf, items, step = self._buffers[m], per_shard[m], self._steps[m]
-                for k in range(0, len(items), step):
+                k = 0
+                while k < len(items):
+                    if run_here is not None:  # handled here if the shard is idle: whole
+                        with buf.lock:
+                            piece = items[k : k + COALESCE_RECORDS]
+
+                            def whole(
+                                piece: list[M.SignalTuple] = piece, buf: Buffer = buf
+                            ) -> M.SignalBatch:
+                                chunk = piece
+                                if buf.items:  # signals buffered before this call go first
+                                    chunk = buf.items + chunk
+                                    buf.items = []
+                                return M.SignalBatch(chunk)
+
+                            if run_here((M.MEMBERSHIP, m), whole):
+                                k += len(piece)
+                                continue
                     self.host.reserve((M.MEMBERSHIP, m))  # no lock held while waiting
                     try:
                         with buf.lock:
@@ -274,6 +293,7 @@ class Intake:
                     except BaseException:
                         self.host.release((M.MEMBERSHIP, m))
                         raise
+                    k += step
         finally:
             with self._close_lock:
                 self._batch_calls -= 1

@@ -277,6 +277,13 @@ class PykkaHost:
     def _run_here(self, address: M.Address, message: object) -> bool:
         """Handle ``message`` in this thread if the rule of `runtime.inline` allows it
         and the actor at ``address`` is idle; whether it was."""
+        return self.run_here(address, lambda: message)
+
+    def run_here(self, address: M.Address, build: Callable[[], object]) -> bool:
+        """Handle the message ``build()`` makes in this thread, if the rule of
+        `runtime.inline` allows it and the actor at ``address`` is idle (``build`` is
+        called only then, with the actor held); whether it was. A caller with a large
+        batch sends it whole this way, where a queued one would go in chunks."""
         level = may_run(address[0], self.callers_run_inline)
         if level is None:
             return False
@@ -285,7 +292,7 @@ class PykkaHost:
             return False
         was = set_level(level)
         try:
-            actor.run_inline(message)
+            actor.run_inline(build())
         finally:
             set_level(was)
             actor.mailbox.unclaim()
