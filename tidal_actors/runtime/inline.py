@@ -41,7 +41,17 @@ import threading
 
 from tidal_actors.actors import messages as M
 
-__all__ = ["CALLER", "LEDGER", "MEMBERSHIP", "NEVER", "level_of", "may_run", "set_level"]
+__all__ = [
+    "CALLER",
+    "LEDGER",
+    "MEMBERSHIP",
+    "NEVER",
+    "add_nested",
+    "level_of",
+    "may_run",
+    "nested_s",
+    "set_level",
+]
 
 CALLER = 0
 MEMBERSHIP = 1
@@ -70,6 +80,20 @@ def set_level(level: int) -> int:
     was = current_level()
     _local.level = level
     return was
+
+
+def nested_s() -> float:
+    """Seconds this thread has spent running other actors' messages (`add_nested`): an
+    actor's load timing leaves out what its handler ran for the actors below it, so
+    that each actor's seconds per unit (`Mailbox.unit_s`, which sizes batches and
+    bounds mailboxes) stays its own."""
+    total: float = getattr(_local, "nested", 0.0)
+    return total
+
+
+def add_nested(seconds: float) -> None:
+    """Count ``seconds`` spent running a message of another actor in this thread."""
+    _local.nested = nested_s() + seconds
 
 
 def may_run(kind: str, callers: bool) -> int | None:
