@@ -71,6 +71,9 @@ class LocalHost(PykkaHost):
         epoch: int = 0,
     ) -> None:
         super().__init__(config, clock, durable)
+        # Ray's threads deliver calls here: they queue them for the actor's thread and
+        # return, never handling one themselves (`runtime.inline`)
+        self.callers_run_inline = False
         self.links = links
         self.ends = ends
         self.shard = shard
