@@ -27,6 +27,15 @@ def until(cond: Callable[[], bool], limit_s: float = 10.0) -> bool:
     return True
 
 
+def queued_only(db: Any) -> Any:
+    """Make every message of ``db`` (a pykka-hosted `TidalDb`) queue for its actor's
+    thread: no sender handles one itself (`runtime.inline`). For tests of the queued
+    path: a shard's thread held in a handler while the test sends more, merged
+    messages. Returns ``db``."""
+    db._core.host.senders_run_inline = False
+    return db
+
+
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock(T0)

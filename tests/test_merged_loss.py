@@ -4,7 +4,8 @@ The pykka host's mailbox hands a ledger shard the attributions of one membership
 shard queued back to back as one message (`runtime.mailbox.coalesce`), and a
 membership shard the signal batches queued back to back. When a handler fails on
 such a message, the next flush's `StorageError` counts each signal batch in it, and
-its records (or signals). Expected counts are worked out by hand from what the test
+its records (or signals). The test's messages queue for the shards' threads
+(`conftest.queued_only`): no sender handles one itself. Expected counts are worked out by hand from what the test
 sends; scores come from the reference model.
 """
 
@@ -20,7 +21,7 @@ from tidal_actors.actors.ledger import LedgerShard
 from tidal_actors.actors.membership import MembershipShard
 from tidal_actors.testing import ReferenceModel
 
-from .conftest import SEC, T0, until
+from .conftest import SEC, T0, queued_only, until
 
 CFG = Config(
     ledger_shards=1, membership_shards=1, inflight_budget_ms=None, rematerialize_after_ms=None
@@ -90,7 +91,7 @@ def _expected_scores(db: TidalDb) -> None:
 
 def test_a_merged_attribution_lost_at_a_ledger_counts_every_batch(monkeypatch) -> None:
     held = _held_then_failing(monkeypatch, LedgerShard, "_on_attribute")
-    with TidalDb.open(None, config=CFG, clock=ManualClock(T0)) as db:
+    with queued_only(TidalDb.open(None, config=CFG, clock=ManualClock(T0))) as db:
         db.assign_cohort(1, "red")
         records = BATCHES * PER_BATCH * ROUTE
         _send_held_batches(db, (M.LEDGER, 0), held, records)
@@ -104,7 +105,7 @@ def test_a_merged_signal_batch_lost_at_a_membership_shard_counts_every_batch(
     monkeypatch,
 ) -> None:
     held = _held_then_failing(monkeypatch, MembershipShard, "_on_signals")
-    with TidalDb.open(None, config=CFG, clock=ManualClock(T0)) as db:
+    with queued_only(TidalDb.open(None, config=CFG, clock=ManualClock(T0))) as db:
         db.assign_cohort(1, "red")
         signals = BATCHES * PER_BATCH
         _send_held_batches(db, (M.MEMBERSHIP, 0), held, signals)

@@ -236,6 +236,9 @@ class PykkaHost:
         # messages themselves (`runtime.inline`); an async facade's database sets it
         # False, so that its loop's thread never runs a handler
         self.callers_run_inline = True
+        # False: no thread runs another actor's message, every message queues for its
+        # actor's thread (tests of the queued path: coalescing, a held handler)
+        self.senders_run_inline = True
         budget = config.inflight_budget_ms
         self._actor_cls = _actor_class(
             config.mailbox_capacity,
@@ -286,7 +289,7 @@ class PykkaHost:
         called only then, with the actor held); whether it was. A caller with a large
         batch sends it whole this way, where a queued one would go in chunks."""
         level = may_run(address[0], self.callers_run_inline)
-        if level is None:
+        if level is None or not self.senders_run_inline:
             return False
         actor = self._hosted.get(address)
         if actor is None or not actor.mailbox.claim():
