@@ -11,6 +11,7 @@ reference model leaves.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -139,31 +140,151 @@ def _signals(n: int, users: int) -> list[Signal]:
     return [Signal(u % users, u % 7, 1, 1.0, T0 + u * SEC) for u in range(n)]
 
 
+def _twenty_batches(db: TidalDb, ref: ReferenceModel) -> None:
+    """Ten users join, then 20 batches of 10 signals, each sent once the membership
+    shard is idle again; the model takes the same calls."""
+    for u in range(10):
+        db.assign_cohort(u, f"c{u % 3}")
+        ref.assign_cohort(u, f"c{u % 3}")
+    db.flush()
+    for k in range(20):
+        batch = _signals(50, 10)[k % 5 * 10 : k % 5 * 10 + 10]
+        db.signal_batch(batch)
+        ref.signal_batch(batch)
+        _until(lambda: not db._core.host._hosted[("membership", 0)].mailbox._busy, "idle")
+    db.flush()
+
+
 def test_a_blocking_caller_runs_signals_at_idle_shards_itself(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Each batch reaches an idle membership shard and idle ledgers: the caller's
-    thread handles them (the flusher's periodic Publish may keep a ledger busy at a
-    batch's moment, so most, not all, are asserted); the result is the model's."""
+    thread (not the main one) handles them (the flusher's periodic Publish may keep a
+    ledger busy at a batch's moment, so most, not all, are asserted); the result is
+    the model's."""
     seen = _Threads(monkeypatch)
     cfg = Config(membership_shards=1, ledger_shards=2)
     ref = ReferenceModel(cfg, ManualClock(T0 + 10**6 * SEC))
-    me = threading.current_thread().name
     with TidalDb.open(None, config=cfg, clock=ManualClock(T0 + 10**6 * SEC)) as db:
-        for u in range(10):
-            db.assign_cohort(u, f"c{u % 3}")
-            ref.assign_cohort(u, f"c{u % 3}")
-        db.flush()
-        for k in range(20):
-            batch = _signals(50, 10)[k % 5 * 10 : k % 5 * 10 + 10]
-            db.signal_batch(batch)
-            ref.signal_batch(batch)
-            _until(lambda: not db._core.host._hosted[("membership", 0)].mailbox._busy, "idle")
-        db.flush()
+        caller = threading.Thread(target=_twenty_batches, args=(db, ref), name="caller")
+        caller.start()
+        caller.join(60)
         assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
     assert len(seen.membership) == 20
-    assert seen.membership.count(me) >= 15, seen.membership
-    assert seen.ledger.count(me) >= 15, seen.ledger
+    assert seen.membership.count("caller") >= 15, seen.membership
+    assert seen.ledger.count("caller") >= 15, seen.ledger
+
+
+def test_the_main_thread_runs_handlers_only_if_sigint_is_handled_by_the_program(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With Python's default SIGINT handler a Ctrl-C could stop a handler the main
+    thread ran halfway: the main thread queues (the actors' threads handle every
+    batch); with a handler of the program's (as the command line's) it runs them."""
+    cfg = Config(membership_shards=1, ledger_shards=2)
+    main = threading.main_thread().name
+    assert threading.current_thread().name == main
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        seen = _Threads(monkeypatch)
+        with TidalDb.open(None, config=cfg, clock=ManualClock(T0 + 10**6 * SEC)) as db:
+            _twenty_batches(db, ReferenceModel(cfg, ManualClock(T0 + 10**6 * SEC)))
+        assert seen.membership and main not in seen.membership + seen.ledger
+        signal.signal(signal.SIGINT, lambda *_: None)
+        seen = _Threads(monkeypatch)
+        with TidalDb.open(None, config=cfg, clock=ManualClock(T0 + 10**6 * SEC)) as db:
+            _twenty_batches(db, ReferenceModel(cfg, ManualClock(T0 + 10**6 * SEC)))
+        assert seen.membership.count(main) >= 15, seen.membership
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_an_interrupted_claim_is_given_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KeyboardInterrupt between taking the claim and running the message (raised
+    here where the thread sets its level) leaves the shard free: the call raises it,
+    later calls and close() go on."""
+    real = inline.set_level
+    armed = {"on": False}
+
+    def set_level(level: int) -> int:
+        if armed["on"] and level == inline.MEMBERSHIP:
+            armed["on"] = False
+            raise KeyboardInterrupt
+        return real(level)
+
+    monkeypatch.setattr(inline, "set_level", set_level)
+    out: dict[str, object] = {}
+
+    def caller() -> None:
+        with TidalDb.open(None, config=Config(membership_shards=1), clock=ManualClock(T0)) as db:
+            db.assign_cohort(1, "c")
+            db.flush()
+            armed["on"] = True
+            try:
+                db.assign_cohort(2, "c")
+            except KeyboardInterrupt:
+                out["interrupted"] = True
+            box = db._core.host._hosted[("membership", 0)].mailbox
+            out["busy"] = box._busy
+            db.assign_cohort(3, "c")
+            db.flush()
+            out["cohorts"] = [db.cohorts_of(u) for u in (1, 2, 3)]
+        out["closed"] = True
+
+    t = threading.Thread(target=caller)
+    t.start()
+    t.join(30)
+    c = frozenset({"c"})
+    assert out == {
+        "interrupted": True,
+        "busy": None,
+        "cohorts": [c, frozenset(), c],
+        "closed": True,
+    }
+
+
+def test_an_exception_that_is_not_an_exception_counts_as_the_handlers_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A SystemExit out of a handler the caller's thread ran (as a signal handler of
+    the program's would raise it): the message's reply fails, the shard's failure is
+    reported and dealt with (resumed: an ephemeral database), the exception goes on up
+    to the caller, and the database still serves."""
+    real = MembershipShard._on_signals
+    calls = {"n": 0}
+
+    def on_signals(shard: MembershipShard, msg: object) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise SystemExit("a signal handler of the program's")
+        real(shard, msg)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(MembershipShard, "_on_signals", on_signals)
+    out: dict[str, object] = {}
+
+    def caller() -> None:
+        with TidalDb.open(None, config=Config(membership_shards=1), clock=ManualClock(T0)) as db:
+            db.assign_cohort(1, "c")
+            db.signal_batch([Signal(1, 1, 1, 1.0, T0)])
+            db.flush()
+            try:
+                db.signal_batch([Signal(1, 2, 1, 1.0, T0)])
+            except SystemExit as exc:
+                out["raised"] = str(exc)
+            out["reports"] = [r.action for r in db._core.fault_reports()]
+            db.signal_batch([Signal(1, 3, 1, 1.0, T0)])
+            try:
+                db.flush()
+            except Exception as exc:  # noqa: BLE001 - the loss is reported at the flush
+                out["flush"] = type(exc).__name__
+            out["records"] = db.stats()["records"]
+
+    t = threading.Thread(target=caller)
+    t.start()
+    t.join(30)
+    assert out["raised"] == "a signal handler of the program's"
+    assert out["reports"] == ["resumed"]
+    assert out["records"] == 4  # the first and third signals, to "c" and @community
 
 
 @pytest.mark.trio

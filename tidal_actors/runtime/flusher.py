@@ -18,6 +18,7 @@ from tidal_actors._errors import ActorFailure, TidalError
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.coordinator import PurgeCoordinator
 from tidal_actors.actors.ledger_views import WANTED_S
+from tidal_actors.runtime.inline import NEVER, set_level
 from tidal_actors.runtime.serving import Serving
 
 __all__ = ["Flusher"]
@@ -58,6 +59,7 @@ class Flusher(Serving):
         coordinator tick. A tick that finds nothing to do puts the thread to sleep until
         `wake_flusher` (the first signal buffered, a shard that needs a `Publish`, a
         re-materialization scheduled) or a quarter of ``WANTED_S`` (unread views)."""
+        set_level(NEVER)  # it only offers and ticks: it never runs a handler (`inline`)
         interval = self.config.signal_flush_interval_ms / 1000.0
         next_tick = next_unread = 0.0
         stop, wake = self._flusher_stop, self._flusher_wake

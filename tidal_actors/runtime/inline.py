@@ -31,15 +31,35 @@ are never run by a sender: persistence's commits must not hold up the callers wh
 writes they group, and the coordinator's steps are few.
 
 Threads that must not block never run a handler: an async facade's loop thread
-(`set_callers_run_inline` False for its database, `Core.nonblocking`) and every
-thread of an actor that is neither membership nor ledger (`NEVER`).
+(``callers_run_inline`` False on its host, `Core.set_nonblocking`), the flusher, and
+every thread of an actor that is neither membership nor ledger (`NEVER`).
+
+**Signals.** CPython runs signal handlers in the main thread, between any two
+bytecodes; with Python's default SIGINT handler a Ctrl-C raises KeyboardInterrupt
+there, which would stop a handler halfway (a key half made, a claim never given
+back). So the main thread runs no handler while SIGINT's handler is the default one
+(`signal.default_int_handler`): a script's calls queue as they always did. A program
+that handles SIGINT itself (the command line does, `loadsim.interrupt.StopOnSigint`)
+and threads other than the main one run them. If a handler of the program's raises
+in the middle of one anyway, the actor treats it as a handler failure (its
+supervisor restarts it from the store, or resumes it in an ephemeral database; the
+message's replies fail) and the exception goes on up (`_Actor.run_inline`).
 """
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from tidal_actors.actors import messages as M
+
+try:  # the C function under `signal.getsignal`, without its enum conversion (3 us)
+    from _signal import getsignal as _getsignal
+except ImportError:  # pragma: no cover - another interpreter
+    _getsignal = signal.getsignal
 
 __all__ = [
     "CALLER",
@@ -47,9 +67,11 @@ __all__ = [
     "MEMBERSHIP",
     "NEVER",
     "add_nested",
+    "current_level",
     "level_of",
     "may_run",
     "nested_s",
+    "run_claimed",
     "set_level",
 ]
 
@@ -62,6 +84,8 @@ RUN_BY_SENDER = {M.MEMBERSHIP: MEMBERSHIP, M.LEDGER: LEDGER}
 """The actor kinds a sender may run a message of, with their level."""
 
 _local = threading.local()
+_MAIN = threading.main_thread().ident
+_SIGINT = int(signal.SIGINT)
 
 
 def level_of(kind: str) -> int:
@@ -104,6 +128,39 @@ def may_run(kind: str, callers: bool) -> int | None:
     if target is None:
         return None
     level = current_level()
-    if level >= target or (level == CALLER and not callers):
+    if level >= target:
+        return None
+    if level == CALLER and (
+        not callers
+        or (threading.get_ident() == _MAIN and _getsignal(_SIGINT) is signal.default_int_handler)
+    ):
         return None
     return target
+
+
+class _Claimable(Protocol):
+    def claim(self) -> bool: ...
+
+    def unclaim(self) -> None: ...
+
+
+def run_claimed(
+    mailbox: _Claimable, level: int, run: Callable[[Any], None], build: Callable[[], object]
+) -> bool:
+    """Run ``run(build())`` in this thread at ``level`` if ``mailbox`` can be claimed
+    (`Mailbox.claim`: the actor is idle); whether it was. The claim is taken inside
+    the ``try``, so whatever interrupts (a KeyboardInterrupt between two bytecodes),
+    the ``finally`` gives back the claim this thread took, restores its level and
+    counts the time as nested (`add_nested`)."""
+    was = current_level()
+    started = time.perf_counter()
+    try:
+        if not mailbox.claim():
+            return False
+        set_level(level)
+        run(build())
+        return True
+    finally:
+        set_level(was)
+        mailbox.unclaim()  # this thread's claim, if it took one
+        add_nested(time.perf_counter() - started)

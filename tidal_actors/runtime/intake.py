@@ -3,7 +3,7 @@
 Owns how signals get from a caller to their membership shard's mailbox; `Core`
 extends it (the state it uses is `Core`'s, set in its ``__init__``). It holds no
 domain state, validates every signal before anything is queued, and never waits
-while it holds a buffer's lock.
+for room while it holds a buffer's lock.
 
 Signals are buffered per membership shard (``Config.batch_size`` signals, at most
 ``Config.signal_flush_interval_ms``) and sent as one message, under the buffer's
@@ -11,10 +11,15 @@ lock, so the per-shard order of everything a caller submits is kept. A control
 operation or a read first sends what its shard has buffered, so "submitted before"
 always means "processed before".
 
-Backpressure, and no waiting under a lock: a buffer's lock is held only for list
-work and puts that never wait, so whoever takes it (a control operation, the
-flusher, an event loop) waits for microseconds, never behind a producer that waits
-for room. A blocking caller (``TidalDb``) that is about to fill a batch first waits
+Backpressure, and no waiting for room under a lock: a buffer's lock is held only
+for list work and puts that never wait for room, so whoever takes it (a control
+operation, the flusher, an event loop) never waits behind a producer that waits for
+room. Under the pykka host a blocking caller's put may instead handle the message
+itself at an idle shard (`runtime.inline`), under the lock: whoever takes the lock
+then waits for that work, as it would wait for the shard's thread. A blocking
+caller's ``signal_batch`` sends its signals whole to an idle membership shard (at
+most ``COALESCE_RECORDS`` a message, `PykkaHost.run_here`), in chunks otherwise. A
+blocking caller (``TidalDb``) that is about to fill a batch first waits
 for room in the membership mailbox and reserves it (`_Mailbox.reserve`), then takes
 the lock and puts into the reserved room. A ``nonblocking`` core (an async facade's)
 never waits: a full batch is offered and stays buffered if there is no room (the

@@ -48,7 +48,6 @@ _BOUNDED = (M.SignalBatch, M.Attribute)
 COALESCE_RECORDS = 4096
 
 _THREAD = "thread"  # `Mailbox._busy`: the actor's thread handles a message
-_SENDER = "sender"  # a sender handles one itself (`Mailbox.claim`)
 
 
 def units(msg: object) -> int:
@@ -127,8 +126,8 @@ class Mailbox(queue.Queue[Envelope[Any]]):
         # told ``(parts, merged)`` when the actor takes ``merged`` for ``parts``
         self.on_merge: Callable[[list[Any], Any], None] | None = None
         # who handles a message now: None (nobody), _THREAD (the actor's thread, from
-        # `get` until its next `get`) or _SENDER (a sender that `claim` ed the actor)
-        self._busy: str | None = None
+        # `get` until its next `get`) or the ident of a sender's thread (`claim`)
+        self._busy: str | int | None = None
 
     def _full(self) -> bool:  # under self.mutex
         if self._qsize() + self.held() + self._reserved >= self._cap:
@@ -243,12 +242,16 @@ class Mailbox(queue.Queue[Envelope[Any]]):
                 or (stopped is not None and stopped.is_set())
             ):
                 return False
-            self._busy = _SENDER
+            self._busy = threading.get_ident()
             return True
 
     def unclaim(self) -> None:
-        """Give back what `claim` held; the actor's thread takes what came meanwhile."""
+        """Give back the claim this thread holds (nothing if it holds none: safe to
+        call from a ``finally`` whatever interrupted the claim); the actor's thread
+        takes what came meanwhile."""
         with self.mutex:
+            if self._busy != threading.get_ident():
+                return
             self._busy = None
             if self._qsize():
                 self.not_empty.notify()

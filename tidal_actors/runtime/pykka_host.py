@@ -41,11 +41,11 @@ from tidal_actors._clock import Clock
 from tidal_actors._config import Config
 from tidal_actors._errors import DatabaseClosed
 from tidal_actors.actors import messages as M
-from tidal_actors.actors.behaviour import Behaviour
+from tidal_actors.actors.behaviour import Behaviour, replies_of
 from tidal_actors.actors.ledger_views import PUBLISH_EVERY_S
 from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.reply import Reply
-from tidal_actors.runtime.inline import add_nested, level_of, may_run, nested_s, set_level
+from tidal_actors.runtime.inline import level_of, may_run, nested_s, run_claimed, set_level
 from tidal_actors.runtime.mailbox import Mailbox, units
 from tidal_actors.runtime.supervision import Supervisor
 
@@ -116,12 +116,28 @@ def _actor_class(
 
         def run_inline(self, message: object) -> None:
             """Handle ``message`` in the calling thread, as this actor's thread would
-            (the caller holds the mailbox's claim, `runtime.inline`); a failure that
-            escapes the handler stops the actor, as in pykka's loop."""
+            (the caller holds the mailbox's claim, `runtime.inline`). A failure that
+            escapes the handler stops the actor, as in pykka's loop. An exception that
+            is not an ``Exception`` (a signal handler's KeyboardInterrupt or SystemExit
+            in the main thread) may have stopped the handler halfway: it counts as the
+            handler's failure (the message's replies fail, the supervisor restarts or
+            resumes the behaviour), then goes on up."""
             try:
                 self.on_receive(message)
             except Exception:  # noqa: BLE001 - as pykka's actor loop: logged, the actor stops
                 self._handle_failure(*sys.exc_info())
+            except BaseException as exc:
+                behaviour = self.behaviour
+                behaviour.handler_errors += 1
+                behaviour.last_error = exc
+                if behaviour.fault is None:
+                    behaviour.fault = (message, exc)
+                err = behaviour.failure(message, exc)
+                for reply in replies_of(message):
+                    reply.set_exception(err)
+                with contextlib.suppress(Exception):
+                    supervise(self)
+                raise
 
         @staticmethod
         def _create_actor_inbox() -> Mailbox:
@@ -292,17 +308,7 @@ class PykkaHost:
         if level is None or not self.senders_run_inline:
             return False
         actor = self._hosted.get(address)
-        if actor is None or not actor.mailbox.claim():
-            return False
-        was = set_level(level)
-        started = time.perf_counter()
-        try:
-            actor.run_inline(build())
-        finally:
-            set_level(was)
-            actor.mailbox.unclaim()
-            add_nested(time.perf_counter() - started)
-        return True
+        return actor is not None and run_claimed(actor.mailbox, level, actor.run_inline, build)
 
     def tell(self, address: M.Address, message: object) -> None:
         """Send ``message`` to ``address`` (handled in this thread if the actor is idle
