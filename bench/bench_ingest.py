@@ -16,7 +16,10 @@ signals (`tidal_actors.Signal` tuples cut into batches of 1,000 before any timin
 - ``single_ephemeral``: ``TidalDb.signal_with_context`` one signal a call.
 
 A runtime figure is the whole pipeline: from the first call until ``db.flush()``
-returns; every database is opened and its users assigned their cohorts (16 callers)
+returns, called from the main thread with SIGINT handled by the program (as the
+command line does: with Python's default handler the main thread queues every call
+for the actors' threads instead of running idle shards' work, `runtime.inline`);
+every database is opened and its users assigned their cohorts (16 callers)
 before its timing starts, and its log is checked to hold every record afterwards.
 The baselines' results are checked against each other after every round, untimed
 (scores to 1e-9 relative, counts and the log exactly).
@@ -60,6 +63,7 @@ from bench_core import cohorts_for, report, simple_loop, workload, zipf_entities
 from ingest_baselines import VectorFold, routes_of, tight_loop  # noqa: E402
 
 from tidal_actors import Config, Signal, TidalDb  # noqa: E402
+from tidal_actors.loadsim.interrupt import StopOnSigint  # noqa: E402
 
 HOUR = 3600 * 10**9
 START = (10**18 // HOUR) * HOUR  # a bucket's start
@@ -123,7 +127,10 @@ def run_runtime(
     """Signals per second (wall clock, CPU) through a fresh database, until ``flush``
     returns; checks that every record reached the log."""
     n = sum(map(len, batches))
-    with TidalDb.open(path, config=Config()) as db:
+    # SIGINT handled by the program (as a service or the command line does): with
+    # Python's default handler the main thread would not run idle shards' work
+    # itself (`runtime.inline`) and every call would queue for the actors' threads
+    with StopOnSigint(), TidalDb.open(path, config=Config()) as db:
         t = time.perf_counter()
         assign_all(db, cohorts)
         db.flush()

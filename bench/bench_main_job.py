@@ -6,8 +6,10 @@ signal types, 50,000 signals over 14 days with hourly buckets; each user joins i
 cohorts just before its first signal, plus leaves, rejoins and purges) sends a
 ``signal_batch`` before every control row, so the runtime sees about 20 signals a
 call. Each round runs `loadsim.simulate.run_simulation` as the command does
-(ephemeral `TidalDb`, `testing.ReferenceModel` as the oracle, the check included)
-and reports:
+(ephemeral `TidalDb`, `testing.ReferenceModel` as the oracle, the check included,
+SIGINT handled as the command handles it, `loadsim.interrupt.StopOnSigint`, so
+that the main thread may run idle shards' work itself, `runtime.inline`) and
+reports:
 
 - signals/s of the runtime's measured run and of the model (wall clock; the model
   is one thread, the runtime's actors share the interpreter lock, so under load the
@@ -58,6 +60,7 @@ from bench_core import report  # noqa: E402
 from tidal_actors import TidalDb  # noqa: E402
 from tidal_actors.loadsim import simulate as sim  # noqa: E402
 from tidal_actors.loadsim.generator import generate_events  # noqa: E402
+from tidal_actors.loadsim.interrupt import StopOnSigint  # noqa: E402
 from tidal_actors.loadsim.scenario import Scenario, builtin_scenarios, load_scenario  # noqa: E402
 from tidal_actors.testing.reference import ReferenceModel  # noqa: E402
 
@@ -161,7 +164,9 @@ def one_round(scenario: Scenario, events: list[Any], parts: Parts | None = None)
 
     sim._apply_measured, sim.apply_events = timed_run, timed_model  # type: ignore[assignment]
     try:
-        with tempfile.TemporaryDirectory(prefix="bench-main-job-") as tmp:
+        # SIGINT handled as the command handles it: with Python's default handler the
+        # main thread would not run the shards' work itself (`runtime.inline`)
+        with StopOnSigint(), tempfile.TemporaryDirectory(prefix="bench-main-job-") as tmp:
             path = os.path.join(tmp, "store") if scenario.durable else None
             result = sim.run_simulation(
                 scenario,
