@@ -353,3 +353,40 @@ def test_many_callers_at_once_leave_what_the_model_leaves() -> None:
                 getattr(ref, name)(*args)
         assert rows_mismatch(db.aggregate_rows(), ref.aggregate_rows()) is None
         assert db.stats()["gated"] == ref.stats()["gated"] > 0
+
+
+def test_a_failure_escaping_an_inline_run_stops_the_actor_and_close_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failure outside the handler (here the held-load count the host reads) while
+    a caller's thread runs a membership shard's message: logged, the actor stops as
+    pykka's loop stops it, its thread ends (it was waiting in ``get``), and close()
+    does not wait on it (its stop message is never taken: 30 s a thread before)."""
+    out: dict[str, object] = {}
+
+    def caller() -> None:
+        db = TidalDb.open(None, config=Config(membership_shards=1), clock=ManualClock(T0))
+        shard = db._core.host.behaviours[("membership", 0)]
+        db.assign_cohort(1, "c")
+        db.flush()
+        hosted = db._core.host._hosted[("membership", 0)]
+
+        def broken() -> int:
+            raise RuntimeError("the host's own bookkeeping failed")
+
+        monkeypatch.setattr(shard, "held_units", broken)
+        db.signal_batch([Signal(1, 1, 1, 1.0, T0)])  # run here: the failure stops the actor
+        assert hosted.thread is not None
+        hosted.thread.join(10)
+        out["thread ended"] = not hosted.thread.is_alive()
+        started = time.monotonic()
+        try:
+            db.close()
+        except Exception as exc:  # noqa: BLE001 - the stopped shard's loss may be reported
+            out["close"] = type(exc).__name__
+        out["close within 10 s"] = time.monotonic() - started < 10
+
+    t = threading.Thread(target=caller)
+    t.start()
+    t.join(60)
+    assert out["thread ended"] is True and out["close within 10 s"] is True, out

@@ -51,6 +51,8 @@ from tidal_actors.runtime.supervision import Supervisor
 
 __all__ = ["PykkaHost"]
 
+_WAKE = object()  # put for an actor's thread to take once its actor stopped (`run_inline`)
+
 
 def _mailbox(ref: pykka.ActorRef[pykka.ThreadingActor]) -> Mailbox:
     """The mailbox of an actor `_actor_class` made (its `_create_actor_inbox`)."""
@@ -126,6 +128,7 @@ def _actor_class(
                 self.on_receive(message)
             except Exception:  # noqa: BLE001 - as pykka's actor loop: logged, the actor stops
                 self._handle_failure(*sys.exc_info())
+                self.mailbox.force(Envelope(_WAKE))  # its thread, waiting in get, ends
             except BaseException as exc:
                 behaviour = self.behaviour
                 behaviour.handler_errors += 1
@@ -144,6 +147,8 @@ def _actor_class(
             return Mailbox(capacity, budget_s)
 
         def on_receive(self, message: Any) -> None:
+            if message is _WAKE:
+                return
             # time the load: handling it, and the idle work it causes (persistence
             # commits there), so the mailbox's seconds per unit say what a unit costs
             # (what the behaviour set aside is not work done yet; what it took back is)
