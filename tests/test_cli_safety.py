@@ -625,3 +625,38 @@ def test_the_settings_file_leaves_out_where_the_actors_ran(tmp_path: Path) -> No
     again = store.stored_config(tmp_path)
     assert again is not None
     assert (again.host, again.ray_address, again.ledger_shards) == ("pykka", None, 3)
+
+
+def test_a_stop_asked_after_the_last_model_row_stops_before_the_comparison() -> None:
+    """A stop asked after both passes took their last row (the last time the run
+    asks, found by a first run that is never stopped) stops it before the
+    comparison, as a stop during the model's pass does (phase "check")."""
+    from tidal_actors import TidalDb
+    from tidal_actors.loadsim.interrupt import Interrupted
+    from tidal_actors.loadsim.simulate import run_simulation
+
+    scenario = load_scenario("small")
+    events = generate_events(scenario)
+
+    def run(stop_at: int | None) -> int:
+        asked = {"n": 0}
+
+        def stop() -> bool:
+            asked["n"] += 1
+            return asked["n"] == stop_at
+
+        result = run_simulation(
+            scenario,
+            lambda cfg, clk: TidalDb.open(None, config=cfg, clock=clk),
+            reference=ReferenceModel,
+            events=events,
+            stop=stop,
+        )
+        assert result.ok
+        return asked["n"]
+
+    last = run(None)  # how many times a whole run asks
+    assert last > 2 * len(events)  # before each row of both passes, and more
+    with pytest.raises(Interrupted) as info:
+        run(last)
+    assert info.value.phase == "check" and info.value.rows == len(events)

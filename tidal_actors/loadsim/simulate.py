@@ -53,7 +53,7 @@ from tidal_actors.loadsim.measure import (
     settled_rss,
     structure_bytes,
 )
-from tidal_actors.loadsim.phases import PhaseFn, no_phase, ticking
+from tidal_actors.loadsim.phases import PhaseFn, Tick, no_phase, ticking
 from tidal_actors.loadsim.plot import plot_timeline
 from tidal_actors.loadsim.report import SimulationResult
 from tidal_actors.loadsim.scenario import (
@@ -279,11 +279,19 @@ def run_simulation(
             if ref_rows < len(events):
                 raise Interrupted(counts.rows, "check", counts)
             reference_s = time.perf_counter() - t
+        if halt():  # asked during the model's last rows: stop before the comparison
+            raise Interrupted(counts.rows, "check", counts)
         with watch("check: rebuild purged cohorts", None, ""):
             settle_rematerializations(db, purged)
             settle_rematerializations(ref, purged)
         with watch("check: compare with the reference model", len(users), "user") as tick:
-            check = compare_states(db, ref, at_ns, users, stats, tick)
+
+            def tick_or_stop(n: int, tick: Tick = tick) -> None:
+                if halt():  # asked during the comparison: it stops after this user
+                    raise Interrupted(counts.rows, "check", counts)
+                tick(n)
+
+            check = compare_states(db, ref, at_ns, users, stats, tick_or_stop)
         del ref
 
         restore_s: float | None = None
