@@ -84,7 +84,6 @@ RUN_BY_SENDER = {M.MEMBERSHIP: MEMBERSHIP, M.LEDGER: LEDGER}
 """The actor kinds a sender may run a message of, with their level."""
 
 _local = threading.local()
-_MAIN = threading.main_thread().ident
 _SIGINT = int(signal.SIGINT)
 
 
@@ -132,7 +131,10 @@ def may_run(kind: str, callers: bool) -> int | None:
         return None
     if level == CALLER and (
         not callers
-        or (threading.get_ident() == _MAIN and _getsignal(_SIGINT) is signal.default_int_handler)
+        or (
+            threading.current_thread() is threading.main_thread()
+            and _getsignal(_SIGINT) is signal.default_int_handler
+        )
     ):
         return None
     return target
