@@ -59,7 +59,14 @@ class Flusher(Serving):
         coordinator tick. A tick that finds nothing to do puts the thread to sleep until
         `wake_flusher` (the first signal buffered, a shard that needs a `Publish`, a
         re-materialization scheduled) or a quarter of ``WANTED_S`` (unread views)."""
-        set_level(NEVER)  # it only offers and ticks: it never runs a handler (`inline`)
+        was = set_level(NEVER)  # it only offers and ticks: it never runs a handler (`inline`)
+        try:
+            self._flush_ticks()
+        finally:
+            set_level(was)  # a test may run the loop in its own thread
+
+    def _flush_ticks(self) -> None:
+        """The loop of `_flush_loop`."""
         interval = self.config.signal_flush_interval_ms / 1000.0
         next_tick = next_unread = 0.0
         stop, wake = self._flusher_stop, self._flusher_wake
