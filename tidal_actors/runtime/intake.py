@@ -65,6 +65,14 @@ class Buffer:
         self.lock = threading.Lock()
         self.items: list[M.SignalTuple] = []
 
+    def after_buffered(self, items: list[M.SignalTuple]) -> list[M.SignalTuple]:
+        """``items`` behind the signals buffered before them, which leave the buffer
+        (call under ``lock``): what was submitted first is sent first."""
+        if not self.items:
+            return items
+        out, self.items = self.items + items, []
+        return out
+
 
 class Intake:
     """Signal calls and the sending of buffered signals (see the module doc)."""
@@ -249,10 +257,8 @@ class Intake:
                 held.enter_context(self._buffers[m].lock)
             self.check_open()  # under the locks: all of the batch or none (`close`)
             for m in shards:
-                buf, items = self._buffers[m], per_shard[m]
-                if buf.items:
-                    items = buf.items + items
-                    buf.items = []
+                buf = self._buffers[m]
+                items = buf.after_buffered(per_shard[m])
                 step = steps[m]
                 for k in range(0, len(items), step):
                     self._tell_signals(m, items[k : k + step])
@@ -278,11 +284,7 @@ class Intake:
                             def whole(
                                 piece: list[M.SignalTuple] = piece, buf: Buffer = buf
                             ) -> M.SignalBatch:
-                                chunk = piece
-                                if buf.items:  # signals buffered before this call go first
-                                    chunk = buf.items + chunk
-                                    buf.items = []
-                                return M.SignalBatch(chunk)
+                                return M.SignalBatch(buf.after_buffered(piece))
 
                             if run_here((M.MEMBERSHIP, m), whole):
                                 k += len(piece)
@@ -290,10 +292,7 @@ class Intake:
                     self.host.reserve((M.MEMBERSHIP, m))  # no lock held while waiting
                     try:
                         with buf.lock:
-                            chunk = items[k : k + step]
-                            if buf.items:  # signals buffered before this call go first
-                                chunk = buf.items + chunk
-                                buf.items = []
+                            chunk = buf.after_buffered(items[k : k + step])
                             self._tell_signals(m, chunk, reserved=True)
                     except BaseException:
                         self.host.release((M.MEMBERSHIP, m))
