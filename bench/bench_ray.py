@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_core import cohorts_for, report, workload  # noqa: E402
 
 from tidal_actors import Config, Signal, TidalDb  # noqa: E402
+from tidal_actors.loadsim.interrupt import StopOnSigint  # noqa: E402
 
 HOSTS = ("pykka", "ray")
 CONTENDERS: dict[str, dict[str, Any]] = {  # the pykka host; the Ray host, two batch sizes
@@ -152,43 +153,49 @@ def main() -> None:
     signals = workload(n, args.users)
     cohorts = cohorts_for(args.users)
     tmp = tempfile.mkdtemp(prefix="tidal-bench-ray-")
-    try:
-        opens: dict[str, list[float]] = {h: [] for h in HOSTS}
-        for shape in ("ephemeral", "persistent"):
-            rates: dict[str, list[float]] = {c: [] for c in CONTENDERS}
-            for r in range(rounds):
-                for name, settings in CONTENDERS.items():
-                    if name == "ray_single" and shape == "ephemeral":
-                        continue  # no store: the layouts do not differ
-                    path = (
-                        os.path.join(tmp, f"{shape}-{name}-{r}") if shape == "persistent" else None
+    # the calls run under a program's SIGINT handler, as the command line's: with
+    # Python's default one the main thread queues every message (runtime/inline.py),
+    # and the pykka host would not run at its best
+    with StopOnSigint():
+        try:
+            opens: dict[str, list[float]] = {h: [] for h in HOSTS}
+            for shape in ("ephemeral", "persistent"):
+                rates: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+                for r in range(rounds):
+                    for name, settings in CONTENDERS.items():
+                        if name == "ray_single" and shape == "ephemeral":
+                            continue  # no store: the layouts do not differ
+                        path = (
+                            os.path.join(tmp, f"{shape}-{name}-{r}")
+                            if shape == "persistent"
+                            else None
+                        )
+                        rates[name].append(ingest(path, settings, signals, cohorts))
+                for name in CONTENDERS:
+                    if rates[name]:
+                        out[f"{shape}_{name}_signals_per_s"] = statistics.median(rates[name])
+                if shape == "persistent":
+                    out["persistent_ray_shards_per_single"] = statistics.median(
+                        [a / b for a, b in zip(rates["ray"], rates["ray_single"])]
                     )
-                    rates[name].append(ingest(path, settings, signals, cohorts))
-            for name in CONTENDERS:
-                if rates[name]:
-                    out[f"{shape}_{name}_signals_per_s"] = statistics.median(rates[name])
-            if shape == "persistent":
-                out["persistent_ray_shards_per_single"] = statistics.median(
-                    [a / b for a, b in zip(rates["ray"], rates["ray_single"])]
-                )
-            for name in ("ray", "ray_b1024"):
-                out[f"{shape}_{name}_per_pykka"] = statistics.median(
-                    [a / b for a, b in zip(rates[name], rates["pykka"])]
-                )
-        for _ in range(rounds):
+                for name in ("ray", "ray_b1024"):
+                    out[f"{shape}_{name}_per_pykka"] = statistics.median(
+                        [a / b for a, b in zip(rates[name], rates["pykka"])]
+                    )
+            for _ in range(rounds):
+                for host in HOSTS:
+                    db, s = opened(None, host)
+                    db.close()
+                    opens[host].append(s)
             for host in HOSTS:
-                db, s = opened(None, host)
-                db.close()
-                opens[host].append(s)
-        for host in HOSTS:
-            out[f"open_s_{host}"] = statistics.median(opens[host])
-        for host in HOSTS:
-            out.update(round_trips(host, 100 if args.quick else 300, tmp))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
+                out[f"open_s_{host}"] = statistics.median(opens[host])
+            for host in HOSTS:
+                out.update(round_trips(host, 100 if args.quick else 300, tmp))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            ray.shutdown()
+            if cluster is not None:
+                cluster.shutdown()
     report(out, args.json)
 
 
