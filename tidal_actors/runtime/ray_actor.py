@@ -78,6 +78,7 @@ from tidal_actors.runtime.ray_stores import (
     owns_history,
     take_marks,
 )
+from tidal_actors.storage.actor_lock import ActorHold
 from tidal_actors.storage.shard_part import Part, coordinator_part
 from tidal_actors.storage.stores import NullStore
 
@@ -166,6 +167,8 @@ class ShardActor:
         self.store: Any = None
         self._opening = threading.Lock()  # `_resolve`'s open of the store
         self._path = path
+        # held while this process may write the store: a new open waits for it
+        self._hold = ActorHold(path) if path is not None else None
         self._config = config
         self._relay = MarkRelay()
         self._stop_tick = threading.Event()
@@ -387,6 +390,8 @@ class ShardActor:
         data = dumps(b, {"ctx": self.host.ctx, "store": self.store, "clock": self.clock})
         if self.store is not None:
             self.store.close()
+        if self._hold is not None:
+            self._hold.release()
         return data
 
     def pid(self) -> int:

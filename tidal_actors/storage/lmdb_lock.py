@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from tidal_actors._errors import DatabaseLocked
+from tidal_actors.storage.actor_lock import wait_for_actors
 from tidal_actors.storage.layout import COORDINATOR, env_path
 
 __all__ = [
@@ -141,6 +142,7 @@ class DirectoryLock:
                     holder = attached_process(path)  # LMDB's lock names it; ours does not
                     who = f" (process {holder})" if holder is not None else ""
                     raise DatabaseLocked(f"{path} is open in another process{who}") from None
+                wait_for_actors(path)  # a dead facade's Ray actors may still write it
             except BaseException:
                 self.release()
                 raise

@@ -1,0 +1,109 @@
+"""The Ray host's actor processes that write a store, seen from a new opener.
+
+Under the Ray host the facade's process holds the store's directory lock
+(``tidal.lock``, `lmdb_lock.DirectoryLock`) and its actors write the environments
+from processes of their own, which take no lock of ours. If the facade's process
+dies, Ray ends those actors shortly after (it ends the actors of a driver that
+exits), but until then they may still commit: a new open in that window would
+restore from the store while a stale actor goes on writing history batches under
+the same keys.
+
+So each actor process that opens the store for writing holds a *shared* ``flock``
+on ``actors.lock`` in the store's directory (`ActorHold`) for as long as it has the
+store open (the kernel lets it go with the process, however the process ends), and
+an exclusive opener, once it holds ``tidal.lock``, waits until it can take that
+file *exclusively* for a moment (`wait_for_actors`): then no actor of an earlier
+open is left. Actors restarted by Ray while their facade lives take the shared lock
+beside their siblings. POSIX ``flock``: every process must see the directory on the
+same machine's file system, which the Ray host requires anyway (docs/cluster.md,
+"Where the store lives").
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+from tidal_actors._errors import DatabaseLocked
+
+__all__ = ["ACTORS_LOCK", "ACTORS_WAIT_S", "ActorHold", "wait_for_actors"]
+
+ACTORS_LOCK = "actors.lock"
+"""The file in a store's directory the actor processes writing it hold shared."""
+
+ACTORS_WAIT_S = 30.0
+"""How long an exclusive open waits for the actor processes of an earlier open to
+end (seconds) before it raises `DatabaseLocked`: Ray ends a dead facade's actors
+within a few seconds."""
+
+
+class ActorHold:
+    """An actor process's shared ``flock`` on ``<store>/actors.lock``, taken at
+    construction (waiting while a new opener probes it) and held until `release`
+    or the process ends.
+
+    Args:
+        store: the store's directory (the root of either layout).
+
+    Raises:
+        OSError: ``actors.lock`` cannot be opened or locked.
+    """
+
+    def __init__(self, store: str | os.PathLike[str]) -> None:
+        fd = os.open(Path(store) / ACTORS_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Let the lock go (a second call does nothing)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # the last descriptor of the open file: the flock goes with it
+
+    def disown(self, env: object) -> None:
+        """In a forked child: the same as `release` for this process (the parent's
+        descriptor keeps the lock)."""
+        self.release()
+
+
+def wait_for_actors(store: Path, wait_s: float | None = None) -> None:
+    """Return once no actor process holds ``store``'s ``actors.lock`` (at once when
+    none does, or when the file does not exist).
+
+    Args:
+        store: the store's directory.
+        wait_s: how long to wait (seconds; None: `ACTORS_WAIT_S`).
+
+    Raises:
+        DatabaseLocked: actor processes still held it after ``wait_s``.
+        OSError: the file exists but cannot be opened.
+    """
+    path = store / ACTORS_LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    deadline = time.monotonic() + (ACTORS_WAIT_S if wait_s is None else wait_s)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise DatabaseLocked(
+                        f"{store} is still written by actor processes of an earlier open "
+                        f"(a Ray host's actors hold {path}): they end once Ray sees their "
+                        "facade's process gone; open it again then"
+                    ) from None
+                time.sleep(0.05)
+                continue
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return
+    finally:
+        os.close(fd)
