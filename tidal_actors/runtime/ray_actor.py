@@ -27,7 +27,10 @@ What the host adds around the behaviour, none of it known to the behaviour:
   `ray_membership_restart`; `ray_coordinator_restart`) on a thread the constructor
   starts, holding meanwhile what it is sent (`ray_restoring`);
 * a clock other than `SystemClock` is the facade's time as last carried by a call
-  (`Stamped`): every call carries its sender's time.
+  (`Stamped`): every call carries its sender's time;
+* an actor of a durable database holds the store's ``actors.lock`` shared from its
+  start until its stop (`storage.actor_lock`): a new open waits for the actors of a
+  facade that died.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.links import LinkReceiver
 from tidal_actors.runtime.ray_links import RETRY_S, Links
 from tidal_actors.runtime.ray_local import (
+    Counters,
     DurableFlag,
     FencingSupervisor,
     LocalHost,
@@ -87,15 +91,6 @@ __all__ = ["TICK_S", "Counters", "ShardActor", "Stamped"]
 log = logging.getLogger("tidal_actors")
 
 TICK_S = 0.05  # how often the coordinator looks whether a re-materialization is due (seconds)
-
-
-class Counters:
-    """Facade -> persistence, host level: ``reply`` gets its counters."""
-
-    __slots__ = ("reply",)
-
-    def __init__(self, reply: Any) -> None:
-        self.reply = reply
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)

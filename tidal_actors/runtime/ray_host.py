@@ -64,9 +64,10 @@ from tidal_actors.actors.persistence import Persistence
 from tidal_actors.actors.recovery import FaultReport
 from tidal_actors.actors.reply import Reply
 from tidal_actors.runtime.pykka_host import HostContext
-from tidal_actors.runtime.ray_actor import Counters, ShardActor
+from tidal_actors.runtime.ray_actor import ShardActor
 from tidal_actors.runtime.ray_faults import RayFaults
 from tidal_actors.runtime.ray_links import RETRY_S, Links, actor_name
+from tidal_actors.runtime.ray_local import Counters
 from tidal_actors.runtime.ray_placement import check_store_resource, placement
 from tidal_actors.runtime.ray_replies import NAMESPACE, ReplyPath, forget, register_serializers
 from tidal_actors.runtime.ray_restart import (

@@ -10,6 +10,7 @@ copy of a message Ray delivered (`writable`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,17 @@ from tidal_actors.runtime.ray_restart import DurableEnds, track
 from tidal_actors.runtime.supervision import Supervisor
 from tidal_actors.storage.format import Op, link_state_op
 
-__all__ = ["DurableFlag", "FencingSupervisor", "LocalHost", "Stamped", "writable"]
+__all__ = ["Counters", "DurableFlag", "FencingSupervisor", "LocalHost", "Stamped", "writable"]
+
+
+class Counters:
+    """Facade -> persistence, host level (handled by `ShardActor`, not by the
+    behaviour): ``reply`` gets persistence's counters."""
+
+    __slots__ = ("reply",)
+
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
 
 
 class Stamped:
