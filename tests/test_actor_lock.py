@@ -62,7 +62,9 @@ def test_an_open_waits_for_a_live_actor_process_then_refuses(
         assert db.cohorts_of(1) == {"c"}
 
 
-def test_an_open_goes_on_once_the_actor_process_ends(tmp_path: Path) -> None:
+def test_an_open_goes_on_once_the_actor_process_ends(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "store"
     with TidalDb.open(str(path)) as db:
         db.assign_cohort(1, "c")
@@ -79,6 +81,9 @@ def test_an_open_goes_on_once_the_actor_process_ends(tmp_path: Path) -> None:
         actor.kill()
         actor.wait()
     assert 0.4 <= waited < actor_lock.ACTORS_WAIT_S
+    # the wait said so when it began, once
+    said = [r for r in caplog.records if "waiting for the actor processes" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING" and str(path) in said[0].getMessage()
 
 
 def test_a_released_hold_and_a_missing_file_let_an_open_go_at_once(tmp_path: Path) -> None:

@@ -72,7 +72,8 @@ def inspect(data_dir: Path | None) -> None:
 
     Read-only, also beside a running writer (a replay, an application): the store is
     read once, and what is shown is a consistent snapshot as of that read. Scores are
-    read with the settings the store records. Nothing is written to the store."""
+    read with the settings the store records. Nothing of the store is written (LMDB
+    records the reader in its lock.mdb while it reads)."""
     del data_dir  # each subcommand reads it (`group.data_dir_of`)
 
 

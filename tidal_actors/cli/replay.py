@@ -156,7 +156,8 @@ def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
     type=click.Choice(HOSTS),
     help="Where the actors run: pykka (threads in this process) or ray (one Ray actor "
     "each; needs the 'ray' extra; RAY_ADDRESS or --config's ray_address picks the "
-    "cluster). Default: the settings' host (pykka).",
+    "cluster, else Ray joins the latest cluster started on this machine: on a machine "
+    "others use, set RAY_ADDRESS=local). Default: the settings' host (pykka).",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.pass_context

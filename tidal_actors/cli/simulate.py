@@ -89,8 +89,9 @@ __all__ = ["simulate"]
     "--host",
     type=click.Choice(HOSTS),
     help="Where the runtime's actors run: pykka (threads in this process) or ray (one "
-    "Ray actor each; needs the 'ray' extra; RAY_ADDRESS picks the cluster). "
-    "Default: the scenario's settings (pykka).",
+    "Ray actor each; needs the 'ray' extra; RAY_ADDRESS picks the cluster, else Ray "
+    "joins the latest cluster started on this machine: on a machine others use, set "
+    "RAY_ADDRESS=local). Default: the scenario's settings (pykka).",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @click.pass_context

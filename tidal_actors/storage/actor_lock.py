@@ -22,6 +22,7 @@ same machine's file system, which the Ray host requires anyway (docs/cluster.md,
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import time
 from pathlib import Path
@@ -29,6 +30,8 @@ from pathlib import Path
 from tidal_actors._errors import DatabaseLocked
 
 __all__ = ["ACTORS_LOCK", "ACTORS_WAIT_S", "ActorHold", "wait_for_actors"]
+
+log = logging.getLogger("tidal_actors")
 
 ACTORS_LOCK = "actors.lock"
 """The file in a store's directory the actor processes writing it hold shared."""
@@ -74,7 +77,8 @@ class ActorHold:
 
 def wait_for_actors(store: Path, wait_s: float | None = None) -> None:
     """Return once no actor process holds ``store``'s ``actors.lock`` (at once when
-    none does, or when the file does not exist).
+    none does, or when the file does not exist). A wait is logged (a warning on the
+    ``tidal_actors`` logger) when it begins.
 
     Args:
         store: the store's directory.
@@ -90,11 +94,19 @@ def wait_for_actors(store: Path, wait_s: float | None = None) -> None:
     except FileNotFoundError:
         return
     deadline = time.monotonic() + (ACTORS_WAIT_S if wait_s is None else wait_s)
+    waited = False
     try:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                if not waited:
+                    waited = True
+                    log.warning(
+                        "%s: waiting for the actor processes of an earlier open to end "
+                        "(a Ray host's actors, whose facade's process is gone)",
+                        store,
+                    )
                 if time.monotonic() >= deadline:
                     raise DatabaseLocked(
                         f"{store} is still written by actor processes of an earlier open "
