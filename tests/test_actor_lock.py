@@ -10,6 +10,8 @@ is ``tests/test_ray_facade_killed.py``.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -18,9 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from tidal_actors import Config, DatabaseLocked, TidalDb
+from tidal_actors import Config, DatabaseLocked, StorageError, TidalDb
 from tidal_actors.storage import actor_lock
-from tidal_actors.storage.actor_lock import ACTORS_LOCK, ActorHold, wait_for_actors
+from tidal_actors.storage.actor_lock import (
+    ACTORS_LOCK,
+    ActorHold,
+    holders,
+    ready_for_actors,
+    wait_for_actors,
+)
 
 HOLDER = """
 import sys, time
@@ -51,7 +59,7 @@ def test_an_open_waits_for_a_live_actor_process_then_refuses(
     try:
         monkeypatch.setattr(actor_lock, "ACTORS_WAIT_S", 0.3)
         t = time.monotonic()
-        with pytest.raises(DatabaseLocked, match="actor processes of an earlier open"):
+        with pytest.raises(DatabaseLocked, match="processes of an earlier open"):
             TidalDb.open(str(path), config=cfg)
         assert time.monotonic() - t >= 0.3
     finally:
@@ -102,3 +110,58 @@ def test_a_released_hold_and_a_missing_file_let_an_open_go_at_once(tmp_path: Pat
         wait_for_actors(tmp_path, wait_s=0.0)
     b.release()
     wait_for_actors(tmp_path, wait_s=0.0)
+
+
+FORKER = """
+import os, sys, time
+from tidal_actors.storage.actor_lock import ActorHold
+hold = ActorHold(sys.argv[1])
+child = os.fork()
+if child == 0:  # a process started from the actor's, outliving it
+    os.close(1)
+    os.close(2)
+    time.sleep(120)
+    os._exit(0)
+print(child, flush=True)
+os._exit(0)  # the actor's process ends; its child lives on
+"""
+
+
+def test_a_process_forked_from_an_actor_does_not_hold_its_lock(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    with TidalDb.open(str(path)) as db:
+        db.assign_cohort(1, "c")
+    out = subprocess.run(
+        [sys.executable, "-c", FORKER, str(path)], capture_output=True, text=True, timeout=60
+    )
+    child = int(out.stdout.strip())
+    try:
+        wait_for_actors(path, wait_s=0.0)  # the actor is gone; its child holds nothing
+        with TidalDb.open(str(path)) as db:
+            assert db.cohorts_of(1) == {"c"}
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/locks is Linux's")
+def test_a_refusal_names_the_processes_holding_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    actor = _stand_in_actor(tmp_path)
+    try:
+        assert holders(tmp_path / ACTORS_LOCK) == [actor.pid]
+        with pytest.raises(DatabaseLocked, match=rf"processes {actor.pid}\).*0\.[0-9] s"):
+            wait_for_actors(tmp_path, wait_s=0.2)
+    finally:
+        actor.kill()
+        actor.wait()
+    assert holders(tmp_path / ACTORS_LOCK) == []
+
+
+def test_a_lock_file_the_actors_could_not_open_is_refused_naming_it(tmp_path: Path) -> None:
+    (tmp_path / ACTORS_LOCK).mkdir()
+    with pytest.raises(StorageError, match=r"cannot open .*actors\.lock.*Is a directory"):
+        ready_for_actors(tmp_path)
+    (tmp_path / ACTORS_LOCK).rmdir()
+    ready_for_actors(tmp_path)
+    assert (tmp_path / ACTORS_LOCK).is_file()

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from tidal_actors import Config, DatabaseLocked, ManualClock, TidalDb
-from tidal_actors.storage.actor_lock import wait_for_actors
+from tidal_actors import Config, DatabaseLocked, ManualClock, StorageError, TidalDb
+from tidal_actors.storage.actor_lock import ACTORS_LOCK, wait_for_actors
 
 from . import _crash_worker as W
 from ._ray import needs_ray
@@ -101,3 +101,19 @@ def test_a_killed_facade_loses_nothing_acknowledged(
     # was open at some kill (a new open made then would have restored beside them)
     assert held_after_kill >= 1
     print(f"facade kills under Ray: {report}; actors still running at {held_after_kill} kills")
+
+
+@needs_ray
+def test_a_lock_file_the_actors_cannot_open_is_refused_at_the_open(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "store"
+    with TidalDb.open(str(path)) as db:  # pykka: takes no actors.lock
+        db.assign_cohort(1, "c")
+    (path / ACTORS_LOCK).mkdir()
+    cfg = Config(host="ray", ray_address=_address(ray_session), store_layout="single")
+    with pytest.raises(StorageError, match=r"cannot open .*actors\.lock"):
+        TidalDb.open(str(path), config=cfg)
+    (path / ACTORS_LOCK).rmdir()
+    with TidalDb.open(str(path), config=cfg) as db:  # nothing was left half done
+        assert db.cohorts_of(1) == {"c"}

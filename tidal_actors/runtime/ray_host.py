@@ -51,13 +51,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ray
 
 from tidal_actors._clock import Clock, SystemClock
 from tidal_actors._config import Config
-from tidal_actors._errors import ActorFailure, DatabaseClosed
+from tidal_actors._errors import ActorFailure, DatabaseClosed, StorageError
 from tidal_actors.actors import messages as M
 from tidal_actors.actors.behaviour import Behaviour
 from tidal_actors.actors.persistence import Persistence
@@ -76,6 +77,7 @@ from tidal_actors.runtime.ray_restart import (
 from tidal_actors.runtime.ray_shipping import box, dumps, loads
 from tidal_actors.runtime.ray_start import ensure_ray
 from tidal_actors.runtime.supervision import REPORTS_KEPT
+from tidal_actors.storage.actor_lock import ready_for_actors
 
 __all__ = ["START_WAIT_S", "STOP_WAIT_S", "RayHost", "ensure_ray"]
 
@@ -144,6 +146,12 @@ class RayHost(RayFaults):
             list[Any]
         ] = []  # the behaviours' pickles, kept until every actor has read its own
         self._restartable = store_path is not None
+        if store_path is not None:  # refused here, not inside an actor's process
+            try:
+                ready_for_actors(Path(store_path))
+            except StorageError:
+                self._give_up()
+                raise
         for b in behaviours:
             self.behaviours[b.address] = b
             in_place = b.address[0] in (M.LEDGER, M.MEMBERSHIP, M.COORDINATOR)
@@ -171,17 +179,22 @@ class RayHost(RayFaults):
             ray.get([a.ready.remote() for a in self._actors.values()], timeout=START_WAIT_S)
             del boxes
         except Exception as exc:  # noqa: BLE001 - an actor could not start: none is left running
-            self._stopped = True
-            self.links.closed = True
-            for h in self._actors.values():
-                with contextlib.suppress(Exception):
-                    ray.kill(h)
-            self._actors.clear()
-            self.path.close()
-            forget(self.path)
+            self._give_up()
             raise ActorFailure(
                 f"the Ray host could not start its actors: {type(exc).__name__}: {exc}"
             ) from exc
+
+    def _give_up(self) -> None:
+        """A start that failed: every actor started so far killed, the reply path
+        closed."""
+        self._stopped = True
+        self.links.closed = True
+        for h in self._actors.values():
+            with contextlib.suppress(Exception):
+                ray.kill(h)
+        self._actors.clear()
+        self.path.close()
+        forget(self.path)
 
     def stop(self, order: list[str]) -> None:
         """Stop the actors kind by kind in ``order`` (each drains its mailbox and waits

@@ -25,11 +25,19 @@ import fcntl
 import logging
 import os
 import time
+import weakref
 from pathlib import Path
 
-from tidal_actors._errors import DatabaseLocked
+from tidal_actors._errors import DatabaseLocked, StorageError
 
-__all__ = ["ACTORS_LOCK", "ACTORS_WAIT_S", "ActorHold", "wait_for_actors"]
+__all__ = [
+    "ACTORS_LOCK",
+    "ACTORS_WAIT_S",
+    "ActorHold",
+    "holders",
+    "ready_for_actors",
+    "wait_for_actors",
+]
 
 log = logging.getLogger("tidal_actors")
 
@@ -45,7 +53,9 @@ within a few seconds."""
 class ActorHold:
     """An actor process's shared ``flock`` on ``<store>/actors.lock``, taken at
     construction (waiting while a new opener probes it) and held until `release`
-    or the process ends.
+    or the process ends. A process forked from it does not hold it: the child's copy
+    of the descriptor is closed at the fork (the parent's keeps the lock), so a child
+    that outlives the actor does not keep new opens waiting.
 
     Args:
         store: the store's directory (the root of either layout).
@@ -62,6 +72,7 @@ class ActorHold:
             os.close(fd)
             raise
         self._fd: int | None = fd
+        _HOLDS.add(self)
 
     def release(self) -> None:
         """Let the lock go (a second call does nothing)."""
@@ -71,8 +82,56 @@ class ActorHold:
 
     def disown(self, env: object) -> None:
         """In a forked child: the same as `release` for this process (the parent's
-        descriptor keeps the lock)."""
+        descriptor keeps the lock: closing the child's copy does not unlock it).
+        Called for every hold at a fork (`_forget_in_child`)."""
         self.release()
+
+
+_HOLDS: weakref.WeakSet[ActorHold] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    for hold in list(_HOLDS):
+        hold.disown(None)
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def holders(path: Path) -> list[int]:
+    """The ids of the processes holding an ``flock`` on the file at ``path``, from
+    ``/proc/locks`` (Linux; ``[]`` elsewhere or when it cannot be read)."""
+    try:
+        inode = os.stat(path).st_ino
+        with open("/proc/locks", encoding="ascii") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    pids = set()
+    for line in lines:
+        parts = line.split()  # "1: FLOCK ADVISORY READ <pid> <maj:min:inode> 0 EOF"
+        if len(parts) > 5 and parts[1] == "FLOCK" and parts[5].rsplit(":", 1)[-1] == str(inode):
+            pids.add(int(parts[4]))
+    return sorted(pids)
+
+
+def ready_for_actors(store: Path) -> None:
+    """Make sure ``store``'s ``actors.lock`` exists and opens (the facade's process,
+    before it starts actors that hold it), so that a file the actors could not
+    lock is refused at the open, not inside an actor's process.
+
+    Raises:
+        StorageError: the file cannot be created or opened (naming it).
+    """
+    path = store / ACTORS_LOCK
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    except OSError as exc:
+        raise StorageError(
+            f"cannot open {path}, which the Ray host's actors lock while they write the "
+            f"store: {exc}. The writer needs write access to the directory {store} and "
+            "to its files"
+        ) from exc
 
 
 def wait_for_actors(store: Path, wait_s: float | None = None) -> None:
@@ -93,7 +152,8 @@ def wait_for_actors(store: Path, wait_s: float | None = None) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return
-    deadline = time.monotonic() + (ACTORS_WAIT_S if wait_s is None else wait_s)
+    start = time.monotonic()
+    deadline = start + (ACTORS_WAIT_S if wait_s is None else wait_s)
     waited = False
     try:
         while True:
@@ -108,10 +168,14 @@ def wait_for_actors(store: Path, wait_s: float | None = None) -> None:
                         store,
                     )
                 if time.monotonic() >= deadline:
+                    pids = holders(path)
+                    who = f" (processes {', '.join(map(str, pids))})" if pids else ""
                     raise DatabaseLocked(
-                        f"{store} is still written by actor processes of an earlier open "
-                        f"(a Ray host's actors hold {path}): they end once Ray sees their "
-                        "facade's process gone; open it again then"
+                        f"{store} may still be written by processes of an earlier open: "
+                        f"{path} is held{who} after a wait of {time.monotonic() - start:.1f} s "
+                        "(ACTORS_WAIT_S). They are a Ray host's actors, which Ray ends "
+                        "once it sees their facade's process gone, or processes started "
+                        "from them; open it again once they have ended"
                     ) from None
                 time.sleep(0.05)
                 continue

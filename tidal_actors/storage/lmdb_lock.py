@@ -105,7 +105,7 @@ def access_denied(path: Path, read_only: bool, exc: BaseException) -> str | None
         )
     return (
         f"cannot open the store at {path}: {text}. The writer needs write access to the "
-        f"directory {path} and to its files (data.mdb, lock.mdb, tidal.lock, tidal.store)"
+        f"directory {path} and to its files (data.mdb, lock.mdb, tidal.lock, tidal.store; actors.lock under the Ray host)"
     )
 
 
