@@ -24,6 +24,11 @@ Figures:
   ``ephemeral`` and ``persistent`` (a fresh directory). Each contender runs once per
   round, in turn; a figure is the median of the rounds, ``<shape>_<ray>_per_pykka``
   the median of the rounds' ratios;
+- ``<shape>_<host>_cpu_us_a_signal_<process>``: CPU (user and system) a signal of
+  that ingestion, by process: ``facade`` (this process, every thread: under the
+  pykka host all of the work) and, under the Ray host, each kind of actor's
+  processes summed (``membership``, ``ledger``, ``coordinator``, ``persistence``;
+  from ``/proc/<pid>/stat``): what docs/cluster.md's estimate of N machines uses;
 - ``status_ms_<host>_p50/p99``: ``community_layer_status`` round trips (facade ->
   membership shard -> reply), on an idle ephemeral database; ``leave_ms_<host>_p50/p99``:
   ``leave_community_layer`` on a persistent one (a durable commit each).
@@ -66,9 +71,27 @@ def opened(path: str | None, host: str, **settings: Any) -> tuple[TidalDb, float
     return db, time.perf_counter() - t
 
 
+def _process_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` so far (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _actor_pids(db: TidalDb) -> dict[str, int]:
+    """The Ray host's actor processes, by kind (``membership``, ``ledger``, ...)."""
+    import ray
+
+    actors = db._core.host._actors  # type: ignore[attr-defined]
+    return {f"{a[0]}-{a[1]}": int(ray.get(h.pid.remote())) for a, h in actors.items()}
+
+
 def ingest(
     path: str | None, settings: dict[str, Any], signals: list[Any], cohorts: dict[int, Any]
-) -> float:
+) -> tuple[float, dict[str, float]]:
+    """The rate (signals/s) and the CPU seconds a signal spent by each process: the
+    facade's (``facade``: every thread of this process) and, under the Ray host,
+    each kind of actor's (summed over its shards)."""
     db, _ = opened(path, **settings)
     with db:
         for u, cs in cohorts.items():
@@ -78,14 +101,21 @@ def ingest(
             [Signal(u, e, ty, w, ts) for u, e, ty, w, ts in signals[k : k + 10_000]]
             for k in range(0, len(signals), 10_000)
         ]
+        pids = _actor_pids(db) if settings["host"] == "ray" else {}
+        before = {name: _process_cpu_s(pid) for name, pid in pids.items()}
+        c0 = time.process_time()
         t = time.perf_counter()
         for b in batches:
             db.signal_batch(b)
         db.flush()
         rate = len(signals) / (time.perf_counter() - t)
+        cpu = {"facade": time.process_time() - c0}
+        for name, pid in pids.items():
+            kind = name.rsplit("-", 1)[0]
+            cpu[kind] = cpu.get(kind, 0.0) + _process_cpu_s(pid) - before[name]
         got = db.stats()["signals"]
         assert got == len(signals), (settings, got)
-    return rate
+    return rate, {k: v / len(signals) for k, v in cpu.items()}
 
 
 def quantiles_ms(lat: list[float]) -> tuple[float, float]:
@@ -161,6 +191,7 @@ def main() -> None:
             opens: dict[str, list[float]] = {h: [] for h in HOSTS}
             for shape in ("ephemeral", "persistent"):
                 rates: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+                cpus: dict[str, list[float]] = {}
                 for r in range(rounds):
                     for name, settings in CONTENDERS.items():
                         if name == "ray_single" and shape == "ephemeral":
@@ -170,7 +201,14 @@ def main() -> None:
                             if shape == "persistent"
                             else None
                         )
-                        rates[name].append(ingest(path, settings, signals, cohorts))
+                        rate, cpu = ingest(path, settings, signals, cohorts)
+                        rates[name].append(rate)
+                        if name in ("pykka", "ray"):
+                            for kind, sec in cpu.items():
+                                key = f"{shape}_{name}_cpu_us_a_signal_{kind}"
+                                cpus.setdefault(key, []).append(sec * 1e6)
+                for key, values in cpus.items():
+                    out[key] = statistics.median(values)
                 for name in CONTENDERS:
                     if rates[name]:
                         out[f"{shape}_{name}_signals_per_s"] = statistics.median(rates[name])
