@@ -8,9 +8,9 @@ exits), but until then they may still commit: a new open in that window would
 restore from the store while a stale actor goes on writing history batches under
 the same keys.
 
-So each actor process that opens the store for writing holds a *shared* ``flock``
-on ``actors.lock`` in the store's directory (`ActorHold`) for as long as it has the
-store open (the kernel lets it go with the process, however the process ends), and
+So each actor process of a durable database holds a *shared* ``flock`` on
+``actors.lock`` in the store's directory (`ActorHold`) from its start until its
+stop (the kernel lets it go with the process, however the process ends), and
 an exclusive opener, once it holds ``tidal.lock``, waits until it can take that
 file *exclusively* for a moment (`wait_for_actors`): then no actor of an earlier
 open is left. Actors restarted by Ray while their facade lives take the shared lock
