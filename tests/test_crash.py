@@ -327,17 +327,26 @@ def _run_store(
         p.kill()
         p.join(30)
         assert p.exitcode is not None and p.exitcode in (-9, 0), p.exitcode
-        recs = _lines(side)
-        end = max([r["now"] for r in recs if "now" in r], default=start) + HOUR
-        with TidalDb.open(path, config=Config(**cfg), clock=ManualClock(end)) as db:
-            got = export(db, end)
-            stats = db.stats()
-        assert stats["handler_errors"] == 0 and stats["failed_writes"] == 0, stats
-        info = chain.reconcile(got, recs, end)
+        info, start = reopen_and_reconcile(chain, path, cfg, side, start)
         info["early"] = int(early)
         report.append(info)
-        start = end + HOUR
     return report
+
+
+def reopen_and_reconcile(
+    chain: Chain, path: str, cfg: dict[str, Any], side: Path, start: int
+) -> tuple[dict[str, int], int]:
+    """After a killed child: reopen the store at ``path`` an hour past the child's last
+    clock reading (from its side file), check that no handler or write failed, and
+    `Chain.reconcile` what it holds; returns the reconciliation and the next child's
+    start (an hour later again)."""
+    recs = _lines(side)
+    end = max([r["now"] for r in recs if "now" in r], default=start) + HOUR
+    with TidalDb.open(path, config=Config(**cfg), clock=ManualClock(end)) as db:
+        got = export(db, end)
+        stats = db.stats()
+    assert stats["handler_errors"] == 0 and stats["failed_writes"] == 0, stats
+    return chain.reconcile(got, recs, end), end + HOUR
 
 
 @pytest.mark.parametrize(

@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
-from tidal_actors import Config, DatabaseLocked, ManualClock, StorageError, TidalDb
+from tidal_actors import Config, DatabaseLocked, StorageError, TidalDb
 from tidal_actors.storage.actor_lock import ACTORS_LOCK, wait_for_actors
 
 from . import _crash_worker as W
 from ._ray import needs_ray
-from .test_crash import CFG, HOUR, T0, Chain, _lines, export
+from .test_crash import CFG, T0, Chain, _lines, reopen_and_reconcile
 
 KILLS = 3
 OPEN_WAIT_S = 180.0  # a driver's start and the open of its 6 actor processes, under load
@@ -86,15 +86,9 @@ def test_a_killed_facade_loses_nothing_acknowledged(
             wait_for_actors(Path(path), wait_s=0.0)
         except DatabaseLocked:
             held_after_kill += 1
-        recs = _lines(side)
-        end = max([r["now"] for r in recs if "now" in r], default=start) + HOUR
-        # waits for the dead driver's actors to end (`storage.actor_lock`)
-        with TidalDb.open(path, config=Config(**CFG), clock=ManualClock(end)) as db:
-            got = export(db, end)
-            stats = db.stats()
-        assert stats["handler_errors"] == 0 and stats["failed_writes"] == 0, stats
-        report.append(chain.reconcile(got, recs, end))
-        start = end + HOUR
+        # the reopen waits for the dead driver's actors to end (`storage.actor_lock`)
+        info, start = reopen_and_reconcile(chain, path, CFG, side, start)
+        report.append(info)
     # the kills landed after acknowledged work, with work in flight
     assert sum(1 for rec in _lines(tmp_path / "side-0.jsonl") if "ack" in rec) > 0
     # Ray ends a dead driver's actors only after a while: the window the lock closes

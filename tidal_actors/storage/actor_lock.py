@@ -80,19 +80,15 @@ class ActorHold:
         if fd is not None:
             os.close(fd)  # the last descriptor of the open file: the flock goes with it
 
-    def disown(self, env: object) -> None:
-        """In a forked child: the same as `release` for this process (the parent's
-        descriptor keeps the lock: closing the child's copy does not unlock it).
-        Called for every hold at a fork (`_forget_in_child`)."""
-        self.release()
-
 
 _HOLDS: weakref.WeakSet[ActorHold] = weakref.WeakSet()
 
 
 def _forget_in_child() -> None:
+    """In a forked child: close its copy of each hold's descriptor (the parent's
+    keeps the lock: a flock goes only with the last descriptor of its open file)."""
     for hold in list(_HOLDS):
-        hold.disown(None)
+        hold.release()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
